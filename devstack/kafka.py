@@ -1,0 +1,563 @@
+"""A real Apache Kafka broker for development and tests, built from Maven Central jars.
+
+Two pieces:
+
+* :class:`KafkaDistribution` gathers ``org.apache.kafka:kafka_2.13:<version>``, its runtime
+  dependencies and the logging binding the release tarball would add (log4j2's SLF4J 1.x
+  binding on 4.x, reload4j on 3.x) into ``<cache_dir>/kafka-<version>/lib`` by running Maven on
+  ``devstack/kafka-jars.pom.xml``. Maven's local repository is ``<cache_dir>/m2`` so nothing is
+  written outside the cache directory. A stamp file makes :meth:`KafkaDistribution.ensure`
+  idempotent; a lock file makes it safe to call from concurrent processes.
+* :class:`KafkaBroker` runs one combined broker+controller KRaft node on 127.0.0.1: it writes
+  ``server.properties``, formats the storage with ``kafka.tools.StorageTool`` (a separate JVM,
+  since it ends with ``System.exit``), starts ``kafka.Kafka`` with logs in ``<workdir>/logs`` and
+  waits until the broker answers a metadata request.
+
+Environment: ``KAFKA_VERSION`` selects the version (default :data:`DEFAULT_KAFKA_VERSION`),
+``RSM_CACHE_DIR`` the cache directory (default ``<repo>/.cache``), ``JAVA_HOME`` the JVM and
+``MVN`` the Maven executable.
+
+Example::
+
+    dist = KafkaDistribution.ensure()
+    with KafkaBroker(dist, tmp_path / "kafka") as broker:
+        producer = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap_servers})
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+#: The newest 4.x whose whole dependency set resolves from Maven Central. As of 2026-11-21
+#: ``kafka_2.13:4.4.0`` is listed on Central but its ``kafka-tools-api:4.4.0`` dependency (and
+#: ``kafka-tools:4.4.0``) are not, so 4.4.0 cannot be resolved yet; bump this once it can.
+DEFAULT_KAFKA_VERSION = "4.3.1"
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POM_PATH = Path(__file__).resolve().parent / "kafka-jars.pom.xml"
+_STAMP_NAME = ".devstack-complete.json"
+_LOG4J2_BINDING = "log4j-slf4j-impl"
+
+
+class DevstackError(RuntimeError):
+    """Gathering the jars or running the broker failed; the message says what and where."""
+
+
+def default_kafka_version() -> str:
+    """``$KAFKA_VERSION`` if set, else :data:`DEFAULT_KAFKA_VERSION`."""
+    return os.environ.get("KAFKA_VERSION", "").strip() or DEFAULT_KAFKA_VERSION
+
+
+def default_cache_dir() -> Path:
+    """``$RSM_CACHE_DIR`` if set, else ``.cache`` at the repository root."""
+    env = os.environ.get("RSM_CACHE_DIR", "").strip()
+    return Path(env) if env else REPO_ROOT / ".cache"
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    """``"3.9.2"`` -> ``(3, 9, 2)``; raises :class:`ValueError` for anything else."""
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise ValueError(f"not a Kafka release version: {version!r} (expected e.g. 4.3.1)")
+    return tuple(int(p) for p in version.split("."))
+
+
+# --------------------------------------------------------------------------------------------
+# The distribution
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KafkaDistribution:
+    """A directory of jars that can run a Kafka broker: ``<home>/lib/*.jar``."""
+
+    version: str
+    home: Path
+
+    @property
+    def lib_dir(self) -> Path:
+        return self.home / "lib"
+
+    @property
+    def classpath(self) -> str:
+        return str(self.lib_dir / "*")
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        return parse_version(self.version)
+
+    @property
+    def uses_log4j2(self) -> bool:
+        """4.x logs through log4j2 (KIP-653); 3.x through reload4j."""
+        return self.version_tuple >= (4, 0, 0)
+
+    @classmethod
+    def ensure(
+        cls,
+        version: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        *,
+        mvn: str | None = None,
+        timeout: float = 900.0,
+    ) -> "KafkaDistribution":
+        """Return the distribution for ``version``, downloading it first if needed.
+
+        Idempotent: a stamp file written last marks a complete ``lib`` directory (and records
+        the POM's hash, so editing the POM re-gathers the jars). Raises :class:`DevstackError`
+        with Maven's output if Maven fails.
+        """
+        version = version or default_kafka_version()
+        parse_version(version)
+        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        home = cache / f"kafka-{version}"
+        dist = cls(version=version, home=home)
+        pom_hash = hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
+        cache.mkdir(parents=True, exist_ok=True)
+        with _file_lock(cache / f"kafka-{version}.lock"):
+            if dist._stamp_matches(pom_hash):
+                return dist
+            dist._download(cache, pom_hash, mvn or os.environ.get("MVN") or "mvn", timeout)
+        return dist
+
+    def _stamp_matches(self, pom_hash: str) -> bool:
+        stamp = self.home / _STAMP_NAME
+        try:
+            data = json.loads(stamp.read_text())
+        except (OSError, ValueError):
+            return False
+        if data.get("pom_sha256") != pom_hash or data.get("version") != self.version:
+            return False
+        return all((self.lib_dir / jar).is_file() for jar in data.get("jars", []))
+
+    def _download(self, cache: Path, pom_hash: str, mvn: str, timeout: float) -> None:
+        if shutil.which(mvn) is None:
+            raise DevstackError(f"Maven executable {mvn!r} not found on PATH (set $MVN)")
+        staging = self.home / "lib.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        base = [
+            mvn, "-q", "-B", "-f", str(POM_PATH),
+            f"-Dmaven.repo.local={cache / 'm2'}",
+            f"-Dkafka.version={self.version}",
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={staging}",
+        ]
+        if self.uses_log4j2:
+            _run_maven(base, self.version, timeout)
+            # Pick the binding matching the log4j-core that kafka-server brought in.
+            log4j_version = _jar_version(staging, "log4j-core")
+            if log4j_version is None:
+                raise DevstackError(
+                    f"Kafka {self.version}: no log4j-core jar among its runtime dependencies "
+                    f"in {staging}; cannot choose the log4j2 SLF4J binding")
+            _run_maven(base + ["-Plog4j2", f"-Dlog4j2.version={log4j_version}",
+                               f"-DincludeArtifactIds={_LOG4J2_BINDING}"], self.version, timeout)
+        else:
+            _run_maven(base + ["-Preload4j"], self.version, timeout)
+        jars = sorted(p.name for p in staging.glob("*.jar"))
+        if f"kafka_2.13-{self.version}.jar" not in jars:
+            raise DevstackError(f"Maven finished but {staging} lacks kafka_2.13-{self.version}.jar")
+        shutil.rmtree(self.lib_dir, ignore_errors=True)
+        staging.rename(self.lib_dir)
+        stamp = {"version": self.version, "pom_sha256": pom_hash, "jars": jars}
+        tmp = self.home / (_STAMP_NAME + ".tmp")
+        tmp.write_text(json.dumps(stamp, indent=1))
+        tmp.rename(self.home / _STAMP_NAME)
+
+    def java_command(self, main_class: str, args: Iterable[str] = (),
+                     jvm_options: Iterable[str] = ()) -> list[str]:
+        """The argv that runs ``main_class`` on this distribution's class path."""
+        return [_java_executable(), *jvm_options, "-cp", self.classpath, main_class, *args]
+
+    def log_config_options(self, config_file: Path) -> list[str]:
+        """JVM options pointing the logging framework of this version at ``config_file``."""
+        if self.uses_log4j2:
+            return [f"-Dlog4j2.configurationFile={config_file}"]
+        return [f"-Dlog4j.configuration={config_file.as_uri()}"]
+
+    def write_log_config(self, path: Path, log_file: Path, level: str = "INFO") -> Path:
+        """Write a logging config (log4j2 or log4j 1 syntax) sending everything to ``log_file``."""
+        if self.uses_log4j2:
+            text = (
+                "status = warn\n"
+                "appender.file.type = File\n"
+                "appender.file.name = FILE\n"
+                f"appender.file.fileName = {log_file}\n"
+                "appender.file.layout.type = PatternLayout\n"
+                "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+                f"rootLogger.level = {level}\n"
+                "rootLogger.appenderRef.file.ref = FILE\n"
+                # The state-change and request loggers are chatty at INFO/DEBUG.
+                "logger.kafkaRequest.name = kafka.request.logger\n"
+                "logger.kafkaRequest.level = WARN\n"
+            )
+        else:
+            text = (
+                f"log4j.rootLogger={level}, file\n"
+                "log4j.appender.file=org.apache.log4j.FileAppender\n"
+                f"log4j.appender.file.File={log_file}\n"
+                "log4j.appender.file.layout=org.apache.log4j.PatternLayout\n"
+                "log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+                "log4j.logger.kafka.request.logger=WARN\n"
+            )
+        path.write_text(text)
+        return path
+
+
+def _run_maven(argv: list[str], version: str, timeout: float) -> None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise DevstackError(f"Maven did not finish within {timeout:.0f}s gathering Kafka "
+                            f"{version}: {' '.join(argv)}") from exc
+    if proc.returncode != 0:
+        output = (proc.stdout + proc.stderr).strip()
+        errors = [line for line in output.splitlines() if "[ERROR]" in line] or output.splitlines()
+        raise DevstackError(
+            f"Maven failed (exit {proc.returncode}) gathering Kafka {version} from Maven Central:\n"
+            + "\n".join(errors[:15]) + f"\ncommand: {' '.join(argv)}")
+
+
+def _jar_version(lib: Path, artifact: str) -> str | None:
+    for jar in lib.glob(f"{artifact}-*.jar"):
+        m = re.fullmatch(re.escape(artifact) + r"-(\d[\w.\-]*)\.jar", jar.name)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _java_executable() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise DevstackError("no java executable: set JAVA_HOME or put java on PATH")
+    return java
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------------------------
+# The broker
+# --------------------------------------------------------------------------------------------
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def random_cluster_id() -> str:
+    """A Kafka ``Uuid`` string (22 chars of URL-safe base64), as ``StorageTool random-uuid``."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def format_properties(props: Mapping[str, object]) -> str:
+    """Render a Java properties file (one ``key=value`` per line, values escaped)."""
+    lines = []
+    for key, value in props.items():
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        text = str(value)
+        if "\n" in text or "\r" in text or "\n" in key:
+            raise ValueError(f"property {key!r} has a line break in its value")
+        if re.search(r"[\s=:#!\\]", key):
+            raise ValueError(f"property key {key!r} needs escaping; not supported")
+        lines.append(f"{key}={text.replace(chr(92), chr(92) * 2)}")
+    return "\n".join(lines) + "\n"
+
+
+class KafkaBroker:
+    """One combined broker+controller KRaft node on 127.0.0.1.
+
+    ``workdir`` receives ``server.properties``, the log4j config, ``data/`` (the log dir) and
+    ``logs/`` (``server.log``, ``stdout.log``, ``storage-tool.log``). Ports are chosen free
+    unless given (``ports={"broker": 9092, "controller": 9093}``). ``extra_properties`` are
+    merged last into ``server.properties`` (a value of ``None`` removes a default), so a
+    tiered-storage broker is just::
+
+        KafkaBroker(dist, wd, extra_properties={"remote.log.storage.system.enable": True, ...})
+
+    ``jvm_options`` are appended after the heap options; ``env`` is added to the broker's
+    environment (e.g. ``KAFKA_OPTS`` is not read here: pass JVM options directly). Use it as a
+    context manager or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        dist: KafkaDistribution,
+        workdir: str | os.PathLike,
+        *,
+        extra_properties: Mapping[str, object] | None = None,
+        ports: Mapping[str, int] | None = None,
+        jvm_options: Iterable[str] = (),
+        heap_options: Iterable[str] = ("-Xmx1G", "-Xms1G"),
+        env: Mapping[str, str] | None = None,
+        node_id: int = 1,
+        cluster_id: str | None = None,
+        startup_timeout: float = 120.0,
+        log_level: str = "INFO",
+    ) -> None:
+        self.dist = dist
+        self.workdir = Path(workdir).resolve()
+        self.extra_properties = dict(extra_properties or {})
+        self._given_ports = dict(ports or {})
+        unknown = set(self._given_ports) - {"broker", "controller"}
+        if unknown:
+            raise ValueError(f"unknown port names {sorted(unknown)}; use 'broker', 'controller'")
+        self.jvm_options = list(jvm_options)
+        self.heap_options = list(heap_options)
+        self.env = dict(env or {})
+        self.node_id = node_id
+        self.cluster_id = cluster_id or random_cluster_id()
+        self.startup_timeout = startup_timeout
+        self.log_level = log_level
+        self.broker_port = self._given_ports.get("broker") or free_port()
+        self.controller_port = self._given_ports.get("controller") or free_port()
+        while self.controller_port == self.broker_port:
+            self.controller_port = free_port()
+        self._proc: subprocess.Popen | None = None
+        self._stdout = None
+        self._finalizer: weakref.finalize | None = None
+
+    # -- paths and properties ----------------------------------------------------------------
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.broker_port}"
+
+    @property
+    def log_dirs(self) -> list[Path]:
+        """The broker's log directories (where ``<topic>-<partition>/`` folders appear)."""
+        value = self.properties().get("log.dirs") or self.properties().get("log.dir")
+        return [Path(p) for p in str(value).split(",")]
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def server_log(self) -> Path:
+        return self.logs_dir / "server.log"
+
+    @property
+    def properties_file(self) -> Path:
+        return self.workdir / "server.properties"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def partition_dir(self, topic: str, partition: int = 0) -> Path:
+        """``<log.dir>/<topic>-<partition>`` in the first log dir that has it."""
+        for d in self.log_dirs:
+            candidate = d / f"{topic}-{partition}"
+            if candidate.is_dir():
+                return candidate
+        return self.log_dirs[0] / f"{topic}-{partition}"
+
+    def properties(self) -> dict[str, object]:
+        """The ``server.properties`` content: defaults overridden by ``extra_properties``."""
+        b, c = self.broker_port, self.controller_port
+        props: dict[str, object] = {
+            "process.roles": "broker,controller",
+            "node.id": self.node_id,
+            "controller.quorum.voters": f"{self.node_id}@127.0.0.1:{c}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{b},CONTROLLER://127.0.0.1:{c}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{b}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.workdir / "data"),
+            "num.partitions": 1,
+            "default.replication.factor": 1,
+            "offsets.topic.replication.factor": 1,
+            "offsets.topic.num.partitions": 1,
+            "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1,
+            "transaction.state.log.num.partitions": 1,
+            "group.initial.rebalance.delay.ms": 0,
+        }
+        if self.dist.uses_log4j2:
+            props["share.coordinator.state.topic.replication.factor"] = 1
+            props["share.coordinator.state.topic.min.isr"] = 1
+        for key, value in self.extra_properties.items():
+            if value is None:
+                props.pop(key, None)
+            else:
+                props[key] = value
+        return props
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> "KafkaBroker":
+        """Write the config, format the storage if new, start the JVM and wait until ready."""
+        if self.is_running():
+            raise DevstackError(f"broker in {self.workdir} is already running (pid {self.pid})")
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.properties_file.write_text(format_properties(self.properties()))
+        self._format_storage()
+        log_config = self.dist.write_log_config(
+            self.workdir / ("log4j2.properties" if self.dist.uses_log4j2 else "log4j.properties"),
+            self.server_log, self.log_level)
+        argv = self.dist.java_command(
+            "kafka.Kafka", [str(self.properties_file)],
+            [*self.heap_options, "-XX:+UseG1GC", "-Djava.awt.headless=true",
+             f"-Dkafka.logs.dir={self.logs_dir}", *self.dist.log_config_options(log_config),
+             *self.jvm_options])
+        self._stdout = open(self.logs_dir / "stdout.log", "ab")
+        self._proc = subprocess.Popen(
+            argv, cwd=self.workdir, stdout=self._stdout, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env={**os.environ, **self.env}, start_new_session=True)
+        # Never leave a JVM behind if the caller forgets stop() or the interpreter exits.
+        self._finalizer = weakref.finalize(self, _kill_quietly, self._proc)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _format_storage(self) -> None:
+        meta = [Path(d) / "meta.properties" for d in self.log_dirs]
+        if all(p.exists() for p in meta):
+            return
+        log_config = self.dist.write_log_config(
+            self.workdir / ("log4j2-tool.properties" if self.dist.uses_log4j2
+                            else "log4j-tool.properties"),
+            self.logs_dir / "storage-tool.log")
+        argv = self.dist.java_command(
+            "kafka.tools.StorageTool",
+            ["format", "-t", self.cluster_id, "-c", str(self.properties_file)],
+            ["-Xmx256M", *self.dist.log_config_options(log_config)])
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, **self.env})
+        except subprocess.TimeoutExpired as exc:
+            raise DevstackError(f"kafka.tools.StorageTool format timed out in {self.workdir}") from exc
+        if proc.returncode != 0:
+            raise DevstackError(
+                f"kafka.tools.StorageTool format failed (exit {proc.returncode}) for "
+                f"{self.properties_file}:\n{(proc.stdout + proc.stderr).strip()[-3000:]}")
+
+    def _wait_ready(self) -> None:
+        from confluent_kafka.admin import AdminClient  # dev dependency; imported lazily
+
+        deadline = time.monotonic() + self.startup_timeout
+        # librdkafka logs connection refusals while the JVM boots; route them to Python logging.
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers,
+                             "socket.connection.setup.timeout.ms": 2000,
+                             "logger": logging.getLogger("devstack.kafka.admin")})
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise DevstackError(
+                    f"Kafka {self.dist.version} exited with code {self._proc.returncode} during "
+                    f"startup (workdir {self.workdir}).\n{self.log_tail()}")
+            try:
+                md = admin.list_topics(timeout=2)
+                if md.brokers:
+                    return
+            except Exception as exc:  # KafkaException while the port is not yet open
+                last_error = exc
+            time.sleep(0.25)
+        raise DevstackError(
+            f"Kafka {self.dist.version} did not answer on {self.bootstrap_servers} within "
+            f"{self.startup_timeout:.0f}s (last error: {last_error}).\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of ``server.log`` and ``stdout.log``, for error messages."""
+        out = []
+        for path in (self.server_log, self.logs_dir / "stdout.log"):
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {path} (last {len(tail)} lines) ---\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (controlled shutdown), wait up to ``timeout`` s, then SIGKILL. Returns the exit code."""
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(30)
+        return self._cleanup()
+
+    def kill(self) -> int | None:
+        """SIGKILL, no clean shutdown (the next start recovers the logs)."""
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(30)
+        return self._cleanup()
+
+    def restart(self, timeout: float = 30.0) -> "KafkaBroker":
+        """Stop and start again on the same data dir and ports."""
+        self.stop(timeout)
+        return self.start()
+
+    def _cleanup(self) -> int | None:
+        code = self._proc.returncode if self._proc is not None else None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if self._stdout is not None:
+            self._stdout.close()
+            self._stdout = None
+        return code
+
+    def __enter__(self) -> "KafkaBroker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.is_running() else "stopped"
+        return f"KafkaBroker({self.dist.version}, {self.bootstrap_servers}, {state})"
+
+
+def _kill_quietly(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(Exception):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
