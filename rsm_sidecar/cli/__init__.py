@@ -1,0 +1,1 @@
+"""Command line: `rsm-sidecar serve | config | keys | inspect | iceberg`."""

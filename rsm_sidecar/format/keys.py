@@ -1,0 +1,158 @@
+"""Segment identity and object keys.
+
+Layout (Aiven-compatible): ``<prefix><topic>-<topicId>/<partition>/<20-digit
+startOffset>-<segmentId>.{log,indexes,rsm-manifest}``. With
+``storage.hashed_prefix_chars = N > 0`` the prefix is followed by ``<N hex chars of
+sha256("<topicId>/<partition>")>/``, which spreads partitions over key ranges and is
+still derived from the segment metadata alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import re
+from typing import Any, Mapping
+
+from rsm_sidecar.errors import InvalidArgument
+from rsm_sidecar.format import custom_metadata
+
+LOG, INDEXES, MANIFEST = "log", "indexes", "rsm-manifest"
+SUFFIXES = (LOG, INDEXES, MANIFEST)
+_UUID_RE = re.compile(r"^[A-Za-z0-9_-]{22}$")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_MAIN_RE = re.compile(
+    r"^(?P<topic>[A-Za-z0-9._-]{1,249})-(?P<topic_id>[A-Za-z0-9_-]{22})/(?P<partition>\d{1,10})/"
+    r"(?P<start>\d{20})-(?P<segment_id>[A-Za-z0-9_-]{22})\.(?P<suffix>log|indexes|rsm-manifest)$")
+
+
+def uuid_bytes(kafka_uuid: str) -> bytes:
+    """The 16 bytes of a Kafka Uuid string (URL-safe base64, no padding)."""
+    return base64.urlsafe_b64decode(kafka_uuid + "==")
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentMetadata:
+    """KIP-405 RemoteLogSegmentMetadata as the sidecar sees it."""
+
+    topic_id: str
+    topic_name: str
+    partition: int
+    segment_id: str
+    start_offset: int
+    end_offset: int
+    max_timestamp_ms: int = -1
+    broker_id: int = -1
+    event_timestamp_ms: int = -1
+    leader_epochs: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    segment_size: int = 0
+    custom_metadata: bytes | None = None
+    txn_index_empty: bool | None = None
+
+    def validate(self) -> "SegmentMetadata":
+        if not _UUID_RE.match(self.topic_id or ""):
+            raise InvalidArgument(f"topic_id {self.topic_id!r} is not a Kafka Uuid string")
+        if not _UUID_RE.match(self.segment_id or ""):
+            raise InvalidArgument(f"segment_id {self.segment_id!r} is not a Kafka Uuid string")
+        if not _TOPIC_RE.match(self.topic_name or ""):
+            raise InvalidArgument(f"topic name {self.topic_name!r} is not a valid Kafka topic name")
+        if self.partition < 0:
+            raise InvalidArgument(f"partition {self.partition} is negative")
+        if self.start_offset < 0 or self.end_offset < self.start_offset:
+            raise InvalidArgument(f"offsets {self.start_offset}..{self.end_offset} are invalid")
+        if self.segment_size < 0:
+            raise InvalidArgument(f"segment size {self.segment_size} is negative")
+        return self
+
+    @property
+    def describe(self) -> str:
+        return f"{self.topic_name}-{self.partition}@{self.start_offset}..{self.end_offset} ({self.segment_id})"
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "SegmentMetadata":
+        return cls(
+            topic_id=m.topic_id, topic_name=m.topic_name, partition=m.partition, segment_id=m.segment_id,
+            start_offset=m.start_offset, end_offset=m.end_offset, max_timestamp_ms=m.max_timestamp_ms,
+            broker_id=m.broker_id, event_timestamp_ms=m.event_timestamp_ms,
+            leader_epochs=dict(m.segment_leader_epochs), segment_size=m.segment_size_in_bytes,
+            custom_metadata=m.custom_metadata if m.HasField("custom_metadata") else None,
+            txn_index_empty=m.txn_index_empty if m.HasField("txn_index_empty") else None,
+        ).validate()
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedKey:
+    prefix: str
+    topic: str
+    topic_id: str
+    partition: int
+    start_offset: int
+    segment_id: str
+    suffix: str
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}{main_path_of(self.topic, self.topic_id, self.partition, self.start_offset, self.segment_id)}"
+
+    def key(self, suffix: str) -> str:
+        return f"{self.base}.{suffix}"
+
+
+def main_path_of(topic: str, topic_id: str, partition: int, start_offset: int, segment_id: str) -> str:
+    return f"{topic}-{topic_id}/{partition}/{start_offset:020d}-{segment_id}"
+
+
+class KeyLayout:
+    """Derives object keys from segment metadata under a configured prefix."""
+
+    def __init__(self, prefix: str = "", hashed_prefix_chars: int = 0):
+        self.prefix = prefix
+        self.hashed_prefix_chars = hashed_prefix_chars
+
+    def partition_prefix(self, topic_id: str, partition: int) -> str:
+        """Prefix + optional hash component for one partition."""
+        if not self.hashed_prefix_chars:
+            return self.prefix
+        h = hashlib.sha256(f"{topic_id}/{partition}".encode()).hexdigest()[: self.hashed_prefix_chars]
+        return f"{self.prefix}{h}/"
+
+    def base(self, md: SegmentMetadata) -> str:
+        """Key without suffix. Custom metadata from the copy (OBJECT_PREFIX/OBJECT_KEY)
+        wins over the current configuration, so changing the prefix later keeps old
+        segments readable and deletable."""
+        fields = custom_metadata.decode(md.custom_metadata) if md.custom_metadata else {}
+        prefix = fields.get(custom_metadata.OBJECT_PREFIX)
+        if not isinstance(prefix, str):
+            prefix = self.partition_prefix(md.topic_id, md.partition)
+        main = fields.get(custom_metadata.OBJECT_KEY)
+        if not isinstance(main, str):
+            main = main_path_of(md.topic_name, md.topic_id, md.partition, md.start_offset, md.segment_id)
+        return prefix + main
+
+    def key(self, md: SegmentMetadata, suffix: str) -> str:
+        return f"{self.base(md)}.{suffix}"
+
+    def topic_list_prefix(self) -> str:
+        """Where to list to find every segment (all topics)."""
+        return self.prefix
+
+    def parse(self, key: str) -> ParsedKey | None:
+        """The segment a key belongs to, or None for a key outside the layout."""
+        if not key.startswith(self.prefix):
+            return None
+        rest = key[len(self.prefix):]
+        hashed = ""
+        if self.hashed_prefix_chars:
+            hashed, sep, rest = rest.partition("/")
+            if not sep or len(hashed) != self.hashed_prefix_chars:
+                return None
+            hashed += "/"
+        m = _MAIN_RE.match(rest)
+        if not m:
+            return None
+        parsed = ParsedKey(self.prefix + hashed, m["topic"], m["topic_id"], int(m["partition"]),
+                           int(m["start"]), m["segment_id"], m["suffix"])
+        if self.hashed_prefix_chars and self.partition_prefix(parsed.topic_id, parsed.partition) != parsed.prefix:
+            return None
+        return parsed

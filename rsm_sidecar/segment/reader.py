@@ -1,0 +1,257 @@
+"""Reading segments back: manifests, index files and byte ranges of the original ``.log``.
+
+Opening is cheap after the first time (parsed manifests and unwrapped data keys are
+cached). A range read is lazy: it maps [start, end] to chunks, takes them from the
+chunk cache or downloads runs of contiguous missing chunks with one ranged GET each
+(at most ``max_range_bytes``), verifies and decodes them, and yields the original bytes.
+Sequential prefetch loads the chunks after the last one served into the cache in the
+background, so a consumer reading a whole segment pays each chunk once. Stopping the
+iteration (a cancelled fetch) stops further downloads except prefetches in flight.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+from typing import Callable, Iterator
+
+from rsm_sidecar.errors import DataLoss, NotFound
+from rsm_sidecar.format import keys as fkeys
+from rsm_sidecar.format.chunk_index import Chunk
+from rsm_sidecar.format.manifest import SegmentManifest
+from rsm_sidecar.segment.cache import ByteLRU, SingleFlight
+from rsm_sidecar.storage.base import ObjectNotFound, ObjectStore
+from rsm_sidecar.transform.chunks import ChunkCodec
+from rsm_sidecar.transform.keyring import Keyring
+
+log = logging.getLogger(__name__)
+
+#: index names of the manifest by KIP-405 IndexType name
+INDEX_BY_TYPE = {"OFFSET": "offset", "TIMESTAMP": "timestamp", "PRODUCER_SNAPSHOT": "producerSnapshot",
+                 "TRANSACTION": "transaction", "LEADER_EPOCH": "leaderEpoch"}
+
+
+@dataclasses.dataclass
+class OpenSegment:
+    """A segment whose manifest is loaded and whose data key is unwrapped."""
+
+    base: str
+    manifest: SegmentManifest
+    codec: ChunkCodec
+    cost: int  # bytes accounted in the manifest cache
+    prefetched_to: int = -1  # highest chunk id scheduled for prefetch
+
+    def key(self, suffix: str) -> str:
+        return f"{self.base}.{suffix}"
+
+    def __repr__(self) -> str:
+        return f"OpenSegment({self.base!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderSettings:
+    manifest_cache_bytes: int = 32 * 1024 * 1024
+    index_cache_bytes: int = 64 * 1024 * 1024
+    chunk_cache_bytes: int = 256 * 1024 * 1024
+    prefetch_bytes: int = 16 * 1024 * 1024
+    max_range_bytes: int = 8 * 1024 * 1024
+
+    @classmethod
+    def from_config(cls, cfg) -> "ReaderSettings":
+        return cls(cfg["cache.manifest_bytes"], cfg["cache.index_bytes"], cfg["cache.chunk_bytes"],
+                   cfg["cache.prefetch_bytes"], cfg["fetch.max_range_bytes"])
+
+
+class SegmentReader:
+    def __init__(self, store: ObjectStore, layout: fkeys.KeyLayout, keyring: Keyring | None,
+                 settings: ReaderSettings = ReaderSettings(),
+                 prefetch_executor: concurrent.futures.Executor | None = None,
+                 on_cache_event: Callable[[str, str], None] = lambda cache, event: None):
+        self.store = store
+        self.layout = layout
+        self.keyring = keyring
+        self.settings = settings
+        self.manifests = ByteLRU(settings.manifest_cache_bytes, lambda e: on_cache_event("manifest", e))
+        self.indexes = ByteLRU(settings.index_cache_bytes, lambda e: on_cache_event("index", e))
+        self.chunks = ByteLRU(settings.chunk_cache_bytes, lambda e: on_cache_event("chunk", e))
+        self._loading = SingleFlight()
+        self._manifest_loading = SingleFlight()
+        self._prefetch = prefetch_executor
+        self._prefetch_lock = threading.Lock()
+
+    # -- opening ----------------------------------------------------------------
+    def open(self, md: fkeys.SegmentMetadata) -> OpenSegment:
+        return self.open_base(self.layout.base(md), md.describe)
+
+    def open_base(self, base: str, describe: str | None = None) -> OpenSegment:
+        """Load (or take from cache) the manifest of the segment whose keys start with ``base``."""
+        cached = self.manifests.get(base)
+        if cached is not None:
+            return cached
+        claimed, waiting = self._manifest_loading.claim([base])
+        if waiting:
+            return waiting[base].result()
+        try:
+            seg = self._load_manifest(base, describe or base)
+        except BaseException as e:
+            self._manifest_loading.resolve(base, error=e)
+            raise
+        self.manifests.put(base, seg, seg.cost)
+        self._manifest_loading.resolve(base, seg)
+        return seg
+
+    def _load_manifest(self, base: str, describe: str) -> OpenSegment:
+        key = f"{base}.{fkeys.MANIFEST}"
+        try:
+            raw = self.store.get(key)
+        except ObjectNotFound:
+            raise NotFound(f"segment {describe} not found: no manifest {key}") from None
+        manifest = SegmentManifest.from_bytes(raw, key)
+        data_key = aad = None
+        if manifest.encryption is not None:
+            if self.keyring is None:
+                from rsm_sidecar.errors import FailedPrecondition
+                raise FailedPrecondition(f"{key}: segment is encrypted under key id {manifest.encryption.key_id!r} "
+                                         f"but encryption is not configured")
+            data_key = self.keyring.unwrap(manifest.encryption.key_id, manifest.encryption.wrapped_key, key)
+            aad = manifest.encryption.aad
+        codec = ChunkCodec(manifest.compression, data_key, aad)
+        return OpenSegment(base, manifest, codec, len(raw) + 48 * manifest.chunk_index.chunk_count + 1024)
+
+    def forget(self, base: str) -> None:
+        """Drop everything cached about a segment (after a delete)."""
+        self.manifests.discard_prefix(lambda k: k == base)
+        self.indexes.discard_prefix(lambda k: k[0] == base)
+        self.chunks.discard_prefix(lambda k: k[0] == base)
+
+    # -- indexes -----------------------------------------------------------------
+    def read_index(self, seg: OpenSegment, name: str) -> bytes:
+        """The plain bytes of one index; ``NotFound`` when the segment has none of that kind."""
+        r = seg.manifest.indexes.get(name)
+        if r is None:
+            raise NotFound(f"segment {seg.base}: no {name} index")
+        cached = self.indexes.get((seg.base, name))
+        if cached is not None:
+            return cached
+        key = seg.key(fkeys.INDEXES)
+        if r.size == 0:
+            stored = b""
+        else:
+            try:
+                stored = self.store.get_range(key, r.position, r.position + r.size - 1)
+            except ObjectNotFound:
+                raise NotFound(f"segment {seg.base}: indexes object {key} is missing") from None
+            if len(stored) != r.size:
+                raise DataLoss(f"{key}: truncated: {name} index needs bytes {r.position}..{r.position + r.size - 1}, "
+                               f"got {len(stored)} bytes")
+        crc = seg.manifest.index_crcs.get(name) if seg.manifest.index_crcs else None
+        plain = seg.codec.decrypt_only(stored, f"{key} ({name} index)", crc)
+        self.indexes.put((seg.base, name), plain, len(plain) + 64)
+        return plain
+
+    # -- data --------------------------------------------------------------------
+    def read(self, seg: OpenSegment, start: int, end: int) -> Iterator[bytes]:
+        """Original bytes [start, end] (inclusive; ``end`` is clamped to the segment)."""
+        index = seg.manifest.chunk_index
+        chunks = index.chunks_for_range(start, end)
+        end = min(end, index.original_file_size - 1)
+        for i, chunk in enumerate(chunks):
+            data = self._chunk(seg, chunks, i)
+            lo = max(start - chunk.original_position, 0)
+            hi = min(end - chunk.original_position + 1, chunk.original_size)
+            self._schedule_prefetch(seg, chunk.id)
+            yield data if (lo == 0 and hi == len(data)) else data[lo:hi]
+
+    def _chunk(self, seg: OpenSegment, chunks: list[Chunk], i: int) -> bytes:
+        key = (seg.base, chunks[i].id)
+        data = self.chunks.get(key)
+        if data is not None:
+            return data
+        # Claim a run of contiguous chunks that are neither cached nor being loaded.
+        run: list[Chunk] = []
+        total = 0
+        for c in chunks[i:]:
+            if run and (total + c.transformed_size > self.settings.max_range_bytes
+                        or self.chunks.contains((seg.base, c.id))):
+                break
+            run.append(c)
+            total += c.transformed_size
+        claimed, waiting = self._loading.claim([(seg.base, c.id) for c in run])
+        if waiting:
+            return waiting[key].result()
+        loaded = self._load_run(seg, run[: len(claimed)])
+        return loaded[0]
+
+    def _load_run(self, seg: OpenSegment, run: list[Chunk]) -> list[bytes]:
+        """Download, verify and decode contiguous chunks with one request; resolve the
+        single-flight futures of every chunk in the run."""
+        key = seg.key(fkeys.LOG)
+        out: list[bytes] = []
+        try:
+            first, last = run[0], run[-1]
+            if last.transformed_end == first.transformed_position:
+                stored = b""
+            else:
+                try:
+                    stored = self.store.get_range(key, first.transformed_position, last.transformed_end - 1)
+                except ObjectNotFound:
+                    raise NotFound(f"segment {seg.base}: data object {key} is missing (the manifest exists)") from None
+            want = last.transformed_end - first.transformed_position
+            if len(stored) != want:
+                raise DataLoss(f"{key}: truncated: chunks {first.id}..{last.id} need {want} bytes at "
+                               f"{first.transformed_position}, got {len(stored)}")
+            crcs = seg.manifest.chunk_crcs
+            view = memoryview(stored)
+            for c in run:
+                piece = view[c.transformed_position - first.transformed_position:
+                             c.transformed_end - first.transformed_position]
+                plain = seg.codec.decode(bytes(piece), c.original_size, f"{key} chunk {c.id}",
+                                         crcs[c.id] if crcs else None)
+                self.chunks.put((seg.base, c.id), plain, len(plain))
+                self._loading.resolve((seg.base, c.id), plain)
+                out.append(plain)
+        except BaseException as e:
+            for c in run[len(out):]:
+                self._loading.resolve((seg.base, c.id), error=e)
+            raise
+        return out
+
+    def _schedule_prefetch(self, seg: OpenSegment, chunk_id: int) -> None:
+        if self._prefetch is None or self.settings.prefetch_bytes <= 0 or self.settings.chunk_cache_bytes <= 0:
+            return
+        index = seg.manifest.chunk_index
+        n = max(1, self.settings.prefetch_bytes // index.original_chunk_size)
+        last = min(chunk_id + n, index.chunk_count - 1)
+        with self._prefetch_lock:
+            if last <= seg.prefetched_to:
+                return
+            first = max(chunk_id + 1, seg.prefetched_to + 1)
+            seg.prefetched_to = last
+        todo = [index.chunk(j) for j in range(first, last + 1)
+                if not self.chunks.contains((seg.base, j)) and not self._loading.in_flight((seg.base, j))]
+        if todo:
+            try:
+                self._prefetch.submit(self._prefetch_run, seg, todo)
+            except RuntimeError:  # executor shut down
+                pass
+
+    def _prefetch_run(self, seg: OpenSegment, chunks: list[Chunk]) -> None:
+        i = 0
+        while i < len(chunks):
+            run: list[Chunk] = []
+            total = 0
+            for c in chunks[i:]:
+                if run and (total + c.transformed_size > self.settings.max_range_bytes or c.id != run[-1].id + 1):
+                    break
+                run.append(c)
+                total += c.transformed_size
+            claimed, _ = self._loading.claim([(seg.base, c.id) for c in run])
+            if claimed:
+                try:
+                    self._load_run(seg, run[: len(claimed)])
+                except Exception as e:  # the reader that needs the chunk will report it
+                    log.debug("prefetch of %s failed: %s", seg.base, e)
+                    return
+            i += max(len(claimed), 1)

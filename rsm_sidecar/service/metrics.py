@@ -1,0 +1,57 @@
+"""Prometheus metrics of the sidecar. Every metric is listed in docs/operations.md."""
+
+from __future__ import annotations
+
+import prometheus_client as prom
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self, registry: prom.CollectorRegistry | None = None):
+        self.registry = registry or prom.CollectorRegistry()
+        r = self.registry
+        self.operations = prom.Counter("rsm_operations", "RPCs handled, by operation and outcome (OK or the gRPC status name).",
+                                       ["op", "outcome"], registry=r)
+        self.latency = prom.Histogram("rsm_operation_seconds", "RPC duration in seconds (for fetches: until the stream ends).",
+                                      ["op"], buckets=LATENCY_BUCKETS, registry=r)
+        self.first_byte = prom.Histogram("rsm_fetch_first_byte_seconds", "Fetch: time from the call to its first message.",
+                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.in_flight = prom.Gauge("rsm_in_flight", "RPCs in progress, by operation.", ["op"], registry=r)
+        self.bytes = prom.Counter("rsm_bytes", "Bytes moved: copy_original (segment bytes received), copy_stored "
+                                  "(bytes written to storage), fetch_served (original bytes sent), index_served.",
+                                  ["kind"], registry=r)
+        self.segments = prom.Counter("rsm_segments_copied", "Segments copied, by whether zstd was applied.",
+                                     ["compressed"], registry=r)
+        self.cache_events = prom.Counter("rsm_cache_events", "Cache hits, misses and evictions by cache "
+                                         "(manifest, index, chunk).", ["cache", "event"], registry=r)
+        self._caches = {}
+        self._stores = []
+        r.register(_DynamicCollector(self))
+
+    def track_cache(self, name: str, cache) -> None:
+        self._caches[name] = cache
+
+    def track_store(self, store) -> None:
+        self._stores.append(store)
+
+    def cache_event(self, cache: str, event: str) -> None:
+        self.cache_events.labels(cache, event).inc()
+
+
+class _DynamicCollector:
+    def __init__(self, metrics: Metrics):
+        self.m = metrics
+
+    def collect(self):
+        size = GaugeMetricFamily("rsm_cache_bytes", "Bytes held by each cache.", labels=["cache"])
+        for name, cache in self.m._caches.items():
+            size.add_metric([name], cache.size_bytes)
+        yield size
+        reqs = CounterMetricFamily("rsm_storage_requests", "Requests sent to object storage by backend and operation.",
+                                   labels=["backend", "op"])
+        for store in self.m._stores:
+            for op, n in sorted(store.requests.items()):
+                reqs.add_metric([store.name, op], n)
+        yield reqs

@@ -1,0 +1,65 @@
+"""The sidecar's components, built once from the configuration and shared by the RPCs."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+
+from rsm_sidecar.config import Config
+from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.format import custom_metadata
+from rsm_sidecar.format.keys import KeyLayout
+from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.service.metrics import Metrics
+from rsm_sidecar.storage.base import ObjectStore
+from rsm_sidecar.storage.factory import open_store
+from rsm_sidecar.transform.keyring import Keyring
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Sidecar:
+    cfg: Config
+    store: ObjectStore
+    layout: KeyLayout
+    keyring: Keyring | None
+    copier: SegmentCopier
+    reader: SegmentReader
+    metrics: Metrics
+    transform_pool: concurrent.futures.ThreadPoolExecutor
+    prefetch_pool: concurrent.futures.ThreadPoolExecutor
+
+    @classmethod
+    def from_config(cls, cfg: Config, store: ObjectStore | None = None, check_store: bool = True) -> "Sidecar":
+        layout = KeyLayout(cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"])
+        fields = cfg["segment.custom_metadata_fields"]
+        worst = custom_metadata.worst_case_size(fields, cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"])
+        if worst > cfg["segment.custom_metadata_max_bytes"]:
+            raise ConfigError(f"segment.custom_metadata_fields: {', '.join(fields)} may need {worst} bytes, more than "
+                              f"segment.custom_metadata_max_bytes = {cfg['segment.custom_metadata_max_bytes']} "
+                              f"(the broker's remote.log.metadata.custom.metadata.max.bytes); drop OBJECT_KEY or "
+                              f"raise both limits")
+        keyring = Keyring.from_config(cfg)
+        store = store or open_store(cfg)
+        if check_store:
+            store.check()
+        metrics = Metrics()
+        metrics.track_store(store)
+        settings = CopySettings.from_config(cfg)
+        transform_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(64, cfg["copy.max_concurrent"] * settings.parallelism), thread_name_prefix="transform")
+        prefetch_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="prefetch")
+        reader = SegmentReader(store, layout, keyring, ReaderSettings.from_config(cfg), prefetch_pool,
+                               on_cache_event=metrics.cache_event)
+        for name, cache in (("manifest", reader.manifests), ("index", reader.indexes), ("chunk", reader.chunks)):
+            metrics.track_cache(name, cache)
+        copier = SegmentCopier(store, layout, keyring, settings, transform_pool)
+        return cls(cfg, store, layout, keyring, copier, reader, metrics, transform_pool, prefetch_pool)
+
+    def close(self) -> None:
+        self.prefetch_pool.shutdown(wait=False, cancel_futures=True)
+        self.transform_pool.shutdown(wait=True, cancel_futures=True)
+        self.store.close()

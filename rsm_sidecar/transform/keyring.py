@@ -1,0 +1,114 @@
+"""Key-encryption keys: RSA key pairs by id, one of them active.
+
+A segment's data key (AES-256) is wrapped with RSA-OAEP using SHA3-512 for both the
+OAEP hash and MGF1, as Aiven's plugin does with BouncyCastle's
+``RSA/NONE/OAEPWithSHA3-512AndMGF1Padding``. ``cryptography`` refuses SHA3 in OAEP,
+so pycryptodome does the RSA part. New segments use the active id; every id in the
+ring stays readable. Key material never appears in messages or logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from Crypto.Cipher import PKCS1_OAEP
+from Crypto.Hash import SHA3_512
+from Crypto.PublicKey import RSA
+from Crypto.Signature import pss
+
+from rsm_sidecar.errors import ConfigError, DataLoss, FailedPrecondition
+
+DATA_KEY_BYTES = 32
+AAD_BYTES = 32
+
+
+def _oaep(key: RSA.RsaKey):
+    return PKCS1_OAEP.new(key, hashAlgo=SHA3_512, mgfunc=lambda x, y: pss.MGF1(x, y, SHA3_512))
+
+
+@dataclasses.dataclass
+class KeyPair:
+    key_id: str
+    public: RSA.RsaKey
+    private: RSA.RsaKey | None
+
+    def __repr__(self) -> str:
+        return f"KeyPair({self.key_id!r}, {self.public.size_in_bits()} bits, private={'yes' if self.private else 'no'})"
+
+
+def _load_pem(path: str, what: str) -> RSA.RsaKey:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot read {path}: {e.strerror}") from None
+    try:
+        return RSA.import_key(data)
+    except (ValueError, IndexError, TypeError):
+        raise ConfigError(f"{what}: {path} is not a PEM RSA key") from None
+
+
+class Keyring:
+    def __init__(self, pairs: dict[str, KeyPair], active_id: str):
+        if active_id not in pairs:
+            raise ConfigError(f"encryption.active_key_id: {active_id!r} is not one of the configured keys "
+                              f"({', '.join(sorted(pairs)) or 'none'})")
+        self.pairs = pairs
+        self.active_id = active_id
+
+    @classmethod
+    def from_config(cls, cfg) -> "Keyring | None":
+        if not cfg["encryption.enabled"]:
+            return None
+        family = cfg.family("encryption.keys")
+        if not family:
+            raise ConfigError("encryption.keys: encryption is enabled but no key is configured "
+                              "(add [encryption.keys.<id>] with public_key_file and private_key_file)")
+        pairs = {}
+        for key_id, files in sorted(family.items()):
+            for leaf in ("public_key_file", "private_key_file"):
+                if leaf not in files:
+                    raise ConfigError(f"encryption.keys.{key_id}.{leaf}: missing")
+            public = _load_pem(files["public_key_file"], f"encryption.keys.{key_id}.public_key_file")
+            private = _load_pem(files["private_key_file"], f"encryption.keys.{key_id}.private_key_file")
+            if not private.has_private():
+                raise ConfigError(f"encryption.keys.{key_id}.private_key_file: {files['private_key_file']} "
+                                  f"holds a public key, not a private key")
+            if private.publickey().n != public.n:
+                raise ConfigError(f"encryption.keys.{key_id}: the public and private key files are not a pair")
+            if public.size_in_bits() < 2048:
+                raise ConfigError(f"encryption.keys.{key_id}.public_key_file: RSA keys must have at least "
+                                  f"2048 bits, got {public.size_in_bits()}")
+            pairs[key_id] = KeyPair(key_id, public, private)
+        return cls(pairs, cfg["encryption.active_key_id"])
+
+    def new_data_key(self) -> tuple[bytes, bytes]:
+        """A fresh (data key, AAD) for one segment."""
+        return os.urandom(DATA_KEY_BYTES), os.urandom(AAD_BYTES)
+
+    def wrap(self, data_key: bytes, key_id: str | None = None) -> tuple[str, bytes]:
+        key_id = key_id or self.active_id
+        return key_id, _oaep(self.pairs[key_id].public).encrypt(data_key)
+
+    def unwrap(self, key_id: str, wrapped: bytes, where: str = "segment") -> bytes:
+        pair = self.pairs.get(key_id)
+        if pair is None:
+            raise FailedPrecondition(f"{where}: data key is wrapped under key id {key_id!r}, which is not in the "
+                                     f"keyring (known: {', '.join(sorted(self.pairs))})")
+        if pair.private is None:
+            raise FailedPrecondition(f"{where}: no private key for key id {key_id!r}")
+        try:
+            key = _oaep(pair.private).decrypt(wrapped)
+        except (ValueError, TypeError):
+            raise DataLoss(f"{where}: the wrapped data key does not decrypt under key id {key_id!r} "
+                           f"(corrupt manifest or a different key with the same id)") from None
+        if len(key) != DATA_KEY_BYTES:
+            raise DataLoss(f"{where}: unwrapped data key has {len(key)} bytes, expected {DATA_KEY_BYTES}")
+        return key
+
+
+def generate_key_pair(bits: int = 3072) -> tuple[bytes, bytes]:
+    """(public PEM, private PKCS#8 PEM) for a new key-encryption key."""
+    key = RSA.generate(bits)
+    return key.publickey().export_key("PEM"), key.export_key("PEM", pkcs=8)

@@ -1,0 +1,3 @@
+"""Session-wide fixtures."""
+
+from tests.keys_fixture import rsa_keys  # noqa: F401
