@@ -1,0 +1,123 @@
+package io.github.rsmsidecar.shim;
+
+import com.google.protobuf.ByteString;
+import io.github.rsmsidecar.proto.v1.IndexType;
+import io.github.rsmsidecar.proto.v1.SegmentMetadata;
+import io.github.rsmsidecar.proto.v1.SegmentState;
+import java.lang.reflect.InvocationTargetException;
+import java.lang.reflect.Method;
+import java.util.Map;
+import org.apache.kafka.common.TopicIdPartition;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/** KIP-405 types to rsm.v1 messages, field for field. */
+final class MetadataMapper {
+
+    private static final Logger LOG = LoggerFactory.getLogger(MetadataMapper.class);
+
+    /**
+     * {@code boolean isTxnIdxEmpty()} exists from Kafka 4.0 (KIP-1058). Looked up once per runtime
+     * class, so the shim compiled against 3.6 reads it on 4.x brokers and leaves the field absent
+     * before.
+     */
+    private static final ClassValue<Method> TXN_IDX_EMPTY = new ClassValue<>() {
+        @Override
+        protected Method computeValue(Class<?> type) {
+            try {
+                Method m = type.getMethod("isTxnIdxEmpty");
+                return m.getReturnType() == boolean.class ? m : null;
+            } catch (NoSuchMethodException e) {
+                return null;
+            }
+        }
+    };
+
+    private MetadataMapper() {
+    }
+
+    static SegmentMetadata toProto(RemoteLogSegmentMetadata md) {
+        TopicIdPartition tip = md.remoteLogSegmentId().topicIdPartition();
+        SegmentMetadata.Builder b = SegmentMetadata.newBuilder()
+                .setTopicId(tip.topicId().toString())
+                .setTopicName(tip.topic())
+                .setPartition(tip.partition())
+                .setSegmentId(md.remoteLogSegmentId().id().toString())
+                .setStartOffset(md.startOffset())
+                .setEndOffset(md.endOffset())
+                .setMaxTimestampMs(md.maxTimestampMs())
+                .setBrokerId(md.brokerId())
+                .setEventTimestampMs(md.eventTimestampMs())
+                .setSegmentSizeInBytes(md.segmentSizeInBytes())
+                .setState(state(md.state() == null ? null : md.state().name()));
+        for (Map.Entry<Integer, Long> e : md.segmentLeaderEpochs().entrySet()) {
+            b.putSegmentLeaderEpochs(e.getKey(), e.getValue());
+        }
+        md.customMetadata().ifPresent(cm -> b.setCustomMetadata(ByteString.copyFrom(cm.value())));
+        Boolean txnIdxEmpty = txnIdxEmpty(md);
+        if (txnIdxEmpty != null) {
+            b.setTxnIndexEmpty(txnIdxEmpty);
+        }
+        return b.build();
+    }
+
+    /** {@code md.isTxnIdxEmpty()} on Kafka 4.0+, {@code null} before. */
+    static Boolean txnIdxEmpty(Object md) {
+        Method m = TXN_IDX_EMPTY.get(md.getClass());
+        if (m == null) {
+            return null;
+        }
+        try {
+            return (Boolean) m.invoke(md);
+        } catch (IllegalAccessException | InvocationTargetException | RuntimeException e) {
+            LOG.debug("isTxnIdxEmpty() failed; txn_index_empty left absent: {}", e.toString());
+            return null;
+        }
+    }
+
+    /** By name, so a state added by a later Kafka maps to UNSPECIFIED instead of failing. */
+    static SegmentState state(String name) {
+        if (name == null) {
+            return SegmentState.SEGMENT_STATE_UNSPECIFIED;
+        }
+        switch (name) {
+            case "COPY_SEGMENT_STARTED":
+                return SegmentState.COPY_SEGMENT_STARTED;
+            case "COPY_SEGMENT_FINISHED":
+                return SegmentState.COPY_SEGMENT_FINISHED;
+            case "DELETE_SEGMENT_STARTED":
+                return SegmentState.DELETE_SEGMENT_STARTED;
+            case "DELETE_SEGMENT_FINISHED":
+                return SegmentState.DELETE_SEGMENT_FINISHED;
+            default:
+                return SegmentState.SEGMENT_STATE_UNSPECIFIED;
+        }
+    }
+
+    /** By name; {@code null} for a type rsm.v1 does not know. */
+    static IndexType indexType(RemoteStorageManager.IndexType type) {
+        switch (type.name()) {
+            case "OFFSET":
+                return IndexType.OFFSET;
+            case "TIMESTAMP":
+                return IndexType.TIMESTAMP;
+            case "PRODUCER_SNAPSHOT":
+                return IndexType.PRODUCER_SNAPSHOT;
+            case "TRANSACTION":
+                return IndexType.TRANSACTION;
+            case "LEADER_EPOCH":
+                return IndexType.LEADER_EPOCH;
+            default:
+                return null;
+        }
+    }
+
+    /** A short, log-safe description of the segment: {@code topic-partition segment <uuid> [start..end]}. */
+    static String describe(RemoteLogSegmentMetadata md) {
+        TopicIdPartition tip = md.remoteLogSegmentId().topicIdPartition();
+        return tip.topic() + "-" + tip.partition() + " segment " + md.remoteLogSegmentId().id()
+                + " [" + md.startOffset() + ".." + md.endOffset() + "]";
+    }
+}

@@ -1,0 +1,189 @@
+package io.github.rsmsidecar.shim;
+
+import com.google.protobuf.UnsafeByteOperations;
+import io.github.rsmsidecar.proto.v1.CopyBegin;
+import io.github.rsmsidecar.proto.v1.CopyData;
+import io.github.rsmsidecar.proto.v1.CopySegmentRequest;
+import io.github.rsmsidecar.proto.v1.CopySegmentResponse;
+import io.github.rsmsidecar.proto.v1.FileKind;
+import io.github.rsmsidecar.proto.v1.RemoteStorageGrpc;
+import io.grpc.CallOptions;
+import io.grpc.Channel;
+import io.grpc.ClientCall;
+import io.grpc.Metadata;
+import io.grpc.Status;
+import io.grpc.StatusException;
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.channels.ClosedByInterruptException;
+import java.nio.channels.FileChannel;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+import java.util.List;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
+
+/**
+ * One attempt of the client-streaming CopySegment call.
+ *
+ * <p>Stream mode sends {@code CopyBegin} and then each non-empty file in the given order as
+ * {@code CopyData} messages of at most {@link #MAX_MESSAGE_BYTES}. Before each message it waits
+ * until the call is ready ({@link ClientCall#isReady()}), i.e. until gRPC/HTTP2 flow control has
+ * room, so a slow sidecar slows the copy down instead of piling the segment up in the heap: at most
+ * one message beyond the transport's small ready threshold is held at a time. Path mode sends
+ * {@code CopyBegin} alone.
+ */
+final class SegmentCopier {
+
+    /** The proto's limit for {@code CopyData.data}. */
+    static final int MAX_MESSAGE_BYTES = 1 << 20;
+
+    /** A file to stream: its kind, path and the size declared in {@code CopyBegin}. */
+    static final class FilePart {
+        final FileKind kind;
+        final Path path;
+        final long size;
+
+        FilePart(FileKind kind, Path path, long size) {
+            this.kind = kind;
+            this.path = path;
+            this.size = size;
+        }
+    }
+
+    private final Object lock = new Object();
+    private final ClientCall<CopySegmentRequest, CopySegmentResponse> call;
+    private final String operation;
+    private volatile CopySegmentResponse response;
+    private volatile Status status;
+
+    private SegmentCopier(Channel channel, CallOptions options, String operation) {
+        this.call = channel.newCall(RemoteStorageGrpc.getCopySegmentMethod(), options);
+        this.operation = operation;
+    }
+
+    /**
+     * Runs one attempt.
+     *
+     * @param files the files to stream, in proto order; empty for path mode
+     * @throws StatusException the call failed (mapped/retried by the caller)
+     * @throws InterruptedException the thread was interrupted; the call is cancelled
+     * @throws RemoteStorageException a local file could not be read as declared; the call is cancelled
+     */
+    static CopySegmentResponse copy(Channel channel, CallOptions options, String operation, CopyBegin begin,
+                                    List<FilePart> files)
+            throws StatusException, InterruptedException, RemoteStorageException {
+        return new SegmentCopier(channel, options, operation).run(begin, files);
+    }
+
+    private CopySegmentResponse run(CopyBegin begin, List<FilePart> files)
+            throws StatusException, InterruptedException, RemoteStorageException {
+        call.start(new ClientCall.Listener<CopySegmentResponse>() {
+            @Override
+            public void onMessage(CopySegmentResponse message) {
+                response = message;
+            }
+
+            @Override
+            public void onClose(Status s, Metadata trailers) {
+                synchronized (lock) {
+                    status = s;
+                    lock.notifyAll();
+                }
+            }
+
+            @Override
+            public void onReady() {
+                synchronized (lock) {
+                    lock.notifyAll();
+                }
+            }
+        }, new Metadata());
+        call.request(1);
+        try {
+            if (send(CopySegmentRequest.newBuilder().setBegin(begin).build())) {
+                for (FilePart file : files) {
+                    if (!sendFile(file)) {
+                        break;
+                    }
+                }
+            }
+            if (status == null) {
+                call.halfClose();
+            }
+            synchronized (lock) {
+                while (status == null) {
+                    lock.wait();
+                }
+            }
+        } catch (InterruptedException e) {
+            call.cancel("interrupted", e);
+            throw e;
+        } catch (RuntimeException e) {
+            call.cancel("failed: " + e, e);
+            throw e;
+        }
+        Status s = status;
+        if (!s.isOk()) {
+            throw s.asException();
+        }
+        CopySegmentResponse r = response;
+        if (r == null) {
+            throw Status.INTERNAL.withDescription("the sidecar closed CopySegment with OK but sent no response")
+                    .asException();
+        }
+        return r;
+    }
+
+    /** Waits for flow-control room, then sends; false if the call already ended. */
+    private boolean send(CopySegmentRequest message) throws InterruptedException {
+        synchronized (lock) {
+            while (status == null && !call.isReady()) {
+                lock.wait();
+            }
+            if (status != null) {
+                return false;
+            }
+        }
+        call.sendMessage(message);
+        return true;
+    }
+
+    private boolean sendFile(FilePart file) throws InterruptedException, RemoteStorageException {
+        if (file.size == 0) {
+            return true;
+        }
+        try (FileChannel in = FileChannel.open(file.path, StandardOpenOption.READ)) {
+            long remaining = file.size;
+            while (remaining > 0) {
+                byte[] chunk = new byte[(int) Math.min(MAX_MESSAGE_BYTES, remaining)];
+                ByteBuffer buffer = ByteBuffer.wrap(chunk);
+                while (buffer.hasRemaining()) {
+                    if (in.read(buffer) < 0) {
+                        String why = file.kind + " file " + file.path + " shrank during the copy: "
+                                + file.size + " bytes declared, " + (file.size - remaining + buffer.position())
+                                + " found";
+                        call.cancel(why, null);
+                        throw new RemoteStorageException(operation + " failed: " + why);
+                    }
+                }
+                CopySegmentRequest message = CopySegmentRequest.newBuilder()
+                        .setData(CopyData.newBuilder().setFile(file.kind).setData(UnsafeByteOperations.unsafeWrap(chunk)))
+                        .build();
+                if (!send(message)) {
+                    return false;
+                }
+                remaining -= chunk.length;
+            }
+            return true;
+        } catch (ClosedByInterruptException e) {
+            call.cancel("interrupted", e);
+            InterruptedException ie = new InterruptedException("interrupted while reading " + file.path);
+            ie.initCause(e);
+            throw ie;
+        } catch (IOException e) {
+            String why = "cannot read " + file.kind + " file " + file.path + ": " + e;
+            call.cancel(why, e);
+            throw new RemoteStorageException(operation + " failed: " + why, e);
+        }
+    }
+}
