@@ -55,15 +55,22 @@ class CopyResult:
 
 
 def rechunk(pieces: Iterable[bytes], chunk_size: int) -> Iterator[bytes]:
-    """Re-cut a stream of byte pieces into ``chunk_size`` chunks (the last may be shorter)."""
-    buf = bytearray()
+    """Re-cut a stream of byte pieces into ``chunk_size`` chunks (the last may be
+    shorter), copying each byte once."""
+    parts: list[memoryview] = []
+    have = 0
     for piece in pieces:
-        buf += piece
-        while len(buf) >= chunk_size:
-            yield bytes(buf[:chunk_size])
-            del buf[:chunk_size]
-    if buf:
-        yield bytes(buf)
+        view = memoryview(piece)
+        while len(view):
+            take = min(len(view), chunk_size - have)
+            parts.append(view[:take])
+            have += take
+            view = view[take:]
+            if have == chunk_size:
+                yield parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
+                parts, have = [], 0
+    if have:
+        yield b"".join(parts)
 
 
 class SegmentCopier:
