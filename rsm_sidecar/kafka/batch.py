@@ -32,6 +32,7 @@ CRC_OFFSET = 17
 ATTRIBUTES_OFFSET = 21
 MAGIC_OFFSET = 16
 MAGIC_V2 = 2
+LEGACY_RECORD_OVERHEAD_V0 = 14  #: smallest possible length of any message format version
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -173,6 +174,15 @@ def read_length_and_magic(buf, position: int = 0, *, source: str | None = None,
     base_offset, length = struct.unpack_from(">qi", buf, 0)
     magic = buf[MAGIC_OFFSET]
     where = dict(source=source, position=position, offset=base_offset)
+    # Same order as Kafka: the size bounds first (a zero-filled region fails here), then magic.
+    if length < LEGACY_RECORD_OVERHEAD_V0:
+        raise BatchSizeError(
+            f"batch length field {length} is smaller than the minimum "
+            f"{BATCH_HEADER_SIZE - LOG_OVERHEAD} of a v2 batch header", **where)
+    if LOG_OVERHEAD + length > max_batch_size:
+        raise BatchSizeError(
+            f"batch length field {length} exceeds the maximum batch size {max_batch_size} "
+            "(corrupt length field, or pass a larger max_batch_size)", **where)
     if magic in (0, 1):
         raise UnsupportedFormatError(
             f"message format v{magic} (magic {magic}) batch; only magic 2 is supported", **where)
@@ -182,10 +192,6 @@ def read_length_and_magic(buf, position: int = 0, *, source: str | None = None,
         raise BatchSizeError(
             f"batch length field {length} is smaller than the minimum "
             f"{BATCH_HEADER_SIZE - LOG_OVERHEAD} of a v2 batch header", **where)
-    if LOG_OVERHEAD + length > max_batch_size:
-        raise BatchSizeError(
-            f"batch length field {length} exceeds the maximum batch size {max_batch_size} "
-            "(corrupt length field, or pass a larger max_batch_size)", **where)
     return base_offset, length, magic
 
 

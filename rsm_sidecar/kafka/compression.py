@@ -18,7 +18,6 @@ unbounded result: exceeding it raises :class:`LimitExceededError`; bad bytes rai
 
 from __future__ import annotations
 
-import io
 import struct
 import zlib
 
@@ -36,6 +35,8 @@ _XERIAL_HEADER_SIZE = 16  # magic + version int32 + compatible version int32
 #: LZ4 cannot expand data by more than ~255x; output is bounded by this factor of the input.
 _LZ4_MAX_RATIO = 255
 _CHUNK = 1 << 20
+#: zstd RLE blocks turn 4 input bytes into up to 128 KiB: a bound on the expansion of any input.
+_ZSTD_MAX_RATIO = 32 * 1024
 
 
 def decompress(codec: Compression | int, data: bytes, *,
@@ -154,16 +155,25 @@ def _unlz4(data: bytes, max_size: int, where: dict) -> bytes:
 
 
 def _unzstd(data: bytes, max_size: int, where: dict) -> bytes:
-    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(bytes(data)),
-                                                        read_across_frames=True)
+    """Frame by frame, feeding input in steps small enough that even the most compressible
+    input (RLE blocks: ~32768x) cannot overshoot the cap by more than a few MiB, and checking
+    that every frame ends (a truncated frame is an error, not a short result)."""
+    data = bytes(data)
     out = bytearray()
-    while True:
-        chunk = reader.read(min(_CHUNK, max_size + 1 - len(out)))
-        if not chunk:
-            break
-        out += chunk
-        if len(out) > max_size:
-            _too_big(Compression.ZSTD, f"more than {max_size}", max_size, where)
+    pos = 0
+    while pos < len(data):
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        while not dobj.eof:
+            if pos >= len(data):
+                raise DecompressionError(
+                    f"zstd payload of {len(data)} bytes is truncated (incomplete frame)", **where)
+            budget = max_size + 1 - len(out)
+            step = max(64, min(_CHUNK, budget // _ZSTD_MAX_RATIO))
+            out += dobj.decompress(data[pos:pos + step])
+            pos += step
+            if len(out) > max_size:
+                _too_big(Compression.ZSTD, f"more than {max_size}", max_size, where)
+        pos = min(pos, len(data)) - len(dobj.unused_data)  # the next frame starts there
     return bytes(out)
 
 
