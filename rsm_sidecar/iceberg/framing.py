@@ -1,0 +1,89 @@
+"""The Confluent schema-registry wire-format preamble.
+
+``0x00`` magic, a 4-byte big-endian schema id, and for Protobuf the *message indexes*: a
+zig-zag varint count followed by that many zig-zag varint indexes (the path from the file's
+top-level messages into nested types). The common case ``[0]`` is written as a single ``0x00``
+(count 0 means ``[0]``); in full form it would be ``02 00``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+MAGIC = 0
+_MAX_INDEXES = 64  # nesting depth; anything deeper is corrupt input, not a schema
+
+
+class FramingError(ValueError):
+    """The bytes do not start with a valid Confluent preamble (a record-level error)."""
+
+
+class Framed(NamedTuple):
+    schema_id: int
+    indexes: tuple[int, ...] | None  # None when not parsed (Avro/JSON)
+    header_len: int  # bytes of preamble; payload = data[header_len:]
+
+
+def _read_zigzag(data: bytes, pos: int) -> tuple[int, int]:
+    shift = 0
+    result = 0
+    n = len(data)
+    while True:
+        if pos >= n:
+            raise FramingError("truncated varint in message indexes")
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise FramingError("varint longer than 10 bytes in message indexes")
+    return (result >> 1) ^ -(result & 1), pos
+
+
+def parse(data: bytes, *, protobuf: bool) -> Framed:
+    """Parse the preamble of ``data``; raise :class:`FramingError` if it is not one."""
+    if len(data) < 5:
+        raise FramingError(f"too short for a schema-registry preamble ({len(data)} bytes)")
+    if data[0] != MAGIC:
+        raise FramingError(f"missing magic byte: first byte is 0x{data[0]:02x}, expected 0x00")
+    schema_id = int.from_bytes(data[1:5], "big", signed=True)
+    if not protobuf:
+        return Framed(schema_id, None, 5)
+    if len(data) > 5 and data[5] == 0:
+        return Framed(schema_id, (0,), 6)
+    count, pos = _read_zigzag(data, 5)
+    if count < 0 or count > _MAX_INDEXES:
+        raise FramingError(f"invalid message-index count {count}")
+    idx = []
+    for _ in range(count):
+        v, pos = _read_zigzag(data, pos)
+        if v < 0:
+            raise FramingError(f"negative message index {v}")
+        idx.append(v)
+    return Framed(schema_id, tuple(idx), pos)
+
+
+def _zigzag(v: int) -> bytes:
+    z = (v << 1) ^ (v >> 63)
+    out = bytearray()
+    while True:
+        b = z & 0x7F
+        z >>= 7
+        if z:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def encode_preamble(schema_id: int, indexes: Sequence[int] | None = None) -> bytes:
+    """The preamble for ``schema_id`` (+ Protobuf ``indexes``; ``[0]`` -> single ``0x00``)."""
+    head = bytes([MAGIC]) + int(schema_id).to_bytes(4, "big", signed=True)
+    if indexes is None:
+        return head
+    idx = list(indexes)
+    if idx == [0]:
+        return head + b"\x00"
+    return head + _zigzag(len(idx)) + b"".join(_zigzag(i) for i in idx)
