@@ -97,7 +97,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             c = ShimConfig.parse(configs);
             ChannelFactory.credentials(c); // reads the TLS files now so a bad path fails start-up clearly
         } catch (ShimConfig.ShimConfigException e) {
-            throw new ConfigException("rsm.config." + e.key(), e.value(), e.reason());
+            throw new ConfigException(e.getMessage());
         } catch (IOException e) {
             throw new ConfigException(e.getMessage());
         }
