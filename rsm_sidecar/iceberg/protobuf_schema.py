@@ -11,7 +11,9 @@ the same way (:meth:`ProtoSchema.from_descriptor_set_file`).
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from typing import Mapping, Sequence
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FileDescriptor
 
+_B64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _PROTOC_LOCK = threading.Lock()  # protoc.main is a process-global C++ entry point
 
 
@@ -34,25 +37,64 @@ def _wkt_include() -> str:
     return str(Path(grpc_tools.__file__).resolve().parent / "_proto")
 
 
+def decode_schema_string(name: str, text: str) -> descriptor_pb2.FileDescriptorProto | None:
+    """A registry schema string that is a base64 ``FileDescriptorProto`` (what confluent-kafka's
+    serializers register, and what Apicurio stores verbatim) -> that proto; ``.proto`` text -> None."""
+    t = text.strip()
+    if not t or not _B64.fullmatch(t):
+        return None
+    try:
+        fdp = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(t, validate=True))
+    except Exception:
+        return None
+    fdp.name = name
+    return fdp
+
+
 def compile_sources(main_name: str, sources: Mapping[str, str]) -> descriptor_pb2.FileDescriptorSet:
-    """Compile ``sources[main_name]`` (with the other ``sources`` importable by their names and
-    the well-known types from grpcio-tools) into a FileDescriptorSet including all imports."""
+    """Compile ``sources[main_name]`` with the other ``sources`` importable by their names and
+    the well-known types from grpcio-tools into a FileDescriptorSet including all imports.
+
+    Each source is ``.proto`` text or a base64 ``FileDescriptorProto``; text files are compiled
+    by protoc with the descriptor ones given through ``--descriptor_set_in``.
+    """
     from grpc_tools import protoc
 
     if main_name not in sources:
         raise SchemaCompileError(f"{main_name!r} is not among the sources {sorted(sources)}")
+    binary: dict[str, descriptor_pb2.FileDescriptorProto] = {}
+    texts: dict[str, str] = {}
+    for name, text in sources.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise SchemaCompileError(f"reference name {name!r} is not a relative import path")
+        fdp = decode_schema_string(name, text)
+        if fdp is None:
+            texts[name] = text
+        else:
+            binary[name] = fdp
+    # Well-known types imported by descriptor-form files come from protoc's include path.
+    wkt = sorted({d for f in binary.values() for d in f.dependency
+                  if d not in sources and d.startswith("google/protobuf/")})
     with tempfile.TemporaryDirectory(prefix="rsm-proto-") as tmp:
         root = Path(tmp) / "src"
-        for name, text in sources.items():
-            if Path(name).is_absolute() or ".." in Path(name).parts:
-                raise SchemaCompileError(f"reference name {name!r} is not a relative import path")
+        root.mkdir()
+        for name, text in texts.items():
             p = root / name
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text, encoding="utf-8")
         out = Path(tmp) / "set.binpb"
         err_file = Path(tmp) / "stderr"
         args = ["protoc", f"-I{root}", f"-I{_wkt_include()}", "--include_imports",
-                f"--descriptor_set_out={out}", str(root / main_name)]
+                f"--descriptor_set_out={out}"]
+        if binary:
+            dep_set = Path(tmp) / "deps.binpb"
+            dep_set.write_bytes(descriptor_pb2.FileDescriptorSet(file=list(binary.values()))
+                                .SerializeToString())
+            args.append(f"--descriptor_set_in={dep_set}")
+        inputs = [*texts, *wkt] or []
+        if not inputs:  # everything is in descriptor form already
+            return _with_wkt(descriptor_pb2.FileDescriptorSet(file=list(binary.values())), [])
+        args += inputs
         with _PROTOC_LOCK:
             # protoc prints diagnostics on fd 2: capture them for the error message.
             saved = os.dup(2)
@@ -69,7 +111,51 @@ def compile_sources(main_name: str, sources: Mapping[str, str]) -> descriptor_pb
             raise SchemaCompileError(f"protoc failed on {main_name}: {diag or f'exit {rc}'}")
         fds = descriptor_pb2.FileDescriptorSet()
         fds.ParseFromString(out.read_bytes())
+        have = {f.name for f in fds.file}
+        for name, fdp in binary.items():
+            if name not in have:
+                fds.file.append(fdp)
         return fds
+
+
+def _with_wkt(fds: descriptor_pb2.FileDescriptorSet, _unused: list) -> descriptor_pb2.FileDescriptorSet:
+    """Add the well-known-type files that descriptor-form files import (from protobuf itself)."""
+    from google.protobuf import (any_pb2, api_pb2, duration_pb2, empty_pb2,  # noqa: F401
+                                 field_mask_pb2, source_context_pb2, struct_pb2, timestamp_pb2,
+                                 type_pb2, wrappers_pb2)
+
+    have = {f.name for f in fds.file}
+    todo = [d for f in fds.file for d in f.dependency if d not in have]
+    default = descriptor_pool.Default()
+    while todo:
+        name = todo.pop()
+        if name in have:
+            continue
+        fd = default.FindFileByName(name)
+        fdp = descriptor_pb2.FileDescriptorProto()
+        fd.CopyToProto(fdp)
+        fds.file.append(fdp)
+        have.add(name)
+        todo.extend(d for d in fdp.dependency if d not in have)
+    return fds
+
+
+def _topo(files: list[descriptor_pb2.FileDescriptorProto]) -> list[descriptor_pb2.FileDescriptorProto]:
+    by_name = {f.name: f for f in files}
+    out: list[descriptor_pb2.FileDescriptorProto] = []
+    seen: set[str] = set()
+
+    def visit(f: descriptor_pb2.FileDescriptorProto) -> None:
+        if f.name in seen:
+            return
+        seen.add(f.name)
+        for d in f.dependency:
+            if d in by_name:
+                visit(by_name[d])
+        out.append(f)
+    for f in files:
+        visit(f)
+    return out
 
 
 @dataclass
@@ -83,7 +169,8 @@ class ProtoSchema:
     def from_file_descriptor_set(cls, fds: descriptor_pb2.FileDescriptorSet,
                                  main_file: str | None = None) -> "ProtoSchema":
         pool = descriptor_pool.DescriptorPool()
-        for fdp in fds.file:
+        files = _topo(list(fds.file))
+        for fdp in files:
             pool.Add(fdp)
         name = main_file or fds.file[-1].name  # protoc lists dependencies first
         return cls(pool, pool.FindFileByName(name))

