@@ -1,0 +1,181 @@
+"""Checks of the shaded shim jar, java-shim/target/rsm-sidecar-shim.jar.
+
+The broker loads the jar child-first (remote.log.storage.manager.class.path), so it must bring its
+own gRPC/protobuf relocated out of the way and must not bring Kafka or SLF4J classes. The last tests
+run the jar's connectivity check over a Unix domain socket against a Python gRPC server, which
+proves the relocated service files and the renamed epoll native library work.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+JAR = ROOT / "java-shim" / "target" / "rsm-sidecar-shim.jar"
+SHADED = "io/github/rsmsidecar/shaded/"
+SHIM_CLASS = "io/github/rsmsidecar/shim/SidecarRemoteStorageManager.class"
+
+
+@pytest.fixture(scope="module")
+def jar() -> zipfile.ZipFile:
+    if not JAR.is_file():
+        pytest.fail(
+            f"{JAR.relative_to(ROOT)} is missing: build it first with "
+            "`cd java-shim && mvn -q -B package` (or `make shim`)",
+            pytrace=False,
+        )
+    with zipfile.ZipFile(JAR) as z:
+        yield z
+
+
+@pytest.fixture(scope="module")
+def names(jar: zipfile.ZipFile) -> list[str]:
+    return jar.namelist()
+
+
+def test_contains_the_shim_and_the_generated_stubs(names: list[str]) -> None:
+    for required in (
+        SHIM_CLASS,
+        "io/github/rsmsidecar/shim/Diagnose.class",
+        "io/github/rsmsidecar/proto/v1/RemoteStorageGrpc.class",
+        "io/github/rsmsidecar/proto/v1/CopySegmentRequest.class",
+    ):
+        assert required in names, f"{required} is not in the jar"
+
+
+def test_grpc_protobuf_guava_and_netty_are_relocated(names: list[str]) -> None:
+    for required in (
+        SHADED + "io/grpc/ManagedChannel.class",
+        SHADED + "io/grpc/stub/ClientCalls.class",
+        SHADED + "io/grpc/protobuf/ProtoUtils.class",
+        SHADED + "com/google/protobuf/Message.class",
+        SHADED + "com/google/common/util/concurrent/ListenableFuture.class",
+        SHADED + "io/perfmark/PerfMark.class",
+        SHADED + "io/grpc/netty/shaded/io/grpc/netty/NettyChannelBuilder.class",
+        SHADED + "io/grpc/netty/shaded/io/netty/channel/epoll/EpollDomainSocketChannel.class",
+    ):
+        assert required in names, f"{required} is not in the jar"
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "org/apache/kafka/",  # provided by the broker; a copy breaks the RSM types (child-first)
+        "org/slf4j/",  # provided by the broker; a copy cuts the shim off the broker's logging
+        "io/grpc/",
+        "com/google/",
+        "io/perfmark/",
+        "io/netty/",
+        "META-INF/services/io.grpc.",
+    ],
+)
+def test_nothing_unrelocated_or_provided(names: list[str], prefix: str) -> None:
+    offending = [n for n in names if n.startswith(prefix) and not n.endswith("/")]
+    assert not offending, f"{len(offending)} entries under {prefix}, e.g. {offending[:5]}"
+
+
+def test_shim_bytecode_references_relocated_grpc_and_real_kafka(jar: zipfile.ZipFile) -> None:
+    code = jar.read(SHIM_CLASS)
+    assert b"org/apache/kafka/server/log/remote/storage/RemoteStorageManager" in code
+    assert b"org/slf4j/Logger" in code, "slf4j must stay unrelocated (the broker provides it)"
+    assert (SHADED + "io/grpc/").encode() in code
+    for m in re.finditer(rb"(?<![/\w])(io/grpc/|com/google/)", code):
+        raise AssertionError(f"unrelocated reference at byte {m.start()}: {code[m.start():m.start() + 60]!r}")
+
+
+def test_service_files_are_relocated_and_resolvable(jar: zipfile.ZipFile, names: list[str]) -> None:
+    services = [n for n in names if n.startswith("META-INF/services/") and not n.endswith("/")]
+    grpc_services = [n for n in services if n.startswith("META-INF/services/" + SHADED.replace("/", "."))]
+    kinds = {n.rsplit(".", 1)[-1] for n in grpc_services}
+    assert {"ManagedChannelProvider", "NameResolverProvider"} <= kinds, services
+    for service in grpc_services:
+        for line in jar.read(service).decode().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            assert line.startswith(SHADED.replace("/", ".")), f"{service}: unrelocated provider {line}"
+            assert line.replace(".", "/") + ".class" in names, f"{service}: {line} is not in the jar"
+    resolvers = jar.read("META-INF/services/" + SHADED.replace("/", ".") + "io.grpc.NameResolverProvider").decode()
+    assert "UdsNameResolverProvider" in resolvers, "unix:// targets need the UDS name resolver"
+
+
+def test_epoll_native_library_matches_the_relocated_package(names: list[str]) -> None:
+    lib = "META-INF/native/libio_github_rsmsidecar_shaded_io_grpc_netty_shaded_netty_transport_native_epoll_x86_64.so"
+    assert lib in names, "netty finds its JNI library by the mangled relocated package name"
+    stale = [n for n in names if n.startswith("META-INF/native/libio_grpc_")]
+    assert not stale, stale
+
+
+def test_jar_size_is_reasonable(jar: zipfile.ZipFile) -> None:
+    size = JAR.stat().st_size
+    assert 1_000_000 < size < 25_000_000, f"{size} bytes"
+
+
+# ---- run the jar ------------------------------------------------------------------------------
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        pytest.fail("java is not on PATH (Java 17 is needed to build and run the shim)", pytrace=False)
+    return java
+
+
+@pytest.fixture()
+def uds_sidecar():
+    """A Python gRPC server on a Unix socket that answers FetchIndex with NOT_FOUND."""
+    seen: list[bytes] = []
+
+    def fetch_index(request: bytes, context: grpc.ServicerContext):
+        seen.append(request)
+        context.abort(grpc.StatusCode.NOT_FOUND, "no such segment (pytest sidecar)")
+        yield b""  # pragma: no cover (abort raises)
+
+    handler = grpc.method_handlers_generic_handler(
+        "rsm.v1.RemoteStorage", {"FetchIndex": grpc.unary_stream_rpc_method_handler(fetch_index)}
+    )
+    with tempfile.TemporaryDirectory(prefix="rsm-shim-") as tmp:
+        sock = Path(tmp) / "rsm.sock"
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"unix://{sock}")
+        server.start()
+        try:
+            yield sock, seen
+        finally:
+            server.stop(grace=None)
+
+
+def test_connectivity_check_over_a_unix_socket(jar: zipfile.ZipFile, uds_sidecar) -> None:
+    sock, seen = uds_sidecar
+    run = subprocess.run(
+        [_java(), "-jar", str(JAR), f"unix://{sock}"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ended with NOT_FOUND: no such segment (pytest sidecar)" in run.stdout, run.stdout + run.stderr
+    assert len(seen) == 1 and b"rsm-sidecar-shim-diagnose" in seen[0]
+
+
+def test_connectivity_check_reports_an_absent_sidecar(jar: zipfile.ZipFile, tmp_path: Path) -> None:
+    run = subprocess.run(
+        [_java(), "-jar", str(JAR), f"unix://{tmp_path}/none.sock"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "ended with UNAVAILABLE" in run.stdout, run.stdout + run.stderr
+
+
+def test_connectivity_check_rejects_a_bad_key(jar: zipfile.ZipFile) -> None:
+    run = subprocess.run(
+        [_java(), "-jar", str(JAR), "127.0.0.1:9095", "transfer.mode=fast"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 64, run.stdout + run.stderr
+    assert "rsm.config.transfer.mode" in run.stderr
