@@ -157,32 +157,44 @@ class SegmentReader:
         index = seg.manifest.chunk_index
         chunks = index.chunks_for_range(start, end)
         end = min(end, index.original_file_size - 1)
-        for i, chunk in enumerate(chunks):
-            data = self._chunk(seg, chunks, i)
-            lo = max(start - chunk.original_position, 0)
-            hi = min(end - chunk.original_position + 1, chunk.original_size)
-            self._schedule_prefetch(seg, chunk.id)
-            yield data if (lo == 0 and hi == len(data)) else data[lo:hi]
+        i = 0
+        while i < len(chunks):
+            for data in self._chunks_from(seg, chunks, i):
+                chunk = chunks[i]
+                lo = max(start - chunk.original_position, 0)
+                hi = min(end - chunk.original_position + 1, chunk.original_size)
+                self._schedule_prefetch(seg, chunk.id)
+                yield data if (lo == 0 and hi == len(data)) else data[lo:hi]
+                i += 1
 
-    def _chunk(self, seg: OpenSegment, chunks: list[Chunk], i: int) -> bytes:
+    def _chunks_from(self, seg: OpenSegment, chunks: list[Chunk], i: int) -> list[bytes]:
+        """Decoded chunks starting at ``chunks[i]``: one from the cache or from another
+        reader's download, or a whole run downloaded with one request."""
         key = (seg.base, chunks[i].id)
         data = self.chunks.get(key)
         if data is not None:
-            return data
+            return [data]
         # Claim a run of contiguous chunks that are neither cached nor being loaded.
-        run: list[Chunk] = []
-        total = 0
-        for c in chunks[i:]:
-            if run and (total + c.transformed_size > self.settings.max_range_bytes
-                        or self.chunks.contains((seg.base, c.id))):
-                break
-            run.append(c)
-            total += c.transformed_size
+        run = self._run(seg, chunks[i:])
         claimed, waiting = self._loading.claim([(seg.base, c.id) for c in run])
         if waiting:
-            return waiting[key].result()
-        loaded = self._load_run(seg, run[: len(claimed)])
-        return loaded[0]
+            return [waiting[key].result()]
+        return self._load_run(seg, run[: len(claimed)])
+
+    def _run(self, seg: OpenSegment, chunks: list[Chunk]) -> list[Chunk]:
+        """The longest prefix of ``chunks`` that is contiguous, not cached, and within
+        ``max_range_bytes`` both stored and decoded (what one request holds in memory)."""
+        run: list[Chunk] = []
+        stored = decoded = 0
+        limit = self.settings.max_range_bytes
+        for c in chunks:
+            if run and (stored + c.transformed_size > limit or decoded + c.original_size > limit
+                        or c.id != run[-1].id + 1 or self.chunks.contains((seg.base, c.id))):
+                break
+            run.append(c)
+            stored += c.transformed_size
+            decoded += c.original_size
+        return run
 
     def _load_run(self, seg: OpenSegment, run: list[Chunk]) -> list[bytes]:
         """Download, verify and decode contiguous chunks with one request; resolve the
@@ -240,13 +252,7 @@ class SegmentReader:
     def _prefetch_run(self, seg: OpenSegment, chunks: list[Chunk]) -> None:
         i = 0
         while i < len(chunks):
-            run: list[Chunk] = []
-            total = 0
-            for c in chunks[i:]:
-                if run and (total + c.transformed_size > self.settings.max_range_bytes or c.id != run[-1].id + 1):
-                    break
-                run.append(c)
-                total += c.transformed_size
+            run = self._run(seg, chunks[i:])
             claimed, _ = self._loading.claim([(seg.base, c.id) for c in run])
             if claimed:
                 try:
