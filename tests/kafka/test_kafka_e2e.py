@@ -1,0 +1,100 @@
+"""With a real broker (Maven Central jars, Java 17): the devstack launcher's lifecycle, and the
+library against freshly regenerated fixtures. Run with ``pytest -m e2e tests/kafka``."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+import kafka_fixture_checks as checks
+from devstack.kafka import KafkaBroker, KafkaDistribution
+from rsm_sidecar.kafka import read_batches
+
+pytestmark = pytest.mark.e2e
+REGENERATE = Path(__file__).resolve().parents[1] / "fixtures" / "kafka" / "regenerate.py"
+
+
+def produce_and_consume(bootstrap: str, topic: str, n: int, start: int = 0) -> list[bytes]:
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i in range(start, start + n):
+        p.produce(topic, key=b"k%d" % i, value=b"v%d" % i)
+    assert p.flush(30) == 0
+    return consume_all(bootstrap, topic)
+
+
+def consume_all(bootstrap: str, topic: str) -> list[bytes]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g{time.monotonic_ns()}",
+                  "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(topic, 0, 0)])
+    values = []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(1)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == -191:  # partition EOF
+                    return values
+                raise AssertionError(m.error())
+            values.append(m.value())
+    finally:
+        c.close()
+    raise AssertionError("no partition EOF within 30 s")
+
+
+def test_broker_lifecycle(kafka_broker_factory):
+    t0 = time.monotonic()
+    broker: KafkaBroker = kafka_broker_factory(
+        extra_properties={"auto.create.topics.enable": False, "log.index.interval.bytes": 128})
+    startup = time.monotonic() - t0
+    assert broker.is_running() and startup < 120
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    admin.create_topics([NewTopic("life", 1, 1)])["life"].result(30)
+    # extra properties reach the broker
+    res = ConfigResource(ConfigResource.Type.BROKER, "1")
+    cfg = admin.describe_configs([res])[res].result(30)
+    assert cfg["auto.create.topics.enable"].value == "false"
+    assert cfg["log.index.interval.bytes"].value == "128"
+
+    assert produce_and_consume(broker.bootstrap_servers, "life", 5) == [b"v%d" % i for i in range(5)]
+    seg = broker.partition_dir("life") / "00000000000000000000.log"
+    assert [b.header.record_count for b in read_batches(seg)] == [5]
+
+    bootstrap = broker.bootstrap_servers
+    broker.restart()  # same data dir, same ports
+    assert broker.bootstrap_servers == bootstrap
+    assert produce_and_consume(bootstrap, "life", 3, start=5) == [b"v%d" % i for i in range(8)]
+
+    assert broker.kill() == -9 and not broker.is_running()
+    broker.start()  # recovers after an unclean shutdown
+    assert consume_all(bootstrap, "life") == [b"v%d" % i for i in range(8)]
+    code = broker.stop()
+    assert code in (0, 143) and not broker.is_running()
+    assert "started" in broker.server_log.read_text().lower()
+
+
+@pytest.mark.parametrize("version", ["3.9.2"])
+def test_other_kafka_version(version, tmp_path):
+    dist = KafkaDistribution.ensure(version)
+    with KafkaBroker(dist, tmp_path / "broker") as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+        admin.create_topics([NewTopic("v", 1, 1)])["v"].result(30)
+        assert produce_and_consume(broker.bootstrap_servers, "v", 3) == [b"v0", b"v1", b"v2"]
+    assert not broker.is_running()
+    assert "reload4j" in " ".join(p.name for p in dist.lib_dir.iterdir())
+
+
+def test_regenerated_fixtures_parse(tmp_path):
+    spec = importlib.util.spec_from_file_location("kafka_fixture_regenerate", REGENERATE)
+    regenerate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regenerate)
+    done = regenerate.generate(tmp_path / "fixtures")
+    assert len(done) == 11
+    for case in done:
+        checks.check_case(tmp_path / "fixtures" / case)
