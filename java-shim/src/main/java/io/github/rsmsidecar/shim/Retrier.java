@@ -53,7 +53,8 @@ final class Retrier {
                 if (status.getCode() == Status.Code.UNAVAILABLE && n < maxAttempts) {
                     long delay = backoffMs(n, initialBackoffMs, maxBackoffMs, ThreadLocalRandom.current().nextDouble());
                     LOG.warn("{}: attempt {} of {} failed with UNAVAILABLE ({}); retrying in {} ms",
-                            operation, n, maxAttempts, status.getDescription(), delay);
+                            operation, n, maxAttempts,
+                            status.getDescription() != null ? status.getDescription() : "no description", delay);
                     try {
                         TimeUnit.MILLISECONDS.sleep(delay);
                     } catch (InterruptedException ie) {

@@ -120,6 +120,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 this.scheduler = s;
             }
             this.config = c;
+            if (channel != null) {
+                // Reconfigured (the broker configures once; tests may not): the next call uses the new target.
+                channel.shutdown();
+                channel = null;
+            }
         }
         LOG.info("SidecarRemoteStorageManager {} configured on broker {}: {}; transient errors raise {}",
                 Version.get(), c.brokerId(), c,

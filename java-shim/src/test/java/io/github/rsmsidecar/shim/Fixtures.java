@@ -114,10 +114,14 @@ final class Fixtures {
         }
 
         @Override
-        public void close() throws Exception {
+        public void close() throws IOException {
             rsm.close();
             server.shutdownNow();
-            server.awaitTermination(5, TimeUnit.SECONDS);
+            try {
+                server.awaitTermination(5, TimeUnit.SECONDS);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
         }
     }
 }

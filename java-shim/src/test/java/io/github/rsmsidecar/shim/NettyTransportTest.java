@@ -25,7 +25,8 @@ import io.grpc.TlsServerCredentials;
 import io.grpc.netty.shaded.io.grpc.netty.NettyServerBuilder;
 import io.grpc.netty.shaded.io.netty.channel.EventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
-import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
+import io.grpc.netty.shaded.io.netty.channel.MultiThreadIoEventLoopGroup;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollIoHandler;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollServerDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
 import io.grpc.stub.StreamObserver;
@@ -106,7 +107,7 @@ class NettyTransportTest {
     void unixDomainSocket() throws Exception {
         assertTrue(Epoll.isAvailable(), "epoll is needed for Unix sockets: " + Epoll.unavailabilityCause());
         Path socket = dir.resolve("rsm.sock");
-        EventLoopGroup group = new EpollEventLoopGroup(1);
+        EventLoopGroup group = new MultiThreadIoEventLoopGroup(1, EpollIoHandler.newFactory());
         MiniSidecar sidecar = new MiniSidecar();
         Server server = NettyServerBuilder.forAddress(new DomainSocketAddress(socket.toString()),
                         InsecureServerCredentials.create())
