@@ -17,6 +17,11 @@ Environment: ``KAFKA_VERSION`` selects the version (default :data:`DEFAULT_KAFKA
 ``RSM_CACHE_DIR`` the cache directory (default ``<repo>/.cache``), ``JAVA_HOME`` the JVM and
 ``MVN`` the Maven executable.
 
+Command line (from the repository root)::
+
+    .venv/bin/python -m devstack.kafka jars            # download, print the lib dir
+    .venv/bin/python -m devstack.kafka broker          # a broker on 127.0.0.1:9092 until Ctrl-C
+
 Example::
 
     dist = KafkaDistribution.ensure()
@@ -347,6 +352,7 @@ class KafkaBroker:
         self.controller_port = self._given_ports.get("controller") or free_port()
         while self.controller_port == self.broker_port:
             self.controller_port = free_port()
+        self._started_once = False
         self._proc: subprocess.Popen | None = None
         self._stdout = None
         self._finalizer: weakref.finalize | None = None
@@ -425,9 +431,30 @@ class KafkaBroker:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> "KafkaBroker":
-        """Write the config, format the storage if new, start the JVM and wait until ready."""
+        """Write the config, format the storage if new, start the JVM and wait until ready.
+
+        On the first start with dynamically chosen ports, a port grabbed by someone else between
+        choosing and binding ("Address already in use") is retried with new ports (twice).
+        Later starts (``restart``) keep the ports, so ``bootstrap_servers`` stays valid.
+        """
         if self.is_running():
             raise DevstackError(f"broker in {self.workdir} is already running (pid {self.pid})")
+        retries = 0 if (self._given_ports or self._started_once) else 2
+        while True:
+            log_offset = self.server_log.stat().st_size if self.server_log.exists() else 0
+            try:
+                self._start_once()
+                self._started_once = True
+                return self
+            except DevstackError:
+                if retries == 0 or "Address already in use" not in self._log_since(log_offset):
+                    raise
+                retries -= 1
+                self.broker_port, self.controller_port = free_port(), free_port()
+                while self.controller_port == self.broker_port:
+                    self.controller_port = free_port()
+
+    def _start_once(self) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.properties_file.write_text(format_properties(self.properties()))
         self._format_storage()
@@ -450,7 +477,6 @@ class KafkaBroker:
         except BaseException:
             self.kill()
             raise
-        return self
 
     def _format_storage(self) -> None:
         meta = [Path(d) / "meta.properties" for d in self.log_dirs]
@@ -498,6 +524,14 @@ class KafkaBroker:
         raise DevstackError(
             f"Kafka {self.dist.version} did not answer on {self.bootstrap_servers} within "
             f"{self.startup_timeout:.0f}s (last error: {last_error}).\n{self.log_tail()}")
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.server_log, "rb") as f:
+                f.seek(offset)
+                return f.read(8 * 1024 * 1024).decode(errors="replace")
+        except OSError:
+            return ""
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of ``server.log`` and ``stdout.log``, for error messages."""
@@ -561,3 +595,52 @@ def _kill_quietly(proc: subprocess.Popen) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line: ``python -m devstack.kafka jars|broker`` (from the repository root)
+# --------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m devstack.kafka", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    jars = sub.add_parser("jars", help="download the jars (idempotent) and print the lib dir")
+    run = sub.add_parser("broker", help="run a broker in the foreground until Ctrl-C")
+    for p in (jars, run):
+        p.add_argument("--version", default=None, help="Kafka version (default: $KAFKA_VERSION "
+                       f"or {DEFAULT_KAFKA_VERSION})")
+        p.add_argument("--cache-dir", default=None, help="default: $RSM_CACHE_DIR or .cache")
+    run.add_argument("--workdir", default=None, help="default: <cache>/kafka-broker-<port>")
+    run.add_argument("--port", type=int, default=9092)
+    run.add_argument("--controller-port", type=int, default=9093)
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="extra server.properties entry (repeatable)")
+    args = ap.parse_args(argv)
+    dist = KafkaDistribution.ensure(args.version, args.cache_dir)
+    if args.command == "jars":
+        print(dist.lib_dir)
+        return 0
+    extra = dict(item.split("=", 1) for item in args.set)
+    cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    workdir = Path(args.workdir) if args.workdir else cache / f"kafka-broker-{args.port}"
+    broker = KafkaBroker(dist, workdir, extra_properties=extra,
+                         ports={"broker": args.port, "controller": args.controller_port})
+    broker.start()
+    print(f"Kafka {dist.version} on {broker.bootstrap_servers}; data in {broker.log_dirs[0]}; "
+          f"logs in {broker.logs_dir}. Ctrl-C to stop.", flush=True)
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a background job may ignore it
+        signal.signal(sig, lambda *_: stop.append(True))
+    try:
+        while not stop and broker.is_running():
+            time.sleep(0.5)
+    finally:
+        broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -98,3 +98,26 @@ def test_regenerated_fixtures_parse(tmp_path):
     assert len(done) == 11
     for case in done:
         checks.check_case(tmp_path / "fixtures" / case)
+
+
+def test_port_taken_between_choice_and_bind_is_retried(kafka_distribution, tmp_path, monkeypatch):
+    import socket
+
+    from devstack import kafka as dk
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    real_free_port = dk.free_port
+    ports = iter([taken])
+    monkeypatch.setattr(dk, "free_port", lambda: next(ports, None) or real_free_port())
+    try:
+        broker = KafkaBroker(kafka_distribution, tmp_path / "b")
+        assert broker.broker_port == taken
+        with broker:
+            assert broker.broker_port != taken
+            AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10)
+        assert "Address already in use" in broker.server_log.read_text()
+    finally:
+        squatter.close()
