@@ -263,10 +263,10 @@ def _walk(f, name: str, *, start_position: int, end_position: int | None, max_ba
             data = head + body
             if verify_crc:
                 verify_batch_crc(header, data, source=name)
+        if scan is not None:
+            scan.end_position = pos + declared  # before yielding: the caller may stop here
         yield header, data
         pos += declared
-        if scan is not None:
-            scan.end_position = pos
 
 
 def read_batches(source: Source, *, verify_crc: bool = True,

@@ -323,6 +323,14 @@ def test_scan_with_limit_on_a_file(tmp_path):
     assert scan.bytes_scanned == first
 
 
+def test_scan_max_batches():
+    data = three_batches()
+    scan = scan_batch_headers(data, max_batches=2)
+    assert [h.base_offset for h in scan.headers] == [0, 2]
+    assert scan.end_position == scan.headers[1].position + scan.headers[1].size_in_bytes
+    assert scan.partial_tail is None
+
+
 def test_scan_can_verify_crc():
     data = bytearray(three_batches())
     data[-3] ^= 0x10
