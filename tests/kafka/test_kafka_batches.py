@@ -344,3 +344,28 @@ def test_scan_still_rejects_corrupt_headers():
     data[MAGIC_OFFSET] = 9
     with pytest.raises(CorruptRecordError):
         scan_batch_headers(bytes(data))
+
+
+def test_reading_a_large_segment_holds_one_batch_at_a_time(tmp_path):
+    import tracemalloc
+
+    value = bytes(range(256)) * 400  # 100 KiB
+    path = tmp_path / "00000000000000000000.log"
+    with open(path, "wb") as f:
+        for i in range(200):  # ~20 MiB segment
+            f.write(build_batch([SimpleRecord(b"k", value, i)], base_offset=i,
+                                compression=Compression.LZ4 if i % 2 else Compression.NONE))
+    tracemalloc.start()
+    try:
+        count = 0
+        for batch in read_batches(path):
+            for record in batch.records():
+                count += len(record.value)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count == 200 * len(value)
+    assert peak < 2 * 1024 * 1024, f"peak {peak} bytes while reading a {path.stat().st_size}-byte file"
+    reader = CountingReader(path.read_bytes())
+    assert sum(1 for _ in read_batches(reader)) == 200
+    assert max(reader.reads) < 110 * 1024
