@@ -179,3 +179,86 @@ def test_connectivity_check_rejects_a_bad_key(jar: zipfile.ZipFile) -> None:
     )
     assert run.returncode == 64, run.stdout + run.stderr
     assert "rsm.config.transfer.mode" in run.stderr
+
+
+# ---- load it like a broker -----------------------------------------------------------------------
+
+M2 = Path.home() / ".m2" / "repository"
+PROVIDED = [
+    M2 / "org/apache/kafka/kafka-clients/3.6.2/kafka-clients-3.6.2.jar",
+    M2 / "org/apache/kafka/kafka-storage-api/3.6.2/kafka-storage-api-3.6.2.jar",
+    M2 / "org/slf4j/slf4j-api/1.7.36/slf4j-api-1.7.36.jar",
+]
+
+
+@pytest.fixture()
+def proto_sidecar():
+    """A small in-memory sidecar over a Unix socket, from the project's generated rsm.v1 stubs."""
+    from rsm_sidecar._proto.rsm.v1 import rsm_pb2, rsm_pb2_grpc
+
+    calls: dict[str, list] = {"copy": [], "fetch": [], "index": [], "delete": []}
+    store: dict[str, bytes] = {}
+
+    class Servicer(rsm_pb2_grpc.RemoteStorageServicer):
+        def CopySegment(self, request_iterator, context):
+            messages = list(request_iterator)
+            calls["copy"].append(messages)
+            begin = messages[0].begin
+            log = b"".join(m.data.data for m in messages[1:] if m.data.file == rsm_pb2.LOG)
+            store[begin.metadata.segment_id] = log
+            return rsm_pb2.CopySegmentResponse(custom_metadata=b"\x01\x02", stored_bytes=len(log))
+
+        def FetchSegment(self, request, context):
+            calls["fetch"].append(request)
+            data = store.get(request.metadata.segment_id)
+            if data is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, "no such segment")
+            yield rsm_pb2.FetchSegmentResponse(data=data[request.start_position :])
+
+        def FetchIndex(self, request, context):
+            calls["index"].append(request)
+            context.abort(grpc.StatusCode.NOT_FOUND, "segment has no transaction index")
+            yield  # pragma: no cover
+
+        def DeleteSegment(self, request, context):
+            calls["delete"].append(request)
+            return rsm_pb2.DeleteSegmentResponse(existed=store.pop(request.metadata.segment_id, None) is not None)
+
+    with tempfile.TemporaryDirectory(prefix="rsm-shim-") as tmp:
+        sock = Path(tmp) / "rsm.sock"
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        rsm_pb2_grpc.add_RemoteStorageServicer_to_server(Servicer(), server)
+        server.add_insecure_port(f"unix://{sock}")
+        server.start()
+        try:
+            yield sock, calls
+        finally:
+            server.stop(grace=None)
+
+
+def test_broker_style_loading_drives_every_call(jar: zipfile.ZipFile, proto_sidecar, tmp_path: Path) -> None:
+    missing = [str(p) for p in PROVIDED if not p.is_file()]
+    if missing:
+        pytest.fail(f"Kafka API jars not in ~/.m2 ({missing}): build the shim with `cd java-shim && mvn -q -B package`",
+                    pytrace=False)
+    sock, calls = proto_sidecar
+    smoke = Path(__file__).with_name("BrokerLoadSmoke.java")
+    run = subprocess.run(
+        [_java(), "-cp", ":".join(map(str, PROVIDED)), str(smoke), str(JAR), f"unix://{sock}", str(tmp_path)],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert "OK configure" in lines
+    assert "OK copy custom=2" in lines
+    assert "OK fetch bytes=2900" in lines
+    assert any(l.startswith("OK fetchIndex RemoteResourceNotFoundException") and "no transaction index" in l
+               for l in lines), run.stdout
+    assert "OK delete" in lines and "OK close" in lines
+    (copy,) = calls["copy"]
+    assert copy[0].WhichOneof("kind") == "begin"
+    assert copy[0].begin.files.log_size == 3000
+    assert [m.data.file for m in copy[1:]] == [1, 2, 3, 5]  # LOG, OFFSET_INDEX, TIME_INDEX, PRODUCER_SNAPSHOT_FILE
+    assert calls["fetch"][0].start_position == 100 and not calls["fetch"][0].HasField("end_position")
+    assert calls["index"][0].index_type == 4  # TRANSACTION
+    assert len(calls["delete"]) == 1
