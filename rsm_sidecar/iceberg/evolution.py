@@ -138,10 +138,9 @@ def _diff_type(ct: IcebergType, tt: IcebergType, p: tuple[str, ...], out: list[C
 
 
 def _diff_nested(ct: IcebergType, tt: IcebergType, p: tuple[str, ...], out: list[Change]) -> bool:
+    """A list element / map value: changes are kept only if the element itself stays."""
     trial: list[Change] = []
     ok = _diff_type(ct, tt, p, trial)
-    if ok and any(c.kind == "retire" for c in trial if len(c.path) == len(p)):
-        return False
     if ok:
         out.extend(trial)
     return ok

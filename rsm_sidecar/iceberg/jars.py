@@ -133,8 +133,9 @@ def download_verified(url: str, dest: Path, *, sha256: str | None, timeout: floa
     """Download ``url`` to ``dest`` (atomically), checking Central's ``.sha1`` and ``sha256``.
 
     A file already at ``dest`` whose SHA-256 matches (or, without a pin, whose SHA-1 matches the
-    published one) is kept. A mismatch raises :class:`~rsm_sidecar.errors.DataLoss`-like
-    ``ConfigError`` naming both digests and deletes nothing but the temporary file.
+    published one) is kept. A mismatch raises :class:`~rsm_sidecar.errors.ConfigError` naming
+    both digests; nothing is written to ``dest`` then. Network failures after 3 tries raise
+    :class:`~rsm_sidecar.errors.Unavailable`.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(dest.with_name(dest.name + ".lock")):

@@ -91,9 +91,9 @@ def compile_sources(main_name: str, sources: Mapping[str, str]) -> descriptor_pb
             dep_set.write_bytes(descriptor_pb2.FileDescriptorSet(file=list(binary.values()))
                                 .SerializeToString())
             args.append(f"--descriptor_set_in={dep_set}")
-        inputs = [*texts, *wkt] or []
+        inputs = [*texts, *wkt]
         if not inputs:  # everything is in descriptor form already
-            return _with_wkt(descriptor_pb2.FileDescriptorSet(file=list(binary.values())), [])
+            return _with_wkt(descriptor_pb2.FileDescriptorSet(file=list(binary.values())))
         args += inputs
         with _PROTOC_LOCK:
             # protoc prints diagnostics on fd 2: capture them for the error message.
@@ -118,7 +118,7 @@ def compile_sources(main_name: str, sources: Mapping[str, str]) -> descriptor_pb
         return fds
 
 
-def _with_wkt(fds: descriptor_pb2.FileDescriptorSet, _unused: list) -> descriptor_pb2.FileDescriptorSet:
+def _with_wkt(fds: descriptor_pb2.FileDescriptorSet) -> descriptor_pb2.FileDescriptorSet:
     """Add the well-known-type files that descriptor-form files import (from protobuf itself)."""
     from google.protobuf import (any_pb2, api_pb2, duration_pb2, empty_pb2,  # noqa: F401
                                  field_mask_pb2, source_context_pb2, struct_pb2, timestamp_pb2,

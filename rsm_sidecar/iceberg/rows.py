@@ -192,6 +192,10 @@ class _RawSide(_Side):
         n = len(datas)
         return [], [None] * n, [None] * n
 
+    def decode_arrow(self, col):
+        n = len(col)
+        return [], pa.nulls(n, pa.binary()), pa.nulls(n, pa.string())
+
 
 def _null_rows(children: list[pa.Array], bad: list[bool], arrow_fields: list[pa.Field]) -> list[pa.Array]:
     """Null out rows where ``bad`` (via a temporary struct's validity, then flatten)."""
@@ -476,7 +480,8 @@ class RowEncoder:
         fast = side.decode_arrow(col)
         if fast is not None:
             children, prefixes, errs = fast
-            raw = col if always_raw else pa.nulls(len(col), pa.binary())
+            keep = always_raw or isinstance(side, _RawSide)  # no schema: the bytes are the value
+            raw = col if keep else pa.nulls(len(col), pa.binary())
         else:
             datas = col.to_pylist()
             children, prefixes, errs = side.decode(datas)
