@@ -10,9 +10,17 @@ export RSM_CACHE_DIR := $(abspath $(CACHE))
 PROTO_SRC := proto/rsm/v1/rsm.proto
 PROTO_OUT := rsm_sidecar/_proto/rsm/v1/rsm_pb2_grpc.py
 
-.PHONY: setup proto test test-fast demo up down clean bench
+SHIM_JAR := java-shim/target/rsm-sidecar-shim.jar
+SHIM_SRC := java-shim/pom.xml $(PROTO_SRC) docs/shim.md $(shell find java-shim/src -type f 2>/dev/null)
+BCPROV := $(CACHE)/interop/bcprov-jdk18on-1.83.jar
+KAFKA_STAMP := $(CACHE)/.kafka-jars-$(or $(KAFKA_VERSION),default)
+
+.PHONY: setup proto shim kafka-jars interop-jars deps test test-fast demo up down clean bench docs
 
 setup: $(VENV)/.installed $(PROTO_OUT)
+
+# Everything the tests and the demo need, downloaded into $(CACHE) or built.
+deps: setup shim kafka-jars interop-jars
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,13 +32,33 @@ $(PROTO_OUT): $(PROTO_SRC) $(VENV)/.installed
 	$(BIN)/python -m grpc_tools.protoc -Irsm_sidecar/_proto=proto \
 	  --python_out=. --grpc_python_out=. --pyi_out=. $(PROTO_SRC)
 
+shim: $(SHIM_JAR)
+# Builds, unit-tests (JUnit) and shades the Java shim; rebuilt only when its sources change.
+$(SHIM_JAR): $(SHIM_SRC)
+	cd java-shim && mvn -q -B package
+	touch $@
+
+kafka-jars: $(KAFKA_STAMP)
+$(KAFKA_STAMP): devstack/kafka-jars.pom.xml | $(VENV)/.installed
+	$(BIN)/python -m devstack.kafka jars
+	touch $@
+
+interop-jars: $(BCPROV)
+$(BCPROV):
+	mvn -q -B dependency:copy -Dartifact=org.bouncycastle:bcprov-jdk18on:1.83 -DoutputDirectory=$(CACHE)/interop
+
 # The README's test command: everything from a fresh clone.
-test: setup
+test: deps
 	$(BIN)/pytest
 
 # Unit and integration tests without the real broker.
-test-fast: setup
+test-fast: deps
 	$(BIN)/pytest -m 'not e2e'
 
 clean:
-	rm -rf rsm_sidecar/_proto build *.egg-info
+	rm -rf rsm_sidecar/_proto build *.egg-info java-shim/target
+
+# Regenerate the generated part of docs/configuration.md from the code.
+docs: setup
+	{ cat docs/configuration.md.head; echo '<!-- BEGIN GENERATED: rsm-sidecar config docs -->'; \
+	  $(BIN)/rsm-sidecar config docs; echo '<!-- END GENERATED -->'; } > docs/configuration.md

@@ -149,7 +149,7 @@ CONFIG_KEYS = [
         "PEM CA bundle; when set, clients must present a certificate it signed (mTLS)."),
     Key("metrics.listen", "str", "127.0.0.1:9096",
         "Prometheus metrics HTTP address `host:port` (path `/metrics`); empty disables."),
-    Key("log.level", "str", "INFO", "Log level.", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
+    Key("log.level", "str", "INFO", "Lowest level of the log lines written to stderr.", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     Key("log.format", "str", "json", "Log line format: one JSON object per line, or plain text.",
         choices=("json", "text")),
     # -- segment transform ----------------------------------------------------------
@@ -160,7 +160,7 @@ CONFIG_KEYS = [
     Key("segment.compression_heuristic", "bool", True,
         "Skip zstd for segments whose record batches are already compressed by the producer "
         "(decided from the batch headers of the first chunk)."),
-    Key("segment.compression_level", "int", 3, "zstd level.", min=-7, max=22),
+    Key("segment.compression_level", "int", 3, "zstd compression level (higher: smaller, slower).", min=-7, max=22),
     Key("segment.custom_metadata_fields", "list", ["REMOTE_SIZE", "OBJECT_PREFIX"],
         "KIP-917 fields returned to the broker with each copy (Aiven-compatible tags). OBJECT_PREFIX lets "
         "fetch and delete find segments written under an older `storage.key_prefix`.",
@@ -202,6 +202,7 @@ CONFIG_KEYS = [
 KEY_MODULES = (
     "rsm_sidecar.config",
     "rsm_sidecar.storage.factory",
+    "rsm_sidecar.storage.s3", "rsm_sidecar.storage.gcs",
 )
 
 

@@ -1,0 +1,189 @@
+"""The local stack: a real Kafka broker with tiered storage through the Java shim, the
+rsm-sidecar process, and object storage (local directory by default; SeaweedFS for
+``s3``, fake-gcs-server for ``gcs``). One launcher for ``make up``, ``make demo`` and
+the end-to-end tests. Broker and sidecar settings come from ``config/`` (the files the
+docker-compose cluster mounts too); this module only fills in paths and addresses.
+
+Logs: ``<workdir>/logs/`` (sidecar.log) and ``<workdir>/kafka/logs/`` (server.log).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Mapping
+
+from devstack.kafka import KafkaBroker, KafkaDistribution, default_cache_dir
+from devstack.sidecar import SidecarProcess
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "config"
+SHIM_JAR = REPO_ROOT / "java-shim" / "target" / "rsm-sidecar-shim.jar"
+DEMO_KEY_ID = "demo-key-1"
+
+
+def read_properties(path: Path, values: Mapping[str, str]) -> dict[str, str]:
+    """A .properties file with ``${NAME}`` placeholders filled from ``values``."""
+    props: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        for name, v in values.items():
+            value = value.replace("${" + name + "}", v)
+        if "${" in value:
+            raise ValueError(f"{path}: unfilled placeholder in {key}={value}")
+        props[key.strip()] = value.strip()
+    return props
+
+
+class LocalStack:
+    def __init__(self, workdir: str | os.PathLike, *, storage: str = "local", transfer_mode: str = "path",
+                 kafka_version: str | None = None, broker_port: int | None = None,
+                 sidecar_env: Mapping[str, str] | None = None, broker_properties: Mapping[str, object] | None = None,
+                 encryption: bool = True):
+        self.workdir = Path(workdir).resolve()
+        self.storage = storage
+        self.transfer_mode = transfer_mode
+        self.kafka_version = kafka_version
+        self.broker_port = broker_port
+        self.extra_sidecar_env = dict(sidecar_env or {})
+        self.extra_broker_properties = dict(broker_properties or {})
+        self.encryption = encryption
+        self.storage_server = None
+        self.sidecar: SidecarProcess | None = None
+        self.broker: KafkaBroker | None = None
+
+    # -- paths ------------------------------------------------------------------------
+    @property
+    def socket_path(self) -> Path:
+        return self.workdir / "run" / "rsm.sock"
+
+    @property
+    def remote_root(self) -> Path:
+        return self.workdir / "remote"
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.workdir / "keys"
+
+    @property
+    def sidecar_target(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    # -- pieces -----------------------------------------------------------------------
+    def _ensure_keys(self) -> None:
+        from rsm_sidecar.transform.keyring import generate_key_pair
+
+        pub = self.keys_dir / f"{DEMO_KEY_ID}.public.pem"
+        priv = self.keys_dir / f"{DEMO_KEY_ID}.private.pem"
+        if pub.exists() and priv.exists():
+            return
+        self.keys_dir.mkdir(parents=True, exist_ok=True)
+        public, private = generate_key_pair(2048)
+        fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(private)
+        pub.write_bytes(public)
+
+    def sidecar_environment(self) -> dict[str, str]:
+        env = {
+            "RSM__SERVER__LISTEN": f"unix://{self.socket_path}",
+            "RSM__METRICS__LISTEN": "",
+            "RSM__STORAGE__BACKEND": self.storage,
+        }
+        if self.storage == "local":
+            env["RSM__STORAGE__LOCAL__ROOT"] = str(self.remote_root)
+        else:
+            env.update(self.storage_server.sidecar_env())
+        if self.encryption:
+            self._ensure_keys()
+            for leaf in ("public", "private"):
+                env[f"RSM__ENCRYPTION__KEYS__{DEMO_KEY_ID}__{leaf.upper()}_KEY_FILE"] = \
+                    str(self.keys_dir / f"{DEMO_KEY_ID}.{leaf}.pem")
+        else:
+            env["RSM__ENCRYPTION__ENABLED"] = "false"
+        env.update(self.extra_sidecar_env)
+        return env
+
+    def start_storage(self) -> None:
+        if self.storage == "local":
+            self.remote_root.mkdir(parents=True, exist_ok=True)
+        elif self.storage == "s3":
+            from devstack.s3server import S3Server
+
+            self.storage_server = S3Server.for_stack(self.workdir / "s3")
+        elif self.storage == "gcs":
+            from devstack.gcsserver import GcsServer
+
+            self.storage_server = GcsServer.for_stack(self.workdir / "gcs")
+        else:
+            raise ValueError(f"unknown storage {self.storage!r} (local, s3 or gcs)")
+
+    def start_sidecar(self) -> SidecarProcess:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.sidecar is None:
+            self.sidecar = SidecarProcess(CONFIG_DIR / "sidecar.toml", self.workdir, self.sidecar_environment(),
+                                          self.sidecar_target)
+        self.sidecar.start()
+        return self.sidecar
+
+    def broker_properties(self) -> dict[str, object]:
+        if not SHIM_JAR.exists():
+            raise FileNotFoundError(f"{SHIM_JAR} is missing: run `make shim`")
+        plugin = self.workdir / "shim"
+        plugin.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(SHIM_JAR, plugin / SHIM_JAR.name)
+        props: dict[str, object] = dict(read_properties(CONFIG_DIR / "broker-tiered.properties", {
+            "SHIM_DIR": str(plugin), "SIDECAR_TARGET": self.sidecar_target, "TRANSFER_MODE": self.transfer_mode}))
+        props.update(self.extra_broker_properties)
+        return props
+
+    def start_broker(self) -> KafkaBroker:
+        if self.broker is None:
+            dist = KafkaDistribution.ensure(self.kafka_version, default_cache_dir()) if self.kafka_version \
+                else KafkaDistribution.ensure()
+            ports = {"broker": self.broker_port} if self.broker_port else None
+            self.broker = KafkaBroker(dist, self.workdir / "kafka", extra_properties=self.broker_properties(),
+                                      ports=ports)
+        self.broker.start()
+        return self.broker
+
+    def start(self) -> "LocalStack":
+        try:
+            self.start_storage()
+            self.start_sidecar()
+            self.start_broker()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.broker is not None:
+            self.broker.stop()
+        if self.sidecar is not None:
+            self.sidecar.stop()
+        if self.storage_server is not None:
+            self.storage_server.stop()
+
+    def __enter__(self) -> "LocalStack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- what tests and the demo look at ---------------------------------------------------
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.broker.bootstrap_servers
+
+    def object_store(self):
+        """An ObjectStore on the same storage the sidecar uses (for assertions)."""
+        from rsm_sidecar.config import Config
+        from rsm_sidecar.storage.factory import open_store
+
+        env = self.sidecar_environment()
+        return open_store(Config.load(CONFIG_DIR / "sidecar.toml", environ=env))

@@ -1,0 +1,28 @@
+"""A tiered-storage stack (real broker + shim + sidecar + storage) shared by a test module."""
+
+from __future__ import annotations
+
+import pytest
+
+from devstack.stack import LocalStack
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, request):
+    mode = getattr(request.module, "TRANSFER_MODE", "path")
+    storage = getattr(request.module, "STORAGE", "local")
+    st = LocalStack(tmp_path_factory.mktemp("stack"), storage=storage, transfer_mode=mode)
+    st.start()
+    yield st
+    st.stop()
+
+
+@pytest.fixture(scope="module")
+def store(stack):
+    return stack.object_store()

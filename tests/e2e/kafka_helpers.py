@@ -1,0 +1,173 @@
+"""What the end-to-end tests do with Kafka: produce remembered records, wait for tiering,
+consume, and look at remote storage."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from rsm_sidecar.format.keys import KeyLayout
+
+SEGMENT_BYTES = 1024 * 1024  # the smallest topic segment.bytes Kafka 4.1+ accepts
+KEY_PREFIX = "tiered/"  # config/sidecar.toml
+
+
+@dataclasses.dataclass(frozen=True)
+class Rec:
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp: int
+    offset: int = -1
+
+
+def tiered_topic_config(**overrides) -> dict[str, str]:
+    cfg = {"remote.storage.enable": "true", "local.retention.ms": "1000", "retention.ms": "86400000",
+           "segment.bytes": str(SEGMENT_BYTES), "file.delete.delay.ms": "1000", "max.message.bytes": "3000000"}
+    cfg.update({k.replace("_", "."): str(v) for k, v in overrides.items()})
+    return cfg
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, **config) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(name, partitions, 1, config=tiered_topic_config(**config))]).values():
+        f.result(30)
+
+
+def records(n: int, rng: random.Random, t0: int, big_every: int = 0) -> list[Rec]:
+    """Null keys, headers (with a null header value), tombstones, varied and 1 MB values,
+    strictly increasing create timestamps."""
+    out = []
+    for i in range(n):
+        key = None if i % 7 == 0 else b"key-%d" % rng.randrange(1000)
+        if i % 11 == 5:
+            value = None  # tombstone
+        elif big_every and i % big_every == big_every - 1:
+            value = rng.randbytes(1_000_000)
+        else:
+            value = rng.randbytes(rng.randrange(0, 80)) + b"v" * rng.randrange(0, 3000)
+        headers = () if i % 3 else (("trace", b"%d" % i), ("empty", b""), ("null", None))
+        out.append(Rec(key, value, headers, t0 + i * 10))
+    return out
+
+
+def produce(bootstrap: str, topic: str, recs: list[Rec], compression: str = "none", partition: int = 0,
+            **extra) -> list[Rec]:
+    """Produce in order; return the records with the offsets the broker assigned."""
+    p = Producer({"bootstrap.servers": bootstrap, "compression.type": compression, "linger.ms": 5,
+                  "enable.idempotence": True, "message.max.bytes": 3_000_000, **extra})
+    offsets: dict[int, int] = {}
+
+    def on_delivery(i):
+        def cb(err, msg):
+            if err is not None:
+                raise KafkaException(err)
+            offsets[i] = msg.offset()
+        return cb
+
+    for i, r in enumerate(recs):
+        p.produce(topic, key=r.key, value=r.value, headers=list(r.headers) or None, timestamp=r.timestamp,
+                  partition=partition, on_delivery=on_delivery(i))
+        p.poll(0)
+    assert p.flush(60) == 0
+    return [dataclasses.replace(r, offset=offsets[i]) for i, r in enumerate(recs)]
+
+
+def filler(bootstrap: str, topic: str, size: int = 2 * SEGMENT_BYTES + 100_000, partition: int = 0) -> int:
+    """Push the test records out of the active segment so they become copyable; returns
+    the offset after the filler."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    last = {}
+    for i in range(size // 10_000 + 1):
+        p.produce(topic, value=os.urandom(10_000), partition=partition,
+                  on_delivery=lambda e, m: last.__setitem__("o", m.offset()))
+    assert p.flush(60) == 0
+    return last["o"] + 1
+
+
+def local_segment_offsets(broker, topic: str, partition: int = 0) -> list[int]:
+    d: Path = broker.partition_dir(topic, partition)
+    if not d.exists():
+        return []
+    return sorted(int(p.name.split(".")[0]) for p in d.iterdir() if p.name.endswith(".log"))
+
+
+def remote_segments(store, topic: str | None = None) -> dict[str, dict]:
+    """Remote segments by base key: {suffixes: set, start_offset, partition, topic}."""
+    layout = KeyLayout(KEY_PREFIX)
+    out: dict[str, dict] = {}
+    for obj in store.list(KEY_PREFIX):
+        parsed = layout.parse(obj.key)
+        if parsed is None or (topic is not None and parsed.topic != topic):
+            continue
+        seg = out.setdefault(parsed.base, {"suffixes": set(), "start_offset": parsed.start_offset,
+                                           "partition": parsed.partition, "topic": parsed.topic})
+        seg["suffixes"].add(parsed.suffix)
+    return out
+
+
+def wait_for(what: str, condition, timeout: float = 180, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_tiered(stack, topic: str, up_to: int, partition: int = 0, timeout: float = 180) -> None:
+    """Until offsets below ``up_to`` are in remote storage and gone from the broker's disk."""
+    wait_for(f"{topic}-{partition} offsets < {up_to} tiered and deleted locally",
+             lambda: (local_segment_offsets(stack.broker, topic, partition) or [0])[0] >= up_to, timeout)
+
+
+def consume(bootstrap: str, topic: str, start: int, count: int, partition: int = 0,
+            isolation: str = "read_uncommitted", timeout: float = 120) -> list[Rec]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"e2e-{os.urandom(4).hex()}",
+                  "enable.auto.commit": False, "isolation.level": isolation, "fetch.max.bytes": 5_000_000,
+                  "auto.offset.reset": "earliest",
+                  "max.partition.fetch.bytes": 5_000_000})
+    try:
+        c.assign([TopicPartition(topic, partition, start)])
+        out: list[Rec] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < count and time.monotonic() < deadline:
+            m = c.poll(1.0)
+            if m is None:
+                continue
+            if m.error():
+                raise KafkaException(m.error())
+            out.append(Rec(m.key(), m.value(), tuple(m.headers() or ()), m.timestamp()[1], m.offset()))
+        return out
+    finally:
+        c.close()
+
+
+def consume_until_idle(bootstrap: str, topic: str, start: int, idle: float = 8.0, partition: int = 0,
+                       isolation: str = "read_uncommitted") -> list[Rec]:
+    """Everything from ``start`` until no message arrives for ``idle`` seconds."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"e2e-{os.urandom(4).hex()}",
+                  "enable.auto.commit": False, "isolation.level": isolation, "auto.offset.reset": "earliest"})
+    try:
+        c.assign([TopicPartition(topic, partition, start)])
+        out: list[Rec] = []
+        last = time.monotonic()
+        while time.monotonic() - last < idle:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                raise KafkaException(m.error())
+            last = time.monotonic()
+            out.append(Rec(m.key(), m.value(), tuple(m.headers() or ()), m.timestamp()[1], m.offset()))
+        return out
+    finally:
+        c.close()

@@ -1,0 +1,113 @@
+"""Tiered storage through the shim and the sidecar on a real broker (path transfer mode,
+local-directory storage)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, OffsetSpec
+
+from tests.e2e import scenarios
+from tests.e2e.kafka_helpers import (consume, consume_until_idle, create_topic, filler, produce, records,
+                                     remote_segments, wait_for, wait_tiered)
+
+TRANSFER_MODE = "path"
+
+
+@pytest.fixture(scope="module")
+def tiered(stack):
+    return scenarios.produce_and_tier_all_compressions(stack, "comp")
+
+
+@pytest.mark.parametrize("compression", scenarios.COMPRESSIONS)
+def test_offload_and_consume_from_offset_zero(stack, store, tiered, compression):
+    topic, recs = tiered[compression]
+    scenarios.check_consume_from_zero(stack, store, topic, recs)
+
+
+def test_reads_at_random_offsets_inside_and_across_batches(stack, tiered):
+    scenarios.check_random_offsets(stack, *tiered["zstd"])
+    scenarios.check_random_offsets(stack, *tiered["none"])
+
+
+def test_offsets_for_times_answered_from_remote_segments(stack, tiered):
+    scenarios.check_offsets_for_times(stack, *tiered["lz4"])
+
+
+def test_transactions_read_committed(stack, store):
+    scenarios.check_transactions(stack, store, "txn-path")
+
+
+def _earliest(admin: AdminClient, topic: str) -> int:
+    tp = TopicPartition(topic, 0)
+    return admin.list_offsets({tp: OffsetSpec.earliest()})[tp].result(30).offset
+
+
+def test_delete_records_deletes_remote_segments(stack, store):
+    topic = "delete-records"
+    create_topic(stack.bootstrap_servers, topic)
+    recs = produce(stack.bootstrap_servers, topic, records(300, __import__("random").Random(3), 1_700_000_000_000))
+    end = filler(stack.bootstrap_servers, topic, 4 * 1024 * 1024)
+    wait_tiered(stack, topic, recs[-1].offset + 1)
+    segments = sorted(s["start_offset"] for s in remote_segments(store, topic).values())
+    assert len(segments) >= 4
+    cut = segments[2] + 5  # inside the third segment
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for f in admin.delete_records([TopicPartition(topic, 0, cut)]).values():
+        f.result(30)
+    wait_for("remote segments below the new log start to be deleted",
+             lambda: sorted(s["start_offset"] for s in remote_segments(store, topic).values())[0] == segments[2])
+    assert _earliest(admin, topic) == cut
+    got = consume(stack.bootstrap_servers, topic, 0, 1)
+    assert got[0].offset == cut  # reading from 0 resets to the new log start
+    assert end > cut
+
+
+def test_time_retention_deletes_remote_segments(stack, store):
+    topic = "time-retention"
+    create_topic(stack.bootstrap_servers, topic)
+    produce(stack.bootstrap_servers, topic, records(300, __import__("random").Random(4), int(time.time() * 1000)))
+    end = filler(stack.bootstrap_servers, topic, 3 * 1024 * 1024)
+    wait_for("segments tiered", lambda: len(remote_segments(store, topic)) >= 3)
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic,
+                         incremental_configs=[ConfigEntry("retention.ms", "2000",
+                                                          incremental_operation=AlterConfigOpType.SET)])
+    for f in admin.incremental_alter_configs([res]).values():
+        f.result(30)
+    wait_for("every remote segment of the topic deleted by time retention",
+             lambda: not remote_segments(store, topic), timeout=120)
+    wait_for("log start offset moved to the end", lambda: _earliest(admin, topic) == end, timeout=60)
+
+
+def test_size_retention_deletes_remote_segments(stack, store):
+    topic = "size-retention"
+    create_topic(stack.bootstrap_servers, topic, retention_bytes=2_200_000)
+    end = filler(stack.bootstrap_servers, topic, 7 * 1024 * 1024)
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    wait_for("size retention to move the log start offset", lambda: _earliest(admin, topic) > 0, timeout=120)
+
+    def remote_within_limit():
+        segs = remote_segments(store, topic)
+        return segs and min(s["start_offset"] for s in segs.values()) >= _earliest(admin, topic) - 1
+
+    wait_for("remote segments below the log start deleted", remote_within_limit, timeout=120)
+    total_remote = len(remote_segments(store, topic))
+    assert total_remote <= 3, f"{total_remote} remote segments kept for a 2.2 MB retention"
+    got = consume_until_idle(stack.bootstrap_servers, topic, 0, idle=5)
+    assert got and got[0].offset == _earliest(admin, topic) and got[-1].offset == end - 1
+
+
+def test_deleting_the_topic_removes_every_remote_object(stack, store):
+    topic = "to-delete"
+    create_topic(stack.bootstrap_servers, topic)
+    end = filler(stack.bootstrap_servers, topic, 3 * 1024 * 1024)
+    wait_for("segments tiered", lambda: len(remote_segments(store, topic)) >= 2)
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for f in admin.delete_topics([topic]).values():
+        f.result(30)
+    wait_for("no remote object of the topic left",
+             lambda: not [o for o in store.list("tiered/") if o.key.startswith(f"tiered/{topic}-")], timeout=120)
+    assert end > 0

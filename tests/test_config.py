@@ -1,0 +1,96 @@
+"""Configuration: validation messages, environment overrides, and docs/configuration.md
+kept equal to the keys the code declares."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rsm_sidecar.config import Config, all_keys, docs_markdown
+from rsm_sidecar.errors import ConfigError
+from tests.helpers import REPO
+
+BASE = {"storage": {"local": {"root": "/tmp/remote"}}}
+
+BEGIN, END = "<!-- BEGIN GENERATED: rsm-sidecar config docs -->", "<!-- END GENERATED -->"
+
+
+def test_docs_configuration_md_matches_the_code():
+    text = (REPO / "docs" / "configuration.md").read_text()
+    assert BEGIN in text and END in text, "docs/configuration.md lost its generated section markers"
+    generated = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert generated == docs_markdown().strip(), (
+        "docs/configuration.md is out of date: run `make docs` (rsm-sidecar config docs) and commit")
+    documented = set(re.findall(r"^\| `([^`]+)` \|", generated, re.M))
+    assert documented == {k.path for k in all_keys()}
+
+
+def test_every_key_has_a_meaningful_doc():
+    for k in all_keys():
+        assert len(k.doc) > 15, k.path
+
+
+def test_shipped_sidecar_config_is_valid():
+    cfg = Config.load(REPO / "config" / "sidecar.toml", environ={})
+    assert cfg["storage.backend"] == "local"
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"segment": {"chunk_size": 100}}, "segment.chunk_size: 100 is below the minimum 1024"),
+    ({"segment": {"chunk_size": "4 lots"}}, "segment.chunk_size: expected a size in bytes"),
+    ({"storage": {"backend": "ftp", "local": {"root": "/x"}}}, "storage.backend: 'ftp' is not allowed; allowed: local, s3, gcs"),
+    ({"storage": {"local": {"rot": "/x"}}}, "storage.local.rot: unknown configuration key in <dict> (did you mean storage.local.root?)"),
+    ({"storage": {"backend": "local"}}, "storage.local.root: missing when storage.backend = 'local'"),
+    ({"copy": {"parallelism": "two"}}, "copy.parallelism: expected an integer, got 'two'"),
+    ({"segment": {"compression": "yes"}}, "segment.compression: expected true or false, got 'yes'"),
+    ({"log": {"level": "LOUD"}}, "log.level: 'LOUD' is not allowed"),
+])
+def test_bad_values_name_the_key_and_what_is_allowed(values, message):
+    merged = {**BASE, **values}
+    if "storage" in values:
+        merged["storage"] = values["storage"]
+    with pytest.raises(ConfigError) as e:
+        Config(merged, environ={})
+    assert message in str(e.value)
+
+
+def test_environment_overrides_the_file(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[segment]\nchunk_size = "1MiB"\n[storage.local]\nroot = "/a"\n')
+    cfg = Config.load(f, environ={"RSM__SEGMENT__CHUNK_SIZE": "2MiB", "RSM__STORAGE__LOCAL__FSYNC": "false",
+                                  "RSM__ENCRYPTION__KEYS__Key-1__PUBLIC_KEY_FILE": "/k.pem"})
+    assert cfg["segment.chunk_size"] == 2 * 1024 * 1024
+    assert cfg["storage.local.fsync"] is False
+    assert cfg.family("encryption.keys") == {"Key-1": {"public_key_file": "/k.pem"}}
+    with pytest.raises(ConfigError, match="RSM__SEGMENT__CHUNK_SIZ"):
+        Config.load(f, environ={"RSM__SEGMENT__CHUNK_SIZ": "1"})
+
+
+def test_missing_or_invalid_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        Config.load(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[segment\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Config.load(bad)
+
+
+def test_redacted_hides_secrets():
+    secret_keys = [k for k in all_keys() if k.secret]
+    for k in secret_keys:
+        if "<" not in k.path and k.type == "str":
+            values = _nest(k.path, "s3cr3t")
+            values.setdefault("storage", {}).setdefault("local", {})["root"] = "/tmp/remote"
+            cfg = Config(values, environ={})
+            assert "s3cr3t" not in str(cfg.redacted())
+
+
+def _nest(path: str, value):
+    out: dict = {}
+    cur = out
+    parts = path.split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
