@@ -130,6 +130,21 @@ class LocalStack:
         self.sidecar.start()
         return self.sidecar
 
+    def restart_sidecar(self, env: Mapping[str, str] | None = None) -> SidecarProcess:
+        """Stop the sidecar and start it again, optionally with changed RSM__ settings
+        (key rotation, another storage prefix); the broker keeps running."""
+        if self.sidecar is not None:
+            self.sidecar.stop()
+        if env:
+            self.extra_sidecar_env.update(env)
+        self.sidecar = None
+        return self.start_sidecar()
+
+    def sidecar_config_env(self) -> tuple[Path, dict[str, str]]:
+        """The config file and environment the sidecar runs with: what `rsm-sidecar
+        inspect --config` needs to see the same storage and keys."""
+        return CONFIG_DIR / "sidecar.toml", self.sidecar_environment()
+
     def broker_properties(self) -> dict[str, object]:
         if not SHIM_JAR.exists():
             raise FileNotFoundError(f"{SHIM_JAR} is missing: run `make shim`")
