@@ -189,9 +189,16 @@ class AvroMapper:
         return StructType(*members), norm_union
 
     # ------------------------------------------------------------------ conversion
-    def to_arrow(self, datums: list) -> pa.Array:
+    def normalize(self, datum: Any) -> Any:
+        """A fastavro datum -> the Python value Arrow takes for :attr:`arrow_type` (raises
+        ValueError for a union value that matches no branch)."""
+        if datum is None or self._norm is None:
+            return datum
+        return self._norm(datum)
+
+    def to_arrow(self, datums: list, *, normalized: bool = False) -> pa.Array:
         """Arrow array (of :attr:`arrow_type`) for decoded datums; None entries are null."""
-        if self._norm is not None:
+        if not normalized and self._norm is not None:
             n = self._norm
             datums = [None if d is None else n(d) for d in datums]
         return pa.array(datums, self.arrow_type)

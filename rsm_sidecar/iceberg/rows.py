@@ -378,6 +378,7 @@ class _AvroSide(_Side):
                 continue
             try:
                 datum = read_datum(d[5:], w, None if fr.schema_id == self.table_id else self.reader)
+                datum = self.mapper.normalize(datum)
                 if self._wrap:
                     datum = {"value": datum}
                 datums.append(datum); prefixes.append(prefix); errs.append(None); bad.append(False)
@@ -385,16 +386,33 @@ class _AvroSide(_Side):
                 datums.append(None); prefixes.append(prefix)
                 errs.append(f"invalid Avro for schema id {fr.schema_id}: {type(exc).__name__}: {exc}")
                 bad.append(True)
+        arr = self._to_arrow(datums, errs, bad)
         if self._wrap:
-            inner = self.mapper.to_arrow([None if x is None else x["value"] for x in datums])
-            children = [inner]
+            children = [arr]
         else:
-            arr = self.mapper.to_arrow(datums)
             children = [arr.field(i) for i in range(arr.type.num_fields)]
             if arr.null_count:
                 children = pa.StructArray.from_arrays(
                     children, fields=self._fields, mask=arr.is_null()).flatten()
         return children, prefixes, errs
+
+    def _to_arrow(self, datums: list, errs: list, bad: list) -> pa.Array:
+        """Arrow for the datums; rows Arrow rejects become record-level errors."""
+        vals = [None if x is None else x["value"] for x in datums] if self._wrap else datums
+        try:
+            return self.mapper.to_arrow(vals, normalized=True)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            # find the rows Arrow rejects; they become record-level errors
+            out = []
+            for i, v in enumerate(vals):
+                try:
+                    out.append(self.mapper.to_arrow([v], normalized=True))
+                except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                    errs[i] = f"Avro value does not fit the table type: {type(exc).__name__}: {exc}"
+                    bad[i] = True
+                    datums[i] = None
+                    out.append(self.mapper.to_arrow([None], normalized=True))
+            return pa.concat_arrays(out)
 
 
 def build_side(spec: SideSpec) -> _Side:
@@ -530,6 +548,14 @@ class RowEncoder:
 
 # ============================================================================ alignment
 
+def _null_offsets(arr: pa.Array) -> pa.Array:
+    """Offsets with a null where the list/map slot is null (how ``from_arrays`` takes nulls)."""
+    if not arr.null_count:
+        return arr.offsets
+    valid = pa.concat_arrays([arr.is_valid(), pa.array([True])])
+    return pc.if_else(valid, arr.offsets, pa.scalar(None, pa.int32()))
+
+
 def align(arr: pa.Array, target: pa.DataType) -> pa.Array:
     """Make ``arr`` have type ``target``: struct children matched by name (missing -> null,
     extra dropped), lists/maps recursively, primitives cast (int->long, float->double)."""
@@ -547,15 +573,11 @@ def align(arr: pa.Array, target: pa.DataType) -> pa.Array:
         return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
     if pa.types.is_list(target) and pa.types.is_list(arr.type):
         values = align(arr.values, target.value_type)
-        offsets = arr.offsets
-        if arr.null_count:
-            offsets = pc.if_else(pa.concat_arrays([arr.is_valid(), pa.array([True])]), offsets,
-                                 pa.scalar(None, pa.int32()))
-        return pa.ListArray.from_arrays(offsets, values, type=target)
+        return pa.ListArray.from_arrays(_null_offsets(arr), values, type=target)
     if pa.types.is_map(target) and pa.types.is_map(arr.type):
         keys = align(arr.keys, target.key_type)
         items = align(arr.items, target.item_type)
-        return pa.MapArray.from_arrays(arr.offsets, keys, items, type=target)
+        return pa.MapArray.from_arrays(_null_offsets(arr), keys, items, type=target)
     try:
         return arr.cast(target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -86,8 +86,10 @@ def local_catalog(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def spark(local_catalog):
+    from rsm_sidecar.iceberg.jars import ensure_spark_jars
     from rsm_sidecar.iceberg.spark import spark_session
 
+    ensure_spark_jars(cloud=())  # test set-up: a no-op when `make` already fetched them
     s = spark_session(local_catalog, app_name="rsm-iceberg-tests")
     try:
         yield s
