@@ -89,8 +89,9 @@ def spark(local_catalog):
     from rsm_sidecar.iceberg.jars import ensure_spark_jars
     from rsm_sidecar.iceberg.spark import spark_session
 
-    ensure_spark_jars(cloud=())  # test set-up: a no-op when `make` already fetched them
-    s = spark_session(local_catalog, app_name="rsm-iceberg-tests")
+    cloud = ("aws", "gcp")
+    ensure_spark_jars(cloud=cloud)  # test set-up: a no-op when `make` already fetched them
+    s = spark_session(local_catalog, app_name="rsm-iceberg-tests", cloud=cloud)
     try:
         yield s
     finally:

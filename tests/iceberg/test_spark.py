@@ -82,6 +82,30 @@ def test_map_in_arrow_encodes_on_workers(spark, local_catalog, registry_url, sr_
     assert spark.sql(f"SELECT count(*) AS n FROM rsm.{ident} WHERE val.__err__ IS NULL").first().n == 499
 
 
+def test_cloud_bundles_build_s3_and_gcs_clients(spark):
+    """iceberg-aws-bundle 1.12.0 and iceberg-gcp-bundle 1.11.0 next to the 1.12.0 runtime: the
+    FileIO classes in the runtime find their SDKs (no request is made: clients are lazy)."""
+    jvm = spark._jvm
+
+    def props(d):
+        m = jvm.java.util.HashMap()
+        for k, v in d.items():
+            m.put(k, v)
+        return m
+
+    s3 = jvm.org.apache.iceberg.aws.s3.S3FileIO()
+    s3.initialize(props({"s3.endpoint": "http://127.0.0.1:9", "client.region": "us-east-1",
+                         "s3.access-key-id": "x", "s3.secret-access-key": "y",
+                         "s3.path-style-access": "true"}))
+    assert s3.client().getClass().getName() == "software.amazon.awssdk.services.s3.DefaultS3Client"
+    gcs = jvm.org.apache.iceberg.gcp.gcs.GCSFileIO()
+    gcs.initialize(props({"gcs.project-id": "p", "gcs.no-auth": "true",
+                          "gcs.service.host": "http://127.0.0.1:9"}))
+    assert gcs.client().getClass().getName() == "com.google.cloud.storage.StorageImpl"
+    s3.close()
+    gcs.close()
+
+
 def test_missing_jars_name_the_setup_command(tmp_path):
     with pytest.raises(ConfigError, match="python -m rsm_sidecar.iceberg.jars"):
         jars.spark_jars(tmp_path)
