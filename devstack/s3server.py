@@ -204,10 +204,37 @@ class ServerProcess:
         self.stop()
         return self.start()
 
-    def pause(self) -> None:
-        """SIGSTOP: the kernel still accepts connections, but nothing answers."""
-        if self.is_running():
-            os.kill(self.proc.pid, signal.SIGSTOP)
+    def pause(self, timeout: float = 5.0) -> None:
+        """SIGSTOP, and wait until every thread has stopped: the kernel still accepts
+        connections, but nothing answers."""
+        if not self.is_running():
+            return
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while self._thread_states() - {"T", "t"}:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} (pid {self.pid}) did not stop: thread states "
+                                   f"{sorted(self._thread_states())}")
+            time.sleep(0.01)
+
+    def _thread_states(self) -> set[str]:
+        states = set()
+        try:
+            for tid in os.listdir(f"/proc/{self.pid}/task"):
+                with contextlib.suppress(OSError, IndexError):
+                    with open(f"/proc/{self.pid}/task/{tid}/stat") as f:
+                        states.add(f.read().rsplit(")", 1)[1].split()[0])
+        except (OSError, TypeError):
+            pass
+        return states
+
+    def state(self) -> str | None:
+        """The process state letter from /proc (``T`` while paused), or None when gone."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, TypeError, IndexError):
+            return None
 
     def resume(self) -> None:
         if self.is_running():

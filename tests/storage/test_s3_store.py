@@ -1,0 +1,510 @@
+"""The ObjectStore contract on S3 (SeaweedFS), plus what only the S3 backend does:
+single PUT vs multipart, the bounded part window, aborts, SSE and checksum headers,
+DeleteObjects batching and per-key errors, and faults against real servers."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import tracemalloc
+import uuid
+
+import pytest
+
+from rsm_sidecar.config import Config
+from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageTimeout, StorageUnavailable
+from rsm_sidecar.storage.factory import open_store
+from rsm_sidecar.storage.s3 import S3ObjectStore
+from tests.storage.conftest import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, make_s3_store
+from tests.storage.contract import ObjectStoreContract, blob
+
+MiB = 1024 * 1024
+PART = 5 * MiB
+
+
+@pytest.fixture
+def store(s3_store):
+    return s3_store
+
+
+@pytest.fixture
+def p() -> str:
+    return f"s3-{uuid.uuid4().hex[:12]}/"
+
+
+class TestS3Contract(ObjectStoreContract):
+    pass
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before) if after.get(k, 0) != before.get(k, 0)}
+
+
+def _open_uploads(server, prefix: str) -> list:
+    return server.client().list_multipart_uploads(Bucket=S3_BUCKET, Prefix=prefix).get("Uploads", [])
+
+
+class HeaderCapture:
+    """Records the headers of the real requests a store's client sends (botocore event hook)."""
+
+    def __init__(self, store: S3ObjectStore):
+        self.requests: list[tuple[str, str, dict]] = []
+        store._client.meta.events.register("before-send.s3.*", self)
+
+    def __call__(self, request, **kwargs):
+        op = kwargs.get("event_name", "").rsplit(".", 1)[-1]
+        headers = {k.lower(): (v.decode() if isinstance(v, bytes) else v) for k, v in request.headers.items()}
+        self.requests.append((op, request.method, headers))
+
+    def of(self, op: str) -> list[dict]:
+        return [h for o, _, h in self.requests if o == op]
+
+
+# -- upload paths ---------------------------------------------------------------------------
+def test_object_up_to_part_size_is_one_put(store, seaweedfs, p):
+    before = store.requests
+    with store.open_writer(p + "exact") as w:
+        w.write(blob(PART - 1000))
+        w.write(blob(1000, seed=1))
+        assert w.commit() == PART
+    assert _delta(before, store.requests) == {"PUT": 1}
+    assert store.get(p + "exact") == blob(PART - 1000) + blob(1000, seed=1)
+
+
+def test_object_above_part_size_is_multipart(store, seaweedfs, p):
+    before = store.requests
+    data = blob(2 * PART + 1, seed=3)
+    with store.open_writer(p + "mp") as w:
+        for i in range(0, len(data), 777_777):
+            w.write(data[i:i + 777_777])
+        assert w.commit() == len(data)
+    assert _delta(before, store.requests) == {"CREATE_MULTIPART": 1, "UPLOAD_PART": 3, "COMPLETE_MULTIPART": 1}
+    assert store.get(p + "mp") == data
+    assert _open_uploads(seaweedfs, p) == []
+
+
+def test_ranged_read_spanning_several_chunks_and_parts_is_one_request(store, p):
+    data = blob(3 * PART, seed=5)
+    store.put(p + "r", data)
+    before = store.requests
+    got = store.get_range(p + "r", PART - 4096, 2 * PART + 4095)  # crosses both part boundaries
+    assert got == data[PART - 4096:2 * PART + 4096]
+    assert _delta(before, store.requests) == {"GET": 1}
+
+
+def test_parts_in_flight_and_memory_are_bounded(seaweedfs, p):
+    store = make_s3_store(seaweedfs, max_parts_in_flight=2, upload_threads=8)
+    try:
+        piece = blob(MiB, seed=9)
+        total = 48 * MiB
+        tracemalloc.start()
+        try:
+            with store.open_writer(p + "bounded") as w:
+                for _ in range(total // MiB):
+                    w.write(piece)
+                w.commit()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        # part buffers queued or uploading never exceeded the window ...
+        assert store.peak_buffered_bytes <= 2 * PART
+        # ... and the window was used: two parts did upload concurrently
+        assert store.peak_buffered_bytes == 2 * PART
+        # Python-level memory of the whole upload: the window plus the part being filled
+        # (3 parts), plus botocore's 1 MiB checksum reads per part in flight, this test's
+        # 1 MiB piece and request objects. One more copy of any part would add 5 MiB.
+        assert peak < 3 * PART + 4.5 * MiB, f"peak traced memory {peak / MiB:.1f} MiB"
+        assert store.size(p + "bounded") == total
+        assert store.buffered_bytes == 0
+    finally:
+        store.close()
+
+
+def test_write_blocks_while_the_window_is_full(store, p):
+    # Hold every UploadPart request on its way out until the gate opens: the parts stay
+    # "in flight" for as long as the test needs, whatever the server's speed.
+    gate = threading.Event()
+    store._client.meta.events.register("before-send.s3.UploadPart", lambda **kw: gate.wait(30) and None)
+    store.max_parts_in_flight = 1
+    w = store.open_writer(p + "blocked")
+    w.write(blob(PART + 1))             # part 1 is full; the byte past it sends part 1
+    done = threading.Event()
+    progress = []
+
+    def producer():
+        w.write(blob(PART - 1))          # completes part 2 in the buffer
+        progress.append("part 2 buffered")
+        w.write(b"x")                    # must hand part 2 over: the window (1 part) is taken
+        progress.append("wrote past part 2")
+        done.set()
+
+    t = threading.Thread(target=producer, daemon=True)
+    t.start()
+    time.sleep(1.0)
+    try:
+        assert progress == ["part 2 buffered"]
+        assert not done.is_set()
+        assert store.buffered_bytes == PART  # the window holds exactly part 1
+    finally:
+        gate.set()
+    assert done.wait(30)
+    w.commit()
+    assert store.size(p + "blocked") == 2 * PART + 1
+    assert store.peak_buffered_bytes == PART
+
+
+# -- aborts ------------------------------------------------------------------------------------
+def test_abort_after_parts_were_uploaded_leaves_no_multipart_upload(store, seaweedfs, p):
+    w = store.open_writer(p + "ab")
+    w.write(blob(3 * PART))             # two parts sent, a third buffered
+    assert len(_open_uploads(seaweedfs, p)) == 1
+    w.abort()
+    assert store.requests.get("ABORT_MULTIPART", 0) == 1
+    assert _open_uploads(seaweedfs, p) == []
+    assert not store.exists(p + "ab")
+
+
+def test_exception_in_with_block_aborts_the_multipart_upload(store, seaweedfs, p):
+    with pytest.raises(ValueError):
+        with store.open_writer(p + "ex") as w:
+            w.write(blob(2 * PART + 10))
+            raise ValueError("producer failed")
+    assert _open_uploads(seaweedfs, p) == []
+    assert not store.exists(p + "ex")
+
+
+def test_garbage_collected_writer_aborts_its_upload(store, seaweedfs, p):
+    w = store.open_writer(p + "gc")
+    w.write(blob(2 * PART + 10))
+    assert len(_open_uploads(seaweedfs, p)) == 1
+    del w
+    gc.collect()
+    assert _open_uploads(seaweedfs, p) == []
+
+
+def test_part_rejected_by_the_server_aborts_the_upload(store, seaweedfs, p):
+    # Corrupt the body of the second part after the SDK computed its checksum: SeaweedFS
+    # recomputes it and rejects the part (BadDigest), a real server-side failure.
+    calls = []
+
+    def corrupt(request, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            body = request.body
+            data = body.read() if hasattr(body, "read") else bytes(body)
+            request.body = b"X" + data[1:]
+
+    store._client.meta.events.register("before-send.s3.UploadPart", corrupt)
+    with pytest.raises(StorageError) as e:
+        with store.open_writer(p + "bad") as w:
+            w.write(blob(4 * PART))
+            w.commit()
+    assert "BadDigest" in str(e.value) and p + "bad" in str(e.value)
+    assert not e.value.retriable
+    assert store.requests.get("ABORT_MULTIPART", 0) == 1
+    assert _open_uploads(seaweedfs, p) == []
+    assert not store.exists(p + "bad")
+
+
+def test_write_after_commit_is_an_error(store, p):
+    w = store.open_writer(p + "done")
+    w.write(b"abc")
+    w.commit()
+    with pytest.raises(StorageError):
+        w.write(b"more")
+    with pytest.raises(StorageError):
+        w.commit()
+    w.abort()  # no-op after commit
+    assert store.get(p + "done") == b"abc"
+
+
+# -- encryption, storage class and checksums -----------------------------------------------------
+def test_sse_s3_header_is_sent_and_honoured(seaweedfs, p):
+    store = make_s3_store(seaweedfs, sse="AES256")
+    try:
+        cap = HeaderCapture(store)
+        store.put(p + "small", b"secret")
+        with store.open_writer(p + "big") as w:
+            w.write(blob(PART + 1))
+            w.commit()
+        assert cap.of("PutObject")[0]["x-amz-server-side-encryption"] == "AES256"
+        assert cap.of("CreateMultipartUpload")[0]["x-amz-server-side-encryption"] == "AES256"
+        head = seaweedfs.client().head_object(Bucket=S3_BUCKET, Key=p + "small")
+        assert head.get("ServerSideEncryption") == "AES256"
+        assert store.get(p + "big") == blob(PART + 1)
+    finally:
+        store.close()
+
+
+def test_sse_kms_headers_are_sent(seaweedfs, p):
+    # SeaweedFS has no KMS configured, so it answers SSE-KMS writes with an InternalError;
+    # what matters here is what the client sends, observed on the real request.
+    store = make_s3_store(seaweedfs, sse="aws:kms", sse_kms_key_id="alias/rsm-test", sse_bucket_key=True,
+                          max_attempts=1)
+    try:
+        cap = HeaderCapture(store)
+        with pytest.raises((StorageUnavailable, StorageError)) as e:
+            store.put(p + "kms", b"secret")
+        assert p + "kms" in str(e.value)
+        h = cap.of("PutObject")[0]
+        assert h["x-amz-server-side-encryption"] == "aws:kms"
+        assert h["x-amz-server-side-encryption-aws-kms-key-id"] == "alias/rsm-test"
+        assert h["x-amz-server-side-encryption-bucket-key-enabled"] == "true"
+    finally:
+        store.close()
+
+
+def test_storage_class_is_applied(seaweedfs, p):
+    store = make_s3_store(seaweedfs, storage_class="STANDARD_IA")
+    try:
+        store.put(p + "ia", b"x")
+        assert seaweedfs.client().head_object(Bucket=S3_BUCKET, Key=p + "ia")["StorageClass"] == "STANDARD_IA"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("algorithm,header", [("CRC32", "x-amz-checksum-crc32"),
+                                              ("CRC32C", "x-amz-checksum-crc32c"),
+                                              ("SHA256", "x-amz-checksum-sha256")])
+def test_request_checksums_are_sent_and_stored(seaweedfs, p, algorithm, header):
+    pytest.importorskip("awscrt") if algorithm == "CRC32C" else None
+    store = make_s3_store(seaweedfs, checksum_algorithm=algorithm)
+    try:
+        cap = HeaderCapture(store)
+        store.put(p + "c", b"checked")
+        with store.open_writer(p + "m") as w:
+            w.write(blob(PART + 5))
+            w.commit()
+        assert header in cap.of("PutObject")[0]
+        assert all(header in h for h in cap.of("UploadPart"))
+        head = seaweedfs.client().head_object(Bucket=S3_BUCKET, Key=p + "c", ChecksumMode="ENABLED")
+        assert head.get("Checksum" + algorithm)
+    finally:
+        store.close()
+
+
+def test_checksums_can_be_turned_off(seaweedfs, p):
+    store = make_s3_store(seaweedfs, checksum_algorithm="none")
+    try:
+        cap = HeaderCapture(store)
+        store.put(p + "plain", b"x")
+        assert not [k for k in cap.of("PutObject")[0] if k.startswith("x-amz-checksum-")]
+    finally:
+        store.close()
+
+
+def test_crc32c_without_awscrt_is_a_config_error(monkeypatch):
+    import botocore.compat
+
+    monkeypatch.setattr(botocore.compat, "HAS_CRT", False)
+    with pytest.raises(ConfigError) as e:
+        S3ObjectStore("b", checksum_algorithm="CRC32C", access_key_id="a", secret_access_key="b")
+    assert "storage.s3.checksum_algorithm" in str(e.value) and "awscrt" in str(e.value)
+
+
+# -- deletes -----------------------------------------------------------------------------------
+def test_delete_objects_batches_of_1000(store, p):
+    import concurrent.futures
+
+    keys = [f"{p}{i:05d}" for i in range(1001)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: store.put(k, b"."), keys))
+    before = store.requests
+    store.delete_many(keys + [p + "never-existed"])
+    assert _delta(before, store.requests) == {"DELETE_OBJECTS": 2}
+    assert list(store.list(p)) == []
+
+
+def test_delete_many_reports_per_key_errors_after_deleting_the_rest(store, p):
+    # SeaweedFS refuses keys with "." path segments with a per-key InvalidRequest.
+    good = [p + "a", p + "b"]
+    for k in good:
+        store.put(k, b"x")
+    bad = p + "../escape"
+    with pytest.raises(StorageError) as e:
+        store.delete_many([good[0], bad, good[1]])
+    msg = str(e.value)
+    assert bad in msg and "InvalidRequest" in msg and "1 of 3" in msg and S3_BUCKET in msg
+    assert e.value.failed_keys == [bad]
+    assert not isinstance(e.value, StorageUnavailable)
+    assert list(store.list(p)) == []
+
+
+# -- faults ------------------------------------------------------------------------------------
+def test_server_stopped_during_upload_then_back(s3_server_factory, p):
+    server = s3_server_factory()
+    store = make_s3_store(server, max_attempts=2, connect_timeout=1.0, read_timeout=5.0)
+    key = p + "segment.log"
+    try:
+        w = store.open_writer(key)
+        w.write(blob(2 * PART + 1))     # multipart upload created, parts sent
+        assert len(_open_uploads(server, p)) == 1
+        server.stop()
+        with pytest.raises(StorageUnavailable) as e:
+            w.write(blob(2 * PART))
+            w.commit()
+        assert key in str(e.value) and server.endpoint_url in str(e.value)
+        # the abort could not reach the server either: remembered for later
+        assert len(store.pending_aborts) == 1
+        server.start()
+        assert not store.exists(key)     # no partial object
+        data = blob(2 * PART + 7, seed=4)
+        with store.open_writer(key) as w2:  # retries the pending abort first
+            w2.write(data)
+            w2.commit()
+        assert store.pending_aborts == []
+        assert store.get(key) == data
+        assert _open_uploads(server, p) == []
+    finally:
+        store.close()
+
+
+def test_storage_slower_than_the_read_timeout(s3_server_factory, p):
+    server = s3_server_factory()
+    store = make_s3_store(server, read_timeout=1.0, max_attempts=2)
+    try:
+        store.put(p + "slow", b"data")
+        server.pause()                   # SIGSTOP: connections are accepted, nothing answers
+        assert server.state() == "T"
+        t0 = time.monotonic()
+        with pytest.raises(StorageTimeout) as e:
+            store.get_range(p + "slow", 0, 3)
+        elapsed = time.monotonic() - t0
+        msg = str(e.value)
+        assert "read timeout of 1s" in msg and "storage.s3.read_timeout" in msg and p + "slow" in msg
+        assert 1.0 <= elapsed < 10, elapsed
+        assert e.value.retriable
+    finally:
+        server.resume()
+        store.close()
+
+
+def test_unreachable_endpoint_is_unavailable_at_check(s3_server_factory):
+    server = s3_server_factory()
+    store = make_s3_store(server, max_attempts=1, connect_timeout=1.0)
+    server.stop()
+    try:
+        with pytest.raises(StorageUnavailable) as e:
+            store.check()
+        assert S3_BUCKET in str(e.value) and server.endpoint_url in str(e.value)
+    finally:
+        store.close()
+
+
+def test_wrong_secret_fails_check_naming_bucket_endpoint_and_static_credentials(seaweedfs):
+    store = make_s3_store(seaweedfs, secret_access_key="not-the-secret")
+    try:
+        with pytest.raises(ConfigError) as e:
+            store.check()
+        msg = str(e.value)
+        assert S3_BUCKET in msg and seaweedfs.endpoint_url in msg
+        assert "SignatureDoesNotMatch" in msg
+        assert "static keys from storage.s3.access_key_id" in msg
+        assert "not-the-secret" not in msg and S3_ACCESS_KEY not in msg
+    finally:
+        store.close()
+
+
+def test_unknown_key_from_environment_names_the_environment(seaweedfs, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWNKEY0001")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "whatever-secret")
+    store = make_s3_store(seaweedfs, access_key_id=None, secret_access_key=None)
+    try:
+        with pytest.raises(ConfigError) as e:
+            store.check()
+        msg = str(e.value)
+        assert "InvalidAccessKeyId" in msg and "environment variables AWS_ACCESS_KEY_ID" in msg
+        assert "…0001" in msg and "AKIAUNKNOWNKEY0001" not in msg and "whatever-secret" not in msg
+    finally:
+        store.close()
+
+
+def test_profile_from_shared_credentials_file(seaweedfs, tmp_path, monkeypatch, p):
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[rsm]\naws_access_key_id = {S3_ACCESS_KEY}\naws_secret_access_key = {S3_SECRET_KEY}\n"
+                     "[broken]\naws_access_key_id = AKIABROKEN\naws_secret_access_key = nope\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    good = make_s3_store(seaweedfs, access_key_id=None, secret_access_key=None, profile="rsm")
+    bad = make_s3_store(seaweedfs, access_key_id=None, secret_access_key=None, profile="broken")
+    try:
+        good.check()
+        good.put(p + "via-profile", b"ok")
+        with pytest.raises(ConfigError) as e:
+            bad.check()
+        assert "shared credentials file" in str(e.value) and "'broken'" in str(e.value)
+    finally:
+        good.close()
+        bad.close()
+
+
+def test_missing_bucket_fails_check_naming_it(seaweedfs):
+    store = make_s3_store(seaweedfs, bucket="no-such-bucket-here")
+    try:
+        with pytest.raises(ConfigError) as e:
+            store.check()
+        msg = str(e.value)
+        assert "no-such-bucket-here" in msg and "does not exist" in msg and seaweedfs.endpoint_url in msg
+        assert "storage.s3.bucket" in msg and "static keys" in msg
+    finally:
+        store.close()
+
+
+def test_missing_object_is_not_found(store, p):
+    for call in (lambda: store.get(p + "nope"), lambda: store.get_range(p + "nope", 0, 1),
+                 lambda: store.size(p + "nope")):
+        with pytest.raises(ObjectNotFound) as e:
+            call()
+        assert p + "nope" in str(e.value)
+
+
+def test_check_writes_and_removes_a_probe_under_the_prefix(seaweedfs, p):
+    store = make_s3_store(seaweedfs, probe_prefix=p)
+    try:
+        before = store.requests
+        store.check()
+        assert _delta(before, store.requests) == {"HEAD_BUCKET": 1, "PUT": 1, "DELETE": 1}
+        assert list(store.list(p)) == []
+    finally:
+        store.close()
+
+
+# -- configuration -----------------------------------------------------------------------------
+def test_open_store_from_config(seaweedfs, p):
+    cfg = Config({"storage": {"backend": "s3", "key_prefix": p, "s3": {
+        "bucket": S3_BUCKET, "region": "us-east-1", "endpoint_url": seaweedfs.endpoint_url,
+        "addressing_style": "path", "access_key_id": S3_ACCESS_KEY, "secret_access_key": S3_SECRET_KEY,
+        "part_size": "6MiB", "max_parts_in_flight": 3, "sse": "AES256", "checksum_algorithm": "SHA256",
+        "read_timeout": 7, "max_attempts": 4}}}, environ={})
+    store = open_store(cfg)
+    try:
+        assert isinstance(store, S3ObjectStore)
+        assert store.part_size == 6 * MiB and store.max_parts_in_flight == 3 and store.probe_prefix == p
+        assert store._client.meta.config.read_timeout == 7
+        assert store._client.meta.config.retries["total_max_attempts"] == 4
+        store.check()
+        store.put(p + "x", b"y")
+        assert store.get(p + "x") == b"y"
+        assert "rsm-test-secret" not in repr(cfg.redacted())
+        assert S3_BUCKET in store.describe() and seaweedfs.endpoint_url in store.describe()
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("s3,needle", [
+    ({"access_key_id": "a"}, "must be set together"),
+    ({"sse_kms_key_id": "k"}, "storage.s3.sse"),
+    ({"part_size": "1MiB"}, "storage.s3.part_size"),
+    ({"profile": "x", "access_key_id": "a", "secret_access_key": "b"}, "exclusive"),
+])
+def test_invalid_configuration_names_the_key(s3, needle):
+    with pytest.raises(ConfigError) as e:
+        open_store(Config({"storage": {"backend": "s3", "s3": {"bucket": "b", **s3}}}, environ={}))
+    assert needle in str(e.value)
+
+
+def test_bucket_is_required_for_the_s3_backend():
+    with pytest.raises(ConfigError) as e:
+        Config({"storage": {"backend": "s3"}}, environ={})
+    assert "storage.s3.bucket" in str(e.value)
