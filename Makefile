@@ -62,3 +62,17 @@ clean:
 docs: setup
 	{ cat docs/configuration.md.head; echo '<!-- BEGIN GENERATED: rsm-sidecar config docs -->'; \
 	  $(BIN)/rsm-sidecar config docs; echo '<!-- END GENERATED -->'; } > docs/configuration.md
+
+# The demo on the embedded default (local-directory storage); STORAGE=s3|gcs selects a
+# local S3 (SeaweedFS) or GCS (fake-gcs-server) server instead.
+demo: deps
+	$(BIN)/python -m devstack.cli demo
+
+# A tiered-storage broker on 127.0.0.1:9092 for manual use, in the background; logs in run/stack/.
+up: deps
+	mkdir -p run && nohup $(BIN)/python -m devstack.cli up > run/stack.out 2>&1 &
+	for i in $$(seq 1 120); do grep -q '^up:' run/stack.out 2>/dev/null && break; \
+	  if grep -q -i 'error\|Traceback' run/stack.out 2>/dev/null; then cat run/stack.out; exit 1; fi; sleep 1; done; cat run/stack.out
+
+down:
+	$(BIN)/python -m devstack.cli down

@@ -1,0 +1,226 @@
+"""`python -m devstack.cli up|down|demo`: the local stack by hand, and the demo.
+
+    make up      # broker on 127.0.0.1:9092 with tiered storage; logs in run/stack/
+    make down
+    make demo    # start, produce, tier, consume from remote, summary, stop
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from devstack.stack import LocalStack
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = REPO / "run"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# -- up / down ------------------------------------------------------------------------------
+def up(args) -> int:
+    workdir = RUN / "stack"
+    pidfile = RUN / "stack.pid"
+    if pidfile.exists():
+        try:
+            os.kill(int(pidfile.read_text()), 0)
+            _say(f"the stack is already running (pid {pidfile.read_text().strip()}); `make down` stops it")
+            return 1
+        except (OSError, ValueError):
+            pidfile.unlink()
+    if args.fresh and workdir.exists():
+        shutil.rmtree(workdir)
+    if not _port_free(9092):
+        _say("127.0.0.1:9092 is in use; stop whatever listens there first")
+        return 1
+    stack = LocalStack(workdir, storage=args.storage, transfer_mode=args.transfer_mode, broker_port=9092)
+    stack.start()
+    pidfile.write_text(str(os.getpid()))
+    _say(f"up: Kafka {stack.broker.dist.version} on {stack.bootstrap_servers} with tiered storage "
+         f"({args.storage} storage, {args.transfer_mode} transfer mode)\n"
+         f"    sidecar: {stack.sidecar_target}  logs: {workdir}/logs, {workdir}/kafka/logs\n"
+         f"    create a tiered topic: --config remote.storage.enable=true --config local.retention.ms=60000")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    signal.signal(signal.SIGINT, lambda *a: stop.set())
+    stop.wait()
+    stack.stop()
+    pidfile.unlink(missing_ok=True)
+    return 0
+
+
+def down(args) -> int:
+    pidfile = RUN / "stack.pid"
+    if not pidfile.exists():
+        _say("the stack is not running")
+        return 0
+    pid = int(pidfile.read_text())
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pidfile.unlink()
+        return 0
+    for _ in range(600):
+        if not pidfile.exists():
+            break
+        time.sleep(0.1)
+    _say("down")
+    return 0
+
+
+# -- demo --------------------------------------------------------------------------------------
+def demo(args) -> int:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from rsm_sidecar.format.keys import KeyLayout
+    from rsm_sidecar.format.manifest import SegmentManifest
+
+    t_start = time.monotonic()
+    workdir = RUN / "demo"
+    shutil.rmtree(workdir, ignore_errors=True)
+    _say(f"[1/5] starting Kafka with tiered storage ({args.storage} storage, {args.transfer_mode} mode) ...")
+    stack = LocalStack(workdir, storage=args.storage, transfer_mode=args.transfer_mode,
+                       broker_port=9092 if _port_free(9092) else None)
+    stack.start()
+    try:
+        bootstrap = stack.bootstrap_servers
+        _say(f"      broker {bootstrap} (Kafka {stack.broker.dist.version}), sidecar {stack.sidecar_target}")
+        topic = "demo-orders"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for f in admin.create_topics([NewTopic(topic, 1, 1, config={
+                "remote.storage.enable": "true", "segment.bytes": "1048576", "local.retention.ms": "1000",
+                "retention.ms": "604800000", "file.delete.delay.ms": "1000"})]).values():
+            f.result(30)
+
+        _say(f"[2/5] producing {args.records} order events to {topic} (1 MiB segments) ...")
+        rng = random.Random(2026)
+        digest = hashlib.sha256()
+        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+        statuses = ["created", "paid", "packed", "shipped", "delivered"]
+        for i in range(args.records):
+            key = b"customer-%05d" % rng.randrange(20000)
+            value = (b'{"order_id":%d,"status":"%s","amount":%d.%02d,"currency":"EUR","items":%d,"note":"%s"}'
+                     % (i, statuses[i % 5].encode(), rng.randrange(1, 900), rng.randrange(100), rng.randrange(1, 9),
+                        rng.randbytes(24).hex().encode()))
+            digest.update(key + b"\0" + value + b"\n")
+            p.produce(topic, key=key, value=value)
+            if i % 10000 == 0:
+                p.poll(0)
+                if i:
+                    _say(f"      {i} records")
+        p.flush(60)
+        del p, admin  # no client left to complain while the broker stops
+        _say(f"      {args.records} records produced")
+
+        _say("[3/5] waiting until closed segments are in remote storage and deleted from the broker's disk ...")
+        part_dir = stack.broker.partition_dir(topic)
+        store = stack.object_store()
+        layout = KeyLayout("tiered/")
+        last_line = ""
+        deadline = time.monotonic() + 300
+        while True:
+            local = sorted(int(f.name.split(".")[0]) for f in part_dir.iterdir() if f.name.endswith(".log"))
+            manifests = [o for o in store.list("tiered/") if o.key.endswith(".rsm-manifest")
+                         and (layout.parse(o.key) or None) and layout.parse(o.key).topic == topic]
+            line = f"      {len(manifests)} segments in remote storage, {len(local)} on the broker's disk"
+            if line != last_line:
+                _say(line)
+                last_line = line
+            if manifests and len(local) == 1:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("segments were not tiered within 5 minutes; see run/demo/kafka/logs")
+            time.sleep(1)
+        first_local = local[0]
+
+        _say(f"[4/5] consuming everything from offset 0 (offsets below {first_local} are served from remote) ...")
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "demo", "enable.auto.commit": False,
+                      "auto.offset.reset": "earliest"})
+        c.assign([TopicPartition(topic, 0, 0)])
+        check = hashlib.sha256()
+        n = 0
+        t0 = time.monotonic()
+        from_remote = 0
+        while n < args.records and time.monotonic() - t0 < 180:
+            m = c.poll(1.0)
+            if m is None or m.error():
+                continue
+            if m.offset() != n:
+                raise RuntimeError(f"expected offset {n}, got {m.offset()}")
+            check.update(m.key() + b"\0" + m.value() + b"\n")
+            from_remote += m.offset() < first_local
+            n += 1
+        c.close()
+        del c
+        import gc
+
+        gc.collect()
+        read_secs = time.monotonic() - t0
+        if n != args.records or check.digest() != digest.digest():
+            raise RuntimeError(f"verification failed: {n} of {args.records} records, digest "
+                               f"{'matches' if check.digest() == digest.digest() else 'differs'}")
+
+        original = stored = 0
+        compressed = encrypted = 0
+        for o in manifests:
+            m = SegmentManifest.from_bytes(store.get(o.key), o.key)
+            original += m.original_size
+            base = o.key[: -len(".rsm-manifest")]
+            stored += sum(store.size(base + s) for s in (".log", ".indexes", ".rsm-manifest"))
+            compressed += m.compression
+            encrypted += m.encryption is not None
+        _say("[5/5] summary")
+        _say(f"      segments tiered:        {len(manifests)} ({compressed} zstd-compressed, {encrypted} "
+             f"AES-256-GCM encrypted)")
+        _say(f"      bytes on the broker:    {original:,} (the segments' .log files)")
+        _say(f"      bytes in storage:       {stored:,} (.log + .indexes + .rsm-manifest)")
+        _say(f"      compression ratio:      {original / stored:.2f}x")
+        _say(f"      records verified:       {n:,} of {args.records:,} (sha256 of keys and values matches; "
+             f"{from_remote:,} served from remote storage, {n / read_secs:,.0f} records/s)")
+        _say(f"      remote objects:         {stack.remote_root if args.storage == 'local' else args.storage}")
+        _say(f"      total time:             {time.monotonic() - t_start:.0f}s")
+    finally:
+        _say("stopping the stack ...")
+        stack.stop()
+    _say("demo OK")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="devstack")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, fn in (("up", up), ("down", down), ("demo", demo)):
+        p = sub.add_parser(name)
+        p.set_defaults(func=fn)
+        if name != "down":
+            p.add_argument("--storage", default=os.environ.get("STORAGE") or "local", choices=("local", "s3", "gcs"))
+            p.add_argument("--transfer-mode", default=os.environ.get("TRANSFER_MODE") or "path",
+                           choices=("path", "stream"))
+        if name == "up":
+            p.add_argument("--fresh", action="store_true", help="start from empty data directories")
+        if name == "demo":
+            p.add_argument("--records", type=int, default=int(os.environ.get("RECORDS") or 60000))
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
