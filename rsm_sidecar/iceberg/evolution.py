@@ -31,7 +31,7 @@ from typing import Any, Iterable
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     DecimalType, DoubleType, FloatType, IcebergType, IntegerType, ListType, LongType, MapType,
-    NestedField, PrimitiveType, StructType,
+    PrimitiveType, StructType,
 )
 
 RETIRED_FORMAT = "{name}__v{n}"

@@ -170,3 +170,36 @@ def test_descriptor_set_file_and_indexes(tmp_path):
     assert s.indexes_of(s.message_by_name("shop.v1.OrderKey")) == (2,)
     with pytest.raises(LookupError, match="out of range"):
         s.message_by_indexes([7])
+
+
+def test_descriptor_form_schema_strings(order_pb2):
+    """Registry strings that are base64 FileDescriptorProtos (what confluent-kafka registers),
+    alone, mixed with .proto text, and with well-known-type imports."""
+    import base64
+
+    from google.protobuf import descriptor_pb2
+
+    from rsm_sidecar.iceberg.protobuf_schema import decode_schema_string
+
+    def b64(fd) -> str:
+        return base64.b64encode(fd.serialized_pb).decode()
+
+    money = order_pb2.DESCRIPTOR.dependencies[-1]
+    assert money.name == "common/v1/money.proto"
+    # all descriptor form, no WKT import
+    dep = 'syntax = "proto3"; package d; message D { int32 x = 1; }'
+    d_fdp = ProtoSchema.from_sources("d.proto", {"d.proto": dep}).file
+    p = descriptor_pb2.FileDescriptorProto()
+    d_fdp.CopyToProto(p)
+    only = ProtoSchema.from_sources("main", {"main": base64.b64encode(p.SerializeToString()).decode()})
+    assert only.message_by_indexes([0]).full_name == "d.D"
+    # descriptor-form main with WKT imports + descriptor-form reference
+    s = ProtoSchema.from_sources("main", {"main": b64(order_pb2.DESCRIPTOR),
+                                          "common/v1/money.proto": b64(money)})
+    assert s.message_by_indexes([1]).full_name == "shop.v1.Order"
+    # .proto text main importing a descriptor-form reference
+    text = 'syntax = "proto3"; package t; import "common/v1/money.proto"; message T { common.v1.Money m = 1; }'
+    t = ProtoSchema.from_sources("t.proto", {"t.proto": text, "common/v1/money.proto": b64(money)})
+    assert t.message_by_name("t.T").fields_by_name["m"].message_type.full_name == "common.v1.Money"
+    assert decode_schema_string("x", 'syntax = "proto3";') is None
+    assert decode_schema_string("x", "bm90IGEgZGVzY3JpcHRvcg==") is None  # "not a descriptor"
