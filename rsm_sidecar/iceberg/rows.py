@@ -173,7 +173,6 @@ class _Side:
     """Decodes one column of key or value bytes into the side's struct children."""
 
     decoded_type: StructType  # decoded fields only (placeholder ids)
-    keep_raw_always: bool = False
 
     def decode(self, datas: list) -> tuple[list[pa.Array], list[bytes | None], list[str | None]]:
         """-> (decoded children, prefixes, errors); rows with an error get null children."""
@@ -278,10 +277,11 @@ class _ProtoSide(_Side):
                 msgs = [default if p is None else parse(p) for p in payloads]
             else:
                 msgs = list(map(parse, payloads))
-        except DecodeError:
+            children = self.decoder.children(msgs)
+        except Exception:  # DecodeError, or a value Arrow rejects: isolate rows in decode()
             return None
         prefixes = pc.binary_slice(col, 0, 6)
-        return self.decoder.children(msgs), prefixes, pa.nulls(len(col), pa.string())
+        return children, prefixes, pa.nulls(len(col), pa.string())
 
     def decode(self, datas):
         parse = self.decoder.cls.FromString
@@ -323,8 +323,27 @@ class _ProtoSide(_Side):
                 except DecodeError as exc:
                     err = f"invalid Protobuf for {self.decoder.full_name}: {exc}"
             msgs.append(default); prefixes.append(prefix); errs.append(err); bad.append(True)
-        children = _null_rows(self.decoder.children(msgs), bad, self._fields)
+        children = _null_rows(self._children_isolating(msgs, errs, bad), bad, self._fields)
         return children, prefixes, errs
+
+    def _children_isolating(self, msgs: list, errs: list, bad: list) -> list[pa.Array]:
+        """Columns for ``msgs``; a message whose values Arrow rejects (e.g. a proto2 string
+        with invalid UTF-8, which upb hands out as bytes) becomes a record-level error."""
+        try:
+            return self.decoder.children(msgs)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            default = self.decoder.default_message
+            for i, m in enumerate(msgs):
+                if bad[i]:
+                    continue
+                try:
+                    self.decoder.children([m])
+                except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                    errs[i] = (f"cannot convert {self.decoder.full_name} to the table types: "
+                               f"{type(exc).__name__}: {exc}")
+                    bad[i] = True
+                    msgs[i] = default
+            return self.decoder.children(msgs)
 
 
 class _AvroSide(_Side):

@@ -90,3 +90,21 @@ def test_table_alignment_in_encoder_adds_retired_columns():
     out = RowEncoder(EncoderSpec().with_table(wider)).encode(
         raw_batch([KafkaRecord(0, 0, 0, 0, 0, b"k", b"v", [])]))
     assert out.schema == wider and out.to_pylist()[0]["val"]["old__v1"] is None
+
+
+def test_values_arrow_rejects_become_record_errors(tmp_path):
+    """proto2 strings are not UTF-8-checked by upb (it hands out bytes); such a record gets
+    __err__ + __raw__ instead of failing the batch."""
+    from grpc_tools import protoc
+
+    (tmp_path / "p2.proto").write_text('syntax = "proto2"; package p; message M { optional string s = 1; }')
+    out = tmp_path / "p2.binpb"
+    assert protoc.main(["protoc", f"-I{tmp_path}", f"--descriptor_set_out={out}", "p2.proto"]) == 0
+    from rsm_sidecar.iceberg.rows import descriptor_set_side
+
+    enc = RowEncoder(EncoderSpec(val=descriptor_set_side(out, "p.M")))
+    rows = enc.encode(raw_batch([KafkaRecord(0, 0, 0, 0, 0, None, b"\x0a\x02ok", []),
+                                 KafkaRecord(0, 1, 0, 0, 0, None, b"\x0a\x02\xff\xfe", [])])).to_pylist()
+    assert rows[0]["val"]["s"] == "ok" and rows[0]["val"]["__err__"] is None
+    assert rows[1]["val"]["s"] is None and rows[1]["val"]["__raw__"] == b"\x0a\x02\xff\xfe"
+    assert rows[1]["val"]["__err__"].startswith("cannot convert p.M to the table types")
