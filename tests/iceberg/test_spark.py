@@ -140,3 +140,29 @@ def test_download_checks_checksums(tmp_path):
         assert not (tmp_path / "out" / "b.jar").exists() and not (tmp_path / "out" / "c.jar").exists()
     finally:
         srv.shutdown()
+
+
+def test_registry_down_fails_the_spark_job_and_commits_nothing(spark, local_catalog, tmp_path, order_pb2):
+    """The registry dies between planning and the Spark stage: the write fails, no snapshot."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from devstack.registry import ApicurioDistribution, ApicurioRegistry
+    from tests.iceberg.test_registry import proto_ser
+
+    topic = "spark-down"
+    with ApicurioRegistry(ApicurioDistribution.ensure(), tmp_path / "reg") as own:
+        ser = proto_ser(order_pb2.Order, SchemaRegistryClient({"url": own.ccompat_url}), topic)
+        values = [ser(order_pb2.Order(id=str(i))) for i in range(20)]
+        reg = SchemaRegistry({"url": own.ccompat_url, "max.retries": 0})
+        spec = EncoderSpec(resolve_side(reg, topic, True),
+                           resolve_side(reg, topic, False, sample=values[0]))
+        catalog = local_catalog.pyiceberg()
+        table = ensure_table(catalog, "share.spark_down", RowEncoder(spec).schema)
+        spec = spec.with_table(schema_to_arrow(table.schema()))
+    # registry stopped; the Python workers have never seen this registry's schema ids
+    raw = pa.Table.from_batches([raw_batch(
+        [KafkaRecord(0, i, i, 1_000, 1_000, None, v) for i, v in enumerate(values)])])
+    out = spark.createDataFrame(raw).mapInArrow(map_in_arrow_fn(spec), spark_ddl(table.schema()))
+    with pytest.raises(Exception, match="RegistryUnavailable"):
+        out.writeTo("rsm.share.spark_down").append()
+    assert catalog.load_table("share.spark_down").current_snapshot() is None
