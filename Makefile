@@ -14,13 +14,15 @@ SHIM_JAR := java-shim/target/rsm-sidecar-shim.jar
 SHIM_SRC := java-shim/pom.xml $(PROTO_SRC) docs/shim.md $(shell find java-shim/src -type f 2>/dev/null)
 BCPROV := $(CACHE)/interop/bcprov-jdk18on-1.83.jar
 KAFKA_STAMP := $(CACHE)/.kafka-jars-$(or $(KAFKA_VERSION),default)
+ICEBERG_STAMP := $(CACHE)/.iceberg-deps
+SERVERS_STAMP := $(CACHE)/.storage-servers
 
-.PHONY: setup proto shim kafka-jars interop-jars deps test test-fast demo up down clean bench docs
+.PHONY: setup proto shim kafka-jars interop-jars iceberg-deps storage-servers deps test test-fast demo up down clean bench docs
 
 setup: $(VENV)/.installed $(PROTO_OUT)
 
 # Everything the tests and the demo need, downloaded into $(CACHE) or built.
-deps: setup shim kafka-jars interop-jars
+deps: setup shim kafka-jars interop-jars iceberg-deps storage-servers
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +43,20 @@ $(SHIM_JAR): $(SHIM_SRC)
 kafka-jars: $(KAFKA_STAMP)
 $(KAFKA_STAMP): devstack/kafka-jars.pom.xml | $(VENV)/.installed
 	$(BIN)/python -m devstack.kafka jars
+	touch $@
+
+# Iceberg Spark runtime, SQLite JDBC, AWS/GCP bundles, and the Apicurio schema registry.
+iceberg-deps: $(ICEBERG_STAMP)
+$(ICEBERG_STAMP): rsm_sidecar/iceberg/jars.py devstack/registry.py | $(VENV)/.installed
+	$(BIN)/python -m rsm_sidecar.iceberg.jars
+	$(BIN)/python -m devstack.registry
+	touch $@
+
+# SeaweedFS (S3) and fake-gcs-server (GCS) for the tests and `make demo STORAGE=s3|gcs`.
+storage-servers: $(SERVERS_STAMP)
+$(SERVERS_STAMP): devstack/s3server.py devstack/gcsserver.py | $(VENV)/.installed
+	$(BIN)/python -m devstack.s3server install
+	$(BIN)/python -m devstack.gcsserver install
 	touch $@
 
 interop-jars: $(BCPROV)

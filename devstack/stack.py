@@ -21,6 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "config"
 SHIM_JAR = REPO_ROOT / "java-shim" / "target" / "rsm-sidecar-shim.jar"
 DEMO_KEY_ID = "demo-key-1"
+BUCKET = "tiered-storage"
 
 
 def read_properties(path: Path, values: Mapping[str, str]) -> dict[str, str]:
@@ -94,10 +95,7 @@ class LocalStack:
             "RSM__METRICS__LISTEN": "",
             "RSM__STORAGE__BACKEND": self.storage,
         }
-        if self.storage == "local":
-            env["RSM__STORAGE__LOCAL__ROOT"] = str(self.remote_root)
-        else:
-            env.update(self.storage_server.sidecar_env())
+        env.update(self.storage_environment())
         if self.encryption:
             self._ensure_keys()
             for leaf in ("public", "private"):
@@ -109,18 +107,37 @@ class LocalStack:
         return env
 
     def start_storage(self) -> None:
+        """The object store: a local directory, or a local S3 (SeaweedFS with SigV4
+        credentials) or GCS (fake-gcs-server) server with the bucket created."""
         if self.storage == "local":
             self.remote_root.mkdir(parents=True, exist_ok=True)
         elif self.storage == "s3":
-            from devstack.s3server import S3Server
+            from devstack.s3server import SeaweedS3Server
 
-            self.storage_server = S3Server.for_stack(self.workdir / "s3")
+            self.storage_server = SeaweedS3Server(self.workdir / "s3", access_key="stack-access",
+                                                  secret_key="stack-secret-key").start()
+            self.storage_server.create_bucket(BUCKET)
         elif self.storage == "gcs":
-            from devstack.gcsserver import GcsServer
+            from devstack.gcsserver import FakeGcsServer
 
-            self.storage_server = GcsServer.for_stack(self.workdir / "gcs")
+            self.storage_server = FakeGcsServer(self.workdir / "gcs").start()
+            self.storage_server.create_bucket(BUCKET)
         else:
             raise ValueError(f"unknown storage {self.storage!r} (local, s3 or gcs)")
+
+    def storage_environment(self) -> dict[str, str]:
+        """RSM__ settings that point the sidecar at the storage server."""
+        if self.storage == "s3":
+            srv = self.storage_server
+            return {"RSM__STORAGE__S3__BUCKET": BUCKET, "RSM__STORAGE__S3__ENDPOINT_URL": srv.endpoint_url,
+                    "RSM__STORAGE__S3__REGION": "us-east-1", "RSM__STORAGE__S3__ADDRESSING_STYLE": "path",
+                    "RSM__STORAGE__S3__ACCESS_KEY_ID": srv.access_key,
+                    "RSM__STORAGE__S3__SECRET_ACCESS_KEY": srv.secret_key}
+        if self.storage == "gcs":
+            return {"RSM__STORAGE__GCS__BUCKET": BUCKET, "RSM__STORAGE__GCS__ENDPOINT_URL":
+                    self.storage_server.endpoint_url, "RSM__STORAGE__GCS__CREDENTIALS": "anonymous",
+                    "RSM__STORAGE__GCS__PROJECT": "test"}
+        return {"RSM__STORAGE__LOCAL__ROOT": str(self.remote_root)}
 
     def start_sidecar(self) -> SidecarProcess:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,44 @@
+"""The broker scenario on S3 (SeaweedFS) and GCS (fake-gcs-server): offload, local
+deletion, consume from offset 0, and topic deletion removing every remote object."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from devstack.stack import LocalStack
+from tests.e2e import scenarios
+from tests.e2e.kafka_helpers import (consume, create_topic, filler, produce, records, remote_segments, wait_for,
+                                     wait_tiered)
+
+
+@pytest.fixture(scope="module", params=["s3", "gcs"])
+def object_stack(request, tmp_path_factory):
+    st = LocalStack(tmp_path_factory.mktemp(f"stack-{request.param}"), storage=request.param)
+    st.start()
+    yield st
+    st.stop()
+
+
+def test_offload_consume_and_delete_topic(object_stack):
+    stack = object_stack
+    store = stack.object_store()
+    assert store.name == stack.storage
+    topic = f"orders-{stack.storage}"
+    create_topic(stack.bootstrap_servers, topic)
+    recs = produce(stack.bootstrap_servers, topic, records(300, random.Random(5), int(time.time() * 1000) - 60_000,
+                                                           big_every=100), "zstd")
+    filler(stack.bootstrap_servers, topic)
+    wait_tiered(stack, topic, recs[-1].offset + 1)
+    segments = remote_segments(store, topic)
+    assert segments and all(s["suffixes"] == {"log", "indexes", "rsm-manifest"} for s in segments.values())
+    scenarios.assert_same_records(consume(stack.bootstrap_servers, topic, 0, len(recs)), recs)
+    assert sum(store.requests.values()) > 0
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})  # kept alive until the futures resolve
+    for f in admin.delete_topics([topic]).values():
+        f.result(30)
+    wait_for(f"no {stack.storage} object of the topic left",
+             lambda: not [o for o in store.list("tiered/") if o.key.startswith(f"tiered/{topic}-")], timeout=120)
