@@ -14,6 +14,7 @@ from rsm_sidecar.errors import RsmError
 COMMAND_MODULES = (
     "rsm_sidecar.cli.serve",
     "rsm_sidecar.cli.admin",
+    "rsm_sidecar.cli.inspect",
 )
 
 EXIT_ERROR = 1

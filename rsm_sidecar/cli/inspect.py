@@ -1,0 +1,327 @@
+"""`rsm-sidecar inspect ...`: the segment inspection, verification and re-keying CLI.
+
+Every subcommand reads the sidecar's own configuration (``--config``; ``RSM__...``
+environment overrides apply), so it sees the same storage, key prefix and keyring.
+Tables go to stdout, ``--json`` prints one JSON document instead, progress and
+per-segment error lines go to stderr. Exit codes: 0 ok, 1 problems found or errors,
+2 usage (see docs/inspect.md). The logic is in :mod:`rsm_sidecar.inspect`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from rsm_sidecar.errors import RsmError
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+
+
+def _int_min(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"{v} is below the minimum {minimum}")
+        return v
+    return parse
+
+
+def _duration(text: str) -> float:
+    from rsm_sidecar.inspect.duration import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def register(sub) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", "-c", required=True,
+                        help="the sidecar's TOML configuration (RSM__... environment variables override it)")
+    common.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    common.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+
+    p = sub.add_parser("inspect", help="list, show, dump, cat, verify and re-key stored segments",
+                       description=__doc__.splitlines()[0])
+    isub = p.add_subparsers(dest="inspect_command", required=True, metavar="COMMAND")
+    seg_help = "segment UUID, object key (.log/.indexes/.rsm-manifest) or topic/partition/offset"
+
+    c = isub.add_parser("ls", parents=[common], help="list segments")
+    c.add_argument("--topic")
+    c.add_argument("--partition", type=_int_min(0))
+    c.set_defaults(func=_wrap(_ls))
+
+    c = isub.add_parser("show", parents=[common], help="a segment's manifest and chunk-index statistics")
+    c.add_argument("segment", metavar="SEGMENT", help=seg_help)
+    c.set_defaults(func=_wrap(_show))
+
+    c = isub.add_parser("dump", parents=[common], help="decoded batches and records of a segment")
+    c.add_argument("segment", metavar="SEGMENT", help=seg_help)
+    c.add_argument("--from-offset", type=_int_min(0), help="start at this offset (via the offset index)")
+    c.add_argument("--limit", type=_int_min(0), help="at most this many records (control records included)")
+    c.add_argument("--max-bytes", type=_int_min(0), default=256,
+                   help="show at most this many bytes of each key, value and header value (0: all; default 256)")
+    c.add_argument("--schema-registry", metavar="URL",
+                   help="decode Confluent-framed keys/values through this schema registry "
+                        "(needs rsm_sidecar.iceberg; plain UTF-8/hex otherwise)")
+    c.set_defaults(func=_wrap(_dump))
+
+    c = isub.add_parser("cat", parents=[common], help="the original .log bytes, as the broker receives them")
+    c.add_argument("segment", metavar="SEGMENT", help=seg_help)
+    c.add_argument("--start", type=_int_min(0), help="first byte (default 0)")
+    c.add_argument("--end", type=_int_min(0), help="last byte, inclusive (default: the end of the segment)")
+    c.add_argument("--output", "-o", metavar="FILE", help="write to FILE (atomically) instead of stdout")
+    c.set_defaults(func=_wrap(_cat))
+
+    c = isub.add_parser("verify", parents=[common], help="download and check every chunk, batch and index")
+    c.add_argument("segment", metavar="SEGMENT", nargs="?", help=seg_help + " (default: all segments)")
+    c.add_argument("--topic")
+    c.add_argument("--partition", type=_int_min(0))
+    c.add_argument("--deep", action="store_true", help="also decode every record of every batch")
+    c.set_defaults(func=_wrap(_verify))
+
+    c = isub.add_parser("rekey", parents=[common], help="re-wrap data keys under the active key id")
+    which = c.add_mutually_exclusive_group(required=True)
+    which.add_argument("--topic")
+    which.add_argument("--all", action="store_true", help="every segment under the key prefix")
+    c.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
+    c.add_argument("--parallel", type=_int_min(1), default=4, help="segments processed at once (default 4)")
+    c.set_defaults(func=_wrap(_rekey))
+
+    c = isub.add_parser("du", parents=[common], help="bytes stored per topic and partition")
+    c.add_argument("--topic")
+    c.set_defaults(func=_wrap(_du))
+
+    c = isub.add_parser("orphans", parents=[common], help="objects without a manifest (failed or killed uploads)")
+    c.add_argument("--older-than", type=_duration, default=3600.0, metavar="DURATION",
+                   help="age guard: only objects older than this are deleted (default 1h; e.g. 30m, 2d, 0)")
+    c.add_argument("--delete", action="store_true", help="delete the orphans older than the age guard")
+    c.set_defaults(func=_wrap(_orphans))
+
+
+def _wrap(handler):
+    def run(args) -> int:
+        from rsm_sidecar.inspect.context import InspectContext, UsageError
+
+        try:
+            ctx = InspectContext.load(args.config)
+        except UsageError as e:
+            return _usage(e)
+        try:
+            return handler(ctx, args)
+        except UsageError as e:
+            return _usage(e)
+        finally:
+            ctx.close()
+    return run
+
+
+def _usage(e: Exception) -> int:
+    print(f"rsm-sidecar inspect: error: {e}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _progress(args, label: str, total: int | None = None, unit: str = "segments"):
+    from rsm_sidecar.inspect.progress import Progress
+
+    return Progress(f"inspect {label}", total, unit, enabled=not args.quiet)
+
+
+def _errors(errors: list[dict[str, str]]) -> None:
+    from rsm_sidecar.inspect.output import error_line
+
+    for e in errors:
+        error_line(e.get("segment") or e.get("object", "?"), e["error"])
+
+
+# -- commands ------------------------------------------------------------------------
+def _ls(ctx, args) -> int:
+    from rsm_sidecar.inspect import ls
+    from rsm_sidecar.inspect.output import dump_json
+
+    result = ls.run(ctx, args.topic, args.partition, _progress(args, "ls"))
+    if args.json:
+        dump_json(result.to_json())
+    else:
+        _errors(result.errors)
+        ls.print_table(result)
+    return EXIT_PROBLEMS if result.errors else EXIT_OK
+
+
+def _show(ctx, args) -> int:
+    from rsm_sidecar.inspect import show
+    from rsm_sidecar.inspect.locate import locate
+    from rsm_sidecar.inspect.output import dump_json
+
+    doc = show.run(ctx, locate(ctx, args.segment))
+    if args.json:
+        dump_json(doc)
+    else:
+        show.print_text(doc)
+    return EXIT_OK
+
+
+def _dump(ctx, args) -> int:
+    from rsm_sidecar.inspect import decoders, dump
+    from rsm_sidecar.inspect.locate import locate
+    from rsm_sidecar.inspect.output import JsonStream, error_line
+
+    seg = locate(ctx, args.segment)
+    try:
+        decoder = decoders.build(args.schema_registry, args.max_bytes)
+    except decoders.DecoderUnavailable as e:
+        print(f"rsm-sidecar inspect: warning: {e}; keys and values are shown as UTF-8/hex", file=sys.stderr)
+        decoder = decoders.PlainDecoder(args.max_bytes)
+    stats = dump.DumpStats()
+    batches = dump.run(ctx, seg, decoder, from_offset=args.from_offset, limit=args.limit,
+                       max_bytes=args.max_bytes, stats=stats)
+    failure = None
+    if args.json:
+        with JsonStream(sys.stdout) as doc:
+            doc.member("segment", {"base": seg.base, "topic": seg.key.topic, "partition": seg.key.partition,
+                                   "segment_id": seg.key.segment_id, "start_offset": seg.key.start_offset})
+            with doc.list("batches") as items:
+                try:
+                    for b in batches:
+                        items.append(b)
+                except RsmError as e:
+                    failure = str(e)
+            doc.member("summary", {"batches": stats.batches, "records": stats.records,
+                                   "start_position": stats.start_position, "limited": stats.limited,
+                                   "error": failure})
+    else:
+        try:
+            for b in batches:
+                dump.print_batch(b, sys.stdout)
+        except RsmError as e:
+            failure = str(e)
+        print(f"{stats.batches} batches, {stats.records} records"
+              + (" (--limit reached)" if stats.limited else ""))
+    if failure:
+        error_line(seg.describe(), failure)
+        return EXIT_PROBLEMS
+    return EXIT_OK
+
+
+def _cat(ctx, args) -> int:
+    from rsm_sidecar.inspect import cat
+    from rsm_sidecar.inspect.context import UsageError
+    from rsm_sidecar.inspect.locate import locate
+    from rsm_sidecar.inspect.output import dump_json
+
+    if args.output is None:
+        if args.json:
+            raise UsageError("--json needs --output FILE (stdout carries the segment bytes)")
+        if sys.stdout.isatty():
+            raise UsageError("refusing to write binary segment data to a terminal: use --output FILE or a pipe")
+    seg = locate(ctx, args.segment)
+    progress = _progress(args, "cat", unit="")
+    if args.output is None:
+        result = cat.run(ctx, seg, sys.stdout.buffer, args.start, args.end, progress)
+    else:
+        directory = os.path.dirname(os.path.abspath(args.output))
+        fd, tmp = tempfile.mkstemp(prefix=".inspect-cat-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                result = cat.run(ctx, seg, f, args.start, args.end, progress)
+            os.replace(tmp, args.output)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        result["output"] = args.output
+        if args.json:
+            dump_json(result)
+        else:
+            print(f"{result['bytes']} bytes of {seg.describe()} written to {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _verify(ctx, args) -> int:
+    from rsm_sidecar.inspect import catalog, verify
+    from rsm_sidecar.inspect.context import UsageError
+    from rsm_sidecar.inspect.locate import locate
+    from rsm_sidecar.inspect.output import JsonStream
+
+    if args.segment and (args.topic or args.partition is not None):
+        raise UsageError("give either SEGMENT or --topic/--partition, not both")
+    if args.segment:
+        segs = [locate(ctx, args.segment)]
+    else:
+        segs = list(catalog.segments(ctx.store, ctx.layout, args.topic, args.partition))
+        segs.sort(key=lambda s: s.sort_key)
+    progress = _progress(args, "verify", len(segs))
+    if args.json:
+        with JsonStream(sys.stdout) as doc:
+            with doc.list("segments") as items:
+                summary = verify.run(ctx, segs, lambda r: items.append(r.to_json()), args.deep, progress)
+            doc.member("summary", summary.to_json())
+    else:
+        summary = verify.run(ctx, segs, verify.print_report, args.deep, progress)
+        from rsm_sidecar.inspect.output import human_bytes
+
+        print(f"{summary.segments} segments verified: {summary.ok} ok, {summary.failed} with problems "
+              f"({human_bytes(summary.bytes)} of original data read)")
+    return EXIT_PROBLEMS if summary.failed else EXIT_OK
+
+
+def _rekey(ctx, args) -> int:
+    from rsm_sidecar.inspect import catalog, rekey
+    from rsm_sidecar.inspect.output import JsonStream, error_line
+
+    segs = catalog.segments(ctx.store, ctx.layout, None if args.all else args.topic)
+    progress = _progress(args, "rekey")
+
+    def text(o: rekey.RekeyOutcome) -> None:
+        if o.action == rekey.ERROR:
+            error_line(o.segment, o.detail)
+            return
+        arrow = f"{o.from_key} -> {o.to_key}" if o.to_key else ""
+        print(f"{o.action:<12}{o.segment}  {arrow}{('  (' + o.detail + ')') if o.detail else ''}", flush=True)
+
+    if args.json:
+        with JsonStream(sys.stdout) as doc:
+            with doc.list("segments") as items:
+                summary = rekey.run(ctx, segs, lambda o: items.append(o.to_json()), args.dry_run, args.parallel,
+                                    progress)
+            doc.member("summary", summary.to_json())
+    else:
+        summary = rekey.run(ctx, segs, text, args.dry_run, args.parallel, progress)
+        done = f"{summary.would_rekey} would be re-keyed" if args.dry_run else f"{summary.rekeyed} re-keyed"
+        print(f"{summary.segments} segments: {done}, {summary.skipped} skipped, {summary.errors} errors "
+              f"(active key {summary.active_key}{', dry run' if args.dry_run else ''})")
+    return EXIT_PROBLEMS if summary.errors else EXIT_OK
+
+
+def _du(ctx, args) -> int:
+    from rsm_sidecar.inspect import du
+    from rsm_sidecar.inspect.output import dump_json
+
+    result = du.run(ctx, args.topic, _progress(args, "du"))
+    if args.json:
+        dump_json(result.to_json())
+    else:
+        du.print_table(result)
+    return EXIT_OK
+
+
+def _orphans(ctx, args) -> int:
+    from rsm_sidecar.inspect import orphans
+    from rsm_sidecar.inspect.output import dump_json
+
+    found, errors = orphans.run(ctx, args.older_than, args.delete, progress=_progress(args, "orphans", unit="items"))
+    if args.json:
+        dump_json({"orphans": [o.to_json() for o in found], "errors": errors,
+                   "summary": {"orphans": len(found), "bytes": sum(o.size for o in found),
+                               "deleted": sum(1 for o in found if o.action == "deleted"),
+                               "older_than_seconds": args.older_than, "delete": args.delete}})
+    else:
+        _errors(errors)
+        orphans.print_table(found, args.older_than, args.delete)
+    remaining = [o for o in found if o.action != "deleted"]
+    return EXIT_PROBLEMS if remaining or errors else EXIT_OK

@@ -1,0 +1,102 @@
+"""The SEGMENT argument: a segment UUID, an object key (any of the three suffixes, with or
+without the key prefix) or ``topic/partition/offset`` (the segment holding that offset)."""
+
+from __future__ import annotations
+
+import re
+
+from rsm_sidecar.errors import DataLoss, NotFound
+from rsm_sidecar.format import keys as fkeys
+from rsm_sidecar.inspect import catalog
+from rsm_sidecar.inspect.catalog import SegmentObjects
+from rsm_sidecar.inspect.context import InspectContext, UsageError
+
+_UUID = re.compile(r"^[A-Za-z0-9_-]{22}$")
+_TPO = re.compile(r"^(?P<topic>[A-Za-z0-9._-]{1,249})/(?P<partition>\d{1,10})/(?P<offset>\d{1,19})$")
+
+FORMS = "a segment UUID, an object key (.log, .indexes or .rsm-manifest) or topic/partition/offset"
+
+
+class AmbiguousSegment(UsageError):
+    """Several stored copies match (the broker re-uploads the same offsets under a new
+    segment id after a failed copy or a leader change)."""
+
+    def __init__(self, message: str, candidates: list[SegmentObjects]):
+        super().__init__(message)
+        self.candidates = candidates
+
+
+def _no_manifest(seg: SegmentObjects) -> NotFound:
+    present = ", ".join(sorted(seg.objects))
+    return NotFound(f"segment {seg.describe()} has no manifest {seg.key.key(fkeys.MANIFEST)} (objects present: "
+                    f"{present}): an incomplete or interrupted upload; see `rsm-sidecar inspect orphans`")
+
+
+def _by_key(ctx: InspectContext, spec: str) -> SegmentObjects | None:
+    for candidate in (spec, ctx.layout.prefix + spec):
+        for key in (candidate, f"{candidate}.{fkeys.MANIFEST}"):
+            parsed = ctx.layout.parse(key)
+            if parsed is None:
+                continue
+            seg = SegmentObjects(parsed)
+            for info in ctx.store.list(parsed.base + "."):
+                p = ctx.layout.parse(info.key)
+                if p is not None and p.base == parsed.base:
+                    seg.objects[p.suffix] = info
+            if not seg.objects:
+                raise NotFound(f"no object of segment {parsed.base} exists (looked for {parsed.base}.*)")
+            if not seg.has_manifest:
+                raise _no_manifest(seg)
+            return seg
+    return None
+
+
+def _by_uuid(ctx: InspectContext, segment_id: str) -> SegmentObjects:
+    found = [s for s in catalog.scan(ctx.store, ctx.layout, strays=False)
+             if isinstance(s, SegmentObjects) and s.key.segment_id == segment_id]
+    if not found:
+        raise NotFound(f"no segment with id {segment_id} under prefix {ctx.layout.prefix!r}")
+    with_manifest = [s for s in found if s.has_manifest]
+    if not with_manifest:
+        raise _no_manifest(found[0])
+    if len(with_manifest) > 1:  # the same id under two topic ids: not produced by Kafka, but say so
+        raise AmbiguousSegment(f"segment id {segment_id} appears {len(with_manifest)} times: "
+                               + "; ".join(s.base for s in with_manifest), with_manifest)
+    return with_manifest[0]
+
+
+def _by_offset(ctx: InspectContext, topic: str, partition: int, offset: int) -> SegmentObjects:
+    matches: list[SegmentObjects] = []
+    for seg in catalog.segments(ctx.store, ctx.layout, topic, partition):
+        if seg.key.start_offset > offset:
+            continue
+        try:
+            _, manifest = catalog.read_manifest(ctx.store, seg.base)
+        except (DataLoss, NotFound):
+            continue  # unreadable manifests are reported by ls/verify, not here
+        end = (manifest.segment or {}).get("endOffset")
+        if isinstance(end, int) and seg.key.start_offset <= offset <= end:
+            matches.append(seg)
+    if not matches:
+        raise NotFound(f"no tiered segment of {topic}-{partition} holds offset {offset}")
+    if len(matches) > 1:
+        lines = "\n".join(f"  {s.key.segment_id}  start {s.key.start_offset}  topic id {s.key.topic_id}  {s.base}"
+                          for s in matches)
+        raise AmbiguousSegment(f"{len(matches)} stored copies of {topic}-{partition} hold offset {offset} "
+                               f"(the broker re-uploads after a failed copy or a leader change); pass one "
+                               f"segment UUID:\n{lines}", matches)
+    return matches[0]
+
+
+def locate(ctx: InspectContext, spec: str) -> SegmentObjects:
+    """The segment ``spec`` names; ``NotFound``, ``AmbiguousSegment`` or ``UsageError``."""
+    spec = spec.strip()
+    seg = _by_key(ctx, spec)
+    if seg is not None:
+        return seg
+    if _UUID.match(spec):
+        return _by_uuid(ctx, spec)
+    m = _TPO.match(spec)
+    if m:
+        return _by_offset(ctx, m["topic"], int(m["partition"]), int(m["offset"]))
+    raise UsageError(f"SEGMENT {spec!r} is not {FORMS}")

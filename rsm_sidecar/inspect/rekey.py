@@ -1,0 +1,151 @@
+"""`inspect rekey`: re-wrap every segment's data key under the active key id.
+
+Only the manifest changes: the data key (DEK) is unwrapped with the key it was wrapped
+under and wrapped again with the active key; chunks and indexes stay as they are, since
+the DEK and the AAD do not change.
+
+* Atomic: each manifest is replaced with one ``store.put``, which publishes atomically
+  (rename on a local directory, a single PUT on S3/GCS). A reader sees the old manifest
+  or the new one, both valid while the old key is still in the keyring.
+* Idempotent: segments already under the active key are skipped.
+* Resumable: there is no state besides the manifests; killed at any point, a rerun
+  skips what was done and finishes the rest.
+* Preserving: the new manifest is ``SegmentManifest.to_bytes`` of the old one with only
+  ``encryption.dataKey`` changed. Before writing, the new bytes are parsed back and
+  compared field by field with the old manifest; a manifest written by rsm-sidecar must
+  also re-serialise to exactly its old bytes (otherwise it holds something this version
+  would drop, and it is left alone). The new manifest is read back and unwrapped after
+  the write.
+* Concurrent deletes: a segment whose ``.log`` is gone is skipped; if the ``.log``
+  disappears while the manifest is written (the broker deleted the segment meanwhile),
+  the re-created manifest is deleted again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable
+
+from rsm_sidecar.errors import ConfigError, RsmError
+from rsm_sidecar.format import keys as fkeys
+from rsm_sidecar.format.manifest import EncryptionInfo, SegmentManifest
+from rsm_sidecar.inspect import catalog
+from rsm_sidecar.inspect.catalog import SegmentObjects
+from rsm_sidecar.inspect.context import InspectContext
+from rsm_sidecar.inspect.parallel import ordered_map
+from rsm_sidecar.transform.keyring import Keyring
+
+REKEYED, WOULD_REKEY, SKIPPED, ERROR = "rekeyed", "would-rekey", "skipped", "error"
+
+
+@dataclasses.dataclass
+class RekeyOutcome:
+    base: str
+    segment: str
+    action: str
+    from_key: str | None = None
+    to_key: str | None = None
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _preserved(old: SegmentManifest, new: SegmentManifest) -> list[str]:
+    """Members that differ other than the wrapped key."""
+    diffs = [name for name in ("chunk_index", "indexes", "compression", "segment", "chunk_crcs", "index_crcs")
+             if getattr(old, name) != getattr(new, name)]
+    if old.writer is not None and old.writer != new.writer:
+        diffs.append("writer")
+    if old.encryption.aad != new.encryption.aad:
+        diffs.append("encryption.aad")
+    return diffs
+
+
+def rekey_segment(ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dry_run: bool) -> RekeyOutcome:
+    out = RekeyOutcome(seg.base, seg.describe(), ERROR)
+    manifest_key = seg.key.key(fkeys.MANIFEST)
+    log_key = seg.key.key(fkeys.LOG)
+    try:
+        raw, manifest = catalog.read_manifest(ctx.store, seg.base)
+        if manifest.encryption is None:
+            out.action, out.detail = SKIPPED, "not encrypted"
+            return out
+        old = manifest.encryption
+        out.from_key = old.key_id
+        if old.key_id == keyring.active_id:
+            out.action, out.detail = SKIPPED, f"already under the active key {old.key_id}"
+            return out
+        if old.key_id not in keyring.pairs:
+            out.detail = (f"{manifest_key}: data key is wrapped under key id {old.key_id!r}, which is not in the "
+                          f"keyring (known: {', '.join(sorted(keyring.pairs))}); segment left as is")
+            return out
+        if manifest.verified_digest and manifest.to_bytes() != raw:
+            out.detail = (f"{manifest_key}: the manifest does not re-serialise to its own bytes (written by "
+                          f"{manifest.writer or 'another writer'}); not rewritten to avoid losing members")
+            return out
+        data_key = keyring.unwrap(old.key_id, old.wrapped_key, manifest_key)
+        new_id, wrapped = keyring.wrap(data_key)
+        out.to_key = new_id
+        new_raw = dataclasses.replace(manifest, encryption=EncryptionInfo(new_id, wrapped, old.aad)).to_bytes()
+        check = SegmentManifest.from_bytes(new_raw, f"{manifest_key} (new)")
+        diffs = _preserved(manifest, check)
+        if diffs:
+            out.detail = f"{manifest_key}: re-encoding would change {', '.join(diffs)}; not rewritten"
+            return out
+        if not ctx.store.exists(log_key):
+            out.action, out.detail = SKIPPED, f"{log_key} is gone (segment being deleted)"
+            return out
+        if dry_run:
+            out.action = WOULD_REKEY
+            return out
+        ctx.store.put(manifest_key, new_raw)
+        if not ctx.store.exists(log_key):  # deleted while we wrote: do not leave a manifest without data
+            ctx.store.delete(manifest_key)
+            out.action, out.detail = SKIPPED, f"{log_key} was deleted during the rewrite; manifest removed again"
+            return out
+        _, written = catalog.read_manifest(ctx.store, seg.base)
+        if written.encryption is None or keyring.unwrap(written.encryption.key_id, written.encryption.wrapped_key,
+                                                        manifest_key) != data_key:
+            out.detail = f"{manifest_key}: read-back after the rewrite does not unwrap to the same data key"
+            return out
+        out.action = REKEYED
+        return out
+    except RsmError as e:
+        out.detail = str(e)
+        return out
+
+
+@dataclasses.dataclass
+class RekeySummary:
+    active_key: str
+    dry_run: bool
+    segments: int = 0
+    rekeyed: int = 0
+    would_rekey: int = 0
+    skipped: int = 0
+    errors: int = 0
+
+    def count(self, o: RekeyOutcome) -> None:
+        self.segments += 1
+        attr = {REKEYED: "rekeyed", WOULD_REKEY: "would_rekey", SKIPPED: "skipped", ERROR: "errors"}[o.action]
+        setattr(self, attr, getattr(self, attr) + 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def run(ctx: InspectContext, segs: Iterable[SegmentObjects], on_outcome: Callable[[RekeyOutcome], None],
+        dry_run: bool = False, workers: int = 4, progress=None) -> RekeySummary:
+    keyring = ctx.keyring
+    if keyring is None:
+        raise ConfigError("encryption.enabled is false in this configuration: there is no keyring to re-key with")
+    summary = RekeySummary(keyring.active_id, dry_run)
+    for outcome in ordered_map(lambda s: rekey_segment(ctx, keyring, s, dry_run), segs, workers):
+        summary.count(outcome)
+        on_outcome(outcome)
+        if progress:
+            progress.advance()
+    if progress:
+        progress.done()
+    return summary
