@@ -368,3 +368,46 @@ def test_logs_never_contain_key_material(start_sidecar, tmp_path, caplog):
     assert "copied" in text
     for secret in (dek.hex(), base64.b64encode(dek).decode(), manifest.encryption.aad.hex(), "PRIVATE KEY"):
         assert secret not in text
+
+
+class RecordingStore(LocalObjectStore):
+    """Records the order of deletes (observes the real local store)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.deleted: list[str] = []
+
+    def delete(self, key):
+        self.deleted.append(key)
+        super().delete(key)
+
+
+def test_delete_removes_the_manifest_first(start_sidecar, tmp_path):
+    store = RecordingStore(tmp_path / "remote", fsync=False)
+    sc = start_sidecar(store=store)
+    files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(10 * KiB))
+    md = metadata(seg_id(19), size=10 * KiB)
+    sc.client.copy(files.stream_requests(md))
+    sc.client.delete(md)
+    assert store.deleted[0].endswith(".rsm-manifest")
+    assert sorted(k.rsplit(".", 1)[1] for k in store.deleted) == ["indexes", "log", "rsm-manifest"]
+    assert sc.objects() == []
+
+
+def test_metrics_are_served_over_http(start_sidecar, tmp_path):
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sc = start_sidecar(metrics__listen=f"127.0.0.1:{port}")
+    files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(10 * KiB))
+    md = metadata(seg_id(20), size=10 * KiB)
+    sc.client.copy(files.stream_requests(md))
+    with pytest.raises(grpc.RpcError):
+        sc.client.fetch(metadata(seg_id(21)))
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'rsm_operations_total{op="copy",outcome="OK"} 1.0' in text
+    assert 'rsm_operations_total{op="fetch",outcome="NOT_FOUND"} 1.0' in text
+    assert "rsm_operation_seconds_bucket" in text and "rsm_cache_bytes" in text
