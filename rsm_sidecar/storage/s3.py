@@ -14,9 +14,9 @@ and by ``close()``, so no incomplete upload is left behind once the service is b
 bucket lifecycle rule ``AbortIncompleteMultipartUpload`` is the backstop; see
 docs/storage.md).
 
-Every request is counted in ``requests`` (PUT, CREATE_MULTIPART, UPLOAD_PART,
-COMPLETE_MULTIPART, ABORT_MULTIPART, GET, HEAD, LIST, DELETE, DELETE_OBJECTS, and
-HEAD_BUCKET for ``check()``); botocore's own retries of a request are not counted again.
+Every HTTP request is counted in ``requests`` as it is sent, botocore's retries included
+(PUT, CREATE_MULTIPART, UPLOAD_PART, COMPLETE_MULTIPART, ABORT_MULTIPART, GET, HEAD, LIST,
+DELETE, DELETE_OBJECTS, and HEAD_BUCKET for ``check()``).
 """
 
 from __future__ import annotations
@@ -136,6 +136,14 @@ _TRANSIENT = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExce
               "ServiceUnavailable", "InternalError", "RequestTimeout", "RequestTimeTooSkewed",
               "OperationAborted", "PriorRequestNotComplete", "BandwidthLimitExceeded", "EC2ThrottledException",
               "503", "500", "502", "504"}
+
+# S3 API operation -> the name counted in ``requests``
+_OPERATIONS = {
+    "PutObject": "PUT", "CreateMultipartUpload": "CREATE_MULTIPART", "UploadPart": "UPLOAD_PART",
+    "CompleteMultipartUpload": "COMPLETE_MULTIPART", "AbortMultipartUpload": "ABORT_MULTIPART",
+    "GetObject": "GET", "HeadObject": "HEAD", "ListObjectsV2": "LIST", "DeleteObject": "DELETE",
+    "DeleteObjects": "DELETE_OBJECTS", "HeadBucket": "HEAD_BUCKET", "ListMultipartUploads": "LIST_MULTIPART",
+}
 
 _CREDENTIAL_METHODS = {
     "explicit": "static keys from storage.s3.access_key_id/secret_access_key",
@@ -257,6 +265,8 @@ class S3ObjectStore(ObjectStore):
         except (ValueError, botocore.exceptions.BotoCoreError) as e:
             raise ConfigError(f"storage.s3: cannot create an S3 client for bucket {bucket!r} "
                               f"(endpoint {endpoint_url or 'AWS'}): {e}") from None
+        # Count every HTTP attempt (botocore's retries included) as it goes out.
+        self._client.meta.events.register("before-send.s3", self._on_send)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._pending_aborts: list[tuple[str, str]] = []   # (key, upload id) whose abort failed
@@ -333,6 +343,10 @@ class S3ObjectStore(ObjectStore):
             key_id = None
         return f"{what}{_mask(key_id)}"
 
+    def _on_send(self, event_name: str = "", **kwargs) -> None:
+        operation = event_name.rsplit(".", 1)[-1]
+        self._count(_OPERATIONS.get(operation, operation))
+
     # -- errors ---------------------------------------------------------------------------
     def _translate(self, e: Exception, op: str, key: str | None = None, *, start: int | None = None) -> RsmError:
         what = f"{op} s3://{self.bucket}/{key}" if key is not None else f"{op} on bucket {self.bucket}"
@@ -385,8 +399,8 @@ class S3ObjectStore(ObjectStore):
         return StorageError(f"{what}: unexpected {type(e).__name__}: {e}")
 
     def _call(self, op: str, fn, key: str | None = None, **kwargs):
-        """One counted request; botocore retries inside, errors come out translated."""
-        self._count(op)
+        """One API call (botocore retries inside; each attempt is counted by ``_on_send``),
+        errors translated."""
         try:
             return fn(**kwargs)
         except Exception as e:  # noqa: BLE001 - translated
@@ -470,7 +484,6 @@ class S3ObjectStore(ObjectStore):
         return _S3Writer(self, key)
 
     def get(self, key: str) -> bytes:
-        self._count("GET")
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=key)
             return resp["Body"].read()
@@ -480,7 +493,6 @@ class S3ObjectStore(ObjectStore):
     def get_range(self, key: str, start: int, end: int) -> bytes:
         if start < 0 or end < start:
             raise InvalidArgument(f"invalid range [{start}, {end}] for {key}")
-        self._count("GET")
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
             body = resp["Body"].read()
@@ -569,10 +581,19 @@ class S3ObjectStore(ObjectStore):
                 raise ConfigError(f"storage.s3.bucket: bucket {self.bucket!r} does not exist {where} "
                                   f"(region {self._client.meta.region_name}); "
                                   f"credentials: {self.credential_source()}") from e
-            # HEAD answers carry no error code: ask once more with a request that does.
-            detail = self._explain_denial() or str(e)
-            raise ConfigError(f"storage.s3: access to bucket {self.bucket!r} {where} was denied ({detail}); "
-                              f"credentials: {self.credential_source()}") from e
+            # A 403 HEAD carries no error code; and a policy that scopes s3:ListBucket to
+            # the key prefix denies HeadBucket yet allows what the sidecar does. Ask once
+            # more with a ListObjectsV2 under the prefix: it either works or says why not.
+            denial = self._list_denial()
+            if denial is not None:
+                code, detail = denial
+                if code == "NoSuchBucket":
+                    raise ConfigError(f"storage.s3.bucket: bucket {self.bucket!r} does not exist {where}; "
+                                      f"credentials: {self.credential_source()}") from e
+                raise ConfigError(f"storage.s3: access to bucket {self.bucket!r} {where} was denied ({detail}); "
+                                  f"credentials: {self.credential_source()}") from e
+            log.info("HeadBucket on %s was denied but listing under %r is allowed (prefix-scoped policy); "
+                     "continuing", self.bucket, self.probe_prefix)
         if self.startup_write_check:
             probe = f"{self.probe_prefix}.rsm-probe/{uuid.uuid4().hex}"
             try:
@@ -587,7 +608,8 @@ class S3ObjectStore(ObjectStore):
                                   f"credentials: {self.credential_source()}") from e
         self.retry_pending_aborts()
 
-    def _explain_denial(self) -> str | None:
+    def _list_denial(self) -> tuple[str, str] | None:
+        """None if a ListObjectsV2 under the prefix works, else (error code, description)."""
         try:
             self._call("LIST", self._client.list_objects_v2, None, Bucket=self.bucket,
                        Prefix=self.probe_prefix, MaxKeys=1)
@@ -595,9 +617,9 @@ class S3ObjectStore(ObjectStore):
             cause = e.__cause__
             if isinstance(cause, botocore.exceptions.ClientError):
                 err = cause.response.get("Error", {})
-                return f"{err.get('Code')}: {err.get('Message')}"
-            return str(e)
-        return "HeadBucket: 403 Forbidden (listing is allowed)"
+                return str(err.get("Code")), f"{err.get('Code')}: {err.get('Message')}"
+            raise
+        return None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

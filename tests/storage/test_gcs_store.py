@@ -411,3 +411,13 @@ def test_credentials_file_is_required_when_credentials_is_file():
     with pytest.raises(ConfigError) as e:
         Config({"storage": {"backend": "gcs", "gcs": {"bucket": "b", "credentials": "file"}}}, environ={})
     assert "storage.gcs.credentials_file" in str(e.value)
+
+
+def test_every_gcs_key_is_documented():
+    from pathlib import Path
+
+    from rsm_sidecar.storage import gcs
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "storage.md").read_text()
+    missing = [k.path for k in gcs.CONFIG_KEYS if f"`{k.path}`" not in doc]
+    assert missing == [], f"docs/storage.md does not describe {missing}"

@@ -376,6 +376,7 @@ def test_storage_slower_than_the_read_timeout(s3_server_factory, p):
         assert "read timeout of 1s" in msg and "storage.s3.read_timeout" in msg and p + "slow" in msg
         assert 1.0 <= elapsed < 10, elapsed
         assert e.value.retriable
+        assert store.requests["GET"] == 2   # both attempts counted
     finally:
         server.resume()
         store.close()
@@ -508,3 +509,34 @@ def test_bucket_is_required_for_the_s3_backend():
     with pytest.raises(ConfigError) as e:
         Config({"storage": {"backend": "s3"}}, environ={})
     assert "storage.s3.bucket" in str(e.value)
+
+
+def test_head_bucket_denied_but_listing_under_the_prefix_allowed_passes_check(seaweedfs, p):
+    # A policy that scopes s3:ListBucket to the key prefix denies HeadBucket. SeaweedFS has
+    # no such policies, so the 403 of HeadBucket is injected (a botocore hook answers in
+    # place of the server); the ListObjectsV2, PUT and DELETE that follow are real.
+    from botocore.awsrequest import AWSResponse
+
+    class EmptyBody:
+        def stream(self, **kwargs):
+            return iter([b""])
+
+    store = make_s3_store(seaweedfs, probe_prefix=p)
+    store._client.meta.events.register("before-send.s3.HeadBucket",
+                                       lambda request, **kw: AWSResponse(request.url, 403, {}, EmptyBody()))
+    try:
+        before = store.requests
+        store.check()
+        assert _delta(before, store.requests) == {"HEAD_BUCKET": 1, "LIST": 1, "PUT": 1, "DELETE": 1}
+    finally:
+        store.close()
+
+
+def test_every_s3_key_is_documented():
+    from pathlib import Path
+
+    from rsm_sidecar.storage import s3
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "storage.md").read_text()
+    missing = [k.path for k in s3.CONFIG_KEYS if f"`{k.path}`" not in doc]
+    assert missing == [], f"docs/storage.md does not describe {missing}"
