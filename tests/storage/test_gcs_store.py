@@ -421,3 +421,52 @@ def test_every_gcs_key_is_documented():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "storage.md").read_text()
     missing = [k.path for k in gcs.CONFIG_KEYS if f"`{k.path}`" not in doc]
     assert missing == [], f"docs/storage.md does not describe {missing}"
+
+
+@pytest.mark.parametrize("status,body,expected", [
+    (429, "rate", StorageUnavailable), (503, "down", StorageUnavailable), (500, "oops", StorageUnavailable),
+    (408, "slow", StorageUnavailable), (403, "denied", StorageError), (401, "who", StorageError),
+    (404, "No such object", ObjectNotFound), (404, "The specified bucket does not exist.", StorageError),
+    (416, "range", "InvalidRange"), (400, "bad", StorageError), (412, "precondition", StorageError),
+])
+def test_http_statuses_are_translated(status, body, expected):
+    import requests
+
+    from rsm_sidecar.storage.base import InvalidRange
+
+    expected = InvalidRange if expected == "InvalidRange" else expected
+    store = GcsObjectStore("bkt", endpoint_url="http://127.0.0.1:9", credentials="anonymous")
+    try:
+        resp = requests.Response()
+        resp.status_code = status
+        resp._content = json.dumps({"error": {"code": status, "message": body}}).encode()
+        err = store._translate_status(resp, "GET", "some/key")
+        assert type(err) is expected
+        if expected is StorageError:
+            assert "bkt" in str(err) and str(status) in str(err)
+        if status in (401, 403):
+            assert "anonymous" in str(err)
+    finally:
+        store.close()
+
+
+def test_transport_errors_are_translated():
+    import requests
+    import urllib3
+
+    store = GcsObjectStore("bkt", endpoint_url="http://127.0.0.1:9", credentials="anonymous",
+                           connect_timeout=2, read_timeout=3)
+    try:
+        t = store._translate_exception(requests.exceptions.ReadTimeout(), "GET", "k")
+        assert isinstance(t, StorageTimeout) and "read timeout of 3s" in str(t)
+        # a stall while the body streams comes out of requests as a ConnectionError
+        t = store._translate_exception(
+            requests.exceptions.ConnectionError(urllib3.exceptions.ReadTimeoutError(None, "u", "read timed out")),
+            "GET", "k")
+        assert isinstance(t, StorageTimeout)
+        t = store._translate_exception(requests.exceptions.ConnectTimeout(), "GET", "k")
+        assert isinstance(t, StorageTimeout) and "connect timeout of 2s" in str(t)
+        assert isinstance(store._translate_exception(requests.exceptions.ConnectionError(), "GET", "k"),
+                          StorageUnavailable)
+    finally:
+        store.close()

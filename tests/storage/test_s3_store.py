@@ -540,3 +540,119 @@ def test_every_s3_key_is_documented():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "storage.md").read_text()
     missing = [k.path for k in s3.CONFIG_KEYS if f"`{k.path}`" not in doc]
     assert missing == [], f"docs/storage.md does not describe {missing}"
+
+
+class _FakeSts:
+    """A local stand-in for STS's AssumeRoleWithWebIdentity (the real one is on the internet):
+    it records the web identity token it is given and returns ``credentials``."""
+
+    def __init__(self, access_key: str, secret_key: str):
+        import http.server
+        import urllib.parse
+
+        calls = self.calls = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+                calls.append(form)
+                body = f"""<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+  <AssumeRoleWithWebIdentityResult>
+    <Credentials><AccessKeyId>{access_key}</AccessKeyId><SecretAccessKey>{secret_key}</SecretAccessKey>
+      <SessionToken>session-token-from-sts</SessionToken><Expiration>2099-01-01T00:00:00Z</Expiration></Credentials>
+    <AssumedRoleUser><Arn>arn:aws:sts::123456789012:assumed-role/rsm/pod</Arn><AssumedRoleId>AROA1:pod</AssumedRoleId></AssumedRoleUser>
+  </AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>1</RequestId></ResponseMetadata>
+</AssumeRoleWithWebIdentityResponse>""".encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_web_identity_irsa_credentials_are_resolved_and_named(seaweedfs, tmp_path, monkeypatch, p):
+    # boto3's own web-identity provider runs for real: it reads the projected token file and
+    # calls AssumeRoleWithWebIdentity (on a local stand-in for STS), then signs with the
+    # temporary credentials. SeaweedFS does not accept session credentials it did not issue
+    # (InvalidAccessKeyId), so the request is refused - and the error must say the
+    # credentials came from the web identity token and which role.
+    sts = _FakeSts("ASIATEMPORARYKEY0042", "temporary-secret")
+    token = tmp_path / "token"
+    token.write_text("eyJ.projected-service-account-token.sig")
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+    monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/rsm")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", sts.url)
+    store = make_s3_store(seaweedfs, access_key_id=None, secret_access_key=None, probe_prefix=p)
+    try:
+        with pytest.raises(ConfigError) as e:
+            store.check()
+        msg = str(e.value)
+        assert "InvalidAccessKeyId" in msg and S3_BUCKET in msg and seaweedfs.endpoint_url in msg
+        assert "web identity token (IRSA" in msg and "role arn:aws:iam::123456789012:role/rsm" in msg
+        assert "…0042" in msg and "ASIATEMPORARYKEY0042" not in msg and "temporary-secret" not in msg
+        assert len(sts.calls) == 1 and sts.calls[0]["Action"] == ["AssumeRoleWithWebIdentity"]
+        assert sts.calls[0]["WebIdentityToken"] == ["eyJ.projected-service-account-token.sig"]
+        assert sts.calls[0]["RoleArn"] == ["arn:aws:iam::123456789012:role/rsm"]
+    finally:
+        store.close()
+        sts.close()
+
+
+# -- error translation (what botocore raises -> the contract's errors) --------------------------
+@pytest.mark.parametrize("code,status,expected", [
+    ("SlowDown", 503, StorageUnavailable), ("ServiceUnavailable", 503, StorageUnavailable),
+    ("InternalError", 500, StorageUnavailable), ("", 502, StorageUnavailable),
+    ("ThrottlingException", 400, StorageUnavailable), ("RequestTimeout", 400, StorageUnavailable),
+    ("AccessDenied", 403, StorageError), ("InvalidAccessKeyId", 403, StorageError),
+    ("SignatureDoesNotMatch", 403, StorageError), ("NoSuchBucket", 404, StorageError),
+    ("NoSuchKey", 404, ObjectNotFound), ("InvalidRange", 416, "InvalidRange"),
+    ("InvalidArgument", 400, StorageError), ("NoSuchUpload", 404, StorageUnavailable),
+])
+def test_client_errors_are_translated(code, status, expected):
+    import botocore.exceptions
+
+    from rsm_sidecar.storage.base import InvalidRange
+
+    expected = InvalidRange if expected == "InvalidRange" else expected
+    store = S3ObjectStore("bkt", endpoint_url="http://127.0.0.1:9", region="us-east-1",
+                          access_key_id="AKIAEXAMPLE0001", secret_access_key="secret-value")
+    try:
+        e = botocore.exceptions.ClientError(
+            {"Error": {"Code": code, "Message": "msg"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+        err = store._translate(e, "GET", "some/key")
+        assert type(err) is expected
+        if expected is StorageError and status == 403:
+            assert "static keys" in str(err) and "…0001" in str(err) and "secret-value" not in str(err)
+        if expected is not ObjectNotFound and expected is not InvalidRange:
+            assert "bkt" in str(err) and "http://127.0.0.1:9" in str(err)
+    finally:
+        store.close()
+
+
+def test_transport_errors_are_translated():
+    import botocore.exceptions
+
+    store = S3ObjectStore("bkt", endpoint_url="http://127.0.0.1:9", region="us-east-1",
+                          access_key_id="a", secret_access_key="b", connect_timeout=2, read_timeout=3)
+    try:
+        t = store._translate(botocore.exceptions.ReadTimeoutError(endpoint_url="u"), "GET", "k")
+        assert isinstance(t, StorageTimeout) and "read timeout of 3s" in str(t)
+        t = store._translate(botocore.exceptions.ConnectTimeoutError(endpoint_url="u"), "GET", "k")
+        assert isinstance(t, StorageTimeout) and "connect timeout of 2s" in str(t)
+        u = store._translate(botocore.exceptions.EndpointConnectionError(endpoint_url="u"), "GET", "k")
+        assert isinstance(u, StorageUnavailable)
+        c = store._translate(botocore.exceptions.NoCredentialsError(), "GET", "k")
+        assert type(c) is StorageError and "credentials" in str(c)
+    finally:
+        store.close()
