@@ -233,8 +233,12 @@ class SegmentVerifier:
             r.problem("offsets", f"the largest batch timestamp is {running_max}, the manifest's maxTimestampMs is "
                                  f"{max_ts}")
         for e in offsets[oi:]:
-            r.problem("offset index", f"offset index entry {e.offset} @ {e.position} points beyond the last batch "
-                                      f"(which starts at {previous.position})")
+            if e.position < previous.position + previous.size_in_bytes:
+                r.problem("offset index", f"offset index entry {e.offset} @ {e.position} does not point at a batch "
+                                          f"start")
+            else:
+                r.problem("offset index", f"offset index entry {e.offset} @ {e.position} points beyond the data "
+                                          f"({previous.position + previous.size_in_bytes} bytes)")
         for e in times[ti:]:
             r.problem("time index", f"time index entry {e.timestamp} -> {e.offset} points beyond the last offset "
                                     f"{previous.last_offset}")
