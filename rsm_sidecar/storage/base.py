@@ -25,6 +25,7 @@ import abc
 import collections
 import dataclasses
 import datetime
+import logging
 import threading
 from typing import Iterable, Iterator
 
@@ -90,6 +91,35 @@ class ObjectWriter(abc.ABC):
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
+
+
+class UploadHandle(ObjectWriter):
+    """The writer callers hold, in front of a backend's upload object (which upload
+    threads reference). Dropping an uncommitted handle finalizes it at once and aborts
+    the upload, so an abandoned writer never leaves a multipart upload or session open.
+    The upload object provides write/commit/abort/has_unfinished_upload and ``url``."""
+
+    def __init__(self, upload):
+        self._upload = upload
+
+    def write(self, data) -> None:
+        self._upload.write(data)
+
+    def commit(self) -> int:
+        return self._upload.commit()
+
+    def abort(self) -> None:
+        self._upload.abort()
+
+    def __del__(self) -> None:
+        upload = getattr(self, "_upload", None)
+        try:
+            if upload is not None and upload.has_unfinished_upload():
+                logging.getLogger(__name__).warning("uncommitted writer for %s garbage-collected; aborting it",
+                                                    upload.url)
+                upload.abort()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
 
 
 class ObjectStore(abc.ABC):

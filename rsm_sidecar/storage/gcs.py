@@ -51,6 +51,7 @@ from rsm_sidecar.storage.base import (
     ObjectNotFound,
     ObjectStore,
     ObjectWriter,
+    UploadHandle,
     StorageError,
     StorageTimeout,
     StorageUnavailable,
@@ -395,7 +396,7 @@ class GcsObjectStore(ObjectStore):
 
     # -- the contract --------------------------------------------------------------------------
     def open_writer(self, key: str) -> ObjectWriter:
-        return _GcsWriter(self, self._check_name(key))
+        return UploadHandle(_GcsUpload(self, self._check_name(key)))
 
     def _put_simple(self, key: str, data: bytes | bytearray) -> None:
         """One multipart/related upload: metadata (with CRC32C) and the bytes."""
@@ -698,29 +699,6 @@ class _GcsUpload:
     def has_unfinished_upload(self) -> bool:
         return self._state == "open"
 
-
-class _GcsWriter(ObjectWriter):
-    """The handle callers hold. Upload threads reference only the _GcsUpload behind it, so
-    dropping an uncommitted writer finalizes it at once and aborts the upload."""
-
-    def __init__(self, store, key: str):
-        self._upload = _GcsUpload(store, key)
-
-    def write(self, data) -> None:
-        self._upload.write(data)
-
-    def commit(self) -> int:
-        return self._upload.commit()
-
-    def abort(self) -> None:
-        self._upload.abort()
-
-    def __del__(self) -> None:
-        upload = getattr(self, "_upload", None)
-        try:
-            if upload is not None and upload.has_unfinished_upload():
-                log.warning("uncommitted writer for gs://%s/%s garbage-collected; aborting it",
-                            upload._store.bucket, upload._key)
-                upload.abort()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
-            pass
+    @property
+    def url(self) -> str:
+        return f"gs://{self._store.bucket}/{self._key}"

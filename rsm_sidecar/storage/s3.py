@@ -1,6 +1,6 @@
 """Amazon S3 (and S3-compatible) object store on boto3.
 
-Uploads go through :class:`_S3Writer`: bytes collect in one part buffer; an object that
+Uploads go through :class:`~rsm_sidecar.storage.base.UploadHandle`: bytes collect in one part buffer; an object that
 fits in one part (``storage.s3.part_size``) is sent with a single PutObject at commit,
 anything larger as a multipart upload whose parts are sent by a store-wide thread pool
 (``storage.s3.upload_threads``). At most ``storage.s3.max_parts_in_flight`` parts of one
@@ -43,6 +43,7 @@ from rsm_sidecar.storage.base import (
     ObjectNotFound,
     ObjectStore,
     ObjectWriter,
+    UploadHandle,
     StorageError,
     StorageTimeout,
     StorageUnavailable,
@@ -481,7 +482,7 @@ class S3ObjectStore(ObjectStore):
             raise InvalidArgument("empty object key")
         if self._pending_aborts:
             self.retry_pending_aborts()
-        return _S3Writer(self, key)
+        return UploadHandle(_S3Upload(self, key))
 
     def get(self, key: str) -> bytes:
         try:
@@ -823,29 +824,6 @@ class _S3Upload:
     def has_unfinished_upload(self) -> bool:
         return self._state == "open"
 
-
-class _S3Writer(ObjectWriter):
-    """The handle callers hold. Upload threads reference only the _S3Upload behind it, so
-    dropping an uncommitted writer finalizes it at once and aborts the upload."""
-
-    def __init__(self, store, key: str):
-        self._upload = _S3Upload(store, key)
-
-    def write(self, data) -> None:
-        self._upload.write(data)
-
-    def commit(self) -> int:
-        return self._upload.commit()
-
-    def abort(self) -> None:
-        self._upload.abort()
-
-    def __del__(self) -> None:
-        upload = getattr(self, "_upload", None)
-        try:
-            if upload is not None and upload.has_unfinished_upload():
-                log.warning("uncommitted writer for s3://%s/%s garbage-collected; aborting it",
-                            upload._store.bucket, upload._key)
-                upload.abort()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
-            pass
+    @property
+    def url(self) -> str:
+        return f"s3://{self._store.bucket}/{self._key}"
