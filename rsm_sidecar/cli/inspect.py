@@ -109,10 +109,7 @@ def _wrap(handler):
     def run(args) -> int:
         from rsm_sidecar.inspect.context import InspectContext, UsageError
 
-        try:
-            ctx = InspectContext.load(args.config)
-        except UsageError as e:
-            return _usage(e)
+        ctx = InspectContext.load(args.config)  # a ConfigError is an error (exit 1), reported by main
         try:
             return handler(ctx, args)
         except UsageError as e:
@@ -246,7 +243,7 @@ def _verify(ctx, args) -> int:
     from rsm_sidecar.inspect import catalog, verify
     from rsm_sidecar.inspect.context import UsageError
     from rsm_sidecar.inspect.locate import locate
-    from rsm_sidecar.inspect.output import JsonStream
+    from rsm_sidecar.inspect.output import JsonStream, human_bytes
 
     if args.segment and (args.topic or args.partition is not None):
         raise UsageError("give either SEGMENT or --topic/--partition, not both")
@@ -263,8 +260,6 @@ def _verify(ctx, args) -> int:
             doc.member("summary", summary.to_json())
     else:
         summary = verify.run(ctx, segs, verify.print_report, args.deep, progress)
-        from rsm_sidecar.inspect.output import human_bytes
-
         print(f"{summary.segments} segments verified: {summary.ok} ok, {summary.failed} with problems "
               f"({human_bytes(summary.bytes)} of original data read)")
     return EXIT_PROBLEMS if summary.failed else EXIT_OK

@@ -26,29 +26,28 @@ def _printable(text: str) -> bool:
     return all(c.isprintable() or c in "\t\n\r" for c in text)
 
 
+def _utf8(data: bytes, cut_ok: bool) -> str | None:
+    """Printable UTF-8 text of ``data``; when ``cut_ok``, a character cut at the end (by a
+    display limit) is dropped. None when the bytes are not printable UTF-8."""
+    for cut in range(4 if cut_ok else 1):
+        try:
+            text = data[:len(data) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return text if _printable(text) else None
+    return None
+
+
 def plain(data: bytes | None, max_bytes: int = NO_LIMIT) -> dict[str, Any] | None:
     """``{"utf8": text}`` or ``{"hex": digits}``, plus ``size`` and ``truncated`` when only the
     first ``max_bytes`` bytes are shown; None for a null field."""
     if data is None:
         return None
-    shown = data if not max_bytes or len(data) <= max_bytes else data[:max_bytes]
-    out: dict[str, Any]
-    try:
-        text = shown.decode("utf-8")
-        if not _printable(text):
-            raise ValueError
-        out = {"utf8": text}
-    except (UnicodeDecodeError, ValueError):
-        if shown is not data:  # a multi-byte character cut by the limit
-            try:
-                full = data.decode("utf-8")
-                if _printable(full):
-                    out = {"utf8": full[:max_bytes]}
-                    return {**out, "size": len(data), "truncated": True}
-            except UnicodeDecodeError:
-                pass
-        out = {"hex": shown.hex()}
-    if shown is not data:
+    truncated = bool(max_bytes) and len(data) > max_bytes
+    shown = data[:max_bytes] if truncated else data
+    text = _utf8(shown, truncated)
+    out: dict[str, Any] = {"utf8": text} if text is not None else {"hex": shown.hex()}
+    if truncated:
         out.update(size=len(data), truncated=True)
     return out
 

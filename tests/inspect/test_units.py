@@ -1,0 +1,130 @@
+"""The small pure pieces of `inspect` (no stack): durations, field rendering, byte ranges,
+the streamed JSON document, the seekable remote file and the listing grouping, the last
+two over a local-directory store written by the sidecar's own copier."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import json
+
+import pytest
+
+from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
+from rsm_sidecar.inspect import catalog
+from rsm_sidecar.inspect.cat import byte_range
+from rsm_sidecar.inspect.context import UsageError
+from rsm_sidecar.inspect.decoders import plain, render_text
+from rsm_sidecar.inspect.duration import parse_duration
+from rsm_sidecar.inspect.output import JsonStream
+from rsm_sidecar.inspect.remote_file import RemoteSegmentFile
+from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.storage.local import LocalObjectStore
+
+
+@pytest.mark.parametrize("text,seconds", [("0", 0), ("90", 90), ("90s", 90), ("10m", 600), ("1h", 3600),
+                                          ("2d", 172800), ("1h30m", 5400), ("1.5h", 5400), ("250ms", 0.25)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "1x", "h", "-1h", "1h 30m"])
+def test_bad_durations_say_what_is_accepted(text):
+    with pytest.raises(ValueError, match="use a number of seconds or e.g. 90s"):
+        parse_duration(text)
+
+
+def test_plain_rendering():
+    assert plain(None) is None
+    assert plain(b"") == {"utf8": ""}
+    assert plain(b"hello\tworld\n") == {"utf8": "hello\tworld\n"}
+    assert plain(b"\x00\x01") == {"hex": "0001"}
+    assert plain("é".encode() * 3, 3) == {"utf8": "é", "size": 6, "truncated": True}  # cut inside a character
+    assert render_text(plain("é".encode() * 3, 3)) == '"é"...(+4 bytes)'
+    assert plain(b"\xc3", 0) == {"hex": "c3"}  # not cut by a limit: invalid UTF-8
+    assert plain(b"\xff" * 10, 4) == {"hex": "ffffffff", "size": 10, "truncated": True}
+    assert render_text(plain(b"\xff" * 10, 4)) == "hex:ffffffff...(+6 bytes)"
+    assert render_text(plain(b'say "hi"')) == '"say \\"hi\\""'
+    assert render_text(None) == "null"
+
+
+def test_byte_ranges_are_inclusive_and_clamped():
+    assert byte_range(100, None, None) == (0, 99)
+    assert byte_range(100, 10, 20) == (10, 20)
+    assert byte_range(100, 10, 1000) == (10, 99)
+    assert byte_range(100, 100, None) == (100, 99)  # empty: at the end
+    for start, end in ((101, None), (10, 5), (-1, None)):
+        with pytest.raises(UsageError):
+            byte_range(100, start, end)
+
+
+def test_json_stream_is_one_document():
+    out = io.StringIO()
+    with JsonStream(out) as doc:
+        doc.member("a", {"x": 1})
+        with doc.list("items") as items:
+            for i in range(3):
+                items.append({"i": i})
+        with doc.list("none"):
+            pass
+        doc.member("summary", None)
+    assert json.loads(out.getvalue()) == {"a": {"x": 1}, "items": [{"i": 0}, {"i": 1}, {"i": 2}], "none": [],
+                                          "summary": None}
+
+
+def _copy(store, layout, md, data: bytes, chunk: int) -> None:
+    settings = CopySettings(chunk_size=chunk, compression=True, compression_heuristic=False, compression_level=3,
+                            parallelism=2, custom_metadata_fields=())
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        SegmentCopier(store, layout, None, settings, ex).copy(
+            md, iter([data[i:i + chunk] for i in range(0, len(data), chunk)]), len(data),
+            lambda: {"offset": b"", "timestamp": b"", "producerSnapshot": b"", "leaderEpoch": b"0\n0\n",
+                     "transaction": None})
+
+
+def test_remote_file_reads_and_seeks_across_chunks(tmp_path):
+    store = LocalObjectStore(tmp_path, fsync=False)
+    layout = KeyLayout("p/")
+    md = SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "t", 0, "tqimKeZwStOEOwRzT3L5oQ", 0, 9)
+    data = bytes(range(256)) * 40  # 10240 bytes in 1024-byte chunks
+    _copy(store, layout, md, data, 1024)
+    reader = SegmentReader(store, layout, None, ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0,
+                                                               max_range_bytes=2048))
+    seen = []
+    f = RemoteSegmentFile(reader, reader.open_base(layout.base(md)), seen.append)
+    assert f.seekable() and f.seek(0, io.SEEK_END) == len(data) and f.seek(0) == 0
+    assert f.read(10) == data[:10]
+    assert f.read(3000) == data[10:3010]  # across chunk boundaries
+    f.seek(9000)
+    assert f.read(5000) == data[9000:]  # clamped at the end
+    assert f.read(1) == b""
+    f.seek(100)
+    assert f.read() == data[100:]
+    assert sum(seen) >= len(data)
+    f.close()
+
+
+def test_scan_groups_objects_by_segment_and_finds_strays(tmp_path):
+    store = LocalObjectStore(tmp_path, fsync=False)
+    layout = KeyLayout("p/")
+    mds = [SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "t", p, sid, start, start + 9)
+           for p, sid, start in ((0, "AAAAAAAAAAAAAAAAAAAAAA", 0), (0, "BBBBBBBBBBBBBBBBBBBBBB", 10),
+                                 (10, "CCCCCCCCCCCCCCCCCCCCCC", 0))]
+    for md in mds:
+        _copy(store, layout, md, b"x" * 100, 64)
+    store.put(layout.key(mds[1], "rsm-manifest") + ".bak", b"stray next to a segment")
+    store.put("p/junk", b"j")
+    store.delete(layout.key(mds[2], "rsm-manifest"))
+    items = list(catalog.scan(store, layout))
+    segs = [i for i in items if isinstance(i, catalog.SegmentObjects)]
+    strays = sorted(i.info.key for i in items if isinstance(i, catalog.StrayObject))
+    assert strays == ["p/junk", layout.key(mds[1], "rsm-manifest") + ".bak"]
+    assert [(s.key.partition, s.key.segment_id, sorted(s.objects)) for s in segs] == [
+        (0, "AAAAAAAAAAAAAAAAAAAAAA", ["indexes", "log", "rsm-manifest"]),
+        (0, "BBBBBBBBBBBBBBBBBBBBBB", ["indexes", "log", "rsm-manifest"]),
+        (10, "CCCCCCCCCCCCCCCCCCCCCC", ["indexes", "log"])]
+    assert [s.key.segment_id for s in catalog.segments(store, layout)] == ["AAAAAAAAAAAAAAAAAAAAAA",
+                                                                           "BBBBBBBBBBBBBBBBBBBBBB"]
+    assert [s.key.partition for s in catalog.scan(store, layout, "t", 10)] == [10]
+    assert list(catalog.scan(store, layout, "other")) == []
