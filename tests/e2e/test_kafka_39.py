@@ -1,0 +1,61 @@
+"""The same shaded shim jar on a Kafka **3.9.2** broker (the other tests run 4.3.1): offload,
+local deletion, consume from offset zero, and read_committed over tiered transactional data.
+Together with the 4.x suites this shows one jar serves 3.x and 4.x brokers."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+
+import pytest
+
+from devstack.stack import LocalStack
+from tests.e2e import scenarios
+from tests.e2e.kafka_helpers import (create_topic, filler, local_segment_offsets, produce, records,
+                                     remote_segments, wait_tiered)
+
+KAFKA_VERSION = "3.9.2"
+TRANSFER_MODE = "path"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, request):
+    """Overrides the conftest fixture for this module: the same stack on KAFKA_VERSION."""
+    st = LocalStack(tmp_path_factory.mktemp("stack39"), transfer_mode=TRANSFER_MODE,
+                    kafka_version=request.module.KAFKA_VERSION)
+    st.start()
+    yield st
+    st.stop()
+
+
+@pytest.fixture(scope="module")
+def tiered(stack):
+    topic = "k39-basic"
+    create_topic(stack.bootstrap_servers, topic)
+    recs = produce(stack.bootstrap_servers, topic,
+                   records(400, random.Random(39), int(time.time() * 1000) - 3_600_000, big_every=150), "lz4")
+    filler(stack.bootstrap_servers, topic)
+    wait_tiered(stack, topic, recs[-1].offset + 1)
+    return topic, recs
+
+
+def test_the_broker_is_kafka_3_9_running_the_shim(stack, tiered):
+    assert stack.broker.dist.version == KAFKA_VERSION
+    log = stack.broker.server_log.read_text(errors="replace")
+    assert re.search(r"Kafka version: 3\.9\.2\b", log), "server.log does not report Kafka 3.9.2"
+    assert "SidecarRemoteStorageManager" in log and "configured on broker" in log
+    copies = re.findall(r"copyLogSegmentData\(k39-basic-0 [^\n]*copied in \d+ ms \(path mode", log, re.I)
+    assert copies, "the shim logged no copy of k39-basic-0"
+
+
+def test_offload_local_deletion_and_consume_from_offset_zero(stack, store, tiered):
+    topic, recs = tiered
+    # the records' segments are gone from the broker's disk, so the reads below are remote reads
+    assert local_segment_offsets(stack.broker, topic)[0] > recs[-1].offset
+    assert len(remote_segments(store, topic)) >= 2
+    scenarios.check_consume_from_zero(stack, store, topic, recs)
+
+
+def test_transactions_read_committed(stack, store):
+    scenarios.check_transactions(stack, store, "k39-txn")

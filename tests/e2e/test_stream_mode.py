@@ -1,0 +1,55 @@
+"""The core scenarios on a real broker with the shim in **stream** transfer mode: the shim reads
+the broker's segment files and streams their bytes to the sidecar over gRPC (the sidecar never
+opens the broker's files)."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+
+import pytest
+
+from tests.e2e import scenarios
+from tests.e2e.kafka_helpers import create_topic, filler, produce, records, wait_tiered
+
+TRANSFER_MODE = "stream"
+COMPRESSIONS = ("zstd", "none")
+
+
+@pytest.fixture(scope="module")
+def tiered(stack):
+    out = {}
+    t0 = int(time.time() * 1000) - 3_600_000
+    for i, comp in enumerate(COMPRESSIONS):
+        topic = f"stream-{comp}"
+        create_topic(stack.bootstrap_servers, topic)
+        recs = produce(stack.bootstrap_servers, topic, records(400, random.Random(100 + i), t0, big_every=150), comp)
+        filler(stack.bootstrap_servers, topic)
+        out[comp] = (topic, recs)
+    for topic, recs in out.values():
+        wait_tiered(stack, topic, recs[-1].offset + 1)
+    return out
+
+
+def test_the_shim_copies_in_stream_mode(stack, tiered):
+    assert stack.broker.properties()["rsm.config.transfer.mode"] == "stream"
+    log = stack.broker.server_log.read_text(errors="replace")
+    modes = {m.lower() for m in re.findall(
+        r"copyLogSegmentData\(stream-(?:zstd|none)-0 [^\n]*copied in \d+ ms \((\w+) mode", log)}
+    assert modes == {"stream"}, f"copy modes logged by the shim: {modes}"
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_offload_and_consume_from_offset_zero(stack, store, tiered, compression):
+    topic, recs = tiered[compression]
+    scenarios.check_consume_from_zero(stack, store, topic, recs)
+
+
+def test_reads_at_random_offsets(stack, tiered):
+    for compression in COMPRESSIONS:
+        scenarios.check_random_offsets(stack, *tiered[compression])
+
+
+def test_transactions_read_committed(stack, store):
+    scenarios.check_transactions(stack, store, "txn-stream")
