@@ -122,5 +122,7 @@ def read_manifests(store: ObjectStore, segs, workers: int = 8) -> Iterator[Manif
             return ManifestRead(seg, raw, manifest)
         except RsmError as e:
             return ManifestRead(seg, error=e)
+        except Exception as e:  # a manifest corrupt in a way the parser does not name
+            return ManifestRead(seg, error=RsmError(f"{seg.base}.{fkeys.MANIFEST}: unexpected {type(e).__name__}: {e}"))
 
     return ordered_map(one, segs, workers)

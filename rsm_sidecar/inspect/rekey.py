@@ -114,6 +114,9 @@ def rekey_segment(ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dr
     except RsmError as e:
         out.detail = str(e)
         return out
+    except Exception as e:  # a manifest this code cannot handle: report it, go on with the rest
+        out.detail = f"{manifest_key}: unexpected {type(e).__name__}: {e}"
+        return out
 
 
 @dataclasses.dataclass

@@ -104,6 +104,8 @@ class SegmentVerifier:
     def run(self) -> SegmentReport:
         try:
             self._run()
+        except Exception as e:  # corrupt bytes reaching a code path without a precise error
+            self.report.problem("unexpected", f"unexpected {type(e).__name__} while verifying: {e}")
         finally:
             self.report.finish()
         return self.report

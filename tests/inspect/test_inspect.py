@@ -305,10 +305,14 @@ def _describe(base: str) -> str:
 
 
 def test_verify_checks_indexes_against_the_data(inspect_cli, stack, store, data):
-    """An offset index whose entry points inside a batch and a time index whose entry
-    names the wrong timestamp, both re-encrypted with the segment's own key (so only the
-    cross-checks can catch them)."""
+    """Indexes that parse and verify but disagree with the data, re-encrypted with the
+    segment's own key (so only the cross-checks can catch them): an offset index entry
+    inside a batch, a time index entry with the wrong timestamp, a leader-epoch checkpoint
+    that starts with another epoch, a transaction index naming an abort that is not there."""
+    from rsm_sidecar.format.manifest import INDEX_NAMES, IndexRange
+    from rsm_sidecar.kafka.checkpoint import EpochEntry, format_leader_epoch_checkpoint
     from rsm_sidecar.kafka.indexes import OffsetPosition, TimestampOffset, encode_offset_index, encode_time_index
+    from rsm_sidecar.kafka.txnindex import AbortedTxn, encode_txn_index
     from rsm_sidecar.transform.chunks import ChunkCodec
 
     base = segment_bases(store, "victim")[0]
@@ -317,19 +321,18 @@ def test_verify_checks_indexes_against_the_data(inspect_cli, stack, store, data)
     keyring = Keyring.from_config(Config.load(cfg, environ=env))
     codec = ChunkCodec(False, keyring.unwrap(m.encryption.key_id, m.encryption.wrapped_key), m.encryption.aad)
     start = m.segment["startOffset"]
+    assert m.indexes["transaction"] is None
     pieces = {
         "offset": encode_offset_index([OffsetPosition(start + 3, 17)], start),
         "timestamp": encode_time_index([TimestampOffset(12345, start + 1)], start),
+        "leaderEpoch": format_leader_epoch_checkpoint([EpochEntry(5, 0)]).encode(),
+        "transaction": encode_txn_index([AbortedTxn(4242, start, start + 2, start + 3)]),
     }
+    old = store.get(base + ".indexes")
     stored = bytearray()
     ranges = {}
-    from rsm_sidecar.format.manifest import INDEX_NAMES, IndexRange
-    old = store.get(base + ".indexes")
     for name in INDEX_NAMES:
         r = m.indexes[name]
-        if r is None:
-            ranges[name] = None
-            continue
         piece = codec.encrypt_only(pieces[name]) if name in pieces else old[r.position:r.position + r.size]
         ranges[name] = IndexRange(len(stored), len(piece))
         stored += piece
@@ -340,7 +343,11 @@ def test_verify_checks_indexes_against_the_data(inspect_cli, stack, store, data)
         report = inspect_cli("verify", base[-22:], "--json").expect(1).json()["segments"][0]
         problems = "\n".join(report["problems"])
         assert f"offset index entry {start + 3} @ 17 does not point at a batch start" in problems
-        assert f"time index entry 12345 -> {start + 1} disagrees with batch" in problems
+        assert f"time index entry 12345 -> {start + 1} disagrees with batch [{start}.." in problems
+        assert f"batch [{start}.." in problems and "has leader epoch 0, the leader-epoch checkpoint says 5" in problems
+        assert (f"transaction index entry of producer 4242 ending at offset {start + 2} has no ABORT marker"
+                in problems)
+        assert report["batches"] > 0 and report["chunks"] >= 1
     inspect_cli("verify", base[-22:]).expect(0)
 
 

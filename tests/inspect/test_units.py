@@ -128,3 +128,26 @@ def test_scan_groups_objects_by_segment_and_finds_strays(tmp_path):
                                                                            "BBBBBBBBBBBBBBBBBBBBBB"]
     assert [s.key.partition for s in catalog.scan(store, layout, "t", 10)] == [10]
     assert list(catalog.scan(store, layout, "other")) == []
+
+
+def test_progress_lines_are_rate_limited_and_quiet_for_short_work():
+    from rsm_sidecar.inspect.progress import Progress
+
+    now = [0.0]
+    out = io.StringIO()
+    p = Progress("inspect verify", 3, stream=out, clock=lambda: now[0])
+    p.advance(1, 1024)
+    assert out.getvalue() == ""  # under the interval
+    now[0] = 2.5
+    p.advance(1, 1024)
+    now[0] = 3.0
+    p.advance(1, 0)
+    p.done()
+    assert out.getvalue().splitlines() == ["inspect verify: 2/3 segments, 2.0 KiB (819 B/s) [2s]",
+                                           "inspect verify: 3/3 segments, 2.0 KiB (682 B/s) done [3s]"]
+    quiet = io.StringIO()
+    q = Progress("x", stream=quiet, clock=lambda: now[0], enabled=False)
+    now[0] = 100.0
+    q.advance()
+    q.done()
+    assert quiet.getvalue() == ""
