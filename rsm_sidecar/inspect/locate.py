@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from rsm_sidecar.errors import DataLoss, NotFound
+from rsm_sidecar.errors import NotFound
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.inspect import catalog
 from rsm_sidecar.inspect.catalog import SegmentObjects
@@ -66,17 +66,14 @@ def _by_uuid(ctx: InspectContext, segment_id: str) -> SegmentObjects:
 
 
 def _by_offset(ctx: InspectContext, topic: str, partition: int, offset: int) -> SegmentObjects:
+    candidates = (s for s in catalog.segments(ctx.store, ctx.layout, topic, partition) if s.key.start_offset <= offset)
     matches: list[SegmentObjects] = []
-    for seg in catalog.segments(ctx.store, ctx.layout, topic, partition):
-        if seg.key.start_offset > offset:
-            continue
-        try:
-            _, manifest = catalog.read_manifest(ctx.store, seg.base)
-        except (DataLoss, NotFound):
+    for read in catalog.read_manifests(ctx.store, candidates):
+        if read.manifest is None:
             continue  # unreadable manifests are reported by ls/verify, not here
-        end = (manifest.segment or {}).get("endOffset")
-        if isinstance(end, int) and seg.key.start_offset <= offset <= end:
-            matches.append(seg)
+        end = (read.manifest.segment or {}).get("endOffset")
+        if isinstance(end, int) and read.seg.key.start_offset <= offset <= end:
+            matches.append(read.seg)
     if not matches:
         raise NotFound(f"no tiered segment of {topic}-{partition} holds offset {offset}")
     if len(matches) > 1:

@@ -41,14 +41,16 @@ class Progress:
         self.advance(0, nbytes)
 
     def _emit(self, now: float, final: bool = False) -> None:
-        count = f"{self.items}/{self.total}" if self.total is not None else str(self.items)
-        extra = f", {human_bytes(self.bytes)}" if self.bytes else ""
-        rate = ""
+        parts = []
+        if self.unit:
+            count = f"{self.items}/{self.total}" if self.total is not None else str(self.items)
+            parts.append(f"{count} {self.unit}")
         elapsed = now - self.started
-        if self.bytes and elapsed > 0:
-            rate = f" ({human_bytes(self.bytes / elapsed)}/s)"
-        print(f"{self.label}: {count} {self.unit}{extra}{rate}{' done' if final else ''} "
-              f"[{elapsed:.0f}s]", file=self.stream, flush=True)
+        if self.bytes:
+            rate = f" ({human_bytes(self.bytes / elapsed)}/s)" if elapsed > 0 else ""
+            parts.append(f"{human_bytes(self.bytes)}{rate}")
+        print(f"{self.label}: {', '.join(parts)}{' done' if final else ''} [{elapsed:.0f}s]",
+              file=self.stream, flush=True)
         self._last = now
         self._printed = True
 

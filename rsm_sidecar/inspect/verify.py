@@ -90,6 +90,7 @@ class _Indexes:
     time: list[TimestampOffset] | None = None
     epochs: list[EpochEntry] | None = None
     txns: list | None = None
+    failed: set[str] = dataclasses.field(default_factory=set)  # indexes that did not verify or parse
 
 
 class SegmentVerifier:
@@ -174,6 +175,7 @@ class SegmentVerifier:
                 return parse(data, f"{where} ({name} index)")
             except RsmError as e:
                 r.problem("index", f"{name} index: {e}")
+                out.failed.add(name)
                 return None
 
         out.offset = load("offset", lambda d, n: read_offset_index(d, base, name=n))
@@ -244,7 +246,7 @@ class SegmentVerifier:
         for e in times[ti:]:
             r.problem("time index", f"time index entry {e.timestamp} -> {e.offset} points beyond the last offset "
                                     f"{previous.last_offset}")
-        if ix.txns is not None or aborts:
+        if (ix.txns is not None or aborts) and "transaction" not in ix.failed:
             self._txn_index(ix.txns or [], aborts)
 
     def _offset_index_at(self, batch: RecordBatch, entries: list[OffsetPosition], i: int) -> int:

@@ -151,3 +151,9 @@ def test_progress_lines_are_rate_limited_and_quiet_for_short_work():
     q.advance()
     q.done()
     assert quiet.getvalue() == ""
+    now[0] = 0.0
+    b = io.StringIO()
+    cat = Progress("inspect cat", unit="", stream=b, clock=lambda: now[0])
+    now[0] = 4.0
+    cat.add_bytes(4096)
+    assert b.getvalue() == "inspect cat: 4.0 KiB (1.0 KiB/s) [4s]\n"
