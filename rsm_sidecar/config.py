@@ -203,6 +203,7 @@ KEY_MODULES = (
     "rsm_sidecar.config",
     "rsm_sidecar.storage.factory",
     "rsm_sidecar.storage.s3", "rsm_sidecar.storage.gcs",
+    "rsm_sidecar.iceberg.settings",
 )
 
 

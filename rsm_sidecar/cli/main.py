@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "rsm_sidecar.cli.serve",
     "rsm_sidecar.cli.admin",
     "rsm_sidecar.cli.inspect",
+    "rsm_sidecar.cli.iceberg",
 )
 
 EXIT_ERROR = 1

@@ -1,0 +1,173 @@
+"""`rsm-sidecar iceberg convert|maintain|status`: tiered segments -> Iceberg tables (docs/iceberg.md)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import re
+import sys
+
+#: command-line option -> configuration key it overrides
+OVERRIDES = {
+    "catalog_type": "iceberg.catalog.type",
+    "catalog_name": "iceberg.catalog.name",
+    "catalog_root": "iceberg.catalog.local.root",
+    "catalog_uri": "iceberg.catalog.rest.uri",
+    "warehouse": "iceberg.warehouse",
+    "namespace": "iceberg.namespace",
+    "table": "iceberg.table",
+    "partitioning": "iceberg.partitioning",
+    "registry_url": "iceberg.registry.url",
+    "registry_user_info": "iceberg.registry.basic_auth_user_info",
+    "registry_ca": "iceberg.registry.ssl_ca_location",
+    "registry_cert": "iceberg.registry.ssl_certificate_location",
+    "registry_key": "iceberg.registry.ssl_key_location",
+    "key_subject": "iceberg.key.subject",
+    "key_message": "iceberg.key.message",
+    "key_descriptor_set": "iceberg.key.descriptor_set",
+    "key_raw": "iceberg.key.raw",
+    "value_subject": "iceberg.value.subject",
+    "value_message": "iceberg.value.message",
+    "value_descriptor_set": "iceberg.value.descriptor_set",
+    "value_raw": "iceberg.value.raw",
+    "master": "iceberg.spark.master",
+    "max_segments": "iceberg.max_segments",
+}
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", required=True,
+                   help="the sidecar's configuration file (storage, prefix, encryption keys) with the "
+                        "[iceberg] settings; RSM__ environment variables override it, these options both")
+    p.add_argument("--topic", required=True)
+    g = p.add_argument_group("catalog and table")
+    g.add_argument("--catalog-type", choices=("local", "rest"))
+    g.add_argument("--catalog-name")
+    g.add_argument("--catalog-root", help="directory of the embedded catalog")
+    g.add_argument("--catalog-uri", help="REST catalog URI")
+    g.add_argument("--warehouse", help="file:///... or s3://bucket/prefix")
+    g.add_argument("--namespace")
+    g.add_argument("--table", help="default: the topic name with non-alphanumerics as _")
+    g.add_argument("--master", help="Spark master (default local[2])")
+    g.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark setting (repeatable)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("iceberg", help="convert tiered segments into Iceberg tables (PySpark)")
+    isub = p.add_subparsers(dest="iceberg_command", required=True)
+
+    c = isub.add_parser("convert", help="convert what is new of a topic's tiered segments, exactly once")
+    _common(c)
+    c.add_argument("--topic-id", help="the Kafka topic id, when storage holds several topics of that name")
+    c.add_argument("--partitioning", choices=("hour", "day", "month", "none"),
+                   help="time partitioning of kafka.ingest_timestamp for a new table (default day)")
+    c.add_argument("--max-segments", type=int, help="at most this many segments in this run")
+    r = c.add_argument_group("schema registry / decoding (key and value independently)")
+    r.add_argument("--registry-url")
+    r.add_argument("--registry-user-info", help="basic auth user:password (prefer RSM__ICEBERG__REGISTRY__"
+                                                "BASIC_AUTH_USER_INFO)")
+    r.add_argument("--registry-ca", help="PEM CA bundle of the registry's TLS certificate")
+    r.add_argument("--registry-cert", help="PEM client certificate (mTLS)")
+    r.add_argument("--registry-key", help="PEM client key (mTLS)")
+    for side in ("key", "value"):
+        r.add_argument(f"--{side}-subject", help=f"explicit subject of the {side}s (default TopicNameStrategy)")
+        r.add_argument(f"--{side}-message", help=f"Protobuf message of the {side}s (pkg.Msg)")
+        r.add_argument(f"--{side}-descriptor-set", help=f"descriptor-set file for unframed Protobuf {side}s")
+        r.add_argument(f"--{side}-raw", action="store_const", const=True, help=f"keep {side}s raw")
+    c.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    c.set_defaults(func=_convert)
+
+    m = isub.add_parser("maintain", help="expire snapshots, compact files, remove orphans, drop offsets "
+                                         "Kafka no longer has")
+    _common(m)
+    m.add_argument("--expire", action="store_true", help="expire snapshots (never the marker-tagged one)")
+    m.add_argument("--expire-older-than", default="5d", help="age of snapshots to expire (default 5d)")
+    m.add_argument("--retain-last", type=int, default=1, help="snapshots of main always kept (default 1)")
+    m.add_argument("--compact", action="store_true", help="rewrite small data files (bin-pack)")
+    m.add_argument("--min-input-files", type=int, default=2)
+    m.add_argument("--remove-orphans", action="store_true", help="delete files no snapshot references")
+    m.add_argument("--orphan-older-than", default="1d",
+                   help="only orphans older than this (default 1d; keep it above a convert run's length)")
+    m.add_argument("--drop-deleted-offsets", action="store_true",
+                   help="delete rows whose offsets Kafka retention removed from remote storage")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=_maintain)
+
+    s = isub.add_parser("status", help="what the table says has been converted (markers)")
+    _common(s)
+    s.set_defaults(func=_status)
+
+
+def duration(text: str) -> dt.timedelta:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 15m, 6h, 5d)")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    return dt.timedelta(seconds=float(m.group(1)) * unit)
+
+
+def _load(args):
+    from rsm_sidecar.iceberg.job import load_config
+
+    overrides = {OVERRIDES[k]: v for k, v in vars(args).items() if k in OVERRIDES and v is not None}
+    return load_config(args.config, overrides=overrides)
+
+
+def _spark_conf(args) -> dict[str, str]:
+    out = {}
+    for item in args.spark_conf:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise SystemExit(f"rsm-sidecar: error: --spark-conf {item!r} is not KEY=VALUE")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _convert(args) -> int:
+    from rsm_sidecar.iceberg.job import ConvertJob
+
+    cfg, storage = _load(args)
+    result = ConvertJob(cfg, storage, args.topic, topic_id=args.topic_id, spark_conf=_spark_conf(args)).run()
+    if args.json:
+        json.dump(dataclasses.asdict(result), sys.stdout, default=str)
+        print()
+    return 0
+
+
+def _maintain(args) -> int:
+    from rsm_sidecar.iceberg.maintain import maintain
+
+    cfg, storage = _load(args)
+    result = maintain(cfg, storage, args.topic, expire=args.expire,
+                      expire_older_than=duration(args.expire_older_than), retain_last=args.retain_last,
+                      compact=args.compact, min_input_files=args.min_input_files,
+                      remove_orphans=args.remove_orphans, orphan_older_than=duration(args.orphan_older_than),
+                      drop_deleted_offsets=args.drop_deleted_offsets)
+    if args.json:
+        json.dump(dataclasses.asdict(result), sys.stdout, default=str)
+        print()
+    return 0
+
+
+def _status(args) -> int:
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from rsm_sidecar.iceberg import markers as mk
+    from rsm_sidecar.iceberg.catalogs import CatalogSpec
+    from rsm_sidecar.iceberg.settings import JobSettings
+
+    cfg, _ = _load(args)
+    settings = JobSettings.from_config(cfg)
+    spec = CatalogSpec.from_settings(settings).prepare()
+    ident = (settings.namespace, settings.table_name(args.topic))
+    try:
+        table = spec.pyiceberg().load_table(ident)
+    except NoSuchTableError:
+        print(json.dumps({"table": ".".join(ident), "exists": False}))
+        return 0
+    state = mk.read_state(table)
+    print(json.dumps({"table": ".".join(ident), "exists": True, **dataclasses.asdict(state)}, default=str))
+    return 0

@@ -1,0 +1,496 @@
+"""``rsm-sidecar iceberg convert``: tiered segments of a topic -> an Iceberg table, exactly once.
+
+Flow of one run (docs/iceberg.md "The convert job"):
+
+1. Read the table's markers (:mod:`.markers`): per partition the next offset to convert and the
+   running maximum of ``ingest_timestamp``; remember ``main``.
+2. List the topic's segments in object storage and plan per partition (:mod:`.segments`): the
+   chain of new segments, the offset range of each, the aborted transactions. Nothing new ->
+   done, the table is not touched.
+3. Resolve the key/value schemas (registry, descriptor set or raw), create or evolve the table.
+4. Spark: a DataFrame with one row per segment task, one task per Spark partition;
+   ``mapInArrow`` fetches, verifies, decrypts and decodes each segment on the executors and
+   emits Arrow batches of the table schema; ``writeTo(...).append()`` with the markers as
+   snapshot properties, under ``spark.wap.id`` so the snapshot is *staged*, not published.
+5. Publish: one conditional catalog commit moves ``main`` (and the ``rsm-marker`` tag) to the
+   staged snapshot if ``main`` is still what step 1 read.
+
+A run killed anywhere leaves no partial commit: before step 5 only unreferenced data files
+(``maintain --remove-orphans`` deletes them) or an unreferenced staged snapshot (expired by
+``maintain --expire``) exist; the next run starts from the same markers.
+
+Test hook: ``RSM_ICEBERG_PAUSE_AT=<point>[,<point>...]`` makes the job wait at named points until
+``$RSM_ICEBERG_PAUSE_DIR/<point>.resume`` exists, after creating ``<point>.paused`` (so a test can
+kill it there): ``planned`` (before the Spark write), ``write`` (an executor, at the start of
+the last segment task), ``staged`` (after Spark committed the staged snapshot, before
+publishing), ``published`` (after publishing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from rsm_sidecar.config import ENV_PREFIX, Config
+from rsm_sidecar.errors import ConfigError, RsmError
+from rsm_sidecar.format.keys import KeyLayout
+from rsm_sidecar.iceberg import markers as mk
+from rsm_sidecar.iceberg.catalogs import CatalogSpec
+from rsm_sidecar.iceberg.segments import (
+    PartitionPlan, SegmentFailed, SegmentTask, StorageParams, describe_error, executor_context,
+    list_topic_segments, plan_partition, read_task,
+)
+from rsm_sidecar.iceberg.settings import JobSettings
+
+PAUSE_ENV = "RSM_ICEBERG_PAUSE_AT"
+PAUSE_DIR_ENV = "RSM_ICEBERG_PAUSE_DIR"
+TASK_ERROR = re.compile(r"RSM_TASK_ERROR<<(?P<cls>[A-Za-z_]+)\|(?P<msg>.*?)>>", re.S)
+
+
+def pause_point(name: str) -> None:
+    """Test hook (see the module docstring). Does nothing unless ``$RSM_ICEBERG_PAUSE_AT``
+    names ``name``."""
+    points = [p.strip() for p in os.environ.get(PAUSE_ENV, "").split(",") if p.strip()]
+    if name not in points:
+        return
+    d = Path(os.environ.get(PAUSE_DIR_ENV) or tempfile.gettempdir())
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{name}.paused").write_text(str(os.getpid()))
+    while not (d / f"{name}.resume").exists():
+        time.sleep(0.05)
+
+
+# ============================================================================ configuration
+
+def load_config(path: str | os.PathLike | None, environ: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> tuple[Config, StorageParams]:
+    """The sidecar configuration file (+ ``RSM__`` environment, + ``overrides`` by key path)
+    and the picklable storage parameters executors rebuild it from."""
+    env = dict(os.environ if environ is None else environ)
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                values = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file not found: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"configuration file {path} is not valid TOML: {e}") from None
+    rsm_env = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+    cfg = Config(values, environ=rsm_env, source=str(path or "<defaults>"))
+    over = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if over:
+        cfg = cfg.with_overrides(**over)
+    settings = JobSettings.from_config(cfg)
+    params = StorageParams(values, rsm_env, settings.chunk_cache_bytes, settings.prefetch_bytes)
+    return cfg, params
+
+
+# ============================================================================ executors
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorParams:
+    storage: StorageParams
+    encoder: Any          # rows.EncoderSpec
+    batch_records: int
+    batch_bytes: int
+    last_task_index: int
+
+
+def convert_fn(params: ExecutorParams, accumulator) -> Callable[[Iterator], Iterator]:
+    """The ``mapInArrow`` function: segment task rows in, table rows out."""
+
+    def fn(batches):
+        from rsm_sidecar.iceberg.rows import encoder_for
+
+        for b in batches:
+            for text in b.column("task").to_pylist():
+                task = SegmentTask.from_json(text)
+                if task.index == params.last_task_index:
+                    pause_point("write")
+                records = 0
+                try:
+                    ctx = executor_context(params.storage)
+                    enc = encoder_for(params.encoder)
+                    for raw in read_task(ctx, task, max_records=params.batch_records,
+                                         max_bytes=params.batch_bytes):
+                        out = enc.encode(raw)
+                        records += out.num_rows
+                        yield out
+                except Exception as exc:
+                    raise RuntimeError(f"RSM_TASK_ERROR<<{type(exc).__name__}|{describe_error(task, exc)}>>") from exc
+                if accumulator is not None:
+                    accumulator.add({task.partition: [1, records]})
+    return fn
+
+
+def _counts_param():
+    """Accumulator of ``{partition: [segments, records]}`` (progress; Spark retries may count a
+    segment twice - the committed snapshot's ``added-records`` is the exact total)."""
+    from pyspark import AccumulatorParam
+
+    class CountsParam(AccumulatorParam):
+        def zero(self, value):
+            return {}
+
+        def addInPlace(self, a, b):
+            for k, (segs, recs) in b.items():
+                cur = a.setdefault(k, [0, 0])
+                cur[0] += segs
+                cur[1] += recs
+            return a
+
+    return CountsParam()
+
+
+def _task_error(exc: BaseException) -> RsmError | None:
+    """The executor's error, re-raised on the driver with its own class where it is ours."""
+    m = TASK_ERROR.search(str(exc))
+    if not m:
+        return None
+    cls, msg = m.group("cls"), m.group("msg")
+    from rsm_sidecar.iceberg.schema_registry import RegistryAuthError, RegistryUnavailable
+    from rsm_sidecar import errors
+
+    known = {"RegistryUnavailable": RegistryUnavailable, "RegistryAuthError": RegistryAuthError}
+    for name in ("DataLoss", "NotFound", "Unavailable", "FailedPrecondition", "ConfigError",
+                 "DeadlineExceeded", "InvalidArgument"):
+        known[name] = getattr(errors, name)
+    target = known.get(cls)
+    if target is None:
+        from rsm_sidecar.kafka import errors as kerrors
+        kcls = getattr(kerrors, cls, None)
+        target = errors.DataLoss if (kcls is not None and issubclass(kcls, errors.DataLoss)) else SegmentFailed
+    return target(f"converting {msg}")
+
+
+# ============================================================================ results
+
+@dataclasses.dataclass
+class PartitionResult:
+    partition: int
+    segments: int = 0
+    records: int = 0
+    first_offset: int | None = None
+    next_offset: int = 0
+    skipped: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    waiting: str | None = None
+
+
+@dataclasses.dataclass
+class ConvertResult:
+    table: str
+    job_id: str
+    committed: bool = False
+    snapshot_id: int | None = None
+    partitions: list[PartitionResult] = dataclasses.field(default_factory=list)
+    schema_changes: str = "no change"
+    seconds: float = 0.0
+
+    @property
+    def records(self) -> int:
+        return sum(p.records for p in self.partitions)
+
+    @property
+    def segments(self) -> int:
+        return sum(p.segments for p in self.partitions)
+
+
+# ============================================================================ the job
+
+class ConvertJob:
+    """One run of the conversion of ``topic`` (see the module docstring)."""
+
+    def __init__(self, cfg: Config, storage: StorageParams, topic: str, *, topic_id: str | None = None,
+                 spark=None, spark_conf: Mapping[str, str] | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.cfg = cfg
+        self.storage = storage
+        self.topic = topic
+        self.topic_id = topic_id
+        self.settings = JobSettings.from_config(cfg)
+        self.catalog_spec = CatalogSpec.from_settings(self.settings)
+        self.identifier = (self.settings.namespace, self.settings.table_name(topic))
+        self.spark = spark
+        self.spark_conf = dict(spark_conf or {})
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.job_id = f"rsm-{uuid.uuid4().hex}"
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def table_name(self) -> str:
+        return ".".join(self.identifier)
+
+    def _reader(self):
+        ctx = executor_context(self.storage)
+        return ctx.reader, ctx.store, ctx.layout
+
+    def _load_table(self, catalog):
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+
+    def _choose_topic_id(self, listing: dict, state: mk.MarkerState) -> str | None:
+        ids = sorted(listing)
+        if self.topic_id:
+            return self.topic_id
+        if state.topic_id:
+            if state.topic_id in listing or not ids:
+                return state.topic_id
+            raise ConfigError(
+                f"table {self.table_name} was converted from topic {self.topic} with topic id "
+                f"{state.topic_id}, but remote storage only has topic id(s) {', '.join(ids)}: the "
+                f"topic was deleted and re-created (offsets start again at 0); convert it into a new "
+                f"table (iceberg.table / --table)")
+        if len(ids) > 1:
+            raise ConfigError(f"remote storage has several topics named {self.topic} (topic ids "
+                              f"{', '.join(ids)}; a deleted topic's segments may still be there): "
+                              f"choose one with --topic-id")
+        return ids[0] if ids else None
+
+    # ------------------------------------------------------------------ planning
+    def plan(self, state: mk.MarkerState) -> tuple[str | None, list[PartitionPlan]]:
+        reader, store, layout = self._reader()
+        listing = list_topic_segments(store, layout, self.topic)
+        topic_id = self._choose_topic_id(listing, state)
+        partitions = listing.get(topic_id, {}) if topic_id else {}
+        plans = []
+        remaining = self.settings.max_segments
+        for p in sorted(partitions):
+            plan = plan_partition(reader, partitions[p], state.next_offset(p), state.ingest_state(p),
+                                  limit=remaining if self.settings.max_segments else 0)
+            plans.append(plan)
+            if self.settings.max_segments:
+                remaining -= len(plan.chain)
+                if remaining <= 0:
+                    break
+        return topic_id, plans
+
+    def _sides(self, plans: list[PartitionPlan]):
+        """EncoderSpec for the key and the value (registry / descriptor set / raw)."""
+        from rsm_sidecar.iceberg.proto_mapping import ProtoOptions
+        from rsm_sidecar.iceberg.rows import EncoderSpec, SideSpec, descriptor_set_side, resolve_side
+        from rsm_sidecar.iceberg.schema_registry import SchemaRegistry, SubjectSpec
+
+        s = self.settings
+        opts = ProtoOptions(uint32_as_long=s.uint32_as_long, well_known_types=s.well_known_types)
+        registry = SchemaRegistry.shared(s.registry) if s.registry else None
+        specs = []
+        for is_key, side in ((True, s.key), (False, s.value)):
+            if side.raw:
+                specs.append(SideSpec("raw", proto_options=opts))
+            elif side.descriptor_set:
+                specs.append(descriptor_set_side(side.descriptor_set, side.message, opts))
+            elif registry is not None:
+                subject = SubjectSpec(side.subject, side.message)
+                try:
+                    specs.append(resolve_side(registry, self.topic, is_key, subject, opts))
+                except ConfigError as exc:
+                    if "top-level messages" not in str(exc):
+                        raise
+                    sample = self._sample(plans, is_key)
+                    if sample is None:
+                        raise
+                    specs.append(resolve_side(registry, self.topic, is_key, subject, opts, sample=sample))
+            else:
+                specs.append(SideSpec("raw", proto_options=opts))
+        return EncoderSpec(specs[0], specs[1])
+
+    def _sample(self, plans: list[PartitionPlan], is_key: bool) -> bytes | None:
+        """The first framed key/value of the new segments (to pick a Protobuf message by the
+        indexes a producer wrote)."""
+        ctx = executor_context(self.storage)
+        for plan in plans:
+            for task in plan.tasks(0):
+                for raw in read_task(ctx, task, max_records=1000, max_bytes=1 << 20):
+                    for v in raw.column("key" if is_key else "value").to_pylist():
+                        if v and v[0] == 0:
+                            return v
+        return None
+
+    # ------------------------------------------------------------------ Spark
+    def _spark(self):
+        if self.spark is not None:
+            self._register_catalog(self.spark)
+            return self.spark, False
+        from rsm_sidecar.iceberg.spark import spark_session
+
+        spark = spark_session(self.catalog_spec, master=self.settings.master, app_name=f"rsm-iceberg-{self.topic}",
+                              cloud=self.catalog_spec.cloud(), extra=self.spark_conf)
+        return spark, True
+
+    def _register_catalog(self, spark) -> None:
+        """Configure the job's catalog on an existing session (catalogs load lazily by name)."""
+        for k, v in self.catalog_spec.spark_conf().items():
+            if k == "spark.sql.defaultCatalog":
+                continue
+            current = spark.conf.get(k, None)
+            if current is not None and current != v and k == f"spark.sql.catalog.{self.catalog_spec.name}.uri":
+                raise ConfigError(f"the Spark session already has a catalog {self.catalog_spec.name!r} "
+                                  f"with uri {current}; use another iceberg.catalog.name")
+            spark.conf.set(k, v)
+        for k, v in self.spark_conf.items():
+            spark.conf.set(k, v)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> ConvertResult:
+        t0 = time.monotonic()
+        result = ConvertResult(self.table_name, self.job_id)
+        catalog = self.catalog_spec.prepare().pyiceberg()
+        table = self._load_table(catalog)
+        state = mk.read_state(table)
+        if state.topic is not None and state.topic != self.topic:
+            raise ConfigError(f"table {self.table_name} holds topic {state.topic!r}, not {self.topic!r}")
+        topic_id, plans = self.plan(state)
+        for plan in plans:
+            pr = PartitionResult(plan.partition, len(plan.chain), 0,
+                                 plan.ranges[0][0] if plan.ranges else None, plan.new_next_offset,
+                                 plan.skipped, plan.waiting)
+            result.partitions.append(pr)
+            self._log_plan(plan)
+        tasks: list[SegmentTask] = []
+        for plan in plans:
+            tasks.extend(plan.tasks(len(tasks)))
+        if not tasks:
+            self.log(f"[convert] {self.topic} -> {self.table_name}: nothing new to convert")
+            result.seconds = time.monotonic() - t0
+            return result
+
+        from rsm_sidecar.iceberg.evolution import describe, ensure_table, plan_update
+        from rsm_sidecar.iceberg.rows import RowEncoder
+        from rsm_sidecar.iceberg.types import schema_to_arrow, spark_ddl
+
+        spec = self._sides(plans)
+        target = RowEncoder(spec).schema
+        props = {"write.wap.enabled": "true", "rsm.topic": self.topic}
+        if table is None:
+            partition = None if self.settings.partitioning == "none" else self.settings.partitioning
+            table = ensure_table(catalog, self.identifier, target, partition=partition, properties=props)
+            result.schema_changes = "created"
+        else:
+            changes = plan_update(table.schema(), target)
+            result.schema_changes = describe(changes)
+            if changes or any(table.properties.get(k) != v for k, v in props.items()):
+                table = ensure_table(catalog, self.identifier, target, properties=props)
+        if result.schema_changes != "no change":
+            self.log(f"[convert] {self.table_name}: schema {result.schema_changes}")
+        main = table.metadata.refs.get("main")
+        if (main.snapshot_id if main else None) != state.main_snapshot_id:
+            raise mk.CommitConflict(f"table {self.table_name}: main moved while the run planned; nothing "
+                                    f"was committed - run the job again")
+        spec = spec.with_table(schema_to_arrow(table.schema()))
+
+        segments = {p.partition: [s.segment_id for s in p.chain] for p in plans}
+        next_offsets = dict(state.next_offsets)
+        ingest = dict(state.ingest_ms)
+        for p in plans:
+            next_offsets[p.partition] = p.new_next_offset
+            if p.chain:
+                ingest[p.partition] = p.new_ingest_state
+        marker = mk.marker_properties(topic=self.topic, topic_id=topic_id or "", job_id=self.job_id,
+                                      next_offsets=next_offsets, ingest_ms=ingest, segments=segments,
+                                      skipped={p.partition: p.skipped for p in plans})
+        pause_point("planned")
+        counts = self._write(tasks, spec, spark_ddl(table.schema()), marker)
+        pause_point("staged")
+        snap = mk.publish(catalog, self.identifier, self.job_id, state.main_snapshot_id)
+        pause_point("published")
+        result.committed = True
+        result.snapshot_id = snap.snapshot_id
+        for pr in result.partitions:
+            pr.records = counts.get(pr.partition, [0, 0])[1]
+        result.seconds = time.monotonic() - t0
+        for pr in result.partitions:
+            if pr.segments:
+                self.log(f"[convert] partition {pr.partition}: {pr.segments} segment(s), {pr.records} "
+                         f"records, offsets {pr.first_offset}..{pr.next_offset - 1}")
+        self.log(f"[convert] {self.topic} -> {self.table_name}: committed snapshot {snap.snapshot_id}: "
+                 f"{result.segments} segment(s), {result.records} records in {result.seconds:.1f}s")
+        return result
+
+    def _log_plan(self, plan: PartitionPlan) -> None:
+        for lo, hi in plan.skipped:
+            self.log(f"[convert] partition {plan.partition}: offsets {lo}..{hi} were deleted from "
+                     f"remote storage before they were converted; skipped")
+        if plan.chain:
+            self.log(f"[convert] partition {plan.partition}: {len(plan.chain)} segment(s) to convert, "
+                     f"offsets {plan.ranges[0][0]}..{plan.ranges[-1][1]}")
+        if plan.waiting:
+            self.log(f"[convert] partition {plan.partition}: stops at offset {plan.new_next_offset}: {plan.waiting}")
+
+    def _write(self, tasks: list[SegmentTask], spec, ddl: str, marker: dict[str, str]) -> dict[int, list[int]]:
+        spark, own = self._spark()
+        acc = spark.sparkContext.accumulator({}, _counts_param())
+        params = ExecutorParams(self.storage, spec, self.settings.batch_records, self.settings.batch_bytes,
+                                tasks[-1].index)
+        rows = [(t.index, t.partition, t.to_json()) for t in tasks]
+        df = spark.createDataFrame(spark.sparkContext.parallelize(rows, len(rows)),
+                                   "idx INT, partition INT, task STRING")
+        out = df.mapInArrow(convert_fn(params, acc), ddl)
+        writer = out.writeTo(f"{self.catalog_spec.name}.{self.table_name}")
+        for k, v in marker.items():
+            writer = writer.option(f"snapshot-property.{k}", v)
+        writer = (writer.option("distribution-mode", "none").option("fanout-enabled", "true")
+                  .option("target-file-size-bytes", str(self.settings.target_file_size)))
+        stop = threading.Event()
+        progress = threading.Thread(target=self._progress, args=(spark, len(tasks), stop), daemon=True)
+        spark.conf.set("spark.wap.id", self.job_id)
+        progress.start()
+        try:
+            writer.append()
+        except Exception as exc:
+            err = _task_error(exc)
+            if err is not None:
+                raise err from None
+            raise
+        finally:
+            stop.set()
+            spark.conf.unset("spark.wap.id")
+            progress.join(5)
+            if own:
+                spark.stop()
+        return dict(acc.value)
+
+    def _progress(self, spark, total: int, stop: threading.Event) -> None:
+        tracker = spark.sparkContext.statusTracker()
+        last = None
+        while not stop.wait(2.0):
+            try:
+                done = 0
+                for sid in tracker.getActiveStageIds():
+                    info = tracker.getStageInfo(sid)
+                    if info is not None and info.numTasks == total:
+                        done = info.numCompletedTasks
+                if done != last:
+                    self.log(f"[convert] {self.table_name}: {done}/{total} segment(s) converted")
+                    last = done
+            except Exception:  # progress is best effort (session stopping)
+                return
+
+
+def convert(config: str | os.PathLike | None, topic: str, *, environ: Mapping[str, str] | None = None,
+            overrides: Mapping[str, Any] | None = None, topic_id: str | None = None, spark=None,
+            spark_conf: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None
+            ) -> ConvertResult:
+    """Python API: convert what is new of ``topic`` (see :class:`ConvertJob`).
+
+    ``config``: the sidecar's configuration file; ``environ``: its ``RSM__`` overrides (default:
+    this process's environment); ``overrides``: configuration values by key path (e.g.
+    ``{"iceberg.registry.url": ...}``); ``spark``: an existing SparkSession to use (otherwise the
+    job starts one with ``iceberg.spark.master`` and stops it).
+    """
+    cfg, storage = load_config(config, environ, overrides)
+    return ConvertJob(cfg, storage, topic, topic_id=topic_id, spark=spark, spark_conf=spark_conf,
+                      log=log).run()

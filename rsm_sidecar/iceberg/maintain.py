@@ -1,0 +1,126 @@
+"""``rsm-sidecar iceberg maintain``: snapshot expiry, compaction, orphan files, retention.
+
+Each step is an Iceberg Spark procedure or a Spark SQL statement on the job's catalog:
+
+* ``expire``: ``system.expire_snapshots(older_than, retain_last)``. Snapshots that a branch or tag
+  references are kept, so the ``rsm-marker`` tag keeps the newest marker snapshot (and with it
+  the converted offsets) whatever the age. Staged snapshots of runs that never published
+  (killed between staging and publishing) are unreferenced and go too, with their data files.
+* ``compact``: ``system.rewrite_data_files`` (bin-pack to ``iceberg.target_file_size``, only where
+  a partition has at least ``min_input_files`` files). Rows are unchanged.
+* ``remove_orphans``: ``system.remove_orphan_files(older_than)``: files under the table location
+  that no snapshot references, e.g. what a convert job killed during its Spark write left. Keep
+  ``older_than`` longer than a convert run (default 1 day): a running job's files are orphans
+  until it publishes.
+* ``drop_deleted_offsets``: ``DELETE FROM t WHERE kafka.partition = p AND kafka.offset < e`` where
+  ``e`` is the start offset of the earliest segment of partition ``p`` still in remote storage
+  (Kafka retention removed everything below), or the converted end if none is left.
+
+Every step that commits moves ``main``; a convert job publishing at the same time then fails its
+conditional publish (nothing is lost, it commits nothing and is simply run again), so schedule
+maintenance between conversions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import sys
+from typing import Any, Callable
+
+from rsm_sidecar.iceberg import markers as mk
+from rsm_sidecar.iceberg.catalogs import CatalogSpec
+from rsm_sidecar.iceberg.segments import StorageParams, executor_context, list_topic_segments
+from rsm_sidecar.iceberg.settings import JobSettings
+
+
+@dataclasses.dataclass
+class MaintainResult:
+    table: str
+    expired: dict[str, int] = dataclasses.field(default_factory=dict)
+    compacted: dict[str, int] = dataclasses.field(default_factory=dict)
+    orphans: list[str] = dataclasses.field(default_factory=list)
+    dropped: dict[int, int] = dataclasses.field(default_factory=dict)  # partition -> rows deleted
+
+
+def _ts(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.timezone.utc).strftime("TIMESTAMP '%Y-%m-%d %H:%M:%S.%f'")
+
+
+def _row_dict(row) -> dict[str, Any]:
+    return {k: v for k, v in row.asDict().items()}
+
+
+def maintain(cfg, storage: StorageParams, topic: str, *, expire: bool = False,
+             expire_older_than: dt.timedelta = dt.timedelta(days=5), retain_last: int = 1,
+             compact: bool = False, min_input_files: int = 2,
+             remove_orphans: bool = False, orphan_older_than: dt.timedelta = dt.timedelta(days=1),
+             drop_deleted_offsets: bool = False, spark=None,
+             log: Callable[[str], None] | None = None) -> MaintainResult:
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    settings = JobSettings.from_config(cfg)
+    spec = CatalogSpec.from_settings(settings).prepare()
+    ident = f"{settings.namespace}.{settings.table_name(topic)}"
+    full = f"{spec.name}.{ident}"
+    result = MaintainResult(ident)
+    own = spark is None
+    if own:
+        from rsm_sidecar.iceberg.spark import spark_session
+
+        spark = spark_session(spec, master=settings.master, app_name=f"rsm-iceberg-maintain-{topic}",
+                              cloud=spec.cloud())
+    else:
+        for k, v in spec.spark_conf().items():
+            if k != "spark.sql.defaultCatalog":
+                spark.conf.set(k, v)
+    now = dt.datetime.now(dt.timezone.utc)
+    try:
+        if drop_deleted_offsets:
+            result.dropped = _drop_deleted(spark, spec, storage, topic, settings, full, log)
+        if compact:
+            row = spark.sql(
+                f"CALL {spec.name}.system.rewrite_data_files(table => '{ident}', options => map("
+                f"'min-input-files', '{min_input_files}', "
+                f"'target-file-size-bytes', '{settings.target_file_size}'))").collect()[0]
+            result.compacted = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
+            log(f"[maintain] {ident}: compaction {result.compacted}")
+        if expire:
+            row = spark.sql(
+                f"CALL {spec.name}.system.expire_snapshots(table => '{ident}', "
+                f"older_than => {_ts(now - expire_older_than)}, retain_last => {retain_last})").collect()[0]
+            result.expired = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
+            log(f"[maintain] {ident}: expiry {result.expired}")
+        if remove_orphans:
+            extra = ", prefix_listing => true" if spec.uses_s3 else ""
+            rows = spark.sql(
+                f"CALL {spec.name}.system.remove_orphan_files(table => '{ident}', "
+                f"older_than => {_ts(now - orphan_older_than)}{extra})").collect()
+            result.orphans = [r[0] for r in rows]
+            log(f"[maintain] {ident}: removed {len(result.orphans)} orphan file(s)")
+    finally:
+        if own:
+            spark.stop()
+    return result
+
+
+def _drop_deleted(spark, spec: CatalogSpec, storage: StorageParams, topic: str, settings: JobSettings,
+                  full: str, log) -> dict[int, int]:
+    catalog = spec.pyiceberg()
+    table = catalog.load_table((settings.namespace, settings.table_name(topic)))
+    state = mk.read_state(table)
+    ctx = executor_context(storage)
+    listing = list_topic_segments(ctx.store, ctx.layout, topic)
+    partitions = listing.get(state.topic_id or "", {}) if state.topic_id else (
+        next(iter(listing.values())) if len(listing) == 1 else {})
+    dropped: dict[int, int] = {}
+    for p in sorted(set(state.next_offsets) | set(partitions)):
+        segs = partitions.get(p, [])
+        earliest = segs[0].start_offset if segs else state.next_offset(p)
+        where = f"kafka.partition = {int(p)} AND kafka.offset < {int(earliest)}"
+        n = spark.sql(f"SELECT count(*) AS n FROM {full} WHERE {where}").collect()[0].n
+        if n:
+            spark.sql(f"DELETE FROM {full} WHERE {where}")
+            log(f"[maintain] {full}: partition {p}: deleted {n} row(s) below offset {earliest} "
+                f"(no longer in Kafka)")
+        dropped[p] = int(n)
+    return dropped

@@ -1,0 +1,431 @@
+"""Tiered segments of a topic as the Iceberg job sees them: listing and planning (driver),
+reading (executors).
+
+Driver side:
+
+* :func:`list_topic_segments` lists the object store once and keeps the segments whose manifest
+  exists (the manifest is written last, so those are complete), by topic id and partition.
+* :class:`PartitionPlan` picks, per partition, the chain of segments that covers the offsets
+  from the table's next offset upwards without overlap (re-uploaded segments - the same offsets
+  under a new segment id after a failed copy or a leader change - are alternatives for the same
+  offsets, never converted twice), and the offset range ``[lo, hi]`` each task emits.
+* Transactions: a segment's transaction index lists only the aborts whose marker is in that
+  segment, so the driver reads the transaction indexes of every segment of the chain and hands
+  each task the aborted transactions overlapping its range. A segment is converted only once
+  every transaction with data in it is known to be finished *within the tiered segments*: the
+  producer snapshot stored with a later chain segment (the producer state at that segment's
+  end) must show no transaction that started at or before the segment's end still open.
+  Otherwise the segment waits for the next run (its markers are not tiered yet).
+
+Executor side: :func:`read_task` streams one task's segment from storage (verified, decrypted,
+decompressed by :class:`~rsm_sidecar.segment.reader.SegmentReader`), batch by batch, into raw
+record batches (:mod:`rsm_sidecar.iceberg.segment_rows`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import threading
+from typing import Any, Iterable, Iterator, Mapping
+
+import pyarrow as pa
+
+from rsm_sidecar.errors import DataLoss, NotFound, RsmError
+from rsm_sidecar.format.keys import MANIFEST, KeyLayout
+from rsm_sidecar.kafka import AbortedTxn, lookup_offset, read_batches, read_offset_index
+from rsm_sidecar.kafka.snapshot import parse_producer_snapshot
+from rsm_sidecar.kafka.txnindex import read_txn_index
+from rsm_sidecar.iceberg.segment_rows import SegmentRowReader
+from rsm_sidecar.segment.reader import OpenSegment, ReaderSettings, SegmentReader
+from rsm_sidecar.storage.base import ObjectStore
+
+LIST_THREADS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteSegment:
+    base: str
+    topic: str
+    topic_id: str
+    partition: int
+    start_offset: int
+    segment_id: str
+    end_offset: int = -1
+    max_timestamp_ms: int = -1
+
+    @property
+    def describe(self) -> str:
+        end = self.end_offset if self.end_offset >= 0 else "?"
+        return f"{self.topic}-{self.partition}@{self.start_offset}..{end} ({self.segment_id})"
+
+
+def list_topic_segments(store: ObjectStore, layout: KeyLayout, topic: str
+                        ) -> dict[str, dict[int, list[RemoteSegment]]]:
+    """``topic_id -> partition -> complete segments`` (manifest present), by start offset."""
+    prefix = layout.prefix if layout.hashed_prefix_chars else f"{layout.prefix}{topic}-"
+    out: dict[str, dict[int, list[RemoteSegment]]] = {}
+    for obj in store.list(prefix):
+        parsed = layout.parse(obj.key)
+        if parsed is None or parsed.topic != topic or parsed.suffix != MANIFEST:
+            continue
+        seg = RemoteSegment(parsed.base, parsed.topic, parsed.topic_id, parsed.partition,
+                            parsed.start_offset, parsed.segment_id)
+        out.setdefault(parsed.topic_id, {}).setdefault(parsed.partition, []).append(seg)
+    for parts in out.values():
+        for segs in parts.values():
+            segs.sort(key=lambda s: (s.start_offset, s.segment_id))
+    return out
+
+
+def with_manifest_info(reader: SegmentReader, segments: Iterable[RemoteSegment]) -> list[RemoteSegment]:
+    """The segments with end offset and max timestamp from their manifests (parallel GETs).
+    Segments whose manifest vanished meanwhile (retention) are dropped."""
+    segments = list(segments)
+
+    def one(seg: RemoteSegment) -> RemoteSegment | None:
+        try:
+            opened = reader.open_base(seg.base, seg.describe)
+        except NotFound:
+            return None
+        info = opened.manifest.segment or {}
+        end, max_ts = info.get("endOffset"), info.get("maxTimestampMs")
+        if not isinstance(end, int) or end < seg.start_offset:
+            raise DataLoss(f"segment {seg.describe}: manifest {seg.base}.{MANIFEST} has no valid "
+                           f"remoteLogSegmentMetadata.endOffset ({end!r})")
+        if not isinstance(max_ts, int):
+            raise DataLoss(f"segment {seg.describe}: manifest {seg.base}.{MANIFEST} has no "
+                           f"remoteLogSegmentMetadata.maxTimestampMs")
+        return dataclasses.replace(seg, end_offset=end, max_timestamp_ms=max_ts)
+
+    if len(segments) <= 1:
+        results = [one(s) for s in segments]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(min(LIST_THREADS, len(segments))) as pool:
+            results = list(pool.map(one, segments))
+    return [r for r in results if r is not None]
+
+
+# ============================================================================ planning
+
+@dataclasses.dataclass(frozen=True)
+class SegmentTask:
+    """One executor task: emit offsets ``[lo, hi]`` of one segment (JSON on the wire)."""
+
+    index: int
+    partition: int
+    base: str
+    segment_id: str
+    start_offset: int
+    end_offset: int
+    lo: int
+    hi: int
+    ingest_state: int
+    aborted: tuple[tuple[int, int, int, int], ...] = ()  # (pid, first, last, lso)
+    describe: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "SegmentTask":
+        d = json.loads(text)
+        d["aborted"] = tuple(tuple(a) for a in d["aborted"])
+        return cls(**d)
+
+    def aborted_txns(self) -> list[AbortedTxn]:
+        return [AbortedTxn(*a) for a in self.aborted]
+
+
+@dataclasses.dataclass
+class PartitionPlan:
+    partition: int
+    next_offset: int                      # from the table's marker
+    ingest_state: int
+    chain: list[RemoteSegment] = dataclasses.field(default_factory=list)
+    ranges: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    skipped: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # lost to retention
+    waiting: str | None = None            # why the plan stops where it stops
+    aborted: list[AbortedTxn] = dataclasses.field(default_factory=list)
+
+    @property
+    def new_next_offset(self) -> int:
+        return self.ranges[-1][1] + 1 if self.ranges else (
+            self.skipped[-1][1] + 1 if self.skipped else self.next_offset)
+
+    @property
+    def new_ingest_state(self) -> int:
+        state = self.ingest_state
+        for seg in self.chain:
+            state = max(state, seg.max_timestamp_ms)
+        return state
+
+    def tasks(self, first_index: int) -> list[SegmentTask]:
+        out = []
+        state = self.ingest_state
+        for i, (seg, (lo, hi)) in enumerate(zip(self.chain, self.ranges)):
+            aborted = tuple((t.producer_id, t.first_offset, t.last_offset, t.last_stable_offset)
+                            for t in self.aborted if t.last_offset >= lo and t.first_offset <= hi)
+            out.append(SegmentTask(first_index + i, self.partition, seg.base, seg.segment_id,
+                                   seg.start_offset, seg.end_offset, lo, hi, state, aborted,
+                                   seg.describe))
+            state = max(state, seg.max_timestamp_ms)
+        return out
+
+
+def choose_chain(segments: list[RemoteSegment], next_offset: int, limit: int = 0,
+                 earliest: int | None = None
+                 ) -> tuple[list[RemoteSegment], list[tuple[int, int]], list[tuple[int, int]], str | None]:
+    """Non-overlapping cover of the offsets from ``next_offset`` up.
+
+    Returns ``(chain, ranges, skipped, waiting)``. At each step the segment covering the current
+    offset with the highest end offset is taken (ties: the lowest segment id, deterministic);
+    its range starts at the current offset. Offsets below the earliest segment in storage
+    (``earliest``, default: the earliest of ``segments``) were removed by retention before they
+    were converted: they are skipped (reported). A hole above the earliest segment stops the
+    plan (the segment is not tiered yet, e.g. a copy being retried): ``waiting`` says so.
+    """
+    chain: list[RemoteSegment] = []
+    ranges: list[tuple[int, int]] = []
+    skipped: list[tuple[int, int]] = []
+    if not segments:
+        return chain, ranges, skipped, None
+    if earliest is None:
+        earliest = min(s.start_offset for s in segments)
+    cur = next_offset
+    waiting = None
+    while not limit or len(chain) < limit:
+        covering = [s for s in segments if s.start_offset <= cur <= s.end_offset]
+        if not covering:
+            later = [s for s in segments if s.start_offset > cur]
+            if not later:
+                break
+            nxt = min(s.start_offset for s in later)
+            if cur < earliest:
+                skipped.append((cur, nxt - 1))
+                cur = nxt
+                continue
+            waiting = f"offsets {cur}..{nxt - 1} are not in remote storage (yet)"
+            break
+        best = max(covering, key=lambda s: (s.end_offset, [-ord(c) for c in s.segment_id]))
+        chain.append(best)
+        ranges.append((cur, best.end_offset))
+        cur = best.end_offset + 1
+    return chain, ranges, skipped, waiting
+
+
+def plan_partition(reader: SegmentReader, segments: list[RemoteSegment], next_offset: int,
+                   ingest_state: int, limit: int = 0) -> PartitionPlan:
+    """The plan of one partition from its listed segments (sorted by start offset).
+
+    Manifests (end offsets, max timestamps) are read for the segments starting at or after
+    ``next_offset`` - the new ones. Only when none of them starts exactly at ``next_offset``
+    (a re-upload straddling it, or nothing new) are older segments' manifests read, newest
+    first, until one covering ``next_offset`` is found. Then the transaction indexes and producer
+    snapshots of the chain are read (:func:`finish_transactions`).
+    """
+    partition = segments[0].partition if segments else -1
+    plan = PartitionPlan(partition, next_offset, ingest_state)
+    if not segments:
+        return plan
+    earliest = segments[0].start_offset
+    later = [s for s in segments if s.start_offset >= next_offset]
+    if limit:
+        later = later[: 2 * limit + 8]
+    known = with_manifest_info(reader, later)
+    if not any(s.start_offset == next_offset for s in known) and next_offset > earliest:
+        older = [s for s in segments if s.start_offset < next_offset][::-1]
+        for i in range(0, len(older), LIST_THREADS):
+            page = [s for s in with_manifest_info(reader, older[i:i + LIST_THREADS])
+                    if s.end_offset >= next_offset]
+            if page:
+                known.append(max(page, key=lambda s: s.end_offset))
+                break
+    chain, ranges, skipped, waiting = choose_chain(known, next_offset, limit, earliest=earliest)
+    plan.chain, plan.ranges, plan.skipped, plan.waiting = chain, ranges, skipped, waiting
+    finish_transactions(reader, plan)
+    return plan
+
+
+def read_aborted_and_open(reader: SegmentReader, seg: RemoteSegment
+                          ) -> tuple[list[AbortedTxn], list[int] | None]:
+    """(aborted transactions listed in the segment's transaction index, first offsets of the
+    transactions open at its end per its producer snapshot - None when it has no snapshot)."""
+    opened = reader.open_base(seg.base, seg.describe)
+    try:
+        aborted = read_txn_index(reader.read_index(opened, "transaction"), name=f"{seg.base} (transaction index)")
+    except NotFound:
+        aborted = []
+    try:
+        snap = parse_producer_snapshot(reader.read_index(opened, "producerSnapshot"),
+                                       name=f"{seg.base} (producer snapshot)")
+        open_first = [e.current_txn_first_offset for e in snap.entries if e.has_open_transaction]
+    except NotFound:
+        open_first = None
+    return aborted, open_first
+
+
+def finish_transactions(reader: SegmentReader, plan: PartitionPlan) -> None:
+    """Read the chain's transaction indexes and producer snapshots; drop the tail of the chain
+    whose transactions are not all finished within the chain (they wait for the next run)."""
+    if not plan.chain:
+        return
+    chain = plan.chain
+    if len(chain) == 1:
+        infos = [read_aborted_and_open(reader, chain[0])]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(min(LIST_THREADS, len(chain))) as pool:
+            infos = list(pool.map(lambda s: read_aborted_and_open(reader, s), chain))
+    seen = set()
+    aborted = []
+    for txns, _ in infos:
+        for t in txns:
+            key = (t.producer_id, t.first_offset, t.last_offset)
+            if key not in seen:
+                seen.add(key)
+                aborted.append(t)
+    aborted.sort(key=lambda t: (t.last_offset, t.first_offset))
+    plan.aborted = aborted
+    # threshold[j]: every transaction open at chain[j]'s end started after this offset
+    thresholds = []
+    for _, open_first in infos:
+        if open_first is None:
+            thresholds.append(-1)  # unknown: proves nothing
+        else:
+            thresholds.append(min(open_first) - 1 if open_first else 2**63 - 1)
+    # chain[i] is complete iff max(thresholds[i:]) >= its end offset; that is a prefix
+    suffix = -1
+    keep = 0
+    for j in range(len(chain) - 1, -1, -1):
+        suffix = max(suffix, thresholds[j])
+        if suffix >= chain[j].end_offset:
+            keep = j + 1
+            break
+    if keep < len(chain):
+        first_open = chain[keep]
+        plan.waiting = (f"transactions with data in {first_open.describe} or before are still open at "
+                        f"the end of the tiered segments; converting it once their markers are tiered")
+        plan.chain = chain[:keep]
+        plan.ranges = plan.ranges[:keep]
+
+
+# ============================================================================ executors
+
+@dataclasses.dataclass(frozen=True)
+class StorageParams:
+    """What an executor needs to open the store like the sidecar: the sidecar's configuration
+    (parsed TOML file + ``RSM__`` environment overrides) and the reader settings."""
+
+    values: Mapping[str, Any] = dataclasses.field(repr=False)
+    environ: Mapping[str, str] = dataclasses.field(repr=False)
+    chunk_cache_bytes: int = 24 * 1024 * 1024
+    prefetch_bytes: int = 8 * 1024 * 1024
+
+    def cache_key(self) -> str:
+        return hashlib.sha256(json.dumps([self.values, self.environ, self.chunk_cache_bytes,
+                                          self.prefetch_bytes], sort_keys=True, default=str).encode()).hexdigest()
+
+
+class ExecutorContext:
+    """Store, key layout, keyring and segment reader of one executor process."""
+
+    def __init__(self, params: StorageParams):
+        from rsm_sidecar.config import Config
+        from rsm_sidecar.storage.factory import open_store
+        from rsm_sidecar.transform.keyring import Keyring
+
+        cfg = Config(params.values, environ=params.environ, source="the job's sidecar configuration")
+        self.store = open_store(cfg)
+        self.layout = KeyLayout(cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"])
+        self.keyring = Keyring.from_config(cfg)
+        settings = ReaderSettings(manifest_cache_bytes=4 * 1024 * 1024, index_cache_bytes=8 * 1024 * 1024,
+                                  chunk_cache_bytes=params.chunk_cache_bytes,
+                                  prefetch_bytes=params.prefetch_bytes, max_range_bytes=8 * 1024 * 1024)
+        self.prefetch = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rsm-prefetch")
+                         if params.prefetch_bytes else None)
+        self.reader = SegmentReader(self.store, self.layout, self.keyring, settings, self.prefetch)
+
+
+_CONTEXTS: dict[str, ExecutorContext] = {}
+_CONTEXT_LOCK = threading.Lock()
+
+
+def executor_context(params: StorageParams) -> ExecutorContext:
+    key = params.cache_key()
+    with _CONTEXT_LOCK:
+        ctx = _CONTEXTS.get(key)
+        if ctx is None:
+            ctx = _CONTEXTS[key] = ExecutorContext(params)
+        return ctx
+
+
+class _PieceStream:
+    """A non-seekable file object over an iterator of byte pieces (``read_batches`` input)."""
+
+    def __init__(self, pieces: Iterator[bytes], name: str):
+        self._it = iter(pieces)
+        self._cur = b""
+        self._pos = 0
+        self.name = name
+
+    def read(self, n: int = -1) -> bytes:
+        out = []
+        while n != 0:
+            if self._pos >= len(self._cur):
+                try:
+                    self._cur = next(self._it)
+                except StopIteration:
+                    break
+                self._pos = 0
+                continue
+            end = len(self._cur) if n < 0 else min(len(self._cur), self._pos + n)
+            out.append(self._cur[self._pos:end] if (self._pos or end != len(self._cur)) else self._cur)
+            if n > 0:
+                n -= end - self._pos
+            self._pos = end
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def seekable(self) -> bool:
+        return False
+
+
+def start_position(reader: SegmentReader, seg: OpenSegment, task: SegmentTask) -> int:
+    """Byte position to start reading at for ``task.lo`` (the offset index; 0 at the start)."""
+    if task.lo <= task.start_offset:
+        return 0
+    try:
+        entries = read_offset_index(reader.read_index(seg, "offset"), task.start_offset,
+                                    name=f"{seg.base} (offset index)")
+    except NotFound:
+        return 0
+    return lookup_offset(entries, task.lo, task.start_offset).position
+
+
+def read_task(ctx: ExecutorContext, task: SegmentTask, *, max_records: int, max_bytes: int
+              ) -> Iterator[pa.RecordBatch]:
+    """Raw record batches of one task (bounded: one Kafka batch + one window at a time)."""
+    seg = ctx.reader.open_base(task.base, task.describe)
+    size = seg.manifest.original_size
+    rows = SegmentRowReader(task.partition, task.lo, task.hi, task.aborted_txns(), task.ingest_state,
+                            max_records=max_records, max_bytes=max_bytes, source=f"{task.base}.log")
+    if size == 0:
+        return
+    pos = start_position(ctx.reader, seg, task)
+    pieces = ctx.reader.read(seg, pos, size - 1)
+    stream = _PieceStream(pieces, f"{task.base}.log")
+    try:
+        yield from rows.batches(read_batches(stream, name=f"{task.base}.log"))
+    finally:
+        close = getattr(pieces, "close", None)
+        if close is not None:
+            close()
+
+
+def describe_error(task: SegmentTask, exc: BaseException) -> str:
+    return f"segment {task.describe} ({task.base}): {type(exc).__name__}: {exc}"
+
+
+class SegmentFailed(RsmError):
+    """Converting one segment failed; the message names the segment."""
