@@ -48,13 +48,15 @@ def register(sub) -> None:
     common.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
 
     p = sub.add_parser("inspect", help="list, show, dump, cat, verify and re-key stored segments",
-                       description=__doc__.splitlines()[0])
+                       description="Look at, verify and re-key the segments rsm-sidecar stored, with the "
+                                   "sidecar's own configuration (docs/inspect.md).",
+                       epilog="exit codes: 0 ok, 1 problems found or errors, 2 usage")
     isub = p.add_subparsers(dest="inspect_command", required=True, metavar="COMMAND")
     seg_help = "segment UUID, object key (.log/.indexes/.rsm-manifest) or topic/partition/offset"
 
     c = isub.add_parser("ls", parents=[common], help="list segments")
-    c.add_argument("--topic")
-    c.add_argument("--partition", type=_int_min(0))
+    c.add_argument("--topic", help="only this topic")
+    c.add_argument("--partition", type=_int_min(0), help="only this partition")
     c.set_defaults(func=_wrap(_ls))
 
     c = isub.add_parser("show", parents=[common], help="a segment's manifest and chunk-index statistics")
@@ -81,21 +83,21 @@ def register(sub) -> None:
 
     c = isub.add_parser("verify", parents=[common], help="download and check every chunk, batch and index")
     c.add_argument("segment", metavar="SEGMENT", nargs="?", help=seg_help + " (default: all segments)")
-    c.add_argument("--topic")
-    c.add_argument("--partition", type=_int_min(0))
+    c.add_argument("--topic", help="only this topic")
+    c.add_argument("--partition", type=_int_min(0), help="only this partition")
     c.add_argument("--deep", action="store_true", help="also decode every record of every batch")
     c.set_defaults(func=_wrap(_verify))
 
     c = isub.add_parser("rekey", parents=[common], help="re-wrap data keys under the active key id")
     which = c.add_mutually_exclusive_group(required=True)
-    which.add_argument("--topic")
+    which.add_argument("--topic", help="the segments of this topic")
     which.add_argument("--all", action="store_true", help="every segment under the key prefix")
     c.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
     c.add_argument("--parallel", type=_int_min(1), default=4, help="segments processed at once (default 4)")
     c.set_defaults(func=_wrap(_rekey))
 
     c = isub.add_parser("du", parents=[common], help="bytes stored per topic and partition")
-    c.add_argument("--topic")
+    c.add_argument("--topic", help="only this topic")
     c.set_defaults(func=_wrap(_du))
 
     c = isub.add_parser("orphans", parents=[common], help="objects without a manifest (failed or killed uploads)")
