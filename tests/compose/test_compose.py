@@ -1,0 +1,632 @@
+"""The docker-compose demo cluster, checked without a Docker engine.
+
+* docker-compose.yml is validated and normalized by docker compose itself
+  (``docker compose config``; see tooling.py), and every test below reads that normalized
+  form: what Docker would run, not the YAML as written;
+* the Dockerfiles are parsed and linted by BuildKit's own code; every file they copy exists
+  and is sent in the build context;
+* the sidecar's settings are config/sidecar.toml plus the compose ``RSM__`` environment,
+  loaded by ``rsm_sidecar.config.Config`` (the code ``rsm-sidecar serve`` runs);
+* the broker's settings are rendered by docker/kafka/render-properties.sh (the script the
+  broker container runs) from docker/kafka/server.properties and
+  config/broker-tiered.properties, with the compose environment;
+* every ``rsm-sidecar ...`` command parses with the real CLI parser;
+* the images' helper scripts (health check, unless-exists, the demo producer) run here.
+
+What needs Docker (building the images, starting the containers) is not tested here;
+docker/README.md says what was run.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rsm_sidecar.config import Config
+from tests.compose import tooling
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+SIDECAR_TOML = REPO / "config" / "sidecar.toml"
+BROKER_TIERED = REPO / "config" / "broker-tiered.properties"
+RENDER = REPO / "docker" / "kafka" / "render-properties.sh"
+KAFKA_BASE = REPO / "docker" / "kafka" / "server.properties"
+SIDECAR_MOUNT = "/etc/rsm-sidecar/sidecar.toml"
+TIERED_MOUNT = "/etc/rsm-sidecar/broker-tiered.properties"
+
+SERVICES = {"seaweedfs", "keys-init", "sidecar", "kafka", "registry", "iceberg-rest", "demo-producer",
+            "iceberg-convert"}
+ONE_SHOT = {"keys-init", "demo-producer", "iceberg-convert"}
+#: service -> {dependency: condition}: the start order the demo needs
+START_ORDER = {
+    "sidecar": {"keys-init": "service_completed_successfully", "seaweedfs": "service_healthy"},
+    "kafka": {"sidecar": "service_healthy"},
+    "iceberg-rest": {"seaweedfs": "service_healthy"},
+    "demo-producer": {"kafka": "service_healthy", "registry": "service_healthy"},
+    "iceberg-convert": {"demo-producer": "service_completed_successfully", "iceberg-rest": "service_healthy",
+                        "registry": "service_healthy"},
+}
+#: the images the project's tests run too, pinned (docs: devstack, docs/storage.md, docs/iceberg.md)
+PINNED_IMAGES = {
+    "seaweedfs": "chrislusf/seaweedfs:4.48",               # devstack.s3server SEAWEEDFS_VERSION
+    "registry": "apicurio/apicurio-registry:3.3.3",        # devstack.registry DEFAULT_VERSION
+    "iceberg-rest": "apache/iceberg-rest-fixture:1.12.0",  # rsm_sidecar.iceberg.jars ICEBERG_VERSION
+}
+#: variables of the apache/kafka image that are not broker properties
+KAFKA_IMAGE_NON_PROPERTIES = {"KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS", "KAFKA_LOG4J_OPTS",
+                              "KAFKA_JMX_OPTS", "KAFKA_GC_LOG_OPTS"}
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+def _tool(fn):
+    try:
+        return fn()
+    except tooling.ToolUnavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def compose() -> list[str]:
+    return _tool(tooling.compose_command)
+
+
+@pytest.fixture(scope="module")
+def project(compose) -> dict:
+    """docker-compose.yml as ``docker compose config`` normalizes it."""
+    proc = subprocess.run([*compose, "-f", str(COMPOSE_FILE), "config", "--format", "json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=_compose_env())
+    assert proc.returncode == 0, f"docker compose config failed:\n{proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def services(project) -> dict[str, dict]:
+    return project["services"]
+
+
+@pytest.fixture(scope="module")
+def dockerfiles(services) -> dict[str, dict]:
+    """BuildKit's view of every Dockerfile compose builds: path -> report."""
+    check = _tool(tooling.ensure_dockerfilecheck)
+    out = {}
+    for svc in services.values():
+        build = svc.get("build")
+        if not build:
+            continue
+        path = str(Path(build["context"]) / build.get("dockerfile", "Dockerfile"))
+        if path not in out:
+            proc = subprocess.run([str(check), "-context", build["context"], "-file", path], capture_output=True,
+                                  text=True, timeout=120)
+            out[path] = json.loads(proc.stdout)
+    return out
+
+
+def _compose_env() -> dict[str, str]:
+    # the file must not depend on the caller's environment: no interpolation from it
+    return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "TMPDIR")}
+
+
+def _env(svc: dict) -> dict[str, str]:
+    return {k: ("" if v is None else str(v)) for k, v in (svc.get("environment") or {}).items()}
+
+
+def _mounts(svc: dict) -> dict[str, dict]:
+    """target -> volume entry."""
+    return {v["target"]: v for v in svc.get("volumes", [])}
+
+
+def _rsm_env(svc: dict) -> dict[str, str]:
+    return {k: v for k, v in _env(svc).items() if k.startswith("RSM__")}
+
+
+def _sidecar_config(svc: dict) -> Config:
+    return Config.load(SIDECAR_TOML, environ=_rsm_env(svc))
+
+
+def _render(env: dict[str, str], *files: Path, awk_dir: Path | None = None) -> subprocess.CompletedProcess:
+    path = os.environ["PATH"] if awk_dir is None else f"{awk_dir}:{os.environ['PATH']}"
+    return subprocess.run(["sh", str(RENDER), *map(str, files)], capture_output=True, text=True, timeout=30,
+                          env={"PATH": path, **env})
+
+
+def _properties(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "!")):
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+@pytest.fixture(scope="module")
+def broker_properties(services) -> dict[str, str]:
+    """The kafka container's server.properties, rendered by the container's own script."""
+    proc = _render(_env(services["kafka"]), KAFKA_BASE, BROKER_TIERED)
+    assert proc.returncode == 0, proc.stderr
+    return _properties(proc.stdout)
+
+
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+# -- the compose file ----------------------------------------------------------------------------
+def test_compose_file_validates_against_the_compose_spec(compose):
+    """`docker compose config -q`: schema, merge keys, depends_on targets, no unset variables."""
+    proc = subprocess.run([*compose, "-f", str(COMPOSE_FILE), "config", "--quiet"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=_compose_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "variable is not set" not in proc.stderr, proc.stderr
+
+
+def test_compose_rejects_an_invalid_file(compose, tmp_path):
+    """The validator is real: an unknown service attribute fails."""
+    bad = tmp_path / "compose.yml"
+    bad.write_text(COMPOSE_FILE.read_text().replace("    stop_grace_period: 30s", "    stop_grace_periodd: 30s"))
+    proc = subprocess.run([*compose, "-f", str(bad), "config", "--quiet"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=_compose_env())
+    assert proc.returncode != 0 and "stop_grace_periodd" in proc.stderr
+
+
+def test_services(services):
+    assert set(services) == SERVICES
+
+
+def test_start_order_and_health_checks(services):
+    for name, deps in START_ORDER.items():
+        got = {d: c["condition"] for d, c in services[name].get("depends_on", {}).items()}
+        assert got == deps, name
+    for name, svc in services.items():
+        for dep, cond in svc.get("depends_on", {}).items():
+            if cond["condition"] == "service_healthy":
+                test = services[dep].get("healthcheck", {}).get("test")
+                assert test and test[0] in ("CMD", "CMD-SHELL"), f"{name} waits for {dep} to be healthy: no health check"
+            if cond["condition"] == "service_completed_successfully":
+                assert dep in ONE_SHOT
+    for name in ONE_SHOT:
+        assert services[name].get("restart", "no") == "no", name
+    for name in SERVICES - ONE_SHOT:
+        assert services[name].get("healthcheck"), f"{name} has no health check"
+
+
+def test_images_are_pinned(services, dockerfiles):
+    for name, image in PINNED_IMAGES.items():
+        assert services[name]["image"] == image
+    kafka_image = services["kafka"]["build"]["args"]["KAFKA_IMAGE"]
+    from devstack.kafka import DEFAULT_KAFKA_VERSION
+
+    assert kafka_image == f"apache/kafka:{DEFAULT_KAFKA_VERSION}", "the local stack's Kafka version"
+    for report in dockerfiles.values():
+        for stage in report["stages"]:
+            base = stage["base"]
+            if base in {s["name"] for s in report["stages"]}:
+                continue
+            assert ":" in base and not base.endswith(":latest"), f"{report['file']}: unpinned base image {base}"
+    sidecar_df = next(r for p, r in dockerfiles.items() if p.endswith("docker/sidecar/Dockerfile"))
+    assert sidecar_df["args"]["PYTHON_IMAGE"].startswith("python:3.11-slim")
+
+
+def test_every_referenced_file_exists(services):
+    for name, svc in services.items():
+        for vol in svc.get("volumes", []):
+            if vol["type"] == "bind":
+                assert Path(vol["source"]).exists(), f"{name}: mounts missing {vol['source']}"
+                assert Path(vol["source"]).resolve().is_relative_to(REPO), f"{name}: mounts outside the repo"
+        build = svc.get("build")
+        if build:
+            assert (Path(build["context"]) / build["dockerfile"]).is_file(), name
+    # config/ is mounted read-only where it is used
+    mounted = {(n, v["target"]): v for n, s in services.items() for v in s.get("volumes", [])}
+    for name in ("sidecar", "demo-producer", "iceberg-convert"):
+        vol = mounted[(name, SIDECAR_MOUNT)]
+        assert Path(vol["source"]) == SIDECAR_TOML and vol.get("read_only"), name
+    vol = mounted[("kafka", TIERED_MOUNT)]
+    assert Path(vol["source"]) == BROKER_TIERED and vol.get("read_only")
+
+
+# -- the Dockerfiles -----------------------------------------------------------------------------
+def test_dockerfiles_parse_and_pass_the_buildkit_linter(dockerfiles):
+    assert len(dockerfiles) == 2
+    for path, report in dockerfiles.items():
+        assert not report.get("error"), f"{path}: {report.get('error')}"
+        assert report["warnings"] == [], f"{path}: {report['warnings']}"
+
+
+def test_dockerfiles_copy_only_what_exists_in_the_build_context(dockerfiles):
+    shim = REPO / "java-shim" / "target" / "rsm-sidecar-shim.jar"
+    for path, report in dockerfiles.items():
+        assert report["ignore_file"].endswith(".dockerignore"), f"{path}: no ignore file: the whole repo is sent"
+        for src in report["sources"]:
+            if REPO / src["source"] == shim and not shim.exists():
+                continue  # built by `make shim` (docker/README.md); the pattern is checked below
+            assert src["exists"], f"{path}:{src['line']}: {src['source']} does not exist"
+            assert src["in_context"], f"{path}:{src['line']}: {src['source']} is excluded by {report['ignore_file']}"
+    kafka = next(r for p, r in dockerfiles.items() if p.endswith("docker/kafka/Dockerfile"))
+    assert "java-shim/target/rsm-sidecar-shim.jar" in {s["source"] for s in kafka["sources"]}
+    ignore = (REPO / "docker/kafka/Dockerfile.dockerignore").read_text()
+    assert "!java-shim/target/rsm-sidecar-shim.jar" in ignore
+
+
+def test_build_targets_exist(services, dockerfiles):
+    for name, svc in services.items():
+        build = svc.get("build")
+        if build and build.get("target"):
+            report = dockerfiles[str(Path(build["context"]) / build["dockerfile"])]
+            assert build["target"] in {s["name"] for s in report["stages"]}, name
+
+
+def test_image_helpers_are_installed_where_compose_calls_them(services, dockerfiles):
+    """Commands the services and health checks call exist in their image."""
+    sidecar_df = next(r for p, r in dockerfiles.items() if p.endswith("docker/sidecar/Dockerfile"))
+    installed = {s["dest"]: s["source"] for s in sidecar_df["sources"]}
+    assert installed["/usr/local/bin/rsm-healthcheck"] == "docker/sidecar/healthcheck.py"
+    assert installed["/usr/local/bin/unless-exists"] == "docker/sidecar/unless-exists.sh"
+    assert services["sidecar"]["healthcheck"]["test"][1] == "rsm-healthcheck"
+    assert services["keys-init"]["entrypoint"][0] == "unless-exists"
+    kafka_df = next(r for p, r in dockerfiles.items() if p.endswith("docker/kafka/Dockerfile"))
+    dests = {s["source"]: s["dest"] for s in kafka_df["sources"]}
+    assert dests["docker/kafka/start-broker.sh"] == "/opt/rsm-sidecar/bin/"
+    assert "/opt/rsm-sidecar/bin/start-broker.sh" in (REPO / "docker/kafka/Dockerfile").read_text()
+    for script in ("docker/kafka/start-broker.sh", "docker/kafka/render-properties.sh",
+                   "docker/sidecar/unless-exists.sh", "docker/sidecar/healthcheck.py"):
+        assert os.access(REPO / script, os.X_OK), f"{script} is not executable"
+
+
+# -- sidecar settings: config/sidecar.toml + RSM__ ---------------------------------------------
+def test_every_rsm_variable_names_a_configuration_key(services):
+    from rsm_sidecar.config import ENV_PREFIX
+
+    users = [n for n, s in services.items() if _rsm_env(s)]
+    assert set(users) == {"sidecar", "demo-producer", "iceberg-convert"}
+    for name in users:
+        env = _rsm_env(services[name])
+        cfg = _sidecar_config(services[name])  # raises ConfigError on an unknown key or a bad value
+        for var in env:
+            path = cfg._env_to_path(var)
+            cfg._find(path)
+            assert cfg.is_set(path), f"{name}: {var}"
+            assert var.startswith(ENV_PREFIX)
+
+
+def test_sidecar_configuration_validates_and_points_at_the_compose_services(services):
+    svc = services["sidecar"]
+    cfg = _sidecar_config(svc)
+    assert cfg["storage.backend"] == "s3"
+    # the bucket SeaweedFS creates, at its S3 port, with its identity
+    weed = services["seaweedfs"]
+    flags = dict(a.lstrip("-").split("=", 1) for a in weed["command"] if a.startswith("-") and "=" in a)
+    assert cfg["storage.s3.bucket"] in flags["bucket"].split(",")
+    assert cfg["storage.s3.endpoint_url"] == f"http://seaweedfs:{flags['s3.port']}"
+    assert cfg["storage.s3.addressing_style"] == "path"
+    assert cfg["storage.s3.access_key_id"] == _env(weed)["AWS_ACCESS_KEY_ID"]
+    assert cfg["storage.s3.secret_access_key"] == _env(weed)["AWS_SECRET_ACCESS_KEY"]
+    # the keyring: the active key's files are where keys-init writes them
+    assert cfg["encryption.enabled"]
+    keys = cfg.family("encryption.keys")
+    active = cfg["encryption.active_key_id"]
+    out_dir = _arg(services["keys-init"]["command"], "--out")
+    key_id = _arg(services["keys-init"]["command"], "--id")
+    assert active == key_id
+    assert keys[active] == {"public_key_file": f"{out_dir}/{key_id}.public.pem",
+                            "private_key_file": f"{out_dir}/{key_id}.private.pem"}
+    assert services["keys-init"]["entrypoint"][1] == keys[active]["private_key_file"]
+    keys_volume = _mounts(services["keys-init"])[out_dir]
+    assert keys_volume["type"] == "volume" and not keys_volume.get("read_only")
+    for name in ("sidecar", "iceberg-convert"):
+        vol = _mounts(services[name])[out_dir]
+        assert vol["source"] == keys_volume["source"] and vol.get("read_only"), name
+    # metrics published, and on the port the sidecar serves them
+    metrics = cfg["metrics.listen"]
+    assert any(int(p["target"]) == _port(metrics) and p.get("host_ip") == "127.0.0.1" for p in svc["ports"])
+    assert _env(services["demo-producer"])["DEMO_SIDECAR_METRICS"] == f"http://sidecar:{_port(metrics)}/metrics"
+
+
+def test_health_check_asks_the_port_the_sidecar_listens_on(services):
+    cfg = _sidecar_config(services["sidecar"])
+    test = services["sidecar"]["healthcheck"]["test"]
+    assert _port(test[2]) == _port(cfg["server.listen"])
+
+
+def test_processes_share_the_sidecar_storage(services):
+    """The producer and the Iceberg job see exactly the sidecar's storage and key layout."""
+    ref = _sidecar_config(services["sidecar"])
+    for name in ("demo-producer", "iceberg-convert"):
+        cfg = _sidecar_config(services[name])
+        for key in ("storage.backend", "storage.key_prefix", "storage.hashed_prefix_chars", "storage.s3.bucket",
+                    "storage.s3.endpoint_url"):
+            assert cfg[key] == ref[key], (name, key)
+
+
+# -- broker settings: config/broker-tiered.properties -------------------------------------------
+def test_broker_gets_every_tiered_setting_from_config(services, broker_properties):
+    tiered = _properties(BROKER_TIERED.read_text())
+    env = _env(services["kafka"])
+    for key, value in tiered.items():
+        expected = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], value)
+        assert broker_properties[key] == expected, key
+    assert not any("${" in v for v in broker_properties.values())
+
+
+def test_compose_sets_no_tiered_setting_anywhere_else(services):
+    """One source of truth: neither the compose base file nor the environment (the
+    apache/kafka image turns KAFKA_* variables into properties) sets a tiered key."""
+    tiered = set(_properties(BROKER_TIERED.read_text()))
+    base = _properties(KAFKA_BASE.read_text())
+    assert not tiered & set(base)
+    assert not [k for k in base if k.startswith(("remote.", "rsm.config.", "rlmm.config.", "log.local."))]
+    kafka_vars = {k for k in _env(services["kafka"]) if k.startswith("KAFKA_")}
+    assert kafka_vars <= KAFKA_IMAGE_NON_PROPERTIES
+
+
+def test_broker_reaches_the_sidecar_and_shim(services, broker_properties, dockerfiles):
+    env = _env(services["kafka"])
+    target = broker_properties["rsm.config.sidecar.target"]
+    host, port = target.rsplit(":", 1)
+    assert host in services and host == "sidecar"
+    assert int(port) == _port(_sidecar_config(services["sidecar"])["server.listen"])
+    # the shim jar is alone in SHIM_DIR inside the image
+    kafka_df = next(r for p, r in dockerfiles.items() if p.endswith("docker/kafka/Dockerfile"))
+    jar = next(s for s in kafka_df["sources"] if s["source"].endswith("rsm-sidecar-shim.jar"))
+    assert Path(jar["dest"]).parent == Path(env["SHIM_DIR"])
+    assert broker_properties["remote.log.storage.manager.class.path"] == env["SHIM_DIR"] + "/*"
+    # the RLMM's listener exists
+    listeners = broker_properties["listeners"]
+    assert f"{broker_properties['remote.log.metadata.manager.listener.name']}://" in listeners
+
+
+def test_path_transfer_mode_shares_the_log_dir(services, broker_properties):
+    mode = broker_properties["rsm.config.transfer.mode"]
+    assert mode in ("path", "stream")
+    if mode == "stream":
+        return
+    log_dir = broker_properties["log.dirs"]
+    kafka_vol = _mounts(services["kafka"])[log_dir]
+    sidecar_vol = _mounts(services["sidecar"])[log_dir]
+    assert kafka_vol["type"] == sidecar_vol["type"] == "volume"
+    assert kafka_vol["source"] == sidecar_vol["source"], "the same volume at the same path"
+    assert sidecar_vol.get("read_only") and not kafka_vol.get("read_only")
+    assert log_dir in _sidecar_config(services["sidecar"])["copy.allowed_dirs"]
+
+
+def test_cluster_id_is_a_kafka_uuid(services):
+    cid = _env(services["kafka"])["CLUSTER_ID"]
+    assert len(cid) == 22 and len(base64.urlsafe_b64decode(cid + "==")) == 16
+
+
+def test_published_ports_stay_on_loopback(services):
+    for name, svc in services.items():
+        for p in svc.get("ports", []):
+            assert p.get("host_ip") == "127.0.0.1", f"{name} publishes {p} on every interface"
+
+
+# -- commands ------------------------------------------------------------------------------------
+def _arg(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def _parse(argv: list[str]):
+    from rsm_sidecar.cli.main import build_parser
+
+    assert argv[0] == "rsm-sidecar"
+    return build_parser().parse_args(argv[1:])
+
+
+def test_sidecar_and_keys_commands_parse_with_the_cli(services):
+    serve = _parse(services["sidecar"]["command"])
+    assert serve.command == "serve" and serve.config == SIDECAR_MOUNT
+    gen = _parse(services["keys-init"]["command"])
+    assert gen.command == "keys" and gen.keys_command == "generate"
+
+
+def test_iceberg_convert_command_parses_with_the_cli(services):
+    from rsm_sidecar.cli.main import build_parser
+
+    argv = services["iceberg-convert"]["command"]
+    sub = build_parser()._subparsers._group_actions[0].choices
+    if "iceberg" not in sub:
+        pytest.skip("`rsm-sidecar iceberg` is not in the CLI yet (rsm_sidecar/cli/iceberg.py)")
+    args = _parse(argv)
+    assert args.config == SIDECAR_MOUNT
+    assert args.topic in ("demo-orders", "demo-clicks", "demo-raw")
+
+
+def test_iceberg_settings_point_at_the_catalog_warehouse_and_registry(services):
+    svc = services["iceberg-convert"]
+    try:
+        cfg = _sidecar_config(svc)
+        cfg["iceberg.catalog.type"]
+    except KeyError:
+        pytest.skip("the [iceberg] configuration keys are not declared yet")
+    rest = _env(services["iceberg-rest"])
+    weed = services["seaweedfs"]
+    flags = dict(a.lstrip("-").split("=", 1) for a in weed["command"] if a.startswith("-") and "=" in a)
+    assert cfg["iceberg.catalog.type"] == "rest"
+    assert cfg["iceberg.catalog.rest.uri"] == f"http://iceberg-rest:{services['iceberg-rest']['ports'][0]['target']}"
+    assert cfg["iceberg.warehouse"] == rest["CATALOG_WAREHOUSE"]
+    bucket = cfg["iceberg.warehouse"].removeprefix("s3://").split("/")[0]
+    assert bucket in flags["bucket"].split(",") and bucket != cfg["storage.s3.bucket"]
+    assert cfg["iceberg.s3.endpoint"] == rest["CATALOG_S3_ENDPOINT"] == cfg["storage.s3.endpoint_url"]
+    assert cfg["iceberg.s3.path_style_access"] and rest["CATALOG_S3_PATH__STYLE__ACCESS"] == "true"
+    assert cfg["iceberg.s3.access_key_id"] == rest["CATALOG_S3_ACCESS__KEY__ID"] == _env(weed)["AWS_ACCESS_KEY_ID"]
+    assert cfg["iceberg.s3.secret_access_key"] == rest["CATALOG_S3_SECRET__ACCESS__KEY"]
+    assert cfg["iceberg.registry.url"] == _env(services["demo-producer"])["DEMO_SCHEMA_REGISTRY"]
+
+
+def test_demo_producer_settings_match_the_services(services):
+    env = _env(services["demo-producer"])
+    assert env["DEMO_BOOTSTRAP"] == "kafka:9092"
+    assert env["DEMO_SIDECAR_CONFIG"] == SIDECAR_MOUNT
+    assert env["DEMO_SCHEMA_REGISTRY"] == "http://registry:8080/apis/ccompat/v7"
+    cmd = services["demo-producer"]["command"]
+    script = cmd[1]
+    demo_mount = next(v for v in services["demo-producer"]["volumes"] if script.startswith(v["target"] + "/"))
+    assert (Path(demo_mount["source"]) / script[len(demo_mount["target"]) + 1:]).is_file()
+
+
+# -- the scripts inside the images ----------------------------------------------------------------
+@pytest.fixture(params=["awk", "busybox"])
+def awk_dir(request, tmp_path):
+    """The render script under the system awk and under BusyBox awk (the apache/kafka image
+    is Alpine-based)."""
+    if request.param == "awk":
+        return None
+    busybox = shutil.which("busybox")
+    if not busybox:
+        pytest.skip("busybox is not installed")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "awk").symlink_to(busybox)
+    return tmp_path / "bin"
+
+
+def test_render_properties_merges_and_fills(tmp_path, awk_dir):
+    a = tmp_path / "a.properties"
+    b = tmp_path / "b.properties"
+    a.write_text("# comment\n! also a comment\n\nx=1\ny = keep \npath=${DIR}/*\n")
+    b.write_text("x=2\nz=${DIR}:${PORT}\n")
+    proc = _render({"DIR": "/opt/shim", "PORT": "9095"}, a, b, awk_dir=awk_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["x=2", "y=keep", "path=/opt/shim/*", "z=/opt/shim:9095"]
+
+
+def test_render_properties_refuses_unfilled_placeholders_and_bad_lines(tmp_path, awk_dir):
+    proc = _render({"SHIM_DIR": "/s"}, BROKER_TIERED, awk_dir=awk_dir)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "rsm.config.sidecar.target: no value for ${SIDECAR_TARGET}" in proc.stderr
+    assert "TRANSFER_MODE" in proc.stderr
+    bad = tmp_path / "bad.properties"
+    bad.write_text("ok=1\nnot a property line\n")
+    proc = _render({}, bad, awk_dir=awk_dir)
+    assert proc.returncode == 1 and f"{bad}:2: not a key=value line" in proc.stderr
+
+
+def test_start_broker_renders_into_the_image_config(services):
+    """start-broker.sh renders the two files the Dockerfile and compose put in place."""
+    text = (REPO / "docker/kafka/start-broker.sh").read_text()
+    assert '"$here/server.properties"' in text and TIERED_MOUNT in text
+    assert "--ignore-formatted" in text and 'exec /opt/kafka/bin/kafka-server-start.sh "$out"' in text
+    assert "COPY --chmod=0644 docker/kafka/server.properties /opt/rsm-sidecar/server.properties" in \
+        (REPO / "docker/kafka/Dockerfile").read_text()
+    proc = subprocess.run(["bash", "-n", str(REPO / "docker/kafka/start-broker.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_unless_exists(tmp_path):
+    script = REPO / "docker/sidecar/unless-exists.sh"
+    marker = tmp_path / "key.pem"
+    ran = subprocess.run(["sh", str(script), str(marker), "sh", "-c", f"echo made > {marker}"], capture_output=True,
+                         text=True)
+    assert ran.returncode == 0 and marker.read_text() == "made\n"
+    again = subprocess.run(["sh", str(script), str(marker), "false"], capture_output=True, text=True)
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def test_keys_init_command_generates_the_keyring_the_sidecar_loads(services, tmp_path):
+    """The keys-init command line, run here (with the output directory moved), produces the
+    files the sidecar's configuration names, and the keyring loads them."""
+    from rsm_sidecar.cli.main import main
+    from rsm_sidecar.transform.keyring import Keyring
+
+    argv = list(services["keys-init"]["command"][1:])
+    out_dir = _arg(argv, "--out")
+    argv[argv.index("--out") + 1] = str(tmp_path)
+    argv += ["--bits", "2048"]  # faster than the default 3072 for the test
+    assert main(argv) == 0
+    env = {k: v.replace(out_dir, str(tmp_path)) for k, v in _rsm_env(services["sidecar"]).items()}
+    cfg = Config.load(SIDECAR_TOML, environ=env)
+    ring = Keyring.from_config(cfg)
+    assert ring.active_id == cfg["encryption.active_key_id"]
+    assert oct((tmp_path / f"{ring.active_id}.private.pem").stat().st_mode & 0o777) == "0o600"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_health_check_script_against_a_real_sidecar(services, tmp_path):
+    """docker/sidecar/healthcheck.py against `rsm-sidecar serve` started with
+    config/sidecar.toml: SERVING while it runs, exit 1 once it is gone."""
+    from devstack.sidecar import SidecarProcess
+    from rsm_sidecar.transform.keyring import generate_key_pair
+
+    port = _free_port()
+    key_id = _sidecar_config(services["sidecar"])["encryption.active_key_id"]
+    pub, priv = generate_key_pair(2048)
+    (tmp_path / "pub.pem").write_bytes(pub)
+    (tmp_path / "priv.pem").write_bytes(priv)
+    env = {"RSM__SERVER__LISTEN": f"127.0.0.1:{port}", "RSM__METRICS__LISTEN": "", "RSM__STORAGE__BACKEND": "local",
+           "RSM__STORAGE__LOCAL__ROOT": str(tmp_path / "remote"),
+           f"RSM__ENCRYPTION__KEYS__{key_id}__PUBLIC_KEY_FILE": str(tmp_path / "pub.pem"),
+           f"RSM__ENCRYPTION__KEYS__{key_id}__PRIVATE_KEY_FILE": str(tmp_path / "priv.pem")}
+    (tmp_path / "remote").mkdir()
+    sidecar = SidecarProcess(SIDECAR_TOML, tmp_path, env, f"127.0.0.1:{port}")
+    script = [sys.executable, str(REPO / "docker/sidecar/healthcheck.py")]
+    sidecar.start()
+    try:
+        ok = subprocess.run([*script, f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert "rsm.v1.RemoteStorage SERVING" in ok.stdout
+    finally:
+        sidecar.stop()
+    gone = subprocess.run([*script, f"127.0.0.1:{port}", "--timeout", "1"], capture_output=True, text=True, timeout=30)
+    assert gone.returncode == 1 and "UNAVAILABLE" in gone.stdout
+
+
+def test_sidecar_image_build_steps_produce_a_wheel_with_the_stubs(dockerfiles, tmp_path):
+    """The build stage's commands (protoc as `make proto`, then `pip wheel .`) run on the
+    files the ignore file sends: the wheel carries the generated stubs and the entry point."""
+    import zipfile
+
+    report = next(r for p, r in dockerfiles.items() if p.endswith("docker/sidecar/Dockerfile"))
+    ctx = tmp_path / "ctx"
+    for src in report["sources"]:
+        if src["stage"] != "build":
+            continue
+        s = REPO / src["source"]
+        if s.is_dir():
+            shutil.copytree(s, ctx / src["source"], ignore=shutil.ignore_patterns("__pycache__", "_proto"))
+        else:
+            (ctx / src["source"]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(s, ctx / src["source"])
+    text = (REPO / "docker/sidecar/Dockerfile").read_text()
+    protoc = re.search(r"python -m grpc_tools\.protoc (.*?) \\\n\s+(.*?) \\\n", text)
+    argv = shlex.split(protoc.group(1)) + shlex.split(protoc.group(2))
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", *argv], cwd=ctx, check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(tmp_path / "wheels"), "."], cwd=ctx, check=True, timeout=300)
+    wheel = next((tmp_path / "wheels").glob("rsm_sidecar-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"rsm_sidecar/_proto/rsm/v1/rsm_pb2.py", "rsm_sidecar/_proto/rsm/v1/rsm_pb2_grpc.py",
+            "rsm_sidecar/cli/main.py"} <= names
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "rsm-sidecar = rsm_sidecar.cli.main:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_demo_producer_schemas_compile(tmp_path):
+    """The demo's Protobuf file compiles with the bundled protoc and its Avro schema parses."""
+    import fastavro
+
+    sys.path.insert(0, str(REPO / "docker" / "demo"))
+    try:
+        import produce
+
+        pb2 = produce.order_module()
+        o = pb2.Order(order_id="o-1", status=pb2.Order.PAID)
+        assert pb2.Order.FromString(o.SerializeToString()).order_id == "o-1"
+        schema = fastavro.parse_schema(json.loads((REPO / "docker/demo/click.avsc").read_text()))
+        rec = next(produce.clicks(__import__("random").Random(1)))[1]
+        fastavro.validation.validate(rec, schema, raise_errors=True)
+    finally:
+        sys.path.remove(str(REPO / "docker" / "demo"))
