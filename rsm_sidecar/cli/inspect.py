@@ -69,9 +69,11 @@ def register(sub) -> None:
     c.add_argument("--limit", type=_int_min(0), help="at most this many records (control records included)")
     c.add_argument("--max-bytes", type=_int_min(0), default=256,
                    help="show at most this many bytes of each key, value and header value (0: all; default 256)")
-    c.add_argument("--schema-registry", metavar="URL",
-                   help="decode Confluent-framed keys/values through this schema registry "
-                        "(needs rsm_sidecar.iceberg; plain UTF-8/hex otherwise)")
+    reg = c.add_mutually_exclusive_group()
+    reg.add_argument("--schema-registry", metavar="URL",
+                     help="decode Confluent-framed keys/values through this schema registry (default: "
+                          "iceberg.registry.url of the configuration, if set; needs rsm_sidecar.iceberg)")
+    reg.add_argument("--plain", action="store_true", help="no schema-registry decoding: UTF-8 or hex only")
     c.set_defaults(func=_wrap(_dump))
 
     c = isub.add_parser("cat", parents=[common], help="the original .log bytes, as the broker receives them")
@@ -173,7 +175,8 @@ def _dump(ctx, args) -> int:
 
     seg = locate(ctx, args.segment)
     try:
-        decoder = decoders.build(args.schema_registry, args.max_bytes)
+        registry = None if args.plain else (args.schema_registry or decoders.configured_registry(ctx.cfg))
+        decoder = decoders.build(registry, args.max_bytes)
     except decoders.DecoderUnavailable as e:
         print(f"rsm-sidecar inspect: warning: {e}; keys and values are shown as UTF-8/hex", file=sys.stderr)
         decoder = decoders.PlainDecoder(args.max_bytes)

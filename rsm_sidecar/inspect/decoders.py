@@ -2,10 +2,11 @@
 
 The default is plain: UTF-8 text when the bytes are valid, printable UTF-8, hex
 otherwise. A decoder for schema-registry framed data (Confluent wire format: Avro,
-Protobuf, JSON Schema) is used when a registry URL is given and the schema-registry
-modules of :mod:`rsm_sidecar.iceberg` are importable; it falls back to plain for data
-that is not framed or whose schema cannot be resolved. Other decoders plug in by
-implementing :class:`Decoder`.
+Protobuf, JSON Schema) is used when a registry is configured (``--schema-registry URL``,
+or ``iceberg.registry.*`` in the sidecar's configuration, with its credentials and TLS
+settings) and the schema-registry modules of :mod:`rsm_sidecar.iceberg` are importable;
+it falls back to plain for data that is not framed or whose schema cannot be resolved.
+Other decoders plug in by implementing :class:`Decoder`.
 """
 
 from __future__ import annotations
@@ -104,14 +105,14 @@ def _jsonable(v: Any) -> Any:
 class RegistryDecoder:
     """Decodes Confluent-framed data through a schema registry; plain otherwise."""
 
-    def __init__(self, url: str, max_bytes: int = NO_LIMIT):
+    def __init__(self, registry_conf: str | dict[str, Any], max_bytes: int = NO_LIMIT):
         try:
             from rsm_sidecar.iceberg import framing, schema_registry
         except ImportError as e:
             raise DecoderUnavailable(f"schema-registry decoding needs rsm_sidecar.iceberg ({e})") from None
         self._framing = framing
         self._sr = schema_registry
-        self.registry = schema_registry.SchemaRegistry(url)
+        self.registry = schema_registry.SchemaRegistry(registry_conf)
         self.max_bytes = max_bytes
 
     def decode(self, topic: str, is_key: bool, data: bytes | None) -> dict[str, Any] | None:
@@ -151,9 +152,28 @@ class RegistryDecoder:
         return {"base64": base64.b64encode(payload).decode()}
 
 
-def build(schema_registry_url: str | None, max_bytes: int = NO_LIMIT) -> Decoder:
-    """The registry decoder when a URL is given, plain otherwise. Raises
-    ``DecoderUnavailable`` when a URL is given but the registry modules are missing."""
-    if schema_registry_url:
-        return RegistryDecoder(schema_registry_url, max_bytes)
+def configured_registry(cfg) -> dict[str, Any] | None:
+    """The registry client settings of the sidecar's configuration (``iceberg.registry.*``),
+    or None when no registry is configured or the Iceberg settings are not available.
+    Raises ``DecoderUnavailable`` when they are set but unusable."""
+    try:
+        url = cfg.get("iceberg.registry.url")
+        from rsm_sidecar.iceberg.settings import JobSettings
+    except (KeyError, ImportError):
+        return None
+    if not url:
+        return None
+    from rsm_sidecar.errors import ConfigError
+
+    try:
+        return JobSettings.from_config(cfg).registry
+    except ConfigError as e:
+        raise DecoderUnavailable(f"the configured schema registry cannot be used: {e}") from None
+
+
+def build(registry: str | dict[str, Any] | None, max_bytes: int = NO_LIMIT) -> Decoder:
+    """The registry decoder when a registry (URL or client settings) is given, plain
+    otherwise. Raises ``DecoderUnavailable`` when the registry modules are missing."""
+    if registry:
+        return RegistryDecoder(registry, max_bytes)
     return PlainDecoder(max_bytes)

@@ -517,3 +517,10 @@ def test_dump_decodes_avro_values_through_the_schema_registry(inspect_cli, stack
     assert f'value avro#{schema_id} {{"id": 0, "item": "item-0", "tags": [], "price": 0.0}}' in text
     plain = inspect_cli("dump", seg, "--json", "--limit", "1").expect(0).json()
     assert plain["batches"][0]["records"][0]["value"] == {"hex": framed(orders[0]).hex()}
+
+    # the registry of the sidecar's configuration (iceberg.registry.url) is used unless --plain
+    configured = {"RSM__ICEBERG__REGISTRY__URL": registry_url}
+    doc = inspect_cli("dump", seg, "--json", "--limit", "1", env=configured).expect(0).json()
+    assert doc["batches"][0]["records"][0]["value"]["decoded"] == orders[0]
+    doc = inspect_cli("dump", seg, "--json", "--limit", "1", "--plain", env=configured).expect(0).json()
+    assert doc["batches"][0]["records"][0]["value"] == {"hex": framed(orders[0]).hex()}
