@@ -207,6 +207,21 @@ class ConvertResult:
 
 # ============================================================================ the job
 
+@dataclasses.dataclass
+class Prepared:
+    """A run after planning: what the Spark write needs."""
+
+    result: ConvertResult
+    catalog: Any
+    state: mk.MarkerState
+    plans: list[PartitionPlan]
+    tasks: list[SegmentTask]
+    spec: Any = None          # EncoderSpec aligned to the table
+    ddl: str = ""
+    marker: dict[str, str] = dataclasses.field(default_factory=dict)
+    t0: float = 0.0
+
+
 class ConvertJob:
     """One run of the conversion of ``topic`` (see the module docstring)."""
 
@@ -346,6 +361,13 @@ class ConvertJob:
 
     # ------------------------------------------------------------------ run
     def run(self) -> ConvertResult:
+        prepared = self.prepare()
+        if not prepared.tasks:
+            return prepared.result
+        return self.execute(prepared)
+
+    def prepare(self) -> "Prepared":
+        """Steps 1-3: markers, plan, schemas and table (no Spark yet)."""
         t0 = time.monotonic()
         result = ConvertResult(self.table_name, self.job_id)
         catalog = self.catalog_spec.prepare().pyiceberg()
@@ -355,18 +377,18 @@ class ConvertJob:
             raise ConfigError(f"table {self.table_name} holds topic {state.topic!r}, not {self.topic!r}")
         topic_id, plans = self.plan(state)
         for plan in plans:
-            pr = PartitionResult(plan.partition, len(plan.chain), 0,
-                                 plan.ranges[0][0] if plan.ranges else None, plan.new_next_offset,
-                                 plan.skipped, plan.waiting)
-            result.partitions.append(pr)
+            result.partitions.append(PartitionResult(
+                plan.partition, len(plan.chain), 0, plan.ranges[0][0] if plan.ranges else None,
+                plan.new_next_offset, plan.skipped, plan.waiting))
             self._log_plan(plan)
         tasks: list[SegmentTask] = []
         for plan in plans:
             tasks.extend(plan.tasks(len(tasks)))
+        prepared = Prepared(result, catalog, state, plans, tasks, t0=t0)
         if not tasks:
             self.log(f"[convert] {self.topic} -> {self.table_name}: nothing new to convert")
             result.seconds = time.monotonic() - t0
-            return result
+            return prepared
 
         from rsm_sidecar.iceberg.evolution import describe, ensure_table, plan_update
         from rsm_sidecar.iceberg.rows import RowEncoder
@@ -390,8 +412,8 @@ class ConvertJob:
         if (main.snapshot_id if main else None) != state.main_snapshot_id:
             raise mk.CommitConflict(f"table {self.table_name}: main moved while the run planned; nothing "
                                     f"was committed - run the job again")
-        spec = spec.with_table(schema_to_arrow(table.schema()))
-
+        prepared.spec = spec.with_table(schema_to_arrow(table.schema()))
+        prepared.ddl = spark_ddl(table.schema())
         segments = {p.partition: [s.segment_id for s in p.chain] for p in plans}
         next_offsets = dict(state.next_offsets)
         ingest = dict(state.ingest_ms)
@@ -399,19 +421,24 @@ class ConvertJob:
             next_offsets[p.partition] = p.new_next_offset
             if p.chain:
                 ingest[p.partition] = p.new_ingest_state
-        marker = mk.marker_properties(topic=self.topic, topic_id=topic_id or "", job_id=self.job_id,
-                                      next_offsets=next_offsets, ingest_ms=ingest, segments=segments,
-                                      skipped={p.partition: p.skipped for p in plans})
+        prepared.marker = mk.marker_properties(
+            topic=self.topic, topic_id=topic_id or "", job_id=self.job_id, next_offsets=next_offsets,
+            ingest_ms=ingest, segments=segments, skipped={p.partition: p.skipped for p in plans})
+        return prepared
+
+    def execute(self, prepared: "Prepared") -> ConvertResult:
+        """Steps 4-5: the Spark write (staged) and the conditional publish."""
+        result = prepared.result
         pause_point("planned")
-        counts = self._write(tasks, spec, spark_ddl(table.schema()), marker)
+        counts = self._write(prepared)
         pause_point("staged")
-        snap = mk.publish(catalog, self.identifier, self.job_id, state.main_snapshot_id)
+        snap = mk.publish(prepared.catalog, self.identifier, self.job_id, prepared.state.main_snapshot_id)
         pause_point("published")
         result.committed = True
         result.snapshot_id = snap.snapshot_id
         for pr in result.partitions:
             pr.records = counts.get(pr.partition, [0, 0])[1]
-        result.seconds = time.monotonic() - t0
+        result.seconds = time.monotonic() - prepared.t0
         for pr in result.partitions:
             if pr.segments:
                 self.log(f"[convert] partition {pr.partition}: {pr.segments} segment(s), {pr.records} "
@@ -430,38 +457,45 @@ class ConvertJob:
         if plan.waiting:
             self.log(f"[convert] partition {plan.partition}: stops at offset {plan.new_next_offset}: {plan.waiting}")
 
-    def _write(self, tasks: list[SegmentTask], spec, ddl: str, marker: dict[str, str]) -> dict[int, list[int]]:
-        spark, own = self._spark()
-        acc = spark.sparkContext.accumulator({}, _counts_param())
-        params = ExecutorParams(self.storage, spec, self.settings.batch_records, self.settings.batch_bytes,
-                                tasks[-1].index)
-        rows = [(t.index, t.partition, t.to_json()) for t in tasks]
+    def dataframe(self, spark, prepared: "Prepared", accumulator=None):
+        """The rows of the table for the prepared tasks: a DataFrame of segment tasks (one per
+        Spark partition) through ``mapInArrow``."""
+        params = ExecutorParams(self.storage, prepared.spec, self.settings.batch_records,
+                                self.settings.batch_bytes, prepared.tasks[-1].index)
+        rows = [(t.index, t.partition, t.to_json()) for t in prepared.tasks]
         df = spark.createDataFrame(spark.sparkContext.parallelize(rows, len(rows)),
                                    "idx INT, partition INT, task STRING")
-        out = df.mapInArrow(convert_fn(params, acc), ddl)
-        writer = out.writeTo(f"{self.catalog_spec.name}.{self.table_name}")
-        for k, v in marker.items():
-            writer = writer.option(f"snapshot-property.{k}", v)
-        writer = (writer.option("distribution-mode", "none").option("fanout-enabled", "true")
-                  .option("target-file-size-bytes", str(self.settings.target_file_size)))
-        stop = threading.Event()
-        progress = threading.Thread(target=self._progress, args=(spark, len(tasks), stop), daemon=True)
-        spark.conf.set("spark.wap.id", self.job_id)
-        progress.start()
+        return df.mapInArrow(convert_fn(params, accumulator), prepared.ddl)
+
+    def _write(self, prepared: "Prepared") -> dict[int, list[int]]:
+        spark, own = self._spark()
         try:
-            writer.append()
-        except Exception as exc:
-            err = _task_error(exc)
-            if err is not None:
-                raise err from None
-            raise
+            acc = spark.sparkContext.accumulator({}, _counts_param())
+            writer = self.dataframe(spark, prepared, acc).writeTo(f"{self.catalog_spec.name}.{self.table_name}")
+            for k, v in prepared.marker.items():
+                writer = writer.option(f"snapshot-property.{k}", v)
+            writer = (writer.option("distribution-mode", "none").option("fanout-enabled", "true")
+                      .option("target-file-size-bytes", str(self.settings.target_file_size)))
+            stop = threading.Event()
+            progress = threading.Thread(target=self._progress, args=(spark, len(prepared.tasks), stop),
+                                        daemon=True)
+            spark.conf.set("spark.wap.id", self.job_id)
+            progress.start()
+            try:
+                writer.append()
+            except Exception as exc:
+                err = _task_error(exc)
+                if err is not None:
+                    raise err from None
+                raise
+            finally:
+                stop.set()
+                spark.conf.unset("spark.wap.id")
+                progress.join(5)
+            return dict(acc.value)
         finally:
-            stop.set()
-            spark.conf.unset("spark.wap.id")
-            progress.join(5)
             if own:
                 spark.stop()
-        return dict(acc.value)
 
     def _progress(self, spark, total: int, stop: threading.Event) -> None:
         tracker = spark.sparkContext.statusTracker()

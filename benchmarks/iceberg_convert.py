@@ -1,0 +1,217 @@
+"""Records/s of ``rsm-sidecar iceberg convert`` on tiered segments of ~100-byte Protobuf values,
+next to the write-only cost of the same rows, in the same run and Spark session.
+
+Set-up (not timed): a real Apicurio registry (devstack.registry) with the schema below;
+``--records`` Confluent-framed Protobuf values (magic, schema id, ``[0]`` index, ~100 bytes),
+16-byte keys, two headers, 110 records per producer batch (a 16 KiB batch.size), split over
+``--partitions`` partitions and tiered as segments of ``--segment-mb`` by the sidecar's own copy
+code (zstd chunks, AES-256-GCM, manifest) into a local directory, exactly as the sidecar stores
+them. One ``local[2]`` SparkSession is started and warmed up on a small topic first.
+
+Timed, each ``--repeat`` times on fresh tables (best reported):
+
+1. **convert**: the whole job (``ConvertJob.run()``: markers, listing, planning, schema, Spark
+   write of segments -> ``mapInArrow`` (fetch, verify, decrypt, decompress, parse, decode) ->
+   Iceberg/Parquet, conditional publish);
+2. **read+decode** only: the job's DataFrame written to Spark's ``noop`` sink (no Parquet);
+3. **write-only**: the same decoded rows, cached in Spark memory beforehand, written to an
+   Iceberg table with the same partitioning and write options (the Parquet/Iceberg cost alone).
+
+    .venv/bin/python benchmarks/iceberg_convert.py [--records 1000000] [--partitions 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devstack
+
+PROTO = """
+syntax = "proto3";
+package bench;
+import "google/protobuf/timestamp.proto";
+enum Kind { KIND_UNSPECIFIED = 0; CLICK = 1; VIEW = 2; }
+message Event {
+  string id = 1;
+  int64 user_id = 2;
+  Kind kind = 3;
+  double amount = 4;
+  bool ok = 5;
+  google.protobuf.Timestamp at = 6;
+  Device device = 7;
+  repeated string tags = 8;
+  uint32 count = 9;
+}
+message Device { string os = 1; int32 version = 2; }
+"""
+RECORDS_PER_BATCH = 110
+TOPIC = "bench-events"
+
+
+def make_topic(workdir: Path, registry_url: str, records: int, partitions: int, segment_mb: int,
+               topic: str, seed: int = 1) -> Path:
+    """Tier ``records`` framed Protobuf records; returns the sidecar configuration file."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    from rsm_sidecar.config import Config
+    from rsm_sidecar.format.keys import KeyLayout
+    from rsm_sidecar.iceberg import framing
+    from rsm_sidecar.iceberg.fixtures import TieredWriter
+    from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
+    from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
+    from rsm_sidecar.kafka.records import Header
+    from rsm_sidecar.storage.factory import open_store
+    from rsm_sidecar.transform.keyring import Keyring, generate_key_pair
+
+    cfg_file = workdir / "sidecar.toml"
+    if not (workdir / "k.pub").exists():
+        pub, priv = generate_key_pair(2048)
+        (workdir / "k.pub").write_bytes(pub)
+        (workdir / "k.priv").write_bytes(priv)
+        cfg_file.write_text(f"""
+[storage]
+backend = "local"
+key_prefix = "tiered/"
+[storage.local]
+root = "{workdir / 'remote'}"
+[segment]
+chunk_size = "4MiB"
+[encryption]
+enabled = true
+active_key_id = "k1"
+[encryption.keys.k1]
+public_key_file = "{workdir / 'k.pub'}"
+private_key_file = "{workdir / 'k.priv'}"
+[iceberg]
+partitioning = "day"
+[iceberg.catalog.local]
+root = "{workdir / 'catalog'}"
+[iceberg.registry]
+url = "{registry_url}"
+""")
+    client = SchemaRegistryClient({"url": registry_url})
+    schema_id = client.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
+    cls = ProtoSchema.message_class(
+        ProtoSchema.from_sources("bench.proto", {"bench.proto": PROTO}).message_by_name("bench.Event"))
+    pre = framing.encode_preamble(schema_id, [0])
+    cfg = Config.load(cfg_file, environ={})
+    from rsm_sidecar.segment.copy import CopySettings
+
+    writer = TieredWriter(open_store(cfg), KeyLayout("tiered/"), Keyring.from_config(cfg), topic,
+                          settings=CopySettings(chunk_size=4 * 1024 * 1024))
+    rnd = random.Random(seed)
+    headers = (Header("trace", b"abc"), Header("src", b"bench"))
+    per_part = records // partitions
+    t_base = 1_700_000_000_000
+    for p in range(partitions):
+        offset = 0
+        batches: list[bytes] = []
+        size = 0
+        while offset < per_part:
+            n = min(RECORDS_PER_BATCH, per_part - offset)
+            recs = []
+            for i in range(offset, offset + n):
+                m = cls(id=f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}", user_id=rnd.randrange(1 << 40),
+                        kind=rnd.choice([1, 2]), amount=rnd.random() * 100, ok=bool(i & 1),
+                        tags=["alpha", "beta"][: rnd.randrange(3)], count=rnd.randrange(1000))
+                m.at.seconds, m.at.nanos = 1_700_000_000 + i // 100, 123_000
+                m.device.os, m.device.version = "linux-x86_64", 6
+                recs.append(SimpleRecord(f"key-{p}-{i:010d}".encode(), pre + m.SerializeToString(),
+                                         t_base + i, headers))
+            b = build_batch(recs, base_offset=offset)
+            batches.append(b)
+            size += len(b)
+            offset += n
+            if size >= segment_mb * 1024 * 1024 or offset >= per_part:
+                writer.write_segment(p, batches)
+                batches, size = [], 0
+    writer.close()
+    return cfg_file
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--segment-mb", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+
+    from devstack.registry import ApicurioDistribution, ApicurioRegistry
+    from rsm_sidecar.iceberg.job import ConvertJob, load_config
+    from rsm_sidecar.iceberg.spark import LocalCatalog, spark_session
+
+    workdir = Path(tempfile.mkdtemp(prefix="iceberg-convert-bench-"))
+    reg = ApicurioRegistry(ApicurioDistribution.ensure(), workdir / "apicurio").start()
+    spark = None
+    try:
+        t0 = time.perf_counter()
+        cfg_file = make_topic(workdir, reg.ccompat_url, args.records, args.partitions, args.segment_mb, TOPIC)
+        make_topic(workdir, reg.ccompat_url, 20_000, 2, 1, "warmup", seed=2)
+        remote = sum(f.stat().st_size for f in (workdir / "remote").rglob("*") if f.is_file())
+        print(f"set-up: {args.records:,} records in {args.partitions} partition(s) tiered in "
+              f"{time.perf_counter() - t0:.1f}s ({remote / 1e6:.1f} MB stored, zstd + AES-GCM)")
+        env = {}
+
+        def job(topic: str, table: str) -> ConvertJob:
+            cfg, storage = load_config(cfg_file, env, {"iceberg.table": table})
+            return ConvertJob(cfg, storage, topic, spark=spark, log=lambda line: None)
+
+        cfg, _ = load_config(cfg_file, env)
+        spark = spark_session(LocalCatalog(workdir / "catalog"), app_name="iceberg-convert-bench")
+        job("warmup", "warmup").run()  # JVM/JIT and Python worker warm-up
+
+        convert = decode = write = 0.0
+        for r in range(args.repeat):
+            t0 = time.perf_counter()
+            res = job(TOPIC, f"events_{r}").run()
+            dt = time.perf_counter() - t0
+            assert res.records == args.records, (res.records, args.records)
+            convert = max(convert, args.records / dt)
+            print(f"  run {r}: convert {dt:.2f}s = {args.records / dt:,.0f} records/s "
+                  f"({res.segments} segments)")
+
+            j = job(TOPIC, f"noop_{r}")
+            prepared = j.prepare()
+            t0 = time.perf_counter()
+            j.dataframe(spark, prepared).write.format("noop").mode("overwrite").save()
+            dt = time.perf_counter() - t0
+            decode = max(decode, args.records / dt)
+            print(f"  run {r}: read+decode (noop sink) {dt:.2f}s = {args.records / dt:,.0f} records/s")
+
+            src = spark.table(f"rsm.kafka.events_{r}").cache()
+            assert src.count() == args.records
+            spark.sql(f"CREATE TABLE rsm.kafka.write_{r} USING iceberg "
+                      f"PARTITIONED BY (days(kafka.ingest_timestamp)) AS SELECT * FROM rsm.kafka.events_{r} LIMIT 0")
+            t0 = time.perf_counter()
+            (src.writeTo(f"rsm.kafka.write_{r}").option("distribution-mode", "none")
+             .option("fanout-enabled", "true").append())
+            dt = time.perf_counter() - t0
+            src.unpersist()
+            write = max(write, args.records / dt)
+            print(f"  run {r}: write-only (cached decoded rows -> Iceberg) {dt:.2f}s = "
+                  f"{args.records / dt:,.0f} records/s")
+        print(f"convert:      {convert:,.0f} records/s (best of {args.repeat}, local[2], "
+              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
+        print(f"read+decode:  {decode:,.0f} records/s (noop sink)")
+        print(f"write-only:   {write:,.0f} records/s (same rows, already decoded)")
+    finally:
+        if spark is not None:
+            spark.stop()
+        reg.stop()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"work directory kept: {workdir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""A real Iceberg REST catalog for tests: Apache Iceberg's own REST fixture from Maven Central.
+
+``org.apache.iceberg:iceberg-open-api:<v>:test-fixtures`` is the thin jar of
+``RESTCatalogServer`` (what the ``apache/iceberg-rest-fixture`` Docker image runs): an HTTP
+server (Jetty) in front of ``RESTCatalogAdapter`` over a ``JdbcCatalog``, configured from
+``CATALOG_*`` environment variables (``CATALOG_`` + the property with ``.`` -> ``_`` and ``-`` ->
+``__``, e.g. ``CATALOG_S3_PATH__STYLE__ACCESS``). Its POM lists no dependencies, so
+:func:`ensure_rest_fixture` resolves them with Maven from a generated POM (the fixture,
+``iceberg-core`` and its ``tests`` jar, which holds ``RESTCatalogAdapter``/``RESTCatalogServlet``,
+``iceberg-aws`` and ``iceberg-aws-bundle`` of the same version for an S3 warehouse, Jetty 12.1
+ee10 servlet + compression, slf4j-simple) into ``<cache>/iceberg-rest-fixture-<v>/lib``
+(Maven's repository: ``<cache>/m2``; ~70 MB). Hadoop's ``Configuration`` comes from pyspark's
+``hadoop-client-api``/``-runtime`` jars, the SQLite driver from the Spark jar cache
+(:mod:`rsm_sidecar.iceberg.jars`).
+
+Version: 1.11.0, the newest ``iceberg-open-api`` on Central (1.12.0 has no fixture jar); the
+REST protocol is the same for the 1.12.0 clients.
+
+    python -m devstack.iceberg_rest install     # resolve the jars (~70 MB once)
+    python -m devstack.iceberg_rest run --warehouse file:///tmp/wh
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Mapping
+
+from devstack.s3server import HOST, ServerProcess, default_cache_dir, file_lock, free_port
+
+FIXTURE_VERSION = "1.11.0"
+JETTY_VERSION = "12.1.14"
+SLF4J_VERSION = "2.0.17"
+_STAMP = ".devstack-complete"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>devstack.local</groupId><artifactId>iceberg-rest-fixture</artifactId><version>0</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.iceberg</groupId><artifactId>iceberg-open-api</artifactId>
+      <version>{v}</version><classifier>test-fixtures</classifier></dependency>
+    <dependency><groupId>org.apache.iceberg</groupId><artifactId>iceberg-core</artifactId><version>{v}</version></dependency>
+    <dependency><groupId>org.apache.iceberg</groupId><artifactId>iceberg-core</artifactId><version>{v}</version>
+      <classifier>tests</classifier></dependency>
+    <dependency><groupId>org.apache.iceberg</groupId><artifactId>iceberg-aws</artifactId><version>{v}</version></dependency>
+    <dependency><groupId>org.apache.iceberg</groupId><artifactId>iceberg-aws-bundle</artifactId><version>{v}</version></dependency>
+    <dependency><groupId>org.eclipse.jetty.ee10</groupId><artifactId>jetty-ee10-servlet</artifactId>
+      <version>{jetty}</version></dependency>
+    <dependency><groupId>org.eclipse.jetty.compression</groupId><artifactId>jetty-compression-gzip</artifactId>
+      <version>{jetty}</version></dependency>
+    <dependency><groupId>org.eclipse.jetty.compression</groupId><artifactId>jetty-compression-server</artifactId>
+      <version>{jetty}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-simple</artifactId><version>{slf4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+
+class RestFixtureError(RuntimeError):
+    pass
+
+
+def fixture_home(cache: Path | None = None, version: str = FIXTURE_VERSION) -> Path:
+    return Path(cache or default_cache_dir()) / f"iceberg-rest-fixture-{version}"
+
+
+def ensure_rest_fixture(cache: Path | None = None, version: str = FIXTURE_VERSION,
+                        mvn: str | None = None, timeout: float = 600) -> Path:
+    """The fixture's ``lib`` directory, resolved once with Maven (idempotent, locked)."""
+    cache = Path(cache or default_cache_dir())
+    home = fixture_home(cache, version)
+    lib = home / "lib"
+    if (home / _STAMP).exists():
+        return lib
+    with file_lock(cache / f"iceberg-rest-fixture-{version}.lock"):
+        if (home / _STAMP).exists():
+            return lib
+        mvn = mvn or os.environ.get("MVN") or "mvn"
+        if shutil.which(mvn) is None:
+            raise RestFixtureError(f"Maven executable {mvn!r} not found on PATH (set $MVN)")
+        home.mkdir(parents=True, exist_ok=True)
+        pom = home / "pom.xml"
+        pom.write_text(_POM.format(v=version, jetty=JETTY_VERSION, slf4j=SLF4J_VERSION))
+        staging = home / "lib.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        cmd = [mvn, "-q", "-B", "-f", str(pom), f"-Dmaven.repo.local={cache / 'm2'}",
+               "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RestFixtureError(f"resolving the Iceberg REST fixture failed ({' '.join(cmd)}):\n"
+                                   f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        if not list(staging.glob(f"iceberg-open-api-{version}-test-fixtures.jar")):
+            raise RestFixtureError(f"Maven finished but {staging} has no fixture jar")
+        shutil.rmtree(lib, ignore_errors=True)
+        staging.rename(lib)
+        (home / _STAMP).write_text(json.dumps(sorted(p.name for p in lib.glob("*.jar"))))
+    return lib
+
+
+def _extra_jars() -> list[str]:
+    """Hadoop (pyspark's shaded client jars) and sqlite-jdbc (the Spark jar cache)."""
+    import pyspark
+
+    from rsm_sidecar.iceberg import jars
+
+    spark_jars = Path(pyspark.__file__).parent / "jars"
+    hadoop = sorted(glob.glob(str(spark_jars / "hadoop-client-api-*.jar"))) + \
+        sorted(glob.glob(str(spark_jars / "hadoop-client-runtime-*.jar")))
+    if len(hadoop) < 2:
+        raise RestFixtureError(f"no hadoop-client-api/runtime jars in {spark_jars}")
+    sqlite = jars.artifact_path(jars.SQLITE_JDBC)
+    if not sqlite.is_file():
+        raise RestFixtureError(f"{sqlite} is missing: run python -m rsm_sidecar.iceberg.jars")
+    return hadoop + [str(sqlite)]
+
+
+class IcebergRestServer(ServerProcess):
+    """``RESTCatalogServer`` on a free port: a JDBC catalog on a SQLite file in ``workdir`` and
+    the given warehouse (``file://`` or ``s3://`` with ``s3`` settings)."""
+
+    name = "iceberg-rest"
+    startup_timeout = 90.0
+
+    def __init__(self, workdir: Path, warehouse: str, *, s3: Mapping[str, str] | None = None,
+                 port: int | None = None, cache: Path | None = None):
+        super().__init__(workdir)
+        self.lib = ensure_rest_fixture(cache)
+        self.warehouse = warehouse
+        self.s3 = dict(s3 or {})
+        self.port = port or free_port()
+        self.db = self.workdir / "rest-catalog.db"
+
+    @property
+    def uri(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def command(self) -> list[str]:
+        cp = os.pathsep.join([str(self.lib / "*"), *_extra_jars()])
+        return ["java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", cp,
+                "org.apache.iceberg.rest.RESTCatalogServer"]
+
+    def environment(self) -> Mapping[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CATALOG_", "AWS_"))}
+        env.update({"CATALOG_URI": f"jdbc:sqlite:{self.db}", "CATALOG_WAREHOUSE": self.warehouse,
+                    "CATALOG_REST_PORT": str(self.port), "CATALOG_JDBC_SCHEMA__VERSION": "V1"})
+        if self.s3:
+            env.update({"CATALOG_IO__IMPL": "org.apache.iceberg.aws.s3.S3FileIO",
+                        "CATALOG_CLIENT_REGION": self.s3.get("region", "us-east-1"),
+                        "CATALOG_S3_PATH__STYLE__ACCESS": "true"})
+            if self.s3.get("endpoint"):
+                env["CATALOG_S3_ENDPOINT"] = self.s3["endpoint"]
+            if self.s3.get("access_key_id"):
+                env["CATALOG_S3_ACCESS__KEY__ID"] = self.s3["access_key_id"]
+                env["CATALOG_S3_SECRET__ACCESS__KEY"] = self.s3.get("secret_access_key", "")
+        return env
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+
+def _main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m devstack.iceberg_rest", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("install", help="resolve the fixture's jars into the cache")
+    run = sub.add_parser("run", help="run a REST catalog until interrupted")
+    run.add_argument("--warehouse", default=None, help="default: file:// of a temp dir")
+    run.add_argument("--dir", default=None)
+    args = ap.parse_args(argv)
+    if args.cmd == "install":
+        print(ensure_rest_fixture())
+        return 0
+    workdir = Path(args.dir or tempfile.mkdtemp(prefix="iceberg-rest-"))
+    warehouse = args.warehouse or (workdir / "warehouse").as_uri()
+    with IcebergRestServer(workdir, warehouse) as srv:
+        print(f"Iceberg REST catalog at {srv.uri} (warehouse {warehouse}, log {srv.log_file})", flush=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
