@@ -43,6 +43,7 @@ $(SHIM_JAR): $(SHIM_SRC)
 kafka-jars: $(KAFKA_STAMP)
 $(KAFKA_STAMP): devstack/kafka-jars.pom.xml | $(VENV)/.installed
 	$(BIN)/python -m devstack.kafka jars
+	KAFKA_VERSION=3.9.2 $(BIN)/python -m devstack.kafka jars  # the 3.x compatibility tests
 	touch $@
 
 # Iceberg Spark runtime, SQLite JDBC, AWS/GCP bundles, and the Apicurio schema registry.

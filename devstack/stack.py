@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from devstack.kafka import KafkaBroker, KafkaDistribution, default_cache_dir
 from devstack.sidecar import SidecarProcess
@@ -147,13 +147,16 @@ class LocalStack:
         self.sidecar.start()
         return self.sidecar
 
-    def restart_sidecar(self, env: Mapping[str, str] | None = None) -> SidecarProcess:
+    def restart_sidecar(self, env: Mapping[str, str] | None = None, unset: Iterable[str] = ()) -> SidecarProcess:
         """Stop the sidecar and start it again, optionally with changed RSM__ settings
-        (key rotation, another storage prefix); the broker keeps running."""
+        (key rotation, another storage prefix) or without some (``unset``: variable
+        names, e.g. the files of a retired key); the broker keeps running."""
         if self.sidecar is not None:
             self.sidecar.stop()
         if env:
             self.extra_sidecar_env.update(env)
+        for name in unset:
+            self.extra_sidecar_env.pop(name, None)
         self.sidecar = None
         return self.start_sidecar()
 

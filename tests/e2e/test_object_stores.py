@@ -3,13 +3,18 @@ deletion, consume from offset 0, and topic deletion removing every remote object
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
 from devstack.stack import LocalStack
+from rsm_sidecar.format.keys import KeyLayout
 from tests.e2e import scenarios
 from tests.e2e.kafka_helpers import (consume, create_topic, filler, produce, records, remote_segments, wait_for,
                                      wait_tiered)
@@ -37,6 +42,18 @@ def test_offload_consume_and_delete_topic(object_stack):
     assert segments and all(s["suffixes"] == {"log", "indexes", "rsm-manifest"} for s in segments.values())
     scenarios.assert_same_records(consume(stack.bootstrap_servers, topic, 0, len(recs)), recs)
     assert sum(store.requests.values()) > 0
+    # the inspection CLI works on this backend with the sidecar's own configuration
+    config, env = stack.sidecar_config_env()
+    cli = [sys.executable, "-m", "rsm_sidecar.cli.main", "inspect"]
+    listed = subprocess.run(cli + ["ls", "--config", str(config), "--topic", topic, "--json", "-q"],
+                            env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    layout = KeyLayout("tiered/")
+    assert {s["segment_id"] for s in json.loads(listed.stdout)["segments"]} == \
+        {layout.parse(base + ".log").segment_id for base in remote_segments(store, topic)}
+    verified = subprocess.run(cli + ["verify", "--config", str(config), "--topic", topic, "-q"],
+                              env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})  # kept alive until the futures resolve
     for f in admin.delete_topics([topic]).values():
         f.result(30)

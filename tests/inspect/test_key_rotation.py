@@ -111,9 +111,7 @@ def test_rotate_rekey_remove_old_key_and_consume_from_zero(stack, store, inspect
     assert doc["summary"]["rekeyed"] == 0 and doc["summary"]["skipped"] == len(keys)
 
     # remove A from the keyring: the sidecar restarts without it
-    for name in key_files["keyA"]:
-        stack.extra_sidecar_env.pop(name)
-    stack.restart_sidecar()
+    stack.restart_sidecar(unset=key_files["keyA"])
     assert not any("keyA" in k for k in inspect_cli.env())
     verify = inspect_cli("verify", "--json").expect(0).json()
     assert verify["summary"]["ok"] == len(keys)
