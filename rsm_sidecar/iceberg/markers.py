@@ -19,7 +19,8 @@ The state is read from the newest snapshot with a marker among the *ancestors of
 (maintenance snapshots - compaction, deletes - have no marker and are walked through). Each
 publish also moves the tag :data:`MARKER_TAG` to the marker snapshot: tagged snapshots survive
 ``expire_snapshots``, so the marker survives even when the snapshots between it and ``main`` are
-expired (the walk then stops at a missing parent and falls back to the tag).
+expired (the walk then ends without a marker and the tag's snapshot is used). To start a table
+over, drop the table (or at least remove the tag together with the rows).
 
 Publishing is a single catalog commit that moves ``main`` to the snapshot Spark staged (write-
 audit-publish) and the tag with it, *conditional on ``main`` still being the snapshot whose
@@ -94,20 +95,15 @@ def read_state(table) -> MarkerState:
     state = MarkerState(main_snapshot_id=main.snapshot_id if main else None)
     snap = md.snapshot_by_id(main.snapshot_id) if main else None
     found = None
-    broken = False
     while snap is not None:
         if marker_of(snap) is not None:
             found = snap
             state.source = "ancestry"
             break
-        if snap.parent_snapshot_id is None:
-            break
-        parent = md.snapshot_by_id(snap.parent_snapshot_id)
-        if parent is None:
-            broken = True  # expired ancestors: the tag keeps the last marker snapshot
-            break
-        snap = parent
-    if found is None and broken and MARKER_TAG in md.refs:
+        snap = md.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
+    if found is None and MARKER_TAG in md.refs:
+        # Expiry removed the snapshots between main and the last marker (PyIceberg's expiry even
+        # clears the parent id of the survivors): the tag still points at the last marker.
         found = md.snapshot_by_id(md.refs[MARKER_TAG].snapshot_id)
         state.source = "tag"
     if found is None:
