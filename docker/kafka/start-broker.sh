@@ -5,9 +5,10 @@
 # formats the KRaft storage on first start and runs Kafka in the foreground.
 set -euo pipefail
 
-here=/opt/rsm-sidecar
+here=${RSM_HOME:-/opt/rsm-sidecar}
+kafka=${KAFKA_HOME:-/opt/kafka}
 tiered=${BROKER_TIERED_PROPERTIES:-/etc/rsm-sidecar/broker-tiered.properties}
-out=/opt/kafka/config/server.properties
+out=${BROKER_CONFIG:-$kafka/config/server.properties}
 : "${CLUSTER_ID:?set CLUSTER_ID (a Kafka Uuid, e.g. from kafka-storage.sh random-uuid)}"
 
 "$here/bin/render-properties.sh" "$here/server.properties" "$tiered" > "$out.tmp"
@@ -15,6 +16,15 @@ mv "$out.tmp" "$out"
 echo "===> $out (from $here/server.properties and $tiered):"
 sed 's/^/     /' "$out"
 
+# The log dirs are the kafka-data volume, shared with the sidecar: say so if its owner is wrong.
+for dir in $(sed -n 's/^log\.dirs=//p' "$out" | tr ',' ' '); do
+  if [ ! -w "$dir" ]; then
+    echo "start-broker: log dir $dir is not writable by uid $(id -u) (owner: $(stat -c %u "$dir" 2>/dev/null));" \
+         "recreate the kafka-data volume (docker compose down -v)" >&2
+    exit 1
+  fi
+done
+
 # First start only: an already formatted log dir is left as it is.
-/opt/kafka/bin/kafka-storage.sh format --ignore-formatted --cluster-id "$CLUSTER_ID" --config "$out"
-exec /opt/kafka/bin/kafka-server-start.sh "$out"
+"$kafka/bin/kafka-storage.sh" format --ignore-formatted --cluster-id "$CLUSTER_ID" --config "$out"
+exec "$kafka/bin/kafka-server-start.sh" "$out"

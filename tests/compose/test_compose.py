@@ -510,15 +510,57 @@ def test_render_properties_refuses_unfilled_placeholders_and_bad_lines(tmp_path,
     assert proc.returncode == 1 and f"{bad}:2: not a key=value line" in proc.stderr
 
 
-def test_start_broker_renders_into_the_image_config(services):
-    """start-broker.sh renders the two files the Dockerfile and compose put in place."""
-    text = (REPO / "docker/kafka/start-broker.sh").read_text()
-    assert '"$here/server.properties"' in text and TIERED_MOUNT in text
-    assert "--ignore-formatted" in text and 'exec /opt/kafka/bin/kafka-server-start.sh "$out"' in text
-    assert "COPY --chmod=0644 docker/kafka/server.properties /opt/rsm-sidecar/server.properties" in \
-        (REPO / "docker/kafka/Dockerfile").read_text()
-    proc = subprocess.run(["bash", "-n", str(REPO / "docker/kafka/start-broker.sh")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+def _fake_image(tmp_path: Path, log_dir: Path) -> dict[str, str]:
+    """The files the kafka image has, in tmp_path: the compose base config (with its log dir
+    moved), the render script, and kafka-storage.sh / kafka-server-start.sh stand-ins that
+    record their arguments."""
+    home, kafka = tmp_path / "rsm", tmp_path / "kafka"
+    (home / "bin").mkdir(parents=True)
+    (kafka / "bin").mkdir(parents=True)
+    (kafka / "config").mkdir()
+    shutil.copy2(RENDER, home / "bin" / RENDER.name)
+    (home / "server.properties").write_text(KAFKA_BASE.read_text().replace("log.dirs=/var/lib/kafka/data",
+                                                                             f"log.dirs={log_dir}"))
+    for tool in ("kafka-storage.sh", "kafka-server-start.sh"):
+        script = kafka / "bin" / tool
+        script.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/{tool}.calls\n')
+        script.chmod(0o755)
+    return {"RSM_HOME": str(home), "KAFKA_HOME": str(kafka), "BROKER_TIERED_PROPERTIES": str(BROKER_TIERED)}
+
+
+def test_start_broker_renders_formats_and_starts(services, broker_properties, tmp_path):
+    """docker/kafka/start-broker.sh (the image's entrypoint) with the compose environment:
+    server.properties is the rendered merge, storage is formatted idempotently with the
+    cluster id, and Kafka is exec'd on that file."""
+    log_dir = tmp_path / "data"
+    log_dir.mkdir()
+    env = {"PATH": os.environ["PATH"], **_env(services["kafka"]), **_fake_image(tmp_path, log_dir)}
+    proc = subprocess.run(["bash", str(REPO / "docker/kafka/start-broker.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "kafka" / "config" / "server.properties"
+    assert _properties(out.read_text()) == {**broker_properties, "log.dirs": str(log_dir)}
+    cid = _env(services["kafka"])["CLUSTER_ID"]
+    assert (tmp_path / "kafka-storage.sh.calls").read_text() == \
+        f"format --ignore-formatted --cluster-id {cid} --config {out}\n"
+    assert (tmp_path / "kafka-server-start.sh.calls").read_text() == f"{out}\n"
+    # the image runs exactly this script with these defaults
+    dockerfile = (REPO / "docker/kafka/Dockerfile").read_text()
+    assert 'ENTRYPOINT ["/opt/rsm-sidecar/bin/start-broker.sh"]' in dockerfile
+    assert "COPY --chmod=0644 docker/kafka/server.properties /opt/rsm-sidecar/server.properties" in dockerfile
+    assert _mounts(services["kafka"])[TIERED_MOUNT]
+
+
+def test_start_broker_refuses_an_unwritable_log_dir_and_a_missing_placeholder(services, tmp_path):
+    env = {"PATH": os.environ["PATH"], **_env(services["kafka"]), **_fake_image(tmp_path, tmp_path / "missing")}
+    proc = subprocess.run(["bash", str(REPO / "docker/kafka/start-broker.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and "is not writable" in proc.stderr
+    assert not (tmp_path / "kafka-server-start.sh.calls").exists()
+    env.pop("SIDECAR_TARGET")
+    proc = subprocess.run(["bash", str(REPO / "docker/kafka/start-broker.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0 and "SIDECAR_TARGET" in proc.stderr
 
 
 def test_unless_exists(tmp_path):
