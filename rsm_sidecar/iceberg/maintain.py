@@ -8,10 +8,11 @@ Each step is an Iceberg Spark procedure or a Spark SQL statement on the job's ca
   (killed between staging and publishing) are unreferenced and go too, with their data files.
 * ``compact``: ``system.rewrite_data_files`` (bin-pack to ``iceberg.target_file_size``, only where
   a partition has at least ``min_input_files`` files). Rows are unchanged.
-* ``remove_orphans``: ``system.remove_orphan_files(older_than)``: files under the table location
-  that no snapshot references, e.g. what a convert job killed during its Spark write left. Keep
-  ``older_than`` longer than a convert run (default 1 day): a running job's files are orphans
-  until it publishes.
+* ``remove_orphans``: Iceberg's ``DeleteOrphanFiles`` Spark action (what the
+  ``remove_orphan_files`` procedure runs, without its 24 h minimum): files under the table
+  location that no snapshot references, e.g. what a convert job killed during its Spark write
+  left. Keep ``older_than`` longer than a convert run (default 1 day): a running job's files are
+  orphans until it publishes.
 * ``drop_deleted_offsets``: ``DELETE FROM t WHERE kafka.partition = p AND kafka.offset < e`` where
   ``e`` is the start offset of the earliest segment of partition ``p`` still in remote storage
   (Kafka retention removed everything below), or the converted end if none is left.
@@ -91,16 +92,26 @@ def maintain(cfg, storage: StorageParams, topic: str, *, expire: bool = False,
             result.expired = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
             log(f"[maintain] {ident}: expiry {result.expired}")
         if remove_orphans:
-            extra = ", prefix_listing => true" if spec.uses_s3 else ""
-            rows = spark.sql(
-                f"CALL {spec.name}.system.remove_orphan_files(table => '{ident}', "
-                f"older_than => {_ts(now - orphan_older_than)}{extra})").collect()
-            result.orphans = [r[0] for r in rows]
+            result.orphans = _remove_orphans(spark, spec, full, now - orphan_older_than)
             log(f"[maintain] {ident}: removed {len(result.orphans)} orphan file(s)")
     finally:
         if own:
             spark.stop()
     return result
+
+
+def _remove_orphans(spark, spec: CatalogSpec, full: str, older_than: dt.datetime) -> list[str]:
+    """Iceberg's ``DeleteOrphanFiles`` action (the ``remove_orphan_files`` procedure refuses
+    intervals under 24 h; the action takes any, the caller chooses)."""
+    jvm = spark._jvm
+    jspark = spark._jsparkSession
+    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(jspark, full)
+    action = (jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark).deleteOrphanFiles(table)
+              .olderThan(int(older_than.timestamp() * 1000)))
+    if spec.uses_s3:
+        action = action.usePrefixListing(True)  # list with S3FileIO, no Hadoop S3A needed
+    result = action.execute()
+    return [str(x) for x in result.orphanFileLocations()]
 
 
 def _drop_deleted(spark, spec: CatalogSpec, storage: StorageParams, topic: str, settings: JobSettings,
