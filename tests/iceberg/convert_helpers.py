@@ -41,7 +41,8 @@ class SyntheticTopic:
     """A topic whose segments the sidecar's own copy code stores (zstd + AES-GCM) in
     ``<workdir>/remote``; remembers every committed record."""
 
-    def __init__(self, workdir: Path, topic: str = "orders", *, catalog_name: str | None = None):
+    def __init__(self, workdir: Path, topic: str = "orders", *, catalog_name: str | None = None,
+                 storage_toml: str | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.topic = topic
@@ -50,9 +51,10 @@ class SyntheticTopic:
         (self.workdir / "k1.pub").write_bytes(pub)
         (self.workdir / "k1.priv").write_bytes(priv)
         self.config_file = self.workdir / "sidecar.toml"
+        storage = storage_toml or (f'[storage]\nbackend = "local"\nkey_prefix = "tiered/"\n'
+                                   f'[storage.local]\nroot = "{self.workdir / "remote"}"\n')
         self.config_file.write_text(
-            f'[storage]\nbackend = "local"\nkey_prefix = "tiered/"\n'
-            f'[storage.local]\nroot = "{self.workdir / "remote"}"\n'
+            storage +
             f'[encryption]\nenabled = true\nactive_key_id = "k1"\n'
             f'[encryption.keys.k1]\npublic_key_file = "{self.workdir / "k1.pub"}"\n'
             f'private_key_file = "{self.workdir / "k1.priv"}"\n'
