@@ -34,6 +34,7 @@ import pytest
 
 from rsm_sidecar.config import Config
 from tests.compose import tooling
+from tests.compose.conftest import compose_env, tool
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -60,38 +61,15 @@ START_ORDER = {
 PINNED_IMAGES = {
     "seaweedfs": "chrislusf/seaweedfs:4.48",               # devstack.s3server SEAWEEDFS_VERSION
     "registry": "apicurio/apicurio-registry:3.3.3",        # devstack.registry DEFAULT_VERSION
-    "iceberg-rest": "apache/iceberg-rest-fixture:1.12.0",  # rsm_sidecar.iceberg.jars ICEBERG_VERSION
 }
 #: variables of the apache/kafka image that are not broker properties
 KAFKA_IMAGE_NON_PROPERTIES = {"KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS", "KAFKA_LOG4J_OPTS",
                               "KAFKA_JMX_OPTS", "KAFKA_GC_LOG_OPTS"}
 
 
-# -- fixtures ----------------------------------------------------------------------------------
-def _tool(fn):
-    try:
-        return fn()
-    except tooling.ToolUnavailable as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def compose() -> list[str]:
-    return _tool(tooling.compose_command)
-
-
-@pytest.fixture(scope="module")
-def project(compose) -> dict:
-    """docker-compose.yml as ``docker compose config`` normalizes it."""
-    proc = subprocess.run([*compose, "-f", str(COMPOSE_FILE), "config", "--format", "json"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env=_compose_env())
-    assert proc.returncode == 0, f"docker compose config failed:\n{proc.stderr}"
-    return json.loads(proc.stdout)
-
-
-@pytest.fixture(scope="module")
-def services(project) -> dict[str, dict]:
-    return project["services"]
+# -- fixtures (compose, project, services: conftest.py) ---------------------------------------
+_tool = tool
+_compose_env = compose_env
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +87,6 @@ def dockerfiles(services) -> dict[str, dict]:
                                   text=True, timeout=120)
             out[path] = json.loads(proc.stdout)
     return out
-
-
-def _compose_env() -> dict[str, str]:
-    # the file must not depend on the caller's environment: no interpolation from it
-    return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "TMPDIR")}
 
 
 def _env(svc: dict) -> dict[str, str]:
@@ -201,7 +174,9 @@ def test_start_order_and_health_checks(services):
 
 
 def test_images_are_pinned(services, dockerfiles):
-    for name, image in PINNED_IMAGES.items():
+    from devstack.iceberg_rest import FIXTURE_VERSION
+
+    for name, image in {**PINNED_IMAGES, "iceberg-rest": f"apache/iceberg-rest-fixture:{FIXTURE_VERSION}"}.items():
         assert services[name]["image"] == image
     kafka_image = services["kafka"]["build"]["args"]["KAFKA_IMAGE"]
     from devstack.kafka import DEFAULT_KAFKA_VERSION

@@ -1,0 +1,45 @@
+"""docker-compose.yml as `docker compose config` normalizes it, shared by the compose tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.compose import tooling
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+
+
+def tool(fn):
+    try:
+        return fn()
+    except tooling.ToolUnavailable as e:
+        pytest.skip(str(e))
+
+
+def compose_env() -> dict[str, str]:
+    # the file must not depend on the caller's environment: no interpolation from it
+    return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "TMPDIR")}
+
+
+@pytest.fixture(scope="session")
+def compose() -> list[str]:
+    return tool(tooling.compose_command)
+
+
+@pytest.fixture(scope="session")
+def project(compose) -> dict:
+    proc = subprocess.run([*compose, "-f", str(COMPOSE_FILE), "config", "--format", "json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=compose_env())
+    assert proc.returncode == 0, f"docker compose config failed:\n{proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def services(project) -> dict[str, dict]:
+    return project["services"]
