@@ -647,3 +647,58 @@ def test_demo_producer_schemas_compile(tmp_path):
         fastavro.validation.validate(rec, schema, raise_errors=True)
     finally:
         sys.path.remove(str(REPO / "docker" / "demo"))
+
+
+def test_sidecar_starts_with_the_compose_configuration(services, tmp_path):
+    """`rsm-sidecar serve` with config/sidecar.toml and the sidecar service's environment,
+    against SeaweedFS run with the seaweedfs service's identity and buckets; only the S3
+    address, the key directory and the listen ports are moved. Start-up checks the bucket,
+    writes a probe object and loads the keyring; the health check script then answers
+    SERVING and the metrics show the S3 requests."""
+    import urllib.request
+
+    from devstack.s3server import SeaweedS3Server
+    from devstack.sidecar import SidecarProcess
+    from rsm_sidecar.transform.keyring import generate_key_pair
+
+    weed = services["seaweedfs"]
+    flags = dict(a.lstrip("-").split("=", 1) for a in weed["command"] if a.startswith("-") and "=" in a)
+    ident = _env(weed)
+    s3 = SeaweedS3Server(tmp_path / "s3", access_key=ident["AWS_ACCESS_KEY_ID"],
+                         secret_key=ident["AWS_SECRET_ACCESS_KEY"]).start()
+    try:
+        for bucket in flags["bucket"].split(","):
+            s3.create_bucket(bucket)
+        svc = services["sidecar"]
+        env = _rsm_env(svc)
+        keys_dir = _arg(services["keys-init"]["command"], "--out")
+        key_id = _arg(services["keys-init"]["command"], "--id")
+        local_keys = tmp_path / "keys"
+        local_keys.mkdir()
+        pub, priv = generate_key_pair(2048)
+        (local_keys / f"{key_id}.public.pem").write_bytes(pub)
+        (local_keys / f"{key_id}.private.pem").write_bytes(priv)
+        grpc_port, metrics_port = _free_port(), _free_port()
+        moved = {f"http://seaweedfs:{flags['s3.port']}": s3.endpoint_url, keys_dir: str(local_keys)}
+        env = {k: next((v.replace(a, b) for a, b in moved.items() if a in v), v) for k, v in env.items()}
+        env["RSM__SERVER__LISTEN"] = f"127.0.0.1:{grpc_port}"
+        env["RSM__METRICS__LISTEN"] = f"127.0.0.1:{metrics_port}"
+        assert not any("seaweedfs:" in v or v.startswith("/etc/rsm-sidecar") for v in env.values())
+        sidecar = SidecarProcess(SIDECAR_TOML, tmp_path, env, f"127.0.0.1:{grpc_port}")
+        sidecar.start()
+        try:
+            ok = subprocess.run([sys.executable, str(REPO / "docker/sidecar/healthcheck.py"), f"127.0.0.1:{grpc_port}"],
+                                capture_output=True, text=True, timeout=30)
+            assert ok.returncode == 0, ok.stdout + ok.stderr
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+                metrics = r.read().decode()
+            assert 'rsm_storage_requests_total{backend="s3",op="HEAD_BUCKET"} 1.0' in metrics
+            assert 'rsm_storage_requests_total{backend="s3",op="PUT"} 1.0' in metrics  # the start-up probe
+            log = sidecar.log_file.read_text()
+            cfg = _sidecar_config(svc)
+            assert f"(storage: s3 bucket {cfg['storage.s3.bucket']} at {s3.endpoint_url}" in log
+            assert f"encryption: active key {key_id})" in log
+        finally:
+            sidecar.stop()
+    finally:
+        s3.stop()
