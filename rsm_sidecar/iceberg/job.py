@@ -302,6 +302,9 @@ class ConvertJob:
         s = self.settings
         opts = ProtoOptions(uint32_as_long=s.uint32_as_long, well_known_types=s.well_known_types)
         registry = SchemaRegistry.shared(s.registry) if s.registry else None
+        if registry is not None:
+            # each run pins the subjects' latest versions as of now (the client caches them)
+            registry.client.clear_latest_caches()
         specs = []
         for is_key, side in ((True, s.key), (False, s.value)):
             if side.raw:

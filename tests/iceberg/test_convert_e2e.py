@@ -1,0 +1,332 @@
+"""End to end on the real stack: a Kafka broker tiering through the shim and the sidecar
+(local-directory storage, encrypted, compressed), Apicurio as the schema registry, confluent-kafka
+serializers (TopicNameStrategy), real local Spark. Records are produced, tiered until they are
+gone from the broker's disk, converted straight from object storage, and read back with PyIceberg
+and Spark SQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import shutil
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import Schema
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from rsm_sidecar.iceberg import framing
+from rsm_sidecar.iceberg import markers as mk
+from rsm_sidecar.iceberg.evolution import field_ids
+from rsm_sidecar.iceberg.fixtures import new_uuid
+from rsm_sidecar.iceberg.job import convert, load_config
+from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
+from rsm_sidecar.iceberg.schema_registry import RegistryUnavailable
+from rsm_sidecar.iceberg.settings import JobSettings
+from rsm_sidecar.iceberg.catalogs import CatalogSpec
+
+from tests.e2e.kafka_helpers import (Rec, consume, create_topic, filler, produce, remote_segments,
+                                     wait_tiered)
+from tests.iceberg.test_registry import SER_CONF, proto_ser
+
+pytestmark = pytest.mark.e2e
+
+UTC = dt.timezone.utc
+# recent: the topics' retention.ms (1 day) would delete older segments from remote storage
+T0 = int(time.time() * 1000) - 3_600_000
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    from devstack.stack import LocalStack
+
+    st = LocalStack(tmp_path_factory.mktemp("stack"), storage="local").start()
+    yield st
+    st.stop()
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    return {"iceberg.catalog.local.root": str(tmp_path_factory.mktemp("lake")),
+            "iceberg.catalog.name": f"e2e{uuid.uuid4().hex[:6]}"}
+
+
+def run(stack, spark, lake, topic, **overrides):
+    cfg_file, env = stack.sidecar_config_env()
+    return convert(cfg_file, topic, environ=env, overrides={**lake, **overrides}, spark=spark,
+                   log=lambda line: None)
+
+
+def table(stack, lake, topic, **overrides):
+    cfg_file, env = stack.sidecar_config_env()
+    cfg, _ = load_config(cfg_file, env, {**lake, **overrides})
+    s = JobSettings.from_config(cfg)
+    return CatalogSpec.from_settings(s).pyiceberg().load_table((s.namespace, s.table_name(topic)))
+
+
+def by_offset(t) -> dict[int, dict]:
+    return {r["kafka"]["offset"]: r for r in t.scan().to_arrow().to_pylist()}
+
+
+def ms(ts: dt.datetime | None) -> int | None:
+    return None if ts is None else round(ts.timestamp() * 1000)
+
+
+def _produce_txn(bootstrap, topic, values, commit: bool, key: bytes) -> list[int]:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}-{commit}", "linger.ms": 5})
+    p.init_transactions(30)
+    p.begin_transaction()
+    offsets: dict[int, int] = {}
+    for i, v in enumerate(values):
+        p.produce(topic, key=key, value=v, timestamp=T0 + 5_000 + i,
+                  on_delivery=lambda e, m, i=i: e is None and offsets.__setitem__(i, m.offset()))
+    p.flush(30)  # on disk before the outcome, so the aborted data really is in the log
+    (p.commit_transaction if commit else p.abort_transaction)(30)
+    p.flush(30)
+    return [offsets[i] for i in range(len(values))]
+
+
+@pytest.fixture(scope="module")
+def topics(stack, apicurio, registry_url, order_pb2):
+    """Protobuf, Avro, raw (LogAppendTime) and bad-input topics, all tiered."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    bs = stack.bootstrap_servers
+    client = SchemaRegistryClient({"url": registry_url})
+    sfx = uuid.uuid4().hex[:6]
+    out = {}
+
+    # --- Protobuf keys and values (Confluent framing), headers, tombstones, transactions
+    proto = f"proto-{sfx}"
+    create_topic(bs, proto)
+    vser = proto_ser(order_pb2.Order, client, proto)
+    kser = proto_ser(order_pb2.OrderKey, client, proto, is_key=True)
+    orders, recs = {}, []
+    for i in range(40):
+        o = order_pb2.Order(id=f"o-{i}", status=order_pb2.PLACED if i % 2 else order_pb2.SHIPPED,
+                            card=f"card-{i}", big=i, gift=bool(i % 3))
+        o.total.currency, o.total.units = "EUR", 100 + i
+        o.placed_at.FromDatetime(dt.datetime(2025, 1, 1, tzinfo=UTC) + dt.timedelta(seconds=i))
+        value = None if i % 10 == 9 else vser(o)  # tombstones
+        recs.append(Rec(kser(order_pb2.OrderKey(id=f"o-{i}", region=i % 4)), value,
+                        (("trace", b"t-%d" % i),) if i % 2 else (), T0 + i * 10))
+        orders[i] = o
+    recs = produce(bs, proto, recs)
+    aborted = _produce_txn(bs, proto, [vser(order_pb2.Order(id=f"aborted-{i}")) for i in range(5)], False,
+                           kser(order_pb2.OrderKey(id="tx")))
+    committed = _produce_txn(bs, proto, [vser(order_pb2.Order(id=f"committed-{i}")) for i in range(5)], True,
+                             kser(order_pb2.OrderKey(id="tx")))
+    out["proto"] = dict(topic=proto, recs=recs, orders=orders, aborted=aborted, committed=committed)
+
+    # --- Avro values, raw string keys
+    avro = f"avro-{sfx}"
+    create_topic(bs, avro)
+    schema = ('{"type":"record","name":"Payment","namespace":"pay","fields":['
+              '{"name":"id","type":"string"},{"name":"amount","type":"double"},'
+              '{"name":"memo","type":["null","string"],"default":null}]}')
+    aser = AvroSerializer(client, schema, conf={"subject.name.strategy.type": "TOPIC"})
+    payments = [{"id": f"p-{i}", "amount": i * 1.5, "memo": None if i % 2 else f"m{i}"} for i in range(30)]
+    arecs = [Rec(b"acct-%d" % (i % 5), aser(p, SerializationContext(avro, MessageField.VALUE)),
+                 (("src", b"web"),), T0 + i) for i, p in enumerate(payments)]
+    out["avro"] = dict(topic=avro, recs=produce(bs, avro, arecs), payments=payments)
+
+    # --- raw bytes, LogAppendTime
+    raw = f"raw-{sfx}"
+    create_topic(bs, raw, message_timestamp_type="LogAppendTime")
+    rng = random.Random(3)
+    rrecs = [Rec(None if i % 4 == 0 else b"k%d" % i, None if i % 7 == 6 else rng.randbytes(rng.randrange(0, 300)),
+                 (("a", b"1"), ("null", None)) if i % 3 == 0 else (), T0 - 86_400_000 + i) for i in range(50)]
+    out["raw"] = dict(topic=raw, recs=produce(bs, raw, rrecs))
+
+    # --- bad input for a Protobuf value table
+    bad = f"bad-{sfx}"
+    create_topic(bs, bad)
+    bser = proto_ser(order_pb2.Order, client, bad)
+    good = bser(order_pb2.Order(id="fine"))
+    brecs = [Rec(b"good", good, (), T0),
+             Rec(b"unknown-id", framing.encode_preamble(987_654, [1]) + good[7:], (), T0 + 1),
+             Rec(b"bad-protobuf", good[:7] + b"\x0a\xff\xff\xff\xff\x0f", (), T0 + 2),
+             Rec(b"no-magic", b"plain text, not framed", (), T0 + 3)]
+    out["bad"] = dict(topic=bad, recs=produce(bs, bad, brecs))
+
+    ends = {}
+    for name, t in out.items():
+        ends[name] = filler(bs, t["topic"])
+    for name, t in out.items():
+        last = max([r.offset for r in t["recs"]] + t.get("aborted", []) + t.get("committed", []))
+        wait_tiered(stack, t["topic"], last + 1)
+    return out
+
+
+def test_protobuf_topic_round_trip_transactions_tombstones(stack, spark, lake, topics, registry_url):
+    info = topics["proto"]
+    topic = info["topic"]
+    # the registry is down (nothing listens there): the job fails clearly and commits nothing
+    with pytest.raises(RegistryUnavailable, match="unreachable"):
+        run(stack, spark, lake, topic, **{"iceberg.registry.url": "http://127.0.0.1:9/apis/ccompat/v7",
+                                          "iceberg.key.message": "shop.v1.OrderKey"})
+    cfg_file, env = stack.sidecar_config_env()
+    with pytest.raises(Exception):
+        table(stack, lake, topic)  # not even created
+    res = run(stack, spark, lake, topic, **{"iceberg.registry.url": registry_url,
+                                            "iceberg.key.message": "shop.v1.OrderKey"})
+    assert res.committed and res.schema_changes == "created"
+    t = table(stack, lake, topic)
+    got = by_offset(t)
+    for r in info["recs"]:
+        row = got.pop(r.offset)
+        o = info["orders"][int(row["key"]["id"].split("-")[1])]
+        assert row["key"]["__raw__"] == r.key and row["key"]["region"] == int(row["key"]["id"][2:]) % 4
+        assert [(h["key"], h["value"]) for h in row["headers"]] == list(r.headers)
+        assert ms(row["kafka"]["event_timestamp"]) == r.timestamp
+        assert row["kafka"]["partition"] == 0
+        if r.value is None:
+            assert row["val"] is None  # tombstone
+            continue
+        val = row["val"]
+        assert val["__raw__"] is None and val["__err__"] is None and val["__prefix__"] == r.value[:7]
+        assert (val["id"], val["status"], val["card"], val["big"], val["gift"]) == \
+            (o.id, "SHIPPED" if o.status == 2 else "PLACED", o.card, o.big, o.gift)
+        assert (val["total"]["currency"], val["total"]["units"]) == ("EUR", o.total.units)
+        assert val["placed_at"] == o.placed_at.ToDatetime(tzinfo=UTC)
+    assert not set(info["aborted"]) & set(got)          # aborted transaction: absent
+    assert [got.pop(o)["val"]["id"] for o in info["committed"]] == [f"committed-{i}" for i in range(5)]
+    # what is left is the filler (random bytes: not framed -> record-level errors)
+    assert got and all(r["val"]["__err__"] and r["val"]["__raw__"] for r in got.values())
+    # ingest_timestamp: the running maximum of the record times, in offset order
+    rows = sorted(by_offset(t).values(), key=lambda r: r["kafka"]["offset"])
+    ingest = [ms(r["kafka"]["ingest_timestamp"]) for r in rows]
+    assert ingest == sorted(ingest)
+    assert all(i >= ms(r["kafka"]["event_timestamp"]) for i, r in zip(ingest, rows))
+    # Spark SQL sees the same rows
+    n = lake["iceberg.catalog.name"]
+    sql = spark.sql(f"SELECT kafka.offset AS o, key.id AS k, val.id AS v, size(headers) AS h "
+                    f"FROM {n}.kafka.{t.name()[-1]} WHERE val.__err__ IS NULL ORDER BY kafka.offset").collect()
+    expected = sorted((r["kafka"]["offset"], r["key"]["id"], r["val"]["id"] if r["val"] else None,
+                       len(r["headers"])) for r in rows if not (r["val"] and r["val"]["__err__"]))
+    assert [(x.o, x.k, x.v, x.h) for x in sql] == expected
+    # a re-run adds nothing
+    assert run(stack, spark, lake, topic, **{"iceberg.registry.url": registry_url,
+                                             "iceberg.key.message": "shop.v1.OrderKey"}).records == 0
+
+
+def test_avro_values_and_raw_keys(stack, spark, lake, topics, registry_url):
+    info = topics["avro"]
+    res = run(stack, spark, lake, info["topic"], **{"iceberg.registry.url": registry_url})
+    assert res.committed
+    got = by_offset(table(stack, lake, info["topic"]))
+    for r, p in zip(info["recs"], info["payments"]):
+        row = got[r.offset]
+        assert row["key"] == {"__raw__": r.key, "__prefix__": None, "__err__": None}  # no key schema
+        assert {k: row["val"][k] for k in ("id", "amount", "memo")} == p
+        assert row["val"]["__prefix__"] == r.value[:5] and row["val"]["__raw__"] is None
+        assert row["headers"] == [{"key": "src", "value": b"web"}]
+
+
+def test_raw_log_append_time_topic_and_reuploaded_segments(stack, spark, lake, topics):
+    info = topics["raw"]
+    topic = info["topic"]
+    res = run(stack, spark, lake, topic)
+    assert res.committed
+    t = table(stack, lake, topic)
+    got = by_offset(t)
+    seen = {r.offset: r for r in consume(stack.bootstrap_servers, topic, 0, len(info["recs"]))}
+    for r in info["recs"]:
+        row = got[r.offset]
+        assert row["key"]["__raw__"] if r.key is not None else row["key"] is None
+        assert (row["key"] or {}).get("__raw__") == r.key
+        assert (row["val"] or {}).get("__raw__") == r.value
+        assert row["val"] is None if r.value is None else row["val"]["__raw__"] == r.value
+        assert [(h["key"], h["value"]) for h in row["headers"]] == list(r.headers)
+        # LogAppendTime: event = the producer's time, ingest = the append time consumers see
+        assert ms(row["kafka"]["event_timestamp"]) == r.timestamp
+        assert ms(row["kafka"]["ingest_timestamp"]) == seen[r.offset].timestamp != r.timestamp
+    # the broker re-uploads a segment under a new segment id (failed copy, leader change):
+    store_root = stack.remote_root
+    base = sorted(b for b, s in remote_segments(stack.object_store(), topic).items())[0]
+    new_base = base[: -22] + new_uuid()
+    for suffix in ("log", "indexes", "rsm-manifest"):
+        shutil.copyfile(store_root / f"{base}.{suffix}", store_root / f"{new_base}.{suffix}")
+    assert run(stack, spark, lake, topic).records == 0
+    fresh = run(stack, spark, lake, topic, **{"iceberg.table": "raw_fresh"})
+    assert fresh.records == res.records
+    again = by_offset(table(stack, lake, topic, **{"iceberg.table": "raw_fresh"}))
+    assert sorted(again) == sorted(got) and len(again) == fresh.records
+
+
+def test_bad_records_become_err_and_raw(stack, spark, lake, topics, registry_url):
+    info = topics["bad"]
+    res = run(stack, spark, lake, info["topic"], **{"iceberg.registry.url": registry_url,
+                                                    "iceberg.value.message": "shop.v1.Order"})
+    assert res.committed
+    got = by_offset(table(stack, lake, info["topic"]))
+    good, unknown, badpb, nomagic = (got[r.offset]["val"] for r in info["recs"])
+    assert good["id"] == "fine" and good["__err__"] is None and good["__raw__"] is None
+    assert unknown["__err__"] == "unknown schema id 987654" and unknown["__raw__"] == info["recs"][1].value
+    assert "invalid Protobuf for shop.v1.Order" in badpb["__err__"] and badpb["__raw__"] == info["recs"][2].value
+    assert "magic" in nomagic["__err__"] and nomagic["__raw__"] == b"plain text, not framed"
+    for v in (unknown, badpb, nomagic):
+        assert v["id"] is None and v["total"] is None
+
+
+EVO_V1 = """syntax = "proto3";
+package evo;
+message Item { string id = 1; int32 qty = 2; string note = 3; int32 code = 4; }
+"""
+EVO_V2 = """syntax = "proto3";
+package evo;
+message Item { string id = 1; int64 qty = 2; string code = 4; string email = 5; }
+"""
+
+
+def _item_cls(text):
+    s = ProtoSchema.from_sources("item.proto", {"item.proto": text})
+    return ProtoSchema.message_class(s.message_by_name("evo.Item"))
+
+
+def test_schema_evolution_across_two_runs_keeps_field_ids(stack, spark, lake, apicurio, registry_url):
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    client = SchemaRegistryClient({"url": registry_url})
+    bs = stack.bootstrap_servers
+    topic = f"evo-{uuid.uuid4().hex[:6]}"
+    create_topic(bs, topic)
+    V1, V2 = _item_cls(EVO_V1), _item_cls(EVO_V2)
+    ser1 = proto_ser(V1, client, topic)
+    r1 = produce(bs, topic, [Rec(b"a", ser1(V1(id=f"i{i}", qty=i, note="n", code=7 * i)), (), T0 + i)
+                             for i in range(10)])
+    filler(bs, topic)
+    wait_tiered(stack, topic, r1[-1].offset + 1)
+    ov = {"iceberg.registry.url": registry_url}
+    assert run(stack, spark, lake, topic, **ov).schema_changes == "created"
+    ids1 = field_ids(table(stack, lake, topic).schema())
+
+    client.set_compatibility(f"{topic}-value", "NONE")
+    client.register_schema(f"{topic}-value", Schema(EVO_V2, "PROTOBUF"))
+    ser2 = proto_ser(V2, client, topic)
+    r2 = produce(bs, topic, [Rec(b"b", ser2(V2(id=f"j{i}", qty=2**40 + i, code=f"c{i}", email=f"{i}@x")), (),
+                                 T0 + 100 + i) for i in range(10)])
+    filler(bs, topic)
+    wait_tiered(stack, topic, r2[-1].offset + 1)
+    res = run(stack, spark, lake, topic, **ov)
+    assert set(res.schema_changes.split("; ")) == {
+        "promote val.qty to long", "retire val.code as code__v1 (new code: string)", "add val.email: string"}
+    t = table(stack, lake, topic)
+    ids2 = field_ids(t.schema())
+    for kept in ("val.id", "val.qty", "val.note", "kafka.offset", "key.__raw__"):
+        assert ids2[kept] == ids1[kept]
+    assert ids2["val.code__v1"] == ids1["val.code"]
+    assert ids2["val.code"] > max(ids1.values()) and ids2["val.email"] > max(ids1.values())
+    got = by_offset(t)
+    for r in r1:
+        v = got[r.offset]["val"]
+        i = int(v["id"][1:])
+        assert (v["qty"], v["note"], v["code__v1"], v["code"], v["email"]) == (i, "n", 7 * i, None, None)
+    for r in r2:
+        v = got[r.offset]["val"]
+        i = int(v["id"][1:])
+        assert (v["qty"], v["note"], v["code__v1"], v["code"], v["email"]) == (2**40 + i, None, None, f"c{i}", f"{i}@x")
+    assert mk.read_state(t).next_offsets[0] > r2[-1].offset
