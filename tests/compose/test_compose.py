@@ -702,3 +702,51 @@ def test_sidecar_starts_with_the_compose_configuration(services, tmp_path):
             sidecar.stop()
     finally:
         s3.stop()
+
+
+def test_seaweedfs_accepts_the_compose_command_and_creates_the_buckets(services, tmp_path):
+    """The seaweedfs service's `weed mini` arguments, run with the weed 4.48 the tests use
+    (only the data directory, the bind address, kept on loopback here, and the ports moved):
+    weed accepts every flag, the health-check URL answers 200, and the buckets exist for the
+    service's identity without anyone creating them."""
+    import urllib.request
+
+    from devstack.s3server import SeaweedS3Server
+
+    svc = services["seaweedfs"]
+    assert svc["entrypoint"] == ["/usr/bin/weed"] and svc["command"][0] == "mini"
+    ident = _env(svc)
+
+    class ComposeWeed(SeaweedS3Server):
+        def command(self):
+            # devstack's own flags give every port a free number; the compose flags come after
+            # and win (Go's flag package keeps the last value), except where moved back here
+            moved = {"dir": str(self.data_dir), "ip.bind": "127.0.0.1", "s3.port": str(self.s3)}
+            compose_flags = []
+            for arg in svc["command"][1:]:
+                name = arg.lstrip("-").split("=", 1)[0]
+                compose_flags.append(f"-{name}={moved[name]}" if name in moved else arg)
+            return [*super().command(), *compose_flags]
+
+    weed = ComposeWeed(tmp_path / "s3", access_key=ident["AWS_ACCESS_KEY_ID"], secret_key=ident["AWS_SECRET_ACCESS_KEY"])
+    weed.start()
+    try:
+        health = next(a for a in svc["healthcheck"]["test"] if a.startswith("http://"))
+        path = health.split(":8333", 1)[1]
+        with urllib.request.urlopen(weed.endpoint_url + path, timeout=10) as r:
+            assert r.status == 200
+        flags = dict(a.lstrip("-").split("=", 1) for a in svc["command"] if a.startswith("-") and "=" in a)
+        want = set(flags["bucket"].split(","))
+        client = weed.client()
+        import time
+
+        deadline = time.monotonic() + 30
+        while True:
+            have = {b["Name"] for b in client.list_buckets()["Buckets"]}
+            if want <= have or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert want <= have
+        assert weed.is_running()
+    finally:
+        weed.stop()
