@@ -16,13 +16,14 @@ BCPROV := $(CACHE)/interop/bcprov-jdk18on-1.83.jar
 KAFKA_STAMP := $(CACHE)/.kafka-jars-$(or $(KAFKA_VERSION),default)
 ICEBERG_STAMP := $(CACHE)/.iceberg-deps
 SERVERS_STAMP := $(CACHE)/.storage-servers
+COMPOSE_TOOLS_STAMP := $(CACHE)/.compose-tools
 
-.PHONY: setup proto shim kafka-jars interop-jars iceberg-deps storage-servers deps test test-fast demo up down clean bench docs
+.PHONY: setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools deps test test-fast demo up down clean bench docs
 
 setup: $(VENV)/.installed $(PROTO_OUT)
 
 # Everything the tests and the demo need, downloaded into $(CACHE) or built.
-deps: setup shim kafka-jars interop-jars iceberg-deps storage-servers
+deps: setup shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +59,14 @@ storage-servers: $(SERVERS_STAMP)
 $(SERVERS_STAMP): devstack/s3server.py devstack/gcsserver.py | $(VENV)/.installed
 	$(BIN)/python -m devstack.s3server install
 	$(BIN)/python -m devstack.gcsserver install
+	touch $@
+
+# docker compose (built from the Go module proxy) and BuildKit's Dockerfile checks, which
+# tests/compose uses to validate docker-compose.yml without a Docker engine.
+compose-tools: $(COMPOSE_TOOLS_STAMP)
+$(COMPOSE_TOOLS_STAMP): tests/compose/tooling.py tests/compose/tools/go.mod | $(VENV)/.installed
+	$(BIN)/python -c 'from tests.compose.tooling import ensure_compose_cli, ensure_dockerfilecheck; \
+	  print(ensure_compose_cli()); print(ensure_dockerfilecheck())'
 	touch $@
 
 interop-jars: $(BCPROV)
