@@ -173,6 +173,33 @@ def _task_error(exc: BaseException) -> RsmError | None:
     return target(f"converting {msg}")
 
 
+# ============================================================================ Spark session
+
+def under_spark_submit() -> bool:
+    """True when this driver was started by ``spark-submit`` (its JVM is already running)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def open_session(spec: CatalogSpec, settings: JobSettings, app_name: str,
+                 extra: Mapping[str, str] | None = None):
+    """The job's SparkSession. Standalone: a session of its own (``iceberg.spark.master``, jars
+    from the local cache, the job's catalog). Under ``spark-submit``: the submitted
+    application's session, given only the Iceberg extensions and the job's catalog - master,
+    jars, Python and resources are what ``spark-submit`` was told (docs/iceberg.md)."""
+    if not under_spark_submit():
+        from rsm_sidecar.iceberg.spark import spark_session
+
+        return spark_session(spec, master=settings.master, app_name=app_name, cloud=spec.cloud(), extra=extra)
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.appName(app_name)
+               .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+               .config("spark.sql.session.timeZone", "UTC"))
+    for k, v in {**spec.prepare().spark_conf(), **(extra or {})}.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
 # ============================================================================ results
 
 @dataclasses.dataclass
@@ -343,11 +370,7 @@ class ConvertJob:
         if self.spark is not None:
             self._register_catalog(self.spark)
             return self.spark, False
-        from rsm_sidecar.iceberg.spark import spark_session
-
-        spark = spark_session(self.catalog_spec, master=self.settings.master, app_name=f"rsm-iceberg-{self.topic}",
-                              cloud=self.catalog_spec.cloud(), extra=self.spark_conf)
-        return spark, True
+        return open_session(self.catalog_spec, self.settings, f"rsm-iceberg-{self.topic}", self.spark_conf), True
 
     def _register_catalog(self, spark) -> None:
         """Configure the job's catalog on an existing session (catalogs load lazily by name)."""

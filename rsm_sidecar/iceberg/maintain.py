@@ -66,10 +66,9 @@ def maintain(cfg, storage: StorageParams, topic: str, *, expire: bool = False,
     result = MaintainResult(ident)
     own = spark is None
     if own:
-        from rsm_sidecar.iceberg.spark import spark_session
+        from rsm_sidecar.iceberg.job import open_session
 
-        spark = spark_session(spec, master=settings.master, app_name=f"rsm-iceberg-maintain-{topic}",
-                              cloud=spec.cloud())
+        spark = open_session(spec, settings, f"rsm-iceberg-maintain-{topic}")
     else:
         for k, v in spec.spark_conf().items():
             if k != "spark.sql.defaultCatalog":

@@ -251,9 +251,12 @@ class _ProtoSide(_Side):
 
     def decode_arrow(self, col: pa.Array):
         """Vectorised fast path: every non-null value framed with the ``[0]`` shortcut, ids
-        already valid, all payloads parse. Returns None to fall back to :meth:`decode`."""
-        if not self.framed or len(col) == 0:
+        already valid, all payloads parse (or, unframed, all payloads parse). Returns None to
+        fall back to :meth:`decode`."""
+        if len(col) == 0:
             return None
+        if not self.framed:
+            return self._decode_unframed(col.cast(pa.binary()))
         col = col.cast(pa.binary())
         nonnull = col.drop_null() if col.null_count else col
         if len(nonnull) == 0:
@@ -282,6 +285,21 @@ class _ProtoSide(_Side):
             return None
         prefixes = pc.binary_slice(col, 0, 6)
         return children, prefixes, pa.nulls(len(col), pa.string())
+
+    def _decode_unframed(self, col: pa.Array):
+        parse = self.decoder.cls.FromString
+        default = self.decoder.default_message
+        payloads = col.to_pylist()
+        try:
+            if col.null_count:
+                msgs = [default if p is None else parse(p) for p in payloads]
+            else:
+                msgs = list(map(parse, payloads))
+            children = self.decoder.children(msgs)
+        except Exception:  # DecodeError, or a value Arrow rejects: isolate rows in decode()
+            return None
+        n = len(col)
+        return children, pa.nulls(n, pa.binary()), pa.nulls(n, pa.string())
 
     def decode(self, datas):
         parse = self.decoder.cls.FromString
