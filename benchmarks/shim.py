@@ -8,7 +8,8 @@ by ``devstack.stack.LocalStack`` from ``config/sidecar.toml`` + ``RSM__`` enviro
 local-directory storage, zstd + AES-GCM. The same bytes are read from a local file by the same
 JVM in the same run, so the ratios are meaningful on a noisy shared machine; the seconds are not.
 
-    .venv/bin/python benchmarks/shim.py [--size-mib 512] [--samples 60] [--copies 2]
+    .venv/bin/python benchmarks/shim.py [--size-mib 512] [--samples 60] [--copies 3]
+                                        [--sidecar-env RSM__KEY=VALUE ...]
 
 What is measured:
 
@@ -180,6 +181,10 @@ def main() -> None:
                     help="seconds between a cold read and the next read (the prefetch it started finishes)")
     ap.add_argument("--warmup", type=int, default=300,
                     help="untimed fetches before the random reads (JIT warm-up of the shim's gRPC path)")
+    ap.add_argument("--sidecar-env", action="append", default=[], metavar="RSM__KEY=VALUE",
+                    help="extra sidecar setting (repeatable), e.g. RSM__FETCH__MAX_RANGE_BYTES=4MiB")
+    ap.add_argument("--verbose", action="store_true", help="print every random read (position, times, bytes "
+                    "returned by the first read())")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     if not SHIM_JAR.exists():
@@ -193,7 +198,8 @@ def main() -> None:
     log_path, last_offset = write_segment(seg_dir, args.size_mib * MiB)
     size = log_path.stat().st_size
 
-    stack = LocalStack(work / "stack")
+    extra_env = dict(kv.split("=", 1) for kv in args.sidecar_env)
+    stack = LocalStack(work / "stack", sidecar_env=extra_env)
     stack.start_storage()
     cfg_path, env = stack.sidecar_config_env()
     cfg = Config.load(cfg_path, environ=env)
@@ -208,6 +214,7 @@ def main() -> None:
               f"{(seg_dir / f'{0:020d}.txnindex').stat().st_size} B txn; sidecar: chunk {chunk // MiB} MiB, "
               f"chunk cache {cfg['cache.chunk_bytes'] // MiB} MiB, prefetch {prefetch // MiB} MiB, "
               f"compression {cfg['segment.compression']}, encryption {cfg['encryption.enabled']}, "
+              f"fetch.max_range_bytes {cfg['fetch.max_range_bytes'] // MiB} MiB, "
               f"storage {cfg['storage.backend']}; shim on Kafka {dist.version} jars; {os.cpu_count()} CPUs",
               flush=True)
         results = run(args, harness, stack, seg_dir, log_path, last_offset, size, chunk, prefetch, work)
@@ -292,6 +299,10 @@ def run(args, harness: Harness, stack: LocalStack, seg_dir: Path, log_path: Path
         drop_from_page_cache(log_path)
         local_cold = harness("local", log_path, start, MiB)
         local_warm = harness("local", log_path, start, MiB)
+        if args.verbose:
+            print(f"  {start:>10d} cold ttfb {cold['ttfb'] * 1e3:6.1f} full {cold['seconds'] * 1e3:6.1f} first read "
+                  f"{cold['first_read_bytes']:>8d} | warm ttfb {warm['ttfb'] * 1e3:6.1f} full "
+                  f"{warm['seconds'] * 1e3:6.1f} first read {warm['first_read_bytes']:>8d}", flush=True)
         for name, r in (("cold", cold), ("warm", warm), ("local_cold", local_cold), ("local_warm", local_warm)):
             fetch[name].append(r)
         time.sleep(0.1)

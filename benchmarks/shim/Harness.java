@@ -132,6 +132,7 @@ public class Harness {
     /** Reads like RemoteLogManager.read(): Utils.readFully into a buffer of the fetch size, then close. */
     static Map<String, Object> readLoop(InputStream in, long t0, int want, byte[] out) throws IOException {
         long first = -1;
+        int firstBytes = 0;
         int got = 0;
         try (in) {
             while (got < want) {
@@ -141,6 +142,7 @@ public class Harness {
                 }
                 if (first < 0 && n > 0) {
                     first = System.nanoTime();
+                    firstBytes = n;
                 }
                 got += n;
             }
@@ -149,6 +151,7 @@ public class Harness {
         r.put("ttfb", first < 0 ? -1.0 : (first - t0) / 1e9);
         r.put("seconds", secs(t0));
         r.put("bytes", got);
+        r.put("first_read_bytes", firstBytes);
         return r;
     }
 
