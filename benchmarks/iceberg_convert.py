@@ -56,8 +56,9 @@ TOPIC = "bench-events"
 
 
 def make_topic(workdir: Path, registry_url: str, records: int, partitions: int, segment_mb: int,
-               topic: str, seed: int = 1) -> Path:
-    """Tier ``records`` framed Protobuf records; returns the sidecar configuration file."""
+               topic: str, seed: int = 1) -> tuple[Path, float]:
+    """Tier ``records`` framed Protobuf records; returns the sidecar configuration file and
+    the average value size (bytes, framing included)."""
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
     from rsm_sidecar.config import Config
@@ -110,6 +111,7 @@ url = "{registry_url}"
     headers = (Header("trace", b"abc"), Header("src", b"bench"))
     per_part = records // partitions
     t_base = 1_700_000_000_000
+    value_bytes = 0
     for p in range(partitions):
         offset = 0
         batches: list[bytes] = []
@@ -123,8 +125,9 @@ url = "{registry_url}"
                         tags=["alpha", "beta"][: rnd.randrange(3)], count=rnd.randrange(1000))
                 m.at.seconds, m.at.nanos = 1_700_000_000 + i // 100, 123_000
                 m.device.os, m.device.version = "linux-x86_64", 6
-                recs.append(SimpleRecord(f"key-{p}-{i:010d}".encode(), pre + m.SerializeToString(),
-                                         t_base + i, headers))
+                value = pre + m.SerializeToString()
+                value_bytes += len(value)
+                recs.append(SimpleRecord(f"key-{p}-{i:010d}".encode(), value, t_base + i, headers))
             b = build_batch(recs, base_offset=offset)
             batches.append(b)
             size += len(b)
@@ -133,7 +136,7 @@ url = "{registry_url}"
                 writer.write_segment(p, batches)
                 batches, size = [], 0
     writer.close()
-    return cfg_file
+    return cfg_file, value_bytes / max(1, per_part * partitions)
 
 
 def main() -> None:
@@ -154,11 +157,12 @@ def main() -> None:
     spark = None
     try:
         t0 = time.perf_counter()
-        cfg_file = make_topic(workdir, reg.ccompat_url, args.records, args.partitions, args.segment_mb, TOPIC)
+        cfg_file, avg = make_topic(workdir, reg.ccompat_url, args.records, args.partitions, args.segment_mb, TOPIC)
         make_topic(workdir, reg.ccompat_url, 20_000, 2, 1, "warmup", seed=2)
         remote = sum(f.stat().st_size for f in (workdir / "remote").rglob("*") if f.is_file())
-        print(f"set-up: {args.records:,} records in {args.partitions} partition(s) tiered in "
-              f"{time.perf_counter() - t0:.1f}s ({remote / 1e6:.1f} MB stored, zstd + AES-GCM)")
+        print(f"set-up: {args.records:,} records (values {avg:.0f} B on average, framed Protobuf) in "
+              f"{args.partitions} partition(s) tiered in {time.perf_counter() - t0:.1f}s "
+              f"({remote / 1e6:.1f} MB stored, zstd + AES-GCM)")
         env = {}
 
         def job(topic: str, table: str) -> ConvertJob:
