@@ -42,7 +42,6 @@ from typing import Any, Callable, Iterator, Mapping
 
 from rsm_sidecar.config import ENV_PREFIX, Config
 from rsm_sidecar.errors import ConfigError, RsmError
-from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.iceberg import markers as mk
 from rsm_sidecar.iceberg.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.segments import (

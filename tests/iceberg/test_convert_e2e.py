@@ -31,7 +31,7 @@ from rsm_sidecar.iceberg.catalogs import CatalogSpec
 
 from tests.e2e.kafka_helpers import (Rec, consume, create_topic, filler, produce, remote_segments,
                                      wait_tiered)
-from tests.iceberg.test_registry import SER_CONF, proto_ser
+from tests.iceberg.test_registry import proto_ser
 
 pytestmark = pytest.mark.e2e
 
