@@ -132,7 +132,11 @@ def topics(stack, apicurio, registry_url, order_pb2):
     payments = [{"id": f"p-{i}", "amount": i * 1.5, "memo": None if i % 2 else f"m{i}"} for i in range(30)]
     arecs = [Rec(b"acct-%d" % (i % 5), aser(p, SerializationContext(avro, MessageField.VALUE)),
                  (("src", b"web"),), T0 + i) for i, p in enumerate(payments)]
-    out["avro"] = dict(topic=avro, recs=produce(bs, avro, arecs), payments=payments)
+    arecs = produce(bs, avro, arecs)
+    # the registered schema's preamble, then bytes that are not a Payment (a string length
+    # beyond the end)
+    (bad_avro,) = produce(bs, avro, [Rec(b"acct-x", arecs[0].value[:5] + b"\x7f", (), T0 + 40)])
+    out["avro"] = dict(topic=avro, recs=arecs, payments=payments, bad=bad_avro)
 
     # --- raw bytes, LogAppendTime
     raw = f"raw-{sfx}"
@@ -165,12 +169,6 @@ def topics(stack, apicurio, registry_url, order_pb2):
 def test_protobuf_topic_round_trip_transactions_tombstones(stack, spark, lake, topics, registry_url):
     info = topics["proto"]
     topic = info["topic"]
-    # the registry is down (nothing listens there): the job fails clearly and commits nothing
-    with pytest.raises(RegistryUnavailable, match="unreachable"):
-        run(stack, spark, lake, topic, **{"iceberg.registry.url": "http://127.0.0.1:9/apis/ccompat/v7",
-                                          "iceberg.key.message": "shop.v1.OrderKey"})
-    with pytest.raises(NoSuchTableError):
-        table(stack, lake, topic)  # not even created
     res = run(stack, spark, lake, topic, **{"iceberg.registry.url": registry_url,
                                             "iceberg.key.message": "shop.v1.OrderKey"})
     assert res.committed and res.schema_changes == "created"
@@ -213,11 +211,28 @@ def test_protobuf_topic_round_trip_transactions_tombstones(stack, spark, lake, t
                                              "iceberg.key.message": "shop.v1.OrderKey"}).records == 0
 
 
-def test_avro_values_and_raw_keys(stack, spark, lake, topics, registry_url):
+@pytest.fixture(scope="module")
+def avro_run(stack, spark, lake, topics, registry_url):
+    """The Avro topic converted once, after a first attempt with the registry down."""
+    topic = topics["avro"]["topic"]
+    with pytest.raises(RegistryUnavailable) as down:  # nothing listens there
+        run(stack, spark, lake, topic, **{"iceberg.registry.url": "http://127.0.0.1:9/apis/ccompat/v7"})
+    with pytest.raises(NoSuchTableError):
+        table(stack, lake, topic)  # not even created, nothing committed
+    res = run(stack, spark, lake, topic, **{"iceberg.registry.url": registry_url})
+    return down.value, res, by_offset(table(stack, lake, topic))
+
+
+def test_registry_down_fails_clearly_commits_nothing_and_succeeds_on_rerun(avro_run):
+    err, res, got = avro_run
+    assert "schema registry at http://127.0.0.1:9/apis/ccompat/v7 is unreachable" in str(err)
+    assert "subject" in str(err)
+    assert res.committed and res.records == len(got)
+
+
+def test_avro_values_and_raw_keys(avro_run, topics):
     info = topics["avro"]
-    res = run(stack, spark, lake, info["topic"], **{"iceberg.registry.url": registry_url})
-    assert res.committed
-    got = by_offset(table(stack, lake, info["topic"]))
+    _, res, got = avro_run
     for r, p in zip(info["recs"], info["payments"]):
         row = got[r.offset]
         assert row["key"] == {"__raw__": r.key, "__prefix__": None, "__err__": None}  # no key schema
@@ -257,19 +272,44 @@ def test_raw_log_append_time_topic_and_reuploaded_segments(stack, spark, lake, t
     assert sorted(again) == sorted(got) and len(again) == fresh.records
 
 
-def test_bad_records_become_err_and_raw(stack, spark, lake, topics, registry_url):
+@pytest.fixture(scope="module")
+def bad_rows(stack, spark, lake, topics, registry_url):
     info = topics["bad"]
     res = run(stack, spark, lake, info["topic"], **{"iceberg.registry.url": registry_url,
                                                     "iceberg.value.message": "shop.v1.Order"})
-    assert res.committed
+    assert res.committed  # record-level problems do not fail the job
     got = by_offset(table(stack, lake, info["topic"]))
-    good, unknown, badpb, nomagic = (got[r.offset]["val"] for r in info["recs"])
+    good = got[info["recs"][0].offset]["val"]
     assert good["id"] == "fine" and good["__err__"] is None and good["__raw__"] is None
-    assert unknown["__err__"] == "unknown schema id 987654" and unknown["__raw__"] == info["recs"][1].value
-    assert "invalid Protobuf for shop.v1.Order" in badpb["__err__"] and badpb["__raw__"] == info["recs"][2].value
-    assert "magic" in nomagic["__err__"] and nomagic["__raw__"] == b"plain text, not framed"
-    for v in (unknown, badpb, nomagic):
-        assert v["id"] is None and v["total"] is None
+    return {r.key.decode(): (r.value, got[r.offset]["val"]) for r in info["recs"]}
+
+
+def _is_error_row(val, raw: bytes) -> None:
+    assert val["__raw__"] == raw and val["__err__"]
+    assert val["id"] is None and val["total"] is None and val["status"] is None
+
+
+def test_bad_input_unknown_schema_id(bad_rows):
+    raw, val = bad_rows["unknown-id"]
+    _is_error_row(val, raw)
+    assert val["__err__"] == "unknown schema id 987654" and val["__prefix__"] == raw[:7]
+
+
+def test_bad_input_bytes_that_are_not_protobuf_or_avro(bad_rows, avro_run, topics):
+    raw, val = bad_rows["bad-protobuf"]
+    _is_error_row(val, raw)
+    assert val["__err__"].startswith("invalid Protobuf for shop.v1.Order")
+    bad = topics["avro"]["bad"]
+    val = avro_run[2][bad.offset]["val"]
+    assert val["__raw__"] == bad.value and val["__err__"].startswith("invalid Avro for schema id")
+    assert val["id"] is None and val["amount"] is None
+
+
+def test_bad_input_missing_magic_byte(bad_rows):
+    raw, val = bad_rows["no-magic"]
+    _is_error_row(val, raw)
+    assert val["__err__"] == "missing magic byte: first byte is 0x70, expected 0x00"
+    assert val["__prefix__"] is None
 
 
 EVO_V1 = """syntax = "proto3";
