@@ -167,18 +167,19 @@ class SegmentReader:
                 yield data if (lo == 0 and hi == len(data)) else data[lo:hi]
                 i += 1
 
-    def _chunks_from(self, seg: OpenSegment, chunks: list[Chunk], i: int) -> list[bytes]:
+    def _chunks_from(self, seg: OpenSegment, chunks: list[Chunk], i: int) -> Iterator[bytes]:
         """Decoded chunks starting at ``chunks[i]``: one from the cache or from another
-        reader's download, or a whole run downloaded with one request."""
+        reader's download, or a whole run downloaded with one request and yielded chunk
+        by chunk as each is decoded (the first byte does not wait for the whole run)."""
         key = (seg.base, chunks[i].id)
         data = self.chunks.get(key)
         if data is not None:
-            return [data]
+            return iter([data])
         # Claim a run of contiguous chunks that are neither cached nor being loaded.
         run = self._run(seg, chunks[i:])
         claimed, waiting = self._loading.claim([(seg.base, c.id) for c in run])
         if waiting:
-            return [waiting[key].result()]
+            return iter([waiting[key].result()])
         return self._load_run(seg, run[: len(claimed)])
 
     def _run(self, seg: OpenSegment, chunks: list[Chunk]) -> list[Chunk]:
@@ -196,11 +197,14 @@ class SegmentReader:
             decoded += c.original_size
         return run
 
-    def _load_run(self, seg: OpenSegment, run: list[Chunk]) -> list[bytes]:
-        """Download, verify and decode contiguous chunks with one request; resolve the
-        single-flight futures of every chunk in the run."""
+    def _load_run(self, seg: OpenSegment, run: list[Chunk]) -> Iterator[bytes]:
+        """Download contiguous chunks with one request, then verify, decode, cache and
+        yield them one by one, resolving each chunk's single-flight future. A reader that
+        stops early still decodes the rest of the run (already downloaded, at most
+        ``max_range_bytes``) so that readers waiting on those chunks get them."""
         key = seg.key(fkeys.LOG)
-        out: list[bytes] = []
+        decoded = 0
+        stored = None
         try:
             first, last = run[0], run[-1]
             if last.transformed_end == first.transformed_position:
@@ -214,21 +218,29 @@ class SegmentReader:
             if len(stored) != want:
                 raise DataLoss(f"{key}: truncated: chunks {first.id}..{last.id} need {want} bytes at "
                                f"{first.transformed_position}, got {len(stored)}")
-            crcs = seg.manifest.chunk_crcs
-            view = memoryview(stored)
             for c in run:
-                piece = view[c.transformed_position - first.transformed_position:
-                             c.transformed_end - first.transformed_position]
-                plain = seg.codec.decode(bytes(piece), c.original_size, f"{key} chunk {c.id}",
-                                         crcs[c.id] if crcs else None)
-                self.chunks.put((seg.base, c.id), plain, len(plain))
-                self._loading.resolve((seg.base, c.id), plain)
-                out.append(plain)
+                plain = self._decode_chunk(seg, key, c, stored, first.transformed_position)
+                decoded += 1
+                yield plain
+        except GeneratorExit:
+            for c in run[decoded:]:
+                try:
+                    self._decode_chunk(seg, key, c, stored, run[0].transformed_position)
+                except Exception as e:  # noqa: BLE001 - handed to the waiting readers
+                    self._loading.resolve((seg.base, c.id), error=e)
+            raise
         except BaseException as e:
-            for c in run[len(out):]:
+            for c in run[decoded:]:
                 self._loading.resolve((seg.base, c.id), error=e)
             raise
-        return out
+
+    def _decode_chunk(self, seg: OpenSegment, key: str, c: Chunk, stored: bytes, base: int) -> bytes:
+        crcs = seg.manifest.chunk_crcs
+        piece = stored[c.transformed_position - base: c.transformed_end - base]
+        plain = seg.codec.decode(piece, c.original_size, f"{key} chunk {c.id}", crcs[c.id] if crcs else None)
+        self.chunks.put((seg.base, c.id), plain, len(plain))
+        self._loading.resolve((seg.base, c.id), plain)
+        return plain
 
     def _schedule_prefetch(self, seg: OpenSegment, chunk_id: int) -> None:
         if self._prefetch is None or self.settings.prefetch_bytes <= 0 or self.settings.chunk_cache_bytes <= 0:
@@ -256,7 +268,8 @@ class SegmentReader:
             claimed, _ = self._loading.claim([(seg.base, c.id) for c in run])
             if claimed:
                 try:
-                    self._load_run(seg, run[: len(claimed)])
+                    for _ in self._load_run(seg, run[: len(claimed)]):
+                        pass
                 except Exception as e:  # the reader that needs the chunk will report it
                     log.debug("prefetch of %s failed: %s", seg.base, e)
                     return
