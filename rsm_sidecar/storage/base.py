@@ -29,6 +29,8 @@ import logging
 import threading
 from typing import Iterable, Iterator
 
+import grpc
+
 from rsm_sidecar.errors import (
     DeadlineExceeded,
     NotFound,
@@ -39,7 +41,10 @@ from rsm_sidecar.errors import (
 
 
 class StorageError(RsmError):
-    """A permanent storage failure (permissions, missing bucket, bad request)."""
+    """A permanent storage failure (permissions, missing bucket, a path that cannot be
+    created, a bad request): the call cannot succeed until an operator fixes storage."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class ObjectNotFound(NotFound):
