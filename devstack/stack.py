@@ -94,6 +94,7 @@ class LocalStack:
             "RSM__SERVER__LISTEN": f"unix://{self.socket_path}",
             "RSM__METRICS__LISTEN": "",
             "RSM__STORAGE__BACKEND": self.storage,
+            "RSM__COPY__JOURNAL_DIR": str(self.workdir / "journal"),
         }
         env.update(self.storage_environment())
         if self.encryption:

@@ -173,6 +173,12 @@ CONFIG_KEYS = [
     Key("copy.max_concurrent", "int", 16,
         "Copies processed at once; further copies wait. Memory per copy is about "
         "(copy.parallelism + 2) x chunk size plus the storage upload buffer.", min=1, max=256),
+    Key("copy.journal_dir", "path", None,
+        "Directory (local disk) where each copy records the keys it is writing until it completes; what a "
+        "killed or failed copy left in storage is deleted at start-up and by a periodic sweep. Unset: no "
+        "journal (find leftovers with `rsm-sidecar inspect orphans`)."),
+    Key("copy.journal_sweep_seconds", "seconds", 60.0,
+        "How often leftovers of interrupted copies are looked for while the sidecar runs.", min=1),
     Key("copy.allowed_dirs", "list", [],
         "Path transfer mode: only files under these directories may be read (empty = any path)."),
     # -- encryption -----------------------------------------------------------------

@@ -22,6 +22,7 @@ from rsm_sidecar.format import custom_metadata as cm
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.chunk_index import build_index
 from rsm_sidecar.format.manifest import INDEX_NAMES, IndexRange, SegmentManifest, EncryptionInfo, segment_debug_copy
+from rsm_sidecar.segment.journal import CopyJournal, delete_segment_objects
 from rsm_sidecar.storage.base import ObjectStore
 from rsm_sidecar.transform.chunks import ChunkCodec, crc32c
 from rsm_sidecar.transform.heuristic import batches_already_compressed
@@ -75,12 +76,14 @@ def rechunk(pieces: Iterable[bytes], chunk_size: int) -> Iterator[bytes]:
 
 class SegmentCopier:
     def __init__(self, store: ObjectStore, layout: fkeys.KeyLayout, keyring: Keyring | None,
-                 settings: CopySettings, executor: concurrent.futures.Executor):
+                 settings: CopySettings, executor: concurrent.futures.Executor,
+                 journal: CopyJournal | None = None):
         self.store = store
         self.layout = layout
         self.keyring = keyring
         self.settings = settings
         self.executor = executor
+        self.journal = journal
 
     def copy(self, md: fkeys.SegmentMetadata, log_chunks: Iterator[bytes], log_size: int,
              indexes: Callable[[], dict[str, bytes | None]],
@@ -91,17 +94,26 @@ class SegmentCopier:
         consumed and returns the index files by manifest name (``transaction`` may be None)."""
         base = self.layout.base(dataclasses.replace(md, custom_metadata=None))
         keys = {s: f"{base}.{s}" for s in fkeys.SUFFIXES}
+        entry = self.journal.begin(base) if self.journal else None
         try:
-            return self._copy(md, base, keys, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes)
+            result = self._copy(md, base, keys, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes)
         except BaseException as e:
-            self._cleanup(keys, md, e)
+            if self._cleanup(base, md, e) and entry:
+                self.journal.end(entry)
+            elif entry:
+                self.journal.release(entry)
             raise
+        if entry:
+            self.journal.end(entry)
+        return result
 
-    def _cleanup(self, keys: dict[str, str], md: fkeys.SegmentMetadata, cause: BaseException) -> None:
+    def _cleanup(self, base: str, md: fkeys.SegmentMetadata, cause: BaseException) -> bool:
         try:
-            self.store.delete_many([keys[fkeys.MANIFEST], keys[fkeys.INDEXES], keys[fkeys.LOG]])
-        except Exception as e:  # the broker's delete or `inspect orphans` finishes the job
+            delete_segment_objects(self.store, base)
+            return True
+        except Exception as e:  # the journal sweep (or the broker's delete) finishes the job
             log.warning("copy of %s failed (%s) and its cleanup failed too: %s", md.describe, cause, e)
+            return False
 
     def _copy(self, md, base, keys, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes) -> CopyResult:
         s = self.settings

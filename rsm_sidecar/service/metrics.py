@@ -28,10 +28,14 @@ class Metrics:
                                          "(manifest, index, chunk).", ["cache", "event"], registry=r)
         self._caches = {}
         self._stores = []
+        self._journal = None
         r.register(_DynamicCollector(self))
 
     def track_cache(self, name: str, cache) -> None:
         self._caches[name] = cache
+
+    def track_journal(self, journal) -> None:
+        self._journal = journal
 
     def track_store(self, store) -> None:
         self._stores.append(store)
@@ -55,3 +59,8 @@ class _DynamicCollector:
             for op, n in sorted(store.requests.items()):
                 reqs.add_metric([store.name, op], n)
         yield reqs
+        if self.m._journal is not None:
+            pending = GaugeMetricFamily("rsm_copy_leftovers", "Interrupted copies whose objects are still in "
+                                        "storage, waiting for the journal sweep.")
+            pending.add_metric([], len(self.m._journal.pending()))
+            yield pending

@@ -71,7 +71,19 @@ class SidecarServer:
         host = listen.rsplit(":", 1)[0]
         return f"{host}:{port}"
 
+    def _sweep_journal(self) -> None:
+        journal = self.sidecar.copier.journal
+        interval = self.cfg["copy.journal_sweep_seconds"]
+        while not self._stopped.wait(interval):
+            journal.sweep()
+
     def start(self) -> None:
+        journal = self.sidecar.copier.journal
+        if journal is not None:
+            cleaned = journal.sweep()  # before serving: nothing of this process is in flight yet
+            if cleaned:
+                log.info("removed the leftovers of %d interrupted copies", cleaned)
+            threading.Thread(target=self._sweep_journal, name="journal-sweep", daemon=True).start()
         listen = self.cfg["metrics.listen"]
         if listen:
             host, _, port = listen.rpartition(":")

@@ -17,6 +17,7 @@ from rsm_sidecar._proto.rsm.v1 import rsm_pb2_grpc
 from rsm_sidecar.errors import Cancelled, FailedPrecondition, InvalidArgument, OutOfRange, RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.segment.copy import rechunk
+from rsm_sidecar.segment.journal import delete_segment_objects
 from rsm_sidecar.segment.reader import INDEX_BY_TYPE
 from rsm_sidecar.service.sidecar import Sidecar
 
@@ -189,8 +190,7 @@ class RemoteStorageServicer(rsm_pb2_grpc.RemoteStorageServicer):
         md = _metadata(request.metadata)
         s = self.sidecar
         base = s.layout.base(md)
-        s.store.delete(f"{base}.{fkeys.MANIFEST}")  # first: the segment is unreadable from here on
-        s.store.delete_many([f"{base}.{fkeys.INDEXES}", f"{base}.{fkeys.LOG}"])
+        delete_segment_objects(s.store, base)
         s.reader.forget(base)
         log.info("deleted %s", md.describe, extra={"fields": {"op": "delete", "segment": md.segment_id, "key": base}})
         return pb.DeleteSegmentResponse()

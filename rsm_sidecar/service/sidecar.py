@@ -11,6 +11,7 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.format import custom_metadata
 from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.journal import CopyJournal
 from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
 from rsm_sidecar.service.metrics import Metrics
 from rsm_sidecar.storage.base import ObjectStore
@@ -56,7 +57,10 @@ class Sidecar:
                                on_cache_event=metrics.cache_event)
         for name, cache in (("manifest", reader.manifests), ("index", reader.indexes), ("chunk", reader.chunks)):
             metrics.track_cache(name, cache)
-        copier = SegmentCopier(store, layout, keyring, settings, transform_pool)
+        journal = CopyJournal(cfg["copy.journal_dir"], store) if cfg["copy.journal_dir"] else None
+        if journal is not None:
+            metrics.track_journal(journal)
+        copier = SegmentCopier(store, layout, keyring, settings, transform_pool, journal)
         return cls(cfg, store, layout, keyring, copier, reader, metrics, transform_pool, prefetch_pool)
 
     def close(self) -> None:

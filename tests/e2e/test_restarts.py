@@ -238,8 +238,10 @@ def test_sidecar_killed_while_producing_loses_nothing(stack, store):
     complete, orphans = check_no_partial_segment_readable(stack, store)
     assert set(manifests(store, topic)) <= set(complete)
     assert killed_during, "no copy was in progress when the sidecar was killed"
+    # the copy journal: the restarted sidecar deleted what the killed copy had written
+    assert orphans == [], f"leftovers of the killed copy still in storage: {orphans}"
     print(f"sidecar killed with {killed_during}; remote segments: {len(complete)} complete, "
-          f"{len(orphans)} without manifest")
+          f"none left without manifest")
 
 
 # -- the storage becomes unwritable -----------------------------------------------------------------
@@ -287,8 +289,9 @@ def test_storage_unwritable_during_copies_loses_nothing(stack, store):
         failures = wait_for("the broker to log failed copies of the topic",
                             lambda: copy_failures(stack, log_offset, topic), timeout=60)
         time.sleep(8)
-        # the shim's exception names the storage error (today INTERNAL, not retriable: the broker
-        # logs it, cleans up the attempt, which fails as well, and copies again at the next interval)
+        # the shim's exception names the storage error (FAILED_PRECONDITION, not retriable: the
+        # broker logs it, cleans up the attempt, which fails as well, and copies again at the next
+        # interval)
         assert re.search(r"copyLogSegmentData\(storage-outage-0 [^\n]*local storage error",
                          log_since(stack, log_offset)), failures[0]
         sent_during_outage = len(bg.sent) - sent_at_block

@@ -411,3 +411,65 @@ def test_metrics_are_served_over_http(start_sidecar, tmp_path):
     assert 'rsm_operations_total{op="copy",outcome="OK"} 1.0' in text
     assert 'rsm_operations_total{op="fetch",outcome="NOT_FOUND"} 1.0' in text
     assert "rsm_operation_seconds_bucket" in text and "rsm_cache_bytes" in text
+
+
+class OutageStore(LocalObjectStore):
+    """A local store that can be switched into an outage: writes of manifests and every
+    delete fail, as when object storage goes away in the middle of a copy. (The local
+    filesystem cannot be made unavailable for one process; the e2e tests make the storage
+    directory unwritable and kill the sidecar for real.)"""
+
+    down = False
+
+    def put(self, key, data):
+        if self.down and key.endswith(".rsm-manifest"):
+            from rsm_sidecar.storage.base import StorageUnavailable
+
+            raise StorageUnavailable(f"injected outage writing {key}")
+        super().put(key, data)
+
+    def delete(self, key):
+        if self.down:
+            from rsm_sidecar.storage.base import StorageUnavailable
+
+            raise StorageUnavailable(f"injected outage deleting {key}")
+        super().delete(key)
+
+
+def test_journal_sweep_removes_what_a_failed_cleanup_left(start_sidecar, tmp_path):
+    store = OutageStore(tmp_path / "remote", fsync=False)
+    sc = start_sidecar(store=store, copy__journal_dir=str(tmp_path / "journal"), copy__journal_sweep_seconds=3600)
+    files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(100 * KiB))
+    md = metadata(seg_id(30), size=100 * KiB)
+    store.down = True
+    with pytest.raises(grpc.RpcError) as e:
+        sc.client.copy(files.stream_requests(md))
+    assert _code(e) == grpc.StatusCode.UNAVAILABLE
+    left = sc.objects()
+    assert left and not any(k.endswith(".rsm-manifest") for k in left)  # never readable
+    journal = sc.sidecar.copier.journal
+    assert len(journal.pending()) == 1
+    assert journal.sweep() == 0 and len(journal.pending()) == 1  # still down: kept for later
+    store.down = False
+    assert journal.sweep() == 1
+    assert sc.objects() == [] and journal.pending() == []
+    sc.client.copy(files.stream_requests(md))  # and the broker's retry succeeds
+    assert journal.pending() == []
+
+
+def test_leftovers_of_a_killed_copy_are_removed_at_start_up(start_sidecar, tmp_path):
+    from rsm_sidecar.segment.journal import CopyJournal
+
+    root, journal_dir = tmp_path / "remote", tmp_path / "journal"
+    store = LocalObjectStore(root, fsync=False)
+    # what a process killed between writing the data and the manifest leaves behind
+    base = "tiered/orders-MWJ6FHTfRYy67jzwZdeqSQ/0/00000000000000000000-S000000000000000000031"
+    CopyJournal(journal_dir, store).begin(base)
+    store.put(base + ".log", b"partial data")
+    store.put(base + ".indexes", b"partial indexes")
+    sc = start_sidecar(store=store, copy__journal_dir=str(journal_dir))
+    assert sc.objects() == []
+    assert sc.sidecar.copier.journal.pending() == []
+    import prometheus_client
+
+    assert "rsm_copy_leftovers 0.0" in prometheus_client.generate_latest(sc.sidecar.metrics.registry).decode()
