@@ -222,7 +222,8 @@ def proto_sidecar():
 
         def DeleteSegment(self, request, context):
             calls["delete"].append(request)
-            return rsm_pb2.DeleteSegmentResponse(existed=store.pop(request.metadata.segment_id, None) is not None)
+            store.pop(request.metadata.segment_id, None)
+            return rsm_pb2.DeleteSegmentResponse()
 
     with tempfile.TemporaryDirectory(prefix="rsm-shim-") as tmp:
         sock = Path(tmp) / "rsm.sock"

@@ -66,6 +66,11 @@ final class Retrier {
                     continue;
                 }
                 String op = n > 1 ? operation + " (attempt " + n + " of " + maxAttempts + ")" : operation;
+                if (n > 1) {
+                    // Kafka 4.3+ logs a retriable copy failure without its cause: say it here
+                    LOG.warn("{}: giving up after attempt {} of {}: {}", operation, n, maxAttempts,
+                            ErrorMapper.describe("call", status));
+                }
                 throw errors.map(op, status, delete);
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();

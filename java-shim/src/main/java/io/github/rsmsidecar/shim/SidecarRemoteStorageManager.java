@@ -396,12 +396,13 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         String op = "deleteLogSegmentData(" + MetadataMapper.describe(md) + ")";
         DeleteSegmentRequest request = DeleteSegmentRequest.newBuilder().setMetadata(MetadataMapper.toProto(md)).build();
         long started = System.nanoTime();
-        Boolean existed = retrier.call(op, true, attempt -> {
+        retrier.call(op, true, attempt -> {
             ListenableFuture<DeleteSegmentResponse> f = ClientCalls.futureUnaryCall(
                     channel().newCall(RemoteStorageGrpc.getDeleteSegmentMethod(), deadline(c.deleteDeadlineMs())),
                     request);
             try {
-                return f.get().getExisted();
+                f.get();
+                return Boolean.TRUE;
             } catch (InterruptedException e) {
                 f.cancel(true);
                 throw e;
@@ -415,7 +416,6 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 throw status.asException();
             }
         });
-        LOG.info("{}: deleted in {} ms (existed: {})", op,
-                TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started), existed);
+        LOG.info("{}: deleted in {} ms", op, TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started));
     }
 }

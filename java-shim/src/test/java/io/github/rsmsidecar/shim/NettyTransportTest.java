@@ -98,7 +98,7 @@ class NettyTransportTest {
 
         @Override
         public void deleteSegment(DeleteSegmentRequest request, StreamObserver<DeleteSegmentResponse> observer) {
-            observer.onNext(DeleteSegmentResponse.newBuilder().setExisted(true).build());
+            observer.onNext(DeleteSegmentResponse.getDefaultInstance());
             observer.onCompleted();
         }
     }

@@ -113,7 +113,7 @@ class RetryTest {
                 observer.onError(status.asRuntimeException());
                 return;
             }
-            observer.onNext(DeleteSegmentResponse.newBuilder().setExisted(true).build());
+            observer.onNext(DeleteSegmentResponse.getDefaultInstance());
             observer.onCompleted();
         }
     }
