@@ -373,7 +373,7 @@ def test_storage_slower_than_the_read_timeout(s3_server_factory, p):
         elapsed = time.monotonic() - t0
         msg = str(e.value)
         assert "read timeout of 1s" in msg and "storage.s3.read_timeout" in msg and p + "slow" in msg
-        assert 1.0 <= elapsed < 10, elapsed
+        assert elapsed >= 1.0 and elapsed < 10, elapsed
         assert e.value.retriable
         assert store.requests["GET"] == 2   # both attempts counted
     finally:
