@@ -102,3 +102,13 @@ up: deps
 
 down:
 	$(BIN)/python -m devstack.cli down
+
+# Every benchmark, one after the other (each prints its own table; about 15 minutes).
+# Each also runs on its own: see the command in its docstring.
+bench: deps
+	$(BIN)/python benchmarks/pipeline.py
+	$(BIN)/python benchmarks/heuristic.py
+	$(BIN)/python -m benchmarks.storage_backends
+	$(BIN)/python benchmarks/shim.py
+	$(BIN)/python benchmarks/iceberg_decode.py
+	$(BIN)/python benchmarks/iceberg_convert.py
