@@ -183,12 +183,18 @@ def test_connectivity_check_rejects_a_bad_key(jar: zipfile.ZipFile) -> None:
 
 # ---- load it like a broker -----------------------------------------------------------------------
 
-M2 = Path.home() / ".m2" / "repository"
-PROVIDED = [
-    M2 / "org/apache/kafka/kafka-clients/3.6.2/kafka-clients-3.6.2.jar",
-    M2 / "org/apache/kafka/kafka-storage-api/3.6.2/kafka-storage-api-3.6.2.jar",
-    M2 / "org/slf4j/slf4j-api/1.7.36/slf4j-api-1.7.36.jar",
-]
+def broker_api_jars() -> list[Path]:
+    """The jars a broker provides to the plugin (kafka-clients, kafka-storage-api, slf4j-api),
+    taken from the real broker distribution the end-to-end tests run (`make kafka-jars`)."""
+    from devstack.kafka import KafkaDistribution
+
+    lib = KafkaDistribution.ensure().lib_dir
+    jars = []
+    for name in ("kafka-clients", "kafka-storage-api", "slf4j-api"):
+        found = sorted(p for p in lib.glob(f"{name}-*.jar") if p.name[len(name) + 1].isdigit())
+        assert found, f"{name} is missing from {lib}"
+        jars.append(found[0])
+    return jars
 
 
 @pytest.fixture()
@@ -238,14 +244,11 @@ def proto_sidecar():
 
 
 def test_broker_style_loading_drives_every_call(jar: zipfile.ZipFile, proto_sidecar, tmp_path: Path) -> None:
-    missing = [str(p) for p in PROVIDED if not p.is_file()]
-    if missing:
-        pytest.fail(f"Kafka API jars not in ~/.m2 ({missing}): build the shim with `cd java-shim && mvn -q -B package`",
-                    pytrace=False)
+    provided = broker_api_jars()
     sock, calls = proto_sidecar
     smoke = Path(__file__).with_name("BrokerLoadSmoke.java")
     run = subprocess.run(
-        [_java(), "-cp", ":".join(map(str, PROVIDED)), str(smoke), str(JAR), f"unix://{sock}", str(tmp_path)],
+        [_java(), "-cp", ":".join(map(str, provided)), str(smoke), str(JAR), f"unix://{sock}", str(tmp_path)],
         capture_output=True, text=True, timeout=180,
     )
     assert run.returncode == 0, run.stdout + run.stderr
