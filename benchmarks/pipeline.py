@@ -77,7 +77,8 @@ def main() -> None:
     pool = concurrent.futures.ThreadPoolExecutor(args.parallelism)
     raw = {
         "disk read (page cache)": best(lambda: [None for _ in read_chunks(seg_path, chunk)]),
-        "disk write + fsync": best(lambda: _write(os.path.join(work, "copy.bin"), chunks)),
+        "disk write + fsync (new file)": best(lambda: _write(os.path.join(work, f"copy-{os.urandom(4).hex()}.bin"),
+                                                            chunks)),
         "zstd-3 compress, 1 thread": best(lambda: [zc.compress(c) for c in chunks]),
         f"zstd-3 compress, {args.parallelism} threads": best(lambda: list(pool.map(
             lambda c: zstandard.ZstdCompressor(level=3).compress(c), chunks))),
