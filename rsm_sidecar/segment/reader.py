@@ -152,8 +152,10 @@ class SegmentReader:
         return plain
 
     # -- data --------------------------------------------------------------------
-    def read(self, seg: OpenSegment, start: int, end: int) -> Iterator[bytes]:
-        """Original bytes [start, end] (inclusive; ``end`` is clamped to the segment)."""
+    def read(self, seg: OpenSegment, start: int, end: int, views: bool = False) -> Iterator[bytes]:
+        """Original bytes [start, end] (inclusive; ``end`` is clamped to the segment).
+        With ``views`` the pieces are memoryviews into cached chunks (no copy); callers
+        that keep them must not expect ``bytes``."""
         index = seg.manifest.chunk_index
         chunks = index.chunks_for_range(start, end)
         end = min(end, index.original_file_size - 1)
@@ -164,7 +166,10 @@ class SegmentReader:
                 lo = max(start - chunk.original_position, 0)
                 hi = min(end - chunk.original_position + 1, chunk.original_size)
                 self._schedule_prefetch(seg, chunk.id)
-                yield data if (lo == 0 and hi == len(data)) else data[lo:hi]
+                if lo == 0 and hi == len(data):
+                    yield data
+                else:
+                    yield memoryview(data)[lo:hi] if views else data[lo:hi]
                 i += 1
 
     def _chunks_from(self, seg: OpenSegment, chunks: list[Chunk], i: int) -> Iterator[bytes]:

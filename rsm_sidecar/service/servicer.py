@@ -167,10 +167,10 @@ class RemoteStorageServicer(rsm_pb2_grpc.RemoteStorageServicer):
             raise OutOfRange(f"start position {start} is beyond the end of segment {md.describe} ({size} bytes)")
         end = request.end_position if request.HasField("end_position") else size - 1
         served = self.sidecar.metrics.bytes.labels("fetch_served")
-        for piece in reader.read(seg, start, min(end, size - 1)):
-            for msg in _pieces(piece):
+        for piece in reader.read(seg, start, min(end, size - 1), views=True):
+            for msg in _pieces(memoryview(piece)):
                 served.inc(len(msg))
-                yield pb.FetchSegmentResponse(data=msg)
+                yield pb.FetchSegmentResponse(data=bytes(msg))
 
     @streaming("fetch_index")
     def FetchIndex(self, request, context):
