@@ -96,7 +96,8 @@ demo: deps
 
 # A tiered-storage broker on 127.0.0.1:9092 for manual use, in the background; logs in run/stack/.
 up: deps
-	mkdir -p run && nohup $(BIN)/python -m devstack.cli up > run/stack.out 2>&1 &
+	mkdir -p run
+	nohup $(BIN)/python -m devstack.cli up > run/stack.out 2>&1 < /dev/null &
 	for i in $$(seq 1 120); do grep -q '^up:' run/stack.out 2>/dev/null && break; \
 	  if grep -q -i 'error\|Traceback' run/stack.out 2>/dev/null; then cat run/stack.out; exit 1; fi; sleep 1; done; cat run/stack.out
 
