@@ -34,8 +34,8 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from devstack.s3server import HOST, ServerProcess, default_cache_dir, file_lock, free_port, http_answers, \
-    pip_install_target
+from devstack.common import HOST, default_cache_dir, file_lock, free_port
+from devstack.s3server import ServerProcess, http_answers, pip_install_target
 
 FAKE_GCS_VERSION = "v1.55.1"
 FAKE_GCS_MODULE = "github.com/fsouza/fake-gcs-server"

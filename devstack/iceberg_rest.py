@@ -35,7 +35,8 @@ import urllib.request
 from pathlib import Path
 from typing import Mapping
 
-from devstack.s3server import HOST, ServerProcess, default_cache_dir, file_lock, free_port
+from devstack.common import HOST, default_cache_dir, file_lock, free_port
+from devstack.s3server import ServerProcess
 
 FIXTURE_VERSION = "1.11.0"
 JETTY_VERSION = "12.1.14"

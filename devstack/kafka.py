@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -41,7 +40,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -50,15 +48,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from devstack.common import REPO_ROOT, default_cache_dir, file_lock, free_port  # noqa: F401 (REPO_ROOT re-exported)
+
 #: The newest 4.x whose whole dependency set resolves from Maven Central. As of 2026-11-21
 #: ``kafka_2.13:4.4.0`` is listed on Central but its ``kafka-tools-api:4.4.0`` dependency (and
 #: ``kafka-tools:4.4.0``) are not, so 4.4.0 cannot be resolved yet; bump this once it can.
 DEFAULT_KAFKA_VERSION = "4.3.1"
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 POM_PATH = Path(__file__).resolve().parent / "kafka-jars.pom.xml"
 _STAMP_NAME = ".devstack-complete.json"
 _LOG4J2_BINDING = "log4j-slf4j-impl"
+
 
 
 class DevstackError(RuntimeError):
@@ -68,12 +68,6 @@ class DevstackError(RuntimeError):
 def default_kafka_version() -> str:
     """``$KAFKA_VERSION`` if set, else :data:`DEFAULT_KAFKA_VERSION`."""
     return os.environ.get("KAFKA_VERSION", "").strip() or DEFAULT_KAFKA_VERSION
-
-
-def default_cache_dir() -> Path:
-    """``$RSM_CACHE_DIR`` if set, else ``.cache`` at the repository root."""
-    env = os.environ.get("RSM_CACHE_DIR", "").strip()
-    return Path(env) if env else REPO_ROOT / ".cache"
 
 
 def parse_version(version: str) -> tuple[int, ...]:
@@ -134,7 +128,7 @@ class KafkaDistribution:
         dist = cls(version=version, home=home)
         pom_hash = hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
         cache.mkdir(parents=True, exist_ok=True)
-        with _file_lock(cache / f"kafka-{version}.lock"):
+        with file_lock(cache / f"kafka-{version}.lock"):
             if dist._stamp_matches(pom_hash):
                 return dist
             dist._download(cache, pom_hash, mvn or os.environ.get("MVN") or "mvn", timeout)
@@ -258,26 +252,9 @@ def _java_executable() -> str:
     return java
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 # --------------------------------------------------------------------------------------------
 # The broker
 # --------------------------------------------------------------------------------------------
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def random_cluster_id() -> str:

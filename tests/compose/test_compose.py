@@ -25,13 +25,13 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from devstack.common import free_port
 from rsm_sidecar.config import Config
 from tests.compose import tooling
 from tests.compose.conftest import compose_env, tool
@@ -559,19 +559,13 @@ def test_keys_init_command_generates_the_keyring_the_sidecar_loads(services, tmp
     assert oct((tmp_path / f"{ring.active_id}.private.pem").stat().st_mode & 0o777) == "0o600"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_health_check_script_against_a_real_sidecar(services, tmp_path):
     """docker/sidecar/healthcheck.py against `rsm-sidecar serve` started with
     config/sidecar.toml: SERVING while it runs, exit 1 once it is gone."""
     from devstack.sidecar import SidecarProcess
     from rsm_sidecar.transform.keyring import generate_key_pair
 
-    port = _free_port()
+    port = free_port()
     key_id = _sidecar_config(services["sidecar"])["encryption.active_key_id"]
     pub, priv = generate_key_pair(2048)
     (tmp_path / "pub.pem").write_bytes(pub)
@@ -671,7 +665,7 @@ def test_sidecar_starts_with_the_compose_configuration(services, tmp_path):
         pub, priv = generate_key_pair(2048)
         (local_keys / f"{key_id}.public.pem").write_bytes(pub)
         (local_keys / f"{key_id}.private.pem").write_bytes(priv)
-        grpc_port, metrics_port = _free_port(), _free_port()
+        grpc_port, metrics_port = free_port(), free_port()
         moved = {f"http://seaweedfs:{flags['s3.port']}": s3.endpoint_url, keys_dir: str(local_keys)}
         env = {k: next((v.replace(a, b) for a, b in moved.items() if a in v), v) for k, v in env.items()}
         env["RSM__SERVER__LISTEN"] = f"127.0.0.1:{grpc_port}"
