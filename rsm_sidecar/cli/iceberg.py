@@ -47,7 +47,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--catalog-name")
     g.add_argument("--catalog-root", help="directory of the embedded catalog")
     g.add_argument("--catalog-uri", help="REST catalog URI")
-    g.add_argument("--warehouse", help="file:///... or s3://bucket/prefix")
+    g.add_argument("--warehouse", help="file:///..., s3://bucket/prefix or gs://bucket/prefix")
     g.add_argument("--namespace")
     g.add_argument("--table", help="default: the topic name with non-alphanumerics as _")
     g.add_argument("--master", help="Spark master (default local[2])")

@@ -5,7 +5,9 @@
 * ``rest``: an Iceberg REST catalog (Spark ``type=rest``, PyIceberg ``RestCatalog``).
 
 Either can have an ``s3://`` warehouse; then both sides get ``S3FileIO`` / PyArrow S3 settings
-(endpoint, region, credentials, path-style) and Spark needs the ``iceberg-aws-bundle`` jar.
+(endpoint, region, credentials, path-style) and Spark needs the ``iceberg-aws-bundle`` jar. A
+``gs://`` warehouse gets ``GCSFileIO`` / PyArrow GCS settings (endpoint, project, credentials
+from Application Default Credentials or none for emulators) and the ``iceberg-gcp-bundle`` jar.
 """
 
 from __future__ import annotations
@@ -32,17 +34,19 @@ class CatalogSpec:
     credential: str | None = dataclasses.field(default=None, repr=False)
     token: str | None = dataclasses.field(default=None, repr=False)
     s3: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    gcs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, s: JobSettings) -> "CatalogSpec":
         if s.catalog_type == "local":
             local = (LocalCatalog(Path(s.local_root), name=s.catalog_name) if s.local_root
                      else LocalCatalog(default_catalog().root, name=s.catalog_name))
-            return cls("local", s.catalog_name, local=local, warehouse=s.warehouse, s3=dict(s.s3))
+            return cls("local", s.catalog_name, local=local, warehouse=s.warehouse, s3=dict(s.s3),
+                       gcs=dict(s.gcs))
         if not s.rest_uri:
             raise ConfigError("iceberg.catalog.rest.uri: required when iceberg.catalog.type = 'rest'")
         return cls("rest", s.catalog_name, uri=s.rest_uri, warehouse=s.warehouse,
-                   credential=s.rest_credential, token=s.rest_token, s3=dict(s.s3))
+                   credential=s.rest_credential, token=s.rest_token, s3=dict(s.s3), gcs=dict(s.gcs))
 
     # ------------------------------------------------------------------ shared
     @property
@@ -57,9 +61,13 @@ class CatalogSpec:
     def uses_s3(self) -> bool:
         return bool(self.warehouse_uri and self.warehouse_uri.startswith(("s3://", "s3a://")))
 
+    @property
+    def uses_gcs(self) -> bool:
+        return bool(self.warehouse_uri and self.warehouse_uri.startswith("gs://"))
+
     def cloud(self) -> tuple[str, ...]:
         """Spark jar bundles this catalog needs."""
-        return ("aws",) if self.uses_s3 else ()
+        return ("aws",) if self.uses_s3 else ("gcp",) if self.uses_gcs else ()
 
     def prepare(self) -> "CatalogSpec":
         if self.local is not None:
@@ -96,6 +104,14 @@ class CatalogSpec:
             if self.s3.get("access_key_id"):
                 conf[f"{p}.s3.access-key-id"] = self.s3["access_key_id"]
                 conf[f"{p}.s3.secret-access-key"] = self.s3.get("secret_access_key") or ""
+        if self.uses_gcs:
+            conf[f"{p}.io-impl"] = "org.apache.iceberg.gcp.gcs.GCSFileIO"
+            if self.gcs.get("endpoint"):
+                conf[f"{p}.gcs.service.host"] = self.gcs["endpoint"]
+            if self.gcs.get("project_id"):
+                conf[f"{p}.gcs.project-id"] = self.gcs["project_id"]
+            if self.gcs.get("no_auth"):
+                conf[f"{p}.gcs.no-auth"] = "true"
         return conf
 
     # ------------------------------------------------------------------ PyIceberg
@@ -110,6 +126,16 @@ class CatalogSpec:
                 props["s3.secret-access-key"] = self.s3.get("secret_access_key") or ""
             if self.s3.get("path_style_access"):
                 props["s3.force-virtual-addressing"] = "false"
+        if self.uses_gcs:
+            if self.gcs.get("endpoint"):
+                props["gcs.service.host"] = self.gcs["endpoint"]
+            if self.gcs.get("project_id"):
+                props["gcs.project-id"] = self.gcs["project_id"]
+            if self.gcs.get("no_auth"):
+                # PyArrow's GCS file system has no anonymous mode through PyIceberg: a placeholder
+                # token that never expires (2100-01-01), which emulators ignore.
+                props["gcs.oauth2.token"] = "no-auth"
+                props["gcs.oauth2.token-expires-at"] = "4102444800000"
         return props
 
     def pyiceberg(self):

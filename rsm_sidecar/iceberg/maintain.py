@@ -107,8 +107,8 @@ def _remove_orphans(spark, spec: CatalogSpec, full: str, older_than: dt.datetime
     table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(jspark, full)
     action = (jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark).deleteOrphanFiles(table)
               .olderThan(int(older_than.timestamp() * 1000)))
-    if spec.uses_s3:
-        action = action.usePrefixListing(True)  # list with S3FileIO, no Hadoop S3A needed
+    if spec.uses_s3 or spec.uses_gcs:
+        action = action.usePrefixListing(True)  # list with S3FileIO/GCSFileIO, no Hadoop connector
     result = action.execute()
     return [str(x) for x in result.orphanFileLocations()]
 

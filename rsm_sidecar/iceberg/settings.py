@@ -57,8 +57,9 @@ CONFIG_KEYS = [
         "OAuth2 client credential `client_id:client_secret` for the REST catalog.", secret=True),
     Key("iceberg.catalog.rest.token", "str", None, "Bearer token for the REST catalog.", secret=True),
     Key("iceberg.warehouse", "str", None,
-        "Warehouse location: `file:///...` or `s3://bucket/prefix`. Unset: `<local.root>/warehouse` "
-        "for `local`; the REST server's default for `rest` (sent as `warehouse` when set)."),
+        "Warehouse location: `file:///...`, `s3://bucket/prefix` or `gs://bucket/prefix`. Unset: "
+        "`<local.root>/warehouse` for `local`; the REST server's default for `rest` (sent as "
+        "`warehouse` when set)."),
     Key("iceberg.s3.endpoint", "str", None,
         "S3 endpoint URL of an `s3://` warehouse (unset: AWS)."),
     Key("iceberg.s3.region", "str", "us-east-1", "S3 region of an `s3://` warehouse."),
@@ -67,6 +68,14 @@ CONFIG_KEYS = [
     Key("iceberg.s3.secret_access_key", "str", None, "S3 secret key of an `s3://` warehouse.", secret=True),
     Key("iceberg.s3.path_style_access", "bool", False,
         "Path-style S3 URLs (`endpoint/bucket/key`), as most S3-compatible servers need."),
+    Key("iceberg.gcs.endpoint", "str", None,
+        "GCS endpoint URL of a `gs://` warehouse (unset: Google; an emulator's URL such as "
+        "`http://127.0.0.1:4443`). Credentials come from Application Default Credentials "
+        "(`GOOGLE_APPLICATION_CREDENTIALS`, the metadata server) on both the Spark and the PyIceberg side."),
+    Key("iceberg.gcs.project_id", "str", None, "Project id of a `gs://` warehouse (needed by some credentials)."),
+    Key("iceberg.gcs.no_auth", "bool", False,
+        "Send no Google credentials (emulators). PyIceberg's GCS file system has no anonymous mode, "
+        "so the driver sends the placeholder bearer token `no-auth` instead."),
     # -- table ----------------------------------------------------------------------------
     Key("iceberg.namespace", "str", "kafka", "Iceberg namespace of the topic tables."),
     Key("iceberg.table", "str", None,
@@ -139,6 +148,7 @@ class JobSettings:
     rest_token: str | None = dataclasses.field(default=None, repr=False)
     warehouse: str | None = None
     s3: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    gcs: dict[str, Any] = dataclasses.field(default_factory=dict)
     namespace: str = "kafka"
     table: str | None = None
     partitioning: str = "day"
@@ -178,6 +188,7 @@ class JobSettings:
                     registry[conf] = cfg[f"iceberg.registry.{leaf}"]
         s3 = {k: cfg[f"iceberg.s3.{k}"] for k in
               ("endpoint", "region", "access_key_id", "secret_access_key", "path_style_access")}
+        gcs = {k: cfg[f"iceberg.gcs.{k}"] for k in ("endpoint", "project_id", "no_auth")}
         sides = {}
         for side in ("key", "value"):
             s = SideSettings(cfg[f"iceberg.{side}.raw"], cfg[f"iceberg.{side}.subject"],
@@ -192,7 +203,7 @@ class JobSettings:
             catalog_type=cfg["iceberg.catalog.type"], catalog_name=cfg["iceberg.catalog.name"],
             local_root=cfg["iceberg.catalog.local.root"], rest_uri=cfg["iceberg.catalog.rest.uri"],
             rest_credential=cfg["iceberg.catalog.rest.credential"],
-            rest_token=cfg["iceberg.catalog.rest.token"], warehouse=cfg["iceberg.warehouse"], s3=s3,
+            rest_token=cfg["iceberg.catalog.rest.token"], warehouse=cfg["iceberg.warehouse"], s3=s3, gcs=gcs,
             namespace=cfg["iceberg.namespace"], table=cfg["iceberg.table"],
             partitioning=cfg["iceberg.partitioning"], target_file_size=cfg["iceberg.target_file_size"],
             registry=registry, key=sides["key"], value=sides["value"],

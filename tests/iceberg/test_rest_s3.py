@@ -70,11 +70,16 @@ def test_rest_catalog_with_s3_warehouse_and_s3_segments(spark, s3, rest, tmp_pat
     assert t.convert(spark, **ov).records == 60
     assert rows(t.table(**ov)) == t.expected()
 
-    # maintenance through the REST catalog: compaction keeps the rows, expiry keeps the marker
+    # maintenance through the REST catalog: compaction keeps the rows, expiry keeps the marker,
+    # orphan removal (S3 prefix listing) finds an object no snapshot references
+    stray = t.table(**ov).location().removeprefix("s3://lake/") + "/data/stray-from-a-killed-writer.parquet"
+    s3.client().put_object(Bucket="lake", Key=stray, Body=b"not parquet")
     cfg, store = load_config(t.config_file, {}, ov)
     res = maintain(cfg, store, t.topic, compact=True, expire=True, expire_older_than=dt.timedelta(0),
                    remove_orphans=True, orphan_older_than=dt.timedelta(0), spark=spark, log=lambda line: None)
-    assert res.compacted["rewritten_data_files_count"] >= 2 and res.orphans == []
+    assert res.compacted["rewritten_data_files_count"] >= 2
+    assert res.orphans == [f"s3://lake/{stray}"]
+    assert stray not in [o["Key"] for o in s3.client().list_objects_v2(Bucket="lake")["Contents"]]
     table = t.table(**ov)
     assert rows(table) == t.expected()
     state = mk.read_state(table)
