@@ -319,10 +319,16 @@ class ConvertJob:
                     break
         return topic_id, plans
 
-    def _sides(self, plans: list[PartitionPlan]):
-        """EncoderSpec for the key and the value (registry / descriptor set / raw)."""
+    def _sides(self, plans: list[PartitionPlan], table_properties: Mapping[str, str]):
+        """EncoderSpec for the key and the value (registry / descriptor set / raw).
+
+        A Protobuf subject with several top-level messages keeps the message recorded in the
+        table's ``rsm.<side>.message`` property; a new table takes it from the first new record
+        framed with the pinned schema id (see :func:`~rsm_sidecar.iceberg.rows.resolve_side`)."""
         from rsm_sidecar.iceberg.proto_mapping import ProtoOptions
-        from rsm_sidecar.iceberg.rows import EncoderSpec, SideSpec, descriptor_set_side, resolve_side
+        from rsm_sidecar.iceberg.rows import (
+            EncoderSpec, SideSpec, descriptor_set_side, message_property, resolve_side,
+        )
         from rsm_sidecar.iceberg.schema_registry import SchemaRegistry, SubjectSpec
 
         s = self.settings
@@ -338,31 +344,24 @@ class ConvertJob:
             elif side.descriptor_set:
                 specs.append(descriptor_set_side(side.descriptor_set, side.message, opts))
             elif registry is not None:
-                subject = SubjectSpec(side.subject, side.message)
-                try:
-                    specs.append(resolve_side(registry, self.topic, is_key, subject, opts))
-                except ConfigError as exc:
-                    if "top-level messages" not in str(exc):
-                        raise
-                    sample = self._sample(plans, is_key)
-                    if sample is None:
-                        raise
-                    specs.append(resolve_side(registry, self.topic, is_key, subject, opts, sample=sample))
+                specs.append(resolve_side(
+                    registry, self.topic, is_key, SubjectSpec(side.subject, side.message), opts,
+                    samples=self._samples(plans, is_key),
+                    recorded=table_properties.get(message_property(is_key))))
             else:
                 specs.append(SideSpec("raw", proto_options=opts))
         return EncoderSpec(specs[0], specs[1])
 
-    def _sample(self, plans: list[PartitionPlan], is_key: bool) -> bytes | None:
-        """The first framed key/value of the new segments (to pick a Protobuf message by the
-        indexes a producer wrote)."""
+    def _samples(self, plans: list[PartitionPlan], is_key: bool) -> Iterator[bytes]:
+        """Keys/values of the new segments that start like a schema-registry preamble, read
+        lazily (to pick a Protobuf message by the indexes a producer wrote)."""
         ctx = executor_context(self.storage)
         for plan in plans:
             for task in plan.tasks(0):
                 for raw in read_task(ctx, task, max_records=1000, max_bytes=1 << 20):
                     for v in raw.column("key" if is_key else "value").to_pylist():
                         if v and v[0] == 0:
-                            return v
-        return None
+                            yield v
 
     # ------------------------------------------------------------------ Spark
     def _spark(self):
@@ -416,12 +415,15 @@ class ConvertJob:
             return prepared
 
         from rsm_sidecar.iceberg.evolution import describe, ensure_table, plan_update
-        from rsm_sidecar.iceberg.rows import RowEncoder
+        from rsm_sidecar.iceberg.rows import RowEncoder, message_property
         from rsm_sidecar.iceberg.types import schema_to_arrow, spark_ddl
 
-        spec = self._sides(plans)
+        spec = self._sides(plans, table.properties if table is not None else {})
         target = RowEncoder(spec).schema
         props = {"write.wap.enabled": "true", "rsm.topic": self.topic}
+        for is_key, side in ((True, spec.key), (False, spec.val)):
+            if side.kind == "protobuf" and side.message:
+                props[message_property(is_key)] = side.message
         if table is None:
             partition = None if self.settings.partitioning == "none" else self.settings.partitioning
             table = ensure_table(catalog, self.identifier, target, partition=partition, properties=props)

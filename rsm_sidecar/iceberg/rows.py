@@ -24,6 +24,7 @@ Input is a *raw record batch* (:data:`RAW_RECORD_SCHEMA`, one row per Kafka reco
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import pickle
 import threading
@@ -114,13 +115,16 @@ class SideSpec:
 def resolve_side(registry: SchemaRegistry | None, topic: str, is_key: bool,
                  subject: SubjectSpec | None = None,
                  proto_options: ProtoOptions | None = None,
-                 sample: bytes | None = None) -> SideSpec:
+                 samples: Iterable[bytes] = (), recorded: str | None = None) -> SideSpec:
     """Driver-side: pin the latest schema of the side's subject (TopicNameStrategy unless
     ``subject.subject``). No such subject -> ``raw``. Registry down -> RegistryUnavailable.
 
     For Protobuf the table's message is ``subject.message`` if given, else the only top-level
-    message of the schema file, else the message named by the indexes of ``sample`` (one framed
-    record of the topic); otherwise :class:`ConfigError` asks for ``SubjectSpec.message``.
+    message of the schema file, else ``recorded`` (the message the existing table was made
+    from) if the schema still defines it, else the message named by the indexes of the first
+    of ``samples`` (framed records of the topic, read lazily, at most
+    :data:`MAX_SAMPLES`) that carries the pinned schema id; otherwise :class:`ConfigError`
+    asks for ``SubjectSpec.message``.
     """
     opts = proto_options or ProtoOptions()
     if registry is None:
@@ -135,7 +139,7 @@ def resolve_side(registry: SchemaRegistry | None, topic: str, is_key: bool,
         return SideSpec("raw", proto_options=opts)
     if res.schema_type == PROTOBUF:
         assert res.proto is not None
-        msg = subject.message or _default_message(res, name, sample)
+        msg = subject.message or _default_message(res, name, samples, recorded)
         res.proto.message_by_name(msg)  # fail early on a wrong message name
         return SideSpec("protobuf", dict(registry.conf), res.schema_id, msg, proto_options=opts)
     if res.schema_type == AVRO:
@@ -143,21 +147,39 @@ def resolve_side(registry: SchemaRegistry | None, topic: str, is_key: bool,
     return SideSpec("raw", proto_options=opts)
 
 
-def _default_message(res: ResolvedSchema, subject: str, sample: bytes | None) -> str:
+def message_property(is_key: bool) -> str:
+    """Table property naming the Protobuf message a side's columns were made from."""
+    return f"rsm.{'key' if is_key else 'value'}.message"
+
+
+#: Framed records :func:`resolve_side` looks at to find one written with the pinned schema.
+MAX_SAMPLES = 1000
+
+
+def _default_message(res: ResolvedSchema, subject: str, samples: Iterable[bytes],
+                     recorded: str | None) -> str:
     assert res.proto is not None
     top = list(res.proto.file.message_types_by_name.values())
     if len(top) == 1:
         return top[0].full_name
-    if sample is not None:
+    if recorded is not None:
+        try:
+            return res.proto.message_by_name(recorded).full_name
+        except LookupError:
+            pass  # the schema no longer defines it: choose again
+    for sample in itertools.islice(samples, MAX_SAMPLES):
+        # Only a record framed with the pinned id says which message *this* schema's indexes
+        # name: bytes that merely start with 0x00 (or records of another schema) do not.
         try:
             fr = framing.parse(sample, protobuf=True)
-            return res.proto.message_by_indexes(fr.indexes or (0,)).full_name
+            if fr.schema_id == res.schema_id:
+                return res.proto.message_by_indexes(fr.indexes or (0,)).full_name
         except (framing.FramingError, LookupError):
-            pass
+            continue
     raise ConfigError(
         f"subject {subject!r} (schema id {res.schema_id}) defines {len(top)} top-level messages "
-        f"({', '.join(m.full_name for m in top)}): name the table's message with "
-        f"SubjectSpec(message=...) or pass a sample record")
+        f"({', '.join(m.full_name for m in top)}) and no record to convert is framed with schema id "
+        f"{res.schema_id}: name the table's message (iceberg.key.message / iceberg.value.message)")
 
 
 def descriptor_set_side(path: str | os.PathLike[str], message: str,

@@ -33,7 +33,8 @@ for _side, _what in (("key", "keys"), ("value", "values")):
             f"An explicit subject must exist; a missing TopicNameStrategy subject means no schema (raw)."),
         Key(f"iceberg.{_side}.message", "str", None,
             f"Protobuf full message name of the {_what} (`pkg.Msg`). Needed when the schema file has "
-            f"several top-level messages and with `iceberg.{_side}.descriptor_set`."),
+            f"several top-level messages that neither the table (`rsm.{_side}.message`) nor a record framed "
+            f"with the latest schema id names, and with `iceberg.{_side}.descriptor_set`."),
         Key(f"iceberg.{_side}.descriptor_set", "path", None,
             f"A Protobuf descriptor-set file (`protoc --include_imports --descriptor_set_out`, "
             f"`buf build -o`): decode unframed {_what} with `iceberg.{_side}.message` from it, without "

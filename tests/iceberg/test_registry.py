@@ -39,10 +39,10 @@ def rec(offset, key, value, headers=(), ts=1_700_000_000_000):
 
 def encode(registry_url, topic, records, **side_kw):
     reg = SchemaRegistry(registry_url)
-    key_sample = next((r.key for r in records if r.key is not None), None)
-    val_sample = next((r.value for r in records if r.value is not None), None)
-    spec = EncoderSpec(resolve_side(reg, topic, True, sample=key_sample, **side_kw.get("key", {})),
-                       resolve_side(reg, topic, False, sample=val_sample, **side_kw.get("val", {})))
+    keys = [r.key for r in records if r.key is not None]
+    values = [r.value for r in records if r.value is not None]
+    spec = EncoderSpec(resolve_side(reg, topic, True, samples=keys, **side_kw.get("key", {})),
+                       resolve_side(reg, topic, False, samples=values, **side_kw.get("val", {})))
     enc = RowEncoder(spec)
     return enc, enc.encode(raw_batch(records)).to_pylist()
 
@@ -248,6 +248,35 @@ def test_table_message_must_be_named_when_ambiguous(registry_url, sr_client, top
         resolve_side(reg, topic, False, SubjectSpec(message="shop.v1.Nope"))
 
 
+def test_ambiguous_message_from_records_framed_with_the_pinned_id_or_from_the_table(
+        registry_url, sr_client, topic, order_pb2):
+    """Several top-level messages and no configured message: a record framed with the pinned
+    schema id names it; bytes that merely start with 0x00 (a random schema id) do not; an
+    existing table's recorded message wins over samples."""
+    from rsm_sidecar.errors import ConfigError
+
+    framed = proto_ser(order_pb2.Order, sr_client, topic)(order_pb2.Order(id="1"))
+    garbage = b"\x00\xa4\x06\xd8\xde\x05Q\xa4N\x05"  # magic byte, then an unknown id
+    key_framed = framing.encode_preamble(framing.parse(framed, protobuf=True).schema_id, [2]) + b"\n\x01k"
+    reg = SchemaRegistry(registry_url)
+    assert resolve_side(reg, topic, False, samples=[garbage, b"\x00", framed]).message == "shop.v1.Order"
+    with pytest.raises(ConfigError, match="no record to convert is framed with schema id"):
+        resolve_side(reg, topic, False, samples=[garbage] * 5)
+    assert resolve_side(reg, topic, False, recorded="shop.v1.Order").message == "shop.v1.Order"
+    # the table's message wins over what the new records say; a message the schema no longer
+    # defines falls back to the records
+    assert resolve_side(reg, topic, False, samples=[key_framed],
+                        recorded="shop.v1.Order").message == "shop.v1.Order"
+    assert resolve_side(reg, topic, False, samples=[key_framed],
+                        recorded="shop.v1.Gone").message == "shop.v1.OrderKey"
+    # samples are read lazily and only when needed
+    def never():
+        raise AssertionError("samples read although the message was known")
+        yield b""
+    assert resolve_side(reg, topic, False, SubjectSpec(message="shop.v1.Order"), samples=never()).message == "shop.v1.Order"
+    assert resolve_side(reg, topic, False, samples=never(), recorded="shop.v1.Order").message == "shop.v1.Order"
+
+
 def test_registry_down_is_a_job_level_error(tmp_path, order_pb2):
     """A registry that stops answering must fail the encode (the job), not mark records."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -260,7 +289,7 @@ def test_registry_down_is_a_job_level_error(tmp_path, order_pb2):
         ser = proto_ser(order_pb2.Order, client, topic)
         first = ser(order_pb2.Order(id="1"))
         reg = SchemaRegistry({"url": own.ccompat_url, "max.retries": 0})
-        enc = RowEncoder(EncoderSpec(SideSpec(), resolve_side(reg, topic, False, sample=first)))
+        enc = RowEncoder(EncoderSpec(SideSpec(), resolve_side(reg, topic, False, samples=[first])))
         assert enc.encode(raw_batch([rec(0, None, first)])).to_pylist()[0]["val"]["id"] == "1"
         url = own.ccompat_url
     # The registry is gone: a schema id the encoder has not seen yet cannot be checked.
@@ -269,4 +298,4 @@ def test_registry_down_is_a_job_level_error(tmp_path, order_pb2):
         enc.encode(raw_batch([rec(1, None, unseen)]))
     # ... and a job cannot even start.
     with pytest.raises(RegistryUnavailable, match=url.split("//")[1]):
-        resolve_side(SchemaRegistry({"url": url, "max.retries": 0}), topic, False, sample=first)
+        resolve_side(SchemaRegistry({"url": url, "max.retries": 0}), topic, False, samples=[first])

@@ -63,7 +63,7 @@ def test_map_in_arrow_encodes_on_workers(spark, local_catalog, registry_url, sr_
     values = [ser(order_pb2.Order(id=f"o{i}", status=1 + i % 2)) for i in range(500)]
     values[7] = b"garbage"
     reg = SchemaRegistry(registry_url)
-    spec = EncoderSpec(resolve_side(reg, topic, True), resolve_side(reg, topic, False, sample=values[0]))
+    spec = EncoderSpec(resolve_side(reg, topic, True), resolve_side(reg, topic, False, samples=values[:1]))
     catalog = local_catalog.pyiceberg()
     ident = f"share.{topic.replace('-', '_')}"
     table = ensure_table(catalog, ident, RowEncoder(spec).schema)
@@ -155,7 +155,7 @@ def test_registry_down_fails_the_spark_job_and_commits_nothing(spark, local_cata
         values = [ser(order_pb2.Order(id=str(i))) for i in range(20)]
         reg = SchemaRegistry({"url": own.ccompat_url, "max.retries": 0})
         spec = EncoderSpec(resolve_side(reg, topic, True),
-                           resolve_side(reg, topic, False, sample=values[0]))
+                           resolve_side(reg, topic, False, samples=values[:1]))
         catalog = local_catalog.pyiceberg()
         table = ensure_table(catalog, "share.spark_down", RowEncoder(spec).schema)
         spec = spec.with_table(schema_to_arrow(table.schema()))
