@@ -17,13 +17,12 @@ module and build cache.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Iterator
+
+from devstack.common import default_cache_dir, file_lock
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = Path(__file__).resolve().parent / "tools"
@@ -48,20 +47,9 @@ class ToolUnavailable(RuntimeError):
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("RSM_CACHE_DIR", "").strip()
-    path = Path(env) if env else REPO / ".cache"
+    path = default_cache_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _go_env() -> dict[str, str]:
@@ -107,7 +95,7 @@ def ensure_compose_cli() -> Path:
         return binary
     env = _go_env()
     home.mkdir(parents=True, exist_ok=True)
-    with _lock(home.with_suffix(".lock")):
+    with file_lock(home.with_suffix(".lock")):
         if binary.exists():
             return binary
         build = home / "module"
@@ -131,7 +119,7 @@ def ensure_dockerfilecheck() -> Path:
     if binary.exists() and binary.stat().st_mtime >= newest:
         return binary
     env = _go_env()
-    with _lock(home / "dockerfilecheck.lock"):
+    with file_lock(home / "dockerfilecheck.lock"):
         if binary.exists() and binary.stat().st_mtime >= newest:
             return binary
         _go_build(TOOLS, "./dockerfilecheck", binary, env, mod="readonly")
