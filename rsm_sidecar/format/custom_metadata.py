@@ -82,7 +82,10 @@ def decode(data: bytes | None) -> dict[int, int | str]:
             n, p = _read_uvarint(payload, 0)
             if n == 0:
                 raise DataLoss("custom metadata: null string")
-            out[tag] = payload[p:p + n - 1].decode("utf-8")
+            try:
+                out[tag] = payload[p:p + n - 1].decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataLoss(f"custom metadata: tag {tag} is not valid UTF-8") from None
         # unknown tags are skipped, as Kafka's tagged fields allow
     if pos != len(data):
         raise DataLoss("custom metadata: trailing bytes")

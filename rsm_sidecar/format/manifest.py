@@ -4,9 +4,12 @@ Top-level members are exactly Aiven's ``SegmentManifestV1`` (version, chunkIndex
 segmentIndexes, compression, encryption, remoteLogSegmentMetadata), so either plugin
 reads what the other wrote. Aiven's strict JSON reader ignores the write-only
 ``remoteLogSegmentMetadata`` object as a whole; our extension lives inside it under
-``rsmSidecar``: the writer, CRC32C of every stored chunk and index when they are not
-encrypted (GCM tags verify encrypted ones), and the manifest's own SHA-256 (computed
-over the file with the digest's 64 hex digits replaced by zeros). See docs/format.md.
+``rsmSidecar``: the writer, the copy attempt that wrote the segment, CRC32C of every
+stored chunk and index when they are not encrypted, the GCM tag of every stored chunk
+and index when they are, an authenticator (HMAC keyed from the segment's data key, see
+``transform/authentication.py``) over everything a reader relies on, and the manifest's
+own SHA-256 (computed over the file with the digest's 64 hex digits replaced by
+zeros). See docs/format.md.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ INDEX_NAMES = ("offset", "timestamp", "producerSnapshot", "leaderEpoch", "transa
 _DIGEST_RE = re.compile(rb'"manifestSha256":"([0-9a-f]{64})"')
 _ZERO_DIGEST = b"0" * 64
 EXTENSION = "rsmSidecar"
+#: version of ``authenticated_bytes``
+AUTH_VERSION = 1
+#: bytes of an AES-GCM tag
+TAG_BYTES = 16
+_ATTEMPT_RE = re.compile(r"[0-9a-f]{32}")
+_AUTH_RE = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +72,15 @@ class SegmentManifest:
     writer: str | None = None
     #: whether the manifest carried our digest and it verified
     verified_digest: bool = False
+    #: the copy attempt that wrote this manifest (32 hex digits); None in manifests of
+    #: other writers and of rsm-sidecar before 0.2
+    attempt: str | None = None
+    #: GCM tag (16 bytes) of each stored chunk, in chunk order; encrypted segments only
+    chunk_tags: list[bytes] | None = None
+    #: GCM tag of each stored index by name; encrypted segments only
+    index_tags: dict[str, bytes] | None = None
+    #: HMAC-SHA256 (hex) over ``authenticated_bytes()``, keyed from the data key
+    auth: str | None = None
 
     # -- convenience -------------------------------------------------------------
     @property
@@ -80,6 +98,30 @@ class SegmentManifest:
     @property
     def key_id(self) -> str | None:
         return self.encryption.key_id if self.encryption else None
+
+    @property
+    def has_extension(self) -> bool:
+        """Written by rsm-sidecar (the ``rsmSidecar`` block is present and verified)."""
+        return self.verified_digest
+
+    def authenticated_bytes(self) -> bytes:
+        """What the authenticator covers, canonically encoded: the segment's identity and
+        metadata copy, the chunk index, the index ranges, compression, the AAD, the tag of
+        every stored chunk and index by position, and the copy attempt. Everything a
+        reader relies on to turn stored bytes into the segment's bytes, except the
+        wrapped data key, which the authenticator's key is derived from."""
+        return json.dumps({
+            "v": AUTH_VERSION,
+            "segment": self.segment or {},
+            "chunkIndex": [self.chunk_index.original_chunk_size, self.chunk_index.original_file_size,
+                           [c.transformed_size for c in self.chunk_index.chunks()]],
+            "segmentIndexes": {n: (None if r is None else [r.position, r.size]) for n, r in self.indexes.items()},
+            "compression": self.compression,
+            "aad": base64.b64encode(self.encryption.aad).decode() if self.encryption else None,
+            "chunkTags": base64.b64encode(b"".join(self.chunk_tags or [])).decode(),
+            "indexTags": {n: base64.b64encode(t).decode() for n, t in sorted((self.index_tags or {}).items())},
+            "attempt": self.attempt,
+        }, sort_keys=True, separators=(",", ":")).encode()
 
     # -- serialisation -------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -99,10 +141,19 @@ class SegmentManifest:
             }
         segment = dict(self.segment or {})
         ext: dict[str, Any] = {"writer": self.writer or f"rsm-sidecar {__version__}"}
+        if self.attempt is not None:
+            ext["attempt"] = self.attempt
         if self.chunk_crcs is not None:
             ext["chunkCrc32c"] = base64.b64encode(struct.pack(f">{len(self.chunk_crcs)}I", *self.chunk_crcs)).decode()
         if self.index_crcs is not None:
             ext["indexCrc32c"] = {n: self.index_crcs[n] for n in INDEX_NAMES if n in self.index_crcs}
+        if self.chunk_tags is not None:
+            ext["chunkTags"] = base64.b64encode(b"".join(self.chunk_tags)).decode()
+        if self.index_tags is not None:
+            ext["indexTags"] = {n: base64.b64encode(self.index_tags[n]).decode() for n in INDEX_NAMES
+                                if n in self.index_tags}
+        if self.auth is not None:
+            ext["auth"] = self.auth
         ext["manifestSha256"] = _ZERO_DIGEST.decode()
         segment[EXTENSION] = ext
         doc["remoteLogSegmentMetadata"] = segment
@@ -141,10 +192,23 @@ class SegmentManifest:
             if not isinstance(compression, bool):
                 raise DataLoss("compression missing or not a boolean")
             encryption = _parse_encryption(doc.get("encryption"))
-            chunk_crcs = index_crcs = None
-            writer = None
+            chunk_crcs = index_crcs = chunk_tags = index_tags = None
+            writer = attempt = auth = None
+            if ext is not None and not isinstance(ext, dict):
+                raise DataLoss("rsmSidecar is not an object")
             if isinstance(ext, dict):
                 writer = ext.get("writer")
+                attempt = _optional_str(ext, "attempt", _ATTEMPT_RE)
+                auth = _optional_str(ext, "auth", _AUTH_RE)
+                if "chunkTags" in ext:
+                    raw = base64.b64decode(ext["chunkTags"], validate=True)
+                    if len(raw) != TAG_BYTES * chunk_index.chunk_count:
+                        raise DataLoss(f"{len(raw) // TAG_BYTES} chunk tags for {chunk_index.chunk_count} chunks")
+                    chunk_tags = [raw[i:i + TAG_BYTES] for i in range(0, len(raw), TAG_BYTES)]
+                if "indexTags" in ext:
+                    index_tags = {str(k): base64.b64decode(v, validate=True) for k, v in ext["indexTags"].items()}
+                    if any(len(t) != TAG_BYTES for t in index_tags.values()):
+                        raise DataLoss("an index tag is not 16 bytes")
                 if "chunkCrc32c" in ext:
                     raw = base64.b64decode(ext["chunkCrc32c"], validate=True)
                     if len(raw) != 4 * chunk_index.chunk_count:
@@ -160,7 +224,16 @@ class SegmentManifest:
             segment = {k: v for k, v in segment.items() if k != EXTENSION}
         return SegmentManifest(chunk_index, indexes, compression, encryption,
                                segment if isinstance(segment, dict) else None,
-                               chunk_crcs, index_crcs, writer, verified)
+                               chunk_crcs, index_crcs, writer, verified, attempt, chunk_tags, index_tags, auth)
+
+
+def _optional_str(ext: dict, name: str, pattern: re.Pattern) -> str | None:
+    value = ext.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise DataLoss(f"rsmSidecar.{name} is malformed")
+    return value
 
 
 def _parse_indexes(obj: Any) -> dict[str, IndexRange | None]:
@@ -191,6 +264,38 @@ def _parse_encryption(obj: Any) -> EncryptionInfo | None:
     if not sep or not key_id:
         raise DataLoss("encryption.dataKey is not '<keyId>:<base64>'")
     return EncryptionInfo(key_id, base64.b64decode(wrapped, validate=True), base64.b64decode(obj["aad"], validate=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentIdentity:
+    """Which segment a manifest says it holds, or a request or key names. ``None``
+    members are unknown and not compared."""
+
+    topic_id: str | None
+    partition: int | None
+    segment_id: str | None
+    start_offset: int | None
+    end_offset: int | None = None
+
+    @classmethod
+    def of_manifest(cls, manifest: "SegmentManifest") -> "SegmentIdentity | None":
+        seg = manifest.segment
+        try:
+            rid = seg["remoteLogSegmentId"]
+            tip = rid["topicIdPartition"]
+            return cls(tip["topicId"], tip["topicPartition"]["partition"], rid["id"], seg["startOffset"],
+                       seg["endOffset"])
+        except (KeyError, TypeError):
+            return None
+
+    def differences(self, other: "SegmentIdentity") -> list[str]:
+        """Members known on both sides that differ, as ``name a != b``."""
+        out = []
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if a is not None and b is not None and a != b:
+                out.append(f"{f.name} {a!r} != {b!r}")
+        return out
 
 
 def segment_debug_copy(md) -> dict[str, Any]:
