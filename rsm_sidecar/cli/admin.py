@@ -35,17 +35,12 @@ def _check(args) -> int:
 
 
 def _generate(args) -> int:
-    from rsm_sidecar.transform.keyring import generate_key_pair
+    from rsm_sidecar.transform.keyring import write_key_pair
 
     os.makedirs(args.out, exist_ok=True)
-    public, private = generate_key_pair(args.bits)
     pub_path = os.path.join(args.out, f"{args.id}.public.pem")
     priv_path = os.path.join(args.out, f"{args.id}.private.pem")
-    fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(private)
-    with open(pub_path, "wb") as f:
-        f.write(public)
+    write_key_pair(pub_path, priv_path, args.bits)
     print(f"[encryption.keys.{args.id}]\npublic_key_file = \"{os.path.abspath(pub_path)}\"\n"
           f"private_key_file = \"{os.path.abspath(priv_path)}\"")
     return 0

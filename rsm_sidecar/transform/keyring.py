@@ -37,9 +37,13 @@ class KeyPair:
         return f"KeyPair({self.key_id!r}, {self.public.size_in_bits()} bits, private={'yes' if self.private else 'no'})"
 
 
-def _load_pem(path: str, what: str) -> RSA.RsaKey:
+def _load_pem(path: str, what: str, private: bool = False, allow_exposed: bool = False) -> RSA.RsaKey:
     try:
         with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if private and mode & 0o007 and not allow_exposed:
+                raise ConfigError(f"{what}: {path} is accessible to other users (mode {mode & 0o777:04o}); restrict "
+                                  f"it (chmod 600) or set encryption.allow_exposed_private_keys = true")
             data = f.read()
     except OSError as e:
         raise ConfigError(f"{what}: cannot read {path}: {e.strerror}") from None
@@ -71,7 +75,8 @@ class Keyring:
                 if leaf not in files:
                     raise ConfigError(f"encryption.keys.{key_id}.{leaf}: missing")
             public = _load_pem(files["public_key_file"], f"encryption.keys.{key_id}.public_key_file")
-            private = _load_pem(files["private_key_file"], f"encryption.keys.{key_id}.private_key_file")
+            private = _load_pem(files["private_key_file"], f"encryption.keys.{key_id}.private_key_file", private=True,
+                                allow_exposed=cfg["encryption.allow_exposed_private_keys"])
             if not private.has_private():
                 raise ConfigError(f"encryption.keys.{key_id}.private_key_file: {files['private_key_file']} "
                                   f"holds a public key, not a private key")
@@ -112,3 +117,17 @@ def generate_key_pair(bits: int = 3072) -> tuple[bytes, bytes]:
     """(public PEM, private PKCS#8 PEM) for a new key-encryption key."""
     key = RSA.generate(bits)
     return key.publickey().export_key("PEM"), key.export_key("PEM", pkcs=8)
+
+
+def write_key_pair(public_path: str | os.PathLike, private_path: str | os.PathLike, bits: int = 3072,
+                   overwrite: bool = False) -> None:
+    """Generate a key-encryption key and write it as two PEM files; the private one is
+    created with mode 0600 (only the owner can read it), as ``Keyring`` requires."""
+    public, private = generate_key_pair(bits)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+    fd = os.open(private_path, flags, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(private)
+    with open(public_path, "wb") as f:
+        f.write(public)
