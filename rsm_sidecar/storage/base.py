@@ -207,6 +207,11 @@ class ObjectStore(abc.ABC):
         work, directory writable). Raises ``ConfigError``/``StorageUnavailable`` with a
         message naming the bucket/path and the credential source."""
 
+    def remove_leftovers(self) -> int:
+        """Delete what writers that died left behind (temp files); returns how many. Run
+        at start-up and periodically by the sidecar."""
+        return 0
+
     def close(self) -> None:
         """Release connections and thread pools."""
 

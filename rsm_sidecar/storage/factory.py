@@ -17,6 +17,9 @@ CONFIG_KEYS = [
     Key("storage.local.root", "path", None, "Directory that holds the objects.",
         required_when=("storage.backend", "local")),
     Key("storage.local.fsync", "bool", True, "fsync files and directories before a write is acknowledged."),
+    Key("storage.local.file_mode", "str", "0600",
+        "Permissions of stored objects (octal); directories get the matching execute bits. The default keeps "
+        "segments readable by the sidecar's user only, whatever the umask.", choices=("0600", "0640", "0644")),
 ]
 
 
@@ -25,7 +28,8 @@ def open_store(cfg: Config) -> ObjectStore:
     if backend == "local":
         from rsm_sidecar.storage.local import LocalObjectStore
 
-        return LocalObjectStore(cfg["storage.local.root"], fsync=cfg["storage.local.fsync"])
+        return LocalObjectStore(cfg["storage.local.root"], fsync=cfg["storage.local.fsync"],
+                                file_mode=int(cfg["storage.local.file_mode"], 8))
     if backend == "s3":
         from rsm_sidecar.storage.s3 import S3ObjectStore
 

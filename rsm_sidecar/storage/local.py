@@ -5,14 +5,21 @@ Writes go to a temp file under ``root/.tmp`` and are published with ``rename`` (
 on one filesystem); with ``fsync`` on (the default) the file and its directory are
 flushed first, so a committed object survives a power cut. Deleting the last object of
 a directory prunes the empty directories up to the root.
+
+Objects are created with ``file_mode`` (0600 by default, whatever the umask) and
+directories with the matching execute bits, so unencrypted segments are not readable by
+other users. A writer holds an exclusive ``flock`` on its temp file; a temp file nobody
+holds belongs to a writer that died (kill -9), and ``remove_leftovers`` (at start-up and
+with every journal sweep) deletes it.
 """
 
 from __future__ import annotations
 
 import datetime
 import errno
+import fcntl
+import logging
 import os
-import time
 import uuid
 from typing import Iterator
 
@@ -28,7 +35,12 @@ from rsm_sidecar.storage.base import (
 )
 
 TMP_DIR = ".tmp"
-STALE_TMP_SECONDS = 3600
+log = logging.getLogger(__name__)
+
+
+def directory_mode(file_mode: int) -> int:
+    """Directories get an execute bit wherever files get a read bit."""
+    return file_mode | ((file_mode & 0o444) >> 2)
 
 
 def _translate(e: OSError, key: str) -> Exception:
@@ -44,10 +56,15 @@ def _translate(e: OSError, key: str) -> Exception:
 class LocalObjectStore(ObjectStore):
     name = "local"
 
-    def __init__(self, root: str | os.PathLike, fsync: bool = True):
+    def __init__(self, root: str | os.PathLike, fsync: bool = True, file_mode: int = 0o600):
         super().__init__()
         self.root = os.path.abspath(os.fspath(root))
         self.fsync = fsync
+        self.file_mode = file_mode
+        self.dir_mode = directory_mode(file_mode)
+
+    def _makedirs(self, path: str) -> None:
+        os.makedirs(path, mode=self.dir_mode, exist_ok=True)
 
     # -- paths ----------------------------------------------------------------
     def _path(self, key: str) -> str:
@@ -63,25 +80,44 @@ class LocalObjectStore(ObjectStore):
 
     def check(self) -> None:
         try:
-            os.makedirs(os.path.join(self.root, TMP_DIR), exist_ok=True)
+            self._makedirs(os.path.join(self.root, TMP_DIR))
             probe = os.path.join(self.root, TMP_DIR, f"probe-{uuid.uuid4().hex}")
-            with open(probe, "wb") as f:
-                f.write(b"ok")
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
+            os.close(fd)
             os.unlink(probe)
         except OSError as e:
             raise ConfigError(f"storage.local.root: directory {self.root} is not writable: {e}") from e
-        self._remove_stale_temp_files()
+        self.remove_leftovers()
 
-    def _remove_stale_temp_files(self) -> None:
+    def remove_leftovers(self) -> int:
+        """Delete temp files of writers that died; returns how many."""
         tmp = os.path.join(self.root, TMP_DIR)
-        now = time.time()
-        for name in os.listdir(tmp):
+        removed = 0
+        try:
+            names = os.listdir(tmp)
+        except FileNotFoundError:
+            return 0
+        for name in names:
             path = os.path.join(tmp, name)
             try:
-                if now - os.stat(path).st_mtime > STALE_TMP_SECONDS:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a live writer holds it
+                continue
+            else:
+                try:
                     os.unlink(path)
-            except FileNotFoundError:
-                pass
+                    removed += 1
+                except OSError:
+                    pass
+            finally:
+                os.close(fd)
+        if removed:
+            log.info("removed %d temp files of interrupted writes under %s", removed, tmp)
+        return removed
 
     # -- writes ---------------------------------------------------------------
     def open_writer(self, key: str) -> ObjectWriter:
@@ -181,12 +217,20 @@ class _LocalWriter(ObjectWriter):
         self.key = key
         self.path = path
         tmp_dir = os.path.join(store.root, TMP_DIR)
-        os.makedirs(tmp_dir, exist_ok=True)
         self.tmp_path = os.path.join(tmp_dir, f"{uuid.uuid4().hex}.part")
         try:
-            self._file = open(self.tmp_path, "wb")
+            store._makedirs(tmp_dir)
+            fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, store.file_mode)
         except OSError as e:
             raise _translate(e, key) from e
+        try:
+            os.fchmod(fd, store.file_mode)  # the umask may have removed bits the configuration asks for
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is renamed or removed: see remove_leftovers
+        except OSError as e:
+            os.close(fd)
+            os.unlink(self.tmp_path)
+            raise _translate(e, key) from e
+        self._file = os.fdopen(fd, "wb")
         self._size = 0
         self._done = False
 
@@ -207,17 +251,17 @@ class _LocalWriter(ObjectWriter):
             self._file.flush()
             if self.store.fsync:
                 os.fsync(self._file.fileno())
-            self._file.close()
             parent = os.path.dirname(self.path)
             self.store._count("PUT")
             for attempt in range(3):
-                os.makedirs(parent, exist_ok=True)
+                self.store._makedirs(parent)
                 try:
-                    os.replace(self.tmp_path, self.path)
+                    os.replace(self.tmp_path, self.path)  # still holding the flock: see remove_leftovers
                     break
                 except FileNotFoundError:  # a concurrent delete pruned the directory
                     if attempt == 2:
                         raise
+            self._file.close()
             self.store._fsync_dir(parent)
         except OSError as e:
             self.abort()
@@ -226,6 +270,7 @@ class _LocalWriter(ObjectWriter):
         return self._size
 
     def abort(self) -> None:
+        """Never raises: a temp file that cannot be removed now is left to ``remove_leftovers``."""
         if self._done:
             return
         self._done = True
@@ -237,3 +282,5 @@ class _LocalWriter(ObjectWriter):
             os.unlink(self.tmp_path)
         except FileNotFoundError:
             pass
+        except OSError as e:
+            log.warning("could not remove the temp file %s of an aborted write of %s: %s", self.tmp_path, self.key, e)
