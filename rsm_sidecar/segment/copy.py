@@ -5,8 +5,18 @@ The ``.log`` file flows through a bounded pipeline: original chunks of
 most ``parallelism`` chunks of one copy in flight, and written in order to a streaming
 upload. Memory per copy: about (parallelism + 2) x chunk size plus the storage writer's
 buffer. Indexes are encrypted one by one and concatenated into ``.indexes``; the
-manifest is written last and is the commit marker. Any failure removes what was
-written (manifest first), so a partial segment is never readable.
+manifest is written last and is the commit marker.
+
+One segment id, several copies (the shim retries a copy with the same id, a client may
+send two at once): the copies are serialised (``SegmentLocks``), and the first one that
+completes defines the segment. A copy that finds the segment already complete (our
+manifest for the same segment, authentic, its objects present with the sizes it records)
+reads its source to the end and answers with the stored segment without writing
+anything, so an acknowledged segment is never replaced or put at risk by a retry.
+Otherwise the copy is an *attempt* with a random token recorded in its journal entry and
+its manifest: it first deletes any manifest (what is there is incomplete or not ours),
+then writes ``.log``, ``.indexes`` and the manifest. A failed attempt removes what it
+wrote, but never a manifest of another attempt; the journal sweep follows the same rule.
 """
 
 from __future__ import annotations
@@ -15,15 +25,21 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
+import os
 from typing import Callable, Iterable, Iterator
 
-from rsm_sidecar.errors import Cancelled, FailedPrecondition
+from rsm_sidecar.errors import Cancelled, DataLoss, FailedPrecondition
 from rsm_sidecar.format import custom_metadata as cm
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.chunk_index import build_index
-from rsm_sidecar.format.manifest import INDEX_NAMES, IndexRange, SegmentManifest, EncryptionInfo, segment_debug_copy
-from rsm_sidecar.segment.journal import CopyJournal, delete_segment_objects
-from rsm_sidecar.storage.base import ObjectStore
+from rsm_sidecar.format.manifest import (INDEX_NAMES, TAG_BYTES, EncryptionInfo, IndexRange, SegmentIdentity,
+                                         SegmentManifest, segment_debug_copy)
+from rsm_sidecar.segment.journal import CopyJournal
+from rsm_sidecar.segment.locks import SegmentLocks
+from rsm_sidecar.segment.objects import NO_MANIFEST, delete_data_objects, delete_segment_objects, manifest_attempt
+from rsm_sidecar.segment.sources import SegmentSource
+from rsm_sidecar.storage.base import ObjectNotFound, ObjectStore
+from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.chunks import ChunkCodec, crc32c
 from rsm_sidecar.transform.heuristic import batches_already_compressed
 from rsm_sidecar.transform.keyring import Keyring
@@ -77,45 +93,106 @@ def rechunk(pieces: Iterable[bytes], chunk_size: int) -> Iterator[bytes]:
 class SegmentCopier:
     def __init__(self, store: ObjectStore, layout: fkeys.KeyLayout, keyring: Keyring | None,
                  settings: CopySettings, executor: concurrent.futures.Executor,
-                 journal: CopyJournal | None = None):
+                 journal: CopyJournal | None = None, locks: SegmentLocks | None = None,
+                 on_rewrite: Callable[[str], None] = lambda base: None):
         self.store = store
         self.layout = layout
         self.keyring = keyring
         self.settings = settings
         self.executor = executor
         self.journal = journal
+        self.locks = locks or (journal.locks if journal else SegmentLocks())
+        #: called with a segment's base key when its objects are about to change (cache invalidation)
+        self.on_rewrite = on_rewrite
 
-    def copy(self, md: fkeys.SegmentMetadata, log_chunks: Iterator[bytes], log_size: int,
-             indexes: Callable[[], dict[str, bytes | None]],
+    def copy(self, md: fkeys.SegmentMetadata, source: SegmentSource, leader_epoch: bytes,
              is_cancelled: Callable[[], bool] = lambda: False,
              on_stored_bytes: Callable[[int], None] = lambda n: None) -> CopyResult:
-        """Copy one segment. ``log_chunks`` yields the ``.log`` file in ``chunk_size``
-        chunks and raises if the source breaks; ``indexes`` is called once the log is
-        consumed and returns the index files by manifest name (``transaction`` may be None)."""
+        """Copy one segment from ``source`` (its ``.log`` is cut into ``chunk_size``
+        chunks here); ``leader_epoch`` is the leader-epoch checkpoint's bytes."""
         base = self.layout.base(dataclasses.replace(md, custom_metadata=None))
-        keys = {s: f"{base}.{s}" for s in fkeys.SUFFIXES}
-        entry = self.journal.begin(base) if self.journal else None
-        try:
-            result = self._copy(md, base, keys, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes)
-        except BaseException as e:
-            if self._cleanup(base, md, e) and entry:
-                self.journal.end(entry)
-            elif entry:
-                self.journal.release(entry)
-            raise
-        if entry:
-            self.journal.end(entry)
-        return result
+        log_size = source.log_size
+        log_chunks = rechunk(source.log_pieces(self.settings.chunk_size), self.settings.chunk_size)
 
-    def _cleanup(self, base: str, md: fkeys.SegmentMetadata, cause: BaseException) -> bool:
+        def indexes() -> dict[str, bytes | None]:
+            files = source.index_files()
+            files["leaderEpoch"] = leader_epoch
+            return files
+
+        with self.locks.hold(base, is_cancelled, f"copy of {md.describe}"):
+            existing = self._complete_segment(md, base, log_size)
+            if existing is not None:
+                for _ in log_chunks:  # the request is read to its end (and checked) all the same
+                    if is_cancelled():
+                        raise Cancelled(f"copy of {md.describe} cancelled by the caller")
+                indexes()
+                if self.journal:
+                    self.journal.settle_completed(base)
+                log.info("copy of %s: the segment is already complete in storage; keeping it", md.describe,
+                         extra={"fields": {"op": "copy", "key": base, "action": "already-complete"}})
+                return existing
+            attempt = os.urandom(16).hex()
+            entry = self.journal.begin(base, attempt) if self.journal else None
+            self.on_rewrite(base)
+            try:
+                result = self._copy(md, base, attempt, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes)
+            except BaseException as e:
+                cleaned = self._cleanup(base, attempt, md, e)
+                if entry:
+                    (self.journal.end if cleaned else self.journal.release)(entry)
+                raise
+            finally:
+                self.on_rewrite(base)
+            if entry:
+                self.journal.end(entry)
+            return result
+
+    def _complete_segment(self, md: fkeys.SegmentMetadata, base: str, log_size: int) -> CopyResult | None:
+        """The stored segment when an earlier copy of this id completed it: a manifest
+        we wrote, for this segment and size, authentic under the configured keys, with
+        ``.log`` and ``.indexes`` of the sizes it records. None otherwise (nothing there,
+        an interrupted or foreign copy, damage): the copy then writes the segment anew."""
+        key = f"{base}.{fkeys.MANIFEST}"
         try:
-            delete_segment_objects(self.store, base)
+            raw = self.store.get(key)
+            manifest = SegmentManifest.from_bytes(raw, key)
+            found = SegmentIdentity.of_manifest(manifest)
+            expected = SegmentIdentity(md.topic_id, md.partition, md.segment_id, md.start_offset, md.end_offset)
+            if (manifest.attempt is None or found is None or found.differences(expected)
+                    or manifest.original_size != log_size or (manifest.encryption is None) != (self.keyring is None)):
+                return None
+            if manifest.encryption is not None:
+                data_key = self.keyring.unwrap(manifest.encryption.key_id, manifest.encryption.wrapped_key, key)
+                authentication.verify(manifest, data_key, key)
+            index_size = max((r.position + r.size for r in manifest.indexes.values() if r is not None), default=0)
+            log_stored = self.store.size(f"{base}.{fkeys.LOG}")
+            if log_stored != manifest.stored_log_size or self.store.size(f"{base}.{fkeys.INDEXES}") != index_size:
+                return None
+        except ObjectNotFound:
+            return None
+        except (DataLoss, FailedPrecondition) as e:
+            log.warning("copy of %s replaces an unusable stored segment: %s", md.describe, e)
+            return None
+        stored = log_stored + index_size + len(raw)
+        return CopyResult(manifest, base, stored, self._custom_metadata(md, base, stored))
+
+    def _cleanup(self, base: str, attempt: str, md: fkeys.SegmentMetadata, cause: BaseException) -> bool:
+        """Remove what this attempt wrote; never another attempt's complete segment."""
+        try:
+            found = manifest_attempt(self.store, base)
+            if found == NO_MANIFEST:
+                delete_data_objects(self.store, base)
+            elif found == attempt:
+                delete_segment_objects(self.store, base)
+            else:
+                log.warning("copy of %s failed (%s); not cleaning up: the segment's manifest was written by another "
+                            "copy attempt (another process copying the same segment id)", md.describe, cause)
             return True
         except Exception as e:  # the journal sweep (or the broker's delete) finishes the job
             log.warning("copy of %s failed (%s) and its cleanup failed too: %s", md.describe, cause, e)
             return False
 
-    def _copy(self, md, base, keys, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes) -> CopyResult:
+    def _copy(self, md, base, attempt, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes) -> CopyResult:
         s = self.settings
         chunks = iter(log_chunks)
         first = next(chunks, b"")
@@ -127,9 +204,14 @@ class SegmentCopier:
             encryption = EncryptionInfo(key_id, wrapped, aad)
         codec = ChunkCodec(compression, data_key, aad, s.compression_level)
         verify_crc = not codec.encrypted
+        keys = {suffix: f"{base}.{suffix}" for suffix in fkeys.SUFFIXES}
+        # The previous version of this segment id (an earlier attempt) stops being readable
+        # before any of its objects is replaced.
+        self.store.delete(keys[fkeys.MANIFEST])
 
         sizes: list[int] = []
         crcs: list[int] = []
+        tags: list[bytes] = []
         original_total = 0
         with self.store.open_writer(keys[fkeys.LOG]) as writer:
             in_flight: collections.deque[concurrent.futures.Future] = collections.deque()
@@ -141,6 +223,8 @@ class SegmentCopier:
                 sizes.append(len(out))
                 if verify_crc:
                     crcs.append(crc32c(out))
+                else:
+                    tags.append(bytes(out[-TAG_BYTES:]))
 
             for chunk in _prepend(first, chunks):
                 if is_cancelled():
@@ -163,6 +247,7 @@ class SegmentCopier:
         stored_indexes = bytearray()
         ranges: dict[str, IndexRange | None] = {}
         index_crcs: dict[str, int] = {}
+        index_tags: dict[str, bytes] = {}
         for name in INDEX_NAMES:
             data = index_files.get(name)
             if data is None:
@@ -174,6 +259,8 @@ class SegmentCopier:
             ranges[name] = IndexRange(len(stored_indexes), len(out))
             if verify_crc:
                 index_crcs[name] = crc32c(out)
+            else:
+                index_tags[name] = bytes(out[-TAG_BYTES:])
             stored_indexes += out
         if is_cancelled():
             raise Cancelled(f"copy of {md.describe} cancelled by the caller")
@@ -184,7 +271,10 @@ class SegmentCopier:
             chunk_index=build_index(s.chunk_size, log_size, sizes, codec.fixed_transformed_size(s.chunk_size)),
             indexes=ranges, compression=compression, encryption=encryption,
             segment=segment_debug_copy(md),
-            chunk_crcs=crcs if verify_crc else None, index_crcs=index_crcs if verify_crc else None)
+            chunk_crcs=crcs if verify_crc else None, index_crcs=index_crcs if verify_crc else None,
+            attempt=attempt, chunk_tags=None if verify_crc else tags, index_tags=None if verify_crc else index_tags)
+        if data_key is not None:
+            manifest.auth = authentication.authenticator(manifest, data_key)
         manifest_bytes = manifest.to_bytes()
         if is_cancelled():
             raise Cancelled(f"copy of {md.describe} cancelled by the caller")

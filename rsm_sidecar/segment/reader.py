@@ -1,7 +1,11 @@
 """Reading segments back: manifests, index files and byte ranges of the original ``.log``.
 
 Opening is cheap after the first time (parsed manifests and unwrapped data keys are
-cached). A range read is lazy: it maps [start, end] to chunks, takes them from the
+cached). Every open checks that the manifest belongs to the segment asked for; opening a
+manifest the first time checks its authenticator (encrypted segments), and a manifest
+without one is refused unless ``accept_unauthenticated`` (migrations from Aiven's plugin
+or from rsm-sidecar before 0.2). Every stored chunk and index blob is checked against the
+tag the manifest records for its position before it is decrypted. A range read is lazy: it maps [start, end] to chunks, takes them from the
 chunk cache or downloads runs of contiguous missing chunks with one ranged GET each
 (at most ``max_range_bytes``), verifies and decodes them, and yields the original bytes.
 Sequential prefetch loads the chunks after the last one served into the cache in the
@@ -13,16 +17,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import logging
 import threading
 from typing import Callable, Iterator
 
-from rsm_sidecar.errors import DataLoss, NotFound
+from rsm_sidecar.errors import DataLoss, FailedPrecondition, NotFound
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.chunk_index import Chunk
-from rsm_sidecar.format.manifest import SegmentManifest
+from rsm_sidecar.format.manifest import TAG_BYTES, SegmentIdentity, SegmentManifest
 from rsm_sidecar.segment.cache import ByteLRU, SingleFlight
-from rsm_sidecar.storage.base import ObjectNotFound, ObjectStore
+from rsm_sidecar.storage.base import InvalidRange, ObjectNotFound, ObjectStore
+from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.chunks import ChunkCodec
 from rsm_sidecar.transform.keyring import Keyring
 
@@ -42,9 +48,14 @@ class OpenSegment:
     codec: ChunkCodec
     cost: int  # bytes accounted in the manifest cache
     prefetched_to: int = -1  # highest chunk id scheduled for prefetch
+    #: distinguishes versions of one segment id in the caches (the manifest's attempt, or its digest)
+    version: str = ""
 
     def key(self, suffix: str) -> str:
         return f"{self.base}.{suffix}"
+
+    def cache_key(self, item) -> tuple:
+        return (self.base, self.version, item)
 
     def __repr__(self) -> str:
         return f"OpenSegment({self.base!r})"
@@ -57,11 +68,13 @@ class ReaderSettings:
     chunk_cache_bytes: int = 256 * 1024 * 1024
     prefetch_bytes: int = 16 * 1024 * 1024
     max_range_bytes: int = 8 * 1024 * 1024
+    accept_unauthenticated: bool = False
 
     @classmethod
     def from_config(cls, cfg) -> "ReaderSettings":
         return cls(cfg["cache.manifest_bytes"], cfg["cache.index_bytes"], cfg["cache.chunk_bytes"],
-                   cfg["cache.prefetch_bytes"], cfg["fetch.max_range_bytes"])
+                   cfg["cache.prefetch_bytes"], cfg["fetch.max_range_bytes"],
+                   cfg["fetch.accept_unauthenticated_segments"])
 
 
 class SegmentReader:
@@ -78,29 +91,61 @@ class SegmentReader:
         self.chunks = ByteLRU(settings.chunk_cache_bytes, lambda e: on_cache_event("chunk", e))
         self._loading = SingleFlight()
         self._manifest_loading = SingleFlight()
+        #: how many times ``forget`` ran; a manifest loaded across a forget is not cached
+        self._forgets = 0
         self._prefetch = prefetch_executor
         self._prefetch_lock = threading.Lock()
 
     # -- opening ----------------------------------------------------------------
     def open(self, md: fkeys.SegmentMetadata) -> OpenSegment:
-        return self.open_base(self.layout.base(md), md.describe)
+        """The segment ``md`` names; ``DataLoss`` if its objects hold another segment."""
+        expected = SegmentIdentity(md.topic_id, md.partition, md.segment_id, md.start_offset, md.end_offset)
+        return self.open_base(self.layout.base(md), md.describe, expected)
 
-    def open_base(self, base: str, describe: str | None = None) -> OpenSegment:
-        """Load (or take from cache) the manifest of the segment whose keys start with ``base``."""
+    def open_base(self, base: str, describe: str | None = None,
+                  expected: SegmentIdentity | None = None) -> OpenSegment:
+        """Load (or take from cache) the manifest of the segment whose keys start with
+        ``base`` and check that it holds ``expected`` (by default: what the key names)."""
+        if expected is None:
+            parsed = self.layout.parse(f"{base}.{fkeys.MANIFEST}")
+            if parsed is not None:
+                expected = SegmentIdentity(parsed.topic_id, parsed.partition, parsed.segment_id, parsed.start_offset)
+        seg = self._open_cached(base, describe or base)
+        self._check_identity(seg, expected, describe or base)
+        return seg
+
+    def _open_cached(self, base: str, describe: str) -> OpenSegment:
         cached = self.manifests.get(base)
         if cached is not None:
             return cached
         claimed, waiting = self._manifest_loading.claim([base])
         if waiting:
             return waiting[base].result()
+        forgets = self._forgets
         try:
-            seg = self._load_manifest(base, describe or base)
+            seg = self._load_manifest(base, describe)
         except BaseException as e:
             self._manifest_loading.resolve(base, error=e)
             raise
-        self.manifests.put(base, seg, seg.cost)
+        if forgets == self._forgets:  # a segment changed while loading: do not cache what may be stale
+            self.manifests.put(base, seg, seg.cost)
         self._manifest_loading.resolve(base, seg)
         return seg
+
+    def _check_identity(self, seg: OpenSegment, expected: SegmentIdentity | None, describe: str) -> None:
+        if expected is None:
+            return
+        key = seg.key(fkeys.MANIFEST)
+        found = SegmentIdentity.of_manifest(seg.manifest)
+        if found is None:
+            if seg.manifest.auth is not None or not self.settings.accept_unauthenticated:
+                raise DataLoss(f"{key}: the manifest does not say which segment it holds (no "
+                               f"remoteLogSegmentMetadata); refusing to serve it as {describe}")
+            return
+        diffs = found.differences(expected)
+        if diffs:
+            raise DataLoss(f"{key}: the manifest holds another segment than {describe} ({'; '.join(diffs)}): objects "
+                           f"were moved or swapped in the bucket")
 
     def _load_manifest(self, base: str, describe: str) -> OpenSegment:
         key = f"{base}.{fkeys.MANIFEST}"
@@ -109,19 +154,41 @@ class SegmentReader:
         except ObjectNotFound:
             raise NotFound(f"segment {describe} not found: no manifest {key}") from None
         manifest = SegmentManifest.from_bytes(raw, key)
+        self._check_authenticity_policy(manifest, key)
         data_key = aad = None
         if manifest.encryption is not None:
             if self.keyring is None:
-                from rsm_sidecar.errors import FailedPrecondition
                 raise FailedPrecondition(f"{key}: segment is encrypted under key id {manifest.encryption.key_id!r} "
                                          f"but encryption is not configured")
             data_key = self.keyring.unwrap(manifest.encryption.key_id, manifest.encryption.wrapped_key, key)
             aad = manifest.encryption.aad
+            if manifest.auth is not None:
+                authentication.verify(manifest, data_key, key)
         codec = ChunkCodec(manifest.compression, data_key, aad)
-        return OpenSegment(base, manifest, codec, len(raw) + 48 * manifest.chunk_index.chunk_count + 1024)
+        version = manifest.attempt or hashlib.sha256(raw).hexdigest()[:32]
+        return OpenSegment(base, manifest, codec, len(raw) + 48 * manifest.chunk_index.chunk_count + 1024,
+                           version=version)
+
+    def _check_authenticity_policy(self, manifest: SegmentManifest, key: str) -> None:
+        """Which manifests may be read at all (see ``fetch.accept_unauthenticated_segments``)."""
+        if self.settings.accept_unauthenticated:
+            return
+        hint = ("; set fetch.accept_unauthenticated_segments = true to read segments written by Aiven's plugin or "
+                "by rsm-sidecar before 0.2 (migrations only: a bucket writer could then plant or rearrange them)")
+        if not manifest.has_extension:
+            raise DataLoss(f"{key}: the manifest has no rsm-sidecar integrity block (written by another plugin, or "
+                           f"the block was stripped){hint}")
+        if self.keyring is not None and manifest.encryption is None:
+            raise DataLoss(f"{key}: the segment is not encrypted but encryption is enabled (a plaintext segment "
+                           f"planted in the bucket, or one written before encryption was enabled){hint}")
+        if manifest.encryption is not None and (manifest.auth is None or manifest.chunk_tags is None
+                                                or manifest.index_tags is None):
+            raise DataLoss(f"{key}: the encrypted segment's manifest carries no authenticator (written by "
+                           f"rsm-sidecar before 0.2, or the authenticator was stripped){hint}")
 
     def forget(self, base: str) -> None:
-        """Drop everything cached about a segment (after a delete)."""
+        """Drop everything cached about a segment (after a delete, around a copy)."""
+        self._forgets += 1
         self.manifests.discard_prefix(lambda k: k == base)
         self.indexes.discard_prefix(lambda k: k[0] == base)
         self.chunks.discard_prefix(lambda k: k[0] == base)
@@ -132,7 +199,7 @@ class SegmentReader:
         r = seg.manifest.indexes.get(name)
         if r is None:
             raise NotFound(f"segment {seg.base}: no {name} index")
-        cached = self.indexes.get((seg.base, name))
+        cached = self.indexes.get(seg.cache_key(name))
         if cached is not None:
             return cached
         key = seg.key(fkeys.INDEXES)
@@ -143,12 +210,19 @@ class SegmentReader:
                 stored = self.store.get_range(key, r.position, r.position + r.size - 1)
             except ObjectNotFound:
                 raise NotFound(f"segment {seg.base}: indexes object {key} is missing") from None
+            except InvalidRange:
+                stored = b""
             if len(stored) != r.size:
                 raise DataLoss(f"{key}: truncated: {name} index needs bytes {r.position}..{r.position + r.size - 1}, "
                                f"got {len(stored)} bytes")
+        where = f"{key} ({name} index)"
+        tags = seg.manifest.index_tags
+        if tags is not None and seg.codec.encrypted and stored[-TAG_BYTES:] != tags.get(name):
+            raise DataLoss(f"{where}: the stored index is not the one written for this position (index blobs "
+                           f"swapped or copied in the bucket)")
         crc = seg.manifest.index_crcs.get(name) if seg.manifest.index_crcs else None
-        plain = seg.codec.decrypt_only(stored, f"{key} ({name} index)", crc)
-        self.indexes.put((seg.base, name), plain, len(plain) + 64)
+        plain = seg.codec.decrypt_only(stored, where, crc)
+        self.indexes.put(seg.cache_key(name), plain, len(plain) + 64)
         return plain
 
     # -- data --------------------------------------------------------------------
@@ -176,13 +250,13 @@ class SegmentReader:
         """Decoded chunks starting at ``chunks[i]``: one from the cache or from another
         reader's download, or a whole run downloaded with one request and yielded chunk
         by chunk as each is decoded (the first byte does not wait for the whole run)."""
-        key = (seg.base, chunks[i].id)
+        key = seg.cache_key(chunks[i].id)
         data = self.chunks.get(key)
         if data is not None:
             return iter([data])
         # Claim a run of contiguous chunks that are neither cached nor being loaded.
         run = self._run(seg, chunks[i:])
-        claimed, waiting = self._loading.claim([(seg.base, c.id) for c in run])
+        claimed, waiting = self._loading.claim([seg.cache_key(c.id) for c in run])
         if waiting:
             return iter([waiting[key].result()])
         return self._load_run(seg, run[: len(claimed)])
@@ -195,7 +269,7 @@ class SegmentReader:
         limit = self.settings.max_range_bytes
         for c in chunks:
             if run and (stored + c.transformed_size > limit or decoded + c.original_size > limit
-                        or c.id != run[-1].id + 1 or self.chunks.contains((seg.base, c.id))):
+                        or c.id != run[-1].id + 1 or self.chunks.contains(seg.cache_key(c.id))):
                 break
             run.append(c)
             stored += c.transformed_size
@@ -219,6 +293,8 @@ class SegmentReader:
                     stored = self.store.get_range(key, first.transformed_position, last.transformed_end - 1)
                 except ObjectNotFound:
                     raise NotFound(f"segment {seg.base}: data object {key} is missing (the manifest exists)") from None
+                except InvalidRange:
+                    stored = b""
             want = last.transformed_end - first.transformed_position
             if len(stored) != want:
                 raise DataLoss(f"{key}: truncated: chunks {first.id}..{last.id} need {want} bytes at "
@@ -232,19 +308,24 @@ class SegmentReader:
                 try:
                     self._decode_chunk(seg, key, c, stored, run[0].transformed_position)
                 except Exception as e:  # noqa: BLE001 - handed to the waiting readers
-                    self._loading.resolve((seg.base, c.id), error=e)
+                    self._loading.resolve(seg.cache_key(c.id), error=e)
             raise
         except BaseException as e:
             for c in run[decoded:]:
-                self._loading.resolve((seg.base, c.id), error=e)
+                self._loading.resolve(seg.cache_key(c.id), error=e)
             raise
 
     def _decode_chunk(self, seg: OpenSegment, key: str, c: Chunk, stored: bytes, base: int) -> bytes:
         crcs = seg.manifest.chunk_crcs
+        tags = seg.manifest.chunk_tags
         piece = stored[c.transformed_position - base: c.transformed_end - base]
-        plain = seg.codec.decode(piece, c.original_size, f"{key} chunk {c.id}", crcs[c.id] if crcs else None)
-        self.chunks.put((seg.base, c.id), plain, len(plain))
-        self._loading.resolve((seg.base, c.id), plain)
+        where = f"{key} chunk {c.id}"
+        if tags is not None and seg.codec.encrypted and piece[-TAG_BYTES:] != tags[c.id]:
+            raise DataLoss(f"{where}: the stored chunk is not the one written at this position (chunks swapped or "
+                           f"copied in the bucket)")
+        plain = seg.codec.decode(piece, c.original_size, where, crcs[c.id] if crcs else None)
+        self.chunks.put(seg.cache_key(c.id), plain, len(plain))
+        self._loading.resolve(seg.cache_key(c.id), plain)
         return plain
 
     def _schedule_prefetch(self, seg: OpenSegment, chunk_id: int) -> None:
@@ -259,7 +340,7 @@ class SegmentReader:
             first = max(chunk_id + 1, seg.prefetched_to + 1)
             seg.prefetched_to = last
         todo = [index.chunk(j) for j in range(first, last + 1)
-                if not self.chunks.contains((seg.base, j)) and not self._loading.in_flight((seg.base, j))]
+                if not self.chunks.contains(seg.cache_key(j)) and not self._loading.in_flight(seg.cache_key(j))]
         if todo:
             try:
                 self._prefetch.submit(self._prefetch_run, seg, todo)
@@ -270,7 +351,7 @@ class SegmentReader:
         i = 0
         while i < len(chunks):
             run = self._run(seg, chunks[i:])
-            claimed, _ = self._loading.claim([(seg.base, c.id) for c in run])
+            claimed, _ = self._loading.claim([seg.cache_key(c.id) for c in run])
             if claimed:
                 try:
                     for _ in self._load_run(seg, run[: len(claimed)]):
