@@ -147,8 +147,13 @@ CONFIG_KEYS = [
     Key("server.tls.key_file", "path", None, "PEM private key of `server.tls.cert_file`."),
     Key("server.tls.client_ca_file", "path", None,
         "PEM CA bundle; when set, clients must present a certificate it signed (mTLS)."),
+    Key("server.allow_plaintext_non_loopback", "bool", False,
+        "Allow `server.listen` on a non-loopback TCP address without client certificates. Anyone who reaches "
+        "the port can then copy, read and delete every tiered segment: only for a network that only the broker "
+        "can reach (a pod or a private container network)."),
     Key("metrics.listen", "str", "127.0.0.1:9096",
-        "Prometheus metrics HTTP address `host:port` (path `/metrics`); empty disables."),
+        "Prometheus metrics HTTP address `host:port` (path `/metrics`; `:port` alone listens on 127.0.0.1); "
+        "empty disables."),
     Key("log.level", "str", "INFO", "Lowest level of the log lines written to stderr.", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     Key("log.format", "str", "json", "Log line format: one JSON object per line, or plain text.",
         choices=("json", "text")),
@@ -180,7 +185,15 @@ CONFIG_KEYS = [
     Key("copy.journal_sweep_seconds", "seconds", 60.0,
         "How often leftovers of interrupted copies are looked for while the sidecar runs.", min=1),
     Key("copy.allowed_dirs", "list", [],
-        "Path transfer mode: only files under these directories may be read (empty = any path)."),
+        "Path transfer mode: the broker's log directories (`log.dirs`); only regular files under them are read. "
+        "Empty: path transfer mode is disabled (copies must use stream mode). Each entry must be an existing "
+        "absolute directory other than `/`."),
+    Key("copy.idle_timeout_seconds", "seconds", 60.0,
+        "A copy that makes no progress (no message from the client, no byte stored) for this long is abandoned "
+        "and its slot freed.", min=1),
+    Key("copy.max_index_file_bytes", "size", 64 * MiB,
+        "Largest index file (offset, time, producer snapshot, transaction index) a copy accepts; index files "
+        "are held in memory while they are encrypted.", min=1024),
     # -- encryption -----------------------------------------------------------------
     Key("encryption.enabled", "bool", False,
         "Encrypt chunks and indexes with AES-256-GCM under a fresh data key per segment."),
@@ -190,7 +203,10 @@ CONFIG_KEYS = [
     Key("encryption.keys.<id>.public_key_file", "path", REQUIRED,
         "PEM RSA public key (X.509 SubjectPublicKeyInfo) of key id `<id>`."),
     Key("encryption.keys.<id>.private_key_file", "path", REQUIRED,
-        "PEM RSA private key (PKCS#8 or PKCS#1) of key id `<id>`; needed to read segments written under it."),
+        "PEM RSA private key (PKCS#8 or PKCS#1) of key id `<id>`; needed to read segments written under it. "
+        "Must not be readable or writable by other users (mode 0600 or 0640)."),
+    Key("encryption.allow_exposed_private_keys", "bool", False,
+        "Accept private key files that other users can read or write (start-up fails otherwise)."),
     # -- caches and fetch -------------------------------------------------------------
     Key("cache.manifest_bytes", "size", 32 * MiB, "Parsed segment manifests kept in memory (bytes of JSON).", min=0),
     Key("cache.index_bytes", "size", 64 * MiB, "Plain index files kept in memory.", min=0),
@@ -202,6 +218,16 @@ CONFIG_KEYS = [
     Key("fetch.max_range_bytes", "size", 8 * MiB,
         "Largest single ranged GET a fetch issues; contiguous chunks up to this size are read in one request.",
         min=1024),
+    Key("fetch.max_concurrent", "int", 32,
+        "Fetch and index streams served at once; further ones are refused with RESOURCE_EXHAUSTED (the broker "
+        "reads with `remote.log.reader.threads`, 10 by default). `server.max_workers` must exceed "
+        "`copy.max_concurrent` + `fetch.max_concurrent` by at least 8.", min=1, max=1024),
+    Key("fetch.idle_timeout_seconds", "seconds", 60.0,
+        "A fetch stream whose client reads nothing for this long is cancelled and its slot freed.", min=1),
+    Key("fetch.accept_unauthenticated_segments", "bool", False,
+        "Read segments whose manifest carries no rsm-sidecar authenticator: written by Aiven's plugin or by "
+        "rsm-sidecar before 0.2, or unencrypted while encryption is enabled. For migrations only: whoever can "
+        "write the bucket can then plant, swap or rearrange such segments."),
 ]
 
 # Modules that declare keys, each as a module-level ``CONFIG_KEYS`` list.

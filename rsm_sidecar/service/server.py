@@ -1,21 +1,30 @@
 """`rsm-sidecar serve`: the gRPC server with health checking, Prometheus metrics and a
 graceful shutdown (SIGTERM/SIGINT: report NOT_SERVING, refuse new calls, wait up to
-`server.shutdown_grace_seconds` for in-flight copies and fetches)."""
+`server.shutdown_grace_seconds` for in-flight copies and fetches).
+
+Who may connect: a Unix socket is created mode 0600 and locked (``<socket>.lock``), so a
+second sidecar cannot take it over; a TCP address must be on the loopback interface
+unless clients must present a certificate (mTLS) or
+``server.allow_plaintext_non_loopback`` says the network is private. Metrics listen on
+127.0.0.1 unless ``metrics.listen`` names a host."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import ipaddress
 import logging
+import os
 import signal
 import threading
+from pathlib import Path
 
 import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from rsm_sidecar._proto.rsm.v1 import rsm_pb2_grpc
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.segment.journal import lock_exclusively
 from rsm_sidecar.service.servicer import RemoteStorageServicer
 from rsm_sidecar.service.sidecar import Sidecar
 
@@ -31,9 +40,51 @@ def _read(path: str, key: str) -> bytes:
         raise ConfigError(f"{key}: cannot read {path}: {e.strerror}") from None
 
 
+def _read_pem(path: str, key: str, kind: str) -> bytes:
+    """A PEM file's bytes, checked to hold a certificate or a private key (so that a
+    wrong file is blamed on its own key, not on the listen address)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    data = _read(path, key)
+    try:
+        if kind == "certificate":
+            x509.load_pem_x509_certificates(data)
+        else:
+            serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{key}: {path} is not a PEM {kind} ({e})") from None
+    return data
+
+
+def split_listen(listen: str, key: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) with a port in 0..65535; raises ``ConfigError``."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: {listen!r} is not host:port with a port between 0 and 65535")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class SidecarServer:
     def __init__(self, cfg: Config, sidecar: Sidecar | None = None):
         self.cfg = cfg
+        reserved = cfg["copy.max_concurrent"] + cfg["fetch.max_concurrent"] + 8
+        if cfg["server.max_workers"] < reserved:
+            raise ConfigError(f"server.max_workers: {cfg['server.max_workers']} threads cannot serve "
+                              f"copy.max_concurrent ({cfg['copy.max_concurrent']}) + fetch.max_concurrent "
+                              f"({cfg['fetch.max_concurrent']}) calls and keep 8 for health checks and deletes; "
+                              f"set it to at least {reserved}")
+        if not cfg["server.listen"].startswith("unix:"):
+            split_listen(cfg["server.listen"], "server.listen")
         self.sidecar = sidecar or Sidecar.from_config(cfg)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.server = grpc.server(
@@ -42,8 +93,10 @@ class SidecarServer:
                      ("grpc.max_send_message_length", 4 * 1024 * 1024),
                      ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=None)
-        rsm_pb2_grpc.add_RemoteStorageServicer_to_server(RemoteStorageServicer(self.sidecar), self.server)
+        self.servicer = RemoteStorageServicer(self.sidecar)
+        self.server.add_generic_rpc_handlers((self.servicer.handlers(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self._socket_lock: int | None = None
         self.address = self._bind(cfg["server.listen"])
         self._metrics_server = None
         self._stopped = threading.Event()
@@ -55,41 +108,74 @@ class SidecarServer:
             raise ConfigError("server.tls.cert_file and server.tls.key_file must be set together")
         if ca and not cert:
             raise ConfigError("server.tls.client_ca_file needs server.tls.cert_file and server.tls.key_file")
+        creds = None
+        if cert:
+            creds = grpc.ssl_server_credentials(
+                [(_read_pem(key, "server.tls.key_file", "private key"),
+                  _read_pem(cert, "server.tls.cert_file", "certificate"))],
+                root_certificates=_read_pem(ca, "server.tls.client_ca_file", "certificate") if ca else None,
+                require_client_auth=bool(ca))
+        socket_path = None
+        if listen.startswith("unix:"):
+            socket_path = Path(listen[len("unix://"):] if listen.startswith("unix://") else listen[len("unix:"):])
+            if not socket_path.is_absolute():
+                raise ConfigError(f"server.listen: {listen!r}: the socket path must be absolute (unix:///path)")
+            try:
+                socket_path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"server.listen: cannot create {socket_path.parent}: {e.strerror}") from None
+            self._socket_lock = lock_exclusively(socket_path.with_name(socket_path.name + ".lock"), "server.listen")
+        else:
+            host, _ = split_listen(listen, "server.listen")
+            if not is_loopback(host) and not ca and not self.cfg["server.allow_plaintext_non_loopback"]:
+                raise ConfigError(
+                    f"server.listen: {listen} is not a loopback address and clients are not authenticated: anyone "
+                    f"who reaches it could read, overwrite and delete every tiered segment. Require client "
+                    f"certificates (server.tls.cert_file, server.tls.key_file, server.tls.client_ca_file), use a Unix "
+                    f"socket or 127.0.0.1, or set server.allow_plaintext_non_loopback = true on a network only the "
+                    f"broker can reach")
+        old_umask = os.umask(0o077)  # the socket file is created 0600
         try:
-            if cert:
-                creds = grpc.ssl_server_credentials(
-                    [(_read(key, "server.tls.key_file"), _read(cert, "server.tls.cert_file"))],
-                    root_certificates=_read(ca, "server.tls.client_ca_file") if ca else None,
-                    require_client_auth=bool(ca))
-                port = self.server.add_secure_port(listen, creds)
-            else:
-                port = self.server.add_insecure_port(listen)
+            port = self.server.add_secure_port(listen, creds) if creds else self.server.add_insecure_port(listen)
         except RuntimeError as e:
             raise ConfigError(f"server.listen: cannot listen on {listen}: {e}") from None
-        if listen.startswith("unix:"):
+        finally:
+            os.umask(old_umask)
+        if socket_path is not None:
+            try:
+                os.chmod(socket_path, 0o600)
+            except OSError as e:
+                raise ConfigError(f"server.listen: cannot restrict {socket_path} to mode 0600: {e.strerror}") from None
             return listen
         host = listen.rsplit(":", 1)[0]
         return f"{host}:{port}"
 
-    def _sweep_journal(self) -> None:
-        journal = self.sidecar.copier.journal
-        interval = self.cfg["copy.journal_sweep_seconds"]
-        while not self._stopped.wait(interval):
-            journal.sweep()
-
-    def start(self) -> None:
+    def _sweep(self) -> None:
+        """What killed or failed copies left: journal entries and the store's temp files."""
         journal = self.sidecar.copier.journal
         if journal is not None:
-            cleaned = journal.sweep()  # before serving: nothing of this process is in flight yet
+            cleaned = journal.sweep()
             if cleaned:
-                log.info("removed the leftovers of %d interrupted copies", cleaned)
-            threading.Thread(target=self._sweep_journal, name="journal-sweep", daemon=True).start()
+                log.info("settled %d copy journal entries of interrupted copies", cleaned)
+        try:
+            self.sidecar.store.remove_leftovers()
+        except Exception as e:  # noqa: BLE001 - best effort, retried at the next sweep
+            log.warning("could not remove the temp files of interrupted writes: %s", e)
+
+    def _sweep_periodically(self) -> None:
+        interval = self.cfg["copy.journal_sweep_seconds"]
+        while not self._stopped.wait(interval):
+            self._sweep()
+
+    def start(self) -> None:
+        self._sweep()  # before serving: nothing of this process is in flight yet
+        threading.Thread(target=self._sweep_periodically, name="leftover-sweep", daemon=True).start()
         listen = self.cfg["metrics.listen"]
         if listen:
-            host, _, port = listen.rpartition(":")
+            host, port = split_listen(listen, "metrics.listen")
             try:
                 self._metrics_server, _ = prometheus_client.start_http_server(
-                    int(port), addr=host or "0.0.0.0", registry=self.sidecar.metrics.registry)
+                    port, addr=host or "127.0.0.1", registry=self.sidecar.metrics.registry)
             except (OSError, ValueError) as e:
                 raise ConfigError(f"metrics.listen: cannot serve metrics on {listen}: {e}") from None
         self.server.start()
@@ -108,9 +194,13 @@ class SidecarServer:
         log.info("shutting down: draining in-flight calls for up to %.0fs", grace)
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
+        self.servicer.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         self.sidecar.close()
+        if self._socket_lock is not None:
+            os.close(self._socket_lock)
+            self._socket_lock = None
         log.info("stopped")
 
     def serve_forever(self) -> None:

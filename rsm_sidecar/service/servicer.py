@@ -1,31 +1,57 @@
 """RPC handlers: translate proto messages, run the segment operations, map errors to
-gRPC status codes (see the contract's comments), count metrics."""
+gRPC status codes (see the contract's comments), count metrics.
+
+Requests are parsed leniently (``handlers``): a message that does not parse (bad UTF-8
+in a string field, garbage) reaches the handler as ``Malformed`` and is answered
+``INVALID_ARGUMENT`` instead of gRPC's own ``INTERNAL``.
+"""
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
-import threading
 import time
 from typing import Iterator
 
 import grpc
 
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
-from rsm_sidecar._proto.rsm.v1 import rsm_pb2_grpc
-from rsm_sidecar.errors import Cancelled, FailedPrecondition, InvalidArgument, OutOfRange, RsmError
+from rsm_sidecar.errors import Cancelled, DeadlineExceeded, FailedPrecondition, InvalidArgument, OutOfRange, RsmError
 from rsm_sidecar.format import keys as fkeys
-from rsm_sidecar.segment.copy import rechunk
-from rsm_sidecar.segment.journal import delete_segment_objects
+from rsm_sidecar.segment import sources
+from rsm_sidecar.segment.objects import delete_segment_objects
 from rsm_sidecar.segment.reader import INDEX_BY_TYPE
+from rsm_sidecar.service.admission import IdleWatchdog, Slots
 from rsm_sidecar.service.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 1024 * 1024
-FILE_ORDER = [pb.LOG, pb.OFFSET_INDEX, pb.TIME_INDEX, pb.PRODUCER_SNAPSHOT_FILE, pb.TRANSACTION_INDEX]
-INDEX_OF_FILE = {pb.OFFSET_INDEX: "offset", pb.TIME_INDEX: "timestamp",
-                 pb.PRODUCER_SNAPSHOT_FILE: "producerSnapshot", pb.TRANSACTION_INDEX: "transaction"}
+#: longest status message sent to a client (gRPC trailers are limited in size)
+MAX_STATUS_CHARS = 2000
+FILE_NAMES = {pb.LOG: sources.LOG, pb.OFFSET_INDEX: "offset", pb.TIME_INDEX: "timestamp",
+              pb.PRODUCER_SNAPSHOT_FILE: "producerSnapshot", pb.TRANSACTION_INDEX: "transaction"}
+
+
+class Malformed:
+    """A request message that did not parse."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _lenient(parse):
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and others
+            return Malformed(e)
+    return deserialize
+
+
+def _well_formed(request, what: str):
+    if isinstance(request, Malformed):
+        raise InvalidArgument(f"malformed {what} message: {str(request.error)[:200]}")
+    return request
 
 
 def _metadata(m: pb.SegmentMetadata) -> fkeys.SegmentMetadata:
@@ -43,6 +69,8 @@ def _abort(context: grpc.ServicerContext, op: str, metrics, err: BaseException) 
         code, msg = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
         log.error("%s failed with an unexpected error", op, exc_info=err, extra={"fields": {"op": op}})
     metrics.operations.labels(op, code.name).inc()
+    if len(msg) > MAX_STATUS_CHARS:
+        msg = msg[:MAX_STATUS_CHARS] + f"... ({len(msg)} characters)"
     context.abort(code, msg)
 
 
@@ -97,48 +125,105 @@ def streaming(op: str):
     return wrap
 
 
-def _pieces(data: bytes) -> Iterator[bytes]:
+def _pieces(data) -> Iterator:
     for i in range(0, len(data), MAX_MESSAGE_BYTES):
         yield data[i:i + MAX_MESSAGE_BYTES]
 
 
-class RemoteStorageServicer(rsm_pb2_grpc.RemoteStorageServicer):
+class RemoteStorageServicer:
     def __init__(self, sidecar: Sidecar):
         self.sidecar = sidecar
-        self._copy_slots = threading.BoundedSemaphore(sidecar.cfg["copy.max_concurrent"])
+        cfg = sidecar.cfg
+        self.copy_slots = Slots("copy", cfg["copy.max_concurrent"], "copy.max_concurrent")
+        self.fetch_slots = Slots("fetch", cfg["fetch.max_concurrent"], "fetch.max_concurrent")
+        self.watchdog = IdleWatchdog()
+        self.copy_idle = cfg["copy.idle_timeout_seconds"]
+        self.fetch_idle = cfg["fetch.idle_timeout_seconds"]
+        self.allowed_dirs = sources.allowed_dirs(cfg["copy.allowed_dirs"])
+        self.max_index_bytes = cfg["copy.max_index_file_bytes"]
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        """The service's method handlers, with lenient request parsing."""
+        methods = {
+            "CopySegment": grpc.stream_unary_rpc_method_handler(
+                self.CopySegment, _lenient(pb.CopySegmentRequest.FromString),
+                pb.CopySegmentResponse.SerializeToString),
+            "FetchSegment": grpc.unary_stream_rpc_method_handler(
+                self.FetchSegment, _lenient(pb.FetchSegmentRequest.FromString),
+                pb.FetchSegmentResponse.SerializeToString),
+            "FetchIndex": grpc.unary_stream_rpc_method_handler(
+                self.FetchIndex, _lenient(pb.FetchIndexRequest.FromString), pb.FetchIndexResponse.SerializeToString),
+            "DeleteSegment": grpc.unary_unary_rpc_method_handler(
+                self.DeleteSegment, _lenient(pb.DeleteSegmentRequest.FromString),
+                pb.DeleteSegmentResponse.SerializeToString),
+        }
+        return grpc.method_handlers_generic_handler("rsm.v1.RemoteStorage", methods)
+
+    def close(self) -> None:
+        self.watchdog.close()
 
     # -- copy ------------------------------------------------------------------
     @unary("copy")
     def CopySegment(self, request_iterator, context):
-        first = next(request_iterator, None)
-        if first is None or first.WhichOneof("kind") != "begin":
-            raise InvalidArgument("a copy must start with a CopyBegin message")
-        begin = first.begin
-        md = _metadata(begin.metadata)
+        with self.copy_slots.take(), self.watchdog.watch(context, self.copy_idle) as watch:
+            md = None
+            try:
+                messages = self._copy_messages(request_iterator, watch)
+                first = next(messages, None)
+                if first is None or first.WhichOneof("kind") != "begin":
+                    raise InvalidArgument("a copy must start with a CopyBegin message")
+                begin = first.begin
+                md = _metadata(begin.metadata)
+                return self._copy(md, begin, messages, context, watch)
+            except Exception:
+                if watch.expired:
+                    what = f"copy of {md.describe}" if md else "copy"
+                    raise DeadlineExceeded(f"{what}: no progress for {self.copy_idle:g} s "
+                                           f"(copy.idle_timeout_seconds); the copy was abandoned") from None
+                raise
+
+    @staticmethod
+    def _copy_messages(request_iterator, watch) -> Iterator[pb.CopySegmentRequest]:
+        """The client's messages; the client going away is ``Cancelled``, not an unexpected error."""
+        while True:
+            try:
+                req = next(request_iterator)
+            except StopIteration:
+                return
+            except grpc.RpcError:
+                raise Cancelled("the client went away during the copy") from None
+            watch.touch()
+            yield _well_formed(req, "CopySegmentRequest")
+
+    def _copy(self, md: fkeys.SegmentMetadata, begin: pb.CopyBegin, messages, context, watch) -> pb.CopySegmentResponse:
         s = self.sidecar
-        chunk_size = s.copier.settings.chunk_size
+        files = begin.files
         if begin.mode == pb.PATH:
-            source = PathSource(begin.files, md, s.cfg["copy.allowed_dirs"])
+            paths = {sources.LOG: files.log_path, "offset": files.offset_index_path,
+                     "timestamp": files.time_index_path, "producerSnapshot": files.producer_snapshot_path,
+                     "transaction": files.transaction_index_path if files.HasField("transaction_index_path") else None}
+            source = sources.PathSource(paths, md.describe, self.allowed_dirs, self.max_index_bytes)
         elif begin.mode == pb.STREAM:
-            source = StreamSource(begin.files, request_iterator)
+            sizes = {sources.LOG: files.log_size, "offset": files.offset_index_size,
+                     "timestamp": files.time_index_size, "producerSnapshot": files.producer_snapshot_size,
+                     "transaction": files.transaction_index_size if files.HasField("transaction_index_size") else None}
+            source = sources.StreamSource(sizes, self._stream_data(messages, md), md.describe, MAX_MESSAGE_BYTES,
+                                          self.max_index_bytes)
         else:
-            raise InvalidArgument(f"unknown transfer mode {begin.mode}")
+            raise InvalidArgument(f"copy of {md.describe}: unknown transfer mode {begin.mode}")
         log_size = source.log_size
         if md.segment_size and md.segment_size != log_size:
             raise FailedPrecondition(f"copy of {md.describe}: segment_size_in_bytes is {md.segment_size} but the "
                                      f".log file has {log_size} bytes")
-        leader_epoch = bytes(begin.leader_epoch_checkpoint)
+        stored = s.metrics.bytes.labels("copy_stored")
 
-        def indexes():
-            files = source.index_files()
-            files["leaderEpoch"] = leader_epoch
-            return files
+        def on_stored(n: int) -> None:
+            stored.inc(n)
+            watch.touch()
 
-        with self._copy_slots:
-            t0 = time.monotonic()
-            result = s.copier.copy(md, rechunk(source.log_pieces(chunk_size), chunk_size), log_size, indexes,
-                                   is_cancelled=lambda: not context.is_active(),
-                                   on_stored_bytes=s.metrics.bytes.labels("copy_stored").inc)
+        t0 = time.monotonic()
+        result = s.copier.copy(md, source, bytes(begin.leader_epoch_checkpoint),
+                               is_cancelled=lambda: not context.is_active(), on_stored_bytes=on_stored)
         s.metrics.bytes.labels("copy_original").inc(log_size)
         s.metrics.segments.labels(str(result.manifest.compression).lower()).inc()
         log.info("copied %s: %d bytes -> %d stored in %.2fs", md.describe, log_size, result.stored_bytes,
@@ -151,194 +236,64 @@ class RemoteStorageServicer(rsm_pb2_grpc.RemoteStorageServicer):
             resp.custom_metadata = result.custom_metadata
         return resp
 
+    @staticmethod
+    def _stream_data(messages, md: fkeys.SegmentMetadata) -> Iterator[tuple[str, bytes]]:
+        for req in messages:
+            if req.WhichOneof("kind") != "data":
+                raise InvalidArgument(f"copy of {md.describe}: only CopyData messages may follow CopyBegin")
+            name = FILE_NAMES.get(req.data.file)
+            if name is None:
+                raise InvalidArgument(f"copy of {md.describe}: unknown file kind {req.data.file}")
+            yield name, req.data.data
+
     # -- fetch -----------------------------------------------------------------
     @streaming("fetch")
     def FetchSegment(self, request, context):
-        md = _metadata(request.metadata)
-        start = request.start_position
-        if start < 0:
-            raise InvalidArgument(f"start position {start} is negative")
-        if request.HasField("end_position") and request.end_position < start:
-            raise InvalidArgument(f"end position {request.end_position} is before start position {start}")
-        reader = self.sidecar.reader
-        seg = reader.open(md)
-        size = seg.manifest.original_size
-        if start > size:
-            raise OutOfRange(f"start position {start} is beyond the end of segment {md.describe} ({size} bytes)")
-        end = request.end_position if request.HasField("end_position") else size - 1
-        served = self.sidecar.metrics.bytes.labels("fetch_served")
-        for piece in reader.read(seg, start, min(end, size - 1), views=True):
-            for msg in _pieces(memoryview(piece)):
-                served.inc(len(msg))
-                yield pb.FetchSegmentResponse(data=bytes(msg))
+        request = _well_formed(request, "FetchSegmentRequest")
+        with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
+            md = _metadata(request.metadata)
+            start = request.start_position
+            if start < 0:
+                raise InvalidArgument(f"start position {start} is negative")
+            if request.HasField("end_position") and request.end_position < start:
+                raise InvalidArgument(f"end position {request.end_position} is before start position {start}")
+            reader = self.sidecar.reader
+            seg = reader.open(md)
+            size = seg.manifest.original_size
+            if start > size:
+                raise OutOfRange(f"start position {start} is beyond the end of segment {md.describe} ({size} bytes)")
+            end = request.end_position if request.HasField("end_position") else size - 1
+            served = self.sidecar.metrics.bytes.labels("fetch_served")
+            for piece in reader.read(seg, start, min(end, size - 1), views=True):
+                for msg in _pieces(memoryview(piece)):
+                    served.inc(len(msg))
+                    yield pb.FetchSegmentResponse(data=bytes(msg))
+                    watch.touch()
 
     @streaming("fetch_index")
     def FetchIndex(self, request, context):
-        md = _metadata(request.metadata)
-        type_name = pb.IndexType.Name(request.index_type)
-        if type_name not in INDEX_BY_TYPE:
-            raise InvalidArgument(f"unknown index type {request.index_type}")
-        reader = self.sidecar.reader
-        data = reader.read_index(reader.open(md), INDEX_BY_TYPE[type_name])
-        self.sidecar.metrics.bytes.labels("index_served").inc(len(data))
-        for msg in _pieces(data):
-            yield pb.FetchIndexResponse(data=msg)
+        request = _well_formed(request, "FetchIndexRequest")
+        with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
+            md = _metadata(request.metadata)
+            type_name = pb.IndexType.Name(request.index_type) if request.index_type in pb.IndexType.values() else None
+            if type_name not in INDEX_BY_TYPE:
+                raise InvalidArgument(f"unknown index type {request.index_type}")
+            reader = self.sidecar.reader
+            data = reader.read_index(reader.open(md), INDEX_BY_TYPE[type_name])
+            self.sidecar.metrics.bytes.labels("index_served").inc(len(data))
+            for msg in _pieces(data):
+                yield pb.FetchIndexResponse(data=msg)
+                watch.touch()
 
     # -- delete ----------------------------------------------------------------
     @unary("delete")
     def DeleteSegment(self, request, context):
+        request = _well_formed(request, "DeleteSegmentRequest")
         md = _metadata(request.metadata)
         s = self.sidecar
         base = s.layout.base(md)
-        delete_segment_objects(s.store, base)
-        s.reader.forget(base)
+        with s.copier.locks.hold(base, lambda: not context.is_active(), f"delete of {md.describe}"):
+            delete_segment_objects(s.store, base)
+            s.reader.forget(base)
         log.info("deleted %s", md.describe, extra={"fields": {"op": "delete", "segment": md.segment_id, "key": base}})
         return pb.DeleteSegmentResponse()
-
-
-# -- copy sources ----------------------------------------------------------------------
-def _check_allowed(path: str, allowed: list[str]) -> str:
-    if not path:
-        raise InvalidArgument("path transfer mode: a file path is empty")
-    real = os.path.realpath(path)
-    if allowed and not any(real == os.path.realpath(d) or real.startswith(os.path.realpath(d).rstrip("/") + "/")
-                           for d in allowed):
-        raise InvalidArgument(f"path {path} is outside copy.allowed_dirs")
-    return real
-
-
-class PathSource:
-    """Path mode: the sidecar reads the broker's files and checks they did not change."""
-
-    def __init__(self, files: pb.SegmentFiles, md: fkeys.SegmentMetadata, allowed: list[str]):
-        self.md = md
-        self.files = files
-        self.allowed = allowed
-        self.log_path = _check_allowed(files.log_path, allowed)
-        try:
-            self._fd = os.open(self.log_path, os.O_RDONLY)
-        except OSError as e:
-            raise FailedPrecondition(f"copy of {md.describe}: cannot open {files.log_path}: {e.strerror}") from None
-        self._stat = os.fstat(self._fd)
-        self.log_size = self._stat.st_size
-
-    def log_pieces(self, size: int) -> Iterator[bytes]:
-        try:
-            total = 0
-            while True:
-                piece = os.read(self._fd, size)
-                if not piece:
-                    break
-                total += len(piece)
-                yield piece
-            self._verify_unchanged(total)
-        finally:
-            os.close(self._fd)
-
-    def _verify_unchanged(self, total: int) -> None:
-        path = self.files.log_path
-        try:
-            now = os.stat(self.log_path)
-        except FileNotFoundError:
-            raise FailedPrecondition(f"copy of {self.md.describe}: {path} disappeared during the copy") from None
-        before = self._stat
-        if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev):
-            raise FailedPrecondition(f"copy of {self.md.describe}: {path} was replaced during the copy")
-        if now.st_size != before.st_size or now.st_mtime_ns != before.st_mtime_ns or total != before.st_size:
-            raise FailedPrecondition(f"copy of {self.md.describe}: {path} changed during the copy "
-                                     f"({before.st_size} bytes at start, {now.st_size} now, {total} read)")
-
-    def index_files(self) -> dict[str, bytes | None]:
-        f = self.files
-        out: dict[str, bytes | None] = {}
-        for name, path in (("offset", f.offset_index_path), ("timestamp", f.time_index_path),
-                           ("producerSnapshot", f.producer_snapshot_path)):
-            out[name] = self._read(path, name)
-        out["transaction"] = self._read(f.transaction_index_path, "transaction") \
-            if f.HasField("transaction_index_path") else None
-        return out
-
-    def _read(self, path: str, what: str) -> bytes:
-        real = _check_allowed(path, self.allowed)
-        try:
-            with open(real, "rb") as fh:
-                return fh.read()
-        except OSError as e:
-            raise FailedPrecondition(f"copy of {self.md.describe}: cannot read the {what} index {path}: "
-                                     f"{e.strerror}") from None
-
-
-class StreamSource:
-    """Stream mode: file bytes arrive in CopyData messages in the contract's order."""
-
-    def __init__(self, files: pb.SegmentFiles, messages: Iterator[pb.CopySegmentRequest]):
-        self.messages = messages
-        self.log_size = files.log_size
-        self.sizes = {pb.LOG: files.log_size, pb.OFFSET_INDEX: files.offset_index_size,
-                      pb.TIME_INDEX: files.time_index_size, pb.PRODUCER_SNAPSHOT_FILE: files.producer_snapshot_size,
-                      pb.TRANSACTION_INDEX: files.transaction_index_size
-                      if files.HasField("transaction_index_size") else None}
-        for kind, size in self.sizes.items():
-            if size is not None and size < 0:
-                raise InvalidArgument(f"negative size for {pb.FileKind.Name(kind)}")
-        self.received = {k: 0 for k in self.sizes}
-        self._position = 0  # index into FILE_ORDER
-        self._pending: pb.CopyData | None = None
-
-    def _next(self) -> pb.CopyData | None:
-        if self._pending is not None:
-            m, self._pending = self._pending, None
-            return m
-        req = next(self.messages, None)
-        if req is None:
-            return None
-        if req.WhichOneof("kind") != "data":
-            raise InvalidArgument("only CopyData messages may follow CopyBegin")
-        d = req.data
-        if len(d.data) > MAX_MESSAGE_BYTES:
-            raise InvalidArgument(f"CopyData message of {len(d.data)} bytes exceeds 1 MiB")
-        if d.file not in self.sizes:
-            raise InvalidArgument(f"unknown file kind {d.file}")
-        order = FILE_ORDER.index(d.file)
-        if order < self._position:
-            raise InvalidArgument(f"{pb.FileKind.Name(d.file)} data after {pb.FileKind.Name(FILE_ORDER[self._position])}"
-                                  f" (files must be sent in the contract's order)")
-        if self.sizes[d.file] is None:
-            raise InvalidArgument("TRANSACTION_INDEX data but no transaction index was declared")
-        self._position = order
-        self.received[d.file] += len(d.data)
-        if self.received[d.file] > self.sizes[d.file]:
-            raise InvalidArgument(f"{pb.FileKind.Name(d.file)}: more bytes than the declared {self.sizes[d.file]}")
-        return d
-
-    def log_pieces(self, size: int) -> Iterator[bytes]:
-        while self.received[pb.LOG] < self.log_size:
-            d = self._next()
-            if d is None:
-                raise FailedPrecondition(f"stream ended after {self.received[pb.LOG]} of {self.log_size} bytes of "
-                                         f"the .log file")
-            if d.file != pb.LOG:
-                raise FailedPrecondition(f"{pb.FileKind.Name(d.file)} data before the .log file was complete "
-                                         f"({self.received[pb.LOG]} of {self.log_size} bytes)")
-            yield d.data
-
-    def index_files(self) -> dict[str, bytes | None]:
-        bufs = {k: bytearray() for k in INDEX_OF_FILE}
-        while True:
-            d = self._next()
-            if d is None:
-                break
-            if d.file == pb.LOG:
-                raise InvalidArgument("more .log bytes than declared")
-            bufs[d.file] += d.data
-        out: dict[str, bytes | None] = {}
-        for kind, name in INDEX_OF_FILE.items():
-            declared = self.sizes[kind]
-            if declared is None:
-                out[name] = None
-                continue
-            if len(bufs[kind]) != declared:
-                raise FailedPrecondition(f"stream ended with {len(bufs[kind])} of {declared} bytes of "
-                                         f"{pb.FileKind.Name(kind)}")
-            out[name] = bytes(bufs[kind])
-        return out

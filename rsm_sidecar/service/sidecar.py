@@ -12,6 +12,7 @@ from rsm_sidecar.format import custom_metadata
 from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
 from rsm_sidecar.segment.journal import CopyJournal
+from rsm_sidecar.segment.locks import SegmentLocks
 from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
 from rsm_sidecar.service.metrics import Metrics
 from rsm_sidecar.storage.base import ObjectStore
@@ -57,13 +58,17 @@ class Sidecar:
                                on_cache_event=metrics.cache_event)
         for name, cache in (("manifest", reader.manifests), ("index", reader.indexes), ("chunk", reader.chunks)):
             metrics.track_cache(name, cache)
-        journal = CopyJournal(cfg["copy.journal_dir"], store) if cfg["copy.journal_dir"] else None
+        locks = SegmentLocks()
+        journal = CopyJournal(cfg["copy.journal_dir"], store, locks) if cfg["copy.journal_dir"] else None
         if journal is not None:
             metrics.track_journal(journal)
-        copier = SegmentCopier(store, layout, keyring, settings, transform_pool, journal)
+        copier = SegmentCopier(store, layout, keyring, settings, transform_pool, journal, locks,
+                               on_rewrite=reader.forget)
         return cls(cfg, store, layout, keyring, copier, reader, metrics, transform_pool, prefetch_pool)
 
     def close(self) -> None:
         self.prefetch_pool.shutdown(wait=False, cancel_futures=True)
         self.transform_pool.shutdown(wait=True, cancel_futures=True)
         self.store.close()
+        if self.copier.journal is not None:
+            self.copier.journal.close()
