@@ -53,13 +53,11 @@ def make_topic(workdir: Path, registry_url: str, records: int, partitions: int, 
     from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
     from rsm_sidecar.kafka.records import Header
     from rsm_sidecar.storage.factory import open_store
-    from rsm_sidecar.transform.keyring import Keyring, generate_key_pair
+    from rsm_sidecar.transform.keyring import Keyring, write_key_pair
 
     cfg_file = workdir / "sidecar.toml"
     if not (workdir / "k.pub").exists():
-        pub, priv = generate_key_pair(2048)
-        (workdir / "k.pub").write_bytes(pub)
-        (workdir / "k.priv").write_bytes(priv)
+        write_key_pair(workdir / "k.pub", workdir / "k.priv", 2048, overwrite=True)
         cfg_file.write_text(f"""
 [storage]
 backend = "local"

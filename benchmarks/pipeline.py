@@ -27,10 +27,10 @@ from benchmarks.synthetic import write_segment  # noqa: E402
 from rsm_sidecar.config import Config  # noqa: E402
 from rsm_sidecar.format.chunk_index import encode_sizes, encode_transformed_chunks  # noqa: E402
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata  # noqa: E402
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier, rechunk  # noqa: E402
+from rsm_sidecar.segment.copy import CopySettings, SegmentCopier  # noqa: E402
 from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader  # noqa: E402
 from rsm_sidecar.storage.local import LocalObjectStore  # noqa: E402
-from rsm_sidecar.transform.keyring import Keyring, generate_key_pair  # noqa: E402
+from rsm_sidecar.transform.keyring import Keyring, write_key_pair  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -49,6 +49,20 @@ def read_chunks(path: str, chunk: int):
     with open(path, "rb") as f:
         while data := f.read(chunk):
             yield data
+
+
+class FileSource:
+    """The segment file read in 1 MiB pieces, as path mode reads it; empty indexes."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.log_size = os.path.getsize(path)
+
+    def log_pieces(self, size: int):
+        return read_chunks(self.path, MiB)
+
+    def index_files(self):
+        return {"offset": b"", "timestamp": b"", "producerSnapshot": b"", "transaction": None}
 
 
 def main() -> None:
@@ -94,9 +108,7 @@ def main() -> None:
     print(f"zstd-3 compressed size: {ratio * 100:.1f}% of the original\n")
 
     # -- the pipeline ------------------------------------------------------------------
-    pub, priv = generate_key_pair(2048)
-    open(os.path.join(work, "k.pub"), "wb").write(pub)
-    open(os.path.join(work, "k.priv"), "wb").write(priv)
+    write_key_pair(os.path.join(work, "k.pub"), os.path.join(work, "k.priv"), 2048)
     keyring = Keyring.from_config(Config({"storage": {"local": {"root": work}}, "encryption": {
         "enabled": True, "active_key_id": "k",
         "keys": {"k": {"public_key_file": os.path.join(work, "k.pub"),
@@ -113,9 +125,7 @@ def main() -> None:
                                CopySettings(chunk_size=chunk, compression=compression, compression_heuristic=False,
                                             parallelism=args.parallelism), transform_pool)
         md = SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "bench", 0, f"B{n:021d}", 0, 1000, segment_size=size)
-        idx = lambda: {"offset": b"", "timestamp": b"", "producerSnapshot": b"", "leaderEpoch": b"0\n0\n",
-                       "transaction": None}
-        t = timed(lambda: copier.copy(md, rechunk(read_chunks(seg_path, MiB), chunk), size, idx))
+        t = timed(lambda: copier.copy(md, FileSource(seg_path), b"0\n0\n"))
         reader = SegmentReader(store, layout, keyring, ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0))
         seg = reader.open(md)
         stored = seg.manifest.stored_log_size

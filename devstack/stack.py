@@ -71,23 +71,24 @@ class LocalStack:
         return self.workdir / "keys"
 
     @property
+    def broker_log_dir(self) -> Path:
+        """The broker's `log.dirs`: the only directory the sidecar reads in path mode."""
+        return self.workdir / "kafka" / "data"
+
+    @property
     def sidecar_target(self) -> str:
         return f"unix://{self.socket_path}"
 
     # -- pieces -----------------------------------------------------------------------
     def _ensure_keys(self) -> None:
-        from rsm_sidecar.transform.keyring import generate_key_pair
+        from rsm_sidecar.transform.keyring import write_key_pair
 
         pub = self.keys_dir / f"{DEMO_KEY_ID}.public.pem"
         priv = self.keys_dir / f"{DEMO_KEY_ID}.private.pem"
         if pub.exists() and priv.exists():
             return
         self.keys_dir.mkdir(parents=True, exist_ok=True)
-        public, private = generate_key_pair(2048)
-        fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(private)
-        pub.write_bytes(public)
+        write_key_pair(pub, priv, 2048, overwrite=True)
 
     def sidecar_environment(self) -> dict[str, str]:
         env = {
@@ -95,7 +96,9 @@ class LocalStack:
             "RSM__METRICS__LISTEN": "",
             "RSM__STORAGE__BACKEND": self.storage,
             "RSM__COPY__JOURNAL_DIR": str(self.workdir / "journal"),
+            "RSM__COPY__ALLOWED_DIRS": str(self.broker_log_dir),
         }
+        self.broker_log_dir.mkdir(parents=True, exist_ok=True)
         env.update(self.storage_environment())
         if self.encryption:
             self._ensure_keys()
@@ -174,6 +177,7 @@ class LocalStack:
         shutil.copy2(SHIM_JAR, plugin / SHIM_JAR.name)
         props: dict[str, object] = dict(read_properties(CONFIG_DIR / "broker-tiered.properties", {
             "SHIM_DIR": str(plugin), "SIDECAR_TARGET": self.sidecar_target, "TRANSFER_MODE": self.transfer_mode}))
+        props["log.dirs"] = str(self.broker_log_dir)
         props.update(self.extra_broker_properties)
         return props
 

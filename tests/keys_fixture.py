@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rsm_sidecar.transform.keyring import generate_key_pair
+from rsm_sidecar.transform.keyring import write_key_pair
 
 
 @pytest.fixture(scope="session")
@@ -12,9 +12,7 @@ def rsa_keys(tmp_path_factory) -> dict[str, tuple[str, str]]:
     d = tmp_path_factory.mktemp("rsa-keys")
     out = {}
     for kid in ("A", "B"):
-        pub, priv = generate_key_pair(2048)
-        (d / f"{kid}.public.pem").write_bytes(pub)
-        (d / f"{kid}.private.pem").write_bytes(priv)
+        write_key_pair(d / f"{kid}.public.pem", d / f"{kid}.private.pem", 2048)
         out[kid] = (str(d / f"{kid}.public.pem"), str(d / f"{kid}.private.pem"))
     return out
 

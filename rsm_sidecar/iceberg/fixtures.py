@@ -22,7 +22,8 @@ from rsm_sidecar.kafka import AbortedTxn, ControlType, read_batches
 from rsm_sidecar.kafka.indexes import OffsetPosition, TimestampOffset, encode_offset_index, encode_time_index
 from rsm_sidecar.kafka.snapshot import ProducerSnapshotEntry, encode_producer_snapshot
 from rsm_sidecar.kafka.txnindex import encode_txn_index
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier, rechunk
+from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.base import ObjectStore
 from rsm_sidecar.transform.keyring import Keyring
 
@@ -101,7 +102,7 @@ class TieredWriter:
         md = SegmentMetadata(self.topic_id, self.topic, partition, segment_id or new_uuid(), start, end,
                              max_timestamp_ms=max_ts, broker_id=1, segment_size=len(data)).validate()
         copier = SegmentCopier(self.store, self.layout, self.keyring, self.settings, self._pool)
-        copier.copy(md, rechunk([data], self.settings.chunk_size), len(data), lambda: indexes)
+        copier.copy(md, BytesSource(data, indexes), indexes.pop("leaderEpoch"))
         return md
 
     def base_key(self, md: SegmentMetadata) -> str:

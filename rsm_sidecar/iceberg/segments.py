@@ -34,7 +34,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import pyarrow as pa
 
 from rsm_sidecar.errors import DataLoss, NotFound, RsmError
-from rsm_sidecar.format.keys import MANIFEST, KeyLayout
+from rsm_sidecar.format.keys import MANIFEST, KeyLayout, topic_component
 from rsm_sidecar.kafka import AbortedTxn, lookup_offset, read_batches, read_offset_index
 from rsm_sidecar.kafka.snapshot import parse_producer_snapshot
 from rsm_sidecar.kafka.txnindex import read_txn_index
@@ -65,11 +65,11 @@ class RemoteSegment:
 def list_topic_segments(store: ObjectStore, layout: KeyLayout, topic: str
                         ) -> dict[str, dict[int, list[RemoteSegment]]]:
     """``topic_id -> partition -> complete segments`` (manifest present), by start offset."""
-    prefix = layout.prefix if layout.hashed_prefix_chars else f"{layout.prefix}{topic}-"
+    prefix = layout.prefix if layout.hashed_prefix_chars else f"{layout.prefix}{topic_component(topic)}-"
     out: dict[str, dict[int, list[RemoteSegment]]] = {}
     for obj in store.list(prefix):
         parsed = layout.parse(obj.key)
-        if parsed is None or parsed.topic != topic or parsed.suffix != MANIFEST:
+        if parsed is None or not parsed.is_topic(topic) or parsed.suffix != MANIFEST:
             continue
         seg = RemoteSegment(parsed.base, parsed.topic, parsed.topic_id, parsed.partition,
                             parsed.start_offset, parsed.segment_id)

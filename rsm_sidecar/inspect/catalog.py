@@ -62,7 +62,7 @@ def list_prefix(layout: KeyLayout, topic: str | None) -> str:
     when None). With a hashed prefix the topic is not at the start of the key."""
     if topic is None or layout.hashed_prefix_chars:
         return layout.topic_list_prefix()
-    return f"{layout.prefix}{topic}-"
+    return f"{layout.prefix}{fkeys.topic_component(topic)}-"
 
 
 def scan(store: ObjectStore, layout: KeyLayout, topic: str | None = None, partition: int | None = None,
@@ -77,7 +77,7 @@ def scan(store: ObjectStore, layout: KeyLayout, topic: str | None = None, partit
             if strays and not filtering:
                 yield StrayObject(info)
             continue
-        if (topic is not None and parsed.topic != topic) or (partition is not None and parsed.partition != partition):
+        if (topic is not None and not parsed.is_topic(topic)) or (partition is not None and parsed.partition != partition):
             continue
         if current is not None and current.base != parsed.base:
             yield current

@@ -563,13 +563,11 @@ def test_health_check_script_against_a_real_sidecar(services, tmp_path):
     """docker/sidecar/healthcheck.py against `rsm-sidecar serve` started with
     config/sidecar.toml: SERVING while it runs, exit 1 once it is gone."""
     from devstack.sidecar import SidecarProcess
-    from rsm_sidecar.transform.keyring import generate_key_pair
+    from rsm_sidecar.transform.keyring import write_key_pair
 
     port = free_port()
     key_id = _sidecar_config(services["sidecar"])["encryption.active_key_id"]
-    pub, priv = generate_key_pair(2048)
-    (tmp_path / "pub.pem").write_bytes(pub)
-    (tmp_path / "priv.pem").write_bytes(priv)
+    write_key_pair(tmp_path / "pub.pem", tmp_path / "priv.pem", 2048)
     env = {"RSM__SERVER__LISTEN": f"127.0.0.1:{port}", "RSM__METRICS__LISTEN": "", "RSM__STORAGE__BACKEND": "local",
            "RSM__STORAGE__LOCAL__ROOT": str(tmp_path / "remote"),
            f"RSM__ENCRYPTION__KEYS__{key_id}__PUBLIC_KEY_FILE": str(tmp_path / "pub.pem"),
@@ -646,7 +644,7 @@ def test_sidecar_starts_with_the_compose_configuration(services, tmp_path):
 
     from devstack.s3server import SeaweedS3Server
     from devstack.sidecar import SidecarProcess
-    from rsm_sidecar.transform.keyring import generate_key_pair
+    from rsm_sidecar.transform.keyring import write_key_pair
 
     weed = services["seaweedfs"]
     flags = dict(a.lstrip("-").split("=", 1) for a in weed["command"] if a.startswith("-") and "=" in a)
@@ -662,9 +660,7 @@ def test_sidecar_starts_with_the_compose_configuration(services, tmp_path):
         key_id = _arg(services["keys-init"]["command"], "--id")
         local_keys = tmp_path / "keys"
         local_keys.mkdir()
-        pub, priv = generate_key_pair(2048)
-        (local_keys / f"{key_id}.public.pem").write_bytes(pub)
-        (local_keys / f"{key_id}.private.pem").write_bytes(priv)
+        write_key_pair(local_keys / f"{key_id}.public.pem", local_keys / f"{key_id}.private.pem", 2048)
         grpc_port, metrics_port = free_port(), free_port()
         moved = {f"http://seaweedfs:{flags['s3.port']}": s3.endpoint_url, keys_dir: str(local_keys)}
         env = {k: next((v.replace(a, b) for a, b in moved.items() if a in v), v) for k, v in env.items()}

@@ -21,7 +21,7 @@ from rsm_sidecar.kafka import ControlType
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch, build_control_batch
 from rsm_sidecar.kafka.records import Header
 from rsm_sidecar.storage.factory import open_store
-from rsm_sidecar.transform.keyring import Keyring, generate_key_pair
+from rsm_sidecar.transform.keyring import Keyring, write_key_pair
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000
@@ -47,9 +47,7 @@ class SyntheticTopic:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.topic = topic
         self.catalog_name = catalog_name or f"c{uuid.uuid4().hex[:8]}"
-        pub, priv = generate_key_pair(2048)
-        (self.workdir / "k1.pub").write_bytes(pub)
-        (self.workdir / "k1.priv").write_bytes(priv)
+        write_key_pair(self.workdir / "k1.pub", self.workdir / "k1.priv", 2048)
         self.config_file = self.workdir / "sidecar.toml"
         storage = storage_toml or (f'[storage]\nbackend = "local"\nkey_prefix = "tiered/"\n'
                                    f'[storage.local]\nroot = "{self.workdir / "remote"}"\n')

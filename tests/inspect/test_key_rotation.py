@@ -14,7 +14,7 @@ import time
 import pytest
 
 from rsm_sidecar.format.manifest import SegmentManifest
-from rsm_sidecar.transform.keyring import generate_key_pair
+from rsm_sidecar.transform.keyring import write_key_pair
 from tests.e2e.kafka_helpers import consume, create_topic, filler, produce, records
 from tests.e2e.scenarios import assert_same_records
 from tests.inspect.conftest import REPO
@@ -31,10 +31,7 @@ def key_files(tmp_path_factory) -> dict[str, dict[str, str]]:
     d = tmp_path_factory.mktemp("rotation-keys")
     out = {}
     for key_id in ("keyA", "keyB"):
-        public, private = generate_key_pair(2048)
-        (d / f"{key_id}.public.pem").write_bytes(public)
-        (d / f"{key_id}.private.pem").write_bytes(private)
-        os.chmod(d / f"{key_id}.private.pem", 0o600)
+        write_key_pair(d / f"{key_id}.public.pem", d / f"{key_id}.private.pem", 2048)
         out[key_id] = {f"RSM__ENCRYPTION__KEYS__{key_id}__PUBLIC_KEY_FILE": str(d / f"{key_id}.public.pem"),
                        f"RSM__ENCRYPTION__KEYS__{key_id}__PRIVATE_KEY_FILE": str(d / f"{key_id}.private.pem")}
     return out

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier, rechunk
+from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
 from rsm_sidecar.storage.local import LocalObjectStore
 from rsm_sidecar.transform.keyring import Keyring
@@ -40,6 +41,12 @@ def _indexes():
             "leaderEpoch": b"0\n1\n0 0\n", "transaction": None}
 
 
+def _source(original: bytes) -> BytesSource:
+    indexes = _indexes()
+    del indexes["leaderEpoch"]
+    return BytesSource(original, indexes)
+
+
 def segment_bytes(size: int, compressible: bool, seed: int) -> bytes:
     if compressible:
         base = (b"kafka record %d " % seed) * (size // 10 + 1)
@@ -64,11 +71,10 @@ def test_any_range_reads_back_the_original_bytes(env, size, compression, encrypt
     copier = SegmentCopier(store, layout, keyring if encryption else None,
                            CopySettings(chunk_size=CHUNK, compression=compression, compression_heuristic=False,
                                         parallelism=parallelism), POOL)
-    pieces = [original[i:i + 333] for i in range(0, size, 333)]
-    result = copier.copy(md, rechunk(pieces, CHUNK), size, _indexes)
+    result = copier.copy(md, _source(original), _indexes()["leaderEpoch"])
     assert result.manifest.compression == compression
     assert (result.manifest.encryption is not None) == encryption
-    reader = SegmentReader(store, layout, keyring,
+    reader = SegmentReader(store, layout, keyring if encryption else None,
                            ReaderSettings(chunk_cache_bytes=data.draw(st.sampled_from([0, 3 * CHUNK, 10**7])),
                                           max_range_bytes=data.draw(st.sampled_from([1024, 3000, 10**6])),
                                           prefetch_bytes=0))
@@ -92,6 +98,6 @@ def test_compressed_segment_is_smaller_and_index_is_compact(env):
     original = segment_bytes(size, True, 1)
     md = metadata(999_999, size)
     copier = SegmentCopier(store, KeyLayout("compact/"), None, CopySettings(chunk_size=CHUNK), POOL)
-    result = copier.copy(md, rechunk([original], CHUNK), size, _indexes)
+    result = copier.copy(md, _source(original), _indexes()["leaderEpoch"])
     assert result.manifest.compression and result.manifest.chunk_index.kind == "variable"
     assert result.manifest.stored_log_size < size / 5

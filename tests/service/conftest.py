@@ -34,7 +34,9 @@ def start_sidecar(tmp_path, rsa_keys):
         root = tmp_path / "remote"
         values = {"server": {"listen": "127.0.0.1:0", "shutdown_grace_seconds": 5},
                   "metrics": {"listen": ""}, "storage": {"local": {"root": str(root), "fsync": False}},
-                  "segment": {"chunk_size": 64 * 1024}}
+                  "segment": {"chunk_size": 64 * 1024},
+                  # the tests write their segment files under tmp_path, like a broker under log.dirs
+                  "copy": {"allowed_dirs": [str(tmp_path)]}}
         if encryption:
             values["encryption"] = encryption_config(rsa_keys, "A" if encryption is True else encryption, key_ids)
         for path, value in overrides.items():

@@ -83,6 +83,7 @@ chunk_size = "4MiB"
 compression_heuristic = false
 [copy]
 parallelism = 2
+allowed_dirs = ["{tmp_path}"]
 """)
     # Port 0: learn the port from the log line.
     proc = subprocess.Popen([sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(cfg)],

@@ -242,6 +242,7 @@ def test_segment_file_changing_during_path_copy_fails_and_leaves_nothing(start_s
 
 
 def test_path_mode_respects_allowed_dirs(start_sidecar, tmp_path):
+    (tmp_path / "kafka-logs").mkdir()
     sc = start_sidecar(copy__allowed_dirs=[str(tmp_path / "kafka-logs")])
     files = SegmentFilesOnDisk(str(tmp_path / "elsewhere"), os.urandom(1000))
     with pytest.raises(grpc.RpcError) as e:
@@ -388,6 +389,7 @@ def test_delete_removes_the_manifest_first(start_sidecar, tmp_path):
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(10 * KiB))
     md = metadata(seg_id(19), size=10 * KiB)
     sc.client.copy(files.stream_requests(md))
+    store.deleted.clear()  # a copy first removes any manifest an earlier attempt of the same id left
     sc.client.delete(md)
     assert store.deleted[0].endswith(".rsm-manifest")
     assert sorted(k.rsplit(".", 1)[1] for k in store.deleted) == ["indexes", "log", "rsm-manifest"]
@@ -414,8 +416,8 @@ def test_metrics_are_served_over_http(start_sidecar, tmp_path):
 
 
 class OutageStore(LocalObjectStore):
-    """A local store that can be switched into an outage: writes of manifests and every
-    delete fail, as when object storage goes away in the middle of a copy. (The local
+    """A local store that can be switched into an outage: writes of manifests and deletes
+    of data objects fail, as when object storage goes away in the middle of a copy. (The local
     filesystem cannot be made unavailable for one process; the e2e tests make the storage
     directory unwritable and kill the sidecar for real.)"""
 
@@ -429,7 +431,9 @@ class OutageStore(LocalObjectStore):
         super().put(key, data)
 
     def delete(self, key):
-        if self.down:
+        # a copy first removes an earlier attempt's manifest (absent here); the outage
+        # starts after that, so the data objects it writes can no longer be deleted
+        if self.down and not key.endswith(".rsm-manifest"):
             from rsm_sidecar.storage.base import StorageUnavailable
 
             raise StorageUnavailable(f"injected outage deleting {key}")
@@ -464,7 +468,9 @@ def test_leftovers_of_a_killed_copy_are_removed_at_start_up(start_sidecar, tmp_p
     store = LocalObjectStore(root, fsync=False)
     # what a process killed between writing the data and the manifest leaves behind
     base = "tiered/orders-MWJ6FHTfRYy67jzwZdeqSQ/0/00000000000000000000-S000000000000000000031"
-    CopyJournal(journal_dir, store).begin(base)
+    killed = CopyJournal(journal_dir, store)
+    killed.begin(base, "0" * 32)
+    killed.close()  # the killed process's lock ends with it
     store.put(base + ".log", b"partial data")
     store.put(base + ".indexes", b"partial indexes")
     sc = start_sidecar(store=store, copy__journal_dir=str(journal_dir))

@@ -10,7 +10,7 @@ import pytest
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError, DataLoss, FailedPrecondition
 from rsm_sidecar.transform.chunks import ChunkCodec
-from rsm_sidecar.transform.keyring import Keyring, generate_key_pair
+from rsm_sidecar.transform.keyring import Keyring, write_key_pair
 from tests.helpers import REPO, cache_dir, require_file
 
 
@@ -19,9 +19,7 @@ def key_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys")
     out = {}
     for kid in ("A", "B"):
-        pub, priv = generate_key_pair(2048)
-        (d / f"{kid}.pub.pem").write_bytes(pub)
-        (d / f"{kid}.priv.pem").write_bytes(priv)
+        write_key_pair(d / f"{kid}.pub.pem", d / f"{kid}.priv.pem", 2048)
         out[kid] = (str(d / f"{kid}.pub.pem"), str(d / f"{kid}.priv.pem"))
     return out
 
