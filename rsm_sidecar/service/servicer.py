@@ -63,7 +63,9 @@ def _metadata(m: pb.SegmentMetadata) -> fkeys.SegmentMetadata:
 def _abort(context: grpc.ServicerContext, op: str, metrics, err: BaseException) -> None:
     if isinstance(err, RsmError):
         code, msg = err.grpc_code, str(err)
-        level = logging.INFO if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED) else logging.WARNING
+        # a missing segment and a reader that went away are routine; a copy that did not finish is not
+        routine = code == grpc.StatusCode.NOT_FOUND or (code == grpc.StatusCode.CANCELLED and op != "copy")
+        level = logging.INFO if routine else logging.WARNING
         log.log(level, "%s failed: %s %s", op, code.name, msg, extra={"fields": {"op": op, "status": code.name}})
     else:
         code, msg = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
@@ -175,11 +177,13 @@ class RemoteStorageServicer:
                 begin = first.begin
                 md = _metadata(begin.metadata)
                 return self._copy(md, begin, messages, context, watch)
-            except Exception:
+            except Exception as e:
+                what = f"copy of {md.describe}" if md else "copy"
                 if watch.expired:
-                    what = f"copy of {md.describe}" if md else "copy"
                     raise DeadlineExceeded(f"{what}: no progress for {self.copy_idle:g} s "
                                            f"(copy.idle_timeout_seconds); the copy was abandoned") from None
+                if isinstance(e, Cancelled) and md and md.describe not in str(e):
+                    raise Cancelled(f"{what}: {e}") from None
                 raise
 
     @staticmethod
