@@ -6,6 +6,8 @@ import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
 import io.grpc.TlsChannelCredentials;
+import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
+import io.grpc.netty.shaded.io.netty.channel.ChannelOption;
 import java.io.IOException;
 
 /**
@@ -23,6 +25,12 @@ interface ChannelFactory {
      */
     ChannelFactory NETTY = config -> {
         ManagedChannelBuilder<?> builder = Grpc.newChannelBuilder(config.grpcTarget(), credentials(config));
+        if (config.isUnixSocket()) {
+            // grpc's netty transport sets SO_KEEPALIVE on every connection; a Unix domain socket has
+            // no such option, so netty warns once per connection attempt (a line a second while the
+            // sidecar is down). A null value removes the option before netty applies it.
+            ((NettyChannelBuilder) builder).withOption(ChannelOption.SO_KEEPALIVE, null);
+        }
         if (!config.tlsAuthorityOverride().isEmpty()) {
             builder.overrideAuthority(config.tlsAuthorityOverride());
         }
