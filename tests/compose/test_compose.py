@@ -662,10 +662,15 @@ def test_sidecar_starts_with_the_compose_configuration(services, tmp_path):
         local_keys.mkdir()
         write_key_pair(local_keys / f"{key_id}.public.pem", local_keys / f"{key_id}.private.pem", 2048)
         grpc_port, metrics_port = free_port(), free_port()
-        moved = {f"http://seaweedfs:{flags['s3.port']}": s3.endpoint_url, keys_dir: str(local_keys)}
+        log_dirs = tmp_path / "kafka-data"
+        log_dirs.mkdir()
+        moved = {f"http://seaweedfs:{flags['s3.port']}": s3.endpoint_url, keys_dir: str(local_keys),
+                 env["RSM__COPY__ALLOWED_DIRS"]: str(log_dirs)}
         env = {k: next((v.replace(a, b) for a, b in moved.items() if a in v), v) for k, v in env.items()}
-        env["RSM__SERVER__LISTEN"] = f"127.0.0.1:{grpc_port}"
-        env["RSM__METRICS__LISTEN"] = f"127.0.0.1:{metrics_port}"
+        # the compose hosts (0.0.0.0: the broker reaches the sidecar over the compose network)
+        # with free ports: the sidecar must accept that listen address as configured
+        env["RSM__SERVER__LISTEN"] = env["RSM__SERVER__LISTEN"].rsplit(":", 1)[0] + f":{grpc_port}"
+        env["RSM__METRICS__LISTEN"] = env["RSM__METRICS__LISTEN"].rsplit(":", 1)[0] + f":{metrics_port}"
         assert not any("seaweedfs:" in v or v.startswith("/etc/rsm-sidecar") for v in env.values())
         sidecar = SidecarProcess(SIDECAR_TOML, tmp_path, env, f"127.0.0.1:{grpc_port}")
         sidecar.start()
