@@ -176,7 +176,8 @@ CONFIG_KEYS = [
     # -- copy ---------------------------------------------------------------------
     Key("copy.parallelism", "int", 2, "Chunks of one segment transformed concurrently.", min=1, max=64),
     Key("copy.max_concurrent", "int", 16,
-        "Copies processed at once; further copies wait. Memory per copy is about "
+        "Copies processed at once; a further copy is answered RESOURCE_EXHAUSTED at once (the broker retries "
+        "it at its next copy interval). Memory per copy is about "
         "(copy.parallelism + 2) x chunk size plus the storage upload buffer.", min=1, max=256),
     Key("copy.journal_dir", "path", None,
         "Directory (local disk) where each copy records the keys it is writing until it completes; what a "
@@ -185,7 +186,7 @@ CONFIG_KEYS = [
     Key("copy.journal_sweep_seconds", "seconds", 60.0,
         "How often leftovers of interrupted copies are looked for while the sidecar runs.", min=1),
     Key("copy.allowed_dirs", "list", [],
-        "Path transfer mode: the broker's log directories (`log.dirs`); only regular files under them are read. "
+        "Path transfer mode: the broker's log directories (log.dirs); only regular files under them are read. "
         "Empty: path transfer mode is disabled (copies must use stream mode). Each entry must be an existing "
         "absolute directory other than `/`."),
     Key("copy.idle_timeout_seconds", "seconds", 60.0,
