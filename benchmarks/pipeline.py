@@ -126,7 +126,8 @@ def main() -> None:
                                             parallelism=args.parallelism), transform_pool)
         md = SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "bench", 0, f"B{n:021d}", 0, 1000, segment_size=size)
         t = timed(lambda: copier.copy(md, FileSource(seg_path), b"0\n0\n"))
-        reader = SegmentReader(store, layout, keyring, ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0))
+        reader = SegmentReader(store, layout, keyring if encryption else None,
+                               ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0))
         seg = reader.open(md)
         stored = seg.manifest.stored_log_size
         tf = timed(lambda: [None for _ in reader.read(seg, 0, size - 1)])

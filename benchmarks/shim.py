@@ -199,6 +199,7 @@ def main() -> None:
     size = log_path.stat().st_size
 
     extra_env = dict(kv.split("=", 1) for kv in args.sidecar_env)
+    extra_env.setdefault("RSM__COPY__ALLOWED_DIRS", str(seg_dir))  # path mode reads the segment from here
     stack = LocalStack(work / "stack", sidecar_env=extra_env)
     stack.start_storage()
     cfg_path, env = stack.sidecar_config_env()

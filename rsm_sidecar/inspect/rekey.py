@@ -11,7 +11,8 @@ the DEK and the AAD do not change.
 * Resumable: there is no state besides the manifests; killed at any point, a rerun
   skips what was done and finishes the rest.
 * Preserving: the new manifest is ``SegmentManifest.to_bytes`` of the old one with only
-  ``encryption.dataKey`` changed. Before writing, the new bytes are parsed back and
+  ``encryption.dataKey`` changed (the authenticator does not cover the wrapped key, so it
+  stays valid and is verified after the write). Before writing, the new bytes are parsed back and
   compared field by field with the old manifest; a manifest written by rsm-sidecar must
   also re-serialise to exactly its old bytes (otherwise it holds something this version
   would drop, and it is left alone). The new manifest is read back and unwrapped after
@@ -33,6 +34,7 @@ from rsm_sidecar.inspect import catalog
 from rsm_sidecar.inspect.catalog import SegmentObjects
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.parallel import ordered_map
+from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.keyring import Keyring
 
 REKEYED, WOULD_REKEY, SKIPPED, ERROR = "rekeyed", "would-rekey", "skipped", "error"
@@ -53,7 +55,8 @@ class RekeyOutcome:
 
 def _preserved(old: SegmentManifest, new: SegmentManifest) -> list[str]:
     """Members that differ other than the wrapped key."""
-    diffs = [name for name in ("chunk_index", "indexes", "compression", "segment", "chunk_crcs", "index_crcs")
+    diffs = [name for name in ("chunk_index", "indexes", "compression", "segment", "chunk_crcs", "index_crcs",
+                               "attempt", "chunk_tags", "index_tags", "auth")
              if getattr(old, name) != getattr(new, name)]
     if old.writer is not None and old.writer != new.writer:
         diffs.append("writer")
@@ -109,6 +112,8 @@ def rekey_segment(ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dr
                                                         manifest_key) != data_key:
             out.detail = f"{manifest_key}: read-back after the rewrite does not unwrap to the same data key"
             return out
+        if written.auth is not None:  # the authenticator does not cover the wrapped key: still valid
+            authentication.verify(written, data_key, manifest_key)
         out.action = REKEYED
         return out
     except RsmError as e:

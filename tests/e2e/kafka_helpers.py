@@ -171,3 +171,18 @@ def consume_until_idle(bootstrap: str, topic: str, start: int, idle: float = 8.0
         return out
     finally:
         c.close()
+
+
+def sealed_manifest(stack, manifest) -> bytes:
+    """``manifest`` serialised with its authenticator recomputed under the stack's keys:
+    what the sidecar itself writes (tests use it to plant segments a key holder made)."""
+    from rsm_sidecar.config import Config
+    from rsm_sidecar.transform import authentication
+    from rsm_sidecar.transform.keyring import Keyring
+
+    if manifest.encryption is not None:
+        cfg, env = stack.sidecar_config_env()
+        keyring = Keyring.from_config(Config.load(cfg, environ=env))
+        data_key = keyring.unwrap(manifest.encryption.key_id, manifest.encryption.wrapped_key)
+        manifest.auth = authentication.authenticator(manifest, data_key)
+    return manifest.to_bytes()

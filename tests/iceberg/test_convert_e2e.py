@@ -29,7 +29,8 @@ from rsm_sidecar.iceberg.schema_registry import RegistryUnavailable
 from rsm_sidecar.iceberg.settings import JobSettings
 from rsm_sidecar.iceberg.catalogs import CatalogSpec
 
-from tests.e2e.kafka_helpers import (Rec, consume, create_topic, filler, produce, remote_segments,
+from rsm_sidecar.format.manifest import SegmentManifest
+from tests.e2e.kafka_helpers import (Rec, consume, create_topic, filler, produce, remote_segments, sealed_manifest,
                                      wait_tiered)
 from tests.iceberg.test_registry import proto_ser
 
@@ -266,9 +267,14 @@ def test_raw_log_append_time_topic_and_reuploaded_segments(stack, spark, lake, t
     # the broker re-uploads a segment under a new segment id (failed copy, leader change):
     store_root = stack.remote_root
     base = sorted(b for b, s in remote_segments(stack.object_store(), topic).items())[0]
-    new_base = base[: -22] + new_uuid()
-    for suffix in ("log", "indexes", "rsm-manifest"):
+    new_id = new_uuid()
+    new_base = base[: -22] + new_id
+    for suffix in ("log", "indexes"):
         shutil.copyfile(store_root / f"{base}.{suffix}", store_root / f"{new_base}.{suffix}")
+    # the same bytes under a new id, with the manifest the sidecar writes for that id
+    manifest = SegmentManifest.from_bytes((store_root / f"{base}.rsm-manifest").read_bytes())
+    manifest.segment["remoteLogSegmentId"]["id"] = new_id
+    (store_root / f"{new_base}.rsm-manifest").write_bytes(sealed_manifest(stack, manifest))
     assert run(stack, spark, lake, topic).records == 0
     fresh = run(stack, spark, lake, topic, **{"iceberg.table": "raw_fresh"})
     assert fresh.records == res.records

@@ -20,7 +20,8 @@ from devstack.kafka import KafkaDistribution
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.manifest import EncryptionInfo, SegmentManifest
 from rsm_sidecar.transform.keyring import KeyPair, Keyring, generate_key_pair
-from tests.e2e.kafka_helpers import SEGMENT_BYTES, Rec, create_topic, filler, produce, records, remote_segments
+from tests.e2e.kafka_helpers import (SEGMENT_BYTES, Rec, create_topic, filler, produce, records, remote_segments,
+                                     sealed_manifest)
 from tests.inspect.tiering import (field_bytes, flip_byte, object_path, produce_transactions, restored,
                                    segment_bases, wait_all_tiered)
 
@@ -331,15 +332,18 @@ def test_verify_checks_indexes_against_the_data(inspect_cli, stack, store, data)
     old = store.get(base + ".indexes")
     stored = bytearray()
     ranges = {}
+    tags = {}
     for name in INDEX_NAMES:
         r = m.indexes[name]
         piece = codec.encrypt_only(pieces[name]) if name in pieces else old[r.position:r.position + r.size]
         ranges[name] = IndexRange(len(stored), len(piece))
+        tags[name] = bytes(piece[-16:])
         stored += piece
     with restored(stack, base + ".indexes", base + ".rsm-manifest"):
         store.put(base + ".indexes", bytes(stored))
         m.indexes = ranges
-        store.put(base + ".rsm-manifest", m.to_bytes())
+        m.index_tags = tags  # written by a key holder: authentic, but the indexes are wrong
+        store.put(base + ".rsm-manifest", sealed_manifest(stack, m))
         report = inspect_cli("verify", base[-22:], "--json").expect(1).json()["segments"][0]
         problems = "\n".join(report["problems"])
         assert f"offset index entry {start + 3} @ 17 does not point at a batch start" in problems

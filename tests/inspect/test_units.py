@@ -20,6 +20,7 @@ from rsm_sidecar.inspect.output import JsonStream
 from rsm_sidecar.inspect.remote_file import RemoteSegmentFile
 from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
 from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.local import LocalObjectStore
 
 
@@ -78,9 +79,8 @@ def _copy(store, layout, md, data: bytes, chunk: int) -> None:
                             parallelism=2, custom_metadata_fields=())
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
         SegmentCopier(store, layout, None, settings, ex).copy(
-            md, iter([data[i:i + chunk] for i in range(0, len(data), chunk)]), len(data),
-            lambda: {"offset": b"", "timestamp": b"", "producerSnapshot": b"", "leaderEpoch": b"0\n0\n",
-                     "transaction": None})
+            md, BytesSource(data, {"offset": b"", "timestamp": b"", "producerSnapshot": b"", "transaction": None}),
+            b"0\n0\n")
 
 
 def test_remote_file_reads_and_seeks_across_chunks(tmp_path):

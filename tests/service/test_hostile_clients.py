@@ -225,3 +225,34 @@ def test_a_client_that_disconnects_mid_copy_is_one_warning_without_traceback(sta
         [(r.levelname, r.getMessage()) for r in problems]
     assert any(seg_id(60) in r.getMessage() for r in problems)
     assert sc.objects() == [] and sc.sidecar.copier.journal.pending() == []
+
+
+def test_a_temp_file_that_cannot_be_removed_does_not_hide_the_real_error(start_sidecar, tmp_path, caplog,
+                                                                         monkeypatch):
+    """The copy fails for a reason of its own (the client sends fewer bytes than it
+    declared) and removing the aborted upload's temp file fails too. A filesystem cannot be
+    made to refuse one unlink to root, so os.unlink is replaced for this test only."""
+    import rsm_sidecar.storage.local as local
+
+    real_unlink = os.unlink
+
+    def failing_unlink(path, *a, **kw):
+        if str(path).endswith(".part"):
+            raise OSError(5, "Input/output error")
+        return real_unlink(path, *a, **kw)
+
+    sc = start_sidecar()
+    files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(300 * KiB))
+    md = metadata(seg_id(61), size=400 * KiB)  # declares more than it sends
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(local.os, "unlink", failing_unlink)
+    reqs = list(files.stream_requests(md))
+    reqs[0].begin.files.log_size = 400 * KiB
+    e = _err(lambda: sc.client.copy(iter(reqs)))
+    monkeypatch.setattr(local.os, "unlink", real_unlink)
+    assert e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT), e.details()
+    assert "307200 of 409600 bytes" in e.details(), e.details()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert any("could not remove the temp file" in r.getMessage() and r.levelno == logging.WARNING
+               for r in caplog.records)
+    assert sc.store.remove_leftovers() == 1  # the periodic sweep removes it later
