@@ -217,7 +217,9 @@ CONFIG_KEYS = [
         "Sequential prefetch: after a fetch reads a chunk, the next chunks up to this many original bytes "
         "are loaded into the chunk cache in the background; 0 disables.", min=0),
     Key("fetch.max_range_bytes", "size", 8 * MiB,
-        "Largest single ranged GET a fetch issues; contiguous chunks up to this size are read in one request.",
+        "Largest single ranged GET a fetch issues; contiguous chunks up to this size are read in one request. "
+        "Each fetch stream and each of the 4 prefetch threads holds at most one such range in memory "
+        "(docs/operations.md, Memory).",
         min=1024),
     Key("fetch.max_concurrent", "int", 32,
         "Fetch and index streams served at once; further ones are refused with RESOURCE_EXHAUSTED (the broker "

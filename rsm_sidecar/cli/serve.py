@@ -13,11 +13,14 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def limit_malloc_arenas(arenas: int = 4) -> None:
-    """glibc gives every thread that allocates its own malloc arena; with gRPC and
-    transform threads handing multi-MiB buffers to each other that fragments memory
-    (a 1 GiB stream-mode copy grew RSS by 56 MiB with the default, 33 MiB with 2-4
-    arenas). Same effect as MALLOC_ARENA_MAX; must run before threads start."""
+def limit_malloc_arenas(arenas: int = 1) -> None:
+    """glibc gives every thread that allocates its own malloc arena; with gRPC, transform
+    and prefetch threads handing multi-MiB buffers to each other, each arena keeps its own
+    high-water mark of freed chunks (a 1 GiB stream-mode copy grew RSS by 56 MiB with the
+    default, 33-44 MiB with 4 arenas, 36 MiB with one; six concurrent fetch streams with a
+    64 MiB chunk cache grew it by 160 MiB with 4 arenas, 108-122 MiB with one, at the same
+    throughput: tests/service/test_resources.py). Same effect as MALLOC_ARENA_MAX; must run
+    before threads start."""
     import ctypes
     import ctypes.util
 

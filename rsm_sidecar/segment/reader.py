@@ -15,6 +15,7 @@ iteration (a cancelled fetch) stops further downloads except prefetches in fligh
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -241,9 +242,14 @@ class SegmentReader:
                 hi = min(end - chunk.original_position + 1, chunk.original_size)
                 self._schedule_prefetch(seg, chunk.id)
                 if lo == 0 and hi == len(data):
-                    yield data
+                    piece = data
                 else:
-                    yield memoryview(data)[lo:hi] if views else data[lo:hi]
+                    piece = memoryview(data)[lo:hi] if views else data[lo:hi]
+                # Hold no chunk while the next one is fetched and decoded: one the cache
+                # evicted would otherwise stay in memory outside its accounting.
+                del data
+                yield piece
+                del piece
                 i += 1
 
     def _chunks_from(self, seg: OpenSegment, chunks: list[Chunk], i: int) -> Iterator[bytes]:
@@ -303,6 +309,7 @@ class SegmentReader:
                 plain = self._decode_chunk(seg, key, c, stored, first.transformed_position)
                 decoded += 1
                 yield plain
+                del plain  # not held while the next chunk is decoded
         except GeneratorExit:
             for c in run[decoded:]:
                 try:
@@ -318,7 +325,9 @@ class SegmentReader:
     def _decode_chunk(self, seg: OpenSegment, key: str, c: Chunk, stored: bytes, base: int) -> bytes:
         crcs = seg.manifest.chunk_crcs
         tags = seg.manifest.chunk_tags
-        piece = stored[c.transformed_position - base: c.transformed_end - base]
+        lo, hi = c.transformed_position - base, c.transformed_end - base
+        # a chunk of a longer run is a view into the run (no copy); decode returns its own bytes
+        piece = stored if lo == 0 and hi == len(stored) else memoryview(stored)[lo:hi]
         where = f"{key} chunk {c.id}"
         if tags is not None and seg.codec.encrypted and piece[-TAG_BYTES:] != tags[c.id]:
             raise DataLoss(f"{where}: the stored chunk is not the one written at this position (chunks swapped or "
@@ -354,8 +363,7 @@ class SegmentReader:
             claimed, _ = self._loading.claim([seg.cache_key(c.id) for c in run])
             if claimed:
                 try:
-                    for _ in self._load_run(seg, run[: len(claimed)]):
-                        pass
+                    collections.deque(self._load_run(seg, run[: len(claimed)]), maxlen=0)  # keeps no chunk
                 except Exception as e:  # the reader that needs the chunk will report it
                     log.debug("prefetch of %s failed: %s", seg.base, e)
                     return

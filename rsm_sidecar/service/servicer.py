@@ -132,6 +132,26 @@ def _pieces(data) -> Iterator:
         yield data[i:i + MAX_MESSAGE_BYTES]
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_fetch_response(data) -> bytes:
+    """A serialized ``FetchSegmentResponse{data}``, built from a piece (bytes or a view into
+    a cached chunk) with one copy; a message object and its serialization would copy it
+    twice more per message."""
+    return b"\x0a" + _varint(len(data)) + data if len(data) else b""
+
+
+def _pre_encoded(message: bytes) -> bytes:
+    return message
+
+
 class RemoteStorageServicer:
     def __init__(self, sidecar: Sidecar):
         self.sidecar = sidecar
@@ -151,8 +171,7 @@ class RemoteStorageServicer:
                 self.CopySegment, _lenient(pb.CopySegmentRequest.FromString),
                 pb.CopySegmentResponse.SerializeToString),
             "FetchSegment": grpc.unary_stream_rpc_method_handler(
-                self.FetchSegment, _lenient(pb.FetchSegmentRequest.FromString),
-                pb.FetchSegmentResponse.SerializeToString),
+                self.FetchSegment, _lenient(pb.FetchSegmentRequest.FromString), _pre_encoded),
             "FetchIndex": grpc.unary_stream_rpc_method_handler(
                 self.FetchIndex, _lenient(pb.FetchIndexRequest.FromString), pb.FetchIndexResponse.SerializeToString),
             "DeleteSegment": grpc.unary_unary_rpc_method_handler(
@@ -271,8 +290,9 @@ class RemoteStorageServicer:
             for piece in reader.read(seg, start, min(end, size - 1), views=True):
                 for msg in _pieces(memoryview(piece)):
                     served.inc(len(msg))
-                    yield pb.FetchSegmentResponse(data=bytes(msg))
+                    yield encode_fetch_response(msg)
                     watch.touch()
+                msg = piece = None  # not held while the reader fetches the next chunk
 
     @streaming("fetch_index")
     def FetchIndex(self, request, context):

@@ -19,8 +19,17 @@ TAG_BYTES = 16
 GCM_OVERHEAD = IV_BYTES + TAG_BYTES
 
 
+#: a memoryview is checksummed in pieces of this size (google_crc32c takes only bytes)
+CRC_PIECE_BYTES = 1024 * 1024
+
+
 def crc32c(data) -> int:
-    return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+    if not isinstance(data, memoryview):
+        return google_crc32c.value(data)
+    crc = 0
+    for i in range(0, len(data), CRC_PIECE_BYTES):
+        crc = google_crc32c.extend(crc, bytes(data[i:i + CRC_PIECE_BYTES]))
+    return crc
 
 
 class ChunkCodec:
@@ -77,14 +86,16 @@ class ChunkCodec:
         if len(stored) < GCM_OVERHEAD:
             raise DataLoss(f"{where}: {len(stored)} bytes is too short for an encrypted index")
         try:
-            return self._aes.decrypt(stored[:IV_BYTES], stored[IV_BYTES:], self.aad)
+            view = memoryview(stored)  # no copy of the ciphertext
+            return self._aes.decrypt(view[:IV_BYTES], view[IV_BYTES:], self.aad)
         except InvalidTag:
             raise DataLoss(f"{where}: authentication failed (AES-GCM tag mismatch) - corrupt data "
                            f"or a data key that does not belong to this segment") from None
 
     def decode(self, stored: bytes, original_size: int, where: str, crc: int | None = None) -> bytes:
-        """Verify and undo the transforms of one stored chunk. ``where`` names the object
-        and chunk in errors."""
+        """Verify and undo the transforms of one stored chunk (``bytes`` or a memoryview
+        into a downloaded run; the result is always ``bytes`` of its own, never a view that
+        would keep the run alive). ``where`` names the object and chunk in errors."""
         if crc is not None and crc32c(stored) != crc:
             raise DataLoss(f"{where}: checksum mismatch (CRC32C) - stored bytes are corrupt")
         data = stored
@@ -92,7 +103,8 @@ class ChunkCodec:
             if len(data) < GCM_OVERHEAD:
                 raise DataLoss(f"{where}: {len(data)} bytes is too short for an encrypted chunk")
             try:
-                data = self._aes.decrypt(data[:IV_BYTES], data[IV_BYTES:], self.aad)
+                view = memoryview(data)  # no copy of the ciphertext
+                data = self._aes.decrypt(view[:IV_BYTES], view[IV_BYTES:], self.aad)
             except InvalidTag:
                 raise DataLoss(f"{where}: authentication failed (AES-GCM tag mismatch) - corrupt data "
                                f"or a data key that does not belong to this segment") from None
@@ -103,4 +115,4 @@ class ChunkCodec:
                 raise DataLoss(f"{where}: zstd frame is corrupt: {e}") from None
         if len(data) != original_size:
             raise DataLoss(f"{where}: decoded to {len(data)} bytes, expected {original_size}")
-        return data
+        return bytes(data) if isinstance(data, memoryview) else data

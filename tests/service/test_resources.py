@@ -3,7 +3,9 @@ sidecar's memory while it copies a 1 GiB segment."""
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -64,6 +66,63 @@ def _rss_tree(proc: psutil.Process) -> int:
     return proc.memory_info().rss
 
 
+class SidecarProcess:
+    """``rsm-sidecar serve`` as its own process (as in production) with the given config
+    file; port 0, learnt from the start-up log line."""
+
+    def __init__(self, cfg_path):
+        self.proc = subprocess.Popen([sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(cfg_path)],
+                                     stderr=subprocess.PIPE, text=True)
+        address = None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and address is None:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            if '"listen"' in line:
+                address = json.loads(line)["listen"]
+        if not address:
+            self.stop()
+            raise AssertionError("sidecar did not start")
+        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
+        self.client = Client(address)
+        self.ps = psutil.Process(self.proc.pid)
+
+    def rss(self) -> int:
+        return _rss_tree(self.ps)
+
+    def stop(self) -> None:
+        if getattr(self, "client", None) is not None:
+            self.client.close()
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+class PeakRss:
+    """Samples a process's RSS every 20 ms while the ``with`` block runs."""
+
+    def __init__(self, sidecar: SidecarProcess):
+        self.sidecar = sidecar
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample)
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.sidecar.rss())
+            time.sleep(0.02)
+
+    def __enter__(self) -> "PeakRss":
+        self.peak = self.sidecar.rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.sidecar.rss())
+
+
 @pytest.mark.slow
 def test_copying_a_1_gib_segment_keeps_memory_bounded(tmp_path):
     """The sidecar runs as its own process (as in production); its RSS is sampled every
@@ -85,21 +144,9 @@ compression_heuristic = false
 parallelism = 2
 allowed_dirs = ["{tmp_path}"]
 """)
-    # Port 0: learn the port from the log line.
-    proc = subprocess.Popen([sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(cfg)],
-                            stderr=subprocess.PIPE, text=True)
+    sidecar = SidecarProcess(cfg)
     try:
-        address = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and address is None:
-            line = proc.stderr.readline()
-            if '"listen"' in line:
-                import json
-                address = json.loads(line)["listen"]
-        assert address, "sidecar did not start"
-        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-        client = Client(address)
-        ps = psutil.Process(proc.pid)
+        client, ps = sidecar.client, sidecar.ps
         files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=1024 * MiB, txn=False)
         results = {}
         for mode in ("path", "stream"):
@@ -127,7 +174,121 @@ allowed_dirs = ["{tmp_path}"]
                   f"{1024 / elapsed:.0f} MiB/s, {stored / MiB:.0f} MiB stored")
         for mode, (growth, _, _, _) in results.items():
             assert growth <= 64 * MiB, f"{mode} mode grew RSS by {growth / MiB:.1f} MiB"
-        client.close()
     finally:
-        proc.terminate()
-        proc.wait(30)
+        sidecar.stop()
+
+
+def documented_memory_bound(base: int, readers: int, *, manifest_cache: int, index_cache: int, chunk_cache: int,
+                            prefetch: int, max_range: int, chunk: int, max_concurrent: int,
+                            prefetch_threads: int = 4) -> int:
+    """docs/operations.md "Memory" for a sidecar that only serves fetches: base + caches +
+    per concurrent fetch (one ranged GET, one decoded chunk outside the cache, two 1 MiB
+    messages) + the prefetch threads' downloads in flight."""
+    caches = manifest_cache + index_cache + chunk_cache
+    fetches = min(readers, max_concurrent) * (max(max_range, chunk) + chunk + 2 * MiB)
+    prefetching = prefetch_threads * (max(max_range, chunk) + chunk) if prefetch > 0 and chunk_cache > 0 else 0
+    return base + caches + fetches + prefetching
+
+
+@pytest.mark.slow
+def test_concurrent_readers_stay_within_the_documented_memory_bound(tmp_path, rsa_keys):
+    """1, 3 and 6 concurrent remote readers (whole-segment streams, then random ranges) of
+    encrypted 256 MiB segments, against the real sidecar process with small caches; its
+    RSS, sampled every 20 ms, stays under the bound docs/operations.md gives for this
+    configuration, with the idle RSS of the freshly started process as the base."""
+    chunk, chunk_cache, prefetch, max_range = 4 * MiB, 64 * MiB, 16 * MiB, 8 * MiB
+    manifest_cache = index_cache = MiB
+    max_concurrent, segment_size, segments = 32, 256 * MiB, 4
+    public, private = rsa_keys["A"]
+    cfg = tmp_path / "sidecar.toml"
+    cfg.write_text(f"""
+[server]
+listen = "127.0.0.1:0"
+[metrics]
+listen = ""
+[storage.local]
+root = "{tmp_path / 'remote'}"
+fsync = false
+[segment]
+chunk_size = {chunk}
+compression_heuristic = false
+[copy]
+allowed_dirs = ["{tmp_path}"]
+[cache]
+manifest_bytes = {manifest_cache}
+index_bytes = {index_cache}
+chunk_bytes = {chunk_cache}
+prefetch_bytes = {prefetch}
+[fetch]
+max_range_bytes = {max_range}
+max_concurrent = {max_concurrent}
+[encryption]
+enabled = true
+active_key_id = "A"
+[encryption.keys.A]
+public_key_file = "{public}"
+private_key_file = "{private}"
+""")
+    files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=segment_size, txn=False)
+    mds = [metadata(seg_id(i + 1), size=segment_size) for i in range(segments)]
+    writer = SidecarProcess(cfg)  # copies run in another process: the bound measured is the fetch path's
+    try:
+        for md in mds:
+            writer.client.copy(files.path_request(md), timeout=300)
+    finally:
+        writer.stop()
+    with open(files.log_path, "rb") as f:
+        head = f.read(MiB)
+
+    sidecar = SidecarProcess(cfg)
+    try:
+        time.sleep(1)
+        base = sidecar.rss()
+
+        def whole_segment(i: int) -> None:
+            n = 0
+            for r in sidecar.client.fetch_stream(mds[i % segments], timeout=300):
+                if n == 0:
+                    assert r.data == head[: len(r.data)]
+                n += len(r.data)
+            assert n == segment_size
+
+        def random_ranges(i: int) -> None:
+            rnd = random.Random(i)
+            until = time.monotonic() + 4
+            while time.monotonic() < until:
+                start = rnd.randrange(segment_size)
+                length = rnd.randrange(1, 16 * MiB)
+                got = sum(len(r.data) for r in sidecar.client.fetch_stream(mds[i % segments], start, start + length))
+                assert got == min(length + 1, segment_size - start)
+
+        results = []
+        for readers in (1, 3, 6):
+            bound = documented_memory_bound(base, readers, manifest_cache=manifest_cache, index_cache=index_cache,
+                                            chunk_cache=chunk_cache, prefetch=prefetch, max_range=max_range,
+                                            chunk=chunk, max_concurrent=max_concurrent)
+            for kind, read in (("whole segments", whole_segment), ("random ranges", random_ranges)):
+                errors = []
+
+                def run(i):
+                    try:
+                        read(i)
+                    except Exception as e:  # noqa: BLE001 - reported below
+                        errors.append(e)
+
+                threads = [threading.Thread(target=run, args=(i,)) for i in range(readers)]
+                with PeakRss(sidecar) as rss:
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                assert not errors, errors[0]
+                results.append((readers, kind, rss.peak, bound))
+                print(f"\n{readers} readers, {kind}: peak RSS {rss.peak / MiB:.0f} MiB (+{(rss.peak - base) / MiB:.0f} "
+                      f"over the idle {base / MiB:.0f} MiB), documented bound {bound / MiB:.0f} MiB "
+                      f"(+{(bound - base) / MiB:.0f})")
+        for readers, kind, peak, bound in results:
+            assert peak <= bound, (f"{readers} readers ({kind}): peak RSS {peak / MiB:.0f} MiB exceeds the documented "
+                                   f"bound {bound / MiB:.0f} MiB")
+    finally:
+        sidecar.stop()
