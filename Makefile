@@ -113,3 +113,4 @@ bench: deps
 	$(BIN)/python benchmarks/shim.py
 	$(BIN)/python benchmarks/iceberg_decode.py
 	$(BIN)/python benchmarks/iceberg_convert.py
+	$(BIN)/python benchmarks/soak.py
