@@ -213,5 +213,9 @@ class SidecarServer:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self.start()
-        done.wait()
+        # Python runs signal handlers in the main thread, and only between bytecodes: when
+        # the kernel delivers SIGTERM to another thread (gRPC's, the metrics server's), a
+        # main thread blocked in an untimed wait would never run the handler.
+        while not done.wait(0.5):
+            pass
         self.stop()
