@@ -109,7 +109,7 @@ def _stalled(files, md, stop: threading.Event):
 
 def test_stalled_copies_get_resource_exhausted_and_time_out_while_health_and_fetch_answer(start_sidecar,
                                                                                         tmp_path, caplog):
-    sc = start_sidecar(copy__max_concurrent=2, copy__idle_timeout_seconds=3)
+    sc = start_sidecar(copy__max_concurrent=2, copy__idle_timeout_seconds=6)
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(64 * KiB))
     ok = metadata(seg_id(10), size=64 * KiB)
     sc.client.copy(files.stream_requests(ok))
@@ -130,10 +130,9 @@ def test_stalled_copies_get_resource_exhausted_and_time_out_while_health_and_fet
     e = _err(lambda: sc.client.copy(files.stream_requests(metadata(seg_id(30), size=64 * KiB))))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "copy.max_concurrent" in e.details()
     health = health_pb2_grpc.HealthStub(sc.client.channel)
-    t0 = time.monotonic()
-    assert health.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
     assert sc.client.fetch(ok, timeout=5) == open(files.log_path, "rb").read()
-    assert time.monotonic() - t0 < 2
+    assert outcomes == [], "health and fetch were answered only after the stalled copies ended"
     for t in threads:
         t.join(20)
     stop.set()
