@@ -63,6 +63,14 @@ class DeadlineExceeded(RsmError):
     retriable = True
 
 
+class ResourceExhausted(RsmError):
+    """Every slot for this kind of call is busy (``copy.max_concurrent``,
+    ``fetch.max_concurrent``); retry later."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    retriable = True
+
+
 class Cancelled(RsmError):
     """The caller went away (gRPC cancellation) or the service is shutting down."""
 

@@ -288,6 +288,11 @@ class SegmentIdentity:
         except (KeyError, TypeError):
             return None
 
+    @classmethod
+    def of_metadata(cls, md) -> "SegmentIdentity":
+        """What a request's segment metadata (``format.keys.SegmentMetadata``) names."""
+        return cls(md.topic_id, md.partition, md.segment_id, md.start_offset, md.end_offset)
+
     def differences(self, other: "SegmentIdentity") -> list[str]:
         """Members known on both sides that differ, as ``name a != b``."""
         out = []

@@ -36,7 +36,8 @@ from rsm_sidecar.format.manifest import (INDEX_NAMES, TAG_BYTES, EncryptionInfo,
                                          SegmentManifest, segment_debug_copy)
 from rsm_sidecar.segment.journal import CopyJournal
 from rsm_sidecar.segment.locks import SegmentLocks
-from rsm_sidecar.segment.objects import NO_MANIFEST, delete_data_objects, delete_segment_objects, manifest_attempt
+from rsm_sidecar.segment.objects import (NO_MANIFEST, delete_data_objects, delete_segment_objects, manifest_attempt,
+                                         object_keys)
 from rsm_sidecar.segment.sources import SegmentSource
 from rsm_sidecar.storage.base import ObjectNotFound, ObjectStore
 from rsm_sidecar.transform import authentication
@@ -157,14 +158,13 @@ class SegmentCopier:
             raw = self.store.get(key)
             manifest = SegmentManifest.from_bytes(raw, key)
             found = SegmentIdentity.of_manifest(manifest)
-            expected = SegmentIdentity(md.topic_id, md.partition, md.segment_id, md.start_offset, md.end_offset)
-            if (manifest.attempt is None or found is None or found.differences(expected)
+            if (manifest.attempt is None or found is None or found.differences(SegmentIdentity.of_metadata(md))
                     or manifest.original_size != log_size or (manifest.encryption is None) != (self.keyring is None)):
                 return None
             if manifest.encryption is not None:
                 data_key = self.keyring.unwrap(manifest.encryption.key_id, manifest.encryption.wrapped_key, key)
                 authentication.verify(manifest, data_key, key)
-            index_size = max((r.position + r.size for r in manifest.indexes.values() if r is not None), default=0)
+            index_size = manifest.stored_indexes_size
             log_stored = self.store.size(f"{base}.{fkeys.LOG}")
             if log_stored != manifest.stored_log_size or self.store.size(f"{base}.{fkeys.INDEXES}") != index_size:
                 return None
@@ -204,7 +204,7 @@ class SegmentCopier:
             encryption = EncryptionInfo(key_id, wrapped, aad)
         codec = ChunkCodec(compression, data_key, aad, s.compression_level)
         verify_crc = not codec.encrypted
-        keys = {suffix: f"{base}.{suffix}" for suffix in fkeys.SUFFIXES}
+        keys = object_keys(base)
         # The previous version of this segment id (an earlier attempt) stops being readable
         # before any of its objects is replaced.
         self.store.delete(keys[fkeys.MANIFEST])

@@ -56,7 +56,3 @@ class SegmentLocks:
         with self._cond:
             self._held.discard(base)
             self._cond.notify_all()
-
-    def busy(self, base: str) -> bool:
-        with self._cond:
-            return base in self._held

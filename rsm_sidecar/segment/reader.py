@@ -5,8 +5,10 @@ cached). Every open checks that the manifest belongs to the segment asked for; o
 manifest the first time checks its authenticator (encrypted segments), and a manifest
 without one is refused unless ``accept_unauthenticated`` (migrations from Aiven's plugin
 or from rsm-sidecar before 0.2). Every stored chunk and index blob is checked against the
-tag the manifest records for its position before it is decrypted. A range read is lazy: it maps [start, end] to chunks, takes them from the
-chunk cache or downloads runs of contiguous missing chunks with one ranged GET each
+tag the manifest records for its position before it is decrypted.
+
+A range read is lazy: it maps [start, end] to chunks, takes them from the chunk cache or
+downloads runs of contiguous missing chunks with one ranged GET each
 (at most ``max_range_bytes``), verifies and decodes them, and yields the original bytes.
 Sequential prefetch loads the chunks after the last one served into the cache in the
 background, so a consumer reading a whole segment pays each chunk once. Stopping the
@@ -100,8 +102,7 @@ class SegmentReader:
     # -- opening ----------------------------------------------------------------
     def open(self, md: fkeys.SegmentMetadata) -> OpenSegment:
         """The segment ``md`` names; ``DataLoss`` if its objects hold another segment."""
-        expected = SegmentIdentity(md.topic_id, md.partition, md.segment_id, md.start_offset, md.end_offset)
-        return self.open_base(self.layout.base(md), md.describe, expected)
+        return self.open_base(self.layout.base(md), md.describe, SegmentIdentity.of_metadata(md))
 
     def open_base(self, base: str, describe: str | None = None,
                   expected: SegmentIdentity | None = None) -> OpenSegment:

@@ -17,12 +17,7 @@ from typing import Iterator
 
 import grpc
 
-from rsm_sidecar.errors import RsmError
-
-
-class ResourceExhausted(RsmError):
-    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    retriable = True
+from rsm_sidecar.errors import ResourceExhausted
 
 
 class Slots:

@@ -5,7 +5,6 @@ every record from offset 0 through the broker, served from remote storage."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess

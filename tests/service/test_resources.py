@@ -4,14 +4,12 @@ sidecar's memory while it copies a 1 GiB segment."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
 import threading
 import time
 
-import grpc
 import psutil
 import pytest
 
