@@ -18,7 +18,7 @@ ICEBERG_STAMP := $(CACHE)/.iceberg-deps
 SERVERS_STAMP := $(CACHE)/.storage-servers
 COMPOSE_TOOLS_STAMP := $(CACHE)/.compose-tools
 
-.PHONY: setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools deps test test-fast demo up down clean bench docs
+.PHONY: lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools deps test test-fast demo up down clean bench docs
 
 setup: $(VENV)/.installed $(PROTO_OUT)
 
@@ -76,6 +76,11 @@ $(BCPROV):
 # The README's test command: everything from a fresh clone.
 test: deps
 	$(BIN)/pytest
+
+# Style and types: ruff (lint + format check) and mypy, configured in pyproject.toml.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Unit and integration tests without the real broker.
 test-fast: deps

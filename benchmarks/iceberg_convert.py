@@ -33,14 +33,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devstack
 
-from iceberg_decode import PROTO  # noqa: E402 (the same ~100-byte Event schema; benchmarks/ is on sys.path)
+from iceberg_decode import PROTO
 
 RECORDS_PER_BATCH = 110
 TOPIC = "bench-events"
 
 
-def make_topic(workdir: Path, registry_url: str, records: int, partitions: int, segment_mb: int,
-               topic: str, seed: int = 1) -> tuple[Path, float]:
+def make_topic(
+    workdir: Path,
+    registry_url: str,
+    records: int,
+    partitions: int,
+    segment_mb: int,
+    topic: str,
+    seed: int = 1,
+) -> tuple[Path, float]:
     """Tier ``records`` framed Protobuf records; returns the sidecar configuration file and
     the average value size (bytes, framing included)."""
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
@@ -63,32 +70,38 @@ def make_topic(workdir: Path, registry_url: str, records: int, partitions: int, 
 backend = "local"
 key_prefix = "tiered/"
 [storage.local]
-root = "{workdir / 'remote'}"
+root = "{workdir / "remote"}"
 [segment]
 chunk_size = "4MiB"
 [encryption]
 enabled = true
 active_key_id = "k1"
 [encryption.keys.k1]
-public_key_file = "{workdir / 'k.pub'}"
-private_key_file = "{workdir / 'k.priv'}"
+public_key_file = "{workdir / "k.pub"}"
+private_key_file = "{workdir / "k.priv"}"
 [iceberg]
 partitioning = "day"
 [iceberg.catalog.local]
-root = "{workdir / 'catalog'}"
+root = "{workdir / "catalog"}"
 [iceberg.registry]
 url = "{registry_url}"
 """)
     client = SchemaRegistryClient({"url": registry_url})
     schema_id = client.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
     cls = ProtoSchema.message_class(
-        ProtoSchema.from_sources("bench.proto", {"bench.proto": PROTO}).message_by_name("bench.Event"))
+        ProtoSchema.from_sources("bench.proto", {"bench.proto": PROTO}).message_by_name("bench.Event")
+    )
     pre = framing.encode_preamble(schema_id, [0])
     cfg = Config.load(cfg_file, environ={})
     from rsm_sidecar.segment.copy import CopySettings
 
-    writer = TieredWriter(open_store(cfg), KeyLayout("tiered/"), Keyring.from_config(cfg), topic,
-                          settings=CopySettings(chunk_size=4 * 1024 * 1024))
+    writer = TieredWriter(
+        open_store(cfg),
+        KeyLayout("tiered/"),
+        Keyring.from_config(cfg),
+        topic,
+        settings=CopySettings(chunk_size=4 * 1024 * 1024),
+    )
     rnd = random.Random(seed)
     headers = (Header("trace", b"abc"), Header("src", b"bench"))
     per_part = records // partitions
@@ -102,9 +115,15 @@ url = "{registry_url}"
             n = min(RECORDS_PER_BATCH, per_part - offset)
             recs = []
             for i in range(offset, offset + n):
-                m = cls(id=f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}", user_id=rnd.randrange(1 << 40),
-                        kind=rnd.choice([1, 2]), amount=rnd.random() * 100, ok=bool(i & 1),
-                        tags=["alpha", "beta"][: rnd.randrange(3)], count=rnd.randrange(1000))
+                m = cls(
+                    id=f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",
+                    user_id=rnd.randrange(1 << 40),
+                    kind=rnd.choice([1, 2]),
+                    amount=rnd.random() * 100,
+                    ok=bool(i & 1),
+                    tags=["alpha", "beta"][: rnd.randrange(3)],
+                    count=rnd.randrange(1000),
+                )
                 m.at.seconds, m.at.nanos = 1_700_000_000 + i // 100, 123_000
                 m.device.os, m.device.version = "linux-x86_64", 6
                 value = pre + m.SerializeToString()
@@ -139,12 +158,16 @@ def main() -> None:
     spark = None
     try:
         t0 = time.perf_counter()
-        cfg_file, avg = make_topic(workdir, reg.ccompat_url, args.records, args.partitions, args.segment_mb, TOPIC)
+        cfg_file, avg = make_topic(
+            workdir, reg.ccompat_url, args.records, args.partitions, args.segment_mb, TOPIC
+        )
         make_topic(workdir, reg.ccompat_url, 20_000, 2, 1, "warmup", seed=2)
         remote = sum(f.stat().st_size for f in (workdir / "remote").rglob("*") if f.is_file())
-        print(f"set-up: {args.records:,} records (values {avg:.0f} B on average, framed Protobuf) in "
-              f"{args.partitions} partition(s) tiered in {time.perf_counter() - t0:.1f}s "
-              f"({remote / 1e6:.1f} MB stored, zstd + AES-GCM)")
+        print(
+            f"set-up: {args.records:,} records (values {avg:.0f} B on average, framed Protobuf) in "
+            f"{args.partitions} partition(s) tiered in {time.perf_counter() - t0:.1f}s "
+            f"({remote / 1e6:.1f} MB stored, zstd + AES-GCM)"
+        )
         env = {}
 
         def job(topic: str, table: str) -> ConvertJob:
@@ -162,8 +185,9 @@ def main() -> None:
             dt = time.perf_counter() - t0
             assert res.records == args.records, (res.records, args.records)
             convert = max(convert, args.records / dt)
-            print(f"  run {r}: convert {dt:.2f}s = {args.records / dt:,.0f} records/s "
-                  f"({res.segments} segments)")
+            print(
+                f"  run {r}: convert {dt:.2f}s = {args.records / dt:,.0f} records/s ({res.segments} segments)"
+            )
 
             j = job(TOPIC, f"noop_{r}")
             prepared = j.prepare()
@@ -175,18 +199,28 @@ def main() -> None:
 
             src = spark.table(f"rsm.kafka.events_{r}").cache()
             assert src.count() == args.records
-            spark.sql(f"CREATE TABLE rsm.kafka.write_{r} USING iceberg "
-                      f"PARTITIONED BY (days(kafka.ingest_timestamp)) AS SELECT * FROM rsm.kafka.events_{r} LIMIT 0")
+            spark.sql(
+                f"CREATE TABLE rsm.kafka.write_{r} USING iceberg "
+                f"PARTITIONED BY (days(kafka.ingest_timestamp)) AS SELECT * FROM rsm.kafka.events_{r} LIMIT 0"
+            )
             t0 = time.perf_counter()
-            (src.writeTo(f"rsm.kafka.write_{r}").option("distribution-mode", "none")
-             .option("fanout-enabled", "true").append())
+            (
+                src.writeTo(f"rsm.kafka.write_{r}")
+                .option("distribution-mode", "none")
+                .option("fanout-enabled", "true")
+                .append()
+            )
             dt = time.perf_counter() - t0
             src.unpersist()
             write = max(write, args.records / dt)
-            print(f"  run {r}: write-only (cached decoded rows -> Iceberg) {dt:.2f}s = "
-                  f"{args.records / dt:,.0f} records/s")
-        print(f"convert:      {convert:,.0f} records/s (best of {args.repeat}, local[2], "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
+            print(
+                f"  run {r}: write-only (cached decoded rows -> Iceberg) {dt:.2f}s = "
+                f"{args.records / dt:,.0f} records/s"
+            )
+        print(
+            f"convert:      {convert:,.0f} records/s (best of {args.repeat}, local[2], "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})"
+        )
         print(f"read+decode:  {decode:,.0f} records/s (noop sink)")
         print(f"write-only:   {write:,.0f} records/s (same rows, already decoded)")
     finally:

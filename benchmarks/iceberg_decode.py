@@ -54,9 +54,15 @@ def make_values(n: int, schema: ProtoSchema) -> list[bytes]:
     rnd = random.Random(1)
     out = []
     for i in range(n):
-        m = cls(id=f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}", user_id=rnd.randrange(1 << 40),
-                kind=rnd.choice([1, 2]), amount=rnd.random() * 100, ok=bool(i & 1),
-                tags=["alpha", "beta"][: rnd.randrange(3)], count=rnd.randrange(1000))
+        m = cls(
+            id=f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",
+            user_id=rnd.randrange(1 << 40),
+            kind=rnd.choice([1, 2]),
+            amount=rnd.random() * 100,
+            ok=bool(i & 1),
+            tags=["alpha", "beta"][: rnd.randrange(3)],
+            count=rnd.randrange(1000),
+        )
         m.at.seconds, m.at.nanos = 1_700_000_000 + i, 123_000
         m.device.os, m.device.version = "linux-x86_64", 6
         out.append(pre + m.SerializeToString())
@@ -67,8 +73,11 @@ def _seed_worker_registry(batches):
     """mapInArrow wrapper for --spark: workers learn schema id 1 without a registry server."""
     reg = SchemaRegistry.shared(REGISTRY_CONF)
     if 1 not in reg._resolved:
-        reg.add_resolved(ResolvedSchema(1, PROTOBUF, PROTO,
-                                        proto=ProtoSchema.from_sources("bench.proto", {"bench.proto": PROTO})))
+        reg.add_resolved(
+            ResolvedSchema(
+                1, PROTOBUF, PROTO, proto=ProtoSchema.from_sources("bench.proto", {"bench.proto": PROTO})
+            )
+        )
     from rsm_sidecar.iceberg.rows import map_in_arrow_fn
 
     yield from map_in_arrow_fn(SPEC)(batches)
@@ -101,8 +110,10 @@ def run_spark(args, batch) -> None:
                 t0 = time.perf_counter()
                 out.write.format("noop").mode("overwrite").save()
                 best = max(best, n / (time.perf_counter() - t0))
-            print(f"Spark local[2] mapInArrow decode+Arrow: {best:,.0f} records/s "
-                  f"({n} records, best of {args.repeat})")
+            print(
+                f"Spark local[2] mapInArrow decode+Arrow: {best:,.0f} records/s "
+                f"({n} records, best of {args.repeat})"
+            )
         finally:
             spark.stop()
 
@@ -116,13 +127,22 @@ def main() -> None:
     args = ap.parse_args()
 
     schema = ProtoSchema.from_sources("bench.proto", {"bench.proto": PROTO})
-    SchemaRegistry.shared(REGISTRY_CONF).add_resolved(
-        ResolvedSchema(1, PROTOBUF, PROTO, proto=schema))
+    SchemaRegistry.shared(REGISTRY_CONF).add_resolved(ResolvedSchema(1, PROTOBUF, PROTO, proto=schema))
     values = make_values(args.batch, schema)
     avg = sum(map(len, values)) / len(values)
-    recs = [KafkaRecord(0, i, i - i % 100, 1_700_000_000_000 + i, 1_700_000_000_000 + i,
-                        f"key-{i:012d}".encode(), v, [("trace", b"abc"), ("src", b"bench")])
-            for i, v in enumerate(values)]
+    recs = [
+        KafkaRecord(
+            0,
+            i,
+            i - i % 100,
+            1_700_000_000_000 + i,
+            1_700_000_000_000 + i,
+            f"key-{i:012d}".encode(),
+            v,
+            [("trace", b"abc"), ("src", b"bench")],
+        )
+        for i, v in enumerate(values)
+    ]
     batch = raw_batch(recs)
     if args.spark:
         print(f"value size avg {avg:.0f} B (framed)")
@@ -141,8 +161,10 @@ def main() -> None:
         best_cpu = max(best_cpu, n_batches * args.batch / dc)
     assert out.num_rows == args.batch and out.column("val").field("__err__").null_count == args.batch
     print(f"value size avg {avg:.0f} B (framed), batch {args.batch}, {n_batches * args.batch} records")
-    print(f"decode+Arrow: {best:,.0f} records/s wall, {best_cpu:,.0f} records per CPU-second "
-          f"(one thread, best of {args.repeat}; the CPU figure is less sensitive to other load)")
+    print(
+        f"decode+Arrow: {best:,.0f} records/s wall, {best_cpu:,.0f} records per CPU-second "
+        f"(one thread, best of {args.repeat}; the CPU figure is less sensitive to other load)"
+    )
 
 
 if __name__ == "__main__":

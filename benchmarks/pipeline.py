@@ -19,18 +19,18 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import google_crc32c  # noqa: E402
-import zstandard  # noqa: E402
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: E402
+import google_crc32c
+import zstandard
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from benchmarks.synthetic import write_segment  # noqa: E402
-from rsm_sidecar.config import Config  # noqa: E402
-from rsm_sidecar.format.chunk_index import encode_sizes, encode_transformed_chunks  # noqa: E402
-from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata  # noqa: E402
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier  # noqa: E402
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader  # noqa: E402
-from rsm_sidecar.storage.local import LocalObjectStore  # noqa: E402
-from rsm_sidecar.transform.keyring import Keyring, write_key_pair  # noqa: E402
+from benchmarks.synthetic import write_segment
+from rsm_sidecar.config import Config
+from rsm_sidecar.format.chunk_index import encode_sizes, encode_transformed_chunks
+from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
+from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.storage.local import LocalObjectStore
+from rsm_sidecar.transform.keyring import Keyring, write_key_pair
 
 MiB = 1024 * 1024
 
@@ -77,8 +77,10 @@ def main() -> None:
     size = write_segment(seg_path, args.size_mib * MiB)
     mib = size / MiB
     chunks = list(read_chunks(seg_path, chunk))  # the raw baselines run from memory
-    print(f"segment: {mib:.0f} MiB of uncompressed JSON-like record batches, chunk {args.chunk_mib} MiB, "
-          f"{os.cpu_count()} CPUs\n")
+    print(
+        f"segment: {mib:.0f} MiB of uncompressed JSON-like record batches, chunk {args.chunk_mib} MiB, "
+        f"{os.cpu_count()} CPUs\n"
+    )
 
     # -- raw baselines on the same bytes ------------------------------------------------
     key, aad = os.urandom(32), os.urandom(32)
@@ -91,11 +93,13 @@ def main() -> None:
     pool = concurrent.futures.ThreadPoolExecutor(args.parallelism)
     raw = {
         "disk read (page cache)": best(lambda: [None for _ in read_chunks(seg_path, chunk)]),
-        "disk write + fsync (new file)": best(lambda: _write(os.path.join(work, f"copy-{os.urandom(4).hex()}.bin"),
-                                                            chunks)),
+        "disk write + fsync (new file)": best(
+            lambda: _write(os.path.join(work, f"copy-{os.urandom(4).hex()}.bin"), chunks)
+        ),
         "zstd-3 compress, 1 thread": best(lambda: [zc.compress(c) for c in chunks]),
-        f"zstd-3 compress, {args.parallelism} threads": best(lambda: list(pool.map(
-            lambda c: zstandard.ZstdCompressor(level=3).compress(c), chunks))),
+        f"zstd-3 compress, {args.parallelism} threads": best(
+            lambda: list(pool.map(lambda c: zstandard.ZstdCompressor(level=3).compress(c), chunks))
+        ),
         "zstd decompress": best(lambda: [zd.decompress(c) for c in compressed]),
         "AES-256-GCM encrypt": best(lambda: [aes.encrypt(b"\0" * 12, c, aad) for c in chunks]),
         "AES-256-GCM decrypt": best(lambda: [aes.decrypt(s[:12], s[12:], aad) for s in sealed]),
@@ -109,25 +113,53 @@ def main() -> None:
 
     # -- the pipeline ------------------------------------------------------------------
     write_key_pair(os.path.join(work, "k.pub"), os.path.join(work, "k.priv"), 2048)
-    keyring = Keyring.from_config(Config({"storage": {"local": {"root": work}}, "encryption": {
-        "enabled": True, "active_key_id": "k",
-        "keys": {"k": {"public_key_file": os.path.join(work, "k.pub"),
-                       "private_key_file": os.path.join(work, "k.priv")}}}}))
+    keyring = Keyring.from_config(
+        Config(
+            {
+                "storage": {"local": {"root": work}},
+                "encryption": {
+                    "enabled": True,
+                    "active_key_id": "k",
+                    "keys": {
+                        "k": {
+                            "public_key_file": os.path.join(work, "k.pub"),
+                            "private_key_file": os.path.join(work, "k.priv"),
+                        }
+                    },
+                },
+            }
+        )
+    )
     transform_pool = concurrent.futures.ThreadPoolExecutor(8)
-    print(f"{'pipeline (local store, fsync on)':40s} {'copy MiB/s':>10s} {'seq fetch':>10s} {'1MiB rand p50 ms':>17s} "
-          f"{'stored %':>9s}")
+    print(
+        f"{'pipeline (local store, fsync on)':40s} {'copy MiB/s':>10s} {'seq fetch':>10s} {'1MiB rand p50 ms':>17s} "
+        f"{'stored %':>9s}"
+    )
     n = 0
     for compression, encryption in ((False, False), (True, False), (False, True), (True, True)):
         n += 1
         store = LocalObjectStore(os.path.join(work, f"store{n}"), fsync=True)
         layout = KeyLayout("bench/")
-        copier = SegmentCopier(store, layout, keyring if encryption else None,
-                               CopySettings(chunk_size=chunk, compression=compression, compression_heuristic=False,
-                                            parallelism=args.parallelism), transform_pool)
+        copier = SegmentCopier(
+            store,
+            layout,
+            keyring if encryption else None,
+            CopySettings(
+                chunk_size=chunk,
+                compression=compression,
+                compression_heuristic=False,
+                parallelism=args.parallelism,
+            ),
+            transform_pool,
+        )
         md = SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "bench", 0, f"B{n:021d}", 0, 1000, segment_size=size)
         t = timed(lambda: copier.copy(md, FileSource(seg_path), b"0\n0\n"))
-        reader = SegmentReader(store, layout, keyring if encryption else None,
-                               ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0))
+        reader = SegmentReader(
+            store,
+            layout,
+            keyring if encryption else None,
+            ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0),
+        )
         seg = reader.open(md)
         stored = seg.manifest.stored_log_size
         tf = timed(lambda: [None for _ in reader.read(seg, 0, size - 1)])
@@ -137,19 +169,27 @@ def main() -> None:
             s = rng.randrange(0, size - MiB)
             lat.append(timed(lambda: b"".join(reader.read(seg, s, s + MiB - 1))))
         lat.sort()
-        label = f"{'zstd' if compression else 'no compression'} + {'AES-GCM' if encryption else 'no encryption'}"
-        print(f"{label:40s} {mib / t:10.0f} {mib / tf:10.0f} {lat[len(lat) // 2] * 1000:17.1f} "
-              f"{stored / size * 100:9.1f}")
+        label = (
+            f"{'zstd' if compression else 'no compression'} + {'AES-GCM' if encryption else 'no encryption'}"
+        )
+        print(
+            f"{label:40s} {mib / t:10.0f} {mib / tf:10.0f} {lat[len(lat) // 2] * 1000:17.1f} "
+            f"{stored / size * 100:9.1f}"
+        )
 
     # -- chunk index size for compressed segments ---------------------------------------
-    print(f"\n{'chunk index (compressed)':28s} {'chunks':>7s} {'binary B/chunk':>15s} {'manifest B/chunk':>17s}")
+    print(
+        f"\n{'chunk index (compressed)':28s} {'chunks':>7s} {'binary B/chunk':>15s} {'manifest B/chunk':>17s}"
+    )
     for chunk_kib in (256, 1024, 4096):
         c = chunk_kib * 1024
         sizes = [len(zc.compress(x)) for x in read_chunks(seg_path, c)]
         binary = len(encode_sizes(sizes))
         text = len(encode_transformed_chunks(sizes))
-        print(f"{f'{chunk_kib} KiB chunks, {mib:.0f} MiB':28s} {len(sizes):7d} {binary / len(sizes):15.2f} "
-              f"{text / len(sizes):17.2f}")
+        print(
+            f"{f'{chunk_kib} KiB chunks, {mib:.0f} MiB':28s} {len(sizes):7d} {binary / len(sizes):15.2f} "
+            f"{text / len(sizes):17.2f}"
+        )
 
 
 def _write(path: str, chunks) -> None:

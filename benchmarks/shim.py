@@ -48,12 +48,12 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.synthetic import batches  # noqa: E402
-from devstack.kafka import KafkaDistribution, _java_executable  # noqa: E402
-from devstack.stack import SHIM_JAR, LocalStack  # noqa: E402
-from rsm_sidecar.config import Config  # noqa: E402
-from rsm_sidecar.kafka.snapshot import encode_producer_snapshot  # noqa: E402
-from rsm_sidecar.kafka.txnindex import AbortedTxn, encode_txn_index  # noqa: E402
+from benchmarks.synthetic import batches
+from devstack.kafka import KafkaDistribution, _java_executable
+from devstack.stack import SHIM_JAR, LocalStack
+from rsm_sidecar.config import Config
+from rsm_sidecar.kafka.snapshot import encode_producer_snapshot
+from rsm_sidecar.kafka.txnindex import AbortedTxn, encode_txn_index
 
 MiB = 1024 * 1024
 HARNESS = Path(__file__).resolve().parent / "shim" / "Harness.java"
@@ -61,6 +61,7 @@ INDEX_INTERVAL_BYTES = 4096  # Kafka's index.interval.bytes default
 
 
 # -- the segment ------------------------------------------------------------------------------
+
 
 def write_segment(directory: Path, total_bytes: int) -> tuple[Path, int]:
     """``<dir>/00000000000000000000.{log,index,timeindex,txnindex}`` and the producer snapshot of
@@ -93,8 +94,11 @@ def write_segment(directory: Path, total_bytes: int) -> tuple[Path, int]:
     (directory / f"{0:020d}.index").write_bytes(bytes(offset_index))
     (directory / f"{0:020d}.timeindex").write_bytes(bytes(time_index))
     step = max(1, last_offset // 40)
-    (directory / f"{0:020d}.txnindex").write_bytes(encode_txn_index(
-        AbortedTxn(1000 + i, o, o + 50, o + 51) for i, o in enumerate(range(0, last_offset - 60, step))))
+    (directory / f"{0:020d}.txnindex").write_bytes(
+        encode_txn_index(
+            AbortedTxn(1000 + i, o, o + 50, o + 51) for i, o in enumerate(range(0, last_offset - 60, step))
+        )
+    )
     (directory / f"{last_offset + 1:020d}.snapshot").write_bytes(encode_producer_snapshot([]))
     return log_path, last_offset
 
@@ -111,6 +115,7 @@ def drop_from_page_cache(path: Path) -> None:
 
 # -- the harness ------------------------------------------------------------------------------
 
+
 class Harness:
     """The Java harness process: one command per line, one ``RESULT {json}`` line per answer."""
 
@@ -122,9 +127,14 @@ class Harness:
         if missing:
             raise SystemExit(f"missing jars: {missing} (run `make deps`)")
         self.log = open(log_file, "ab")
-        self.proc = subprocess.Popen([_java_executable(), "-Xmx1g", "-cp", os.pathsep.join(map(str, jars)),
-                                      str(HARNESS), target], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [_java_executable(), "-Xmx1g", "-cp", os.pathsep.join(map(str, jars)), str(HARNESS), target],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            bufsize=1,
+        )
         ready = self._answer()
         if not ready.get("ready"):
             raise RuntimeError(f"harness did not start: {ready}")
@@ -135,7 +145,7 @@ class Harness:
             if not line:
                 raise RuntimeError(f"the harness exited ({self.proc.wait()}); see {self.log.name}")
             if line.startswith("RESULT "):
-                return json.loads(line[len("RESULT "):])
+                return json.loads(line[len("RESULT ") :])
 
     def __call__(self, *args) -> dict:
         self.proc.stdin.write(" ".join(map(str, args)) + "\n")
@@ -159,6 +169,7 @@ class Harness:
 
 # -- statistics and printing --------------------------------------------------------------------
 
+
 def pct(values: list[float], p: float) -> float:
     """Nearest-rank percentile."""
     v = sorted(values)
@@ -175,16 +186,34 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=60, help="random 1 MiB reads (each cold, warm and local)")
     ap.add_argument("--copies", type=int, default=3, help="copies per transfer mode")
     ap.add_argument("--index-rounds", type=int, default=3, help="sidecar restarts for first-call index costs")
-    ap.add_argument("--kafka-version", default=None, help="Kafka jars to run the shim with (devstack default)")
+    ap.add_argument(
+        "--kafka-version", default=None, help="Kafka jars to run the shim with (devstack default)"
+    )
     ap.add_argument("--workdir", default=None, help="kept after the run if given (else a temp dir, removed)")
-    ap.add_argument("--settle", type=float, default=0.5,
-                    help="seconds between a cold read and the next read (the prefetch it started finishes)")
-    ap.add_argument("--warmup", type=int, default=300,
-                    help="untimed fetches before the random reads (JIT warm-up of the shim's gRPC path)")
-    ap.add_argument("--sidecar-env", action="append", default=[], metavar="RSM__KEY=VALUE",
-                    help="extra sidecar setting (repeatable), e.g. RSM__FETCH__MAX_RANGE_BYTES=4MiB")
-    ap.add_argument("--verbose", action="store_true", help="print every random read (position, times, bytes "
-                    "returned by the first read())")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.5,
+        help="seconds between a cold read and the next read (the prefetch it started finishes)",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=300,
+        help="untimed fetches before the random reads (JIT warm-up of the shim's gRPC path)",
+    )
+    ap.add_argument(
+        "--sidecar-env",
+        action="append",
+        default=[],
+        metavar="RSM__KEY=VALUE",
+        help="extra sidecar setting (repeatable), e.g. RSM__FETCH__MAX_RANGE_BYTES=4MiB",
+    )
+    ap.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print every random read (position, times, bytes returned by the first read())",
+    )
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     if not SHIM_JAR.exists():
@@ -209,15 +238,17 @@ def main() -> None:
     try:
         stack.start_sidecar()
         harness = Harness(dist, stack.sidecar_target, work / "harness.log")
-        print(f"segment: {size / MiB:.0f} MiB, offsets 0..{last_offset}, indexes "
-              f"{(seg_dir / f'{0:020d}.index').stat().st_size // 1024} KiB offset / "
-              f"{(seg_dir / f'{0:020d}.timeindex').stat().st_size // 1024} KiB time / "
-              f"{(seg_dir / f'{0:020d}.txnindex').stat().st_size} B txn; sidecar: chunk {chunk // MiB} MiB, "
-              f"chunk cache {cfg['cache.chunk_bytes'] // MiB} MiB, prefetch {prefetch // MiB} MiB, "
-              f"compression {cfg['segment.compression']}, encryption {cfg['encryption.enabled']}, "
-              f"fetch.max_range_bytes {cfg['fetch.max_range_bytes'] // MiB} MiB, "
-              f"storage {cfg['storage.backend']}; shim on Kafka {dist.version} jars; {os.cpu_count()} CPUs",
-              flush=True)
+        print(
+            f"segment: {size / MiB:.0f} MiB, offsets 0..{last_offset}, indexes "
+            f"{(seg_dir / f'{0:020d}.index').stat().st_size // 1024} KiB offset / "
+            f"{(seg_dir / f'{0:020d}.timeindex').stat().st_size // 1024} KiB time / "
+            f"{(seg_dir / f'{0:020d}.txnindex').stat().st_size} B txn; sidecar: chunk {chunk // MiB} MiB, "
+            f"chunk cache {cfg['cache.chunk_bytes'] // MiB} MiB, prefetch {prefetch // MiB} MiB, "
+            f"compression {cfg['segment.compression']}, encryption {cfg['encryption.enabled']}, "
+            f"fetch.max_range_bytes {cfg['fetch.max_range_bytes'] // MiB} MiB, "
+            f"storage {cfg['storage.backend']}; shim on Kafka {dist.version} jars; {os.cpu_count()} CPUs",
+            flush=True,
+        )
         results = run(args, harness, stack, seg_dir, log_path, last_offset, size, chunk, prefetch, work)
     finally:
         if harness is not None:
@@ -243,8 +274,18 @@ def restart_sidecar(stack: LocalStack, harness: Harness, segment_id: str) -> flo
     return harness("index", segment_id, "TRANSACTION")["seconds"]
 
 
-def run(args, harness: Harness, stack: LocalStack, seg_dir: Path, log_path: Path, last_offset: int, size: int,
-        chunk: int, prefetch: int, work: Path) -> dict:
+def run(
+    args,
+    harness: Harness,
+    stack: LocalStack,
+    seg_dir: Path,
+    log_path: Path,
+    last_offset: int,
+    size: int,
+    chunk: int,
+    prefetch: int,
+    work: Path,
+) -> dict:
     out: dict = {"copy": {"path": [], "stream": []}, "local_read": [], "file_copy": []}
     # -- copy --------------------------------------------------------------------------------
     print("copy ...", flush=True)
@@ -260,7 +301,7 @@ def run(args, harness: Harness, stack: LocalStack, seg_dir: Path, log_path: Path
         out["local_read"].append(harness("readfile", log_path)["seconds"])
         out["file_copy"].append(harness("copyfile", log_path, copy_target)["seconds"])
         copy_target.unlink()
-        for mode in (("path", "stream") if i % 2 == 0 else ("stream", "path")):
+        for mode in ("path", "stream") if i % 2 == 0 else ("stream", "path"):
             r = harness("copy", mode, seg_dir, 0, last_offset)
             stored = sum(p.stat().st_size for p in stack.remote_root.rglob(f"*-{r['segment_id']}.*"))
             out["copy"][mode].append(r["seconds"])
@@ -301,10 +342,18 @@ def run(args, harness: Harness, stack: LocalStack, seg_dir: Path, log_path: Path
         local_cold = harness("local", log_path, start, MiB)
         local_warm = harness("local", log_path, start, MiB)
         if args.verbose:
-            print(f"  {start:>10d} cold ttfb {cold['ttfb'] * 1e3:6.1f} full {cold['seconds'] * 1e3:6.1f} first read "
-                  f"{cold['first_read_bytes']:>8d} | warm ttfb {warm['ttfb'] * 1e3:6.1f} full "
-                  f"{warm['seconds'] * 1e3:6.1f} first read {warm['first_read_bytes']:>8d}", flush=True)
-        for name, r in (("cold", cold), ("warm", warm), ("local_cold", local_cold), ("local_warm", local_warm)):
+            print(
+                f"  {start:>10d} cold ttfb {cold['ttfb'] * 1e3:6.1f} full {cold['seconds'] * 1e3:6.1f} first read "
+                f"{cold['first_read_bytes']:>8d} | warm ttfb {warm['ttfb'] * 1e3:6.1f} full "
+                f"{warm['seconds'] * 1e3:6.1f} first read {warm['first_read_bytes']:>8d}",
+                flush=True,
+            )
+        for name, r in (
+            ("cold", cold),
+            ("warm", warm),
+            ("local_cold", local_cold),
+            ("local_warm", local_warm),
+        ):
             fetch[name].append(r)
         time.sleep(0.1)
     out["fetch"] = fetch
@@ -334,13 +383,18 @@ def run(args, harness: Harness, stack: LocalStack, seg_dir: Path, log_path: Path
 def report(r: dict, size: int) -> None:
     mib = size / MiB
     local_read = statistics.median(r["local_read"])
-    print(f"\n== copyLogSegmentData of {mib:.0f} MiB (median of {len(r['copy']['path'])}; stored "
-          f"{r['stored_bytes'] / MiB:.0f} MiB after zstd + AES-GCM) ==")
+    print(
+        f"\n== copyLogSegmentData of {mib:.0f} MiB (median of {len(r['copy']['path'])}; stored "
+        f"{r['stored_bytes'] / MiB:.0f} MiB after zstd + AES-GCM) =="
+    )
     print(f"{'':34s}{'MiB/s':>9s}{'seconds':>9s}{'vs local read':>15s}{'vs file copy':>14s}")
     file_copy = statistics.median(r["file_copy"])
-    rows = [("local file read (page cache)", local_read), ("plain file copy + fsync", file_copy),
-            ("shim copy, path mode", statistics.median(r["copy"]["path"])),
-            ("shim copy, stream mode", statistics.median(r["copy"]["stream"]))]
+    rows = [
+        ("local file read (page cache)", local_read),
+        ("plain file copy + fsync", file_copy),
+        ("shim copy, path mode", statistics.median(r["copy"]["path"])),
+        ("shim copy, stream mode", statistics.median(r["copy"]["stream"])),
+    ]
     for name, s in rows:
         print(f"{name:34s}{mib / s:9.0f}{s:9.2f}{s / local_read:14.1f}x{s / file_copy:13.1f}x")
     print("(ratios are time ratios: how many times longer than the baseline)")
@@ -348,12 +402,15 @@ def report(r: dict, size: int) -> None:
     f = r["fetch"]
     n = len(f["cold"])
     print(f"\n== 1 MiB read at a random position, then close ({n} positions; ms) ==")
-    print(f"{'':44s}{'TTFB p50':>9s}{'TTFB p99':>9s}{'full p50':>9s}{'full p99':>9s}"
-          f"{'TTFB p50 vs local':>19s}")
-    pairs = [("local file, not in page cache", "local_cold", None),
-             ("shim, cold (chunk not cached, not in p.c.)", "cold", "local_cold"),
-             ("local file, page cache", "local_warm", None),
-             ("shim, warm (chunk cache hit)", "warm", "local_warm")]
+    print(
+        f"{'':44s}{'TTFB p50':>9s}{'TTFB p99':>9s}{'full p50':>9s}{'full p99':>9s}{'TTFB p50 vs local':>19s}"
+    )
+    pairs = [
+        ("local file, not in page cache", "local_cold", None),
+        ("shim, cold (chunk not cached, not in p.c.)", "cold", "local_cold"),
+        ("local file, page cache", "local_warm", None),
+        ("shim, warm (chunk cache hit)", "warm", "local_warm"),
+    ]
     for name, key, base in pairs:
         ttfb = [x["ttfb"] for x in f[key]]
         full = [x["seconds"] for x in f[key]]
@@ -361,22 +418,34 @@ def report(r: dict, size: int) -> None:
         if base:
             b = pct([x["ttfb"] for x in f[base]], 50)
             ratio = f"{pct(ttfb, 50) / b:17.1f}x"
-        print(f"{name:44s}{ms(pct(ttfb, 50))} {ms(pct(ttfb, 99))} {ms(pct(full, 50))} {ms(pct(full, 99))}{ratio}")
+        print(
+            f"{name:44s}{ms(pct(ttfb, 50))} {ms(pct(ttfb, 99))} {ms(pct(full, 50))} {ms(pct(full, 99))}{ratio}"
+        )
     far = r["first_after_restart"]
-    print(f"first fetchIndex of the segment after a sidecar restart (manifest load, RSA unwrap): "
-          f"median {statistics.median(far) * 1000:.0f} ms over {len(far)} restarts")
-    print("(local TTFB = the whole 1 MiB: a file read returns it in one call; the shim's first read "
-          "returns the first gRPC message)")
+    print(
+        f"first fetchIndex of the segment after a sidecar restart (manifest load, RSA unwrap): "
+        f"median {statistics.median(far) * 1000:.0f} ms over {len(far)} restarts"
+    )
+    print(
+        "(local TTFB = the whole 1 MiB: a file read returns it in one call; the shim's first read "
+        "returns the first gRPC message)"
+    )
 
     print("\n== fetchIndex, open + read all + close (ms) ==")
-    print(f"{'':14s}{'bytes':>9s}{'first after restart':>21s}{'warm p50':>10s}{'warm p99':>10s}"
-          f"{'local file p50':>16s}{'warm vs local':>15s}")
+    print(
+        f"{'':14s}{'bytes':>9s}{'first after restart':>21s}{'warm p50':>10s}{'warm p99':>10s}"
+        f"{'local file p50':>16s}{'warm vs local':>15s}"
+    )
     for t, v in r["index"].items():
         lp = pct(v["local"], 50)
-        print(f"{t:14s}{v['bytes']:9d}{statistics.median(v['first']) * 1000:21.2f}{pct(v['warm'], 50) * 1000:10.2f}"
-              f"{pct(v['warm'], 99) * 1000:10.2f}{lp * 1000:16.2f}{pct(v['warm'], 50) / lp:14.1f}x")
-    print(f"(first after restart: OFFSET includes the manifest load and the data key's RSA unwrap; "
-          f"deleteLogSegmentData: median {statistics.median(r['delete']) * 1000:.0f} ms)")
+        print(
+            f"{t:14s}{v['bytes']:9d}{statistics.median(v['first']) * 1000:21.2f}{pct(v['warm'], 50) * 1000:10.2f}"
+            f"{pct(v['warm'], 99) * 1000:10.2f}{lp * 1000:16.2f}{pct(v['warm'], 50) / lp:14.1f}x"
+        )
+    print(
+        f"(first after restart: OFFSET includes the manifest load and the data key's RSA unwrap; "
+        f"deleteLogSegmentData: median {statistics.median(r['delete']) * 1000:.0f} ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import psutil  # noqa: E402
+import psutil
 
-from rsm_sidecar.transform.keyring import write_key_pair  # noqa: E402
-from tests.service.rsm_client import Client, SegmentFilesOnDisk, metadata, seg_id  # noqa: E402
+from rsm_sidecar.transform.keyring import write_key_pair
+from tests.service.rsm_client import Client, SegmentFilesOnDisk, metadata, seg_id
 
 MiB = 1024 * 1024
 
@@ -67,8 +67,11 @@ public_key_file = "{work}/k.pub"
 private_key_file = "{work}/k.priv"
 """)
     os.makedirs(f"{work}/remote")
-    proc = subprocess.Popen([sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", cfg],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", cfg],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     address = None
     while address is None:
         line = proc.stderr.readline()
@@ -80,8 +83,9 @@ private_key_file = "{work}/k.priv"
     ps = psutil.Process(proc.pid)
     idle = ps.memory_info().rss
     # a pool of segment files the copiers reuse (a new segment id per copy)
-    sources = [SegmentFilesOnDisk(os.path.join(logs, f"src{i}"), log_size=args.segment_mib * MiB)
-               for i in range(4)]
+    sources = [
+        SegmentFilesOnDisk(os.path.join(logs, f"src{i}"), log_size=args.segment_mib * MiB) for i in range(4)
+    ]
     contents = [open(s.log_path, "rb").read() for s in sources]
     copied: list[tuple] = []
     lock = threading.Lock()
@@ -94,8 +98,7 @@ private_key_file = "{work}/k.priv"
         while not stop.is_set():
             i = next(ids)
             src = i % len(sources)
-            md = metadata(seg_id(i), start=i * 100, end=i * 100 + 99, size=sources[src].log_size,
-                          partition=n)
+            md = metadata(seg_id(i), start=i * 100, end=i * 100 + 99, size=sources[src].log_size, partition=n)
             reqs = sources[src].path_request(md) if i % 2 else sources[src].stream_requests(md)
             try:
                 client.copy(reqs, timeout=300)
@@ -144,20 +147,26 @@ private_key_file = "{work}/k.priv"
     proc.terminate()
     proc.wait(60)
 
-    print(f"soak: {args.copiers} copiers + {args.readers} readers, {args.segment_mib} MiB segments, "
-          f"{elapsed:.0f} s, encryption on, local storage; idle RSS {idle / MiB:.0f} MiB")
+    print(
+        f"soak: {args.copiers} copiers + {args.readers} readers, {args.segment_mib} MiB segments, "
+        f"{elapsed:.0f} s, encryption on, local storage; idle RSS {idle / MiB:.0f} MiB"
+    )
     print(f"{'time s':>7s} {'RSS MiB':>8s} {'over idle':>10s}")
     step = max(1, len(samples) // 10)
     for at, rss in samples[::step]:
         print(f"{at:7.0f} {rss / MiB:8.0f} {(rss - idle) / MiB:+10.0f}")
     half = len(samples) // 2
     first, second = [r for _, r in samples[:half]], [r for _, r in samples[half:]]
-    print(f"peak first half {max(first) / MiB:.0f} MiB, peak second half {max(second) / MiB:.0f} MiB "
-          f"(growth {(max(second) - max(first)) / MiB:+.0f} MiB)")
-    print(f"copies {counts['copies']} ({counts['copies'] * args.segment_mib / elapsed:.0f} MiB/s), "
-          f"copy errors {counts['copy_errors']}; fetches {counts['fetches']} "
-          f"({counts['fetched_bytes'] / MiB / elapsed:.0f} MiB/s), fetch errors {counts['fetch_errors']}, "
-          f"wrong bytes {counts['wrong']}")
+    print(
+        f"peak first half {max(first) / MiB:.0f} MiB, peak second half {max(second) / MiB:.0f} MiB "
+        f"(growth {(max(second) - max(first)) / MiB:+.0f} MiB)"
+    )
+    print(
+        f"copies {counts['copies']} ({counts['copies'] * args.segment_mib / elapsed:.0f} MiB/s), "
+        f"copy errors {counts['copy_errors']}; fetches {counts['fetches']} "
+        f"({counts['fetched_bytes'] / MiB / elapsed:.0f} MiB/s), fetch errors {counts['fetch_errors']}, "
+        f"wrong bytes {counts['wrong']}"
+    )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,9 @@ from pathlib import Path
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("NO_GCE_CHECK", "true")
 
-from devstack.gcsserver import FakeGcsServer  # noqa: E402
-from devstack.s3server import SeaweedS3Server  # noqa: E402
-from rsm_sidecar.storage.base import ObjectStore  # noqa: E402
+from devstack.gcsserver import FakeGcsServer
+from devstack.s3server import SeaweedS3Server
+from rsm_sidecar.storage.base import ObjectStore
 
 MiB = 1024 * 1024
 WRITE = 1 * MiB
@@ -70,7 +70,7 @@ def measure_raw(workdir: Path, data: bytes, repeat: int, reads: dict[int, list])
         t0 = time.perf_counter()
         with open(path, "wb") as f:
             for i in range(0, len(data), WRITE):
-                f.write(data[i:i + WRITE])
+                f.write(data[i : i + WRITE])
             f.flush()
             os.fsync(f.fileno())
         out["upload"].append(time.perf_counter() - t0)
@@ -78,7 +78,8 @@ def measure_raw(workdir: Path, data: bytes, repeat: int, reads: dict[int, list])
     try:
         for length, rs in reads.items():
             out["read"][length] = timed_rounds(
-                lambda: [os.pread(fd, end - start + 1, start) for start, end in rs])
+                lambda: [os.pread(fd, end - start + 1, start) for start, end in rs]
+            )
     finally:
         os.close(fd)
     return out
@@ -91,12 +92,13 @@ def measure_store(store: ObjectStore, key: str, data: bytes, repeat: int, reads:
         t0 = time.perf_counter()
         with store.open_writer(key) as w:
             for j in range(0, len(data), WRITE):
-                w.write(data[j:j + WRITE])
+                w.write(data[j : j + WRITE])
             w.commit()
         out["upload"].append(time.perf_counter() - t0)
         after = store.requests
-        out["upload_requests"] = {k: after.get(k, 0) - before.get(k, 0) for k in after
-                                  if after.get(k, 0) != before.get(k, 0)}
+        out["upload_requests"] = {
+            k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)
+        }
     assert store.size(key) == len(data)
     for length, rs in reads.items():
         before = sum(store.requests.values())
@@ -106,7 +108,7 @@ def measure_store(store: ObjectStore, key: str, data: bytes, repeat: int, reads:
         out["read"][length] = timed_rounds(lambda: [store.get_range(key, s, e) for s, e in rs])
     # spot-check the bytes once
     start, end = reads[min(reads)][0]
-    assert store.get_range(key, start, end) == data[start:end + 1]
+    assert store.get_range(key, start, end) == data[start : end + 1]
     store.delete(key)
     return out
 
@@ -145,14 +147,22 @@ def main(argv: list[str] | None = None) -> int:
 
             with SeaweedS3Server(work / "seaweedfs") as server:
                 server.create_bucket("bench")
-                store = S3ObjectStore("bench", endpoint_url=server.endpoint_url, region="us-east-1",
-                                      addressing_style="path", access_key_id="bench", secret_access_key="bench")
+                store = S3ObjectStore(
+                    "bench",
+                    endpoint_url=server.endpoint_url,
+                    region="us-east-1",
+                    addressing_style="path",
+                    access_key_id="bench",
+                    secret_access_key="bench",
+                )
                 try:
                     store.check()
                     results["s3 (SeaweedFS)"] = measure_store(store, "bench/object", data, args.repeat, reads)
-                    notes.append(f"s3: part_size {store.part_size // MiB} MiB, {store.max_parts_in_flight} parts in "
-                                 f"flight, checksum {store.checksum_algorithm}; SeaweedFS RSS after: "
-                                 f"{(server.rss_bytes() or 0) / MiB:.0f} MiB")
+                    notes.append(
+                        f"s3: part_size {store.part_size // MiB} MiB, {store.max_parts_in_flight} parts in "
+                        f"flight, checksum {store.checksum_algorithm}; SeaweedFS RSS after: "
+                        f"{(server.rss_bytes() or 0) / MiB:.0f} MiB"
+                    )
                 finally:
                     store.close()
 
@@ -164,16 +174,24 @@ def main(argv: list[str] | None = None) -> int:
                 store = GcsObjectStore("bench", endpoint_url=server.endpoint_url, credentials="anonymous")
                 try:
                     store.check()
-                    results["gcs (fake-gcs-server)"] = measure_store(store, "bench/object", data, args.repeat, reads)
-                    notes.append(f"gcs: chunk_size {store.chunk_size // MiB} MiB, CRC32C on; fake-gcs-server "
-                                 f"(filesystem backend) RSS after: {(server.rss_bytes() or 0) / MiB:.0f} MiB")
+                    results["gcs (fake-gcs-server)"] = measure_store(
+                        store, "bench/object", data, args.repeat, reads
+                    )
+                    notes.append(
+                        f"gcs: chunk_size {store.chunk_size // MiB} MiB, CRC32C on; fake-gcs-server "
+                        f"(filesystem backend) RSS after: {(server.rss_bytes() or 0) / MiB:.0f} MiB"
+                    )
                 finally:
                     store.close()
 
-    print(f"\nobject {args.size_mib} MiB written in 1 MiB pieces, median of {args.repeat} uploads; "
-          f"{args.reads} random ranged reads per size\n")
-    header = (f"{'backend':24} {'upload MiB/s':>12} {'read 1MiB MiB/s':>16} {'read 4MiB MiB/s':>16} "
-              f"{'requests/upload':>16} {'requests/1MiB read':>19}")
+    print(
+        f"\nobject {args.size_mib} MiB written in 1 MiB pieces, median of {args.repeat} uploads; "
+        f"{args.reads} random ranged reads per size\n"
+    )
+    header = (
+        f"{'backend':24} {'upload MiB/s':>12} {'read 1MiB MiB/s':>16} {'read 4MiB MiB/s':>16} "
+        f"{'requests/upload':>16} {'requests/1MiB read':>19}"
+    )
     print(header)
     print("-" * len(header))
     for name, r in results.items():
@@ -181,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         req_up = r.get("upload_requests")
         req_txt = "-" if req_up is None else str(sum(req_up.values()))
         rr = r.get("read_requests", {}).get(MiB)
-        print(f"{name:24} {fmt_rate(size, up):>12} {fmt_rate(MiB * args.reads, r['read'][MiB]):>16} "
-              f"{fmt_rate(4 * MiB * args.reads, r['read'][4 * MiB]):>16} {req_txt:>16} "
-              f"{'-' if rr is None else f'{rr:g}':>19}")
+        print(
+            f"{name:24} {fmt_rate(size, up):>12} {fmt_rate(MiB * args.reads, r['read'][MiB]):>16} "
+            f"{fmt_rate(4 * MiB * args.reads, r['read'][4 * MiB]):>16} {req_txt:>16} "
+            f"{'-' if rr is None else f'{rr:g}':>19}"
+        )
     print()
     for name, r in results.items():
         if r.get("upload_requests"):

@@ -9,8 +9,24 @@ import random
 from rsm_sidecar.kafka.batch import Compression
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
 
-WORDS = [b"order", b"created", b"shipped", b"eu-west-1", b"customer", b"item", b"price", b"EUR", b"USD",
-         b"warehouse", b"priority", b"standard", b"express", b"status", b"pending", b"delivered"]
+WORDS = [
+    b"order",
+    b"created",
+    b"shipped",
+    b"eu-west-1",
+    b"customer",
+    b"item",
+    b"price",
+    b"EUR",
+    b"USD",
+    b"warehouse",
+    b"priority",
+    b"standard",
+    b"express",
+    b"status",
+    b"pending",
+    b"delivered",
+]
 
 
 def value(rng: random.Random, size: int) -> bytes:
@@ -20,8 +36,15 @@ def value(rng: random.Random, size: int) -> bytes:
     return (b"{" + b"".join(parts))[: size - 1] + b"}"
 
 
-def batches(total_bytes: int, *, records_per_batch: int = 100, value_size: int = 300,
-            compressed_share: float = 0.0, codec: Compression = Compression.LZ4, seed: int = 1):
+def batches(
+    total_bytes: int,
+    *,
+    records_per_batch: int = 100,
+    value_size: int = 300,
+    compressed_share: float = 0.0,
+    codec: Compression = Compression.LZ4,
+    seed: int = 1,
+):
     """Yield batches until ``total_bytes``; a ``compressed_share`` of the batches (by
     count) is producer-compressed with ``codec``."""
     rng = random.Random(seed)
@@ -29,8 +52,10 @@ def batches(total_bytes: int, *, records_per_batch: int = 100, value_size: int =
     written = 0
     ts = 1_700_000_000_000
     while written < total_bytes:
-        recs = [SimpleRecord(b"key-%d" % rng.randrange(10**5), value(rng, value_size), ts + i)
-                for i in range(records_per_batch)]
+        recs = [
+            SimpleRecord(b"key-%d" % rng.randrange(10**5), value(rng, value_size), ts + i)
+            for i in range(records_per_batch)
+        ]
         comp = codec if rng.random() < compressed_share else Compression.NONE
         b = build_batch(recs, base_offset=offset, compression=comp)
         offset += records_per_batch

@@ -1,8 +1,8 @@
 """`python -m devstack.cli up|down|demo`: the local stack by hand, and the demo.
 
-    make up      # broker on 127.0.0.1:9092 with tiered storage; logs in run/stack/
-    make down
-    make demo    # start, produce, tier, consume from remote, summary, stop
+make up      # broker on 127.0.0.1:9092 with tiered storage; logs in run/stack/
+make down
+make demo    # start, produce, tier, consume from remote, summary, stop
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ def up(args) -> int:
     stack = LocalStack(workdir, storage=args.storage, transfer_mode=args.transfer_mode, broker_port=9092)
     stack.start()
     pidfile.write_text(str(os.getpid()))
-    _say(f"up: Kafka {stack.broker.dist.version} on {stack.bootstrap_servers} with tiered storage "
-         f"({args.storage} storage, {args.transfer_mode} transfer mode)\n"
-         f"    sidecar: {stack.sidecar_target}  logs: {workdir}/logs, {workdir}/kafka/logs\n"
-         f"    create a tiered topic: --config remote.storage.enable=true --config local.retention.ms=60000")
+    _say(
+        f"up: Kafka {stack.broker.dist.version} on {stack.bootstrap_servers} with tiered storage "
+        f"({args.storage} storage, {args.transfer_mode} transfer mode)\n"
+        f"    sidecar: {stack.sidecar_target}  logs: {workdir}/logs, {workdir}/kafka/logs\n"
+        f"    create a tiered topic: --config remote.storage.enable=true --config local.retention.ms=60000"
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     signal.signal(signal.SIGINT, lambda *a: stop.set())
@@ -97,17 +99,34 @@ def demo(args) -> int:
     workdir = RUN / "demo"
     shutil.rmtree(workdir, ignore_errors=True)
     _say(f"[1/5] starting Kafka with tiered storage ({args.storage} storage, {args.transfer_mode} mode) ...")
-    stack = LocalStack(workdir, storage=args.storage, transfer_mode=args.transfer_mode,
-                       broker_port=9092 if _port_free(9092) else None)
+    stack = LocalStack(
+        workdir,
+        storage=args.storage,
+        transfer_mode=args.transfer_mode,
+        broker_port=9092 if _port_free(9092) else None,
+    )
     stack.start()
     try:
         bootstrap = stack.bootstrap_servers
         _say(f"      broker {bootstrap} (Kafka {stack.broker.dist.version}), sidecar {stack.sidecar_target}")
         topic = "demo-orders"
         admin = AdminClient({"bootstrap.servers": bootstrap})
-        for f in admin.create_topics([NewTopic(topic, 1, 1, config={
-                "remote.storage.enable": "true", "segment.bytes": "1048576", "local.retention.ms": "1000",
-                "retention.ms": "604800000", "file.delete.delay.ms": "1000"})]).values():
+        for f in admin.create_topics(
+            [
+                NewTopic(
+                    topic,
+                    1,
+                    1,
+                    config={
+                        "remote.storage.enable": "true",
+                        "segment.bytes": "1048576",
+                        "local.retention.ms": "1000",
+                        "retention.ms": "604800000",
+                        "file.delete.delay.ms": "1000",
+                    },
+                )
+            ]
+        ).values():
             f.result(30)
 
         _say(f"[2/5] producing {args.records} order events to {topic} (1 MiB segments) ...")
@@ -117,9 +136,17 @@ def demo(args) -> int:
         statuses = ["created", "paid", "packed", "shipped", "delivered"]
         for i in range(args.records):
             key = b"customer-%05d" % rng.randrange(20000)
-            value = (b'{"order_id":%d,"status":"%s","amount":%d.%02d,"currency":"EUR","items":%d,"note":"%s"}'
-                     % (i, statuses[i % 5].encode(), rng.randrange(1, 900), rng.randrange(100), rng.randrange(1, 9),
-                        rng.randbytes(24).hex().encode()))
+            value = (
+                b'{"order_id":%d,"status":"%s","amount":%d.%02d,"currency":"EUR","items":%d,"note":"%s"}'
+                % (
+                    i,
+                    statuses[i % 5].encode(),
+                    rng.randrange(1, 900),
+                    rng.randrange(100),
+                    rng.randrange(1, 9),
+                    rng.randbytes(24).hex().encode(),
+                )
+            )
             digest.update(key + b"\0" + value + b"\n")
             p.produce(topic, key=key, value=value)
             if i % 10000 == 0:
@@ -130,7 +157,9 @@ def demo(args) -> int:
         del p, admin  # no client left to complain while the broker stops
         _say(f"      {args.records} records produced")
 
-        _say("[3/5] waiting until closed segments are in remote storage and deleted from the broker's disk ...")
+        _say(
+            "[3/5] waiting until closed segments are in remote storage and deleted from the broker's disk ..."
+        )
         part_dir = stack.broker.partition_dir(topic)
         store = stack.object_store()
         layout = KeyLayout("tiered/")
@@ -138,8 +167,13 @@ def demo(args) -> int:
         deadline = time.monotonic() + 300
         while True:
             local = sorted(int(f.name.split(".")[0]) for f in part_dir.iterdir() if f.name.endswith(".log"))
-            manifests = [o for o in store.list("tiered/") if o.key.endswith(".rsm-manifest")
-                         and (layout.parse(o.key) or None) and layout.parse(o.key).topic == topic]
+            manifests = [
+                o
+                for o in store.list("tiered/")
+                if o.key.endswith(".rsm-manifest")
+                and (layout.parse(o.key) or None)
+                and layout.parse(o.key).topic == topic
+            ]
             line = f"      {len(manifests)} segments in remote storage, {len(local)} on the broker's disk"
             if line != last_line:
                 _say(line)
@@ -151,9 +185,17 @@ def demo(args) -> int:
             time.sleep(1)
         first_local = local[0]
 
-        _say(f"[4/5] consuming everything from offset 0 (offsets below {first_local} are served from remote) ...")
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "demo", "enable.auto.commit": False,
-                      "auto.offset.reset": "earliest"})
+        _say(
+            f"[4/5] consuming everything from offset 0 (offsets below {first_local} are served from remote) ..."
+        )
+        c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "demo",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
         c.assign([TopicPartition(topic, 0, 0)])
         check = hashlib.sha256()
         n = 0
@@ -175,8 +217,10 @@ def demo(args) -> int:
         gc.collect()
         read_secs = time.monotonic() - t0
         if n != args.records or check.digest() != digest.digest():
-            raise RuntimeError(f"verification failed: {n} of {args.records} records, digest "
-                               f"{'matches' if check.digest() == digest.digest() else 'differs'}")
+            raise RuntimeError(
+                f"verification failed: {n} of {args.records} records, digest "
+                f"{'matches' if check.digest() == digest.digest() else 'differs'}"
+            )
 
         original = stored = 0
         compressed = encrypted = 0
@@ -188,14 +232,20 @@ def demo(args) -> int:
             compressed += m.compression
             encrypted += m.encryption is not None
         _say("[5/5] summary")
-        _say(f"      segments tiered:        {len(manifests)} ({compressed} zstd-compressed, {encrypted} "
-             f"AES-256-GCM encrypted)")
+        _say(
+            f"      segments tiered:        {len(manifests)} ({compressed} zstd-compressed, {encrypted} "
+            f"AES-256-GCM encrypted)"
+        )
         _say(f"      bytes on the broker:    {original:,} (the segments' .log files)")
         _say(f"      bytes in storage:       {stored:,} (.log + .indexes + .rsm-manifest)")
         _say(f"      compression ratio:      {original / stored:.2f}x")
-        _say(f"      records verified:       {n:,} of {args.records:,} (sha256 of keys and values matches; "
-             f"{from_remote:,} served from remote storage, {n / read_secs:,.0f} records/s)")
-        _say(f"      remote objects:         {stack.remote_root if args.storage == 'local' else args.storage}")
+        _say(
+            f"      records verified:       {n:,} of {args.records:,} (sha256 of keys and values matches; "
+            f"{from_remote:,} served from remote storage, {n / read_secs:,.0f} records/s)"
+        )
+        _say(
+            f"      remote objects:         {stack.remote_root if args.storage == 'local' else args.storage}"
+        )
         _say(f"      total time:             {time.monotonic() - t_start:.0f}s")
     finally:
         _say("stopping the stack ...")
@@ -211,9 +261,14 @@ def main(argv=None) -> int:
         p = sub.add_parser(name)
         p.set_defaults(func=fn)
         if name != "down":
-            p.add_argument("--storage", default=os.environ.get("STORAGE") or "local", choices=("local", "s3", "gcs"))
-            p.add_argument("--transfer-mode", default=os.environ.get("TRANSFER_MODE") or "path",
-                           choices=("path", "stream"))
+            p.add_argument(
+                "--storage", default=os.environ.get("STORAGE") or "local", choices=("local", "s3", "gcs")
+            )
+            p.add_argument(
+                "--transfer-mode",
+                default=os.environ.get("TRANSFER_MODE") or "path",
+                choices=("path", "stream"),
+            )
         if name == "up":
             p.add_argument("--fresh", action="store_true", help="start from empty data directories")
         if name == "demo":

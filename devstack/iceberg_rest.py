@@ -32,8 +32,8 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from devstack.common import HOST, default_cache_dir, file_lock, free_port
 from devstack.s3server import ServerProcess
@@ -75,8 +75,9 @@ def fixture_home(cache: Path | None = None, version: str = FIXTURE_VERSION) -> P
     return Path(cache or default_cache_dir()) / f"iceberg-rest-fixture-{version}"
 
 
-def ensure_rest_fixture(cache: Path | None = None, version: str = FIXTURE_VERSION,
-                        mvn: str | None = None, timeout: float = 600) -> Path:
+def ensure_rest_fixture(
+    cache: Path | None = None, version: str = FIXTURE_VERSION, mvn: str | None = None, timeout: float = 600
+) -> Path:
     """The fixture's ``lib`` directory, resolved once with Maven (idempotent, locked)."""
     cache = Path(cache or default_cache_dir())
     home = fixture_home(cache, version)
@@ -94,12 +95,23 @@ def ensure_rest_fixture(cache: Path | None = None, version: str = FIXTURE_VERSIO
         pom.write_text(_POM.format(v=version, jetty=JETTY_VERSION, slf4j=SLF4J_VERSION))
         staging = home / "lib.partial"
         shutil.rmtree(staging, ignore_errors=True)
-        cmd = [mvn, "-q", "-B", "-f", str(pom), f"-Dmaven.repo.local={cache / 'm2'}",
-               "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(pom),
+            f"-Dmaven.repo.local={cache / 'm2'}",
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={staging}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
-            raise RestFixtureError(f"resolving the Iceberg REST fixture failed ({' '.join(cmd)}):\n"
-                                   f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+            raise RestFixtureError(
+                f"resolving the Iceberg REST fixture failed ({' '.join(cmd)}):\n"
+                f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+            )
         if not list(staging.glob(f"iceberg-open-api-{version}-test-fixtures.jar")):
             raise RestFixtureError(f"Maven finished but {staging} has no fixture jar")
         shutil.rmtree(lib, ignore_errors=True)
@@ -115,8 +127,9 @@ def _extra_jars() -> list[str]:
     from rsm_sidecar.iceberg import jars
 
     spark_jars = Path(pyspark.__file__).parent / "jars"
-    hadoop = sorted(glob.glob(str(spark_jars / "hadoop-client-api-*.jar"))) + \
-        sorted(glob.glob(str(spark_jars / "hadoop-client-runtime-*.jar")))
+    hadoop = sorted(glob.glob(str(spark_jars / "hadoop-client-api-*.jar"))) + sorted(
+        glob.glob(str(spark_jars / "hadoop-client-runtime-*.jar"))
+    )
     if len(hadoop) < 2:
         raise RestFixtureError(f"no hadoop-client-api/runtime jars in {spark_jars}")
     sqlite = jars.artifact_path(jars.SQLITE_JDBC)
@@ -132,8 +145,15 @@ class IcebergRestServer(ServerProcess):
     name = "iceberg-rest"
     startup_timeout = 90.0
 
-    def __init__(self, workdir: Path, warehouse: str, *, s3: Mapping[str, str] | None = None,
-                 port: int | None = None, cache: Path | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        warehouse: str,
+        *,
+        s3: Mapping[str, str] | None = None,
+        port: int | None = None,
+        cache: Path | None = None,
+    ):
         super().__init__(workdir)
         self.lib = ensure_rest_fixture(cache)
         self.warehouse = warehouse
@@ -147,17 +167,34 @@ class IcebergRestServer(ServerProcess):
 
     def command(self) -> list[str]:
         cp = os.pathsep.join([str(self.lib / "*"), *_extra_jars()])
-        return ["java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", cp,
-                "org.apache.iceberg.rest.RESTCatalogServer"]
+        return [
+            "java",
+            "-Xmx384m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-cp",
+            cp,
+            "org.apache.iceberg.rest.RESTCatalogServer",
+        ]
 
     def environment(self) -> Mapping[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CATALOG_", "AWS_"))}
-        env.update({"CATALOG_URI": f"jdbc:sqlite:{self.db}", "CATALOG_WAREHOUSE": self.warehouse,
-                    "CATALOG_REST_PORT": str(self.port), "CATALOG_JDBC_SCHEMA__VERSION": "V1"})
+        env.update(
+            {
+                "CATALOG_URI": f"jdbc:sqlite:{self.db}",
+                "CATALOG_WAREHOUSE": self.warehouse,
+                "CATALOG_REST_PORT": str(self.port),
+                "CATALOG_JDBC_SCHEMA__VERSION": "V1",
+            }
+        )
         if self.s3:
-            env.update({"CATALOG_IO__IMPL": "org.apache.iceberg.aws.s3.S3FileIO",
-                        "CATALOG_CLIENT_REGION": self.s3.get("region", "us-east-1"),
-                        "CATALOG_S3_PATH__STYLE__ACCESS": "true"})
+            env.update(
+                {
+                    "CATALOG_IO__IMPL": "org.apache.iceberg.aws.s3.S3FileIO",
+                    "CATALOG_CLIENT_REGION": self.s3.get("region", "us-east-1"),
+                    "CATALOG_S3_PATH__STYLE__ACCESS": "true",
+                }
+            )
             if self.s3.get("endpoint"):
                 env["CATALOG_S3_ENDPOINT"] = self.s3["endpoint"]
             if self.s3.get("access_key_id"):

@@ -44,9 +44,9 @@ import subprocess
 import time
 import uuid
 import weakref
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from devstack.common import REPO_ROOT, default_cache_dir, file_lock, free_port  # noqa: F401 (REPO_ROOT re-exported)
 
@@ -58,7 +58,6 @@ DEFAULT_KAFKA_VERSION = "4.3.1"
 POM_PATH = Path(__file__).resolve().parent / "kafka-jars.pom.xml"
 _STAMP_NAME = ".devstack-complete.json"
 _LOG4J2_BINDING = "log4j-slf4j-impl"
-
 
 
 class DevstackError(RuntimeError):
@@ -114,7 +113,7 @@ class KafkaDistribution:
         *,
         mvn: str | None = None,
         timeout: float = 900.0,
-    ) -> "KafkaDistribution":
+    ) -> KafkaDistribution:
         """Return the distribution for ``version``, downloading it first if needed.
 
         Idempotent: a stamp file written last marks a complete ``lib`` directory (and records
@@ -151,7 +150,11 @@ class KafkaDistribution:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         base = [
-            mvn, "-q", "-B", "-f", str(POM_PATH),
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(POM_PATH),
             f"-Dmaven.repo.local={cache / 'm2'}",
             f"-Dkafka.version={self.version}",
             "dependency:copy-dependencies",
@@ -165,9 +168,18 @@ class KafkaDistribution:
             if log4j_version is None:
                 raise DevstackError(
                     f"Kafka {self.version}: no log4j-core jar among its runtime dependencies "
-                    f"in {staging}; cannot choose the log4j2 SLF4J binding")
-            _run_maven(base + ["-Plog4j2", f"-Dlog4j2.version={log4j_version}",
-                               f"-DincludeArtifactIds={_LOG4J2_BINDING}"], self.version, timeout)
+                    f"in {staging}; cannot choose the log4j2 SLF4J binding"
+                )
+            _run_maven(
+                base
+                + [
+                    "-Plog4j2",
+                    f"-Dlog4j2.version={log4j_version}",
+                    f"-DincludeArtifactIds={_LOG4J2_BINDING}",
+                ],
+                self.version,
+                timeout,
+            )
         else:
             _run_maven(base + ["-Preload4j"], self.version, timeout)
         jars = sorted(p.name for p in staging.glob("*.jar"))
@@ -180,8 +192,9 @@ class KafkaDistribution:
         tmp.write_text(json.dumps(stamp, indent=1))
         tmp.rename(self.home / _STAMP_NAME)
 
-    def java_command(self, main_class: str, args: Iterable[str] = (),
-                     jvm_options: Iterable[str] = ()) -> list[str]:
+    def java_command(
+        self, main_class: str, args: Iterable[str] = (), jvm_options: Iterable[str] = ()
+    ) -> list[str]:
         """The argv that runs ``main_class`` on this distribution's class path."""
         return [_java_executable(), *jvm_options, "-cp", self.classpath, main_class, *args]
 
@@ -224,14 +237,17 @@ def _run_maven(argv: list[str], version: str, timeout: float) -> None:
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        raise DevstackError(f"Maven did not finish within {timeout:.0f}s gathering Kafka "
-                            f"{version}: {' '.join(argv)}") from exc
+        raise DevstackError(
+            f"Maven did not finish within {timeout:.0f}s gathering Kafka {version}: {' '.join(argv)}"
+        ) from exc
     if proc.returncode != 0:
         output = (proc.stdout + proc.stderr).strip()
         errors = [line for line in output.splitlines() if "[ERROR]" in line] or output.splitlines()
         raise DevstackError(
             f"Maven failed (exit {proc.returncode}) gathering Kafka {version} from Maven Central:\n"
-            + "\n".join(errors[:15]) + f"\ncommand: {' '.join(argv)}")
+            + "\n".join(errors[:15])
+            + f"\ncommand: {' '.join(argv)}"
+        )
 
 
 def _jar_version(lib: Path, artifact: str) -> str | None:
@@ -407,7 +423,7 @@ class KafkaBroker:
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self) -> "KafkaBroker":
+    def start(self) -> KafkaBroker:
         """Write the config, format the storage if new, start the JVM and wait until ready.
 
         On the first start with dynamically chosen ports, a port grabbed by someone else between
@@ -437,16 +453,31 @@ class KafkaBroker:
         self._format_storage()
         log_config = self.dist.write_log_config(
             self.workdir / ("log4j2.properties" if self.dist.uses_log4j2 else "log4j.properties"),
-            self.server_log, self.log_level)
+            self.server_log,
+            self.log_level,
+        )
         argv = self.dist.java_command(
-            "kafka.Kafka", [str(self.properties_file)],
-            [*self.heap_options, "-XX:+UseG1GC", "-Djava.awt.headless=true",
-             f"-Dkafka.logs.dir={self.logs_dir}", *self.dist.log_config_options(log_config),
-             *self.jvm_options])
+            "kafka.Kafka",
+            [str(self.properties_file)],
+            [
+                *self.heap_options,
+                "-XX:+UseG1GC",
+                "-Djava.awt.headless=true",
+                f"-Dkafka.logs.dir={self.logs_dir}",
+                *self.dist.log_config_options(log_config),
+                *self.jvm_options,
+            ],
+        )
         self._stdout = open(self.logs_dir / "stdout.log", "ab")
         self._proc = subprocess.Popen(
-            argv, cwd=self.workdir, stdout=self._stdout, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env={**os.environ, **self.env}, start_new_session=True)
+            argv,
+            cwd=self.workdir,
+            stdout=self._stdout,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+        )
         # Never leave a JVM behind if the caller forgets stop() or the interpreter exits.
         self._finalizer = weakref.finalize(self, _kill_quietly, self._proc)
         try:
@@ -460,37 +491,45 @@ class KafkaBroker:
         if all(p.exists() for p in meta):
             return
         log_config = self.dist.write_log_config(
-            self.workdir / ("log4j2-tool.properties" if self.dist.uses_log4j2
-                            else "log4j-tool.properties"),
-            self.logs_dir / "storage-tool.log")
+            self.workdir / ("log4j2-tool.properties" if self.dist.uses_log4j2 else "log4j-tool.properties"),
+            self.logs_dir / "storage-tool.log",
+        )
         argv = self.dist.java_command(
             "kafka.tools.StorageTool",
             ["format", "-t", self.cluster_id, "-c", str(self.properties_file)],
-            ["-Xmx256M", *self.dist.log_config_options(log_config)])
+            ["-Xmx256M", *self.dist.log_config_options(log_config)],
+        )
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                                  env={**os.environ, **self.env})
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=120, env={**os.environ, **self.env}
+            )
         except subprocess.TimeoutExpired as exc:
             raise DevstackError(f"kafka.tools.StorageTool format timed out in {self.workdir}") from exc
         if proc.returncode != 0:
             raise DevstackError(
                 f"kafka.tools.StorageTool format failed (exit {proc.returncode}) for "
-                f"{self.properties_file}:\n{(proc.stdout + proc.stderr).strip()[-3000:]}")
+                f"{self.properties_file}:\n{(proc.stdout + proc.stderr).strip()[-3000:]}"
+            )
 
     def _wait_ready(self) -> None:
         from confluent_kafka.admin import AdminClient  # dev dependency; imported lazily
 
         deadline = time.monotonic() + self.startup_timeout
         # librdkafka logs connection refusals while the JVM boots; route them to Python logging.
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers,
-                             "socket.connection.setup.timeout.ms": 2000,
-                             "logger": logging.getLogger("devstack.kafka.admin")})
+        admin = AdminClient(
+            {
+                "bootstrap.servers": self.bootstrap_servers,
+                "socket.connection.setup.timeout.ms": 2000,
+                "logger": logging.getLogger("devstack.kafka.admin"),
+            }
+        )
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise DevstackError(
                     f"Kafka {self.dist.version} exited with code {self._proc.returncode} during "
-                    f"startup (workdir {self.workdir}).\n{self.log_tail()}")
+                    f"startup (workdir {self.workdir}).\n{self.log_tail()}"
+                )
             try:
                 md = admin.list_topics(timeout=2)
                 if md.brokers:
@@ -500,7 +539,8 @@ class KafkaBroker:
             time.sleep(0.25)
         raise DevstackError(
             f"Kafka {self.dist.version} did not answer on {self.bootstrap_servers} within "
-            f"{self.startup_timeout:.0f}s (last error: {last_error}).\n{self.log_tail()}")
+            f"{self.startup_timeout:.0f}s (last error: {last_error}).\n{self.log_tail()}"
+        )
 
     def _log_since(self, offset: int) -> str:
         try:
@@ -541,7 +581,7 @@ class KafkaBroker:
             self._proc.wait(30)
         return self._cleanup()
 
-    def restart(self, timeout: float = 30.0) -> "KafkaBroker":
+    def restart(self, timeout: float = 30.0) -> KafkaBroker:
         """Stop and start again on the same data dir and ports."""
         self.stop(timeout)
         return self.start()
@@ -556,7 +596,7 @@ class KafkaBroker:
             self._stdout = None
         return code
 
-    def __enter__(self) -> "KafkaBroker":
+    def __enter__(self) -> KafkaBroker:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -587,14 +627,22 @@ def main(argv: list[str] | None = None) -> int:
     jars = sub.add_parser("jars", help="download the jars (idempotent) and print the lib dir")
     run = sub.add_parser("broker", help="run a broker in the foreground until Ctrl-C")
     for p in (jars, run):
-        p.add_argument("--version", default=None, help="Kafka version (default: $KAFKA_VERSION "
-                       f"or {DEFAULT_KAFKA_VERSION})")
+        p.add_argument(
+            "--version",
+            default=None,
+            help=f"Kafka version (default: $KAFKA_VERSION or {DEFAULT_KAFKA_VERSION})",
+        )
         p.add_argument("--cache-dir", default=None, help="default: $RSM_CACHE_DIR or .cache")
     run.add_argument("--workdir", default=None, help="default: <cache>/kafka-broker-<port>")
     run.add_argument("--port", type=int, default=9092)
     run.add_argument("--controller-port", type=int, default=9093)
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="extra server.properties entry (repeatable)")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra server.properties entry (repeatable)",
+    )
     args = ap.parse_args(argv)
     dist = KafkaDistribution.ensure(args.version, args.cache_dir)
     if args.command == "jars":
@@ -603,11 +651,15 @@ def main(argv: list[str] | None = None) -> int:
     extra = dict(item.split("=", 1) for item in args.set)
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     workdir = Path(args.workdir) if args.workdir else cache / f"kafka-broker-{args.port}"
-    broker = KafkaBroker(dist, workdir, extra_properties=extra,
-                         ports={"broker": args.port, "controller": args.controller_port})
+    broker = KafkaBroker(
+        dist, workdir, extra_properties=extra, ports={"broker": args.port, "controller": args.controller_port}
+    )
     broker.start()
-    print(f"Kafka {dist.version} on {broker.bootstrap_servers}; data in {broker.log_dirs[0]}; "
-          f"logs in {broker.logs_dir}. Ctrl-C to stop.", flush=True)
+    print(
+        f"Kafka {dist.version} on {broker.bootstrap_servers}; data in {broker.log_dirs[0]}; "
+        f"logs in {broker.logs_dir}. Ctrl-C to stop.",
+        flush=True,
+    )
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a background job may ignore it
         signal.signal(sig, lambda *_: stop.append(True))

@@ -38,8 +38,12 @@ def kafka_broker_factory(kafka_distribution, tmp_path_factory):
     started: list[KafkaBroker] = []
 
     def factory(extra_properties=None, **kwargs) -> KafkaBroker:
-        broker = KafkaBroker(kafka_distribution, tmp_path_factory.mktemp("kafka-broker"),
-                             extra_properties=extra_properties, **kwargs)
+        broker = KafkaBroker(
+            kafka_distribution,
+            tmp_path_factory.mktemp("kafka-broker"),
+            extra_properties=extra_properties,
+            **kwargs,
+        )
         started.append(broker)
         return broker.start()
 

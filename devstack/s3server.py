@@ -35,8 +35,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from devstack.common import HOST, default_cache_dir, file_lock, free_port
 
@@ -79,9 +79,22 @@ def pip_install_target(requirement: str, target: Path, timeout: float = 600) -> 
     """``pip install --no-deps --target`` into a temp dir, then rename into place."""
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "--no-deps", "--target", str(tmp), requirement],
-                       check=True, timeout=timeout)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--target",
+                str(tmp),
+                requirement,
+            ],
+            check=True,
+            timeout=timeout,
+        )
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
@@ -133,22 +146,32 @@ class ServerProcess:
         t0 = time.monotonic()
         log = open(self.log_file, "ab")
         try:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, cwd=self.workdir,
-                                         env=dict(self.environment()), start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                env=dict(self.environment()),
+                start_new_session=True,
+            )
         finally:
             log.close()
         deadline = t0 + self.startup_timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with status {self.proc.returncode} during start-up; "
-                                   f"log {self.log_file}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with status {self.proc.returncode} during start-up; "
+                    f"log {self.log_file}:\n{self.log_tail()}"
+                )
             if self.is_ready():
                 break
             if time.monotonic() > deadline:
                 self.kill()
-                raise RuntimeError(f"{self.name} did not become ready within {self.startup_timeout:.0f}s; "
-                                   f"log {self.log_file}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.name} did not become ready within {self.startup_timeout:.0f}s; "
+                    f"log {self.log_file}:\n{self.log_tail()}"
+                )
             time.sleep(0.05)
         self.startup_seconds = time.monotonic() - t0
         return self
@@ -186,8 +209,10 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while self._thread_states() - {"T", "t"}:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} (pid {self.pid}) did not stop: thread states "
-                                   f"{sorted(self._thread_states())}")
+                raise RuntimeError(
+                    f"{self.name} (pid {self.pid}) did not stop: thread states "
+                    f"{sorted(self._thread_states())}"
+                )
             time.sleep(0.01)
 
     def _thread_states(self) -> set[str]:
@@ -284,16 +309,30 @@ class SeaweedS3Server(ServerProcess):
 
     name = "seaweedfs"
 
-    def __init__(self, workdir: Path, access_key: str | None = None, secret_key: str | None = None,
-                 weed: Path | None = None, cache_dir: Path | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        weed: Path | None = None,
+        cache_dir: Path | None = None,
+    ):
         super().__init__(workdir)
         self.weed = Path(weed) if weed else ensure_seaweedfs(cache_dir)
         self.data_dir = self.workdir / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.access_key = access_key
         self.secret_key = secret_key
-        (self.master, self.master_grpc, self.volume, self.volume_grpc, self.filer, self.filer_grpc,
-         self.s3, self.s3_grpc) = free_ports(8)
+        (
+            self.master,
+            self.master_grpc,
+            self.volume,
+            self.volume_grpc,
+            self.filer,
+            self.filer_grpc,
+            self.s3,
+            self.s3_grpc,
+        ) = free_ports(8)
         # weed's maintenance worker dials the admin gRPC port at admin port + 10000 whatever
         # -admin.port.grpc says, so choose a pair where both agree.
         self.admin, self.admin_grpc = port_pair(10000)
@@ -304,17 +343,29 @@ class SeaweedS3Server(ServerProcess):
 
     def command(self) -> list[str]:
         return [
-            str(self.weed), "mini", f"-dir={self.data_dir}", f"-ip={HOST}", f"-ip.bind={HOST}",
-            f"-master.port={self.master}", f"-master.port.grpc={self.master_grpc}",
-            f"-volume.port={self.volume}", f"-volume.port.grpc={self.volume_grpc}",
-            f"-filer.port={self.filer}", f"-filer.port.grpc={self.filer_grpc}",
-            f"-s3.port={self.s3}", f"-s3.port.grpc={self.s3_grpc}",
-            f"-admin.port={self.admin}", f"-admin.port.grpc={self.admin_grpc}", "-admin.ui=false",
-            "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            "-master.telemetry=false",       # never phone home
-            "-s3.autoCreateBucket=false",    # a missing bucket must stay missing
+            str(self.weed),
+            "mini",
+            f"-dir={self.data_dir}",
+            f"-ip={HOST}",
+            f"-ip.bind={HOST}",
+            f"-master.port={self.master}",
+            f"-master.port.grpc={self.master_grpc}",
+            f"-volume.port={self.volume}",
+            f"-volume.port.grpc={self.volume_grpc}",
+            f"-filer.port={self.filer}",
+            f"-filer.port.grpc={self.filer_grpc}",
+            f"-s3.port={self.s3}",
+            f"-s3.port.grpc={self.s3_grpc}",
+            f"-admin.port={self.admin}",
+            f"-admin.port.grpc={self.admin_grpc}",
+            "-admin.ui=false",
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.telemetry=false",  # never phone home
+            "-s3.autoCreateBucket=false",  # a missing bucket must stay missing
             "-master.volumeSizeLimitMB=64",  # small volumes: less disk per test server
-            "-volume.preStopSeconds=0",      # stop at once
+            "-volume.preStopSeconds=0",  # stop at once
             f"-filer.localSocket={self.workdir / 'filer.sock'}",
             f"-s3.localSocket={self.workdir / 's3.sock'}",
         ]
@@ -335,11 +386,17 @@ class SeaweedS3Server(ServerProcess):
         from botocore.config import Config
 
         return boto3.client(
-            "s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
             aws_access_key_id=access_key or self.access_key or "any",
             aws_secret_access_key=secret_key or self.secret_key or "any",
-            config=Config(s3={"addressing_style": "path"}, retries={"mode": "standard", "total_max_attempts": 5},
-                          **config))
+            config=Config(
+                s3={"addressing_style": "path"},
+                retries={"mode": "standard", "total_max_attempts": 5},
+                **config,
+            ),
+        )
 
     def create_bucket(self, bucket: str) -> None:
         import botocore.exceptions
@@ -379,7 +436,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     with server:
         for b in args.bucket:
             server.create_bucket(b)
-        print(f"S3 endpoint {server.endpoint_url} (data {server.data_dir}, log {server.log_file})", flush=True)
+        print(
+            f"S3 endpoint {server.endpoint_url} (data {server.data_dir}, log {server.log_file})", flush=True
+        )
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     return 0

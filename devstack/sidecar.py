@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -39,13 +39,19 @@ class SidecarProcess:
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, timeout: float = 60) -> "SidecarProcess":
+    def start(self, timeout: float = 60) -> SidecarProcess:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_file, "ab")
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        self._proc = subprocess.Popen([sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config",
-                                       str(self.config)], cwd=REPO_ROOT, env=env, stdout=log,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(self.config)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         self.wait_serving(timeout)
         return self
@@ -57,13 +63,17 @@ class SidecarProcess:
                 raise RuntimeError(f"rsm-sidecar exited with {self._proc.returncode}:\n{self.log_tail()}")
             try:
                 with grpc.insecure_channel(self.target) as ch:
-                    resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                    resp = health_pb2_grpc.HealthStub(ch).Check(
+                        health_pb2.HealthCheckRequest(service=""), timeout=1
+                    )
                     if resp.status == health_pb2.HealthCheckResponse.SERVING:
                         return
             except grpc.RpcError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"rsm-sidecar not serving on {self.target} after {timeout:.0f}s:\n{self.log_tail()}")
+        raise RuntimeError(
+            f"rsm-sidecar not serving on {self.target} after {timeout:.0f}s:\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 30) -> str:
         try:

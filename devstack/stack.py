@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from devstack.kafka import KafkaBroker, KafkaDistribution, default_cache_dir
 from devstack.sidecar import SidecarProcess
@@ -41,10 +41,18 @@ def read_properties(path: Path, values: Mapping[str, str]) -> dict[str, str]:
 
 
 class LocalStack:
-    def __init__(self, workdir: str | os.PathLike, *, storage: str = "local", transfer_mode: str = "path",
-                 kafka_version: str | None = None, broker_port: int | None = None,
-                 sidecar_env: Mapping[str, str] | None = None, broker_properties: Mapping[str, object] | None = None,
-                 encryption: bool = True):
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        *,
+        storage: str = "local",
+        transfer_mode: str = "path",
+        kafka_version: str | None = None,
+        broker_port: int | None = None,
+        sidecar_env: Mapping[str, str] | None = None,
+        broker_properties: Mapping[str, object] | None = None,
+        encryption: bool = True,
+    ):
         self.workdir = Path(workdir).resolve()
         self.storage = storage
         self.transfer_mode = transfer_mode
@@ -103,8 +111,9 @@ class LocalStack:
         if self.encryption:
             self._ensure_keys()
             for leaf in ("public", "private"):
-                env[f"RSM__ENCRYPTION__KEYS__{DEMO_KEY_ID}__{leaf.upper()}_KEY_FILE"] = \
-                    str(self.keys_dir / f"{DEMO_KEY_ID}.{leaf}.pem")
+                env[f"RSM__ENCRYPTION__KEYS__{DEMO_KEY_ID}__{leaf.upper()}_KEY_FILE"] = str(
+                    self.keys_dir / f"{DEMO_KEY_ID}.{leaf}.pem"
+                )
         else:
             env["RSM__ENCRYPTION__ENABLED"] = "false"
         env.update(self.extra_sidecar_env)
@@ -118,8 +127,9 @@ class LocalStack:
         elif self.storage == "s3":
             from devstack.s3server import SeaweedS3Server
 
-            self.storage_server = SeaweedS3Server(self.workdir / "s3", access_key="stack-access",
-                                                  secret_key="stack-secret-key").start()
+            self.storage_server = SeaweedS3Server(
+                self.workdir / "s3", access_key="stack-access", secret_key="stack-secret-key"
+            ).start()
             self.storage_server.create_bucket(BUCKET)
         elif self.storage == "gcs":
             from devstack.gcsserver import FakeGcsServer
@@ -133,25 +143,35 @@ class LocalStack:
         """RSM__ settings that point the sidecar at the storage server."""
         if self.storage == "s3":
             srv = self.storage_server
-            return {"RSM__STORAGE__S3__BUCKET": BUCKET, "RSM__STORAGE__S3__ENDPOINT_URL": srv.endpoint_url,
-                    "RSM__STORAGE__S3__REGION": "us-east-1", "RSM__STORAGE__S3__ADDRESSING_STYLE": "path",
-                    "RSM__STORAGE__S3__ACCESS_KEY_ID": srv.access_key,
-                    "RSM__STORAGE__S3__SECRET_ACCESS_KEY": srv.secret_key}
+            return {
+                "RSM__STORAGE__S3__BUCKET": BUCKET,
+                "RSM__STORAGE__S3__ENDPOINT_URL": srv.endpoint_url,
+                "RSM__STORAGE__S3__REGION": "us-east-1",
+                "RSM__STORAGE__S3__ADDRESSING_STYLE": "path",
+                "RSM__STORAGE__S3__ACCESS_KEY_ID": srv.access_key,
+                "RSM__STORAGE__S3__SECRET_ACCESS_KEY": srv.secret_key,
+            }
         if self.storage == "gcs":
-            return {"RSM__STORAGE__GCS__BUCKET": BUCKET, "RSM__STORAGE__GCS__ENDPOINT_URL":
-                    self.storage_server.endpoint_url, "RSM__STORAGE__GCS__CREDENTIALS": "anonymous",
-                    "RSM__STORAGE__GCS__PROJECT": "test"}
+            return {
+                "RSM__STORAGE__GCS__BUCKET": BUCKET,
+                "RSM__STORAGE__GCS__ENDPOINT_URL": self.storage_server.endpoint_url,
+                "RSM__STORAGE__GCS__CREDENTIALS": "anonymous",
+                "RSM__STORAGE__GCS__PROJECT": "test",
+            }
         return {"RSM__STORAGE__LOCAL__ROOT": str(self.remote_root)}
 
     def start_sidecar(self) -> SidecarProcess:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         if self.sidecar is None:
-            self.sidecar = SidecarProcess(CONFIG_DIR / "sidecar.toml", self.workdir, self.sidecar_environment(),
-                                          self.sidecar_target)
+            self.sidecar = SidecarProcess(
+                CONFIG_DIR / "sidecar.toml", self.workdir, self.sidecar_environment(), self.sidecar_target
+            )
         self.sidecar.start()
         return self.sidecar
 
-    def restart_sidecar(self, env: Mapping[str, str] | None = None, unset: Iterable[str] = ()) -> SidecarProcess:
+    def restart_sidecar(
+        self, env: Mapping[str, str] | None = None, unset: Iterable[str] = ()
+    ) -> SidecarProcess:
         """Stop the sidecar and start it again, optionally with changed RSM__ settings
         (key rotation, another storage prefix) or without some (``unset``: variable
         names, e.g. the files of a retired key); the broker keeps running."""
@@ -175,23 +195,35 @@ class LocalStack:
         plugin = self.workdir / "shim"
         plugin.mkdir(parents=True, exist_ok=True)
         shutil.copy2(SHIM_JAR, plugin / SHIM_JAR.name)
-        props: dict[str, object] = dict(read_properties(CONFIG_DIR / "broker-tiered.properties", {
-            "SHIM_DIR": str(plugin), "SIDECAR_TARGET": self.sidecar_target, "TRANSFER_MODE": self.transfer_mode}))
+        props: dict[str, object] = dict(
+            read_properties(
+                CONFIG_DIR / "broker-tiered.properties",
+                {
+                    "SHIM_DIR": str(plugin),
+                    "SIDECAR_TARGET": self.sidecar_target,
+                    "TRANSFER_MODE": self.transfer_mode,
+                },
+            )
+        )
         props["log.dirs"] = str(self.broker_log_dir)
         props.update(self.extra_broker_properties)
         return props
 
     def start_broker(self) -> KafkaBroker:
         if self.broker is None:
-            dist = KafkaDistribution.ensure(self.kafka_version, default_cache_dir()) if self.kafka_version \
+            dist = (
+                KafkaDistribution.ensure(self.kafka_version, default_cache_dir())
+                if self.kafka_version
                 else KafkaDistribution.ensure()
+            )
             ports = {"broker": self.broker_port} if self.broker_port else None
-            self.broker = KafkaBroker(dist, self.workdir / "kafka", extra_properties=self.broker_properties(),
-                                      ports=ports)
+            self.broker = KafkaBroker(
+                dist, self.workdir / "kafka", extra_properties=self.broker_properties(), ports=ports
+            )
         self.broker.start()
         return self.broker
 
-    def start(self) -> "LocalStack":
+    def start(self) -> LocalStack:
         try:
             self.start_storage()
             self.start_sidecar()
@@ -209,7 +241,7 @@ class LocalStack:
         if self.storage_server is not None:
             self.storage_server.stop()
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> LocalStack:
         return self.start()
 
     def __exit__(self, *exc) -> None:

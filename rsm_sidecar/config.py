@@ -18,15 +18,27 @@ import importlib
 import os
 import re
 import tomllib
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from rsm_sidecar.errors import ConfigError
 
 REQUIRED = object()
 ENV_PREFIX = "RSM__"
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-               "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +61,15 @@ class Key:
     required_when: tuple[str, Any] | None = None  # (other key, value) that makes this required
 
     def pattern(self) -> re.Pattern:
-        return re.compile("^" + re.sub(r"<[a-z_]+>", r"[A-Za-z0-9_\\-]+", re.escape(self.path).replace(r"\<", "<").replace(r"\>", ">")) + "$")
+        return re.compile(
+            "^"
+            + re.sub(
+                r"<[a-z_]+>",
+                r"[A-Za-z0-9_\\-]+",
+                re.escape(self.path).replace(r"\<", "<").replace(r"\>", ">"),
+            )
+            + "$"
+        )
 
     def default_text(self) -> str:
         if self.default is REQUIRED:
@@ -67,12 +87,12 @@ class Key:
 
 def parse_size(value: Any, what: str) -> int:
     if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a size in bytes (e.g. 4194304 or \"4MiB\"), got {value!r}")
+        raise ConfigError(f'{what}: expected a size in bytes (e.g. 4194304 or "4MiB"), got {value!r}')
     if isinstance(value, int):
         return value
     m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ConfigError(f"{what}: expected a size in bytes (e.g. 4194304 or \"4MiB\"), got {value!r}")
+        raise ConfigError(f'{what}: expected a size in bytes (e.g. 4194304 or "4MiB"), got {value!r}')
     return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
 
 
@@ -119,7 +139,9 @@ def _coerce(key: Key, name: str, value: Any, from_env: bool) -> Any:
         values = out if isinstance(out, list) else [out]
         for v in values:
             if v not in key.choices:
-                raise ConfigError(f"{name}: {v!r} is not allowed; allowed: {', '.join(map(str, key.choices))}")
+                raise ConfigError(
+                    f"{name}: {v!r} is not allowed; allowed: {', '.join(map(str, key.choices))}"
+                )
     if key.min is not None and out < key.min:
         raise ConfigError(f"{name}: {out} is below the minimum {key.min:g}")
     if key.max is not None and out > key.max:
@@ -128,116 +150,277 @@ def _coerce(key: Key, name: str, value: Any, from_env: bool) -> Any:
 
 
 def _describe_type(t: str) -> str:
-    return {"str": "a string", "path": "a file path (string)", "bool": "true or false", "int": "an integer",
-            "float": "a number", "seconds": "a number of seconds", "size": "a size in bytes (e.g. 4194304 or \"4MiB\")",
-            "list": "a list of strings"}.get(t, t)
+    return {
+        "str": "a string",
+        "path": "a file path (string)",
+        "bool": "true or false",
+        "int": "an integer",
+        "float": "a number",
+        "seconds": "a number of seconds",
+        "size": 'a size in bytes (e.g. 4194304 or "4MiB")',
+        "list": "a list of strings",
+    }.get(t, t)
 
 
 MiB = 1024 * 1024
 
 CONFIG_KEYS = [
     # -- server -------------------------------------------------------------------
-    Key("server.listen", "str", "127.0.0.1:9095",
-        "gRPC listen address: `host:port`, or `unix:///path/to.sock` for a Unix domain socket."),
-    Key("server.max_workers", "int", 64, "Threads serving gRPC calls (copies, fetch streams, indexes, deletes).",
-        min=4, max=1024),
-    Key("server.shutdown_grace_seconds", "seconds", 30.0,
-        "On SIGTERM: stop accepting calls, then wait this long for in-flight copies and fetches.", min=0),
-    Key("server.tls.cert_file", "path", None, "PEM server certificate; enables TLS together with `server.tls.key_file`."),
+    Key(
+        "server.listen",
+        "str",
+        "127.0.0.1:9095",
+        "gRPC listen address: `host:port`, or `unix:///path/to.sock` for a Unix domain socket.",
+    ),
+    Key(
+        "server.max_workers",
+        "int",
+        64,
+        "Threads serving gRPC calls (copies, fetch streams, indexes, deletes).",
+        min=4,
+        max=1024,
+    ),
+    Key(
+        "server.shutdown_grace_seconds",
+        "seconds",
+        30.0,
+        "On SIGTERM: stop accepting calls, then wait this long for in-flight copies and fetches.",
+        min=0,
+    ),
+    Key(
+        "server.tls.cert_file",
+        "path",
+        None,
+        "PEM server certificate; enables TLS together with `server.tls.key_file`.",
+    ),
     Key("server.tls.key_file", "path", None, "PEM private key of `server.tls.cert_file`."),
-    Key("server.tls.client_ca_file", "path", None,
-        "PEM CA bundle; when set, clients must present a certificate it signed (mTLS)."),
-    Key("server.allow_plaintext_non_loopback", "bool", False,
+    Key(
+        "server.tls.client_ca_file",
+        "path",
+        None,
+        "PEM CA bundle; when set, clients must present a certificate it signed (mTLS).",
+    ),
+    Key(
+        "server.allow_plaintext_non_loopback",
+        "bool",
+        False,
         "Allow `server.listen` on a non-loopback TCP address without client certificates. Anyone who reaches "
         "the port can then copy, read and delete every tiered segment: only for a network that only the broker "
-        "can reach (a pod or a private container network)."),
-    Key("metrics.listen", "str", "127.0.0.1:9096",
+        "can reach (a pod or a private container network).",
+    ),
+    Key(
+        "metrics.listen",
+        "str",
+        "127.0.0.1:9096",
         "Prometheus metrics HTTP address `host:port` (path `/metrics`; `:port` alone listens on 127.0.0.1); "
-        "empty disables."),
-    Key("log.level", "str", "INFO", "Lowest level of the log lines written to stderr.", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
-    Key("log.format", "str", "json", "Log line format: one JSON object per line, or plain text.",
-        choices=("json", "text")),
+        "empty disables.",
+    ),
+    Key(
+        "log.level",
+        "str",
+        "INFO",
+        "Lowest level of the log lines written to stderr.",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+    ),
+    Key(
+        "log.format",
+        "str",
+        "json",
+        "Log line format: one JSON object per line, or plain text.",
+        choices=("json", "text"),
+    ),
     # -- segment transform ----------------------------------------------------------
-    Key("segment.chunk_size", "size", 4 * MiB,
+    Key(
+        "segment.chunk_size",
+        "size",
+        4 * MiB,
         "Size of the original chunks a segment is cut into; each is compressed/encrypted on its own, "
-        "so a ranged fetch downloads whole chunks.", min=1024, max=1024 * MiB),
+        "so a ranged fetch downloads whole chunks.",
+        min=1024,
+        max=1024 * MiB,
+    ),
     Key("segment.compression", "bool", True, "Compress chunks with zstd."),
-    Key("segment.compression_heuristic", "bool", True,
+    Key(
+        "segment.compression_heuristic",
+        "bool",
+        True,
         "Skip zstd for segments whose record batches are already compressed by the producer "
-        "(decided from the batch headers of the first chunk)."),
-    Key("segment.compression_level", "int", 3, "zstd compression level (higher: smaller, slower).", min=-7, max=22),
-    Key("segment.custom_metadata_fields", "list", ["REMOTE_SIZE", "OBJECT_PREFIX"],
+        "(decided from the batch headers of the first chunk).",
+    ),
+    Key(
+        "segment.compression_level",
+        "int",
+        3,
+        "zstd compression level (higher: smaller, slower).",
+        min=-7,
+        max=22,
+    ),
+    Key(
+        "segment.custom_metadata_fields",
+        "list",
+        ["REMOTE_SIZE", "OBJECT_PREFIX"],
         "KIP-917 fields returned to the broker with each copy (Aiven-compatible tags). OBJECT_PREFIX lets "
         "fetch and delete find segments written under an older `storage.key_prefix`.",
-        choices=("REMOTE_SIZE", "OBJECT_PREFIX", "OBJECT_KEY")),
-    Key("segment.custom_metadata_max_bytes", "int", 128,
+        choices=("REMOTE_SIZE", "OBJECT_PREFIX", "OBJECT_KEY"),
+    ),
+    Key(
+        "segment.custom_metadata_max_bytes",
+        "int",
+        128,
         "The broker's `remote.log.metadata.custom.metadata.max.bytes`; start-up fails if the configured "
-        "fields could exceed it.", min=0),
+        "fields could exceed it.",
+        min=0,
+    ),
     # -- copy ---------------------------------------------------------------------
     Key("copy.parallelism", "int", 2, "Chunks of one segment transformed concurrently.", min=1, max=64),
-    Key("copy.max_concurrent", "int", 16,
+    Key(
+        "copy.max_concurrent",
+        "int",
+        16,
         "Copies processed at once; a further copy is answered RESOURCE_EXHAUSTED at once (the broker retries "
         "it at its next copy interval). Memory per copy is about "
-        "(copy.parallelism + 2) x chunk size plus the storage upload buffer.", min=1, max=256),
-    Key("copy.journal_dir", "path", None,
+        "(copy.parallelism + 2) x chunk size plus the storage upload buffer.",
+        min=1,
+        max=256,
+    ),
+    Key(
+        "copy.journal_dir",
+        "path",
+        None,
         "Directory (local disk) where each copy records the keys it is writing until it completes; what a "
         "killed or failed copy left in storage is deleted at start-up and by a periodic sweep. Unset: no "
-        "journal (find leftovers with `rsm-sidecar inspect orphans`)."),
-    Key("copy.journal_sweep_seconds", "seconds", 60.0,
-        "How often leftovers of interrupted copies are looked for while the sidecar runs.", min=1),
-    Key("copy.allowed_dirs", "list", [],
+        "journal (find leftovers with `rsm-sidecar inspect orphans`).",
+    ),
+    Key(
+        "copy.journal_sweep_seconds",
+        "seconds",
+        60.0,
+        "How often leftovers of interrupted copies are looked for while the sidecar runs.",
+        min=1,
+    ),
+    Key(
+        "copy.allowed_dirs",
+        "list",
+        [],
         "Path transfer mode: the broker's log directories (log.dirs); only regular files under them are read. "
         "Empty: path transfer mode is disabled (copies must use stream mode). Each entry must be an existing "
-        "absolute directory other than `/`."),
-    Key("copy.idle_timeout_seconds", "seconds", 60.0,
+        "absolute directory other than `/`.",
+    ),
+    Key(
+        "copy.idle_timeout_seconds",
+        "seconds",
+        60.0,
         "A copy that makes no progress (no message from the client, no byte stored) for this long is abandoned "
-        "and its slot freed.", min=1),
-    Key("copy.max_index_file_bytes", "size", 64 * MiB,
+        "and its slot freed.",
+        min=1,
+    ),
+    Key(
+        "copy.max_index_file_bytes",
+        "size",
+        64 * MiB,
         "Largest index file (offset, time, producer snapshot, transaction index) a copy accepts; index files "
-        "are held in memory while they are encrypted.", min=1024),
+        "are held in memory while they are encrypted.",
+        min=1024,
+    ),
     # -- encryption -----------------------------------------------------------------
-    Key("encryption.enabled", "bool", False,
-        "Encrypt chunks and indexes with AES-256-GCM under a fresh data key per segment."),
-    Key("encryption.active_key_id", "str", None,
+    Key(
+        "encryption.enabled",
+        "bool",
+        False,
+        "Encrypt chunks and indexes with AES-256-GCM under a fresh data key per segment.",
+    ),
+    Key(
+        "encryption.active_key_id",
+        "str",
+        None,
         "Key id whose RSA public key wraps the data keys of new segments; must be one of `encryption.keys`.",
-        required_when=("encryption.enabled", True)),
-    Key("encryption.keys.<id>.public_key_file", "path", REQUIRED,
-        "PEM RSA public key (X.509 SubjectPublicKeyInfo) of key id `<id>`."),
-    Key("encryption.keys.<id>.private_key_file", "path", REQUIRED,
+        required_when=("encryption.enabled", True),
+    ),
+    Key(
+        "encryption.keys.<id>.public_key_file",
+        "path",
+        REQUIRED,
+        "PEM RSA public key (X.509 SubjectPublicKeyInfo) of key id `<id>`.",
+    ),
+    Key(
+        "encryption.keys.<id>.private_key_file",
+        "path",
+        REQUIRED,
         "PEM RSA private key (PKCS#8 or PKCS#1) of key id `<id>`; needed to read segments written under it. "
-        "Must not be readable or writable by other users (mode 0600 or 0640)."),
-    Key("encryption.allow_exposed_private_keys", "bool", False,
-        "Accept private key files that other users can read or write (start-up fails otherwise)."),
+        "Must not be readable or writable by other users (mode 0600 or 0640).",
+    ),
+    Key(
+        "encryption.allow_exposed_private_keys",
+        "bool",
+        False,
+        "Accept private key files that other users can read or write (start-up fails otherwise).",
+    ),
     # -- caches and fetch -------------------------------------------------------------
-    Key("cache.manifest_bytes", "size", 32 * MiB, "Parsed segment manifests kept in memory (bytes of JSON).", min=0),
+    Key(
+        "cache.manifest_bytes",
+        "size",
+        32 * MiB,
+        "Parsed segment manifests kept in memory (bytes of JSON).",
+        min=0,
+    ),
     Key("cache.index_bytes", "size", 64 * MiB, "Plain index files kept in memory.", min=0),
-    Key("cache.chunk_bytes", "size", 256 * MiB,
-        "Decoded (plain) chunks kept in memory; 0 disables the chunk cache.", min=0),
-    Key("cache.prefetch_bytes", "size", 16 * MiB,
+    Key(
+        "cache.chunk_bytes",
+        "size",
+        256 * MiB,
+        "Decoded (plain) chunks kept in memory; 0 disables the chunk cache.",
+        min=0,
+    ),
+    Key(
+        "cache.prefetch_bytes",
+        "size",
+        16 * MiB,
         "Sequential prefetch: after a fetch reads a chunk, the next chunks up to this many original bytes "
-        "are loaded into the chunk cache in the background; 0 disables.", min=0),
-    Key("fetch.max_range_bytes", "size", 8 * MiB,
+        "are loaded into the chunk cache in the background; 0 disables.",
+        min=0,
+    ),
+    Key(
+        "fetch.max_range_bytes",
+        "size",
+        8 * MiB,
         "Largest single ranged GET a fetch issues; contiguous chunks up to this size are read in one request. "
         "Each fetch stream and each of the 4 prefetch threads holds at most one such range in memory "
         "(docs/operations.md, Memory).",
-        min=1024),
-    Key("fetch.max_concurrent", "int", 32,
+        min=1024,
+    ),
+    Key(
+        "fetch.max_concurrent",
+        "int",
+        32,
         "Fetch and index streams served at once; further ones are refused with RESOURCE_EXHAUSTED (the broker "
         "reads with `remote.log.reader.threads`, 10 by default). `server.max_workers` must exceed "
-        "`copy.max_concurrent` + `fetch.max_concurrent` by at least 8.", min=1, max=1024),
-    Key("fetch.idle_timeout_seconds", "seconds", 60.0,
-        "A fetch stream whose client reads nothing for this long is cancelled and its slot freed.", min=1),
-    Key("fetch.accept_unauthenticated_segments", "bool", False,
+        "`copy.max_concurrent` + `fetch.max_concurrent` by at least 8.",
+        min=1,
+        max=1024,
+    ),
+    Key(
+        "fetch.idle_timeout_seconds",
+        "seconds",
+        60.0,
+        "A fetch stream whose client reads nothing for this long is cancelled and its slot freed.",
+        min=1,
+    ),
+    Key(
+        "fetch.accept_unauthenticated_segments",
+        "bool",
+        False,
         "Read segments whose manifest carries no rsm-sidecar authenticator: written by Aiven's plugin or by "
         "rsm-sidecar before 0.2, or unencrypted while encryption is enabled. For migrations only: whoever can "
-        "write the bucket can then plant, swap or rearrange such segments."),
+        "write the bucket can then plant, swap or rearrange such segments.",
+    ),
 ]
 
 # Modules that declare keys, each as a module-level ``CONFIG_KEYS`` list.
 KEY_MODULES = (
     "rsm_sidecar.config",
     "rsm_sidecar.storage.factory",
-    "rsm_sidecar.storage.s3", "rsm_sidecar.storage.gcs",
+    "rsm_sidecar.storage.s3",
+    "rsm_sidecar.storage.gcs",
     "rsm_sidecar.iceberg.settings",
 )
 
@@ -268,8 +451,13 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 class Config:
     """Validated configuration values by dotted key path."""
 
-    def __init__(self, values: Mapping[str, Any], keys: Iterable[Key] | None = None,
-                 environ: Mapping[str, str] | None = None, source: str = "<dict>"):
+    def __init__(
+        self,
+        values: Mapping[str, Any],
+        keys: Iterable[Key] | None = None,
+        environ: Mapping[str, str] | None = None,
+        source: str = "<dict>",
+    ):
         self.source = source
         self._keys = list(keys) if keys is not None else all_keys()
         merged: dict[str, tuple[Any, bool]] = {p: (v, False) for p, v in _flatten(values).items()}
@@ -288,15 +476,20 @@ class Config:
                     other, expected = key.required_when
                     required = self.get(other) == expected
                 if required:
-                    cond = f" when {key.required_when[0]} = {key.required_when[1]!r}" if key.required_when else ""
+                    cond = (
+                        f" when {key.required_when[0]} = {key.required_when[1]!r}"
+                        if key.required_when
+                        else ""
+                    )
                     raise ConfigError(f"{key.path}: missing{cond}; {key.doc}")
 
     def _env_to_path(self, name: str) -> str:
-        parts = name[len(ENV_PREFIX):].split("__")
+        parts = name[len(ENV_PREFIX) :].split("__")
         for key in self._keys:
             segments = key.path.split(".")
             if len(segments) == len(parts) and all(
-                    seg.startswith("<") or seg == part.lower() for seg, part in zip(segments, parts)):
+                seg.startswith("<") or seg == part.lower() for seg, part in zip(segments, parts)
+            ):
                 # placeholder segments (key ids) keep their case
                 return ".".join(part if seg.startswith("<") else seg for seg, part in zip(segments, parts))
         return ".".join(p.lower() for p in parts)
@@ -307,11 +500,13 @@ class Config:
                 return key
         close = difflib.get_close_matches(path, [k.path for k in self._keys], n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        origin = f"environment variable {ENV_PREFIX}{path.upper().replace('.', '__')}" if from_env else self.source
+        origin = (
+            f"environment variable {ENV_PREFIX}{path.upper().replace('.', '__')}" if from_env else self.source
+        )
         raise ConfigError(f"{path}: unknown configuration key in {origin}{hint}")
 
     @classmethod
-    def load(cls, path: str | os.PathLike | None, environ: Mapping[str, str] | None = None) -> "Config":
+    def load(cls, path: str | os.PathLike | None, environ: Mapping[str, str] | None = None) -> Config:
         if path is None:
             return cls({}, environ=environ, source="<defaults>")
         try:
@@ -344,12 +539,12 @@ class Config:
         out: dict[str, dict[str, Any]] = {}
         for path, val in self._values.items():
             if path.startswith(prefix + "."):
-                rest = path[len(prefix) + 1:]
+                rest = path[len(prefix) + 1 :]
                 name, _, leaf = rest.partition(".")
                 out.setdefault(name, {})[leaf] = val
         return out
 
-    def with_overrides(self, **values: Any) -> "Config":
+    def with_overrides(self, **values: Any) -> Config:
         """A copy with some keys replaced (``storage__backend="s3"`` style names)."""
         merged = dict(self._values)
         for k, v in values.items():
@@ -371,7 +566,11 @@ def docs_markdown(keys: Iterable[Key] | None = None) -> str:
     keys = list(keys) if keys is not None else all_keys()
     sections: dict[str, list[Key]] = {}
     for k in keys:
-        section = ".".join(k.path.split(".")[:2]) if k.path.startswith(("storage.", "cache.")) else k.path.split(".")[0]
+        section = (
+            ".".join(k.path.split(".")[:2])
+            if k.path.startswith(("storage.", "cache."))
+            else k.path.split(".")[0]
+        )
         sections.setdefault(section, []).append(k)
     out = []
     for section, ks in sections.items():
@@ -390,4 +589,3 @@ def docs_markdown(keys: Iterable[Key] | None = None) -> str:
             out.append(f"| `{k.path}` | {k.type} | {k.default_text()} | {doc} |")
         out.append("")
     return "\n".join(out)
-

@@ -1,3 +1,3 @@
 """Session-wide fixtures."""
 
-from tests.keys_fixture import rsa_keys  # noqa: F401
+from tests.keys_fixture import rsa_keys

@@ -18,5 +18,8 @@ def rsa_keys(tmp_path_factory) -> dict[str, tuple[str, str]]:
 
 
 def encryption_config(rsa_keys, active: str = "A", ids=("A", "B")) -> dict:
-    return {"enabled": True, "active_key_id": active,
-            "keys": {k: {"public_key_file": rsa_keys[k][0], "private_key_file": rsa_keys[k][1]} for k in ids}}
+    return {
+        "enabled": True,
+        "active_key_id": active,
+        "keys": {k: {"public_key_file": rsa_keys[k][0], "private_key_file": rsa_keys[k][1]} for k in ids},
+    }

@@ -21,7 +21,8 @@ def test_docs_configuration_md_matches_the_code():
     assert BEGIN in text and END in text, "docs/configuration.md lost its generated section markers"
     generated = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert generated == docs_markdown().strip(), (
-        "docs/configuration.md is out of date: run `make docs` (rsm-sidecar config docs) and commit")
+        "docs/configuration.md is out of date: run `make docs` (rsm-sidecar config docs) and commit"
+    )
     documented = set(re.findall(r"^\| `([^`]+)` \|", generated, re.M))
     assert documented == {k.path for k in all_keys()}
 
@@ -36,16 +37,25 @@ def test_shipped_sidecar_config_is_valid():
     assert cfg["storage.backend"] == "local"
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"segment": {"chunk_size": 100}}, "segment.chunk_size: 100 is below the minimum 1024"),
-    ({"segment": {"chunk_size": "4 lots"}}, "segment.chunk_size: expected a size in bytes"),
-    ({"storage": {"backend": "ftp", "local": {"root": "/x"}}}, "storage.backend: 'ftp' is not allowed; allowed: local, s3, gcs"),
-    ({"storage": {"local": {"rot": "/x"}}}, "storage.local.rot: unknown configuration key in <dict> (did you mean storage.local.root?)"),
-    ({"storage": {"backend": "local"}}, "storage.local.root: missing when storage.backend = 'local'"),
-    ({"copy": {"parallelism": "two"}}, "copy.parallelism: expected an integer, got 'two'"),
-    ({"segment": {"compression": "yes"}}, "segment.compression: expected true or false, got 'yes'"),
-    ({"log": {"level": "LOUD"}}, "log.level: 'LOUD' is not allowed"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"segment": {"chunk_size": 100}}, "segment.chunk_size: 100 is below the minimum 1024"),
+        ({"segment": {"chunk_size": "4 lots"}}, "segment.chunk_size: expected a size in bytes"),
+        (
+            {"storage": {"backend": "ftp", "local": {"root": "/x"}}},
+            "storage.backend: 'ftp' is not allowed; allowed: local, s3, gcs",
+        ),
+        (
+            {"storage": {"local": {"rot": "/x"}}},
+            "storage.local.rot: unknown configuration key in <dict> (did you mean storage.local.root?)",
+        ),
+        ({"storage": {"backend": "local"}}, "storage.local.root: missing when storage.backend = 'local'"),
+        ({"copy": {"parallelism": "two"}}, "copy.parallelism: expected an integer, got 'two'"),
+        ({"segment": {"compression": "yes"}}, "segment.compression: expected true or false, got 'yes'"),
+        ({"log": {"level": "LOUD"}}, "log.level: 'LOUD' is not allowed"),
+    ],
+)
 def test_bad_values_name_the_key_and_what_is_allowed(values, message):
     merged = {**BASE, **values}
     if "storage" in values:
@@ -58,8 +68,14 @@ def test_bad_values_name_the_key_and_what_is_allowed(values, message):
 def test_environment_overrides_the_file(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('[segment]\nchunk_size = "1MiB"\n[storage.local]\nroot = "/a"\n')
-    cfg = Config.load(f, environ={"RSM__SEGMENT__CHUNK_SIZE": "2MiB", "RSM__STORAGE__LOCAL__FSYNC": "false",
-                                  "RSM__ENCRYPTION__KEYS__Key-1__PUBLIC_KEY_FILE": "/k.pem"})
+    cfg = Config.load(
+        f,
+        environ={
+            "RSM__SEGMENT__CHUNK_SIZE": "2MiB",
+            "RSM__STORAGE__LOCAL__FSYNC": "false",
+            "RSM__ENCRYPTION__KEYS__Key-1__PUBLIC_KEY_FILE": "/k.pem",
+        },
+    )
     assert cfg["segment.chunk_size"] == 2 * 1024 * 1024
     assert cfg["storage.local.fsync"] is False
     assert cfg.family("encryption.keys") == {"Key-1": {"public_key_file": "/k.pem"}}

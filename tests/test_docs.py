@@ -17,8 +17,15 @@ REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "operations.md"
 #: names in the doc that start like a sidecar section but are not sidecar keys: Kafka
 #: broker/topic/consumer settings and a file name
-NOT_SIDECAR_KEYS = {"log.retention.check.interval.ms", "log.initial.task.delay.ms", "log.segment.bytes",
-                    "fetch.max.wait.ms", "segment.bytes", "segment.ms", "server.properties"}
+NOT_SIDECAR_KEYS = {
+    "log.retention.check.interval.ms",
+    "log.initial.task.delay.ms",
+    "log.segment.bytes",
+    "fetch.max.wait.ms",
+    "segment.bytes",
+    "segment.ms",
+    "server.properties",
+}
 SAMPLE_SUFFIXES = ("_total", "_created", "_bucket", "_sum", "_count")
 
 
@@ -86,7 +93,9 @@ def test_metrics_table_lists_every_metric_with_its_type_and_labels(text):
             labels = set(re.findall(r"`([a-z_]+)`", m.group(3)))
             rows[m.group(1)] = (m.group(2), labels)
     families = _families()
-    assert set(rows) == set(families), f"missing: {set(families) - set(rows)}, unknown: {set(rows) - set(families)}"
+    assert set(rows) == set(families), (
+        f"missing: {set(families) - set(rows)}, unknown: {set(rows) - set(families)}"
+    )
     for name, (typ, labels) in families.items():
         assert rows[name] == (typ, labels), name
 

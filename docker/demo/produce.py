@@ -40,16 +40,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 TOPICS = ("demo-orders", "demo-clicks", "demo-raw")
 TOPIC_CONFIG = {
     "remote.storage.enable": "true",
-    "segment.bytes": "1048576",        # the smallest segment Kafka 4.x accepts
-    "local.retention.ms": "1000",      # tiered segments leave the broker's disk at once
-    "retention.ms": "604800000",       # and stay in object storage for 7 days
+    "segment.bytes": "1048576",  # the smallest segment Kafka 4.x accepts
+    "local.retention.ms": "1000",  # tiered segments leave the broker's disk at once
+    "retention.ms": "604800000",  # and stay in object storage for 7 days
     "file.delete.delay.ms": "1000",
 }
 # confluent-kafka 2.16 defaults to the ASSOCIATED subject strategy, which Apicurio lacks.
@@ -68,7 +68,7 @@ def wait_for(what: str, probe: Callable[[], object], timeout: float) -> object:
             result = probe()
             if result:
                 return result
-        except Exception as e:  # noqa: BLE001 - anything means "not yet"
+        except Exception as e:
             last = e
         if time.monotonic() > deadline:
             raise SystemExit(f"demo: {what} not ready after {timeout:.0f}s" + (f": {last}" if last else ""))
@@ -91,14 +91,21 @@ def order_module():
 
 
 def orders(rng: random.Random, pb2) -> Iterator[tuple[bytes, object]]:
-    start = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     i = 0
     while True:
-        o = pb2.Order(order_id=f"o-{i:08d}", customer=f"customer-{rng.randrange(20000):05d}",
-                      status=1 + i % 4, currency=rng.choice(("EUR", "USD", "GBP")))
+        o = pb2.Order(
+            order_id=f"o-{i:08d}",
+            customer=f"customer-{rng.randrange(20000):05d}",
+            status=1 + i % 4,
+            currency=rng.choice(("EUR", "USD", "GBP")),
+        )
         for _ in range(rng.randrange(1, 4)):
-            o.lines.add(sku=f"sku-{rng.randrange(5000):04d}", quantity=rng.randrange(1, 5),
-                        unit_price_cents=rng.randrange(100, 50000))
+            o.lines.add(
+                sku=f"sku-{rng.randrange(5000):04d}",
+                quantity=rng.randrange(1, 5),
+                unit_price_cents=rng.randrange(100, 50000),
+            )
         o.created_at.FromDatetime(start + dt.timedelta(seconds=i))
         if i % 7 == 0:
             o.note = "gift wrap"
@@ -112,12 +119,17 @@ def clicks(rng: random.Random) -> Iterator[tuple[bytes, dict]]:
     i = 0
     while True:
         session = f"s-{rng.randrange(50000):05d}"
-        yield session.encode(), {
-            "session": session, "page": rng.choice(pages) + f"?id={rng.randrange(10**6)}",
-            "referrer": None if i % 3 else rng.choice(("google", "newsletter", "partner")),
-            "duration_ms": rng.randrange(50, 120000), "at": t0 + i * 37,
-            "device": rng.choice(("DESKTOP", "MOBILE", "TABLET")),
-        }
+        yield (
+            session.encode(),
+            {
+                "session": session,
+                "page": rng.choice(pages) + f"?id={rng.randrange(10**6)}",
+                "referrer": None if i % 3 else rng.choice(("google", "newsletter", "partner")),
+                "duration_ms": rng.randrange(50, 120000),
+                "at": t0 + i * 37,
+                "device": rng.choice(("DESKTOP", "MOBILE", "TABLET")),
+            },
+        )
         i += 1
 
 
@@ -125,8 +137,18 @@ def raw_events(rng: random.Random) -> Iterator[tuple[bytes, bytes]]:
     i = 0
     while True:
         key = f"sensor-{rng.randrange(500):03d}"
-        yield key.encode(), json.dumps({"sensor": key, "seq": i, "celsius": round(rng.uniform(-20, 45), 2),
-                                        "battery": rng.randrange(100), "fw": "1.4.2"}).encode()
+        yield (
+            key.encode(),
+            json.dumps(
+                {
+                    "sensor": key,
+                    "seq": i,
+                    "celsius": round(rng.uniform(-20, 45), 2),
+                    "battery": rng.randrange(100),
+                    "fw": "1.4.2",
+                }
+            ).encode(),
+        )
         i += 1
 
 
@@ -174,11 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     env = os.environ.get
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap", default=env("DEMO_BOOTSTRAP", "kafka:9092"))
-    ap.add_argument("--registry", default=env("DEMO_SCHEMA_REGISTRY", "http://registry:8080/apis/ccompat/v7"),
-                    help="Confluent-compatible schema registry URL")
-    ap.add_argument("--config", default=env("DEMO_SIDECAR_CONFIG", "/etc/rsm-sidecar/sidecar.toml"),
-                    help="the sidecar's configuration (RSM__ environment applies), to see its storage")
-    ap.add_argument("--records", type=int, default=int(env("DEMO_RECORDS", "25000")), help="records per topic")
+    ap.add_argument(
+        "--registry",
+        default=env("DEMO_SCHEMA_REGISTRY", "http://registry:8080/apis/ccompat/v7"),
+        help="Confluent-compatible schema registry URL",
+    )
+    ap.add_argument(
+        "--config",
+        default=env("DEMO_SIDECAR_CONFIG", "/etc/rsm-sidecar/sidecar.toml"),
+        help="the sidecar's configuration (RSM__ environment applies), to see its storage",
+    )
+    ap.add_argument(
+        "--records", type=int, default=int(env("DEMO_RECORDS", "25000")), help="records per topic"
+    )
     ap.add_argument("--min-segments", type=int, default=2, help="new tiered segments to wait for, per topic")
     ap.add_argument("--metrics", default=env("DEMO_SIDECAR_METRICS", ""), help="the sidecar's /metrics URL")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each stage")
@@ -195,15 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     say(f"[1/5] waiting for the broker at {args.bootstrap} and the registry at {args.registry} ...")
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
     wait_for("the broker", lambda: admin.list_topics(timeout=5).brokers, args.timeout)
-    wait_for("the schema registry", lambda: urllib.request.urlopen(args.registry + "/subjects", timeout=5).status == 200,
-             args.timeout)
+    wait_for(
+        "the schema registry",
+        lambda: urllib.request.urlopen(args.registry + "/subjects", timeout=5).status == 200,
+        args.timeout,
+    )
     tiered = TieredSegments(args.config)
     before = tiered.count()
 
     say(f"[2/5] creating {', '.join(TOPICS)} (remote.storage.enable=true, 1 MiB segments) ...")
     existing = admin.list_topics(timeout=10).topics
     new = [NewTopic(t, 1, 1, config=TOPIC_CONFIG) for t in TOPICS if t not in existing]
-    for topic, fut in (admin.create_topics(new).items() if new else []):
+    for topic, fut in admin.create_topics(new).items() if new else []:
         fut.result(30)
 
     say(f"[3/5] producing {args.records:,} records to each topic ...")
@@ -213,12 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     avro_ser = AvroSerializer(registry, (HERE / "click.avsc").read_text(), conf=SERIALIZER_CONF)
     rng = random.Random(2026)
     sources = {
-        "demo-orders": (orders(rng, pb2), lambda v, t: proto_ser(v, SerializationContext(t, MessageField.VALUE))),
+        "demo-orders": (
+            orders(rng, pb2),
+            lambda v, t: proto_ser(v, SerializationContext(t, MessageField.VALUE)),
+        ),
         "demo-clicks": (clicks(rng), lambda v, t: avro_ser(v, SerializationContext(t, MessageField.VALUE))),
         "demo-raw": (raw_events(rng), lambda v, t: v),
     }
     consumer_probe = Consumer({"bootstrap.servers": args.bootstrap, "group.id": "demo-probe"})
-    first_offset = {t: consumer_probe.get_watermark_offsets(TopicPartition(t, 0), timeout=10)[1] for t in TOPICS}
+    first_offset = {
+        t: consumer_probe.get_watermark_offsets(TopicPartition(t, 0), timeout=10)[1] for t in TOPICS
+    }
     consumer_probe.close()
     producer = Producer({"bootstrap.servers": args.bootstrap, "enable.idempotence": True, "linger.ms": 20})
     digests = {}
@@ -241,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     if producer.flush(120) != 0:
         raise SystemExit("demo: not every record was acknowledged by the broker")
 
-    say(f"[4/5] waiting until at least {args.min_segments} new segments of each topic are in object storage ...")
+    say(
+        f"[4/5] waiting until at least {args.min_segments} new segments of each topic are in object storage ..."
+    )
     last = ""
 
     def enough() -> bool:
@@ -256,12 +296,20 @@ def main(argv: list[str] | None = None) -> int:
     wait_for("tiering", enough, args.timeout)
     time.sleep(5)  # local retention (1 s) and the broker's retention check (1 s) delete the local copies
 
-    say("[5/5] consuming everything produced, from the first offset (tiered segments come from object storage) ...")
+    say(
+        "[5/5] consuming everything produced, from the first offset (tiered segments come from object storage) ..."
+    )
     served_before = fetch_served_bytes(args.metrics)
     ok = True
     for topic in TOPICS:
-        c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": f"demo-verify-{topic}",
-                      "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        c = Consumer(
+            {
+                "bootstrap.servers": args.bootstrap,
+                "group.id": f"demo-verify-{topic}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
         c.assign([TopicPartition(topic, 0, first_offset[topic])])
         h = hashlib.sha256()
         n = 0
@@ -277,15 +325,19 @@ def main(argv: list[str] | None = None) -> int:
         c.close()
         same = n == args.records and h.digest() == digests[topic]
         ok &= same
-        say(f"      {topic}: {n:,} of {args.records:,} records read back, "
-            f"{'identical' if same else 'DIFFERENT'} (sha256 of keys and values)")
+        say(
+            f"      {topic}: {n:,} of {args.records:,} records read back, "
+            f"{'identical' if same else 'DIFFERENT'} (sha256 of keys and values)"
+        )
     served_after = fetch_served_bytes(args.metrics)
     counts = tiered.count()
     say("summary")
     say("      segments in object storage: " + ", ".join(f"{t} {counts[t]}" for t in TOPICS))
     if served_before is not None and served_after is not None:
-        say(f"      served by the sidecar from object storage while reading back: "
-            f"{(served_after - served_before) / 2**20:.1f} MiB (rsm_bytes_total{{kind=\"fetch_served\"}})")
+        say(
+            f"      served by the sidecar from object storage while reading back: "
+            f'{(served_after - served_before) / 2**20:.1f} MiB (rsm_bytes_total{{kind="fetch_served"}})'
+        )
     say(f"      total time: {time.monotonic() - t_start:.0f}s")
     if not ok:
         say("demo FAILED: records differ")

@@ -23,7 +23,8 @@ def check(target: str, service: str = SERVICE, timeout: float = 3.0) -> tuple[bo
     with grpc.insecure_channel(target) as channel:
         try:
             resp = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
         except grpc.RpcError as e:
             return False, f"{target}: {e.code().name}: {e.details()}"
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)

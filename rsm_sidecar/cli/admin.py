@@ -41,6 +41,8 @@ def _generate(args) -> int:
     pub_path = os.path.join(args.out, f"{args.id}.public.pem")
     priv_path = os.path.join(args.out, f"{args.id}.private.pem")
     write_key_pair(pub_path, priv_path, args.bits)
-    print(f"[encryption.keys.{args.id}]\npublic_key_file = \"{os.path.abspath(pub_path)}\"\n"
-          f"private_key_file = \"{os.path.abspath(priv_path)}\"")
+    print(
+        f'[encryption.keys.{args.id}]\npublic_key_file = "{os.path.abspath(pub_path)}"\n'
+        f'private_key_file = "{os.path.abspath(priv_path)}"'
+    )
     return 0

@@ -38,9 +38,13 @@ OVERRIDES = {
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", required=True,
-                   help="the sidecar's configuration file (storage, prefix, encryption keys) with the "
-                        "[iceberg] settings; RSM__ environment variables override it, these options both")
+    p.add_argument(
+        "--config",
+        "-c",
+        required=True,
+        help="the sidecar's configuration file (storage, prefix, encryption keys) with the "
+        "[iceberg] settings; RSM__ environment variables override it, these options both",
+    )
     p.add_argument("--topic", required=True)
     g = p.add_argument_group("catalog and table")
     g.add_argument("--catalog-type", choices=("local", "rest"))
@@ -51,8 +55,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--namespace")
     g.add_argument("--table", help="default: the topic name with non-alphanumerics as _")
     g.add_argument("--master", help="Spark master (default local[2])")
-    g.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra Spark setting (repeatable)")
+    g.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark setting (repeatable)",
+    )
 
 
 def register(sub) -> None:
@@ -62,26 +71,34 @@ def register(sub) -> None:
     c = isub.add_parser("convert", help="convert what is new of a topic's tiered segments, exactly once")
     _common(c)
     c.add_argument("--topic-id", help="the Kafka topic id, when storage holds several topics of that name")
-    c.add_argument("--partitioning", choices=("hour", "day", "month", "none"),
-                   help="time partitioning of kafka.ingest_timestamp for a new table (default day)")
+    c.add_argument(
+        "--partitioning",
+        choices=("hour", "day", "month", "none"),
+        help="time partitioning of kafka.ingest_timestamp for a new table (default day)",
+    )
     c.add_argument("--max-segments", type=int, help="at most this many segments in this run")
     r = c.add_argument_group("schema registry / decoding (key and value independently)")
     r.add_argument("--registry-url")
-    r.add_argument("--registry-user-info", help="basic auth user:password (prefer RSM__ICEBERG__REGISTRY__"
-                                                "BASIC_AUTH_USER_INFO)")
+    r.add_argument(
+        "--registry-user-info",
+        help="basic auth user:password (prefer RSM__ICEBERG__REGISTRY__BASIC_AUTH_USER_INFO)",
+    )
     r.add_argument("--registry-ca", help="PEM CA bundle of the registry's TLS certificate")
     r.add_argument("--registry-cert", help="PEM client certificate (mTLS)")
     r.add_argument("--registry-key", help="PEM client key (mTLS)")
     for side in ("key", "value"):
-        r.add_argument(f"--{side}-subject", help=f"explicit subject of the {side}s (default TopicNameStrategy)")
+        r.add_argument(
+            f"--{side}-subject", help=f"explicit subject of the {side}s (default TopicNameStrategy)"
+        )
         r.add_argument(f"--{side}-message", help=f"Protobuf message of the {side}s (pkg.Msg)")
         r.add_argument(f"--{side}-descriptor-set", help=f"descriptor-set file for unframed Protobuf {side}s")
         r.add_argument(f"--{side}-raw", action="store_const", const=True, help=f"keep {side}s raw")
     c.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     c.set_defaults(func=_convert)
 
-    m = isub.add_parser("maintain", help="expire snapshots, compact files, remove orphans, drop offsets "
-                                         "Kafka no longer has")
+    m = isub.add_parser(
+        "maintain", help="expire snapshots, compact files, remove orphans, drop offsets Kafka no longer has"
+    )
     _common(m)
     m.add_argument("--expire", action="store_true", help="expire snapshots (never the marker-tagged one)")
     m.add_argument("--expire-older-than", default="5d", help="age of snapshots to expire (default 5d)")
@@ -89,10 +106,16 @@ def register(sub) -> None:
     m.add_argument("--compact", action="store_true", help="rewrite small data files (bin-pack)")
     m.add_argument("--min-input-files", type=int, default=2)
     m.add_argument("--remove-orphans", action="store_true", help="delete files no snapshot references")
-    m.add_argument("--orphan-older-than", default="1d",
-                   help="only orphans older than this (default 1d; keep it above a convert run's length)")
-    m.add_argument("--drop-deleted-offsets", action="store_true",
-                   help="delete rows whose offsets Kafka retention removed from remote storage")
+    m.add_argument(
+        "--orphan-older-than",
+        default="1d",
+        help="only orphans older than this (default 1d; keep it above a convert run's length)",
+    )
+    m.add_argument(
+        "--drop-deleted-offsets",
+        action="store_true",
+        help="delete rows whose offsets Kafka retention removed from remote storage",
+    )
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_maintain)
 
@@ -141,11 +164,19 @@ def _maintain(args) -> int:
     from rsm_sidecar.iceberg.maintain import maintain
 
     cfg, storage = _load(args)
-    result = maintain(cfg, storage, args.topic, expire=args.expire,
-                      expire_older_than=duration(args.expire_older_than), retain_last=args.retain_last,
-                      compact=args.compact, min_input_files=args.min_input_files,
-                      remove_orphans=args.remove_orphans, orphan_older_than=duration(args.orphan_older_than),
-                      drop_deleted_offsets=args.drop_deleted_offsets)
+    result = maintain(
+        cfg,
+        storage,
+        args.topic,
+        expire=args.expire,
+        expire_older_than=duration(args.expire_older_than),
+        retain_last=args.retain_last,
+        compact=args.compact,
+        min_input_files=args.min_input_files,
+        remove_orphans=args.remove_orphans,
+        orphan_older_than=duration(args.orphan_older_than),
+        drop_deleted_offsets=args.drop_deleted_offsets,
+    )
     if args.json:
         json.dump(dataclasses.asdict(result), sys.stdout, default=str)
         print()

@@ -28,6 +28,7 @@ def _int_min(minimum: int):
         if v < minimum:
             raise argparse.ArgumentTypeError(f"{v} is below the minimum {minimum}")
         return v
+
     return parse
 
 
@@ -42,15 +43,22 @@ def _duration(text: str) -> float:
 
 def register(sub) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", "-c", required=True,
-                        help="the sidecar's TOML configuration (RSM__... environment variables override it)")
+    common.add_argument(
+        "--config",
+        "-c",
+        required=True,
+        help="the sidecar's TOML configuration (RSM__... environment variables override it)",
+    )
     common.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     common.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
 
-    p = sub.add_parser("inspect", help="list, show, dump, cat, verify and re-key stored segments",
-                       description="Look at, verify and re-key the segments rsm-sidecar stored, with the "
-                                   "sidecar's own configuration (docs/inspect.md).",
-                       epilog="exit codes: 0 ok, 1 problems found or errors, 2 usage")
+    p = sub.add_parser(
+        "inspect",
+        help="list, show, dump, cat, verify and re-key stored segments",
+        description="Look at, verify and re-key the segments rsm-sidecar stored, with the "
+        "sidecar's own configuration (docs/inspect.md).",
+        epilog="exit codes: 0 ok, 1 problems found or errors, 2 usage",
+    )
     isub = p.add_subparsers(dest="inspect_command", required=True, metavar="COMMAND")
     seg_help = "segment UUID, object key (.log/.indexes/.rsm-manifest) or topic/partition/offset"
 
@@ -67,12 +75,19 @@ def register(sub) -> None:
     c.add_argument("segment", metavar="SEGMENT", help=seg_help)
     c.add_argument("--from-offset", type=_int_min(0), help="start at this offset (via the offset index)")
     c.add_argument("--limit", type=_int_min(0), help="at most this many records (control records included)")
-    c.add_argument("--max-bytes", type=_int_min(0), default=256,
-                   help="show at most this many bytes of each key, value and header value (0: all; default 256)")
+    c.add_argument(
+        "--max-bytes",
+        type=_int_min(0),
+        default=256,
+        help="show at most this many bytes of each key, value and header value (0: all; default 256)",
+    )
     reg = c.add_mutually_exclusive_group()
-    reg.add_argument("--schema-registry", metavar="URL",
-                     help="decode Confluent-framed keys/values through this schema registry (default: "
-                          "iceberg.registry.url of the configuration, if set; needs rsm_sidecar.iceberg)")
+    reg.add_argument(
+        "--schema-registry",
+        metavar="URL",
+        help="decode Confluent-framed keys/values through this schema registry (default: "
+        "iceberg.registry.url of the configuration, if set; needs rsm_sidecar.iceberg)",
+    )
     reg.add_argument("--plain", action="store_true", help="no schema-registry decoding: UTF-8 or hex only")
     c.set_defaults(func=_wrap(_dump))
 
@@ -102,9 +117,16 @@ def register(sub) -> None:
     c.add_argument("--topic", help="only this topic")
     c.set_defaults(func=_wrap(_du))
 
-    c = isub.add_parser("orphans", parents=[common], help="objects without a manifest (failed or killed uploads)")
-    c.add_argument("--older-than", type=_duration, default=3600.0, metavar="DURATION",
-                   help="age guard: only objects older than this are deleted (default 1h; e.g. 30m, 2d, 0)")
+    c = isub.add_parser(
+        "orphans", parents=[common], help="objects without a manifest (failed or killed uploads)"
+    )
+    c.add_argument(
+        "--older-than",
+        type=_duration,
+        default=3600.0,
+        metavar="DURATION",
+        help="age guard: only objects older than this are deleted (default 1h; e.g. 30m, 2d, 0)",
+    )
     c.add_argument("--delete", action="store_true", help="delete the orphans older than the age guard")
     c.set_defaults(func=_wrap(_orphans))
 
@@ -120,6 +142,7 @@ def _wrap(handler):
             return _usage(e)
         finally:
             ctx.close()
+
     return run
 
 
@@ -181,30 +204,54 @@ def _dump(ctx, args) -> int:
         print(f"rsm-sidecar inspect: warning: {e}; keys and values are shown as UTF-8/hex", file=sys.stderr)
         decoder = decoders.PlainDecoder(args.max_bytes)
     stats = dump.DumpStats()
-    batches = dump.run(ctx, seg, decoder, from_offset=args.from_offset, limit=args.limit,
-                       max_bytes=args.max_bytes, stats=stats)
+    batches = dump.run(
+        ctx,
+        seg,
+        decoder,
+        from_offset=args.from_offset,
+        limit=args.limit,
+        max_bytes=args.max_bytes,
+        stats=stats,
+    )
     failure = None
     if args.json:
         with JsonStream(sys.stdout) as doc:
-            doc.member("segment", {"base": seg.base, "topic": seg.key.topic, "partition": seg.key.partition,
-                                   "segment_id": seg.key.segment_id, "start_offset": seg.key.start_offset})
+            doc.member(
+                "segment",
+                {
+                    "base": seg.base,
+                    "topic": seg.key.topic,
+                    "partition": seg.key.partition,
+                    "segment_id": seg.key.segment_id,
+                    "start_offset": seg.key.start_offset,
+                },
+            )
             with doc.list("batches") as items:
                 try:
                     for b in batches:
                         items.append(b)
                 except RsmError as e:
                     failure = str(e)
-            doc.member("summary", {"batches": stats.batches, "records": stats.records,
-                                   "start_position": stats.start_position, "limited": stats.limited,
-                                   "error": failure})
+            doc.member(
+                "summary",
+                {
+                    "batches": stats.batches,
+                    "records": stats.records,
+                    "start_position": stats.start_position,
+                    "limited": stats.limited,
+                    "error": failure,
+                },
+            )
     else:
         try:
             for b in batches:
                 dump.print_batch(b, sys.stdout)
         except RsmError as e:
             failure = str(e)
-        print(f"{stats.batches} batches, {stats.records} records"
-              + (" (--limit reached)" if stats.limited else ""))
+        print(
+            f"{stats.batches} batches, {stats.records} records"
+            + (" (--limit reached)" if stats.limited else "")
+        )
     if failure:
         error_line(seg.describe(), failure)
         return EXIT_PROBLEMS
@@ -221,7 +268,9 @@ def _cat(ctx, args) -> int:
         if args.json:
             raise UsageError("--json needs --output FILE (stdout carries the segment bytes)")
         if sys.stdout.isatty():
-            raise UsageError("refusing to write binary segment data to a terminal: use --output FILE or a pipe")
+            raise UsageError(
+                "refusing to write binary segment data to a terminal: use --output FILE or a pipe"
+            )
     seg = locate(ctx, args.segment)
     progress = _progress(args, "cat", unit="")
     if args.output is None:
@@ -265,8 +314,10 @@ def _verify(ctx, args) -> int:
             doc.member("summary", summary.to_json())
     else:
         summary = verify.run(ctx, segs, verify.print_report, args.deep, progress)
-        print(f"{summary.segments} segments verified: {summary.ok} ok, {summary.failed} with problems "
-              f"({human_bytes(summary.bytes)} of original data read)")
+        print(
+            f"{summary.segments} segments verified: {summary.ok} ok, {summary.failed} with problems "
+            f"({human_bytes(summary.bytes)} of original data read)"
+        )
     return EXIT_PROBLEMS if summary.failed else EXIT_OK
 
 
@@ -287,14 +338,17 @@ def _rekey(ctx, args) -> int:
     if args.json:
         with JsonStream(sys.stdout) as doc:
             with doc.list("segments") as items:
-                summary = rekey.run(ctx, segs, lambda o: items.append(o.to_json()), args.dry_run, args.parallel,
-                                    progress)
+                summary = rekey.run(
+                    ctx, segs, lambda o: items.append(o.to_json()), args.dry_run, args.parallel, progress
+                )
             doc.member("summary", summary.to_json())
     else:
         summary = rekey.run(ctx, segs, text, args.dry_run, args.parallel, progress)
         done = f"{summary.would_rekey} would be re-keyed" if args.dry_run else f"{summary.rekeyed} re-keyed"
-        print(f"{summary.segments} segments: {done}, {summary.skipped} skipped, {summary.errors} errors "
-              f"(active key {summary.active_key}{', dry run' if args.dry_run else ''})")
+        print(
+            f"{summary.segments} segments: {done}, {summary.skipped} skipped, {summary.errors} errors "
+            f"(active key {summary.active_key}{', dry run' if args.dry_run else ''})"
+        )
     return EXIT_PROBLEMS if summary.errors else EXIT_OK
 
 
@@ -314,12 +368,23 @@ def _orphans(ctx, args) -> int:
     from rsm_sidecar.inspect import orphans
     from rsm_sidecar.inspect.output import dump_json
 
-    found, errors = orphans.run(ctx, args.older_than, args.delete, progress=_progress(args, "orphans", unit="items"))
+    found, errors = orphans.run(
+        ctx, args.older_than, args.delete, progress=_progress(args, "orphans", unit="items")
+    )
     if args.json:
-        dump_json({"orphans": [o.to_json() for o in found], "errors": errors,
-                   "summary": {"orphans": len(found), "bytes": sum(o.size for o in found),
-                               "deleted": sum(1 for o in found if o.action == "deleted"),
-                               "older_than_seconds": args.older_than, "delete": args.delete}})
+        dump_json(
+            {
+                "orphans": [o.to_json() for o in found],
+                "errors": errors,
+                "summary": {
+                    "orphans": len(found),
+                    "bytes": sum(o.size for o in found),
+                    "deleted": sum(1 for o in found if o.action == "deleted"),
+                    "older_than_seconds": args.older_than,
+                    "delete": args.delete,
+                },
+            }
+        )
     else:
         _errors(errors)
         orphans.print_table(found, args.older_than, args.delete)

@@ -9,7 +9,9 @@ from rsm_sidecar.config import Config
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="run the gRPC sidecar next to a Kafka broker")
-    p.add_argument("--config", "-c", help="TOML configuration file (environment variables RSM__... override it)")
+    p.add_argument(
+        "--config", "-c", help="TOML configuration file (environment variables RSM__... override it)"
+    )
     p.set_defaults(func=run)
 
 

@@ -71,7 +71,7 @@ def encode_sizes(values: list[int]) -> bytes:
     width = max(_bytes_needed(v - base) for v in head)
     out = bytearray(struct.pack(">iiB", count, base, width))
     for v in head:
-        out += (v - base).to_bytes(4, "big")[4 - width:]
+        out += (v - base).to_bytes(4, "big")[4 - width :]
     out += struct.pack(">i", values[-1])
     return bytes(out)
 
@@ -92,7 +92,10 @@ def decode_sizes(data: bytes) -> list[int]:
         expected = pos + (count - 1) * width + 4
         if len(data) != expected:
             raise ValueError(f"{len(data)} bytes for {count} values of {width} bytes (expected {expected})")
-        values = [int.from_bytes(data[pos + i * width: pos + (i + 1) * width], "big") + base for i in range(count - 1)]
+        values = [
+            int.from_bytes(data[pos + i * width : pos + (i + 1) * width], "big") + base
+            for i in range(count - 1)
+        ]
         values.append(struct.unpack_from(">i", data, expected - 4)[0])
         return values
     except (struct.error, ValueError) as e:
@@ -103,7 +106,9 @@ def encode_transformed_chunks(values: list[int]) -> str:
     raw = encode_sizes(values)
     if len(raw) > MAX_ENCODED_SIZES_BYTES:
         raise ValueError(f"chunk index too large ({len(raw)} bytes)")
-    compressed = zstandard.ZstdCompressor(level=3, write_content_size=True, write_checksum=False).compress(raw)
+    compressed = zstandard.ZstdCompressor(level=3, write_content_size=True, write_checksum=False).compress(
+        raw
+    )
     return base64.b64encode(compressed).decode("ascii")
 
 
@@ -134,9 +139,13 @@ class ChunkIndex:
         if original_file_size < 0:
             raise DataLoss(f"chunk index: original file size must be non-negative, got {original_file_size}")
         expected = -(-original_file_size // original_chunk_size)
-        if len(transformed_sizes) != expected and not (original_file_size == 0 and len(transformed_sizes) <= 1):
-            raise DataLoss(f"chunk index: {len(transformed_sizes)} chunks listed for a {original_file_size}-byte "
-                           f"file cut into {original_chunk_size}-byte chunks (expected {expected})")
+        if len(transformed_sizes) != expected and not (
+            original_file_size == 0 and len(transformed_sizes) <= 1
+        ):
+            raise DataLoss(
+                f"chunk index: {len(transformed_sizes)} chunks listed for a {original_file_size}-byte "
+                f"file cut into {original_chunk_size}-byte chunks (expected {expected})"
+            )
         self.original_chunk_size = original_chunk_size
         self.original_file_size = original_file_size
         self._sizes = transformed_sizes if original_file_size > 0 else []
@@ -157,8 +166,13 @@ class ChunkIndex:
         if not 0 <= i < self.chunk_count:
             raise IndexError(f"chunk {i} out of 0..{self.chunk_count - 1}")
         pos = i * self.original_chunk_size
-        return Chunk(i, pos, min(self.original_chunk_size, self.original_file_size - pos),
-                     self._transformed_starts[i], self._sizes[i])
+        return Chunk(
+            i,
+            pos,
+            min(self.original_chunk_size, self.original_file_size - pos),
+            self._transformed_starts[i],
+            self._sizes[i],
+        )
 
     def chunks(self) -> list[Chunk]:
         return [self.chunk(i) for i in range(self.chunk_count)]
@@ -184,31 +198,44 @@ class ChunkIndex:
         raise NotImplementedError
 
     @staticmethod
-    def from_json(obj: Any) -> "ChunkIndex":
+    def from_json(obj: Any) -> ChunkIndex:
         if not isinstance(obj, dict):
             raise DataLoss("chunk index is not a JSON object")
         kind = obj.get("type")
         try:
             if kind == "fixed":
-                return FixedChunkIndex(_int(obj, "originalChunkSize"), _int(obj, "originalFileSize"),
-                                       _int(obj, "transformedChunkSize"), _int(obj, "finalTransformedChunkSize"))
+                return FixedChunkIndex(
+                    _int(obj, "originalChunkSize"),
+                    _int(obj, "originalFileSize"),
+                    _int(obj, "transformedChunkSize"),
+                    _int(obj, "finalTransformedChunkSize"),
+                )
             if kind == "variable":
                 text = obj.get("transformedChunks")
                 if not isinstance(text, str):
                     raise DataLoss("chunk index: transformedChunks missing or not a string")
-                return VariableChunkIndex(_int(obj, "originalChunkSize"), _int(obj, "originalFileSize"),
-                                          decode_transformed_chunks(text))
+                return VariableChunkIndex(
+                    _int(obj, "originalChunkSize"),
+                    _int(obj, "originalFileSize"),
+                    decode_transformed_chunks(text),
+                )
         except DataLoss:
             raise
         raise DataLoss(f"chunk index: unknown type {kind!r}")
 
     def __eq__(self, other: object) -> bool:
-        return (type(self) is type(other) and self.original_chunk_size == other.original_chunk_size
-                and self.original_file_size == other.original_file_size and self._sizes == other._sizes)
+        return (
+            type(self) is type(other)
+            and self.original_chunk_size == other.original_chunk_size
+            and self.original_file_size == other.original_file_size
+            and self._sizes == other._sizes
+        )
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(chunk={self.original_chunk_size}, file={self.original_file_size}, "
-                f"chunks={self.chunk_count}, stored={self.transformed_file_size})")
+        return (
+            f"{type(self).__name__}(chunk={self.original_chunk_size}, file={self.original_file_size}, "
+            f"chunks={self.chunk_count}, stored={self.transformed_file_size})"
+        )
 
 
 def _int(obj: dict, name: str) -> int:
@@ -221,24 +248,38 @@ def _int(obj: dict, name: str) -> int:
 class FixedChunkIndex(ChunkIndex):
     kind = "fixed"
 
-    def __init__(self, original_chunk_size: int, original_file_size: int, transformed_chunk_size: int,
-                 final_transformed_chunk_size: int):
+    def __init__(
+        self,
+        original_chunk_size: int,
+        original_file_size: int,
+        transformed_chunk_size: int,
+        final_transformed_chunk_size: int,
+    ):
         if transformed_chunk_size < 0 or final_transformed_chunk_size < 0:
             raise DataLoss("chunk index: negative transformed chunk size")
         count = -(-original_file_size // original_chunk_size) if original_chunk_size > 0 else 0
-        sizes = [transformed_chunk_size] * max(count - 1, 0) + ([final_transformed_chunk_size] if count else [])
+        sizes = [transformed_chunk_size] * max(count - 1, 0) + (
+            [final_transformed_chunk_size] if count else []
+        )
         super().__init__(original_chunk_size, original_file_size, sizes)
         self.transformed_chunk_size = transformed_chunk_size
         self.final_transformed_chunk_size = final_transformed_chunk_size
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": "fixed", "originalChunkSize": self.original_chunk_size,
-                "originalFileSize": self.original_file_size, "transformedChunkSize": self.transformed_chunk_size,
-                "finalTransformedChunkSize": self.final_transformed_chunk_size}
+        return {
+            "type": "fixed",
+            "originalChunkSize": self.original_chunk_size,
+            "originalFileSize": self.original_file_size,
+            "transformedChunkSize": self.transformed_chunk_size,
+            "finalTransformedChunkSize": self.final_transformed_chunk_size,
+        }
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, FixedChunkIndex) and super().__eq__(other)
-                and self.transformed_chunk_size == other.transformed_chunk_size)
+        return (
+            isinstance(other, FixedChunkIndex)
+            and super().__eq__(other)
+            and self.transformed_chunk_size == other.transformed_chunk_size
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -257,15 +298,22 @@ class VariableChunkIndex(ChunkIndex):
         return list(self._listed)
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": "variable", "originalChunkSize": self.original_chunk_size,
-                "originalFileSize": self.original_file_size,
-                "transformedChunks": encode_transformed_chunks(self._listed)}
+        return {
+            "type": "variable",
+            "originalChunkSize": self.original_chunk_size,
+            "originalFileSize": self.original_file_size,
+            "transformedChunks": encode_transformed_chunks(self._listed),
+        }
 
     __hash__ = None  # type: ignore[assignment]
 
 
-def build_index(original_chunk_size: int, original_file_size: int, transformed_sizes: list[int],
-                fixed_transformed_size: int | None) -> ChunkIndex:
+def build_index(
+    original_chunk_size: int,
+    original_file_size: int,
+    transformed_sizes: list[int],
+    fixed_transformed_size: int | None,
+) -> ChunkIndex:
     """The index a writer records once all chunks are transformed.
 
     ``fixed_transformed_size`` is the constant output size of a full chunk when the

@@ -71,7 +71,7 @@ def decode(data: bytes | None) -> dict[int, int | str]:
     for _ in range(count):
         tag, pos = _read_uvarint(data, pos)
         size, pos = _read_uvarint(data, pos)
-        payload = data[pos:pos + size]
+        payload = data[pos : pos + size]
         if len(payload) != size:
             raise DataLoss("custom metadata: truncated field")
         pos += size
@@ -83,7 +83,7 @@ def decode(data: bytes | None) -> dict[int, int | str]:
             if n == 0:
                 raise DataLoss("custom metadata: null string")
             try:
-                out[tag] = payload[p:p + n - 1].decode("utf-8")
+                out[tag] = payload[p : p + n - 1].decode("utf-8")
             except UnicodeDecodeError:
                 raise DataLoss(f"custom metadata: tag {tag} is not valid UTF-8") from None
         # unknown tags are skipped, as Kafka's tagged fields allow

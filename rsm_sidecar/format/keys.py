@@ -22,7 +22,8 @@ import base64
 import dataclasses
 import hashlib
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from rsm_sidecar.errors import ConfigError, InvalidArgument, RsmError
 from rsm_sidecar.format import custom_metadata
@@ -33,7 +34,8 @@ _UUID_RE = re.compile(r"[A-Za-z0-9_-]{22}")
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _MAIN_RE = re.compile(
     r"(?P<topic>[A-Za-z0-9._-]{1,232}|[A-Za-z0-9._-]{223}~[0-9a-f]{8})-(?P<topic_id>[A-Za-z0-9_-]{22})/"
-    r"(?P<partition>\d{1,10})/(?P<start>\d{20})-(?P<segment_id>[A-Za-z0-9_-]{22})\.(?P<suffix>log|indexes|rsm-manifest)")
+    r"(?P<partition>\d{1,10})/(?P<start>\d{20})-(?P<segment_id>[A-Za-z0-9_-]{22})\.(?P<suffix>log|indexes|rsm-manifest)"
+)
 #: longest topic name written verbatim in a key: ``<topic>-<22-char topic id>`` fits 255 bytes
 MAX_VERBATIM_TOPIC = 255 - 1 - 22
 _SHORTENED_TOPIC = MAX_VERBATIM_TOPIC - 1 - 8
@@ -104,7 +106,7 @@ class SegmentMetadata:
     custom_metadata: bytes | None = None
     txn_index_empty: bool | None = None
 
-    def validate(self) -> "SegmentMetadata":
+    def validate(self) -> SegmentMetadata:
         if not _UUID_RE.fullmatch(self.topic_id or ""):
             raise InvalidArgument(f"topic_id {echo(self.topic_id)} is not a Kafka Uuid string")
         if not _UUID_RE.fullmatch(self.segment_id or ""):
@@ -121,15 +123,24 @@ class SegmentMetadata:
 
     @property
     def describe(self) -> str:
-        return f"{self.topic_name}-{self.partition}@{self.start_offset}..{self.end_offset} ({self.segment_id})"
+        return (
+            f"{self.topic_name}-{self.partition}@{self.start_offset}..{self.end_offset} ({self.segment_id})"
+        )
 
     @classmethod
-    def from_proto(cls, m: Any) -> "SegmentMetadata":
+    def from_proto(cls, m: Any) -> SegmentMetadata:
         return cls(
-            topic_id=m.topic_id, topic_name=m.topic_name, partition=m.partition, segment_id=m.segment_id,
-            start_offset=m.start_offset, end_offset=m.end_offset, max_timestamp_ms=m.max_timestamp_ms,
-            broker_id=m.broker_id, event_timestamp_ms=m.event_timestamp_ms,
-            leader_epochs=dict(m.segment_leader_epochs), segment_size=m.segment_size_in_bytes,
+            topic_id=m.topic_id,
+            topic_name=m.topic_name,
+            partition=m.partition,
+            segment_id=m.segment_id,
+            start_offset=m.start_offset,
+            end_offset=m.end_offset,
+            max_timestamp_ms=m.max_timestamp_ms,
+            broker_id=m.broker_id,
+            event_timestamp_ms=m.event_timestamp_ms,
+            leader_epochs=dict(m.segment_leader_epochs),
+            segment_size=m.segment_size_in_bytes,
             custom_metadata=m.custom_metadata if m.HasField("custom_metadata") else None,
             txn_index_empty=m.txn_index_empty if m.HasField("txn_index_empty") else None,
         ).validate()
@@ -151,7 +162,6 @@ class ParsedKey:
 
     def key(self, suffix: str) -> str:
         return f"{self.base}.{suffix}"
-
 
     def is_topic(self, name: str) -> bool:
         """Whether this key belongs to topic ``name`` (long names are shortened in keys)."""
@@ -185,12 +195,16 @@ class KeyLayout:
         try:
             fields = custom_metadata.decode(md.custom_metadata) if md.custom_metadata else {}
         except RsmError as e:
-            raise InvalidArgument(f"segment {md.describe}: malformed custom metadata in the request ({e})") from None
+            raise InvalidArgument(
+                f"segment {md.describe}: malformed custom metadata in the request ({e})"
+            ) from None
         main = main_path_of(md.topic_name, md.topic_id, md.partition, md.start_offset, md.segment_id)
         recorded = fields.get(custom_metadata.OBJECT_KEY)
         if recorded is not None and recorded != main:
-            raise InvalidArgument(f"segment {md.describe}: custom metadata OBJECT_KEY {echo(recorded)} does not name "
-                                  f"this segment (expected {main!r})")
+            raise InvalidArgument(
+                f"segment {md.describe}: custom metadata OBJECT_KEY {echo(recorded)} does not name "
+                f"this segment (expected {main!r})"
+            )
         prefix = fields.get(custom_metadata.OBJECT_PREFIX)
         if prefix is None:
             return self.partition_prefix(md.topic_id, md.partition) + main
@@ -210,7 +224,7 @@ class KeyLayout:
         """The segment a key belongs to, or None for a key outside the layout."""
         if not key.startswith(self.prefix):
             return None
-        rest = key[len(self.prefix):]
+        rest = key[len(self.prefix) :]
         hashed = ""
         if self.hashed_prefix_chars:
             hashed, sep, rest = rest.partition("/")
@@ -220,8 +234,18 @@ class KeyLayout:
         m = _MAIN_RE.fullmatch(rest)
         if not m:
             return None
-        parsed = ParsedKey(self.prefix + hashed, m["topic"], m["topic_id"], int(m["partition"]),
-                           int(m["start"]), m["segment_id"], m["suffix"])
-        if self.hashed_prefix_chars and self.partition_prefix(parsed.topic_id, parsed.partition) != parsed.prefix:
+        parsed = ParsedKey(
+            self.prefix + hashed,
+            m["topic"],
+            m["topic_id"],
+            int(m["partition"]),
+            int(m["start"]),
+            m["segment_id"],
+            m["suffix"],
+        )
+        if (
+            self.hashed_prefix_chars
+            and self.partition_prefix(parsed.topic_id, parsed.partition) != parsed.prefix
+        ):
             return None
         return parsed

@@ -110,18 +110,29 @@ class SegmentManifest:
         every stored chunk and index by position, and the copy attempt. Everything a
         reader relies on to turn stored bytes into the segment's bytes, except the
         wrapped data key, which the authenticator's key is derived from."""
-        return json.dumps({
-            "v": AUTH_VERSION,
-            "segment": self.segment or {},
-            "chunkIndex": [self.chunk_index.original_chunk_size, self.chunk_index.original_file_size,
-                           [c.transformed_size for c in self.chunk_index.chunks()]],
-            "segmentIndexes": {n: (None if r is None else [r.position, r.size]) for n, r in self.indexes.items()},
-            "compression": self.compression,
-            "aad": base64.b64encode(self.encryption.aad).decode() if self.encryption else None,
-            "chunkTags": base64.b64encode(b"".join(self.chunk_tags or [])).decode(),
-            "indexTags": {n: base64.b64encode(t).decode() for n, t in sorted((self.index_tags or {}).items())},
-            "attempt": self.attempt,
-        }, sort_keys=True, separators=(",", ":")).encode()
+        return json.dumps(
+            {
+                "v": AUTH_VERSION,
+                "segment": self.segment or {},
+                "chunkIndex": [
+                    self.chunk_index.original_chunk_size,
+                    self.chunk_index.original_file_size,
+                    [c.transformed_size for c in self.chunk_index.chunks()],
+                ],
+                "segmentIndexes": {
+                    n: (None if r is None else [r.position, r.size]) for n, r in self.indexes.items()
+                },
+                "compression": self.compression,
+                "aad": base64.b64encode(self.encryption.aad).decode() if self.encryption else None,
+                "chunkTags": base64.b64encode(b"".join(self.chunk_tags or [])).decode(),
+                "indexTags": {
+                    n: base64.b64encode(t).decode() for n, t in sorted((self.index_tags or {}).items())
+                },
+                "attempt": self.attempt,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
 
     # -- serialisation -------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -144,14 +155,17 @@ class SegmentManifest:
         if self.attempt is not None:
             ext["attempt"] = self.attempt
         if self.chunk_crcs is not None:
-            ext["chunkCrc32c"] = base64.b64encode(struct.pack(f">{len(self.chunk_crcs)}I", *self.chunk_crcs)).decode()
+            ext["chunkCrc32c"] = base64.b64encode(
+                struct.pack(f">{len(self.chunk_crcs)}I", *self.chunk_crcs)
+            ).decode()
         if self.index_crcs is not None:
             ext["indexCrc32c"] = {n: self.index_crcs[n] for n in INDEX_NAMES if n in self.index_crcs}
         if self.chunk_tags is not None:
             ext["chunkTags"] = base64.b64encode(b"".join(self.chunk_tags)).decode()
         if self.index_tags is not None:
-            ext["indexTags"] = {n: base64.b64encode(self.index_tags[n]).decode() for n in INDEX_NAMES
-                                if n in self.index_tags}
+            ext["indexTags"] = {
+                n: base64.b64encode(self.index_tags[n]).decode() for n in INDEX_NAMES if n in self.index_tags
+            }
         if self.auth is not None:
             ext["auth"] = self.auth
         ext["manifestSha256"] = _ZERO_DIGEST.decode()
@@ -159,10 +173,12 @@ class SegmentManifest:
         doc["remoteLogSegmentMetadata"] = segment
         body = json.dumps(doc, separators=(",", ":")).encode()
         digest = hashlib.sha256(body).hexdigest().encode()
-        return body.replace(b'"manifestSha256":"' + _ZERO_DIGEST + b'"', b'"manifestSha256":"' + digest + b'"', 1)
+        return body.replace(
+            b'"manifestSha256":"' + _ZERO_DIGEST + b'"', b'"manifestSha256":"' + digest + b'"', 1
+        )
 
     @staticmethod
-    def from_bytes(data: bytes, where: str = "manifest") -> "SegmentManifest":
+    def from_bytes(data: bytes, where: str = "manifest") -> SegmentManifest:
         """Parse and verify. ``where`` names the object in error messages."""
         found = _DIGEST_RE.findall(data)
         verified = False
@@ -180,7 +196,9 @@ class SegmentManifest:
         if not isinstance(doc, dict):
             raise DataLoss(f"{where}: manifest is not a JSON object")
         if doc.get("version") != VERSION:
-            raise DataLoss(f"{where}: unsupported manifest version {doc.get('version')!r} (this build reads {VERSION!r})")
+            raise DataLoss(
+                f"{where}: unsupported manifest version {doc.get('version')!r} (this build reads {VERSION!r})"
+            )
         segment = doc.get("remoteLogSegmentMetadata")
         ext = segment.get(EXTENSION) if isinstance(segment, dict) else None
         if ext is not None and not verified:
@@ -203,16 +221,22 @@ class SegmentManifest:
                 if "chunkTags" in ext:
                     raw = base64.b64decode(ext["chunkTags"], validate=True)
                     if len(raw) != TAG_BYTES * chunk_index.chunk_count:
-                        raise DataLoss(f"{len(raw) // TAG_BYTES} chunk tags for {chunk_index.chunk_count} chunks")
-                    chunk_tags = [raw[i:i + TAG_BYTES] for i in range(0, len(raw), TAG_BYTES)]
+                        raise DataLoss(
+                            f"{len(raw) // TAG_BYTES} chunk tags for {chunk_index.chunk_count} chunks"
+                        )
+                    chunk_tags = [raw[i : i + TAG_BYTES] for i in range(0, len(raw), TAG_BYTES)]
                 if "indexTags" in ext:
-                    index_tags = {str(k): base64.b64decode(v, validate=True) for k, v in ext["indexTags"].items()}
+                    index_tags = {
+                        str(k): base64.b64decode(v, validate=True) for k, v in ext["indexTags"].items()
+                    }
                     if any(len(t) != TAG_BYTES for t in index_tags.values()):
                         raise DataLoss("an index tag is not 16 bytes")
                 if "chunkCrc32c" in ext:
                     raw = base64.b64decode(ext["chunkCrc32c"], validate=True)
                     if len(raw) != 4 * chunk_index.chunk_count:
-                        raise DataLoss(f"{len(raw) // 4} chunk checksums for {chunk_index.chunk_count} chunks")
+                        raise DataLoss(
+                            f"{len(raw) // 4} chunk checksums for {chunk_index.chunk_count} chunks"
+                        )
                     chunk_crcs = list(struct.unpack(f">{chunk_index.chunk_count}I", raw))
                 if "indexCrc32c" in ext:
                     index_crcs = {str(k): int(v) for k, v in ext["indexCrc32c"].items()}
@@ -222,9 +246,21 @@ class SegmentManifest:
             raise DataLoss(f"{where}: corrupt manifest: {e}") from None
         if isinstance(segment, dict):
             segment = {k: v for k, v in segment.items() if k != EXTENSION}
-        return SegmentManifest(chunk_index, indexes, compression, encryption,
-                               segment if isinstance(segment, dict) else None,
-                               chunk_crcs, index_crcs, writer, verified, attempt, chunk_tags, index_tags, auth)
+        return SegmentManifest(
+            chunk_index,
+            indexes,
+            compression,
+            encryption,
+            segment if isinstance(segment, dict) else None,
+            chunk_crcs,
+            index_crcs,
+            writer,
+            verified,
+            attempt,
+            chunk_tags,
+            index_tags,
+            auth,
+        )
 
 
 def _optional_str(ext: dict, name: str, pattern: re.Pattern) -> str | None:
@@ -249,7 +285,9 @@ def _parse_indexes(obj: Any) -> dict[str, IndexRange | None]:
                 raise DataLoss(f"segmentIndexes.{name} is null")
             out[name] = None
             continue
-        if not isinstance(r, dict) or not all(isinstance(r.get(k), int) and r.get(k) >= 0 for k in ("position", "size")):
+        if not isinstance(r, dict) or not all(
+            isinstance(r.get(k), int) and r.get(k) >= 0 for k in ("position", "size")
+        ):
             raise DataLoss(f"segmentIndexes.{name} is not {{position, size}}")
         out[name] = IndexRange(r["position"], r["size"])
     return out
@@ -258,12 +296,18 @@ def _parse_indexes(obj: Any) -> dict[str, IndexRange | None]:
 def _parse_encryption(obj: Any) -> EncryptionInfo | None:
     if obj is None:
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("dataKey"), str) or not isinstance(obj.get("aad"), str):
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("dataKey"), str)
+        or not isinstance(obj.get("aad"), str)
+    ):
         raise DataLoss("encryption must have dataKey and aad strings")
     key_id, sep, wrapped = obj["dataKey"].rpartition(":")
     if not sep or not key_id:
         raise DataLoss("encryption.dataKey is not '<keyId>:<base64>'")
-    return EncryptionInfo(key_id, base64.b64decode(wrapped, validate=True), base64.b64decode(obj["aad"], validate=True))
+    return EncryptionInfo(
+        key_id, base64.b64decode(wrapped, validate=True), base64.b64decode(obj["aad"], validate=True)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,22 +322,27 @@ class SegmentIdentity:
     end_offset: int | None = None
 
     @classmethod
-    def of_manifest(cls, manifest: "SegmentManifest") -> "SegmentIdentity | None":
+    def of_manifest(cls, manifest: SegmentManifest) -> SegmentIdentity | None:
         seg = manifest.segment
         try:
             rid = seg["remoteLogSegmentId"]
             tip = rid["topicIdPartition"]
-            return cls(tip["topicId"], tip["topicPartition"]["partition"], rid["id"], seg["startOffset"],
-                       seg["endOffset"])
+            return cls(
+                tip["topicId"],
+                tip["topicPartition"]["partition"],
+                rid["id"],
+                seg["startOffset"],
+                seg["endOffset"],
+            )
         except (KeyError, TypeError):
             return None
 
     @classmethod
-    def of_metadata(cls, md) -> "SegmentIdentity":
+    def of_metadata(cls, md) -> SegmentIdentity:
         """What a request's segment metadata (``format.keys.SegmentMetadata``) names."""
         return cls(md.topic_id, md.partition, md.segment_id, md.start_offset, md.end_offset)
 
-    def differences(self, other: "SegmentIdentity") -> list[str]:
+    def differences(self, other: SegmentIdentity) -> list[str]:
         """Members known on both sides that differ, as ``name a != b``."""
         out = []
         for f in dataclasses.fields(self):
@@ -307,8 +356,10 @@ def segment_debug_copy(md) -> dict[str, Any]:
     """Aiven's ``remoteLogSegmentMetadata`` JSON from our SegmentMetadata (format.keys)."""
     return {
         "remoteLogSegmentId": {
-            "topicIdPartition": {"topicId": md.topic_id,
-                                 "topicPartition": {"topic": md.topic_name, "partition": md.partition}},
+            "topicIdPartition": {
+                "topicId": md.topic_id,
+                "topicPartition": {"topic": md.topic_name, "partition": md.partition},
+            },
             "id": md.segment_id,
         },
         "startOffset": md.start_offset,

@@ -34,12 +34,25 @@ import decimal
 import io
 import json
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 from pyiceberg.types import (
-    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType, IcebergType,
-    IntegerType, LongType, StringType, StructType, TimestampType, TimestamptzType, TimeType,
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
 )
 
 from rsm_sidecar.iceberg.types import IdCounter, list_of, map_of, opt, to_arrow
@@ -47,8 +60,13 @@ from rsm_sidecar.iceberg.types import IdCounter, list_of, map_of, opt, to_arrow
 _Norm = Callable[[Any], Any] | None  # None: the fastavro value is already what Arrow takes
 
 _PRIMS: dict[str, IcebergType] = {
-    "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
-    "double": DoubleType(), "string": StringType(), "bytes": BinaryType(),
+    "boolean": BooleanType(),
+    "int": IntegerType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "string": StringType(),
+    "bytes": BinaryType(),
 }
 
 
@@ -128,6 +146,7 @@ class AvroMapper:
                 for n, fn in _a:
                     out[n] = fn(v.get(n))
                 return out
+
             return StructType(*fields), norm_record
         if t == "enum":
             return StringType(), None
@@ -142,8 +161,10 @@ class AvroMapper:
             vt, vn = self._map(s["values"], ids, stack)
             if vn is None:
                 return map_of(ids, StringType(), vt), lambda v: None if v is None else list(v.items())
-            return (map_of(ids, StringType(), vt),
-                    lambda v, _e=vn: None if v is None else [(k, _e(x)) for k, x in v.items()])
+            return (
+                map_of(ids, StringType(), vt),
+                lambda v, _e=vn: None if v is None else [(k, _e(x)) for k, x in v.items()],
+            )
         if isinstance(t, (dict, list)) or t in _PRIMS or t in self.named:
             return self._map(t, ids, stack)
         raise ValueError(f"unsupported Avro type {t!r}")
@@ -171,8 +192,9 @@ class AvroMapper:
             mt, mn = self._map(b, ids, stack)
             members.append(opt(ids, name, mt))
             matchers.append((name, self._resolve(b), mn))
-        n_records = sum(1 for _, r, _ in matchers
-                        if isinstance(r, dict) and r.get("type") in ("record", "error"))
+        n_records = sum(
+            1 for _, r, _ in matchers if isinstance(r, dict) and r.get("type") in ("record", "error")
+        )
 
         def norm_union(v: Any, _m=matchers, _multi=n_records > 1) -> dict | None:
             if v is None:
@@ -186,6 +208,7 @@ class AvroMapper:
                 if _matches(r, v):
                     return {name: fn(v) if fn else v}
             raise ValueError(f"value of type {type(v).__name__} matches no union branch")
+
         return StructType(*members), norm_union
 
     # ------------------------------------------------------------------ conversion
@@ -217,8 +240,12 @@ def _matches(r: Any, v: Any) -> bool:
             "bytes": lambda: isinstance(v, (bytes, bytearray)),
         }[r]()
     t, logical = r.get("type"), r.get("logicalType")
-    if logical in ("timestamp-millis", "timestamp-micros", "local-timestamp-millis",
-                   "local-timestamp-micros"):
+    if logical in (
+        "timestamp-millis",
+        "timestamp-micros",
+        "local-timestamp-millis",
+        "local-timestamp-micros",
+    ):
         return isinstance(v, datetime.datetime)
     if logical == "date":
         return isinstance(v, datetime.date) and not isinstance(v, datetime.datetime)
@@ -247,5 +274,6 @@ def read_datum(payload: bytes, writer: Any, reader: Any | None) -> Any:
     """fastavro ``schemaless_reader`` with record names for multi-record unions."""
     import fastavro
 
-    return fastavro.schemaless_reader(io.BytesIO(payload), writer, reader,
-                                      return_record_name=True, return_record_name_override=True)
+    return fastavro.schemaless_reader(
+        io.BytesIO(payload), writer, reader, return_record_name=True, return_record_name_override=True
+    )

@@ -37,16 +37,28 @@ class CatalogSpec:
     gcs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, s: JobSettings) -> "CatalogSpec":
+    def from_settings(cls, s: JobSettings) -> CatalogSpec:
         if s.catalog_type == "local":
-            local = (LocalCatalog(Path(s.local_root), name=s.catalog_name) if s.local_root
-                     else LocalCatalog(default_catalog().root, name=s.catalog_name))
-            return cls("local", s.catalog_name, local=local, warehouse=s.warehouse, s3=dict(s.s3),
-                       gcs=dict(s.gcs))
+            local = (
+                LocalCatalog(Path(s.local_root), name=s.catalog_name)
+                if s.local_root
+                else LocalCatalog(default_catalog().root, name=s.catalog_name)
+            )
+            return cls(
+                "local", s.catalog_name, local=local, warehouse=s.warehouse, s3=dict(s.s3), gcs=dict(s.gcs)
+            )
         if not s.rest_uri:
             raise ConfigError("iceberg.catalog.rest.uri: required when iceberg.catalog.type = 'rest'")
-        return cls("rest", s.catalog_name, uri=s.rest_uri, warehouse=s.warehouse,
-                   credential=s.rest_credential, token=s.rest_token, s3=dict(s.s3), gcs=dict(s.gcs))
+        return cls(
+            "rest",
+            s.catalog_name,
+            uri=s.rest_uri,
+            warehouse=s.warehouse,
+            credential=s.rest_credential,
+            token=s.rest_token,
+            s3=dict(s.s3),
+            gcs=dict(s.gcs),
+        )
 
     # ------------------------------------------------------------------ shared
     @property
@@ -69,14 +81,16 @@ class CatalogSpec:
         """Spark jar bundles this catalog needs."""
         return ("aws",) if self.uses_s3 else ("gcp",) if self.uses_gcs else ()
 
-    def prepare(self) -> "CatalogSpec":
+    def prepare(self) -> CatalogSpec:
         if self.local is not None:
             self.local.prepare()
         return self
 
     def describe(self) -> str:
         where = self.local.db_file if self.local is not None else self.uri
-        return f"{self.type} catalog {self.name!r} ({where}, warehouse {self.warehouse_uri or 'server default'})"
+        return (
+            f"{self.type} catalog {self.name!r} ({where}, warehouse {self.warehouse_uri or 'server default'})"
+        )
 
     # ------------------------------------------------------------------ Spark
     def spark_conf(self) -> dict[str, str]:
@@ -86,8 +100,12 @@ class CatalogSpec:
             if self.warehouse:
                 conf[f"{p}.warehouse"] = self.warehouse
         else:
-            conf = {p: "org.apache.iceberg.spark.SparkCatalog", f"{p}.type": "rest", f"{p}.uri": self.uri,
-                    f"{p}.cache-enabled": "false"}
+            conf = {
+                p: "org.apache.iceberg.spark.SparkCatalog",
+                f"{p}.type": "rest",
+                f"{p}.uri": self.uri,
+                f"{p}.cache-enabled": "false",
+            }
             if self.warehouse:
                 conf[f"{p}.warehouse"] = self.warehouse
             if self.credential:

@@ -25,13 +25,22 @@ Renames and additions are committed in one transaction.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
-    DecimalType, DoubleType, FloatType, IcebergType, IntegerType, ListType, LongType, MapType,
-    PrimitiveType, StructType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    PrimitiveType,
+    StructType,
 )
 
 RETIRED_FORMAT = "{name}__v{n}"
@@ -60,7 +69,8 @@ def same_type(a: IcebergType, b: IcebergType) -> bool:
     if isinstance(a, StructType) and isinstance(b, StructType):
         return len(a.fields) == len(b.fields) and all(
             x.name == y.name and x.required == y.required and same_type(x.field_type, y.field_type)
-            for x, y in zip(a.fields, b.fields))
+            for x, y in zip(a.fields, b.fields)
+        )
     if isinstance(a, ListType) and isinstance(b, ListType):
         return same_type(a.element_type, b.element_type)
     if isinstance(a, MapType) and isinstance(b, MapType):
@@ -146,8 +156,9 @@ def _diff_nested(ct: IcebergType, tt: IcebergType, p: tuple[str, ...], out: list
     return ok
 
 
-def apply_update(table: Any, target: Schema | StructType,
-                 properties: dict[str, str] | None = None) -> list[Change]:
+def apply_update(
+    table: Any, target: Schema | StructType, properties: dict[str, str] | None = None
+) -> list[Change]:
     """Plan and commit the changes on a PyIceberg ``Table`` (one transaction). Returns them."""
     changes = plan_update(table.schema(), target)
     if not changes and not properties:
@@ -196,12 +207,18 @@ def field_ids(schema: Schema | StructType) -> dict[str, int]:
     return out
 
 
-def ensure_table(catalog: Any, identifier: str | tuple[str, ...], target: Schema,
-                 *, partition: str | None = "day", properties: dict[str, str] | None = None) -> Any:
+def ensure_table(
+    catalog: Any,
+    identifier: str | tuple[str, ...],
+    target: Schema,
+    *,
+    partition: str | None = "day",
+    properties: dict[str, str] | None = None,
+) -> Any:
     """Create the table for ``target`` (partitioned by ``partition`` of
     ``kafka.ingest_timestamp``: ``hour``/``day``/``month``/None) or evolve an existing one."""
     from pyiceberg.exceptions import NoSuchTableError
-    from pyiceberg.partitioning import PartitionField, PartitionSpec, UNPARTITIONED_PARTITION_SPEC
+    from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
     from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform
 
     try:
@@ -214,10 +231,14 @@ def ensure_table(catalog: Any, identifier: str | tuple[str, ...], target: Schema
         if partition:
             transform = {"hour": HourTransform(), "day": DayTransform(), "month": MonthTransform()}[partition]
             source = target.find_field("kafka.ingest_timestamp").field_id
-            spec = PartitionSpec(PartitionField(source_id=source, field_id=1000, transform=transform,
-                                                name=f"ingest_{partition}"))
-        return catalog.create_table(identifier, schema=target, partition_spec=spec,
-                                    properties=properties or {})
+            spec = PartitionSpec(
+                PartitionField(
+                    source_id=source, field_id=1000, transform=transform, name=f"ingest_{partition}"
+                )
+            )
+        return catalog.create_table(
+            identifier, schema=target, partition_spec=spec, properties=properties or {}
+        )
     apply_update(table, target, properties)
     return catalog.load_table(identifier)
 

@@ -15,7 +15,7 @@ import base64
 import concurrent.futures
 import dataclasses
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
 from rsm_sidecar.kafka import AbortedTxn, ControlType, read_batches
@@ -38,15 +38,24 @@ def new_uuid() -> str:
 @dataclasses.dataclass
 class _PartitionState:
     open_txns: dict[int, int] = dataclasses.field(default_factory=dict)  # pid -> first offset
-    producers: dict[int, tuple[int, int, int]] = dataclasses.field(default_factory=dict)  # pid -> (epoch, last offset, ts)
+    producers: dict[int, tuple[int, int, int]] = dataclasses.field(
+        default_factory=dict
+    )  # pid -> (epoch, last offset, ts)
     next_offset: int = 0
 
 
 class TieredWriter:
     """Writes segments of one topic into ``store`` under ``layout`` (optionally encrypted)."""
 
-    def __init__(self, store: ObjectStore, layout: KeyLayout, keyring: Keyring | None, topic: str,
-                 topic_id: str | None = None, settings: CopySettings | None = None):
+    def __init__(
+        self,
+        store: ObjectStore,
+        layout: KeyLayout,
+        keyring: Keyring | None,
+        topic: str,
+        topic_id: str | None = None,
+        settings: CopySettings | None = None,
+    ):
         self.store, self.layout, self.keyring = store, layout, keyring
         self.topic = topic
         self.topic_id = topic_id or new_uuid()
@@ -57,8 +66,9 @@ class TieredWriter:
     def close(self) -> None:
         self._pool.shutdown()
 
-    def write_segment(self, partition: int, batches: Iterable[bytes], *, segment_id: str | None = None,
-                      track: bool = True) -> SegmentMetadata:
+    def write_segment(
+        self, partition: int, batches: Iterable[bytes], *, segment_id: str | None = None, track: bool = True
+    ) -> SegmentMetadata:
         """Copy one segment made of ``batches`` (consecutive offsets). ``track=False`` writes a
         re-upload of already written offsets (the transaction state is not advanced)."""
         data = b"".join(batches)
@@ -91,16 +101,30 @@ class TieredWriter:
             raise ValueError("a segment needs at least one batch")
         if track:
             st.open_txns, st.producers, st.next_offset = work.open_txns, work.producers, end + 1
-        snapshot = encode_producer_snapshot([
-            ProducerSnapshotEntry(pid, epoch, 0, last, 0, ts, 0, work.open_txns.get(pid, -1))
-            for pid, (epoch, last, ts) in sorted(work.producers.items())])
-        indexes = {"offset": encode_offset_index(offset_entries, start),
-                   "timestamp": encode_time_index(time_entries, start),
-                   "producerSnapshot": snapshot,
-                   "leaderEpoch": f"0\n1\n0 {start}\n".encode(),
-                   "transaction": encode_txn_index(aborted) if aborted else None}
-        md = SegmentMetadata(self.topic_id, self.topic, partition, segment_id or new_uuid(), start, end,
-                             max_timestamp_ms=max_ts, broker_id=1, segment_size=len(data)).validate()
+        snapshot = encode_producer_snapshot(
+            [
+                ProducerSnapshotEntry(pid, epoch, 0, last, 0, ts, 0, work.open_txns.get(pid, -1))
+                for pid, (epoch, last, ts) in sorted(work.producers.items())
+            ]
+        )
+        indexes = {
+            "offset": encode_offset_index(offset_entries, start),
+            "timestamp": encode_time_index(time_entries, start),
+            "producerSnapshot": snapshot,
+            "leaderEpoch": f"0\n1\n0 {start}\n".encode(),
+            "transaction": encode_txn_index(aborted) if aborted else None,
+        }
+        md = SegmentMetadata(
+            self.topic_id,
+            self.topic,
+            partition,
+            segment_id or new_uuid(),
+            start,
+            end,
+            max_timestamp_ms=max_ts,
+            broker_id=1,
+            segment_size=len(data),
+        ).validate()
         copier = SegmentCopier(self.store, self.layout, self.keyring, self.settings, self._pool)
         copier.copy(md, BytesSource(data, indexes), indexes.pop("leaderEpoch"))
         return md

@@ -8,7 +8,8 @@ top-level messages into nested types). The common case ``[0]`` is written as a s
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 MAGIC = 0
 _MAX_INDEXES = 64  # nesting depth; anything deeper is corrupt input, not a schema

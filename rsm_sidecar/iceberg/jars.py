@@ -27,9 +27,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 from rsm_sidecar.errors import ConfigError, Unavailable
 
@@ -68,17 +68,29 @@ class MavenArtifact:
 
 
 ICEBERG_SPARK_RUNTIME = MavenArtifact(
-    "org.apache.iceberg", f"iceberg-spark-runtime-{SPARK_MINOR}_{SCALA_BINARY}", ICEBERG_VERSION,
-    "3123c3798af642dd537230923548e013ef41cc28b6626e5225808cf5670a0f82")
+    "org.apache.iceberg",
+    f"iceberg-spark-runtime-{SPARK_MINOR}_{SCALA_BINARY}",
+    ICEBERG_VERSION,
+    "3123c3798af642dd537230923548e013ef41cc28b6626e5225808cf5670a0f82",
+)
 SQLITE_JDBC = MavenArtifact(
-    "org.xerial", "sqlite-jdbc", "3.54.1.0",
-    "f8dce420a6016278497f4f0560f65602b9db858de141b541cf91a4644ebe4639")
+    "org.xerial",
+    "sqlite-jdbc",
+    "3.54.1.0",
+    "f8dce420a6016278497f4f0560f65602b9db858de141b541cf91a4644ebe4639",
+)
 ICEBERG_AWS_BUNDLE = MavenArtifact(
-    "org.apache.iceberg", "iceberg-aws-bundle", ICEBERG_VERSION,
-    "dd7e49ffa4ac9b215bed846581991259e3aec9bb2fa08d6cec029c46cd66d957")
+    "org.apache.iceberg",
+    "iceberg-aws-bundle",
+    ICEBERG_VERSION,
+    "dd7e49ffa4ac9b215bed846581991259e3aec9bb2fa08d6cec029c46cd66d957",
+)
 ICEBERG_GCP_BUNDLE = MavenArtifact(
-    "org.apache.iceberg", "iceberg-gcp-bundle", "1.11.0",
-    "d9248fc76d94d232e153bf760631229cd3b7c6bc3b20f47d4b2caffe011a8a2f")
+    "org.apache.iceberg",
+    "iceberg-gcp-bundle",
+    "1.11.0",
+    "d9248fc76d94d232e153bf760631229cd3b7c6bc3b20f47d4b2caffe011a8a2f",
+)
 
 CORE_JARS: tuple[MavenArtifact, ...] = (ICEBERG_SPARK_RUNTIME, SQLITE_JDBC)
 CLOUD_JARS: dict[str, MavenArtifact] = {"aws": ICEBERG_AWS_BUNDLE, "gcp": ICEBERG_GCP_BUNDLE}
@@ -193,7 +205,8 @@ def spark_jars(cache: Path | None = None, cloud: Sequence[str] = ()) -> list[Pat
         if not p.is_file():
             raise ConfigError(
                 f"{a.coordinate} is not in the cache ({p}); run set-up first: "
-                f"python -m rsm_sidecar.iceberg.jars{'' if cloud else ' --no-cloud'}")
+                f"python -m rsm_sidecar.iceberg.jars{'' if cloud else ' --no-cloud'}"
+            )
         paths.append(p)
     return paths
 

@@ -37,16 +37,24 @@ import threading
 import time
 import tomllib
 import uuid
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from rsm_sidecar.config import ENV_PREFIX, Config
 from rsm_sidecar.errors import ConfigError, RsmError
 from rsm_sidecar.iceberg import markers as mk
 from rsm_sidecar.iceberg.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.segments import (
-    PartitionPlan, SegmentFailed, SegmentTask, StorageParams, describe_error, executor_context,
-    list_topic_segments, plan_partition, read_task,
+    PartitionPlan,
+    SegmentFailed,
+    SegmentTask,
+    StorageParams,
+    describe_error,
+    executor_context,
+    list_topic_segments,
+    plan_partition,
+    read_task,
 )
 from rsm_sidecar.iceberg.settings import JobSettings
 
@@ -70,8 +78,12 @@ def pause_point(name: str) -> None:
 
 # ============================================================================ configuration
 
-def load_config(path: str | os.PathLike | None, environ: Mapping[str, str] | None = None,
-                overrides: Mapping[str, Any] | None = None) -> tuple[Config, StorageParams]:
+
+def load_config(
+    path: str | os.PathLike | None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[Config, StorageParams]:
     """The sidecar configuration file (+ ``RSM__`` environment, + ``overrides`` by key path)
     and the picklable storage parameters executors rebuild it from."""
     env = dict(os.environ if environ is None else environ)
@@ -96,10 +108,11 @@ def load_config(path: str | os.PathLike | None, environ: Mapping[str, str] | Non
 
 # ============================================================================ executors
 
+
 @dataclasses.dataclass(frozen=True)
 class ExecutorParams:
     storage: StorageParams
-    encoder: Any          # rows.EncoderSpec
+    encoder: Any  # rows.EncoderSpec
     batch_records: int
     batch_bytes: int
     last_task_index: int
@@ -120,15 +133,19 @@ def convert_fn(params: ExecutorParams, accumulator) -> Callable[[Iterator], Iter
                 try:
                     ctx = executor_context(params.storage)
                     enc = encoder_for(params.encoder)
-                    for raw in read_task(ctx, task, max_records=params.batch_records,
-                                         max_bytes=params.batch_bytes):
+                    for raw in read_task(
+                        ctx, task, max_records=params.batch_records, max_bytes=params.batch_bytes
+                    ):
                         out = enc.encode(raw)
                         records += out.num_rows
                         yield out
                 except Exception as exc:
-                    raise RuntimeError(f"RSM_TASK_ERROR<<{type(exc).__name__}|{describe_error(task, exc)}>>") from exc
+                    raise RuntimeError(
+                        f"RSM_TASK_ERROR<<{type(exc).__name__}|{describe_error(task, exc)}>>"
+                    ) from exc
                 if accumulator is not None:
                     accumulator.add({task.partition: [1, records]})
+
     return fn
 
 
@@ -157,30 +174,42 @@ def _task_error(exc: BaseException) -> RsmError | None:
     if not m:
         return None
     cls, msg = m.group("cls"), m.group("msg")
-    from rsm_sidecar.iceberg.schema_registry import RegistryAuthError, RegistryUnavailable
     from rsm_sidecar import errors
+    from rsm_sidecar.iceberg.schema_registry import RegistryAuthError, RegistryUnavailable
 
     known = {"RegistryUnavailable": RegistryUnavailable, "RegistryAuthError": RegistryAuthError}
-    for name in ("DataLoss", "NotFound", "Unavailable", "FailedPrecondition", "ConfigError",
-                 "DeadlineExceeded", "InvalidArgument"):
+    for name in (
+        "DataLoss",
+        "NotFound",
+        "Unavailable",
+        "FailedPrecondition",
+        "ConfigError",
+        "DeadlineExceeded",
+        "InvalidArgument",
+    ):
         known[name] = getattr(errors, name)
     target = known.get(cls)
     if target is None:
         from rsm_sidecar.kafka import errors as kerrors
+
         kcls = getattr(kerrors, cls, None)
-        target = errors.DataLoss if (kcls is not None and issubclass(kcls, errors.DataLoss)) else SegmentFailed
+        target = (
+            errors.DataLoss if (kcls is not None and issubclass(kcls, errors.DataLoss)) else SegmentFailed
+        )
     return target(f"converting {msg}")
 
 
 # ============================================================================ Spark session
+
 
 def under_spark_submit() -> bool:
     """True when this driver was started by ``spark-submit`` (its JVM is already running)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def open_session(spec: CatalogSpec, settings: JobSettings, app_name: str,
-                 extra: Mapping[str, str] | None = None):
+def open_session(
+    spec: CatalogSpec, settings: JobSettings, app_name: str, extra: Mapping[str, str] | None = None
+):
     """The job's SparkSession. Standalone: a session of its own (``iceberg.spark.master``, jars
     from the local cache, the job's catalog). Under ``spark-submit``: the submitted
     application's session, given only the Iceberg extensions and the job's catalog - master,
@@ -191,15 +220,18 @@ def open_session(spec: CatalogSpec, settings: JobSettings, app_name: str,
         return spark_session(spec, master=settings.master, app_name=app_name, cloud=spec.cloud(), extra=extra)
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.appName(app_name)
-               .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
-               .config("spark.sql.session.timeZone", "UTC"))
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
     for k, v in {**spec.prepare().spark_conf(), **(extra or {})}.items():
         builder = builder.config(k, v)
     return builder.getOrCreate()
 
 
 # ============================================================================ results
+
 
 @dataclasses.dataclass
 class PartitionResult:
@@ -233,6 +265,7 @@ class ConvertResult:
 
 # ============================================================================ the job
 
+
 @dataclasses.dataclass
 class Prepared:
     """A run after planning: what the Spark write needs."""
@@ -242,7 +275,7 @@ class Prepared:
     state: mk.MarkerState
     plans: list[PartitionPlan]
     tasks: list[SegmentTask]
-    spec: Any = None          # EncoderSpec aligned to the table
+    spec: Any = None  # EncoderSpec aligned to the table
     ddl: str = ""
     marker: dict[str, str] = dataclasses.field(default_factory=dict)
     t0: float = 0.0
@@ -251,9 +284,17 @@ class Prepared:
 class ConvertJob:
     """One run of the conversion of ``topic`` (see the module docstring)."""
 
-    def __init__(self, cfg: Config, storage: StorageParams, topic: str, *, topic_id: str | None = None,
-                 spark=None, spark_conf: Mapping[str, str] | None = None,
-                 log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        storage: StorageParams,
+        topic: str,
+        *,
+        topic_id: str | None = None,
+        spark=None,
+        spark_conf: Mapping[str, str] | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
         self.cfg = cfg
         self.storage = storage
         self.topic = topic
@@ -294,11 +335,14 @@ class ConvertJob:
                 f"table {self.table_name} was converted from topic {self.topic} with topic id "
                 f"{state.topic_id}, but remote storage only has topic id(s) {', '.join(ids)}: the "
                 f"topic was deleted and re-created (offsets start again at 0); convert it into a new "
-                f"table (iceberg.table / --table)")
+                f"table (iceberg.table / --table)"
+            )
         if len(ids) > 1:
-            raise ConfigError(f"remote storage has several topics named {self.topic} (topic ids "
-                              f"{', '.join(ids)}; a deleted topic's segments may still be there): "
-                              f"choose one with --topic-id")
+            raise ConfigError(
+                f"remote storage has several topics named {self.topic} (topic ids "
+                f"{', '.join(ids)}; a deleted topic's segments may still be there): "
+                f"choose one with --topic-id"
+            )
         return ids[0] if ids else None
 
     # ------------------------------------------------------------------ planning
@@ -310,8 +354,13 @@ class ConvertJob:
         plans = []
         remaining = self.settings.max_segments
         for p in sorted(partitions):
-            plan = plan_partition(reader, partitions[p], state.next_offset(p), state.ingest_state(p),
-                                  limit=remaining if self.settings.max_segments else 0)
+            plan = plan_partition(
+                reader,
+                partitions[p],
+                state.next_offset(p),
+                state.ingest_state(p),
+                limit=remaining if self.settings.max_segments else 0,
+            )
             plans.append(plan)
             if self.settings.max_segments:
                 remaining -= len(plan.chain)
@@ -327,7 +376,11 @@ class ConvertJob:
         framed with the pinned schema id (see :func:`~rsm_sidecar.iceberg.rows.resolve_side`)."""
         from rsm_sidecar.iceberg.proto_mapping import ProtoOptions
         from rsm_sidecar.iceberg.rows import (
-            EncoderSpec, SideSpec, descriptor_set_side, message_property, resolve_side,
+            EncoderSpec,
+            SideSpec,
+            descriptor_set_side,
+            message_property,
+            resolve_side,
         )
         from rsm_sidecar.iceberg.schema_registry import SchemaRegistry, SubjectSpec
 
@@ -344,10 +397,17 @@ class ConvertJob:
             elif side.descriptor_set:
                 specs.append(descriptor_set_side(side.descriptor_set, side.message, opts))
             elif registry is not None:
-                specs.append(resolve_side(
-                    registry, self.topic, is_key, SubjectSpec(side.subject, side.message), opts,
-                    samples=self._samples(plans, is_key),
-                    recorded=table_properties.get(message_property(is_key))))
+                specs.append(
+                    resolve_side(
+                        registry,
+                        self.topic,
+                        is_key,
+                        SubjectSpec(side.subject, side.message),
+                        opts,
+                        samples=self._samples(plans, is_key),
+                        recorded=table_properties.get(message_property(is_key)),
+                    )
+                )
             else:
                 specs.append(SideSpec("raw", proto_options=opts))
         return EncoderSpec(specs[0], specs[1])
@@ -368,7 +428,9 @@ class ConvertJob:
         if self.spark is not None:
             self._register_catalog(self.spark)
             return self.spark, False
-        return open_session(self.catalog_spec, self.settings, f"rsm-iceberg-{self.topic}", self.spark_conf), True
+        return open_session(
+            self.catalog_spec, self.settings, f"rsm-iceberg-{self.topic}", self.spark_conf
+        ), True
 
     def _register_catalog(self, spark) -> None:
         """Configure the job's catalog on an existing session (catalogs load lazily by name)."""
@@ -376,9 +438,15 @@ class ConvertJob:
             if k == "spark.sql.defaultCatalog":
                 continue
             current = spark.conf.get(k, None)
-            if current is not None and current != v and k == f"spark.sql.catalog.{self.catalog_spec.name}.uri":
-                raise ConfigError(f"the Spark session already has a catalog {self.catalog_spec.name!r} "
-                                  f"with uri {current}; use another iceberg.catalog.name")
+            if (
+                current is not None
+                and current != v
+                and k == f"spark.sql.catalog.{self.catalog_spec.name}.uri"
+            ):
+                raise ConfigError(
+                    f"the Spark session already has a catalog {self.catalog_spec.name!r} "
+                    f"with uri {current}; use another iceberg.catalog.name"
+                )
             spark.conf.set(k, v)
         for k, v in self.spark_conf.items():
             spark.conf.set(k, v)
@@ -390,7 +458,7 @@ class ConvertJob:
             return prepared.result
         return self.execute(prepared)
 
-    def prepare(self) -> "Prepared":
+    def prepare(self) -> Prepared:
         """Steps 1-3: markers, plan, schemas and table (no Spark yet)."""
         t0 = time.monotonic()
         result = ConvertResult(self.table_name, self.job_id)
@@ -401,9 +469,17 @@ class ConvertJob:
             raise ConfigError(f"table {self.table_name} holds topic {state.topic!r}, not {self.topic!r}")
         topic_id, plans = self.plan(state)
         for plan in plans:
-            result.partitions.append(PartitionResult(
-                plan.partition, len(plan.chain), 0, plan.ranges[0][0] if plan.ranges else None,
-                plan.new_next_offset, plan.skipped, plan.waiting))
+            result.partitions.append(
+                PartitionResult(
+                    plan.partition,
+                    len(plan.chain),
+                    0,
+                    plan.ranges[0][0] if plan.ranges else None,
+                    plan.new_next_offset,
+                    plan.skipped,
+                    plan.waiting,
+                )
+            )
             self._log_plan(plan)
         tasks: list[SegmentTask] = []
         for plan in plans:
@@ -437,8 +513,10 @@ class ConvertJob:
             self.log(f"[convert] {self.table_name}: schema {result.schema_changes}")
         main = table.metadata.refs.get("main")
         if (main.snapshot_id if main else None) != state.main_snapshot_id:
-            raise mk.CommitConflict(f"table {self.table_name}: main moved while the run planned; nothing "
-                                    f"was committed - run the job again")
+            raise mk.CommitConflict(
+                f"table {self.table_name}: main moved while the run planned; nothing "
+                f"was committed - run the job again"
+            )
         prepared.spec = spec.with_table(schema_to_arrow(table.schema()))
         prepared.ddl = spark_ddl(table.schema())
         segments = {p.partition: [s.segment_id for s in p.chain] for p in plans}
@@ -449,11 +527,17 @@ class ConvertJob:
             if p.chain:
                 ingest[p.partition] = p.new_ingest_state
         prepared.marker = mk.marker_properties(
-            topic=self.topic, topic_id=topic_id or "", job_id=self.job_id, next_offsets=next_offsets,
-            ingest_ms=ingest, segments=segments, skipped={p.partition: p.skipped for p in plans})
+            topic=self.topic,
+            topic_id=topic_id or "",
+            job_id=self.job_id,
+            next_offsets=next_offsets,
+            ingest_ms=ingest,
+            segments=segments,
+            skipped={p.partition: p.skipped for p in plans},
+        )
         return prepared
 
-    def execute(self, prepared: "Prepared") -> ConvertResult:
+    def execute(self, prepared: Prepared) -> ConvertResult:
         """Steps 4-5: the Spark write (staged) and the conditional publish."""
         result = prepared.result
         pause_point("planned")
@@ -468,44 +552,66 @@ class ConvertJob:
         result.seconds = time.monotonic() - prepared.t0
         for pr in result.partitions:
             if pr.segments:
-                self.log(f"[convert] partition {pr.partition}: {pr.segments} segment(s), {pr.records} "
-                         f"records, offsets {pr.first_offset}..{pr.next_offset - 1}")
-        self.log(f"[convert] {self.topic} -> {self.table_name}: committed snapshot {snap.snapshot_id}: "
-                 f"{result.segments} segment(s), {result.records} records in {result.seconds:.1f}s")
+                self.log(
+                    f"[convert] partition {pr.partition}: {pr.segments} segment(s), {pr.records} "
+                    f"records, offsets {pr.first_offset}..{pr.next_offset - 1}"
+                )
+        self.log(
+            f"[convert] {self.topic} -> {self.table_name}: committed snapshot {snap.snapshot_id}: "
+            f"{result.segments} segment(s), {result.records} records in {result.seconds:.1f}s"
+        )
         return result
 
     def _log_plan(self, plan: PartitionPlan) -> None:
         for lo, hi in plan.skipped:
-            self.log(f"[convert] partition {plan.partition}: offsets {lo}..{hi} were deleted from "
-                     f"remote storage before they were converted; skipped")
+            self.log(
+                f"[convert] partition {plan.partition}: offsets {lo}..{hi} were deleted from "
+                f"remote storage before they were converted; skipped"
+            )
         if plan.chain:
-            self.log(f"[convert] partition {plan.partition}: {len(plan.chain)} segment(s) to convert, "
-                     f"offsets {plan.ranges[0][0]}..{plan.ranges[-1][1]}")
+            self.log(
+                f"[convert] partition {plan.partition}: {len(plan.chain)} segment(s) to convert, "
+                f"offsets {plan.ranges[0][0]}..{plan.ranges[-1][1]}"
+            )
         if plan.waiting:
-            self.log(f"[convert] partition {plan.partition}: stops at offset {plan.new_next_offset}: {plan.waiting}")
+            self.log(
+                f"[convert] partition {plan.partition}: stops at offset {plan.new_next_offset}: {plan.waiting}"
+            )
 
-    def dataframe(self, spark, prepared: "Prepared", accumulator=None):
+    def dataframe(self, spark, prepared: Prepared, accumulator=None):
         """The rows of the table for the prepared tasks: a DataFrame of segment tasks (one per
         Spark partition) through ``mapInArrow``."""
-        params = ExecutorParams(self.storage, prepared.spec, self.settings.batch_records,
-                                self.settings.batch_bytes, prepared.tasks[-1].index)
+        params = ExecutorParams(
+            self.storage,
+            prepared.spec,
+            self.settings.batch_records,
+            self.settings.batch_bytes,
+            prepared.tasks[-1].index,
+        )
         rows = [(t.index, t.partition, t.to_json()) for t in prepared.tasks]
-        df = spark.createDataFrame(spark.sparkContext.parallelize(rows, len(rows)),
-                                   "idx INT, partition INT, task STRING")
+        df = spark.createDataFrame(
+            spark.sparkContext.parallelize(rows, len(rows)), "idx INT, partition INT, task STRING"
+        )
         return df.mapInArrow(convert_fn(params, accumulator), prepared.ddl)
 
-    def _write(self, prepared: "Prepared") -> dict[int, list[int]]:
+    def _write(self, prepared: Prepared) -> dict[int, list[int]]:
         spark, own = self._spark()
         try:
             acc = spark.sparkContext.accumulator({}, _counts_param())
-            writer = self.dataframe(spark, prepared, acc).writeTo(f"{self.catalog_spec.name}.{self.table_name}")
+            writer = self.dataframe(spark, prepared, acc).writeTo(
+                f"{self.catalog_spec.name}.{self.table_name}"
+            )
             for k, v in prepared.marker.items():
                 writer = writer.option(f"snapshot-property.{k}", v)
-            writer = (writer.option("distribution-mode", "none").option("fanout-enabled", "true")
-                      .option("target-file-size-bytes", str(self.settings.target_file_size)))
+            writer = (
+                writer.option("distribution-mode", "none")
+                .option("fanout-enabled", "true")
+                .option("target-file-size-bytes", str(self.settings.target_file_size))
+            )
             stop = threading.Event()
-            progress = threading.Thread(target=self._progress, args=(spark, len(prepared.tasks), stop),
-                                        daemon=True)
+            progress = threading.Thread(
+                target=self._progress, args=(spark, len(prepared.tasks), stop), daemon=True
+            )
             spark.conf.set("spark.wap.id", self.job_id)
             progress.start()
             try:
@@ -541,10 +647,17 @@ class ConvertJob:
                 return
 
 
-def convert(config: str | os.PathLike | None, topic: str, *, environ: Mapping[str, str] | None = None,
-            overrides: Mapping[str, Any] | None = None, topic_id: str | None = None, spark=None,
-            spark_conf: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None
-            ) -> ConvertResult:
+def convert(
+    config: str | os.PathLike | None,
+    topic: str,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    topic_id: str | None = None,
+    spark=None,
+    spark_conf: Mapping[str, str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ConvertResult:
     """Python API: convert what is new of ``topic`` (see :class:`ConvertJob`).
 
     ``config``: the sidecar's configuration file; ``environ``: its ``RSM__`` overrides (default:
@@ -553,5 +666,6 @@ def convert(config: str | os.PathLike | None, topic: str, *, environ: Mapping[st
     job starts one with ``iceberg.spark.master`` and stops it).
     """
     cfg, storage = load_config(config, environ, overrides)
-    return ConvertJob(cfg, storage, topic, topic_id=topic_id, spark=spark, spark_conf=spark_conf,
-                      log=log).run()
+    return ConvertJob(
+        cfg, storage, topic, topic_id=topic_id, spark=spark, spark_conf=spark_conf, log=log
+    ).run()

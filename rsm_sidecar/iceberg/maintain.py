@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rsm_sidecar.iceberg import markers as mk
 from rsm_sidecar.iceberg.catalogs import CatalogSpec
@@ -45,19 +46,29 @@ class MaintainResult:
 
 
 def _ts(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.timezone.utc).strftime("TIMESTAMP '%Y-%m-%d %H:%M:%S.%f'")
+    return moment.astimezone(dt.UTC).strftime("TIMESTAMP '%Y-%m-%d %H:%M:%S.%f'")
 
 
 def _row_dict(row) -> dict[str, Any]:
     return {k: v for k, v in row.asDict().items()}
 
 
-def maintain(cfg, storage: StorageParams, topic: str, *, expire: bool = False,
-             expire_older_than: dt.timedelta = dt.timedelta(days=5), retain_last: int = 1,
-             compact: bool = False, min_input_files: int = 2,
-             remove_orphans: bool = False, orphan_older_than: dt.timedelta = dt.timedelta(days=1),
-             drop_deleted_offsets: bool = False, spark=None,
-             log: Callable[[str], None] | None = None) -> MaintainResult:
+def maintain(
+    cfg,
+    storage: StorageParams,
+    topic: str,
+    *,
+    expire: bool = False,
+    expire_older_than: dt.timedelta = dt.timedelta(days=5),
+    retain_last: int = 1,
+    compact: bool = False,
+    min_input_files: int = 2,
+    remove_orphans: bool = False,
+    orphan_older_than: dt.timedelta = dt.timedelta(days=1),
+    drop_deleted_offsets: bool = False,
+    spark=None,
+    log: Callable[[str], None] | None = None,
+) -> MaintainResult:
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     settings = JobSettings.from_config(cfg)
     spec = CatalogSpec.from_settings(settings).prepare()
@@ -73,7 +84,7 @@ def maintain(cfg, storage: StorageParams, topic: str, *, expire: bool = False,
         for k, v in spec.spark_conf().items():
             if k != "spark.sql.defaultCatalog":
                 spark.conf.set(k, v)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     try:
         if drop_deleted_offsets:
             result.dropped = _drop_deleted(spark, spec, storage, topic, settings, full, log)
@@ -81,13 +92,15 @@ def maintain(cfg, storage: StorageParams, topic: str, *, expire: bool = False,
             row = spark.sql(
                 f"CALL {spec.name}.system.rewrite_data_files(table => '{ident}', options => map("
                 f"'min-input-files', '{min_input_files}', "
-                f"'target-file-size-bytes', '{settings.target_file_size}'))").collect()[0]
+                f"'target-file-size-bytes', '{settings.target_file_size}'))"
+            ).collect()[0]
             result.compacted = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
             log(f"[maintain] {ident}: compaction {result.compacted}")
         if expire:
             row = spark.sql(
                 f"CALL {spec.name}.system.expire_snapshots(table => '{ident}', "
-                f"older_than => {_ts(now - expire_older_than)}, retain_last => {retain_last})").collect()[0]
+                f"older_than => {_ts(now - expire_older_than)}, retain_last => {retain_last})"
+            ).collect()[0]
             result.expired = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
             log(f"[maintain] {ident}: expiry {result.expired}")
         if remove_orphans:
@@ -105,23 +118,30 @@ def _remove_orphans(spark, spec: CatalogSpec, full: str, older_than: dt.datetime
     jvm = spark._jvm
     jspark = spark._jsparkSession
     table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(jspark, full)
-    action = (jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark).deleteOrphanFiles(table)
-              .olderThan(int(older_than.timestamp() * 1000)))
+    action = (
+        jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark)
+        .deleteOrphanFiles(table)
+        .olderThan(int(older_than.timestamp() * 1000))
+    )
     if spec.uses_s3 or spec.uses_gcs:
         action = action.usePrefixListing(True)  # list with S3FileIO/GCSFileIO, no Hadoop connector
     result = action.execute()
     return [str(x) for x in result.orphanFileLocations()]
 
 
-def _drop_deleted(spark, spec: CatalogSpec, storage: StorageParams, topic: str, settings: JobSettings,
-                  full: str, log) -> dict[int, int]:
+def _drop_deleted(
+    spark, spec: CatalogSpec, storage: StorageParams, topic: str, settings: JobSettings, full: str, log
+) -> dict[int, int]:
     catalog = spec.pyiceberg()
     table = catalog.load_table((settings.namespace, settings.table_name(topic)))
     state = mk.read_state(table)
     ctx = executor_context(storage)
     listing = list_topic_segments(ctx.store, ctx.layout, topic)
-    partitions = listing.get(state.topic_id or "", {}) if state.topic_id else (
-        next(iter(listing.values())) if len(listing) == 1 else {})
+    partitions = (
+        listing.get(state.topic_id or "", {})
+        if state.topic_id
+        else (next(iter(listing.values())) if len(listing) == 1 else {})
+    )
     dropped: dict[int, int] = {}
     for p in sorted(set(state.next_offsets) | set(partitions)):
         segs = partitions.get(p, [])
@@ -130,7 +150,9 @@ def _drop_deleted(spark, spec: CatalogSpec, storage: StorageParams, topic: str, 
         n = spark.sql(f"SELECT count(*) AS n FROM {full} WHERE {where}").collect()[0].n
         if n:
             spark.sql(f"DELETE FROM {full} WHERE {where}")
-            log(f"[maintain] {full}: partition {p}: deleted {n} row(s) below offset {earliest} "
-                f"(no longer in Kafka)")
+            log(
+                f"[maintain] {full}: partition {p}: deleted {n} row(s) below offset {earliest} "
+                f"(no longer in Kafka)"
+            )
         dropped[p] = int(n)
     return dropped

@@ -57,14 +57,14 @@ class CommitConflict(FailedPrecondition):
 class MarkerState:
     """What the table says has been converted."""
 
-    main_snapshot_id: int | None = None     # main when read: the publish asserts it is unchanged
-    marker_snapshot_id: int | None = None   # the snapshot the state comes from
+    main_snapshot_id: int | None = None  # main when read: the publish asserts it is unchanged
+    marker_snapshot_id: int | None = None  # the snapshot the state comes from
     topic: str | None = None
     topic_id: str | None = None
     next_offsets: dict[int, int] = dataclasses.field(default_factory=dict)
     ingest_ms: dict[int, int] = dataclasses.field(default_factory=dict)
     job_id: str | None = None
-    source: str = "none"                    # "ancestry" | "tag" | "none"
+    source: str = "none"  # "ancestry" | "tag" | "none"
 
     def next_offset(self, partition: int) -> int:
         return self.next_offsets.get(partition, 0)
@@ -110,8 +110,10 @@ def read_state(table) -> MarkerState:
         return state
     props = marker_of(found) or {}
     if props.get(P_VERSION) != VERSION:
-        raise ConfigError(f"table {table.name()}: snapshot {found.snapshot_id} has marker version "
-                          f"{props.get(P_VERSION)!r}; this build reads {VERSION!r}")
+        raise ConfigError(
+            f"table {table.name()}: snapshot {found.snapshot_id} has marker version "
+            f"{props.get(P_VERSION)!r}; this build reads {VERSION!r}"
+        )
     state.marker_snapshot_id = found.snapshot_id
     state.topic = props.get(P_TOPIC)
     state.topic_id = props.get(P_TOPIC_ID)
@@ -121,15 +123,28 @@ def read_state(table) -> MarkerState:
     return state
 
 
-def marker_properties(*, topic: str, topic_id: str, job_id: str, next_offsets: dict[int, int],
-                      ingest_ms: dict[int, int], segments: dict[int, list[str]],
-                      skipped: dict[int, list[tuple[int, int]]]) -> dict[str, str]:
+def marker_properties(
+    *,
+    topic: str,
+    topic_id: str,
+    job_id: str,
+    next_offsets: dict[int, int],
+    ingest_ms: dict[int, int],
+    segments: dict[int, list[str]],
+    skipped: dict[int, list[tuple[int, int]]],
+) -> dict[str, str]:
     def dump(d: dict[int, Any]) -> str:
         return json.dumps({str(k): d[k] for k in sorted(d)}, separators=(",", ":"))
 
-    props = {P_VERSION: VERSION, P_TOPIC: topic, P_TOPIC_ID: topic_id, P_JOB: job_id,
-             P_NEXT: dump(next_offsets), P_INGEST: dump(ingest_ms),
-             P_SEGMENTS: dump({k: v for k, v in segments.items() if v})}
+    props = {
+        P_VERSION: VERSION,
+        P_TOPIC: topic,
+        P_TOPIC_ID: topic_id,
+        P_JOB: job_id,
+        P_NEXT: dump(next_offsets),
+        P_INGEST: dump(ingest_ms),
+        P_SEGMENTS: dump({k: v for k, v in segments.items() if v}),
+    }
     if any(skipped.values()):
         props[P_SKIPPED] = dump({k: [list(r) for r in v] for k, v in skipped.items() if v})
     return props
@@ -160,16 +175,25 @@ def publish(catalog, identifier, job_id: str, expected_main: int | None):
         raise CommitConflict(
             f"table {'.'.join(table.name())}: main moved from {expected_main} to {current} since this "
             f"run read its markers (another convert job or maintenance committed); nothing was "
-            f"committed - run the job again")
+            f"committed - run the job again"
+        )
     try:
         table.catalog.commit_table(
             table,
             (AssertRefSnapshotId(ref="main", snapshot_id=expected_main),),
-            (SetSnapshotRefUpdate(ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=snap.snapshot_id),
-             SetSnapshotRefUpdate(ref_name=MARKER_TAG, type=SnapshotRefType.TAG, snapshot_id=snap.snapshot_id)))
+            (
+                SetSnapshotRefUpdate(
+                    ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=snap.snapshot_id
+                ),
+                SetSnapshotRefUpdate(
+                    ref_name=MARKER_TAG, type=SnapshotRefType.TAG, snapshot_id=snap.snapshot_id
+                ),
+            ),
+        )
     except CommitFailedException as exc:
         raise CommitConflict(
             f"table {'.'.join(table.name())}: publishing snapshot {snap.snapshot_id} failed its "
             f"condition (main must still be {expected_main}): {exc}; nothing was committed - run "
-            f"the job again") from None
+            f"the job again"
+        ) from None
     return snap

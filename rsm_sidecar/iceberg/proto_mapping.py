@@ -33,17 +33,26 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, methodcaller
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf import json_format, message_factory, unknown_fields
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from pyiceberg.types import (
-    BinaryType, BooleanType, DoubleType, FloatType, IcebergType, IntegerType, LongType,
-    StringType, StructType, TimestamptzType,
+    BinaryType,
+    BooleanType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructType,
+    TimestamptzType,
 )
 
 from rsm_sidecar.iceberg.types import IdCounter, list_of, map_of, opt, to_arrow
@@ -65,6 +74,7 @@ class ProtoOptions:
 
 
 # ----------------------------------------------------------------------------- converters
+
 
 class _Conv:
     """Converts a list of Python values (as read from a message attribute) to an Arrow array."""
@@ -152,8 +162,11 @@ class _Json(_Conv):
         self.ice, self.arrow = StringType(), pa.string()
 
     def convert(self, vals, present):
-        out = [json.dumps(json_format.MessageToDict(m), separators=(",", ":"), sort_keys=True)
-               for m in vals] if vals else []
+        out = (
+            [json.dumps(json_format.MessageToDict(m), separators=(",", ":"), sort_keys=True) for m in vals]
+            if vals
+            else []
+        )
         return pa.array(_apply_presence(out, present), pa.string())
 
 
@@ -167,8 +180,7 @@ class _Recursive(_Conv):
     def convert(self, vals, present):
         raw = [m.SerializeToString() for m in vals]
         mask = None if present is None else pa.array([not p for p in present], pa.bool_())
-        return pa.StructArray.from_arrays([pa.array(raw, pa.binary())], fields=list(self.arrow),
-                                          mask=mask)
+        return pa.StructArray.from_arrays([pa.array(raw, pa.binary())], fields=list(self.arrow), mask=mask)
 
 
 class _List(_Conv):
@@ -288,10 +300,16 @@ _SCALARS: dict[int, Callable[[ProtoOptions], _Scalar]] = {
     _T.TYPE_INT32: lambda o: _Scalar(IntegerType(), pa.int32()),
     _T.TYPE_SINT32: lambda o: _Scalar(IntegerType(), pa.int32()),
     _T.TYPE_SFIXED32: lambda o: _Scalar(IntegerType(), pa.int32()),
-    _T.TYPE_UINT32: lambda o: (_Scalar(LongType(), pa.int64()) if o.uint32_as_long
-                               else _Scalar(IntegerType(), pa.int32(), pa.uint32())),
-    _T.TYPE_FIXED32: lambda o: (_Scalar(LongType(), pa.int64()) if o.uint32_as_long
-                                else _Scalar(IntegerType(), pa.int32(), pa.uint32())),
+    _T.TYPE_UINT32: lambda o: (
+        _Scalar(LongType(), pa.int64())
+        if o.uint32_as_long
+        else _Scalar(IntegerType(), pa.int32(), pa.uint32())
+    ),
+    _T.TYPE_FIXED32: lambda o: (
+        _Scalar(LongType(), pa.int64())
+        if o.uint32_as_long
+        else _Scalar(IntegerType(), pa.int32(), pa.uint32())
+    ),
     _T.TYPE_INT64: lambda o: _Scalar(LongType(), pa.int64()),
     _T.TYPE_SINT64: lambda o: _Scalar(LongType(), pa.int64()),
     _T.TYPE_SFIXED64: lambda o: _Scalar(LongType(), pa.int64()),
@@ -305,10 +323,14 @@ _SCALARS: dict[int, Callable[[ProtoOptions], _Scalar]] = {
 }
 
 _WRAPPERS = {
-    "google.protobuf.DoubleValue": _T.TYPE_DOUBLE, "google.protobuf.FloatValue": _T.TYPE_FLOAT,
-    "google.protobuf.Int64Value": _T.TYPE_INT64, "google.protobuf.UInt64Value": _T.TYPE_UINT64,
-    "google.protobuf.Int32Value": _T.TYPE_INT32, "google.protobuf.UInt32Value": _T.TYPE_UINT32,
-    "google.protobuf.BoolValue": _T.TYPE_BOOL, "google.protobuf.StringValue": _T.TYPE_STRING,
+    "google.protobuf.DoubleValue": _T.TYPE_DOUBLE,
+    "google.protobuf.FloatValue": _T.TYPE_FLOAT,
+    "google.protobuf.Int64Value": _T.TYPE_INT64,
+    "google.protobuf.UInt64Value": _T.TYPE_UINT64,
+    "google.protobuf.Int32Value": _T.TYPE_INT32,
+    "google.protobuf.UInt32Value": _T.TYPE_UINT32,
+    "google.protobuf.BoolValue": _T.TYPE_BOOL,
+    "google.protobuf.StringValue": _T.TYPE_STRING,
     "google.protobuf.BytesValue": _T.TYPE_BYTES,
 }
 _JSON_WKT = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
@@ -347,6 +369,7 @@ def _field_conv(fd: FieldDescriptor, ids: IdCounter, opts: ProtoOptions, stack: 
 
 
 # ----------------------------------------------------------------------------- public API
+
 
 class ProtoDecoder:
     """Decoder for one message type: Iceberg struct type + columnar bytes -> Arrow children.

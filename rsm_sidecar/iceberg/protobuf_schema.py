@@ -16,9 +16,9 @@ import os
 import re
 import tempfile
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FileDescriptor
@@ -73,8 +73,14 @@ def compile_sources(main_name: str, sources: Mapping[str, str]) -> descriptor_pb
         else:
             binary[name] = fdp
     # Well-known types imported by descriptor-form files come from protoc's include path.
-    wkt = sorted({d for f in binary.values() for d in f.dependency
-                  if d not in sources and d.startswith("google/protobuf/")})
+    wkt = sorted(
+        {
+            d
+            for f in binary.values()
+            for d in f.dependency
+            if d not in sources and d.startswith("google/protobuf/")
+        }
+    )
     with tempfile.TemporaryDirectory(prefix="rsm-proto-") as tmp:
         root = Path(tmp) / "src"
         root.mkdir()
@@ -84,12 +90,18 @@ def compile_sources(main_name: str, sources: Mapping[str, str]) -> descriptor_pb
             p.write_text(text, encoding="utf-8")
         out = Path(tmp) / "set.binpb"
         err_file = Path(tmp) / "stderr"
-        args = ["protoc", f"-I{root}", f"-I{_wkt_include()}", "--include_imports",
-                f"--descriptor_set_out={out}"]
+        args = [
+            "protoc",
+            f"-I{root}",
+            f"-I{_wkt_include()}",
+            "--include_imports",
+            f"--descriptor_set_out={out}",
+        ]
         if binary:
             dep_set = Path(tmp) / "deps.binpb"
-            dep_set.write_bytes(descriptor_pb2.FileDescriptorSet(file=list(binary.values()))
-                                .SerializeToString())
+            dep_set.write_bytes(
+                descriptor_pb2.FileDescriptorSet(file=list(binary.values())).SerializeToString()
+            )
             args.append(f"--descriptor_set_in={dep_set}")
         inputs = [*texts, *wkt]
         if not inputs:  # everything is in descriptor form already
@@ -120,9 +132,18 @@ def compile_sources(main_name: str, sources: Mapping[str, str]) -> descriptor_pb
 
 def _with_wkt(fds: descriptor_pb2.FileDescriptorSet) -> descriptor_pb2.FileDescriptorSet:
     """Add the well-known-type files that descriptor-form files import (from protobuf itself)."""
-    from google.protobuf import (any_pb2, api_pb2, duration_pb2, empty_pb2,  # noqa: F401
-                                 field_mask_pb2, source_context_pb2, struct_pb2, timestamp_pb2,
-                                 type_pb2, wrappers_pb2)
+    from google.protobuf import (
+        any_pb2,
+        api_pb2,
+        duration_pb2,
+        empty_pb2,  # noqa: F401
+        field_mask_pb2,
+        source_context_pb2,
+        struct_pb2,
+        timestamp_pb2,
+        type_pb2,
+        wrappers_pb2,
+    )
 
     have = {f.name for f in fds.file}
     todo = [d for f in fds.file for d in f.dependency if d not in have]
@@ -153,6 +174,7 @@ def _topo(files: list[descriptor_pb2.FileDescriptorProto]) -> list[descriptor_pb
             if d in by_name:
                 visit(by_name[d])
         out.append(f)
+
     for f in files:
         visit(f)
     return out
@@ -166,8 +188,9 @@ class ProtoSchema:
     file: FileDescriptor
 
     @classmethod
-    def from_file_descriptor_set(cls, fds: descriptor_pb2.FileDescriptorSet,
-                                 main_file: str | None = None) -> "ProtoSchema":
+    def from_file_descriptor_set(
+        cls, fds: descriptor_pb2.FileDescriptorSet, main_file: str | None = None
+    ) -> ProtoSchema:
         pool = descriptor_pool.DescriptorPool()
         files = _topo(list(fds.file))
         for fdp in files:
@@ -176,12 +199,13 @@ class ProtoSchema:
         return cls(pool, pool.FindFileByName(name))
 
     @classmethod
-    def from_sources(cls, main_name: str, sources: Mapping[str, str]) -> "ProtoSchema":
+    def from_sources(cls, main_name: str, sources: Mapping[str, str]) -> ProtoSchema:
         return cls.from_file_descriptor_set(compile_sources(main_name, sources), main_name)
 
     @classmethod
-    def from_descriptor_set_file(cls, path: str | os.PathLike[str],
-                                 main_file: str | None = None) -> "ProtoSchema":
+    def from_descriptor_set_file(
+        cls, path: str | os.PathLike[str], main_file: str | None = None
+    ) -> ProtoSchema:
         fds = descriptor_pb2.FileDescriptorSet()
         fds.ParseFromString(Path(path).read_bytes())
         if not fds.file:
@@ -196,8 +220,9 @@ class ProtoSchema:
         desc: Descriptor | None = None
         for depth, i in enumerate(indexes):
             if i >= len(types):
-                raise LookupError(f"message index {list(indexes)} out of range at depth {depth} "
-                                  f"in {self.file.name}")
+                raise LookupError(
+                    f"message index {list(indexes)} out of range at depth {depth} in {self.file.name}"
+                )
             desc = types[i]
             types = list(desc.nested_types)
         assert desc is not None

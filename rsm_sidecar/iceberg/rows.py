@@ -28,15 +28,22 @@ import itertools
 import os
 import pickle
 import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf.message import DecodeError
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
-    BinaryType, IntegerType, LongType, NestedField, StringType, StructType, TimestamptzType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestamptzType,
 )
 
 from rsm_sidecar.errors import ConfigError
@@ -45,8 +52,15 @@ from rsm_sidecar.iceberg.avro_mapping import AvroMapper, read_datum
 from rsm_sidecar.iceberg.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
 from rsm_sidecar.iceberg.schema_registry import (
-    AVRO, PROTOBUF, RegistryAuthError, RegistryUnavailable, ResolvedSchema, SchemaRegistry,
-    SchemaUnusable, SubjectSpec, UnknownSchema,
+    AVRO,
+    PROTOBUF,
+    RegistryAuthError,
+    RegistryUnavailable,
+    ResolvedSchema,
+    SchemaRegistry,
+    SchemaUnusable,
+    SubjectSpec,
+    UnknownSchema,
 )
 from rsm_sidecar.iceberg.types import IdCounter, list_of, opt, renumber, schema_to_arrow, to_arrow
 
@@ -55,16 +69,18 @@ RAW, PREFIX, ERR = "__raw__", "__prefix__", "__err__"
 HEADER_TYPE = pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))
 
 #: One row per Kafka record; timestamps are epoch milliseconds (null or negative: none).
-RAW_RECORD_SCHEMA = pa.schema([
-    ("partition", pa.int32()),
-    ("offset", pa.int64()),
-    ("batch_start", pa.int64()),
-    ("timestamp", pa.int64()),
-    ("ingest_timestamp", pa.int64()),
-    ("key", pa.binary()),
-    ("value", pa.binary()),
-    ("headers", HEADER_TYPE),
-])
+RAW_RECORD_SCHEMA = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("batch_start", pa.int64()),
+        ("timestamp", pa.int64()),
+        ("ingest_timestamp", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", HEADER_TYPE),
+    ]
+)
 
 
 class KafkaRecord(NamedTuple):
@@ -86,14 +102,16 @@ def raw_batch(records: Iterable[KafkaRecord | tuple]) -> pa.RecordBatch:
             cols[i].append(v)
         if len(r) == 7:
             cols[7].append(())
-    hdrs = [[(k if isinstance(k, str) else bytes(k).decode("utf-8", "replace"), v) for k, v in h]
-            for h in cols[7]]
+    hdrs = [
+        [(k if isinstance(k, str) else bytes(k).decode("utf-8", "replace"), v) for k, v in h] for h in cols[7]
+    ]
     arrays = [pa.array(c, f.type) for c, f in zip(cols[:7], RAW_RECORD_SCHEMA)]
     arrays.append(pa.array(hdrs, HEADER_TYPE))
     return pa.RecordBatch.from_arrays(arrays, schema=RAW_RECORD_SCHEMA)
 
 
 # ============================================================================ sides
+
 
 @dataclass(frozen=True)
 class SideSpec:
@@ -112,10 +130,15 @@ class SideSpec:
     proto_options: ProtoOptions = field(default_factory=ProtoOptions)
 
 
-def resolve_side(registry: SchemaRegistry | None, topic: str, is_key: bool,
-                 subject: SubjectSpec | None = None,
-                 proto_options: ProtoOptions | None = None,
-                 samples: Iterable[bytes] = (), recorded: str | None = None) -> SideSpec:
+def resolve_side(
+    registry: SchemaRegistry | None,
+    topic: str,
+    is_key: bool,
+    subject: SubjectSpec | None = None,
+    proto_options: ProtoOptions | None = None,
+    samples: Iterable[bytes] = (),
+    recorded: str | None = None,
+) -> SideSpec:
     """Driver-side: pin the latest schema of the side's subject (TopicNameStrategy unless
     ``subject.subject``). No such subject -> ``raw``. Registry down -> RegistryUnavailable.
 
@@ -156,8 +179,9 @@ def message_property(is_key: bool) -> str:
 MAX_SAMPLES = 1000
 
 
-def _default_message(res: ResolvedSchema, subject: str, samples: Iterable[bytes],
-                     recorded: str | None) -> str:
+def _default_message(
+    res: ResolvedSchema, subject: str, samples: Iterable[bytes], recorded: str | None
+) -> str:
     assert res.proto is not None
     top = list(res.proto.file.message_types_by_name.values())
     if len(top) == 1:
@@ -179,16 +203,22 @@ def _default_message(res: ResolvedSchema, subject: str, samples: Iterable[bytes]
     raise ConfigError(
         f"subject {subject!r} (schema id {res.schema_id}) defines {len(top)} top-level messages "
         f"({', '.join(m.full_name for m in top)}) and no record to convert is framed with schema id "
-        f"{res.schema_id}: name the table's message (iceberg.key.message / iceberg.value.message)")
+        f"{res.schema_id}: name the table's message (iceberg.key.message / iceberg.value.message)"
+    )
 
 
-def descriptor_set_side(path: str | os.PathLike[str], message: str,
-                        proto_options: ProtoOptions | None = None) -> SideSpec:
+def descriptor_set_side(
+    path: str | os.PathLike[str], message: str, proto_options: ProtoOptions | None = None
+) -> SideSpec:
     """Unframed Protobuf decoded with a message from a descriptor-set file (no registry)."""
     with open(path, "rb") as fh:
         data = fh.read()
-    return SideSpec("protobuf-unframed", message=message, descriptor_set=data,
-                    proto_options=proto_options or ProtoOptions())
+    return SideSpec(
+        "protobuf-unframed",
+        message=message,
+        descriptor_set=data,
+        proto_options=proto_options or ProtoOptions(),
+    )
 
 
 class _Side:
@@ -234,8 +264,9 @@ class _ProtoSide(_Side):
             assert registry is not None and spec.schema_id is not None
             res = registry.resolve(spec.schema_id)
             assert res.proto is not None
-            desc = res.proto.message_by_name(spec.message) if spec.message else \
-                res.proto.message_by_indexes([0])
+            desc = (
+                res.proto.message_by_name(spec.message) if spec.message else res.proto.message_by_indexes([0])
+            )
         else:
             from google.protobuf import descriptor_pb2
 
@@ -260,8 +291,10 @@ class _ProtoSide(_Side):
             else:
                 name = res.proto.message_by_indexes(indexes).full_name
                 if name != self.decoder.full_name:
-                    err = (f"schema id {sid} message indexes {list(indexes)} name {name}, "
-                           f"not the table's {self.decoder.full_name}")
+                    err = (
+                        f"schema id {sid} message indexes {list(indexes)} name {name}, "
+                        f"not the table's {self.decoder.full_name}"
+                    )
         except (RegistryUnavailable, RegistryAuthError):
             raise
         except UnknownSchema:
@@ -335,7 +368,10 @@ class _ProtoSide(_Side):
         ids = self._ids
         for d in datas:
             if d is None:
-                msgs.append(default); prefixes.append(None); errs.append(None); bad.append(False)
+                msgs.append(default)
+                prefixes.append(None)
+                errs.append(None)
+                bad.append(False)
                 continue
             err = None
             if framed:
@@ -358,11 +394,16 @@ class _ProtoSide(_Side):
             if err is None:
                 try:
                     msgs.append(parse(payload))
-                    prefixes.append(prefix); errs.append(None); bad.append(False)
+                    prefixes.append(prefix)
+                    errs.append(None)
+                    bad.append(False)
                     continue
                 except DecodeError as exc:
                     err = f"invalid Protobuf for {self.decoder.full_name}: {exc}"
-            msgs.append(default); prefixes.append(prefix); errs.append(err); bad.append(True)
+            msgs.append(default)
+            prefixes.append(prefix)
+            errs.append(err)
+            bad.append(True)
         children = _null_rows(self._children_isolating(msgs, errs, bad), bad, self._fields)
         return children, prefixes, errs
 
@@ -379,8 +420,10 @@ class _ProtoSide(_Side):
                 try:
                     self.decoder.children([m])
                 except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-                    errs[i] = (f"cannot convert {self.decoder.full_name} to the table types: "
-                               f"{type(exc).__name__}: {exc}")
+                    errs[i] = (
+                        f"cannot convert {self.decoder.full_name} to the table types: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
                     bad[i] = True
                     msgs[i] = default
             return self.decoder.children(msgs)
@@ -423,26 +466,39 @@ class _AvroSide(_Side):
         datums, prefixes, errs, bad = [], [], [], []
         for d in datas:
             if d is None:
-                datums.append(None); prefixes.append(None); errs.append(None); bad.append(False)
+                datums.append(None)
+                prefixes.append(None)
+                errs.append(None)
+                bad.append(False)
                 continue
             try:
                 fr = framing.parse(d, protobuf=False)
             except framing.FramingError as exc:
-                datums.append(None); prefixes.append(None); errs.append(str(exc)); bad.append(True)
+                datums.append(None)
+                prefixes.append(None)
+                errs.append(str(exc))
+                bad.append(True)
                 continue
             prefix = d[:5]
             w = self._writer(fr.schema_id)
             if isinstance(w, str):
-                datums.append(None); prefixes.append(prefix); errs.append(w); bad.append(True)
+                datums.append(None)
+                prefixes.append(prefix)
+                errs.append(w)
+                bad.append(True)
                 continue
             try:
                 datum = read_datum(d[5:], w, None if fr.schema_id == self.table_id else self.reader)
                 datum = self.mapper.normalize(datum)
                 if self._wrap:
                     datum = {"value": datum}
-                datums.append(datum); prefixes.append(prefix); errs.append(None); bad.append(False)
+                datums.append(datum)
+                prefixes.append(prefix)
+                errs.append(None)
+                bad.append(False)
             except Exception as exc:  # fastavro raises many types for corrupt input
-                datums.append(None); prefixes.append(prefix)
+                datums.append(None)
+                prefixes.append(prefix)
                 errs.append(f"invalid Avro for schema id {fr.schema_id}: {type(exc).__name__}: {exc}")
                 bad.append(True)
         arr = self._to_arrow(datums, errs, bad)
@@ -452,7 +508,8 @@ class _AvroSide(_Side):
             children = [arr.field(i) for i in range(arr.type.num_fields)]
             if arr.null_count:
                 children = pa.StructArray.from_arrays(
-                    children, fields=self._fields, mask=arr.is_null()).flatten()
+                    children, fields=self._fields, mask=arr.is_null()
+                ).flatten()
         return children, prefixes, errs
 
     def _to_arrow(self, datums: list, errs: list, bad: list) -> pa.Array:
@@ -488,6 +545,7 @@ def build_side(spec: SideSpec) -> _Side:
 
 # ============================================================================ row schema
 
+
 def side_type(decoded: StructType, ids: IdCounter) -> StructType:
     meta = [opt(ids, RAW, BinaryType()), opt(ids, PREFIX, BinaryType()), opt(ids, ERR, StringType())]
     rest = renumber(decoded, ids)
@@ -496,9 +554,12 @@ def side_type(decoded: StructType, ids: IdCounter) -> StructType:
 
 def kafka_type(ids: IdCounter) -> StructType:
     return StructType(
-        opt(ids, "partition", IntegerType()), opt(ids, "offset", LongType()),
+        opt(ids, "partition", IntegerType()),
+        opt(ids, "offset", LongType()),
         opt(ids, "event_timestamp", TimestamptzType()),
-        opt(ids, "ingest_timestamp", TimestamptzType()), opt(ids, "batch_start", LongType()))
+        opt(ids, "ingest_timestamp", TimestamptzType()),
+        opt(ids, "batch_start", LongType()),
+    )
 
 
 def headers_type(ids: IdCounter):
@@ -519,6 +580,7 @@ def row_schema(key_decoded: StructType, val_decoded: StructType) -> Schema:
 
 # ============================================================================ encoder
 
+
 @dataclass(frozen=True)
 class EncoderSpec:
     """Picklable: everything a Spark Python worker needs to rebuild the :class:`RowEncoder`."""
@@ -528,7 +590,7 @@ class EncoderSpec:
     #: The table's Arrow schema to align to (None: the mapping's own schema).
     table_arrow_schema: bytes | None = None
 
-    def with_table(self, arrow_schema: pa.Schema) -> "EncoderSpec":
+    def with_table(self, arrow_schema: pa.Schema) -> EncoderSpec:
         return EncoderSpec(self.key, self.val, arrow_schema.serialize().to_pybytes())
 
 
@@ -548,8 +610,11 @@ class RowEncoder:
         self.val_side = build_side(spec.val)
         self.schema = row_schema(self.key_side.decoded_type, self.val_side.decoded_type)
         self.mapped_arrow_schema = schema_to_arrow(self.schema)
-        self.arrow_schema = (pa.ipc.read_schema(pa.py_buffer(spec.table_arrow_schema))
-                             if spec.table_arrow_schema else self.mapped_arrow_schema)
+        self.arrow_schema = (
+            pa.ipc.read_schema(pa.py_buffer(spec.table_arrow_schema))
+            if spec.table_arrow_schema
+            else self.mapped_arrow_schema
+        )
         self._key_fields = list(self.mapped_arrow_schema.field("key").type)
         self._val_fields = list(self.mapped_arrow_schema.field("val").type)
 
@@ -565,8 +630,7 @@ class RowEncoder:
             if always_raw or isinstance(side, _RawSide):
                 raw = col
             else:
-                raw = pa.array([d if e is not None else None for d, e in zip(datas, errs)],
-                               pa.binary())
+                raw = pa.array([d if e is not None else None for d, e in zip(datas, errs)], pa.binary())
             prefixes, errs = pa.array(prefixes, pa.binary()), pa.array(errs, pa.string())
         arrays = [raw.cast(pa.binary()), prefixes, errs, *children]
         mask = col.is_null() if col.null_count else None
@@ -591,21 +655,28 @@ class RowEncoder:
         key = self._side(self.key_side, raw.column("key"), self._key_fields, True)
         val = self._side(self.val_side, raw.column("value"), self._val_fields, False)
         kafka = pa.StructArray.from_arrays(
-            [raw.column("partition").cast(pa.int32()), raw.column("offset").cast(pa.int64()),
-             _ms_to_ts(raw.column("timestamp")), _ms_to_ts(raw.column("ingest_timestamp")),
-             raw.column("batch_start").cast(pa.int64())],
-            fields=list(self.mapped_arrow_schema.field("kafka").type))
+            [
+                raw.column("partition").cast(pa.int32()),
+                raw.column("offset").cast(pa.int64()),
+                _ms_to_ts(raw.column("timestamp")),
+                _ms_to_ts(raw.column("ingest_timestamp")),
+                raw.column("batch_start").cast(pa.int64()),
+            ],
+            fields=list(self.mapped_arrow_schema.field("kafka").type),
+        )
         headers = raw.column("headers")
         if headers.type != self.mapped_arrow_schema.field("headers").type:
             headers = headers.cast(self.mapped_arrow_schema.field("headers").type)
         cols = [key, val, headers, kafka]
         if self.arrow_schema is not self.mapped_arrow_schema:
-            cols = [align(c, self.arrow_schema.field(f.name).type)
-                    for c, f in zip(cols, self.mapped_arrow_schema)]
+            cols = [
+                align(c, self.arrow_schema.field(f.name).type) for c, f in zip(cols, self.mapped_arrow_schema)
+            ]
         return pa.RecordBatch.from_arrays(cols, schema=self.arrow_schema)
 
 
 # ============================================================================ alignment
+
 
 def _null_offsets(arr: pa.Array) -> pa.Array:
     """Offsets with a null where the list/map slot is null (how ``from_arrays`` takes nulls)."""
@@ -667,4 +738,5 @@ def map_in_arrow_fn(spec: EncoderSpec) -> Callable[[Iterator[pa.RecordBatch]], I
         for b in batches:
             if b.num_rows:
                 yield enc.encode(b)
+
     return fn

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from rsm_sidecar.errors import ConfigError, Unavailable
 from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema, SchemaCompileError
@@ -89,7 +90,7 @@ def _default_conf(conf: Mapping[str, Any] | str) -> dict[str, Any]:
     return c
 
 
-_SHARED: dict[str, "SchemaRegistry"] = {}
+_SHARED: dict[str, SchemaRegistry] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -106,7 +107,7 @@ class SchemaRegistry:
         self._lock = threading.Lock()
 
     @classmethod
-    def shared(cls, conf: Mapping[str, Any] | str) -> "SchemaRegistry":
+    def shared(cls, conf: Mapping[str, Any] | str) -> SchemaRegistry:
         """One instance per configuration per process (Spark workers reuse it across tasks)."""
         key = json.dumps(_default_conf(conf), sort_keys=True, default=str)
         with _SHARED_LOCK:
@@ -132,8 +133,9 @@ class SchemaRegistry:
             if code == 404:
                 raise UnknownSchema(f"{what}: not found in the registry at {self.url} ({exc})") from None
             if code in (401, 403):
-                raise RegistryAuthError(f"{what}: the registry at {self.url} refused our "
-                                        f"credentials ({exc})") from None
+                raise RegistryAuthError(
+                    f"{what}: the registry at {self.url} refused our credentials ({exc})"
+                ) from None
             if code is not None and 400 <= code < 500:
                 raise SchemaUnusable(f"{what}: the registry at {self.url} answered {exc}") from None
             raise RegistryUnavailable(f"{what}: the registry at {self.url} failed ({exc})") from exc
@@ -141,8 +143,8 @@ class SchemaRegistry:
             raise
         except Exception as exc:  # httpx transport errors, timeouts, TLS failures, bad JSON
             raise RegistryUnavailable(
-                f"{what}: the schema registry at {self.url} is unreachable "
-                f"({type(exc).__name__}: {exc})") from exc
+                f"{what}: the schema registry at {self.url} is unreachable ({type(exc).__name__}: {exc})"
+            ) from exc
 
     def schema(self, schema_id: int):
         """The confluent ``Schema`` for an id (cached by the client)."""
@@ -150,12 +152,10 @@ class SchemaRegistry:
 
     def latest(self, subject: str):
         """The latest ``RegisteredSchema`` of a subject (cached for ``cache.latest.ttl.sec``)."""
-        return self._call(f"latest version of subject {subject!r}", self.client.get_latest_version,
-                          subject)
+        return self._call(f"latest version of subject {subject!r}", self.client.get_latest_version, subject)
 
     def version(self, subject: str, version: int):
-        return self._call(f"subject {subject!r} version {version}", self.client.get_version,
-                          subject, version)
+        return self._call(f"subject {subject!r} version {version}", self.client.get_version, subject, version)
 
     def check_available(self) -> None:
         """Raise :class:`RegistryUnavailable` unless the registry answers (``GET /subjects``)."""

@@ -31,14 +31,14 @@ Memory: one Kafka batch (bounded by ``max_batch_size``) plus one window of at mo
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from rsm_sidecar.iceberg.rows import HEADER_TYPE, RAW_RECORD_SCHEMA
 from rsm_sidecar.kafka import AbortedTxn, ReadCommittedFilter, RecordBatch, TimestampType
 from rsm_sidecar.kafka.records import parse_records
-from rsm_sidecar.iceberg.rows import HEADER_TYPE, RAW_RECORD_SCHEMA
 
 DEFAULT_MAX_RECORDS = 10_000
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
@@ -49,8 +49,8 @@ _ARANGE12 = np.arange(12, dtype=np.int64)
 
 @dataclasses.dataclass
 class WindowStats:
-    records: int = 0          # rows emitted
-    batches: int = 0          # data batches emitted (at least one row)
+    records: int = 0  # rows emitted
+    batches: int = 0  # data batches emitted (at least one row)
     skipped_batches: int = 0  # control + aborted batches in range
     aborted_records: int = 0
 
@@ -78,8 +78,9 @@ def _varint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarra
     return signed, length
 
 
-def _gather(buf: np.ndarray, buf_bytes: bytes, starts: np.ndarray, lengths: np.ndarray,
-            typ: pa.DataType) -> pa.Array:
+def _gather(
+    buf: np.ndarray, buf_bytes: bytes, starts: np.ndarray, lengths: np.ndarray, typ: pa.DataType
+) -> pa.Array:
     """A binary/string array of ``buf[start:start+len]`` slices (negative length: null).
 
     Built as an Arrow ``binary_view`` array whose 16-byte views point into ``buf_bytes``
@@ -106,8 +107,9 @@ def _gather(buf: np.ndarray, buf_bytes: bytes, starts: np.ndarray, lengths: np.n
         words[ro, 3] = starts[ro]
     null_count = n - int(valid.sum())
     validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if null_count else None
-    arr = pa.Array.from_buffers(pa.binary_view(), n,
-                                [validity, pa.py_buffer(views), pa.py_buffer(buf_bytes)], null_count)
+    arr = pa.Array.from_buffers(
+        pa.binary_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(buf_bytes)], null_count
+    )
     arr = arr.cast(pa.binary())
     if typ == pa.string():
         arr = arr.cast(pa.string())  # validates UTF-8; raises ArrowInvalid otherwise
@@ -119,7 +121,7 @@ class _Window:
 
     def __init__(self) -> None:
         self.sections: list[bytes] = []
-        self.headers: list = []        # BatchHeader per section
+        self.headers: list = []  # BatchHeader per section
         self.bytes = 0
         self.records = 0
         #: (row index of the next row, max timestamp) of skipped batches: advances ingest
@@ -147,9 +149,18 @@ class SegmentRowReader:
     marker is at or after ``lo``). ``ingest_state``: the running maximum (ms) before ``lo``.
     """
 
-    def __init__(self, partition: int, lo: int, hi: int, aborted: Iterable[AbortedTxn] = (),
-                 ingest_state: int = -1, *, max_records: int = DEFAULT_MAX_RECORDS,
-                 max_bytes: int = DEFAULT_MAX_BYTES, source: str | None = None):
+    def __init__(
+        self,
+        partition: int,
+        lo: int,
+        hi: int,
+        aborted: Iterable[AbortedTxn] = (),
+        ingest_state: int = -1,
+        *,
+        max_records: int = DEFAULT_MAX_RECORDS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        source: str | None = None,
+    ):
         self.partition = partition
         self.lo, self.hi = lo, hi
         self.filter = ReadCommittedFilter(aborted)
@@ -219,15 +230,22 @@ class SegmentRowReader:
         E = np.array(ends, np.int64)
         counts = np.array(sec_counts, np.int64)
         p = S + 1  # attributes (int8), unused
-        ts_delta, n = _varint(buf, p, 10); p += n
-        off_delta, n = _varint(buf, p, 5); p += n
-        klen, n = _varint(buf, p, 5); p += n
-        kstart = p.copy(); p += np.maximum(klen, 0)
-        vlen, n = _varint(buf, p, 5); p += n
-        vstart = p.copy(); p += np.maximum(vlen, 0)
+        ts_delta, n = _varint(buf, p, 10)
+        p += n
+        off_delta, n = _varint(buf, p, 5)
+        p += n
+        klen, n = _varint(buf, p, 5)
+        p += n
+        kstart = p.copy()
+        p += np.maximum(klen, 0)
+        vlen, n = _varint(buf, p, 5)
+        p += n
+        vstart = p.copy()
+        p += np.maximum(vlen, 0)
         if (p > E).any():
             raise _Fallback("key/value past the record")
-        hcount, n = _varint(buf, p, 5); p += n
+        hcount, n = _varint(buf, p, 5)
+        p += n
         if (hcount < 0).any():
             raise _Fallback("negative header count")
         headers = self._headers(buf, buf_bytes, p, E, hcount)
@@ -248,20 +266,25 @@ class SegmentRowReader:
         np.cumsum(hcount, out=offsets[1:])
         total = int(offsets[-1])
         if total == 0:
-            return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
-                                            pa.array([], _HEADER_STRUCT), type=HEADER_TYPE)
-        ks = np.zeros(total, np.int64); kl = np.zeros(total, np.int64)
-        vs = np.zeros(total, np.int64); vl = np.zeros(total, np.int64)
+            return pa.ListArray.from_arrays(
+                pa.array(offsets.astype(np.int32)), pa.array([], _HEADER_STRUCT), type=HEADER_TYPE
+            )
+        ks = np.zeros(total, np.int64)
+        kl = np.zeros(total, np.int64)
+        vs = np.zeros(total, np.int64)
+        vl = np.zeros(total, np.int64)
         for j in range(int(hcount.max())):
             rows = np.nonzero(hcount > j)[0]
             q = p[rows]
             flat = offsets[rows] + j
-            length, nb = _varint(buf, q, 5); q = q + nb
+            length, nb = _varint(buf, q, 5)
+            q = q + nb
             if (length < 0).any():
                 raise _Fallback("negative header key length")
             ks[flat], kl[flat] = q, length
             q = q + length
-            length, nb = _varint(buf, q, 5); q = q + nb
+            length, nb = _varint(buf, q, 5)
+            q = q + nb
             vs[flat], vl[flat] = q, length
             q = q + np.maximum(length, 0)
             if (q > E[rows]).any():
@@ -278,15 +301,23 @@ class SegmentRowReader:
         for section, h in zip(w.sections, w.headers):
             n = 0
             for r in parse_records(section, h, source=self.source):
-                offsets.append(r.offset); batch_start.append(h.base_offset)
+                offsets.append(r.offset)
+                batch_start.append(h.base_offset)
                 ts.append(h.base_timestamp + r.timestamp_delta)
-                keys.append(r.key); values.append(r.value)
+                keys.append(r.key)
+                values.append(r.value)
                 headers.append([(x.key, x.value) for x in r.headers])
                 n += 1
             counts.append(n)
-        return (np.array(offsets, np.int64), np.array(batch_start, np.int64), np.array(ts, np.int64),
-                np.array(counts, np.int64), pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
-                pa.array(headers, HEADER_TYPE))
+        return (
+            np.array(offsets, np.int64),
+            np.array(batch_start, np.int64),
+            np.array(ts, np.int64),
+            np.array(counts, np.int64),
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array(headers, HEADER_TYPE),
+        )
 
     def _finish(self, w: _Window, offsets, batch_start, ts, counts, keys, values, headers):
         log_append = np.array([h.timestamp_type is TimestampType.LOG_APPEND_TIME for h in w.headers])
@@ -320,10 +351,19 @@ class SegmentRowReader:
         n = len(offsets)
         self.stats.records += n
         self.stats.batches += int((counts > 0).sum())
-        return pa.RecordBatch.from_arrays([
-            pa.array(np.full(n, self.partition, np.int32)),
-            pa.array(offsets), pa.array(batch_start), pa.array(ts), pa.array(ingest),
-            keys, values, headers], schema=RAW_RECORD_SCHEMA)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(np.full(n, self.partition, np.int32)),
+                pa.array(offsets),
+                pa.array(batch_start),
+                pa.array(ts),
+                pa.array(ingest),
+                keys,
+                values,
+                headers,
+            ],
+            schema=RAW_RECORD_SCHEMA,
+        )
 
 
 def _record_bounds(buf: bytes, pos: int, end: int, count: int, starts: list, ends: list) -> int:
@@ -358,8 +398,14 @@ def _record_bounds(buf: bytes, pos: int, end: int, count: int, starts: list, end
     return pos
 
 
-def raw_batches(batches: Iterable[RecordBatch], partition: int, lo: int, hi: int,
-                aborted: Sequence[AbortedTxn] = (), ingest_state: int = -1,
-                **kwargs) -> Iterator[pa.RecordBatch]:
+def raw_batches(
+    batches: Iterable[RecordBatch],
+    partition: int,
+    lo: int,
+    hi: int,
+    aborted: Sequence[AbortedTxn] = (),
+    ingest_state: int = -1,
+    **kwargs,
+) -> Iterator[pa.RecordBatch]:
     """Convenience wrapper around :class:`SegmentRowReader`."""
     return SegmentRowReader(partition, lo, hi, aborted, ingest_state, **kwargs).batches(batches)

@@ -29,16 +29,17 @@ import dataclasses
 import hashlib
 import json
 import threading
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
 
 from rsm_sidecar.errors import DataLoss, NotFound, RsmError
 from rsm_sidecar.format.keys import MANIFEST, KeyLayout, topic_component
+from rsm_sidecar.iceberg.segment_rows import SegmentRowReader
 from rsm_sidecar.kafka import AbortedTxn, lookup_offset, read_batches, read_offset_index
 from rsm_sidecar.kafka.snapshot import parse_producer_snapshot
 from rsm_sidecar.kafka.txnindex import read_txn_index
-from rsm_sidecar.iceberg.segment_rows import SegmentRowReader
 from rsm_sidecar.segment.reader import OpenSegment, ReaderSettings, SegmentReader
 from rsm_sidecar.storage.base import ObjectStore
 
@@ -62,8 +63,9 @@ class RemoteSegment:
         return f"{self.topic}-{self.partition}@{self.start_offset}..{end} ({self.segment_id})"
 
 
-def list_topic_segments(store: ObjectStore, layout: KeyLayout, topic: str
-                        ) -> dict[str, dict[int, list[RemoteSegment]]]:
+def list_topic_segments(
+    store: ObjectStore, layout: KeyLayout, topic: str
+) -> dict[str, dict[int, list[RemoteSegment]]]:
     """``topic_id -> partition -> complete segments`` (manifest present), by start offset."""
     prefix = layout.prefix if layout.hashed_prefix_chars else f"{layout.prefix}{topic_component(topic)}-"
     out: dict[str, dict[int, list[RemoteSegment]]] = {}
@@ -71,8 +73,14 @@ def list_topic_segments(store: ObjectStore, layout: KeyLayout, topic: str
         parsed = layout.parse(obj.key)
         if parsed is None or not parsed.is_topic(topic) or parsed.suffix != MANIFEST:
             continue
-        seg = RemoteSegment(parsed.base, parsed.topic, parsed.topic_id, parsed.partition,
-                            parsed.start_offset, parsed.segment_id)
+        seg = RemoteSegment(
+            parsed.base,
+            parsed.topic,
+            parsed.topic_id,
+            parsed.partition,
+            parsed.start_offset,
+            parsed.segment_id,
+        )
         out.setdefault(parsed.topic_id, {}).setdefault(parsed.partition, []).append(seg)
     for parts in out.values():
         for segs in parts.values():
@@ -93,11 +101,15 @@ def with_manifest_info(reader: SegmentReader, segments: Iterable[RemoteSegment])
         info = opened.manifest.segment or {}
         end, max_ts = info.get("endOffset"), info.get("maxTimestampMs")
         if not isinstance(end, int) or end < seg.start_offset:
-            raise DataLoss(f"segment {seg.describe}: manifest {seg.base}.{MANIFEST} has no valid "
-                           f"remoteLogSegmentMetadata.endOffset ({end!r})")
+            raise DataLoss(
+                f"segment {seg.describe}: manifest {seg.base}.{MANIFEST} has no valid "
+                f"remoteLogSegmentMetadata.endOffset ({end!r})"
+            )
         if not isinstance(max_ts, int):
-            raise DataLoss(f"segment {seg.describe}: manifest {seg.base}.{MANIFEST} has no "
-                           f"remoteLogSegmentMetadata.maxTimestampMs")
+            raise DataLoss(
+                f"segment {seg.describe}: manifest {seg.base}.{MANIFEST} has no "
+                f"remoteLogSegmentMetadata.maxTimestampMs"
+            )
         return dataclasses.replace(seg, end_offset=end, max_timestamp_ms=max_ts)
 
     if len(segments) <= 1:
@@ -109,6 +121,7 @@ def with_manifest_info(reader: SegmentReader, segments: Iterable[RemoteSegment])
 
 
 # ============================================================================ planning
+
 
 @dataclasses.dataclass(frozen=True)
 class SegmentTask:
@@ -130,7 +143,7 @@ class SegmentTask:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> "SegmentTask":
+    def from_json(cls, text: str) -> SegmentTask:
         d = json.loads(text)
         d["aborted"] = tuple(tuple(a) for a in d["aborted"])
         return cls(**d)
@@ -142,18 +155,21 @@ class SegmentTask:
 @dataclasses.dataclass
 class PartitionPlan:
     partition: int
-    next_offset: int                      # from the table's marker
+    next_offset: int  # from the table's marker
     ingest_state: int
     chain: list[RemoteSegment] = dataclasses.field(default_factory=list)
     ranges: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     skipped: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # lost to retention
-    waiting: str | None = None            # why the plan stops where it stops
+    waiting: str | None = None  # why the plan stops where it stops
     aborted: list[AbortedTxn] = dataclasses.field(default_factory=list)
 
     @property
     def new_next_offset(self) -> int:
-        return self.ranges[-1][1] + 1 if self.ranges else (
-            self.skipped[-1][1] + 1 if self.skipped else self.next_offset)
+        return (
+            self.ranges[-1][1] + 1
+            if self.ranges
+            else (self.skipped[-1][1] + 1 if self.skipped else self.next_offset)
+        )
 
     @property
     def new_ingest_state(self) -> int:
@@ -166,18 +182,33 @@ class PartitionPlan:
         out = []
         state = self.ingest_state
         for i, (seg, (lo, hi)) in enumerate(zip(self.chain, self.ranges)):
-            aborted = tuple((t.producer_id, t.first_offset, t.last_offset, t.last_stable_offset)
-                            for t in self.aborted if t.last_offset >= lo and t.first_offset <= hi)
-            out.append(SegmentTask(first_index + i, self.partition, seg.base, seg.segment_id,
-                                   seg.start_offset, seg.end_offset, lo, hi, state, aborted,
-                                   seg.describe))
+            aborted = tuple(
+                (t.producer_id, t.first_offset, t.last_offset, t.last_stable_offset)
+                for t in self.aborted
+                if t.last_offset >= lo and t.first_offset <= hi
+            )
+            out.append(
+                SegmentTask(
+                    first_index + i,
+                    self.partition,
+                    seg.base,
+                    seg.segment_id,
+                    seg.start_offset,
+                    seg.end_offset,
+                    lo,
+                    hi,
+                    state,
+                    aborted,
+                    seg.describe,
+                )
+            )
             state = max(state, seg.max_timestamp_ms)
         return out
 
 
-def choose_chain(segments: list[RemoteSegment], next_offset: int, limit: int = 0,
-                 earliest: int | None = None
-                 ) -> tuple[list[RemoteSegment], list[tuple[int, int]], list[tuple[int, int]], str | None]:
+def choose_chain(
+    segments: list[RemoteSegment], next_offset: int, limit: int = 0, earliest: int | None = None
+) -> tuple[list[RemoteSegment], list[tuple[int, int]], list[tuple[int, int]], str | None]:
     """Non-overlapping cover of the offsets from ``next_offset`` up.
 
     Returns ``(chain, ranges, skipped, waiting)``. At each step the segment covering the current
@@ -216,8 +247,9 @@ def choose_chain(segments: list[RemoteSegment], next_offset: int, limit: int = 0
     return chain, ranges, skipped, waiting
 
 
-def plan_partition(reader: SegmentReader, segments: list[RemoteSegment], next_offset: int,
-                   ingest_state: int, limit: int = 0) -> PartitionPlan:
+def plan_partition(
+    reader: SegmentReader, segments: list[RemoteSegment], next_offset: int, ingest_state: int, limit: int = 0
+) -> PartitionPlan:
     """The plan of one partition from its listed segments (sorted by start offset).
 
     Manifests (end offsets, max timestamps) are read for the segments starting at or after
@@ -238,8 +270,11 @@ def plan_partition(reader: SegmentReader, segments: list[RemoteSegment], next_of
     if not any(s.start_offset == next_offset for s in known) and next_offset > earliest:
         older = [s for s in segments if s.start_offset < next_offset][::-1]
         for i in range(0, len(older), LIST_THREADS):
-            page = [s for s in with_manifest_info(reader, older[i:i + LIST_THREADS])
-                    if s.end_offset >= next_offset]
+            page = [
+                s
+                for s in with_manifest_info(reader, older[i : i + LIST_THREADS])
+                if s.end_offset >= next_offset
+            ]
             if page:
                 known.append(max(page, key=lambda s: s.end_offset))
                 break
@@ -249,18 +284,22 @@ def plan_partition(reader: SegmentReader, segments: list[RemoteSegment], next_of
     return plan
 
 
-def read_aborted_and_open(reader: SegmentReader, seg: RemoteSegment
-                          ) -> tuple[list[AbortedTxn], list[int] | None]:
+def read_aborted_and_open(
+    reader: SegmentReader, seg: RemoteSegment
+) -> tuple[list[AbortedTxn], list[int] | None]:
     """(aborted transactions listed in the segment's transaction index, first offsets of the
     transactions open at its end per its producer snapshot - None when it has no snapshot)."""
     opened = reader.open_base(seg.base, seg.describe)
     try:
-        aborted = read_txn_index(reader.read_index(opened, "transaction"), name=f"{seg.base} (transaction index)")
+        aborted = read_txn_index(
+            reader.read_index(opened, "transaction"), name=f"{seg.base} (transaction index)"
+        )
     except NotFound:
         aborted = []
     try:
-        snap = parse_producer_snapshot(reader.read_index(opened, "producerSnapshot"),
-                                       name=f"{seg.base} (producer snapshot)")
+        snap = parse_producer_snapshot(
+            reader.read_index(opened, "producerSnapshot"), name=f"{seg.base} (producer snapshot)"
+        )
         open_first = [e.current_txn_first_offset for e in snap.entries if e.has_open_transaction]
     except NotFound:
         open_first = None
@@ -305,13 +344,16 @@ def finish_transactions(reader: SegmentReader, plan: PartitionPlan) -> None:
             break
     if keep < len(chain):
         first_open = chain[keep]
-        plan.waiting = (f"transactions with data in {first_open.describe} or before are still open at "
-                        f"the end of the tiered segments; converting it once their markers are tiered")
+        plan.waiting = (
+            f"transactions with data in {first_open.describe} or before are still open at "
+            f"the end of the tiered segments; converting it once their markers are tiered"
+        )
         plan.chain = chain[:keep]
         plan.ranges = plan.ranges[:keep]
 
 
 # ============================================================================ executors
+
 
 @dataclasses.dataclass(frozen=True)
 class StorageParams:
@@ -324,8 +366,13 @@ class StorageParams:
     prefetch_bytes: int = 8 * 1024 * 1024
 
     def cache_key(self) -> str:
-        return hashlib.sha256(json.dumps([self.values, self.environ, self.chunk_cache_bytes,
-                                          self.prefetch_bytes], sort_keys=True, default=str).encode()).hexdigest()
+        return hashlib.sha256(
+            json.dumps(
+                [self.values, self.environ, self.chunk_cache_bytes, self.prefetch_bytes],
+                sort_keys=True,
+                default=str,
+            ).encode()
+        ).hexdigest()
 
 
 class ExecutorContext:
@@ -340,11 +387,18 @@ class ExecutorContext:
         self.store = open_store(cfg)
         self.layout = KeyLayout(cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"])
         self.keyring = Keyring.from_config(cfg)
-        settings = ReaderSettings(manifest_cache_bytes=4 * 1024 * 1024, index_cache_bytes=8 * 1024 * 1024,
-                                  chunk_cache_bytes=params.chunk_cache_bytes,
-                                  prefetch_bytes=params.prefetch_bytes, max_range_bytes=8 * 1024 * 1024)
-        self.prefetch = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rsm-prefetch")
-                         if params.prefetch_bytes else None)
+        settings = ReaderSettings(
+            manifest_cache_bytes=4 * 1024 * 1024,
+            index_cache_bytes=8 * 1024 * 1024,
+            chunk_cache_bytes=params.chunk_cache_bytes,
+            prefetch_bytes=params.prefetch_bytes,
+            max_range_bytes=8 * 1024 * 1024,
+        )
+        self.prefetch = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rsm-prefetch")
+            if params.prefetch_bytes
+            else None
+        )
         self.reader = SegmentReader(self.store, self.layout, self.keyring, settings, self.prefetch)
 
 
@@ -381,7 +435,7 @@ class _PieceStream:
                 self._pos = 0
                 continue
             end = len(self._cur) if n < 0 else min(len(self._cur), self._pos + n)
-            out.append(self._cur[self._pos:end] if (self._pos or end != len(self._cur)) else self._cur)
+            out.append(self._cur[self._pos : end] if (self._pos or end != len(self._cur)) else self._cur)
             if n > 0:
                 n -= end - self._pos
             self._pos = end
@@ -396,20 +450,30 @@ def start_position(reader: SegmentReader, seg: OpenSegment, task: SegmentTask) -
     if task.lo <= task.start_offset:
         return 0
     try:
-        entries = read_offset_index(reader.read_index(seg, "offset"), task.start_offset,
-                                    name=f"{seg.base} (offset index)")
+        entries = read_offset_index(
+            reader.read_index(seg, "offset"), task.start_offset, name=f"{seg.base} (offset index)"
+        )
     except NotFound:
         return 0
     return lookup_offset(entries, task.lo, task.start_offset).position
 
 
-def read_task(ctx: ExecutorContext, task: SegmentTask, *, max_records: int, max_bytes: int
-              ) -> Iterator[pa.RecordBatch]:
+def read_task(
+    ctx: ExecutorContext, task: SegmentTask, *, max_records: int, max_bytes: int
+) -> Iterator[pa.RecordBatch]:
     """Raw record batches of one task (bounded: one Kafka batch + one window at a time)."""
     seg = ctx.reader.open_base(task.base, task.describe)
     size = seg.manifest.original_size
-    rows = SegmentRowReader(task.partition, task.lo, task.hi, task.aborted_txns(), task.ingest_state,
-                            max_records=max_records, max_bytes=max_bytes, source=f"{task.base}.log")
+    rows = SegmentRowReader(
+        task.partition,
+        task.lo,
+        task.hi,
+        task.aborted_txns(),
+        task.ingest_state,
+        max_records=max_records,
+        max_bytes=max_bytes,
+        source=f"{task.base}.log",
+    )
     if size == 0:
         return
     pos = start_position(ctx.reader, seg, task)

@@ -25,101 +25,230 @@ PARTITIONINGS = ("hour", "day", "month", "none")
 _SIDE_KEYS = []
 for _side, _what in (("key", "keys"), ("value", "values")):
     _SIDE_KEYS += [
-        Key(f"iceberg.{_side}.raw", "bool", False,
+        Key(
+            f"iceberg.{_side}.raw",
+            "bool",
+            False,
             f"Never decode record {_what}: the `{_side[:3] if _side == 'value' else _side}` struct holds "
-            f"only `__raw__`."),
-        Key(f"iceberg.{_side}.subject", "str", None,
+            f"only `__raw__`.",
+        ),
+        Key(
+            f"iceberg.{_side}.subject",
+            "str",
+            None,
             f"Registry subject of the {_what}' schema; unset: TopicNameStrategy (`<topic>-{_side}`). "
-            f"An explicit subject must exist; a missing TopicNameStrategy subject means no schema (raw)."),
-        Key(f"iceberg.{_side}.message", "str", None,
+            f"An explicit subject must exist; a missing TopicNameStrategy subject means no schema (raw).",
+        ),
+        Key(
+            f"iceberg.{_side}.message",
+            "str",
+            None,
             f"Protobuf full message name of the {_what} (`pkg.Msg`). Needed when the schema file has "
             f"several top-level messages that neither the table (`rsm.{_side}.message`) nor a record framed "
-            f"with the latest schema id names, and with `iceberg.{_side}.descriptor_set`."),
-        Key(f"iceberg.{_side}.descriptor_set", "path", None,
+            f"with the latest schema id names, and with `iceberg.{_side}.descriptor_set`.",
+        ),
+        Key(
+            f"iceberg.{_side}.descriptor_set",
+            "path",
+            None,
             f"A Protobuf descriptor-set file (`protoc --include_imports --descriptor_set_out`, "
             f"`buf build -o`): decode unframed {_what} with `iceberg.{_side}.message` from it, without "
-            f"a registry (the embedded default)."),
+            f"a registry (the embedded default).",
+        ),
     ]
 
 CONFIG_KEYS = [
     # -- catalog and warehouse ------------------------------------------------------------
-    Key("iceberg.catalog.type", "str", "local",
+    Key(
+        "iceberg.catalog.type",
+        "str",
+        "local",
         "`local`: the embedded JDBC catalog on a SQLite file shared with PyIceberg's SqlCatalog; "
-        "`rest`: an Iceberg REST catalog.", choices=("local", "rest")),
-    Key("iceberg.catalog.name", "str", "rsm",
+        "`rest`: an Iceberg REST catalog.",
+        choices=("local", "rest"),
+    ),
+    Key(
+        "iceberg.catalog.name",
+        "str",
+        "rsm",
         "Catalog name on the Spark and PyIceberg sides (for `local` it is also the `catalog_name` "
-        "column of the SQLite tables: both sides must use the same)."),
-    Key("iceberg.catalog.local.root", "path", None,
+        "column of the SQLite tables: both sides must use the same).",
+    ),
+    Key(
+        "iceberg.catalog.local.root",
+        "path",
+        None,
         "Directory of the embedded catalog (`catalog.db`, default warehouse `warehouse/`). Unset: "
-        "`$RSM_ICEBERG_DIR`, else `run/iceberg` in the repository."),
-    Key("iceberg.catalog.rest.uri", "str", None, "REST catalog base URI (`http://host:8181`).",
-        required_when=("iceberg.catalog.type", "rest")),
-    Key("iceberg.catalog.rest.credential", "str", None,
-        "OAuth2 client credential `client_id:client_secret` for the REST catalog.", secret=True),
+        "`$RSM_ICEBERG_DIR`, else `run/iceberg` in the repository.",
+    ),
+    Key(
+        "iceberg.catalog.rest.uri",
+        "str",
+        None,
+        "REST catalog base URI (`http://host:8181`).",
+        required_when=("iceberg.catalog.type", "rest"),
+    ),
+    Key(
+        "iceberg.catalog.rest.credential",
+        "str",
+        None,
+        "OAuth2 client credential `client_id:client_secret` for the REST catalog.",
+        secret=True,
+    ),
     Key("iceberg.catalog.rest.token", "str", None, "Bearer token for the REST catalog.", secret=True),
-    Key("iceberg.warehouse", "str", None,
+    Key(
+        "iceberg.warehouse",
+        "str",
+        None,
         "Warehouse location: `file:///...`, `s3://bucket/prefix` or `gs://bucket/prefix`. Unset: "
         "`<local.root>/warehouse` for `local`; the REST server's default for `rest` (sent as "
-        "`warehouse` when set)."),
-    Key("iceberg.s3.endpoint", "str", None,
-        "S3 endpoint URL of an `s3://` warehouse (unset: AWS)."),
+        "`warehouse` when set).",
+    ),
+    Key("iceberg.s3.endpoint", "str", None, "S3 endpoint URL of an `s3://` warehouse (unset: AWS)."),
     Key("iceberg.s3.region", "str", "us-east-1", "S3 region of an `s3://` warehouse."),
-    Key("iceberg.s3.access_key_id", "str", None,
-        "S3 access key of an `s3://` warehouse (unset: the AWS default credential chain).", secret=True),
+    Key(
+        "iceberg.s3.access_key_id",
+        "str",
+        None,
+        "S3 access key of an `s3://` warehouse (unset: the AWS default credential chain).",
+        secret=True,
+    ),
     Key("iceberg.s3.secret_access_key", "str", None, "S3 secret key of an `s3://` warehouse.", secret=True),
-    Key("iceberg.s3.path_style_access", "bool", False,
-        "Path-style S3 URLs (`endpoint/bucket/key`), as most S3-compatible servers need."),
-    Key("iceberg.gcs.endpoint", "str", None,
+    Key(
+        "iceberg.s3.path_style_access",
+        "bool",
+        False,
+        "Path-style S3 URLs (`endpoint/bucket/key`), as most S3-compatible servers need.",
+    ),
+    Key(
+        "iceberg.gcs.endpoint",
+        "str",
+        None,
         "GCS endpoint URL of a `gs://` warehouse (unset: Google; an emulator's URL such as "
         "`http://127.0.0.1:4443`). Credentials come from Application Default Credentials "
-        "(`GOOGLE_APPLICATION_CREDENTIALS`, the metadata server) on both the Spark and the PyIceberg side."),
-    Key("iceberg.gcs.project_id", "str", None, "Project id of a `gs://` warehouse (needed by some credentials)."),
-    Key("iceberg.gcs.no_auth", "bool", False,
+        "(`GOOGLE_APPLICATION_CREDENTIALS`, the metadata server) on both the Spark and the PyIceberg side.",
+    ),
+    Key(
+        "iceberg.gcs.project_id",
+        "str",
+        None,
+        "Project id of a `gs://` warehouse (needed by some credentials).",
+    ),
+    Key(
+        "iceberg.gcs.no_auth",
+        "bool",
+        False,
         "Send no Google credentials (emulators). PyIceberg's GCS file system has no anonymous mode, "
-        "so the driver sends the placeholder bearer token `no-auth` instead."),
+        "so the driver sends the placeholder bearer token `no-auth` instead.",
+    ),
     # -- table ----------------------------------------------------------------------------
     Key("iceberg.namespace", "str", "kafka", "Iceberg namespace of the topic tables."),
-    Key("iceberg.table", "str", None,
+    Key(
+        "iceberg.table",
+        "str",
+        None,
         "Table name; unset: the topic name with every character other than letters, digits and `_` "
-        "replaced by `_`. One table holds one topic."),
-    Key("iceberg.partitioning", "str", "day",
-        "Time partitioning of `kafka.ingest_timestamp` for new tables.", choices=PARTITIONINGS),
+        "replaced by `_`. One table holds one topic.",
+    ),
+    Key(
+        "iceberg.partitioning",
+        "str",
+        "day",
+        "Time partitioning of `kafka.ingest_timestamp` for new tables.",
+        choices=PARTITIONINGS,
+    ),
     Key("iceberg.target_file_size", "size", 512 * MiB, "Target size of the Parquet data files."),
     # -- registry -------------------------------------------------------------------------
-    Key("iceberg.registry.url", "str", None,
+    Key(
+        "iceberg.registry.url",
+        "str",
+        None,
         "Confluent-compatible schema registry URL; unset: no registry (keys/values raw unless a "
-        "descriptor set is configured)."),
-    Key("iceberg.registry.basic_auth_user_info", "str", None, "Registry basic auth `user:password`.",
-        secret=True),
+        "descriptor set is configured).",
+    ),
+    Key(
+        "iceberg.registry.basic_auth_user_info",
+        "str",
+        None,
+        "Registry basic auth `user:password`.",
+        secret=True,
+    ),
     Key("iceberg.registry.bearer_token", "str", None, "Registry static bearer token.", secret=True),
-    Key("iceberg.registry.bearer_logical_cluster", "str", None,
-        "Logical cluster sent with the bearer token (Confluent Cloud; required with a bearer token)."),
+    Key(
+        "iceberg.registry.bearer_logical_cluster",
+        "str",
+        None,
+        "Logical cluster sent with the bearer token (Confluent Cloud; required with a bearer token).",
+    ),
     Key("iceberg.registry.bearer_identity_pool", "str", None, "Identity pool id sent with the bearer token."),
-    Key("iceberg.registry.ssl_ca_location", "path", None, "PEM CA bundle that signed the registry's TLS certificate."),
+    Key(
+        "iceberg.registry.ssl_ca_location",
+        "path",
+        None,
+        "PEM CA bundle that signed the registry's TLS certificate.",
+    ),
     Key("iceberg.registry.ssl_certificate_location", "path", None, "PEM client certificate (mutual TLS)."),
     Key("iceberg.registry.ssl_key_location", "path", None, "PEM private key of the client certificate."),
     Key("iceberg.registry.timeout", "seconds", 10.0, "Timeout of one registry request.", min=0.1),
     *_SIDE_KEYS,
-    Key("iceberg.proto.uint32_as_long", "bool", False,
-        "Map Protobuf uint32/fixed32 to long (lossless) instead of int (the seed's rule: values >= 2^31 wrap)."),
-    Key("iceberg.proto.well_known_types", "bool", True,
+    Key(
+        "iceberg.proto.uint32_as_long",
+        "bool",
+        False,
+        "Map Protobuf uint32/fixed32 to long (lossless) instead of int (the seed's rule: values >= 2^31 wrap).",
+    ),
+    Key(
+        "iceberg.proto.well_known_types",
+        "bool",
+        True,
         "Map google.protobuf Timestamp/Duration/wrappers/Struct to timestamptz/long/primitives/JSON "
-        "instead of plain structs."),
+        "instead of plain structs.",
+    ),
     # -- Spark and executors ------------------------------------------------------------------
-    Key("iceberg.spark.master", "str", "local[2]",
-        "Spark master of the job when it starts its own session (`spark-submit` overrides it)."),
-    Key("iceberg.batch_records", "int", 10_000,
-        "Records per Arrow batch an executor hands to Spark.", min=100, max=1_000_000),
-    Key("iceberg.batch_bytes", "size", 16 * MiB,
+    Key(
+        "iceberg.spark.master",
+        "str",
+        "local[2]",
+        "Spark master of the job when it starts its own session (`spark-submit` overrides it).",
+    ),
+    Key(
+        "iceberg.batch_records",
+        "int",
+        10_000,
+        "Records per Arrow batch an executor hands to Spark.",
+        min=100,
+        max=1_000_000,
+    ),
+    Key(
+        "iceberg.batch_bytes",
+        "size",
+        16 * MiB,
         "Decompressed record bytes per Arrow batch (whichever of this and `iceberg.batch_records` "
-        "comes first).", min=64 * 1024),
-    Key("iceberg.read.chunk_cache_bytes", "size", 24 * MiB,
-        "Per executor process: decoded segment chunks kept for read-ahead.", min=0),
-    Key("iceberg.read.prefetch_bytes", "size", 8 * MiB,
+        "comes first).",
+        min=64 * 1024,
+    ),
+    Key(
+        "iceberg.read.chunk_cache_bytes",
+        "size",
+        24 * MiB,
+        "Per executor process: decoded segment chunks kept for read-ahead.",
+        min=0,
+    ),
+    Key(
+        "iceberg.read.prefetch_bytes",
+        "size",
+        8 * MiB,
         "Per executor process: how far ahead of the parser segment chunks are downloaded and "
-        "decoded in the background (0 disables).", min=0),
-    Key("iceberg.max_segments", "int", 0,
-        "At most this many segments per run (0: no limit); the next run continues.", min=0),
+        "decoded in the background (0 disables).",
+        min=0,
+    ),
+    Key(
+        "iceberg.max_segments",
+        "int",
+        0,
+        "At most this many segments per run (0: no limit); the next run continues.",
+        min=0,
+    ),
 ]
 
 _TABLE_RE = re.compile(r"[^A-Za-z0-9_]")
@@ -167,7 +296,7 @@ class JobSettings:
     max_segments: int = 0
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "JobSettings":
+    def from_config(cls, cfg: Config) -> JobSettings:
         registry = None
         if cfg["iceberg.registry.url"]:
             registry = {"url": cfg["iceberg.registry.url"], "timeout": cfg["iceberg.registry.timeout"]}
@@ -175,44 +304,72 @@ class JobSettings:
                 registry["basic.auth.user.info"] = cfg["iceberg.registry.basic_auth_user_info"]
             if cfg["iceberg.registry.bearer_token"]:
                 if not cfg["iceberg.registry.bearer_logical_cluster"]:
-                    raise ConfigError("iceberg.registry.bearer_logical_cluster: required with "
-                                      "iceberg.registry.bearer_token")
-                registry.update({"bearer.auth.credentials.source": "STATIC_TOKEN",
-                                 "bearer.auth.token": cfg["iceberg.registry.bearer_token"],
-                                 "bearer.auth.logical.cluster": cfg["iceberg.registry.bearer_logical_cluster"]})
+                    raise ConfigError(
+                        "iceberg.registry.bearer_logical_cluster: required with iceberg.registry.bearer_token"
+                    )
+                registry.update(
+                    {
+                        "bearer.auth.credentials.source": "STATIC_TOKEN",
+                        "bearer.auth.token": cfg["iceberg.registry.bearer_token"],
+                        "bearer.auth.logical.cluster": cfg["iceberg.registry.bearer_logical_cluster"],
+                    }
+                )
                 if cfg["iceberg.registry.bearer_identity_pool"]:
                     registry["bearer.auth.identity.pool.id"] = cfg["iceberg.registry.bearer_identity_pool"]
-            for leaf, conf in (("ssl_ca_location", "ssl.ca.location"),
-                               ("ssl_certificate_location", "ssl.certificate.location"),
-                               ("ssl_key_location", "ssl.key.location")):
+            for leaf, conf in (
+                ("ssl_ca_location", "ssl.ca.location"),
+                ("ssl_certificate_location", "ssl.certificate.location"),
+                ("ssl_key_location", "ssl.key.location"),
+            ):
                 if cfg[f"iceberg.registry.{leaf}"]:
                     registry[conf] = cfg[f"iceberg.registry.{leaf}"]
-        s3 = {k: cfg[f"iceberg.s3.{k}"] for k in
-              ("endpoint", "region", "access_key_id", "secret_access_key", "path_style_access")}
+        s3 = {
+            k: cfg[f"iceberg.s3.{k}"]
+            for k in ("endpoint", "region", "access_key_id", "secret_access_key", "path_style_access")
+        }
         gcs = {k: cfg[f"iceberg.gcs.{k}"] for k in ("endpoint", "project_id", "no_auth")}
         sides = {}
         for side in ("key", "value"):
-            s = SideSettings(cfg[f"iceberg.{side}.raw"], cfg[f"iceberg.{side}.subject"],
-                             cfg[f"iceberg.{side}.message"], cfg[f"iceberg.{side}.descriptor_set"])
+            s = SideSettings(
+                cfg[f"iceberg.{side}.raw"],
+                cfg[f"iceberg.{side}.subject"],
+                cfg[f"iceberg.{side}.message"],
+                cfg[f"iceberg.{side}.descriptor_set"],
+            )
             if s.descriptor_set and not s.message:
-                raise ConfigError(f"iceberg.{side}.message: required with iceberg.{side}.descriptor_set "
-                                  f"(the message of the descriptor set that the {side}s hold)")
+                raise ConfigError(
+                    f"iceberg.{side}.message: required with iceberg.{side}.descriptor_set "
+                    f"(the message of the descriptor set that the {side}s hold)"
+                )
             if s.descriptor_set and not Path(s.descriptor_set).is_file():
                 raise ConfigError(f"iceberg.{side}.descriptor_set: {s.descriptor_set} is not a file")
             sides[side] = s
         return cls(
-            catalog_type=cfg["iceberg.catalog.type"], catalog_name=cfg["iceberg.catalog.name"],
-            local_root=cfg["iceberg.catalog.local.root"], rest_uri=cfg["iceberg.catalog.rest.uri"],
+            catalog_type=cfg["iceberg.catalog.type"],
+            catalog_name=cfg["iceberg.catalog.name"],
+            local_root=cfg["iceberg.catalog.local.root"],
+            rest_uri=cfg["iceberg.catalog.rest.uri"],
             rest_credential=cfg["iceberg.catalog.rest.credential"],
-            rest_token=cfg["iceberg.catalog.rest.token"], warehouse=cfg["iceberg.warehouse"], s3=s3, gcs=gcs,
-            namespace=cfg["iceberg.namespace"], table=cfg["iceberg.table"],
-            partitioning=cfg["iceberg.partitioning"], target_file_size=cfg["iceberg.target_file_size"],
-            registry=registry, key=sides["key"], value=sides["value"],
+            rest_token=cfg["iceberg.catalog.rest.token"],
+            warehouse=cfg["iceberg.warehouse"],
+            s3=s3,
+            gcs=gcs,
+            namespace=cfg["iceberg.namespace"],
+            table=cfg["iceberg.table"],
+            partitioning=cfg["iceberg.partitioning"],
+            target_file_size=cfg["iceberg.target_file_size"],
+            registry=registry,
+            key=sides["key"],
+            value=sides["value"],
             uint32_as_long=cfg["iceberg.proto.uint32_as_long"],
-            well_known_types=cfg["iceberg.proto.well_known_types"], master=cfg["iceberg.spark.master"],
-            batch_records=cfg["iceberg.batch_records"], batch_bytes=cfg["iceberg.batch_bytes"],
+            well_known_types=cfg["iceberg.proto.well_known_types"],
+            master=cfg["iceberg.spark.master"],
+            batch_records=cfg["iceberg.batch_records"],
+            batch_bytes=cfg["iceberg.batch_bytes"],
             chunk_cache_bytes=cfg["iceberg.read.chunk_cache_bytes"],
-            prefetch_bytes=cfg["iceberg.read.prefetch_bytes"], max_segments=cfg["iceberg.max_segments"])
+            prefetch_bytes=cfg["iceberg.read.prefetch_bytes"],
+            max_segments=cfg["iceberg.max_segments"],
+        )
 
     def table_name(self, topic: str) -> str:
         return self.table or default_table_name(topic)

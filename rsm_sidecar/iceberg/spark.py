@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rsm_sidecar.iceberg import jars as _jars
 
@@ -57,7 +58,7 @@ class LocalCatalog:
     def warehouse_uri(self) -> str:
         return self.warehouse.as_uri()
 
-    def prepare(self) -> "LocalCatalog":
+    def prepare(self) -> LocalCatalog:
         """Create the directories and the SQLite file in WAL mode (idempotent)."""
         self.warehouse.mkdir(parents=True, exist_ok=True)
         self.db_file.parent.mkdir(parents=True, exist_ok=True)
@@ -84,13 +85,12 @@ class LocalCatalog:
             "spark.sql.defaultCatalog": self.name,
         }
 
-    def pyiceberg(self, **properties: str) -> "SqlCatalog":
+    def pyiceberg(self, **properties: str) -> SqlCatalog:
         """PyIceberg's ``SqlCatalog`` on the same DB file and warehouse, same catalog name."""
         from pyiceberg.catalog.sql import SqlCatalog
 
         self.prepare()
-        return SqlCatalog(self.name, uri=self.sqlalchemy_uri, warehouse=self.warehouse_uri,
-                          **properties)
+        return SqlCatalog(self.name, uri=self.sqlalchemy_uri, warehouse=self.warehouse_uri, **properties)
 
 
 def default_catalog() -> LocalCatalog:
@@ -140,7 +140,7 @@ def spark_session(
     cloud: Sequence[str] = (),
     cache_dir: Path | None = None,
     extra: Mapping[str, Any] | None = None,
-) -> "SparkSession":
+) -> SparkSession:
     """A local SparkSession with Iceberg and the embedded catalog as the default catalog.
 
     ``jars`` defaults to the cached set-up jars (``cloud`` adds ``"aws"``/``"gcp"`` bundles);
@@ -151,8 +151,7 @@ def spark_session(
     from pyspark.sql import SparkSession
 
     catalog = (catalog or default_catalog()).prepare()
-    conf = spark_conf(catalog, master=master, jars=jars, cloud=cloud, cache_dir=cache_dir,
-                      extra=extra)
+    conf = spark_conf(catalog, master=master, jars=jars, cloud=cloud, cache_dir=cache_dir, extra=extra)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     builder = SparkSession.builder.appName(app_name)

@@ -9,14 +9,30 @@ see plain ``string``/``binary``/``list`` (not the ``large_*`` variants) and UTC 
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
-    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FixedType, FloatType,
-    IcebergType, IntegerType, ListType, LongType, MapType, NestedField, StringType, StructType,
-    TimestampType, TimestamptzType, TimeType, UUIDType,
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
+    UUIDType,
 )
 
 UTC_US = pa.timestamp("us", tz="UTC")
@@ -31,7 +47,7 @@ class IdCounter:
     def __next__(self) -> int:
         return next(self._it)
 
-    def __iter__(self) -> "IdCounter":
+    def __iter__(self) -> IdCounter:
         return self
 
 
@@ -86,8 +102,7 @@ def to_arrow(t: IcebergType, *, field_ids: bool = False) -> pa.DataType:
 
 def to_arrow_field(f: NestedField, *, field_ids: bool = False) -> pa.Field:
     md = {b"PARQUET:field_id": str(f.field_id).encode()} if field_ids else None
-    return pa.field(f.name, to_arrow(f.field_type, field_ids=field_ids), nullable=not f.required,
-                    metadata=md)
+    return pa.field(f.name, to_arrow(f.field_type, field_ids=field_ids), nullable=not f.required, metadata=md)
 
 
 def schema_to_arrow(schema: Schema | StructType, *, field_ids: bool = False) -> pa.Schema:
@@ -98,14 +113,19 @@ def schema_to_arrow(schema: Schema | StructType, *, field_ids: bool = False) -> 
 def renumber(t: IcebergType, ids: IdCounter) -> IcebergType:
     """A copy of ``t`` with fresh placeholder ids (used when splicing mapped types together)."""
     if isinstance(t, StructType):
-        return StructType(*[NestedField(next(ids), f.name, renumber(f.field_type, ids),
-                                        required=f.required, doc=f.doc) for f in t.fields])
+        return StructType(
+            *[
+                NestedField(next(ids), f.name, renumber(f.field_type, ids), required=f.required, doc=f.doc)
+                for f in t.fields
+            ]
+        )
     if isinstance(t, ListType):
         return ListType(next(ids), renumber(t.element_type, ids), element_required=t.element_required)
     if isinstance(t, MapType):
         kid, vid = next(ids), next(ids)
-        return MapType(kid, renumber(t.key_type, ids), vid, renumber(t.value_type, ids),
-                       value_required=t.value_required)
+        return MapType(
+            kid, renumber(t.key_type, ids), vid, renumber(t.value_type, ids), value_required=t.value_required
+        )
     return t
 
 
@@ -125,9 +145,17 @@ def _spark_type(t: IcebergType) -> str:
     if isinstance(t, DecimalType):
         return f"DECIMAL({t.precision}, {t.scale})"
     simple = {
-        BooleanType: "BOOLEAN", IntegerType: "INT", LongType: "BIGINT", FloatType: "FLOAT",
-        DoubleType: "DOUBLE", StringType: "STRING", BinaryType: "BINARY", DateType: "DATE",
-        TimestamptzType: "TIMESTAMP", TimestampType: "TIMESTAMP_NTZ", FixedType: "BINARY",
+        BooleanType: "BOOLEAN",
+        IntegerType: "INT",
+        LongType: "BIGINT",
+        FloatType: "FLOAT",
+        DoubleType: "DOUBLE",
+        StringType: "STRING",
+        BinaryType: "BINARY",
+        DateType: "DATE",
+        TimestamptzType: "TIMESTAMP",
+        TimestampType: "TIMESTAMP_NTZ",
+        FixedType: "BINARY",
         UUIDType: "STRING",
     }
     try:

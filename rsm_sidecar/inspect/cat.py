@@ -24,8 +24,14 @@ def byte_range(size: int, start: int | None, end: int | None) -> tuple[int, int]
     return start, last
 
 
-def run(ctx: InspectContext, seg: SegmentObjects, out: BinaryIO, start: int | None = None,
-        end: int | None = None, progress: Progress | None = None) -> dict:
+def run(
+    ctx: InspectContext,
+    seg: SegmentObjects,
+    out: BinaryIO,
+    start: int | None = None,
+    end: int | None = None,
+    progress: Progress | None = None,
+) -> dict:
     """Write the bytes to ``out``; return what was written."""
     opened = ctx.reader.open_base(seg.base, seg.describe())
     size = opened.manifest.original_size

@@ -7,7 +7,7 @@ they are adjacent: grouping streams, holding one segment at a time."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 from rsm_sidecar.errors import RsmError
 from rsm_sidecar.format import keys as fkeys
@@ -65,8 +65,13 @@ def list_prefix(layout: KeyLayout, topic: str | None) -> str:
     return f"{layout.prefix}{fkeys.topic_component(topic)}-"
 
 
-def scan(store: ObjectStore, layout: KeyLayout, topic: str | None = None, partition: int | None = None,
-         strays: bool = True) -> Iterator[SegmentObjects | StrayObject]:
+def scan(
+    store: ObjectStore,
+    layout: KeyLayout,
+    topic: str | None = None,
+    partition: int | None = None,
+    strays: bool = True,
+) -> Iterator[SegmentObjects | StrayObject]:
     """Segments (and, unless filtering by topic/partition or ``strays=False``, objects
     outside the layout) in listing order."""
     filtering = topic is not None or partition is not None
@@ -77,7 +82,9 @@ def scan(store: ObjectStore, layout: KeyLayout, topic: str | None = None, partit
             if strays and not filtering:
                 yield StrayObject(info)
             continue
-        if (topic is not None and not parsed.is_topic(topic)) or (partition is not None and parsed.partition != partition):
+        if (topic is not None and not parsed.is_topic(topic)) or (
+            partition is not None and parsed.partition != partition
+        ):
             continue
         if current is not None and current.base != parsed.base:
             yield current
@@ -89,8 +96,9 @@ def scan(store: ObjectStore, layout: KeyLayout, topic: str | None = None, partit
         yield current
 
 
-def segments(store: ObjectStore, layout: KeyLayout, topic: str | None = None,
-             partition: int | None = None) -> Iterator[SegmentObjects]:
+def segments(
+    store: ObjectStore, layout: KeyLayout, topic: str | None = None, partition: int | None = None
+) -> Iterator[SegmentObjects]:
     """Segments that exist: those with a manifest (the manifest is written last)."""
     for item in scan(store, layout, topic, partition, strays=False):
         if isinstance(item, SegmentObjects) and item.has_manifest:
@@ -116,6 +124,7 @@ def read_manifests(store: ObjectStore, segs, workers: int = 8) -> Iterator[Manif
     """``read_manifest`` for each segment, ``workers`` GETs in flight (sequential small
     GETs of thousands of manifests would take minutes), results in input order. Errors
     are returned in ``ManifestRead.error``, not raised."""
+
     def one(seg: SegmentObjects) -> ManifestRead:
         try:
             raw, manifest = read_manifest(store, seg.base)
@@ -123,6 +132,8 @@ def read_manifests(store: ObjectStore, segs, workers: int = 8) -> Iterator[Manif
         except RsmError as e:
             return ManifestRead(seg, error=e)
         except Exception as e:  # a manifest corrupt in a way the parser does not name
-            return ManifestRead(seg, error=RsmError(f"{seg.base}.{fkeys.MANIFEST}: unexpected {type(e).__name__}: {e}"))
+            return ManifestRead(
+                seg, error=RsmError(f"{seg.base}.{fkeys.MANIFEST}: unexpected {type(e).__name__}: {e}")
+            )
 
     return ordered_map(one, segs, workers)

@@ -32,7 +32,7 @@ class InspectContext:
         self._reader: SegmentReader | None = None
 
     @classmethod
-    def load(cls, config_path: str | os.PathLike | None) -> "InspectContext":
+    def load(cls, config_path: str | os.PathLike | None) -> InspectContext:
         return cls(Config.load(config_path))
 
     @property
@@ -46,9 +46,13 @@ class InspectContext:
     @property
     def reader(self) -> SegmentReader:
         if self._reader is None:
-            settings = ReaderSettings(manifest_cache_bytes=4 * 1024 * 1024, index_cache_bytes=0,
-                                      chunk_cache_bytes=0, prefetch_bytes=0,
-                                      max_range_bytes=self.cfg["fetch.max_range_bytes"])
+            settings = ReaderSettings(
+                manifest_cache_bytes=4 * 1024 * 1024,
+                index_cache_bytes=0,
+                chunk_cache_bytes=0,
+                prefetch_bytes=0,
+                max_range_bytes=self.cfg["fetch.max_range_bytes"],
+            )
             self._reader = SegmentReader(self.store, self.layout, self.keyring, settings)
         return self._reader
 

@@ -32,7 +32,7 @@ def _utf8(data: bytes, cut_ok: bool) -> str | None:
     display limit) is dropped. None when the bytes are not printable UTF-8."""
     for cut in range(4 if cut_ok else 1):
         try:
-            text = data[:len(data) - cut].decode("utf-8")
+            text = data[: len(data) - cut].decode("utf-8")
         except UnicodeDecodeError:
             continue
         return text if _printable(text) else None
@@ -131,12 +131,15 @@ class RegistryDecoder:
         except (sr.UnknownSchema, sr.SchemaUnusable, sr.RegistryUnavailable, sr.RegistryAuthError) as e:
             return {**plain(data, self.max_bytes), "schema_id": framed.schema_id, "schema_error": str(e)}
         except Exception as e:  # bytes that do not decode under the schema they name
-            return {**plain(data, self.max_bytes), "schema_id": framed.schema_id,
-                    "schema_error": f"does not decode as schema id {framed.schema_id}: {type(e).__name__}: {e}"}
+            return {
+                **plain(data, self.max_bytes),
+                "schema_id": framed.schema_id,
+                "schema_error": f"does not decode as schema id {framed.schema_id}: {type(e).__name__}: {e}",
+            }
         return {"schema_id": framed.schema_id, "schema_type": schema.schema_type, "decoded": _jsonable(value)}
 
     def _decode(self, schema, framed, data: bytes) -> Any:
-        payload = data[framed.header_len:]
+        payload = data[framed.header_len :]
         if schema.schema_type == self._sr.AVRO:
             import fastavro
 

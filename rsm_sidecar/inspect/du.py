@@ -35,7 +35,7 @@ class Usage:
         self.indexes_bytes += seg.size(fkeys.INDEXES) or 0
         self.manifest_bytes += seg.size(fkeys.MANIFEST) or 0
 
-    def merge(self, other: "Usage") -> None:
+    def merge(self, other: Usage) -> None:
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
@@ -63,11 +63,18 @@ class DuResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "partitions": [{"topic": t, "topic_id": tid, "partition": p, **u.to_json()}
-                           for (t, tid, p), u in sorted(self.partitions.items())],
-            "topics": [{"topic": t, "topic_id": tid, **u.to_json()} for (t, tid), u in sorted(self.topics().items())],
+            "partitions": [
+                {"topic": t, "topic_id": tid, "partition": p, **u.to_json()}
+                for (t, tid, p), u in sorted(self.partitions.items())
+            ],
+            "topics": [
+                {"topic": t, "topic_id": tid, **u.to_json()} for (t, tid), u in sorted(self.topics().items())
+            ],
             "outside_layout": {"objects": self.outside_layout_objects, "bytes": self.outside_layout_bytes},
-            "total": {**self.total().to_json(), "total_bytes": self.total().total_bytes + self.outside_layout_bytes},
+            "total": {
+                **self.total().to_json(),
+                "total_bytes": self.total().total_bytes + self.outside_layout_bytes,
+            },
         }
 
 
@@ -93,15 +100,42 @@ def print_table(result: DuResult) -> None:
     for (t, tid), tu in sorted(topics.items()):
         for (pt, ptid, p), u in sorted(result.partitions.items()):
             if (pt, ptid) == (t, tid):
-                rows.append((t, tid, p, u.segments, u.incomplete or "", human_bytes(u.log_bytes),
-                             human_bytes(u.indexes_bytes), human_bytes(u.manifest_bytes), human_bytes(u.total_bytes)))
-        rows.append((t, tid, "all", tu.segments, tu.incomplete or "", human_bytes(tu.log_bytes),
-                     human_bytes(tu.indexes_bytes), human_bytes(tu.manifest_bytes), human_bytes(tu.total_bytes)))
-    table(("TOPIC", "TOPIC_ID", "PART", "SEGMENTS", "INCOMPLETE", "LOG", "INDEXES", "MANIFESTS", "TOTAL"), rows,
-          right=(2, 3, 4, 5, 6, 7, 8))
+                rows.append(
+                    (
+                        t,
+                        tid,
+                        p,
+                        u.segments,
+                        u.incomplete or "",
+                        human_bytes(u.log_bytes),
+                        human_bytes(u.indexes_bytes),
+                        human_bytes(u.manifest_bytes),
+                        human_bytes(u.total_bytes),
+                    )
+                )
+        rows.append(
+            (
+                t,
+                tid,
+                "all",
+                tu.segments,
+                tu.incomplete or "",
+                human_bytes(tu.log_bytes),
+                human_bytes(tu.indexes_bytes),
+                human_bytes(tu.manifest_bytes),
+                human_bytes(tu.total_bytes),
+            )
+        )
+    table(
+        ("TOPIC", "TOPIC_ID", "PART", "SEGMENTS", "INCOMPLETE", "LOG", "INDEXES", "MANIFESTS", "TOTAL"),
+        rows,
+        right=(2, 3, 4, 5, 6, 7, 8),
+    )
     total = result.total()
     line = f"total {human_bytes(total.total_bytes + result.outside_layout_bytes)} in {total.objects + result.outside_layout_objects} objects"
     if result.outside_layout_objects:
-        line += (f" ({result.outside_layout_objects} objects, {human_bytes(result.outside_layout_bytes)} outside the "
-                 f"key layout: see `inspect orphans`)")
+        line += (
+            f" ({result.outside_layout_objects} objects, {human_bytes(result.outside_layout_bytes)} outside the "
+            f"key layout: see `inspect orphans`)"
+        )
     print(line)

@@ -7,7 +7,8 @@ fetch does) and skips what lies before it."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, TextIO
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from rsm_sidecar.errors import DataLoss, NotFound
 from rsm_sidecar.inspect.catalog import SegmentObjects
@@ -28,7 +29,9 @@ class DumpStats:
     limited: bool = False
 
 
-def start_position(ctx: InspectContext, opened: OpenSegment, base_offset: int, from_offset: int | None) -> int:
+def start_position(
+    ctx: InspectContext, opened: OpenSegment, base_offset: int, from_offset: int | None
+) -> int:
     """Where to start reading for ``from_offset``: the offset index's floor entry, or 0
     when there is none (or the index is unreadable: then the whole segment is scanned)."""
     if from_offset is None or from_offset <= base_offset:
@@ -43,34 +46,65 @@ def start_position(ctx: InspectContext, opened: OpenSegment, base_offset: int, f
 def batch_header_json(batch: RecordBatch) -> dict[str, Any]:
     h = batch.header
     return {
-        "base_offset": h.base_offset, "last_offset": h.last_offset, "position": h.position,
-        "size": h.size_in_bytes, "count": h.record_count, "compression": h.compression.name.lower(),
-        "timestamp_type": "LogAppendTime" if h.timestamp_type is TimestampType.LOG_APPEND_TIME else "CreateTime",
-        "base_timestamp": h.base_timestamp, "max_timestamp": h.max_timestamp, "max_time": iso_ms(h.max_timestamp),
-        "partition_leader_epoch": h.partition_leader_epoch, "producer_id": h.producer_id,
-        "producer_epoch": h.producer_epoch, "base_sequence": h.base_sequence,
-        "transactional": h.is_transactional, "control": h.is_control, "crc": f"0x{h.crc:08x}",
+        "base_offset": h.base_offset,
+        "last_offset": h.last_offset,
+        "position": h.position,
+        "size": h.size_in_bytes,
+        "count": h.record_count,
+        "compression": h.compression.name.lower(),
+        "timestamp_type": "LogAppendTime"
+        if h.timestamp_type is TimestampType.LOG_APPEND_TIME
+        else "CreateTime",
+        "base_timestamp": h.base_timestamp,
+        "max_timestamp": h.max_timestamp,
+        "max_time": iso_ms(h.max_timestamp),
+        "partition_leader_epoch": h.partition_leader_epoch,
+        "producer_id": h.producer_id,
+        "producer_epoch": h.producer_epoch,
+        "base_sequence": h.base_sequence,
+        "transactional": h.is_transactional,
+        "control": h.is_control,
+        "crc": f"0x{h.crc:08x}",
     }
 
 
-def records_json(batch: RecordBatch, topic: str, decoder: Decoder, max_bytes: int) -> Iterator[dict[str, Any]]:
+def records_json(
+    batch: RecordBatch, topic: str, decoder: Decoder, max_bytes: int
+) -> Iterator[dict[str, Any]]:
     if batch.header.is_control:
         for c in batch.control_records():
             ctype = c.control_type
-            yield {"offset": c.offset, "timestamp": c.timestamp, "time": iso_ms(c.timestamp),
-                   "control": ctype.name if ctype is not None else f"UNKNOWN({c.type_id})",
-                   "key_version": c.key_version, "coordinator_epoch": c.coordinator_epoch}
+            yield {
+                "offset": c.offset,
+                "timestamp": c.timestamp,
+                "time": iso_ms(c.timestamp),
+                "control": ctype.name if ctype is not None else f"UNKNOWN({c.type_id})",
+                "key_version": c.key_version,
+                "coordinator_epoch": c.coordinator_epoch,
+            }
         return
     for r in batch.records():
-        yield {"offset": r.offset, "timestamp": r.timestamp, "time": iso_ms(r.timestamp),
-               "key": decoder.decode(topic, True, r.key), "value": decoder.decode(topic, False, r.value),
-               "headers": [{"key": hd.key, "value": plain(hd.value, max_bytes)} for hd in r.headers],
-               "sequence": r.sequence}
+        yield {
+            "offset": r.offset,
+            "timestamp": r.timestamp,
+            "time": iso_ms(r.timestamp),
+            "key": decoder.decode(topic, True, r.key),
+            "value": decoder.decode(topic, False, r.value),
+            "headers": [{"key": hd.key, "value": plain(hd.value, max_bytes)} for hd in r.headers],
+            "sequence": r.sequence,
+        }
 
 
-def run(ctx: InspectContext, seg: SegmentObjects, decoder: Decoder, *, from_offset: int | None = None,
-        limit: int | None = None, max_bytes: int = 0,
-        stats: DumpStats | None = None) -> Iterator[dict[str, Any]]:
+def run(
+    ctx: InspectContext,
+    seg: SegmentObjects,
+    decoder: Decoder,
+    *,
+    from_offset: int | None = None,
+    limit: int | None = None,
+    max_bytes: int = 0,
+    stats: DumpStats | None = None,
+) -> Iterator[dict[str, Any]]:
     """Batches (header fields plus ``records``) from ``from_offset``, at most ``limit``
     records in all. ``stats`` is filled as the iteration proceeds."""
     stats = stats if stats is not None else DumpStats()
@@ -105,18 +139,28 @@ def print_batch(doc: dict[str, Any], out: TextIO) -> None:
         flags.append("transactional")
     if doc["control"]:
         flags.append("control")
-    print(f"batch {doc['base_offset']}..{doc['last_offset']} position {doc['position']} size {doc['size']} "
-          f"records {doc['count']} {' '.join(flags)} maxTime {doc['max_time'] or doc['max_timestamp']} "
-          f"leaderEpoch {doc['partition_leader_epoch']} producer {doc['producer_id']}/{doc['producer_epoch']} "
-          f"baseSequence {doc['base_sequence']} crc {doc['crc']}", file=out)
+    print(
+        f"batch {doc['base_offset']}..{doc['last_offset']} position {doc['position']} size {doc['size']} "
+        f"records {doc['count']} {' '.join(flags)} maxTime {doc['max_time'] or doc['max_timestamp']} "
+        f"leaderEpoch {doc['partition_leader_epoch']} producer {doc['producer_id']}/{doc['producer_epoch']} "
+        f"baseSequence {doc['base_sequence']} crc {doc['crc']}",
+        file=out,
+    )
     for r in doc["records"]:
         when = f"{r['time'] or '-'} ({r['timestamp']})"
         if "control" in r:
-            print(f"  | offset {r['offset']} {when} {r['control']} coordinatorEpoch {r['coordinator_epoch']}",
-                  file=out)
+            print(
+                f"  | offset {r['offset']} {when} {r['control']} coordinatorEpoch {r['coordinator_epoch']}",
+                file=out,
+            )
             continue
         headers = ""
         if r["headers"]:
-            headers = " headers [" + ", ".join(f"{h['key']}={render_text(h['value'])}" for h in r["headers"]) + "]"
-        print(f"  | offset {r['offset']} {when} key {render_text(r['key'])} value {render_text(r['value'])}"
-              f"{headers}", file=out)
+            headers = (
+                " headers [" + ", ".join(f"{h['key']}={render_text(h['value'])}" for h in r["headers"]) + "]"
+            )
+        print(
+            f"  | offset {r['offset']} {when} key {render_text(r['key'])} value {render_text(r['value'])}"
+            f"{headers}",
+            file=out,
+        )

@@ -21,7 +21,9 @@ def parse_duration(text: str) -> float:
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
     if pos != len(s) or not s:
-        raise ValueError(f"invalid duration {text!r}: use a number of seconds or e.g. 90s, 10m, 1h, 2d, 1h30m")
+        raise ValueError(
+            f"invalid duration {text!r}: use a number of seconds or e.g. 90s, 10m, 1h, 2d, 1h30m"
+        )
     return total
 
 

@@ -28,8 +28,10 @@ class AmbiguousSegment(UsageError):
 
 def _no_manifest(seg: SegmentObjects) -> NotFound:
     present = ", ".join(sorted(seg.objects))
-    return NotFound(f"segment {seg.describe()} has no manifest {seg.key.key(fkeys.MANIFEST)} (objects present: "
-                    f"{present}): an incomplete or interrupted upload; see `rsm-sidecar inspect orphans`")
+    return NotFound(
+        f"segment {seg.describe()} has no manifest {seg.key.key(fkeys.MANIFEST)} (objects present: "
+        f"{present}): an incomplete or interrupted upload; see `rsm-sidecar inspect orphans`"
+    )
 
 
 def _by_key(ctx: InspectContext, spec: str) -> SegmentObjects | None:
@@ -52,21 +54,29 @@ def _by_key(ctx: InspectContext, spec: str) -> SegmentObjects | None:
 
 
 def _by_uuid(ctx: InspectContext, segment_id: str) -> SegmentObjects:
-    found = [s for s in catalog.scan(ctx.store, ctx.layout, strays=False)
-             if isinstance(s, SegmentObjects) and s.key.segment_id == segment_id]
+    found = [
+        s
+        for s in catalog.scan(ctx.store, ctx.layout, strays=False)
+        if isinstance(s, SegmentObjects) and s.key.segment_id == segment_id
+    ]
     if not found:
         raise NotFound(f"no segment with id {segment_id} under prefix {ctx.layout.prefix!r}")
     with_manifest = [s for s in found if s.has_manifest]
     if not with_manifest:
         raise _no_manifest(found[0])
     if len(with_manifest) > 1:  # the same id under two topic ids: not produced by Kafka, but say so
-        raise AmbiguousSegment(f"segment id {segment_id} appears {len(with_manifest)} times: "
-                               + "; ".join(s.base for s in with_manifest), with_manifest)
+        raise AmbiguousSegment(
+            f"segment id {segment_id} appears {len(with_manifest)} times: "
+            + "; ".join(s.base for s in with_manifest),
+            with_manifest,
+        )
     return with_manifest[0]
 
 
 def _by_offset(ctx: InspectContext, topic: str, partition: int, offset: int) -> SegmentObjects:
-    candidates = (s for s in catalog.segments(ctx.store, ctx.layout, topic, partition) if s.key.start_offset <= offset)
+    candidates = (
+        s for s in catalog.segments(ctx.store, ctx.layout, topic, partition) if s.key.start_offset <= offset
+    )
     matches: list[SegmentObjects] = []
     for read in catalog.read_manifests(ctx.store, candidates):
         if read.manifest is None:
@@ -77,11 +87,16 @@ def _by_offset(ctx: InspectContext, topic: str, partition: int, offset: int) -> 
     if not matches:
         raise NotFound(f"no tiered segment of {topic}-{partition} holds offset {offset}")
     if len(matches) > 1:
-        lines = "\n".join(f"  {s.key.segment_id}  start {s.key.start_offset}  topic id {s.key.topic_id}  {s.base}"
-                          for s in matches)
-        raise AmbiguousSegment(f"{len(matches)} stored copies of {topic}-{partition} hold offset {offset} "
-                               f"(the broker re-uploads after a failed copy or a leader change); pass one "
-                               f"segment UUID:\n{lines}", matches)
+        lines = "\n".join(
+            f"  {s.key.segment_id}  start {s.key.start_offset}  topic id {s.key.topic_id}  {s.base}"
+            for s in matches
+        )
+        raise AmbiguousSegment(
+            f"{len(matches)} stored copies of {topic}-{partition} hold offset {offset} "
+            f"(the broker re-uploads after a failed copy or a leader change); pass one "
+            f"segment UUID:\n{lines}",
+            matches,
+        )
     return matches[0]
 
 

@@ -57,9 +57,14 @@ def _orphans_of(item) -> list[tuple[ObjectInfo, str]]:
     return []
 
 
-def run(ctx: InspectContext, min_age_seconds: float = DEFAULT_MIN_AGE_SECONDS, delete: bool = False,
-        now: datetime.datetime | None = None, progress=None) -> tuple[list[Orphan], list[dict[str, str]]]:
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+def run(
+    ctx: InspectContext,
+    min_age_seconds: float = DEFAULT_MIN_AGE_SECONDS,
+    delete: bool = False,
+    now: datetime.datetime | None = None,
+    progress=None,
+) -> tuple[list[Orphan], list[dict[str, str]]]:
+    now = now or datetime.datetime.now(datetime.UTC)
     found: list[Orphan] = []
     errors: list[dict[str, str]] = []
     for item in catalog.scan(ctx.store, ctx.layout):
@@ -88,14 +93,18 @@ def print_table(orphans: list[Orphan], min_age_seconds: float, delete: bool) -> 
     if not orphans:
         print("no orphaned objects")
         return
-    table(("KEY", "SIZE", "AGE", "REASON", "ACTION"),
-          [(o.key, human_bytes(o.size), format_duration(o.age_seconds), o.reason, o.action) for o in orphans],
-          right=(1, 2))
+    table(
+        ("KEY", "SIZE", "AGE", "REASON", "ACTION"),
+        [(o.key, human_bytes(o.size), format_duration(o.age_seconds), o.reason, o.action) for o in orphans],
+        right=(1, 2),
+    )
     young = sum(1 for o in orphans if o.age_seconds < min_age_seconds)
     line = f"{len(orphans)} orphaned objects, {human_bytes(sum(o.size for o in orphans))}"
     if delete:
         line += f"; {sum(1 for o in orphans if o.action == 'deleted')} deleted"
     if young:
-        line += (f"; {young} younger than {format_duration(min_age_seconds)} "
-                 f"{'kept' if delete else 'would be kept'} (possibly a copy in progress)")
+        line += (
+            f"; {young} younger than {format_duration(min_age_seconds)} "
+            f"{'kept' if delete else 'would be kept'} (possibly a copy in progress)"
+        )
     print(line)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime
 import json
 import sys
-from typing import Any, Iterable, Sequence, TextIO
+from collections.abc import Iterable, Sequence
+from typing import Any, TextIO
 
 
 def human_bytes(n: float) -> str:
@@ -22,7 +23,7 @@ def iso_ms(ms: int | None) -> str | None:
     """Epoch milliseconds as ISO-8601 UTC; None for unknown (None or negative)."""
     if ms is None or ms < 0:
         return None
-    t = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    t = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
@@ -35,8 +36,12 @@ def fmt_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO | None = None,
-          right: Iterable[int] = ()) -> None:
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    out: TextIO | None = None,
+    right: Iterable[int] = (),
+) -> None:
     """An aligned table; ``right`` lists the columns aligned right (numbers)."""
     out = out or sys.stdout
     cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
@@ -47,8 +52,9 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO | N
     right = set(right)
 
     def line(row: Sequence[str]) -> str:
-        return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i])
-                         for i, c in enumerate(row)).rstrip()
+        return "  ".join(
+            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(row)
+        ).rstrip()
 
     print(line(list(headers)), file=out)
     for row in cells:
@@ -81,7 +87,7 @@ class JsonStream:
         self.out = out or sys.stdout
         self._members = 0
 
-    def __enter__(self) -> "JsonStream":
+    def __enter__(self) -> JsonStream:
         self.out.write("{")
         return self
 
@@ -97,7 +103,7 @@ class JsonStream:
         self._key(name)
         self.out.write(json.dumps(value, default=str))
 
-    def list(self, name: str) -> "_JsonList":
+    def list(self, name: str) -> _JsonList:
         self._key(name)
         return _JsonList(self.out)
 
@@ -107,7 +113,7 @@ class _JsonList:
         self.out = out
         self.count = 0
 
-    def __enter__(self) -> "_JsonList":
+    def __enter__(self) -> _JsonList:
         self.out.write("[")
         return self
 

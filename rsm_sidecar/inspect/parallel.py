@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-from typing import Callable, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int = 8, window: int | None = None) -> Iterator[R]:
+def ordered_map(
+    fn: Callable[[T], R], items: Iterable[T], workers: int = 8, window: int | None = None
+) -> Iterator[R]:
     """``map(fn, items)`` on ``workers`` threads; at most ``window`` (default 4 x workers)
     items are in flight or waiting to be consumed. ``fn`` should return its errors rather
     than raise them; an exception raised by ``fn`` is re-raised here, in order."""

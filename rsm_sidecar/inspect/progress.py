@@ -14,9 +14,17 @@ class Progress:
     """``advance()`` after each item; a line at most every ``interval`` seconds and one at
     ``done()`` (only if a line was printed before, so short runs stay quiet)."""
 
-    def __init__(self, label: str, total: int | None = None, unit: str = "segments", *,
-                 enabled: bool = True, interval: float = 2.0, stream: TextIO | None = None,
-                 clock=time.monotonic):
+    def __init__(
+        self,
+        label: str,
+        total: int | None = None,
+        unit: str = "segments",
+        *,
+        enabled: bool = True,
+        interval: float = 2.0,
+        stream: TextIO | None = None,
+        clock=time.monotonic,
+    ):
         self.label = label
         self.total = total
         self.unit = unit
@@ -49,8 +57,11 @@ class Progress:
         if self.bytes:
             rate = f" ({human_bytes(self.bytes / elapsed)}/s)" if elapsed > 0 else ""
             parts.append(f"{human_bytes(self.bytes)}{rate}")
-        print(f"{self.label}: {', '.join(parts)}{' done' if final else ''} [{elapsed:.0f}s]",
-              file=self.stream, flush=True)
+        print(
+            f"{self.label}: {', '.join(parts)}{' done' if final else ''} [{elapsed:.0f}s]",
+            file=self.stream,
+            flush=True,
+        )
         self._last = now
         self._printed = True
 

@@ -25,7 +25,8 @@ the DEK and the AAD do not change.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from rsm_sidecar.errors import ConfigError, RsmError
 from rsm_sidecar.format import keys as fkeys
@@ -55,9 +56,22 @@ class RekeyOutcome:
 
 def _preserved(old: SegmentManifest, new: SegmentManifest) -> list[str]:
     """Members that differ other than the wrapped key."""
-    diffs = [name for name in ("chunk_index", "indexes", "compression", "segment", "chunk_crcs", "index_crcs",
-                               "attempt", "chunk_tags", "index_tags", "auth")
-             if getattr(old, name) != getattr(new, name)]
+    diffs = [
+        name
+        for name in (
+            "chunk_index",
+            "indexes",
+            "compression",
+            "segment",
+            "chunk_crcs",
+            "index_crcs",
+            "attempt",
+            "chunk_tags",
+            "index_tags",
+            "auth",
+        )
+        if getattr(old, name) != getattr(new, name)
+    ]
     if old.writer is not None and old.writer != new.writer:
         diffs.append("writer")
     if old.encryption.aad != new.encryption.aad:
@@ -80,17 +94,23 @@ def rekey_segment(ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dr
             out.action, out.detail = SKIPPED, f"already under the active key {old.key_id}"
             return out
         if old.key_id not in keyring.pairs:
-            out.detail = (f"{manifest_key}: data key is wrapped under key id {old.key_id!r}, which is not in the "
-                          f"keyring (known: {', '.join(sorted(keyring.pairs))}); segment left as is")
+            out.detail = (
+                f"{manifest_key}: data key is wrapped under key id {old.key_id!r}, which is not in the "
+                f"keyring (known: {', '.join(sorted(keyring.pairs))}); segment left as is"
+            )
             return out
         if manifest.verified_digest and manifest.to_bytes() != raw:
-            out.detail = (f"{manifest_key}: the manifest does not re-serialise to its own bytes (written by "
-                          f"{manifest.writer or 'another writer'}); not rewritten to avoid losing members")
+            out.detail = (
+                f"{manifest_key}: the manifest does not re-serialise to its own bytes (written by "
+                f"{manifest.writer or 'another writer'}); not rewritten to avoid losing members"
+            )
             return out
         data_key = keyring.unwrap(old.key_id, old.wrapped_key, manifest_key)
         new_id, wrapped = keyring.wrap(data_key)
         out.to_key = new_id
-        new_raw = dataclasses.replace(manifest, encryption=EncryptionInfo(new_id, wrapped, old.aad)).to_bytes()
+        new_raw = dataclasses.replace(
+            manifest, encryption=EncryptionInfo(new_id, wrapped, old.aad)
+        ).to_bytes()
         check = SegmentManifest.from_bytes(new_raw, f"{manifest_key} (new)")
         diffs = _preserved(manifest, check)
         if diffs:
@@ -105,11 +125,17 @@ def rekey_segment(ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dr
         ctx.store.put(manifest_key, new_raw)
         if not ctx.store.exists(log_key):  # deleted while we wrote: do not leave a manifest without data
             ctx.store.delete(manifest_key)
-            out.action, out.detail = SKIPPED, f"{log_key} was deleted during the rewrite; manifest removed again"
+            out.action, out.detail = (
+                SKIPPED,
+                f"{log_key} was deleted during the rewrite; manifest removed again",
+            )
             return out
         _, written = catalog.read_manifest(ctx.store, seg.base)
-        if written.encryption is None or keyring.unwrap(written.encryption.key_id, written.encryption.wrapped_key,
-                                                        manifest_key) != data_key:
+        if (
+            written.encryption is None
+            or keyring.unwrap(written.encryption.key_id, written.encryption.wrapped_key, manifest_key)
+            != data_key
+        ):
             out.detail = f"{manifest_key}: read-back after the rewrite does not unwrap to the same data key"
             return out
         if written.auth is not None:  # the authenticator does not cover the wrapped key: still valid
@@ -143,11 +169,19 @@ class RekeySummary:
         return dataclasses.asdict(self)
 
 
-def run(ctx: InspectContext, segs: Iterable[SegmentObjects], on_outcome: Callable[[RekeyOutcome], None],
-        dry_run: bool = False, workers: int = 4, progress=None) -> RekeySummary:
+def run(
+    ctx: InspectContext,
+    segs: Iterable[SegmentObjects],
+    on_outcome: Callable[[RekeyOutcome], None],
+    dry_run: bool = False,
+    workers: int = 4,
+    progress=None,
+) -> RekeySummary:
     keyring = ctx.keyring
     if keyring is None:
-        raise ConfigError("encryption.enabled is false in this configuration: there is no keyring to re-key with")
+        raise ConfigError(
+            "encryption.enabled is false in this configuration: there is no keyring to re-key with"
+        )
     summary = RekeySummary(keyring.active_id, dry_run)
     for outcome in ordered_map(lambda s: rekey_segment(ctx, keyring, s, dry_run), segs, workers):
         summary.count(outcome)

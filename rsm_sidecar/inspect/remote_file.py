@@ -7,15 +7,16 @@ Sequential reads continue one download stream; a seek elsewhere starts a new one
 from __future__ import annotations
 
 import io
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
 
 
 class RemoteSegmentFile(io.RawIOBase):
-    def __init__(self, reader: SegmentReader, seg: OpenSegment,
-                 on_bytes: Callable[[int], None] = lambda n: None):
+    def __init__(
+        self, reader: SegmentReader, seg: OpenSegment, on_bytes: Callable[[int], None] = lambda n: None
+    ):
         super().__init__()
         self.reader = reader
         self.seg = seg
@@ -52,7 +53,9 @@ class RemoteSegmentFile(io.RawIOBase):
             self._pieces_next = self._pos
         piece = next(self._pieces, None)
         if piece is None:
-            raise DataLoss(f"{self.name}: the reader ended at position {self._pieces_next} of a {self.size}-byte segment")
+            raise DataLoss(
+                f"{self.name}: the reader ended at position {self._pieces_next} of a {self.size}-byte segment"
+            )
         self._buf, self._buf_pos = memoryview(piece), self._pieces_next
         self._pieces_next += len(piece)
         self.on_bytes(len(piece))
@@ -66,7 +69,7 @@ class RemoteSegmentFile(io.RawIOBase):
             if not 0 <= rel < len(self._buf):
                 self._fill()
                 continue
-            take = bytes(self._buf[rel:rel + n])
+            take = bytes(self._buf[rel : rel + n])
             out.append(take)
             self._pos += len(take)
             n -= len(take)
@@ -74,7 +77,7 @@ class RemoteSegmentFile(io.RawIOBase):
 
     def readinto(self, b) -> int:
         data = self.read(len(b))
-        b[:len(data)] = data
+        b[: len(data)] = data
         return len(data)
 
     def _close_pieces(self) -> None:

@@ -21,8 +21,11 @@ def chunk_index_stats(index: ChunkIndex) -> dict[str, Any]:
     (variable indexes: the zstd-compressed binary list, per chunk) and the ratio."""
     sizes = [c.transformed_size for c in index.chunks()]
     stats: dict[str, Any] = {
-        "type": index.kind, "chunks": len(sizes), "original_chunk_size": index.original_chunk_size,
-        "original_bytes": index.original_file_size, "stored_bytes": index.transformed_file_size,
+        "type": index.kind,
+        "chunks": len(sizes),
+        "original_chunk_size": index.original_chunk_size,
+        "original_bytes": index.original_file_size,
+        "stored_bytes": index.transformed_file_size,
         "stored_chunk_min": min(sizes) if sizes else None,
         "stored_chunk_median": statistics.median(sizes) if sizes else None,
         "stored_chunk_max": max(sizes) if sizes else None,
@@ -31,8 +34,11 @@ def chunk_index_stats(index: ChunkIndex) -> dict[str, Any]:
     if isinstance(index, VariableChunkIndex):
         encoded = len(base64.b64decode(index.to_json()["transformedChunks"]))
         raw = len(encode_sizes(index.transformed_sizes))
-        stats.update(encoded_index_bytes=encoded, binary_index_bytes=raw,
-                     encoded_bytes_per_chunk=round(encoded / len(sizes), 3) if sizes else None)
+        stats.update(
+            encoded_index_bytes=encoded,
+            binary_index_bytes=raw,
+            encoded_bytes_per_chunk=round(encoded / len(sizes), 3) if sizes else None,
+        )
     else:
         stats.update(encoded_index_bytes=0, binary_index_bytes=0, encoded_bytes_per_chunk=0)
     return stats
@@ -43,8 +49,14 @@ def run(ctx: InspectContext, seg: SegmentObjects) -> dict[str, Any]:
     summary = summarize(seg, manifest)
     return {
         "segment": summary.to_json(),
-        "objects": {s: ({"key": o.key, "size": o.size, "last_modified": o.last_modified.isoformat()}
-                        if (o := seg.objects.get(s)) else None) for s in fkeys.SUFFIXES},
+        "objects": {
+            s: (
+                {"key": o.key, "size": o.size, "last_modified": o.last_modified.isoformat()}
+                if (o := seg.objects.get(s))
+                else None
+            )
+            for s in fkeys.SUFFIXES
+        },
         "manifest_verified": manifest.verified_digest,
         "chunk_index": chunk_index_stats(manifest.chunk_index),
         "manifest": json.loads(raw),
@@ -55,23 +67,37 @@ def print_text(doc: dict[str, Any]) -> None:
     s, ci = doc["segment"], doc["chunk_index"]
     print(f"segment       {s['topic']}-{s['partition']}  offsets {s['start_offset']}..{s['end_offset']}")
     print(f"segment id    {s['segment_id']}  (topic id {s['topic_id']})")
-    print(f"max timestamp {iso_ms(s['max_timestamp_ms']) or '-'}  (copied {iso_ms(s['event_timestamp_ms']) or '-'}"
-          f" by broker {s['broker_id'] if s['broker_id'] is not None else '-'})")
+    print(
+        f"max timestamp {iso_ms(s['max_timestamp_ms']) or '-'}  (copied {iso_ms(s['event_timestamp_ms']) or '-'}"
+        f" by broker {s['broker_id'] if s['broker_id'] is not None else '-'})"
+    )
     print(f"encryption    {('key id ' + s['key_id']) if s['key_id'] else 'none'}")
-    print(f"compression   {'zstd' if s['compression'] else 'none'}  (writer {s['writer'] or 'unknown'}, "
-          f"manifest digest {'verified' if doc['manifest_verified'] else 'absent'})")
+    print(
+        f"compression   {'zstd' if s['compression'] else 'none'}  (writer {s['writer'] or 'unknown'}, "
+        f"manifest digest {'verified' if doc['manifest_verified'] else 'absent'})"
+    )
     print("objects")
     for suffix, o in doc["objects"].items():
-        print(f"  .{suffix:<13}{human_bytes(o['size']):>12}  {o['key']}" if o else f"  .{suffix:<13}{'MISSING':>12}")
+        print(
+            f"  .{suffix:<13}{human_bytes(o['size']):>12}  {o['key']}"
+            if o
+            else f"  .{suffix:<13}{'MISSING':>12}"
+        )
     print("chunk index")
     print(f"  type {ci['type']}, {ci['chunks']} chunks of {human_bytes(ci['original_chunk_size'])} original")
     if ci["chunks"]:
-        print(f"  stored chunk size min {human_bytes(ci['stored_chunk_min'])}, median "
-              f"{human_bytes(ci['stored_chunk_median'])}, max {human_bytes(ci['stored_chunk_max'])}")
-    print(f"  {human_bytes(ci['original_bytes'])} original -> {human_bytes(ci['stored_bytes'])} stored "
-          f"({fmt_ratio(ci['compression_ratio'])})")
+        print(
+            f"  stored chunk size min {human_bytes(ci['stored_chunk_min'])}, median "
+            f"{human_bytes(ci['stored_chunk_median'])}, max {human_bytes(ci['stored_chunk_max'])}"
+        )
+    print(
+        f"  {human_bytes(ci['original_bytes'])} original -> {human_bytes(ci['stored_bytes'])} stored "
+        f"({fmt_ratio(ci['compression_ratio'])})"
+    )
     if ci["type"] == "variable":
-        print(f"  encoded index {ci['encoded_index_bytes']} bytes ({ci['binary_index_bytes']} before zstd), "
-              f"{ci['encoded_bytes_per_chunk']} bytes per chunk")
+        print(
+            f"  encoded index {ci['encoded_index_bytes']} bytes ({ci['binary_index_bytes']} before zstd), "
+            f"{ci['encoded_bytes_per_chunk']} bytes per chunk"
+        )
     print("manifest")
     print(json.dumps(doc["manifest"], indent=2))

@@ -55,7 +55,9 @@ def _int_or_none(doc: dict | None, name: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def summarize(seg: SegmentObjects, manifest: SegmentManifest, manifest_size: int | None = None) -> SegmentSummary:
+def summarize(
+    seg: SegmentObjects, manifest: SegmentManifest, manifest_size: int | None = None
+) -> SegmentSummary:
     k = seg.key
     md = manifest.segment
     stored = seg.stored_bytes
@@ -63,12 +65,24 @@ def summarize(seg: SegmentObjects, manifest: SegmentManifest, manifest_size: int
         stored += manifest_size
     log_obj = seg.size(fkeys.LOG)
     return SegmentSummary(
-        base=k.base, topic=k.topic, topic_id=k.topic_id, partition=k.partition, segment_id=k.segment_id,
-        start_offset=_int_or_none(md, "startOffset") if _int_or_none(md, "startOffset") is not None else k.start_offset,
-        end_offset=_int_or_none(md, "endOffset"), max_timestamp_ms=_int_or_none(md, "maxTimestampMs"),
-        event_timestamp_ms=_int_or_none(md, "eventTimestampMs"), broker_id=_int_or_none(md, "brokerId"),
+        base=k.base,
+        topic=k.topic,
+        topic_id=k.topic_id,
+        partition=k.partition,
+        segment_id=k.segment_id,
+        start_offset=_int_or_none(md, "startOffset")
+        if _int_or_none(md, "startOffset") is not None
+        else k.start_offset,
+        end_offset=_int_or_none(md, "endOffset"),
+        max_timestamp_ms=_int_or_none(md, "maxTimestampMs"),
+        event_timestamp_ms=_int_or_none(md, "eventTimestampMs"),
+        broker_id=_int_or_none(md, "brokerId"),
         original_bytes=manifest.original_size,
         stored_log_bytes=log_obj if log_obj is not None else manifest.stored_log_size,
-        stored_bytes=stored, compression=manifest.compression, key_id=manifest.key_id,
-        chunks=manifest.chunk_index.chunk_count, chunk_size=manifest.chunk_index.original_chunk_size,
-        writer=manifest.writer)
+        stored_bytes=stored,
+        compression=manifest.compression,
+        key_id=manifest.key_id,
+        chunks=manifest.chunk_index.chunk_count,
+        chunk_size=manifest.chunk_index.original_chunk_size,
+        writer=manifest.writer,
+    )

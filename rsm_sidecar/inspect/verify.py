@@ -27,7 +27,8 @@ skipped, the others still run):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rsm_sidecar.errors import RsmError
 from rsm_sidecar.format import keys as fkeys
@@ -37,8 +38,16 @@ from rsm_sidecar.inspect.catalog import SegmentObjects
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.output import human_bytes
 from rsm_sidecar.inspect.remote_file import RemoteSegmentFile
-from rsm_sidecar.kafka import (OffsetPosition, TimestampOffset, parse_leader_epoch_checkpoint, read_batches,
-                               read_offset_index, read_producer_snapshot, read_time_index, read_txn_index)
+from rsm_sidecar.kafka import (
+    OffsetPosition,
+    TimestampOffset,
+    parse_leader_epoch_checkpoint,
+    read_batches,
+    read_offset_index,
+    read_producer_snapshot,
+    read_time_index,
+    read_txn_index,
+)
 from rsm_sidecar.kafka.checkpoint import EpochEntry, epoch_for_offset
 from rsm_sidecar.kafka.reader import RecordBatch
 from rsm_sidecar.segment.reader import OpenSegment
@@ -94,8 +103,13 @@ class _Indexes:
 
 
 class SegmentVerifier:
-    def __init__(self, ctx: InspectContext, seg: SegmentObjects, deep: bool = False,
-                 on_bytes: Callable[[int], None] = lambda n: None):
+    def __init__(
+        self,
+        ctx: InspectContext,
+        seg: SegmentObjects,
+        deep: bool = False,
+        on_bytes: Callable[[int], None] = lambda n: None,
+    ):
         self.ctx = ctx
         self.seg = seg
         self.deep = deep
@@ -125,9 +139,14 @@ class SegmentVerifier:
         r.start_offset = md.get("startOffset") if isinstance(md.get("startOffset"), int) else None
         r.end_offset = md.get("endOffset") if isinstance(md.get("endOffset"), int) else None
         if r.start_offset is None or r.end_offset is None:
-            r.notes.append("the manifest has no start/end offsets (no remoteLogSegmentMetadata): offsets not checked")
+            r.notes.append(
+                "the manifest has no start/end offsets (no remoteLogSegmentMetadata): offsets not checked"
+            )
         elif r.start_offset != self.seg.key.start_offset:
-            r.problem("manifest", f"manifest startOffset {r.start_offset} differs from the key's {self.seg.key.start_offset}")
+            r.problem(
+                "manifest",
+                f"manifest startOffset {r.start_offset} differs from the key's {self.seg.key.start_offset}",
+            )
         if not self._check_objects(manifest):
             return
         try:
@@ -148,15 +167,22 @@ class SegmentVerifier:
             r.problem("objects", f"data object {self.seg.key.key(fkeys.LOG)} is missing")
             usable = False
         elif log_size != expected_log:
-            r.problem("objects", f"{self.seg.key.key(fkeys.LOG)} is {log_size} bytes, the chunk index says "
-                                 f"{expected_log}")
-        expected_idx = max((x.position + x.size for x in manifest.indexes.values() if x is not None), default=0)
+            r.problem(
+                "objects",
+                f"{self.seg.key.key(fkeys.LOG)} is {log_size} bytes, the chunk index says {expected_log}",
+            )
+        expected_idx = max(
+            (x.position + x.size for x in manifest.indexes.values() if x is not None), default=0
+        )
         idx_size = self.seg.size(fkeys.INDEXES)
         if idx_size is None:
             r.problem("objects", f"indexes object {self.seg.key.key(fkeys.INDEXES)} is missing")
         elif idx_size != expected_idx:
-            r.problem("objects", f"{self.seg.key.key(fkeys.INDEXES)} is {idx_size} bytes, the manifest's index "
-                                 f"ranges end at {expected_idx}")
+            r.problem(
+                "objects",
+                f"{self.seg.key.key(fkeys.INDEXES)} is {idx_size} bytes, the manifest's index "
+                f"ranges end at {expected_idx}",
+            )
         return usable
 
     # -- 4. indexes ------------------------------------------------------------------
@@ -186,8 +212,11 @@ class SegmentVerifier:
         if snapshot is not None and r.end_offset is not None:
             for e in snapshot.entries:
                 if e.last_offset > r.end_offset:
-                    r.problem("index", f"producer snapshot: producer {e.producer_id} has last offset "
-                                       f"{e.last_offset} beyond the segment's end offset {r.end_offset}")
+                    r.problem(
+                        "index",
+                        f"producer snapshot: producer {e.producer_id} has last offset "
+                        f"{e.last_offset} beyond the segment's end offset {r.end_offset}",
+                    )
         return out
 
     # -- 5-9. data -------------------------------------------------------------------
@@ -207,11 +236,17 @@ class SegmentVerifier:
                     r.batches += 1
                     if previous is None:
                         if r.start_offset is not None and h.base_offset != r.start_offset:
-                            r.problem("offsets", f"the first batch starts at offset {h.base_offset}, the manifest's "
-                                                 f"startOffset is {r.start_offset}")
+                            r.problem(
+                                "offsets",
+                                f"the first batch starts at offset {h.base_offset}, the manifest's "
+                                f"startOffset is {r.start_offset}",
+                            )
                     elif h.base_offset <= previous.last_offset:
-                        r.problem("offsets", f"{h.describe()} does not follow the previous batch, which ends at "
-                                             f"offset {previous.last_offset}")
+                        r.problem(
+                            "offsets",
+                            f"{h.describe()} does not follow the previous batch, which ends at "
+                            f"offset {previous.last_offset}",
+                        )
                     running_max = max(running_max, h.max_timestamp)
                     oi = self._offset_index_at(batch, offsets, oi)
                     ti = self._time_index_at(batch, times, ti, running_max)
@@ -230,22 +265,35 @@ class SegmentVerifier:
                 r.notes.append("empty segment")
             return
         if r.end_offset is not None and previous.last_offset != r.end_offset:
-            r.problem("offsets", f"the last batch ends at offset {previous.last_offset}, the manifest's endOffset is "
-                                 f"{r.end_offset}")
+            r.problem(
+                "offsets",
+                f"the last batch ends at offset {previous.last_offset}, the manifest's endOffset is "
+                f"{r.end_offset}",
+            )
         max_ts = (manifest.segment or {}).get("maxTimestampMs")
         if isinstance(max_ts, int) and max_ts != running_max:
-            r.problem("offsets", f"the largest batch timestamp is {running_max}, the manifest's maxTimestampMs is "
-                                 f"{max_ts}")
+            r.problem(
+                "offsets",
+                f"the largest batch timestamp is {running_max}, the manifest's maxTimestampMs is {max_ts}",
+            )
         for e in offsets[oi:]:
             if e.position < previous.position + previous.size_in_bytes:
-                r.problem("offset index", f"offset index entry {e.offset} @ {e.position} does not point at a batch "
-                                          f"start")
+                r.problem(
+                    "offset index",
+                    f"offset index entry {e.offset} @ {e.position} does not point at a batch start",
+                )
             else:
-                r.problem("offset index", f"offset index entry {e.offset} @ {e.position} points beyond the data "
-                                          f"({previous.position + previous.size_in_bytes} bytes)")
+                r.problem(
+                    "offset index",
+                    f"offset index entry {e.offset} @ {e.position} points beyond the data "
+                    f"({previous.position + previous.size_in_bytes} bytes)",
+                )
         for e in times[ti:]:
-            r.problem("time index", f"time index entry {e.timestamp} -> {e.offset} points beyond the last offset "
-                                    f"{previous.last_offset}")
+            r.problem(
+                "time index",
+                f"time index entry {e.timestamp} -> {e.offset} points beyond the last offset "
+                f"{previous.last_offset}",
+            )
         if (ix.txns is not None or aborts) and "transaction" not in ix.failed:
             self._txn_index(ix.txns or [], aborts)
 
@@ -253,30 +301,42 @@ class SegmentVerifier:
         h = batch.header
         while i < len(entries) and entries[i].position < h.position:
             e = entries[i]
-            self.report.problem("offset index", f"offset index entry {e.offset} @ {e.position} does not point at "
-                                                f"a batch start")
+            self.report.problem(
+                "offset index",
+                f"offset index entry {e.offset} @ {e.position} does not point at a batch start",
+            )
             i += 1
         if i < len(entries) and entries[i].position == h.position:
             e = entries[i]
             if e.offset < h.base_offset:
-                self.report.problem("offset index", f"offset index entry {e.offset} @ {e.position} points at "
-                                                    f"{h.describe()}, which starts after that offset")
+                self.report.problem(
+                    "offset index",
+                    f"offset index entry {e.offset} @ {e.position} points at "
+                    f"{h.describe()}, which starts after that offset",
+                )
             i += 1
         return i
 
-    def _time_index_at(self, batch: RecordBatch, entries: list[TimestampOffset], i: int, running_max: int) -> int:
+    def _time_index_at(
+        self, batch: RecordBatch, entries: list[TimestampOffset], i: int, running_max: int
+    ) -> int:
         h = batch.header
         while i < len(entries) and entries[i].offset < h.base_offset:
             e = entries[i]
-            self.report.problem("time index", f"time index entry {e.timestamp} -> {e.offset}: no batch holds "
-                                              f"offset {e.offset}")
+            self.report.problem(
+                "time index",
+                f"time index entry {e.timestamp} -> {e.offset}: no batch holds offset {e.offset}",
+            )
             i += 1
         while i < len(entries) and entries[i].offset <= h.last_offset:
             e = entries[i]
             if h.max_timestamp != e.timestamp or running_max != e.timestamp:
-                self.report.problem("time index", f"time index entry {e.timestamp} -> {e.offset} disagrees with "
-                                                  f"{h.describe()}: its max timestamp is {h.max_timestamp}, the "
-                                                  f"largest so far {running_max}")
+                self.report.problem(
+                    "time index",
+                    f"time index entry {e.timestamp} -> {e.offset} disagrees with "
+                    f"{h.describe()}: its max timestamp is {h.max_timestamp}, the "
+                    f"largest so far {running_max}",
+                )
             i += 1
         return i
 
@@ -286,9 +346,12 @@ class SegmentVerifier:
             return
         expected = epoch_for_offset(epochs, h.base_offset)
         if expected is not None and expected != h.partition_leader_epoch:
-            self.report.problem("leader epoch", f"{h.describe()} has leader epoch {h.partition_leader_epoch}, the "
-                                                f"leader-epoch checkpoint says {expected} from offset "
-                                                f"{max(e.start_offset for e in epochs if e.epoch == expected)}")
+            self.report.problem(
+                "leader epoch",
+                f"{h.describe()} has leader epoch {h.partition_leader_epoch}, the "
+                f"leader-epoch checkpoint says {expected} from offset "
+                f"{max(e.start_offset for e in epochs if e.epoch == expected)}",
+            )
 
     def _records_of(self, batch: RecordBatch, aborts: set[tuple[int, int]]) -> None:
         h = batch.header
@@ -304,11 +367,16 @@ class SegmentVerifier:
         listed = {(t.producer_id, t.last_offset) for t in txns}
         self.report.aborted_txns = len(aborts)
         for pid, offset in sorted(aborts - listed, key=lambda x: x[1]):
-            self.report.problem("transaction index", f"ABORT marker of producer {pid} at offset {offset} is not "
-                                                     f"in the transaction index")
+            self.report.problem(
+                "transaction index",
+                f"ABORT marker of producer {pid} at offset {offset} is not in the transaction index",
+            )
         for pid, offset in sorted(listed - aborts, key=lambda x: x[1]):
-            self.report.problem("transaction index", f"transaction index entry of producer {pid} ending at offset "
-                                                     f"{offset} has no ABORT marker in the segment")
+            self.report.problem(
+                "transaction index",
+                f"transaction index entry of producer {pid} ending at offset "
+                f"{offset} has no ABORT marker in the segment",
+            )
 
 
 @dataclasses.dataclass
@@ -324,9 +392,12 @@ class VerifySummary:
 
 def print_report(r: SegmentReport) -> None:
     if r.ok:
-        print(f"OK      {r.segment}  offsets {r.start_offset}..{r.end_offset}, {r.chunks} chunks, {r.batches} "
-              f"batches, {human_bytes(r.original_bytes)}"
-              + (f", {r.aborted_txns} aborted transactions" if r.aborted_txns else ""), flush=True)
+        print(
+            f"OK      {r.segment}  offsets {r.start_offset}..{r.end_offset}, {r.chunks} chunks, {r.batches} "
+            f"batches, {human_bytes(r.original_bytes)}"
+            + (f", {r.aborted_txns} aborted transactions" if r.aborted_txns else ""),
+            flush=True,
+        )
     else:
         print(f"FAILED  {r.segment}  {r.base}", flush=True)
         for p in r.problems:
@@ -335,14 +406,21 @@ def print_report(r: SegmentReport) -> None:
         print(f"  note: {n}", flush=True)
 
 
-def run(ctx: InspectContext, segs: list[SegmentObjects], on_report: Callable[[SegmentReport], None],
-        deep: bool = False, progress=None) -> VerifySummary:
+def run(
+    ctx: InspectContext,
+    segs: list[SegmentObjects],
+    on_report: Callable[[SegmentReport], None],
+    deep: bool = False,
+    progress=None,
+) -> VerifySummary:
     """Verify each segment in turn (one at a time: memory is one ranged GET); call
     ``on_report`` as each finishes."""
     ctx.reader  # loads the keyring: a configuration error stops here, not once per segment
     summary = VerifySummary()
     for seg in segs:
-        verifier = SegmentVerifier(ctx, seg, deep, on_bytes=(progress.add_bytes if progress else lambda n: None))
+        verifier = SegmentVerifier(
+            ctx, seg, deep, on_bytes=(progress.add_bytes if progress else lambda n: None)
+        )
         report = verifier.run()
         summary.segments += 1
         summary.bytes += report.original_bytes

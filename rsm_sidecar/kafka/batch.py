@@ -115,12 +115,18 @@ class BatchHeader:
         except ValueError:
             raise UnsupportedFormatError(
                 f"unknown compression codec id {self.compression_id} in batch attributes "
-                f"0x{self.attributes:04x}", position=self.position, offset=self.base_offset) from None
+                f"0x{self.attributes:04x}",
+                position=self.position,
+                offset=self.base_offset,
+            ) from None
 
     @property
     def timestamp_type(self) -> TimestampType:
-        return (TimestampType.LOG_APPEND_TIME if self.attributes & TIMESTAMP_TYPE_MASK
-                else TimestampType.CREATE_TIME)
+        return (
+            TimestampType.LOG_APPEND_TIME
+            if self.attributes & TIMESTAMP_TYPE_MASK
+            else TimestampType.CREATE_TIME
+        )
 
     @property
     def is_transactional(self) -> bool:
@@ -155,8 +161,10 @@ class BatchHeader:
             flags.append("transactional")
         if self.is_control:
             flags.append("control")
-        return (f"batch [{self.base_offset}..{self.last_offset}] at position {self.position}, "
-                f"{self.record_count} records, {self.size_in_bytes} bytes, {', '.join(flags)}")
+        return (
+            f"batch [{self.base_offset}..{self.last_offset}] at position {self.position}, "
+            f"{self.record_count} records, {self.size_in_bytes} bytes, {', '.join(flags)}"
+        )
 
 
 def increment_sequence(sequence: int, increment: int) -> int:
@@ -166,8 +174,9 @@ def increment_sequence(sequence: int, increment: int) -> int:
     return sequence + increment
 
 
-def read_length_and_magic(buf, position: int = 0, *, source: str | None = None,
-                          max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> tuple[int, int, int]:
+def read_length_and_magic(
+    buf, position: int = 0, *, source: str | None = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+) -> tuple[int, int, int]:
     """From the first 17 bytes of a batch: ``(base_offset, length, magic)``, after the cheap
     checks Kafka's ``FileLogInputStream`` makes before it allocates anything: the length is at
     least the v2 header, at most ``max_batch_size``, and the magic is 2."""
@@ -178,25 +187,33 @@ def read_length_and_magic(buf, position: int = 0, *, source: str | None = None,
     if length < LEGACY_RECORD_OVERHEAD_V0:
         raise BatchSizeError(
             f"batch length field {length} is smaller than the minimum "
-            f"{BATCH_HEADER_SIZE - LOG_OVERHEAD} of a v2 batch header", **where)
+            f"{BATCH_HEADER_SIZE - LOG_OVERHEAD} of a v2 batch header",
+            **where,
+        )
     if LOG_OVERHEAD + length > max_batch_size:
         raise BatchSizeError(
             f"batch length field {length} exceeds the maximum batch size {max_batch_size} "
-            "(corrupt length field, or pass a larger max_batch_size)", **where)
+            "(corrupt length field, or pass a larger max_batch_size)",
+            **where,
+        )
     if magic in (0, 1):
         raise UnsupportedFormatError(
-            f"message format v{magic} (magic {magic}) batch; only magic 2 is supported", **where)
+            f"message format v{magic} (magic {magic}) batch; only magic 2 is supported", **where
+        )
     if magic != MAGIC_V2:
         raise CorruptRecordError(f"invalid magic byte {magic} (expected 2)", **where)
     if length < BATCH_HEADER_SIZE - LOG_OVERHEAD:
         raise BatchSizeError(
             f"batch length field {length} is smaller than the minimum "
-            f"{BATCH_HEADER_SIZE - LOG_OVERHEAD} of a v2 batch header", **where)
+            f"{BATCH_HEADER_SIZE - LOG_OVERHEAD} of a v2 batch header",
+            **where,
+        )
     return base_offset, length, magic
 
 
-def parse_batch_header(buf, position: int = 0, *, source: str | None = None,
-                       max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> BatchHeader:
+def parse_batch_header(
+    buf, position: int = 0, *, source: str | None = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+) -> BatchHeader:
     """Parse the 61-byte header at the start of ``buf`` (a bytes-like object of >= 61 bytes).
 
     ``position`` is only recorded (and used in error messages). Checks the magic, the length
@@ -228,15 +245,42 @@ def verify_batch_crc(header: BatchHeader, batch: bytes, *, source: str | None = 
         raise CrcMismatchError(
             f"CRC32C mismatch in batch [{header.base_offset}..{header.last_offset}] "
             f"({header.size_in_bytes} bytes): stored 0x{header.crc:08x}, computed 0x{computed:08x}",
-            stored=header.crc, computed=computed, source=source, position=header.position,
-            offset=header.base_offset)
+            stored=header.crc,
+            computed=computed,
+            source=source,
+            position=header.position,
+            offset=header.base_offset,
+        )
 
 
-def encode_batch_header(*, base_offset: int, length: int, partition_leader_epoch: int, crc: int,
-                        attributes: int, last_offset_delta: int, base_timestamp: int,
-                        max_timestamp: int, producer_id: int, producer_epoch: int,
-                        base_sequence: int, record_count: int) -> bytes:
+def encode_batch_header(
+    *,
+    base_offset: int,
+    length: int,
+    partition_leader_epoch: int,
+    crc: int,
+    attributes: int,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    record_count: int,
+) -> bytes:
     """The 61 header bytes for the given field values (see :mod:`rsm_sidecar.kafka.builder`)."""
-    return _HEADER.pack(base_offset, length, partition_leader_epoch, MAGIC_V2, crc, attributes,
-                        last_offset_delta, base_timestamp, max_timestamp, producer_id,
-                        producer_epoch, base_sequence, record_count)
+    return _HEADER.pack(
+        base_offset,
+        length,
+        partition_leader_epoch,
+        MAGIC_V2,
+        crc,
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        record_count,
+    )

@@ -16,8 +16,8 @@ non-negative and that epochs strictly increase with non-decreasing start offsets
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from .errors import CorruptIndexError, UnsupportedFormatError
 
@@ -33,13 +33,13 @@ class EpochEntry:
     start_offset: int
 
 
-def parse_leader_epoch_checkpoint(data: bytes | str, *,
-                                  name: str = "leader-epoch-checkpoint") -> list[EpochEntry]:
+def parse_leader_epoch_checkpoint(
+    data: bytes | str, *, name: str = "leader-epoch-checkpoint"
+) -> list[EpochEntry]:
     """Parse the checkpoint text (``bytes`` are decoded as UTF-8)."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         if len(data) > _MAX_CHECKPOINT_BYTES:
-            raise CorruptIndexError(f"checkpoint of {len(data)} bytes is implausibly large",
-                                    source=name)
+            raise CorruptIndexError(f"checkpoint of {len(data)} bytes is implausibly large", source=name)
         try:
             text = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -60,8 +60,8 @@ def parse_leader_epoch_checkpoint(data: bytes | str, *,
     version = integer(1, lines[0].strip(), "version")
     if version != CHECKPOINT_VERSION:
         raise UnsupportedFormatError(
-            f"unrecognised checkpoint version {version}, expected {CHECKPOINT_VERSION}",
-            source=name)
+            f"unrecognised checkpoint version {version}, expected {CHECKPOINT_VERSION}", source=name
+        )
     if len(lines) == 1:
         return []
     expected = integer(2, lines[1].strip(), "entry count")
@@ -69,19 +69,19 @@ def parse_leader_epoch_checkpoint(data: bytes | str, *,
     for line_no, line in enumerate(lines[2:], start=3):
         parts = line.split()
         if len(parts) != 2:
-            raise CorruptIndexError(f"malformed line {line_no}: {line!r} (expected 'epoch offset')",
-                                    source=name)
-        entry = EpochEntry(integer(line_no, parts[0], "epoch"),
-                           integer(line_no, parts[1], "start offset"))
+            raise CorruptIndexError(
+                f"malformed line {line_no}: {line!r} (expected 'epoch offset')", source=name
+            )
+        entry = EpochEntry(integer(line_no, parts[0], "epoch"), integer(line_no, parts[1], "start offset"))
         if entry.epoch < 0 or entry.start_offset < 0:
-            raise CorruptIndexError(f"negative epoch or offset on line {line_no}: {line!r}",
-                                    source=name)
-        if entries and (entry.epoch <= entries[-1].epoch
-                        or entry.start_offset < entries[-1].start_offset):
+            raise CorruptIndexError(f"negative epoch or offset on line {line_no}: {line!r}", source=name)
+        if entries and (entry.epoch <= entries[-1].epoch or entry.start_offset < entries[-1].start_offset):
             raise CorruptIndexError(
                 f"line {line_no} ({entry.epoch} {entry.start_offset}) does not follow "
                 f"({entries[-1].epoch} {entries[-1].start_offset}): epochs must increase and "
-                "start offsets must not decrease", source=name)
+                "start offsets must not decrease",
+                source=name,
+            )
         entries.append(entry)
     if len(entries) != expected:
         raise CorruptIndexError(f"expected {expected} entries, found {len(entries)}", source=name)

@@ -39,8 +39,13 @@ _CHUNK = 1 << 20
 _ZSTD_MAX_RATIO = 32 * 1024
 
 
-def decompress(codec: Compression | int, data: bytes, *,
-               max_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE, where: dict | None = None) -> bytes:
+def decompress(
+    codec: Compression | int,
+    data: bytes,
+    *,
+    max_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
+    where: dict | None = None,
+) -> bytes:
     """Decompress a records section compressed with ``codec``; at most ``max_size`` bytes out.
 
     ``where`` (``source``/``position``/``offset``) is attached to errors.
@@ -62,10 +67,17 @@ def decompress(codec: Compression | int, data: bytes, *,
             raise UnsupportedFormatError(f"unsupported codec {codec!r}", **where)
     except (LimitExceededError, DecompressionError, UnsupportedFormatError):
         raise
-    except (zlib.error, EOFError, OSError, ValueError, zstandard.ZstdError,
-            cramjam.DecompressionError) as exc:
-        raise DecompressionError(f"{codec.name.lower()} payload of {len(data)} bytes does not "
-                                 f"decompress: {exc}", **where) from exc
+    except (
+        zlib.error,
+        EOFError,
+        OSError,
+        ValueError,
+        zstandard.ZstdError,
+        cramjam.DecompressionError,
+    ) as exc:
+        raise DecompressionError(
+            f"{codec.name.lower()} payload of {len(data)} bytes does not decompress: {exc}", **where
+        ) from exc
     if len(out) > max_size:
         _too_big(codec, len(out), max_size, where)
     return out
@@ -74,7 +86,9 @@ def decompress(codec: Compression | int, data: bytes, *,
 def _too_big(codec: Compression, size: int | str, max_size: int, where: dict):
     raise LimitExceededError(
         f"{codec.name.lower()} batch decompresses to {size} bytes, more than the cap of "
-        f"{max_size} bytes (max_decompressed_size)", **where)
+        f"{max_size} bytes (max_decompressed_size)",
+        **where,
+    )
 
 
 def _gunzip(data: bytes, max_size: int, where: dict) -> bytes:
@@ -93,14 +107,13 @@ def _gunzip(data: bytes, max_size: int, where: dict) -> bytes:
                 break
         if not d.eof:
             raise DecompressionError(
-                f"gzip payload of {len(data)} bytes is truncated (no end-of-stream marker)",
-                **where)
+                f"gzip payload of {len(data)} bytes is truncated (no end-of-stream marker)", **where
+            )
         remaining = d.unused_data
         if not remaining:
             return bytes(out)
         if not remaining.startswith(b"\x1f\x8b"):
-            raise DecompressionError(
-                f"gzip payload has {len(remaining)} bytes of trailing garbage", **where)
+            raise DecompressionError(f"gzip payload has {len(remaining)} bytes of trailing garbage", **where)
 
 
 def _raw_snappy(block: bytes, max_size: int, where: dict, budget_used: int = 0) -> bytes:
@@ -120,7 +133,8 @@ def _unsnappy(data: bytes, max_size: int, where: dict) -> bytes:
     if version < 1:
         # snappy-java's SnappyInputStream refuses versions below MINIMUM_COMPATIBLE_VERSION (1).
         raise DecompressionError(
-            f"xerial snappy stream version {version} (compatible {compatible}) unsupported", **where)
+            f"xerial snappy stream version {version} (compatible {compatible}) unsupported", **where
+        )
     out = bytearray()
     pos = _XERIAL_HEADER_SIZE
     while pos < len(data):
@@ -130,9 +144,10 @@ def _unsnappy(data: bytes, max_size: int, where: dict) -> bytes:
         pos += 4
         if block_len < 0 or pos + block_len > len(data):
             raise DecompressionError(
-                f"xerial snappy block at {pos - 4} declares {block_len} bytes but "
-                f"{len(data) - pos} remain", **where)
-        out += _raw_snappy(data[pos:pos + block_len], max_size, where, len(out))
+                f"xerial snappy block at {pos - 4} declares {block_len} bytes but {len(data) - pos} remain",
+                **where,
+            )
+        out += _raw_snappy(data[pos : pos + block_len], max_size, where, len(out))
         pos += block_len
     return bytes(out)
 
@@ -166,10 +181,11 @@ def _unzstd(data: bytes, max_size: int, where: dict) -> bytes:
         while not dobj.eof:
             if pos >= len(data):
                 raise DecompressionError(
-                    f"zstd payload of {len(data)} bytes is truncated (incomplete frame)", **where)
+                    f"zstd payload of {len(data)} bytes is truncated (incomplete frame)", **where
+                )
             budget = max_size + 1 - len(out)
             step = max(64, min(_CHUNK, budget // _ZSTD_MAX_RATIO))
-            out += dobj.decompress(data[pos:pos + step])
+            out += dobj.decompress(data[pos : pos + step])
             pos += step
             if len(out) > max_size:
                 _too_big(Compression.ZSTD, f"more than {max_size}", max_size, where)
@@ -193,7 +209,7 @@ def compress(codec: Compression | int, data: bytes, *, xerial: bool = False) -> 
             return bytes(cramjam.snappy.compress_raw(data))
         out = bytearray(XERIAL_MAGIC + struct.pack(">ii", 1, 1))
         for i in range(0, len(data), 32 * 1024):
-            block = bytes(cramjam.snappy.compress_raw(data[i:i + 32 * 1024]))
+            block = bytes(cramjam.snappy.compress_raw(data[i : i + 32 * 1024]))
             out += struct.pack(">i", len(block)) + block
         return bytes(out)
     if codec is Compression.LZ4:

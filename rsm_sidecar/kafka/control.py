@@ -67,25 +67,27 @@ def parse_control_record(record: Record) -> ControlRecord:
     key = record.key
     if key is None or len(key) < 4:
         raise CorruptRecordError(
-            f"control record key must have at least 4 bytes, found "
-            f"{'null' if key is None else len(key)}", offset=record.offset)
+            f"control record key must have at least 4 bytes, found {'null' if key is None else len(key)}",
+            offset=record.offset,
+        )
     key_version, type_id = struct.unpack_from(">hh", key, 0)
     if key_version < 0:
-        raise CorruptRecordError(f"invalid control record key version {key_version}",
-                                 offset=record.offset)
+        raise CorruptRecordError(f"invalid control record key version {key_version}", offset=record.offset)
     if type_id not in (ControlType.ABORT, ControlType.COMMIT):
         return ControlRecord(record.offset, record.timestamp, key_version, type_id)
     value = record.value
     if value is None or len(value) < 6:
         raise CorruptRecordError(
             f"transaction marker value must have at least 6 bytes, found "
-            f"{'null' if value is None else len(value)}", offset=record.offset)
+            f"{'null' if value is None else len(value)}",
+            offset=record.offset,
+        )
     value_version, coordinator_epoch = struct.unpack_from(">hi", value, 0)
     if value_version < 0:
-        raise CorruptRecordError(f"invalid transaction marker version {value_version}",
-                                 offset=record.offset)
-    return ControlRecord(record.offset, record.timestamp, key_version, type_id,
-                         value_version, coordinator_epoch)
+        raise CorruptRecordError(f"invalid transaction marker version {value_version}", offset=record.offset)
+    return ControlRecord(
+        record.offset, record.timestamp, key_version, type_id, value_version, coordinator_epoch
+    )
 
 
 def encode_marker_key(control_type: int, version: int = 0) -> bytes:

@@ -15,8 +15,14 @@ class KafkaLogError(RsmError):
     """Base of this package's errors. ``source``, ``position`` and ``offset`` locate the problem
     (each may be ``None``). The gRPC status comes from the DataLoss/InvalidArgument base."""
 
-    def __init__(self, message: str, *, source: str | None = None, position: int | None = None,
-                 offset: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        position: int | None = None,
+        offset: int | None = None,
+    ) -> None:
         self.source = source
         self.position = position
         self.offset = offset

@@ -18,12 +18,20 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator, Union
+from typing import BinaryIO, Union
 
-from .batch import (BATCH_HEADER_SIZE, DEFAULT_MAX_BATCH_SIZE, HEADER_SIZE_UP_TO_MAGIC,
-                    BatchHeader, Compression, parse_batch_header, read_length_and_magic,
-                    verify_batch_crc)
+from .batch import (
+    BATCH_HEADER_SIZE,
+    DEFAULT_MAX_BATCH_SIZE,
+    HEADER_SIZE_UP_TO_MAGIC,
+    BatchHeader,
+    Compression,
+    parse_batch_header,
+    read_length_and_magic,
+    verify_batch_crc,
+)
 from .compression import DEFAULT_MAX_DECOMPRESSED_SIZE, decompress
 from .control import ControlRecord, parse_control_record
 from .errors import CorruptRecordError, KafkaLogError, TruncatedError
@@ -52,15 +60,18 @@ class RecordBatch:
     def records_section(self, max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE) -> bytes:
         """The records section, decompressed (at most ``max_decompressed_size`` bytes)."""
         h = self.header
-        return decompress(h.compression, self.raw_records_section, max_size=max_decompressed_size,
-                          where=dict(source=self.source, position=h.position, offset=h.base_offset))
+        return decompress(
+            h.compression,
+            self.raw_records_section,
+            max_size=max_decompressed_size,
+            where=dict(source=self.source, position=h.position, offset=h.base_offset),
+        )
 
     def records(self, max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE) -> Iterator[Record]:
         """The batch's records (decompressing first if needed)."""
         if self.header.record_count == 0:
             return iter(())
-        return parse_records(self.records_section(max_decompressed_size), self.header,
-                             source=self.source)
+        return parse_records(self.records_section(max_decompressed_size), self.header, source=self.source)
 
     def control_records(self) -> list[ControlRecord]:
         """The parsed records of a control batch (transaction markers and KRaft records)."""
@@ -72,9 +83,12 @@ class RecordBatch:
             try:
                 out.append(parse_control_record(record))
             except KafkaLogError as exc:
-                raise CorruptRecordError(f"in control {h.describe()}: {exc.detail}",
-                                         source=self.source, position=h.position,
-                                         offset=record.offset) from exc
+                raise CorruptRecordError(
+                    f"in control {h.describe()}: {exc.detail}",
+                    source=self.source,
+                    position=h.position,
+                    offset=record.offset,
+                ) from exc
         return out
 
 
@@ -139,7 +153,7 @@ class _BufferReader:
 
     def read(self, n: int = -1) -> bytes:
         end = len(self._view) if n < 0 else min(len(self._view), self._pos + n)
-        out = bytes(self._view[self._pos:end])
+        out = bytes(self._view[self._pos : end])
         self._pos = max(self._pos, end)
         return out
 
@@ -201,8 +215,18 @@ def _skip(f, n: int, seekable: bool, size: int | None) -> int:
     return skipped
 
 
-def _walk(f, name: str, *, start_position: int, end_position: int | None, max_batch_size: int,
-          read_bodies: bool, verify_crc: bool, partial_ok: bool, scan: ScanResult | None):
+def _walk(
+    f,
+    name: str,
+    *,
+    start_position: int,
+    end_position: int | None,
+    max_batch_size: int,
+    read_bodies: bool,
+    verify_crc: bool,
+    partial_ok: bool,
+    scan: ScanResult | None,
+):
     """Yield ``(header, data_or_None)`` for each complete batch from ``start_position``."""
     seekable = _seekable(f)
     size = None
@@ -214,8 +238,7 @@ def _walk(f, name: str, *, start_position: int, end_position: int | None, max_ba
         f.seek(start_position)
     elif start_position:
         if _skip(f, start_position, False, None) < start_position:
-            raise TruncatedError(f"data ends before start position {start_position}",
-                                 source=name)
+            raise TruncatedError(f"data ends before start position {start_position}", source=name)
     if end_position is not None and size is not None:
         size = min(size, end_position)
     elif end_position is not None:
@@ -234,29 +257,37 @@ def _walk(f, name: str, *, start_position: int, end_position: int | None, max_ba
         if not head:
             return
         if len(head) < HEADER_SIZE_UP_TO_MAGIC:
-            partial(len(head), None, None,
-                    f"data ends {len(head)} bytes into a batch header")
+            partial(len(head), None, None, f"data ends {len(head)} bytes into a batch header")
             return
-        base_offset, length, _ = read_length_and_magic(head, pos, source=name,
-                                                       max_batch_size=max_batch_size)
+        base_offset, length, _ = read_length_and_magic(head, pos, source=name, max_batch_size=max_batch_size)
         declared = 12 + length
         if len(head) < BATCH_HEADER_SIZE:
-            partial(len(head), declared, base_offset,
-                    f"data ends {len(head)} bytes into the {declared}-byte batch "
-                    f"at base offset {base_offset}")
+            partial(
+                len(head),
+                declared,
+                base_offset,
+                f"data ends {len(head)} bytes into the {declared}-byte batch at base offset {base_offset}",
+            )
             return
         header = parse_batch_header(head, pos, source=name, max_batch_size=max_batch_size)
         body_len = declared - BATCH_HEADER_SIZE
         if read_bodies:
-            body = _read_exact(f, body_len) if size is None else _read_exact(
-                f, min(body_len, size - pos - BATCH_HEADER_SIZE))
+            body = (
+                _read_exact(f, body_len)
+                if size is None
+                else _read_exact(f, min(body_len, size - pos - BATCH_HEADER_SIZE))
+            )
             got = len(body)
         else:
             body = None
             got = _skip(f, body_len, seekable, size)
         if got < body_len:
-            partial(BATCH_HEADER_SIZE + got, declared, base_offset,
-                    f"data ends {BATCH_HEADER_SIZE + got} bytes into {header.describe()}")
+            partial(
+                BATCH_HEADER_SIZE + got,
+                declared,
+                base_offset,
+                f"data ends {BATCH_HEADER_SIZE + got} bytes into {header.describe()}",
+            )
             return
         data = None
         if body is not None:
@@ -269,9 +300,15 @@ def _walk(f, name: str, *, start_position: int, end_position: int | None, max_ba
         pos += declared
 
 
-def read_batches(source: Source, *, verify_crc: bool = True,
-                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, start_position: int = 0,
-                 end_position: int | None = None, name: str | None = None) -> Iterator[RecordBatch]:
+def read_batches(
+    source: Source,
+    *,
+    verify_crc: bool = True,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    start_position: int = 0,
+    end_position: int | None = None,
+    name: str | None = None,
+) -> Iterator[RecordBatch]:
     """Yield the batches of a segment one at a time, from ``start_position`` (a batch boundary,
     e.g. from the offset index) up to ``end_position`` or the end of the data.
 
@@ -281,16 +318,30 @@ def read_batches(source: Source, *, verify_crc: bool = True,
     name used in errors.
     """
     with _open(source, name) as (f, label):
-        for header, data in _walk(f, label, start_position=start_position,
-                                  end_position=end_position, max_batch_size=max_batch_size,
-                                  read_bodies=True, verify_crc=verify_crc, partial_ok=False,
-                                  scan=None):
+        for header, data in _walk(
+            f,
+            label,
+            start_position=start_position,
+            end_position=end_position,
+            max_batch_size=max_batch_size,
+            read_bodies=True,
+            verify_crc=verify_crc,
+            partial_ok=False,
+            scan=None,
+        ):
             yield RecordBatch(header, data, label)
 
 
-def scan_batch_headers(source: Source, *, limit: int | None = None, start_position: int = 0,
-                       verify_crc: bool = False, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-                       max_batches: int | None = None, name: str | None = None) -> ScanResult:
+def scan_batch_headers(
+    source: Source,
+    *,
+    limit: int | None = None,
+    start_position: int = 0,
+    verify_crc: bool = False,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    max_batches: int | None = None,
+    name: str | None = None,
+) -> ScanResult:
     """Parse only the batch headers from ``start_position`` up to ``start_position + limit``
     bytes (or the end), never decompressing. Without ``verify_crc`` the batch bodies are
     skipped (seeked over when the source allows).
@@ -301,23 +352,35 @@ def scan_batch_headers(source: Source, *, limit: int | None = None, start_positi
     result = ScanResult(start_position=start_position, end_position=start_position)
     end = None if limit is None else start_position + limit
     with _open(source, name) as (f, label):
-        for header, _ in _walk(f, label, start_position=start_position, end_position=end,
-                               max_batch_size=max_batch_size, read_bodies=verify_crc,
-                               verify_crc=verify_crc, partial_ok=True, scan=result):
+        for header, _ in _walk(
+            f,
+            label,
+            start_position=start_position,
+            end_position=end,
+            max_batch_size=max_batch_size,
+            read_bodies=verify_crc,
+            verify_crc=verify_crc,
+            partial_ok=True,
+            scan=result,
+        ):
             result.headers.append(header)
             if max_batches is not None and len(result.headers) >= max_batches:
                 break
     return result
 
 
-def read_records(source: Source, *, include_control: bool = False, verify_crc: bool = True,
-                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-                 max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
-                 name: str | None = None) -> Iterator[Record]:
+def read_records(
+    source: Source,
+    *,
+    include_control: bool = False,
+    verify_crc: bool = True,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
+    name: str | None = None,
+) -> Iterator[Record]:
     """Every record of every batch, in offset order; control batches' records are skipped
     unless ``include_control``. No transaction filtering: see :mod:`.transactions`."""
-    for batch in read_batches(source, verify_crc=verify_crc, max_batch_size=max_batch_size,
-                              name=name):
+    for batch in read_batches(source, verify_crc=verify_crc, max_batch_size=max_batch_size, name=name):
         if batch.header.is_control and not include_control:
             continue
         yield from batch.records(max_decompressed_size)

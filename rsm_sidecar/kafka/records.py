@@ -16,12 +16,12 @@ record carries the batch's ``maxTimestamp``. Offsets: ``baseOffset + offsetDelta
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from .batch import NO_SEQUENCE, BatchHeader, TimestampType, increment_sequence
 from .errors import CorruptRecordError, KafkaLogError
-from .varint import (encode_varint, encode_varlong, read_varint, read_varlong)
+from .varint import encode_varint, encode_varlong, read_varint, read_varlong
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ def _read_bytes(buf, pos: int, end: int, what: str) -> tuple[bytes | None, int]:
         return None, pos
     if pos + n > end:
         raise CorruptRecordError(f"{what} length {n} runs past the end of the record")
-    return bytes(buf[pos:pos + n]), pos + n
+    return bytes(buf[pos : pos + n]), pos + n
 
 
 def parse_record(buf, pos: int, header: BatchHeader) -> tuple[Record, int]:
@@ -74,8 +74,8 @@ def parse_record(buf, pos: int, header: BatchHeader) -> tuple[Record, int]:
     end = body_start + body_len
     if end > len(buf):
         raise CorruptRecordError(
-            f"record length {body_len} runs past the end of the batch "
-            f"({len(buf) - body_start} bytes remain)")
+            f"record length {body_len} runs past the end of the batch ({len(buf) - body_start} bytes remain)"
+        )
     view = memoryview(buf)[:end]
     attributes = view[pos]
     pos += 1
@@ -88,7 +88,8 @@ def parse_record(buf, pos: int, header: BatchHeader) -> tuple[Record, int]:
         raise CorruptRecordError(f"invalid number of record headers {n_headers}")
     if n_headers > end - pos:
         raise CorruptRecordError(
-            f"number of record headers {n_headers} is larger than the {end - pos} bytes left")
+            f"number of record headers {n_headers} is larger than the {end - pos} bytes left"
+        )
     headers = []
     for _ in range(n_headers):
         key_len, pos = read_varint(view, pos)
@@ -97,28 +98,37 @@ def parse_record(buf, pos: int, header: BatchHeader) -> tuple[Record, int]:
         if pos + key_len > end:
             raise CorruptRecordError(f"header key length {key_len} runs past the end of the record")
         # Java decodes header keys with replacement of malformed UTF-8; so do we.
-        hkey = bytes(view[pos:pos + key_len]).decode("utf-8", errors="replace")
+        hkey = bytes(view[pos : pos + key_len]).decode("utf-8", errors="replace")
         pos += key_len
         hvalue, pos = _read_bytes(view, pos, end, "header value")
         headers.append(Header(hkey, hvalue))
     if pos != end:
-        raise CorruptRecordError(
-            f"record declares {body_len} bytes but its fields use {pos - body_start}")
+        raise CorruptRecordError(f"record declares {body_len} bytes but its fields use {pos - body_start}")
     if header.timestamp_type is TimestampType.LOG_APPEND_TIME:
         timestamp = header.max_timestamp
     else:
         timestamp = header.base_timestamp + ts_delta
-    sequence = (increment_sequence(header.base_sequence, offset_delta)
-                if header.base_sequence >= 0 else NO_SEQUENCE)
-    record = Record(offset=header.base_offset + offset_delta, timestamp=timestamp, key=key,
-                    value=value, headers=tuple(headers), attributes=attributes,
-                    offset_delta=offset_delta, timestamp_delta=ts_delta, sequence=sequence,
-                    size_in_bytes=end - start)
+    sequence = (
+        increment_sequence(header.base_sequence, offset_delta) if header.base_sequence >= 0 else NO_SEQUENCE
+    )
+    record = Record(
+        offset=header.base_offset + offset_delta,
+        timestamp=timestamp,
+        key=key,
+        value=value,
+        headers=tuple(headers),
+        attributes=attributes,
+        offset_delta=offset_delta,
+        timestamp_delta=ts_delta,
+        sequence=sequence,
+        size_in_bytes=end - start,
+    )
     return record, end
 
 
-def parse_records(records_section: bytes, header: BatchHeader, *,
-                 source: str | None = None) -> Iterator[Record]:
+def parse_records(
+    records_section: bytes, header: BatchHeader, *, source: str | None = None
+) -> Iterator[Record]:
     """Records of one batch from its (decompressed) records section.
 
     Checks what Kafka's record iterator checks: exactly ``record_count`` records and no bytes
@@ -132,23 +142,38 @@ def parse_records(records_section: bytes, header: BatchHeader, *,
         except KafkaLogError as exc:
             raise CorruptRecordError(
                 f"record {i} of {count} in {header.describe()}: {exc.detail}",
-                source=source, position=header.position, offset=header.base_offset) from exc
+                source=source,
+                position=header.position,
+                offset=header.base_offset,
+            ) from exc
         if not 0 <= record.offset_delta <= header.last_offset_delta:
             raise CorruptRecordError(
                 f"record {i} has offset delta {record.offset_delta} outside the batch's "
                 f"[0, {header.last_offset_delta}] ({header.describe()})",
-                source=source, position=header.position, offset=header.base_offset)
+                source=source,
+                position=header.position,
+                offset=header.base_offset,
+            )
         yield record
     if pos != len(records_section):
         raise CorruptRecordError(
             f"{len(records_section) - pos} bytes remain after the {count} declared records "
-            f"({header.describe()})", source=source, position=header.position,
-            offset=header.base_offset)
+            f"({header.describe()})",
+            source=source,
+            position=header.position,
+            offset=header.base_offset,
+        )
 
 
-def encode_record(*, offset_delta: int, timestamp_delta: int, key: bytes | None,
-                  value: bytes | None, headers: tuple[Header, ...] | list = (),
-                  attributes: int = 0) -> bytes:
+def encode_record(
+    *,
+    offset_delta: int,
+    timestamp_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: tuple[Header, ...] | list = (),
+    attributes: int = 0,
+) -> bytes:
     """Serialize one record (the inverse of :func:`parse_record`)."""
     body = bytearray([attributes & 0xFF])
     body += encode_varlong(timestamp_delta)

@@ -52,45 +52,60 @@ class ProducerSnapshot:
     entries: tuple[ProducerSnapshotEntry, ...]
 
 
-def read_producer_snapshot(source: Source, *, name: str | None = None,
-                           max_size: int = DEFAULT_MAX_SNAPSHOT_SIZE) -> ProducerSnapshot:
+def read_producer_snapshot(
+    source: Source, *, name: str | None = None, max_size: int = DEFAULT_MAX_SNAPSHOT_SIZE
+) -> ProducerSnapshot:
     """Parse and validate (version, CRC, exact length) a producer snapshot."""
     with _open(source, name) as (f, label):
         data = f.read(max_size + 1)
         if len(data) > max_size:
-            raise CorruptIndexError(f"producer snapshot is larger than {max_size} bytes",
-                                    source=label)
+            raise CorruptIndexError(f"producer snapshot is larger than {max_size} bytes", source=label)
     return parse_producer_snapshot(data, name=label)
 
 
 def parse_producer_snapshot(data: bytes, *, name: str = "<snapshot>") -> ProducerSnapshot:
     if len(data) < _HEADER.size:
-        raise TruncatedError(f"producer snapshot is {len(data)} bytes, shorter than its "
-                             f"{_HEADER.size}-byte header", source=name)
+        raise TruncatedError(
+            f"producer snapshot is {len(data)} bytes, shorter than its {_HEADER.size}-byte header",
+            source=name,
+        )
     version, crc, count = _HEADER.unpack_from(data, 0)
     if version != SNAPSHOT_VERSION:
         raise UnsupportedFormatError(
-            f"producer snapshot version {version} (supported: {SNAPSHOT_VERSION})", source=name)
+            f"producer snapshot version {version} (supported: {SNAPSHOT_VERSION})", source=name
+        )
     computed = google_crc32c.value(bytes(data[CRC_COVERAGE_START:]))
     if computed != crc:
-        raise CorruptIndexError(f"producer snapshot CRC mismatch: stored 0x{crc:08x}, computed "
-                                f"0x{computed:08x}", source=name)
+        raise CorruptIndexError(
+            f"producer snapshot CRC mismatch: stored 0x{crc:08x}, computed 0x{computed:08x}", source=name
+        )
     if count < 0:
         raise CorruptIndexError(f"negative producer entry count {count}", source=name)
     expected = _HEADER.size + count * ENTRY_SIZE
     if len(data) != expected:
         raise CorruptIndexError(
-            f"producer snapshot declares {count} entries ({expected} bytes) but has {len(data)} "
-            "bytes", source=name)
-    entries = tuple(ProducerSnapshotEntry(*_ENTRY.unpack_from(data, _HEADER.size + i * ENTRY_SIZE))
-                    for i in range(count))
+            f"producer snapshot declares {count} entries ({expected} bytes) but has {len(data)} bytes",
+            source=name,
+        )
+    entries = tuple(
+        ProducerSnapshotEntry(*_ENTRY.unpack_from(data, _HEADER.size + i * ENTRY_SIZE)) for i in range(count)
+    )
     return ProducerSnapshot(version, crc, entries)
 
 
 def encode_producer_snapshot(entries: list[ProducerSnapshotEntry]) -> bytes:
     body = struct.pack(">i", len(entries)) + b"".join(
-        _ENTRY.pack(e.producer_id, e.producer_epoch, e.last_sequence, e.last_offset,
-                    e.offset_delta, e.timestamp, e.coordinator_epoch, e.current_txn_first_offset)
-        for e in entries)
+        _ENTRY.pack(
+            e.producer_id,
+            e.producer_epoch,
+            e.last_sequence,
+            e.last_offset,
+            e.offset_delta,
+            e.timestamp,
+            e.coordinator_epoch,
+            e.current_txn_first_offset,
+        )
+        for e in entries
+    )
     crc = google_crc32c.value(body)
     return struct.pack(">hI", SNAPSHOT_VERSION, crc) + body

@@ -21,7 +21,7 @@ stable offset, such a transaction is committed unless the aborted list says othe
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from .compression import DEFAULT_MAX_DECOMPRESSED_SIZE
 from .control import ControlType
@@ -75,8 +75,9 @@ class ReadCommittedFilter:
         return producer_id in self._aborting
 
 
-def committed_batches(batches: Iterable[RecordBatch],
-                      aborted_txns: Iterable[AbortedTxn]) -> Iterator[RecordBatch]:
+def committed_batches(
+    batches: Iterable[RecordBatch], aborted_txns: Iterable[AbortedTxn]
+) -> Iterator[RecordBatch]:
     """The data batches a read_committed consumer would see (see the module doc for what
     ``aborted_txns`` must contain)."""
     f = ReadCommittedFilter(aborted_txns)
@@ -85,9 +86,12 @@ def committed_batches(batches: Iterable[RecordBatch],
             yield batch
 
 
-def committed_records(batches: Iterable[RecordBatch], aborted_txns: Iterable[AbortedTxn], *,
-                      max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE
-                      ) -> Iterator[Record]:
+def committed_records(
+    batches: Iterable[RecordBatch],
+    aborted_txns: Iterable[AbortedTxn],
+    *,
+    max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
+) -> Iterator[Record]:
     """The records a read_committed consumer would see, in offset order."""
     for batch in committed_batches(batches, aborted_txns):
         yield from batch.records(max_decompressed_size)

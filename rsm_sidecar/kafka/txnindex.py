@@ -15,8 +15,8 @@ a fragment is reported as :class:`TruncatedError` unless ``allow_partial_tail``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from .errors import CorruptIndexError, TruncatedError, UnsupportedFormatError
 from .reader import Source, _open
@@ -36,12 +36,14 @@ class AbortedTxn:
     version: int = CURRENT_VERSION
 
     def encode(self) -> bytes:
-        return _ENTRY.pack(self.version, self.producer_id, self.first_offset, self.last_offset,
-                           self.last_stable_offset)
+        return _ENTRY.pack(
+            self.version, self.producer_id, self.first_offset, self.last_offset, self.last_stable_offset
+        )
 
 
-def iter_txn_index(source: Source, *, name: str | None = None,
-                   allow_partial_tail: bool = False) -> Iterator[AbortedTxn]:
+def iter_txn_index(
+    source: Source, *, name: str | None = None, allow_partial_tail: bool = False
+) -> Iterator[AbortedTxn]:
     """Stream the entries; validate version, ``firstOffset <= lastOffset`` and increasing
     ``lastOffset``."""
     with _open(source, name) as (f, label):
@@ -62,28 +64,36 @@ def iter_txn_index(source: Source, *, name: str | None = None,
                     return
                 raise TruncatedError(
                     f"transaction index ends with a {len(raw)}-byte fragment of a "
-                    f"{ABORTED_TXN_SIZE}-byte entry", **where)
+                    f"{ABORTED_TXN_SIZE}-byte entry",
+                    **where,
+                )
             version, pid, first, last, lso = _ENTRY.unpack(raw)
             if version > CURRENT_VERSION:
                 raise UnsupportedFormatError(
-                    f"aborted transaction entry version {version} (this library knows "
-                    f"{CURRENT_VERSION})", **where)
+                    f"aborted transaction entry version {version} (this library knows {CURRENT_VERSION})",
+                    **where,
+                )
             if version < 0 or first > last or first < 0:
                 raise CorruptIndexError(
                     f"invalid aborted transaction entry: version {version}, producer {pid}, "
-                    f"offsets {first}..{last}", **where)
+                    f"offsets {first}..{last}",
+                    **where,
+                )
             txn = AbortedTxn(pid, first, last, lso, version)
             if previous is not None and txn.last_offset <= previous.last_offset:
                 raise CorruptIndexError(
                     f"aborted transaction last offsets must increase: {txn.last_offset} after "
-                    f"{previous.last_offset}", **where)
+                    f"{previous.last_offset}",
+                    **where,
+                )
             previous = txn
             slot += 1
             yield txn
 
 
-def read_txn_index(source: Source, *, name: str | None = None,
-                   allow_partial_tail: bool = False) -> list[AbortedTxn]:
+def read_txn_index(
+    source: Source, *, name: str | None = None, allow_partial_tail: bool = False
+) -> list[AbortedTxn]:
     return list(iter_txn_index(source, name=name, allow_partial_tail=allow_partial_tail))
 
 
@@ -91,8 +101,9 @@ def encode_txn_index(entries: Iterable[AbortedTxn]) -> bytes:
     return b"".join(e.encode() for e in entries)
 
 
-def collect_aborted_txns(indexes: Iterable[Iterable[AbortedTxn]], fetch_offset: int,
-                         upper_bound_offset: int) -> tuple[list[AbortedTxn], bool]:
+def collect_aborted_txns(
+    indexes: Iterable[Iterable[AbortedTxn]], fetch_offset: int, upper_bound_offset: int
+) -> tuple[list[AbortedTxn], bool]:
     """The aborted transactions overlapping ``[fetch_offset, upper_bound_offset)``, as the broker
     collects them for a fetch (``TransactionIndex.collectAbortedTxns``).
 

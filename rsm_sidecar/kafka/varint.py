@@ -32,7 +32,8 @@ def _read_unsigned(buf, pos: int, max_bytes: int, mask: int, what: str) -> tuple
             return result & mask, pos
         shift += 7
     raise CorruptRecordError(
-        f"{what} at {start} is too long: the continuation bit is set in byte {max_bytes}")
+        f"{what} at {start} is too long: the continuation bit is set in byte {max_bytes}"
+    )
 
 
 def zigzag_decode(n: int) -> int:

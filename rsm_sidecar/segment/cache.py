@@ -6,7 +6,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 
 class ByteLRU:

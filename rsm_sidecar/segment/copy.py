@@ -26,18 +26,30 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from rsm_sidecar.errors import Cancelled, DataLoss, FailedPrecondition
 from rsm_sidecar.format import custom_metadata as cm
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.chunk_index import build_index
-from rsm_sidecar.format.manifest import (INDEX_NAMES, TAG_BYTES, EncryptionInfo, IndexRange, SegmentIdentity,
-                                         SegmentManifest, segment_debug_copy)
+from rsm_sidecar.format.manifest import (
+    INDEX_NAMES,
+    TAG_BYTES,
+    EncryptionInfo,
+    IndexRange,
+    SegmentIdentity,
+    SegmentManifest,
+    segment_debug_copy,
+)
 from rsm_sidecar.segment.journal import CopyJournal
 from rsm_sidecar.segment.locks import SegmentLocks
-from rsm_sidecar.segment.objects import (NO_MANIFEST, delete_data_objects, delete_segment_objects, manifest_attempt,
-                                         object_keys)
+from rsm_sidecar.segment.objects import (
+    NO_MANIFEST,
+    delete_data_objects,
+    delete_segment_objects,
+    manifest_attempt,
+    object_keys,
+)
 from rsm_sidecar.segment.sources import SegmentSource
 from rsm_sidecar.storage.base import ObjectNotFound, ObjectStore
 from rsm_sidecar.transform import authentication
@@ -58,10 +70,15 @@ class CopySettings:
     custom_metadata_fields: tuple[str, ...] = ("REMOTE_SIZE", "OBJECT_PREFIX")
 
     @classmethod
-    def from_config(cls, cfg) -> "CopySettings":
-        return cls(cfg["segment.chunk_size"], cfg["segment.compression"], cfg["segment.compression_heuristic"],
-                   cfg["segment.compression_level"], cfg["copy.parallelism"],
-                   tuple(cfg["segment.custom_metadata_fields"]))
+    def from_config(cls, cfg) -> CopySettings:
+        return cls(
+            cfg["segment.chunk_size"],
+            cfg["segment.compression"],
+            cfg["segment.compression_heuristic"],
+            cfg["segment.compression_level"],
+            cfg["copy.parallelism"],
+            tuple(cfg["segment.custom_metadata_fields"]),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +109,17 @@ def rechunk(pieces: Iterable[bytes], chunk_size: int) -> Iterator[bytes]:
 
 
 class SegmentCopier:
-    def __init__(self, store: ObjectStore, layout: fkeys.KeyLayout, keyring: Keyring | None,
-                 settings: CopySettings, executor: concurrent.futures.Executor,
-                 journal: CopyJournal | None = None, locks: SegmentLocks | None = None,
-                 on_rewrite: Callable[[str], None] = lambda base: None):
+    def __init__(
+        self,
+        store: ObjectStore,
+        layout: fkeys.KeyLayout,
+        keyring: Keyring | None,
+        settings: CopySettings,
+        executor: concurrent.futures.Executor,
+        journal: CopyJournal | None = None,
+        locks: SegmentLocks | None = None,
+        on_rewrite: Callable[[str], None] = lambda base: None,
+    ):
         self.store = store
         self.layout = layout
         self.keyring = keyring
@@ -106,9 +130,14 @@ class SegmentCopier:
         #: called with a segment's base key when its objects are about to change (cache invalidation)
         self.on_rewrite = on_rewrite
 
-    def copy(self, md: fkeys.SegmentMetadata, source: SegmentSource, leader_epoch: bytes,
-             is_cancelled: Callable[[], bool] = lambda: False,
-             on_stored_bytes: Callable[[int], None] = lambda n: None) -> CopyResult:
+    def copy(
+        self,
+        md: fkeys.SegmentMetadata,
+        source: SegmentSource,
+        leader_epoch: bytes,
+        is_cancelled: Callable[[], bool] = lambda: False,
+        on_stored_bytes: Callable[[int], None] = lambda n: None,
+    ) -> CopyResult:
         """Copy one segment from ``source`` (its ``.log`` is cut into ``chunk_size``
         chunks here); ``leader_epoch`` is the leader-epoch checkpoint's bytes."""
         base = self.layout.base(dataclasses.replace(md, custom_metadata=None))
@@ -129,14 +158,19 @@ class SegmentCopier:
                 indexes()
                 if self.journal:
                     self.journal.settle_completed(base)
-                log.info("copy of %s: the segment is already complete in storage; keeping it", md.describe,
-                         extra={"fields": {"op": "copy", "key": base, "action": "already-complete"}})
+                log.info(
+                    "copy of %s: the segment is already complete in storage; keeping it",
+                    md.describe,
+                    extra={"fields": {"op": "copy", "key": base, "action": "already-complete"}},
+                )
                 return existing
             attempt = os.urandom(16).hex()
             entry = self.journal.begin(base, attempt) if self.journal else None
             self.on_rewrite(base)
             try:
-                result = self._copy(md, base, attempt, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes)
+                result = self._copy(
+                    md, base, attempt, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes
+                )
             except BaseException as e:
                 cleaned = self._cleanup(base, attempt, md, e)
                 if entry:
@@ -158,15 +192,25 @@ class SegmentCopier:
             raw = self.store.get(key)
             manifest = SegmentManifest.from_bytes(raw, key)
             found = SegmentIdentity.of_manifest(manifest)
-            if (manifest.attempt is None or found is None or found.differences(SegmentIdentity.of_metadata(md))
-                    or manifest.original_size != log_size or (manifest.encryption is None) != (self.keyring is None)):
+            if (
+                manifest.attempt is None
+                or found is None
+                or found.differences(SegmentIdentity.of_metadata(md))
+                or manifest.original_size != log_size
+                or (manifest.encryption is None) != (self.keyring is None)
+            ):
                 return None
             if manifest.encryption is not None:
-                data_key = self.keyring.unwrap(manifest.encryption.key_id, manifest.encryption.wrapped_key, key)
+                data_key = self.keyring.unwrap(
+                    manifest.encryption.key_id, manifest.encryption.wrapped_key, key
+                )
                 authentication.verify(manifest, data_key, key)
             index_size = manifest.stored_indexes_size
             log_stored = self.store.size(f"{base}.{fkeys.LOG}")
-            if log_stored != manifest.stored_log_size or self.store.size(f"{base}.{fkeys.INDEXES}") != index_size:
+            if (
+                log_stored != manifest.stored_log_size
+                or self.store.size(f"{base}.{fkeys.INDEXES}") != index_size
+            ):
                 return None
         except ObjectNotFound:
             return None
@@ -185,14 +229,20 @@ class SegmentCopier:
             elif found == attempt:
                 delete_segment_objects(self.store, base)
             else:
-                log.warning("copy of %s failed (%s); not cleaning up: the segment's manifest was written by another "
-                            "copy attempt (another process copying the same segment id)", md.describe, cause)
+                log.warning(
+                    "copy of %s failed (%s); not cleaning up: the segment's manifest was written by another "
+                    "copy attempt (another process copying the same segment id)",
+                    md.describe,
+                    cause,
+                )
             return True
         except Exception as e:  # the journal sweep (or the broker's delete) finishes the job
             log.warning("copy of %s failed (%s) and its cleanup failed too: %s", md.describe, cause, e)
             return False
 
-    def _copy(self, md, base, attempt, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes) -> CopyResult:
+    def _copy(
+        self, md, base, attempt, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes
+    ) -> CopyResult:
         s = self.settings
         chunks = iter(log_chunks)
         first = next(chunks, b"")
@@ -230,8 +280,10 @@ class SegmentCopier:
                 if is_cancelled():
                     raise Cancelled(f"copy of {md.describe} cancelled by the caller")
                 if len(chunk) != s.chunk_size and original_total + len(chunk) < log_size:
-                    raise FailedPrecondition(f"copy of {md.describe}: short chunk of {len(chunk)} bytes at "
-                                             f"position {original_total}")
+                    raise FailedPrecondition(
+                        f"copy of {md.describe}: short chunk of {len(chunk)} bytes at "
+                        f"position {original_total}"
+                    )
                 original_total += len(chunk)
                 in_flight.append(self.executor.submit(codec.encode, chunk))
                 while len(in_flight) >= s.parallelism:
@@ -239,8 +291,10 @@ class SegmentCopier:
             while in_flight:
                 drain_one()
             if original_total != log_size:
-                raise FailedPrecondition(f"copy of {md.describe}: received {original_total} bytes of the .log file, "
-                                         f"expected {log_size}")
+                raise FailedPrecondition(
+                    f"copy of {md.describe}: received {original_total} bytes of the .log file, "
+                    f"expected {log_size}"
+                )
             writer.commit()
 
         index_files = indexes()
@@ -268,11 +322,19 @@ class SegmentCopier:
         on_stored_bytes(len(stored_indexes))
 
         manifest = SegmentManifest(
-            chunk_index=build_index(s.chunk_size, log_size, sizes, codec.fixed_transformed_size(s.chunk_size)),
-            indexes=ranges, compression=compression, encryption=encryption,
+            chunk_index=build_index(
+                s.chunk_size, log_size, sizes, codec.fixed_transformed_size(s.chunk_size)
+            ),
+            indexes=ranges,
+            compression=compression,
+            encryption=encryption,
             segment=segment_debug_copy(md),
-            chunk_crcs=crcs if verify_crc else None, index_crcs=index_crcs if verify_crc else None,
-            attempt=attempt, chunk_tags=None if verify_crc else tags, index_tags=None if verify_crc else index_tags)
+            chunk_crcs=crcs if verify_crc else None,
+            index_crcs=index_crcs if verify_crc else None,
+            attempt=attempt,
+            chunk_tags=None if verify_crc else tags,
+            index_tags=None if verify_crc else index_tags,
+        )
         if data_key is not None:
             manifest.auth = authentication.authenticator(manifest, data_key)
         manifest_bytes = manifest.to_bytes()
@@ -294,7 +356,7 @@ class SegmentCopier:
             elif tag == cm.OBJECT_PREFIX:
                 fields[tag] = prefix
             else:
-                fields[tag] = base[len(prefix):]
+                fields[tag] = base[len(prefix) :]
         return cm.encode(fields) if fields else None
 
 

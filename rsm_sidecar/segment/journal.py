@@ -32,7 +32,12 @@ from pathlib import Path
 
 from rsm_sidecar.errors import ConfigError, DataLoss, InvalidArgument
 from rsm_sidecar.segment.locks import SegmentLocks
-from rsm_sidecar.segment.objects import NO_MANIFEST, delete_data_objects, delete_segment_objects, manifest_attempt
+from rsm_sidecar.segment.objects import (
+    NO_MANIFEST,
+    delete_data_objects,
+    delete_segment_objects,
+    manifest_attempt,
+)
 from rsm_sidecar.storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -53,8 +58,10 @@ def lock_exclusively(path: Path, what: str) -> int:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise ConfigError(f"{what}: {path} is locked by another rsm-sidecar process (pid {holder}); "
-                              f"each sidecar needs its own") from None
+            raise ConfigError(
+                f"{what}: {path} is locked by another rsm-sidecar process (pid {holder}); "
+                f"each sidecar needs its own"
+            ) from None
         raise ConfigError(f"{what}: cannot lock {path}: {e.strerror}") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -73,8 +80,9 @@ class CopyJournal:
             if not self.dir.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory")
         except OSError as e:
-            raise ConfigError(f"copy.journal_dir: cannot use {directory} as the copy journal: "
-                              f"{e.strerror or e}") from None
+            raise ConfigError(
+                f"copy.journal_dir: cannot use {directory} as the copy journal: {e.strerror or e}"
+            ) from None
         self._lock_fd = lock_exclusively(self.dir / LOCK_FILE, "copy.journal_dir")
         for tmp in self.dir.glob(".*.tmp"):  # interrupted writes of this directory's (dead) owner
             tmp.unlink(missing_ok=True)
@@ -158,16 +166,24 @@ class CopyJournal:
                     log.warning("dropping copy journal entry for %s: %s", base, e)
                     action = "none"
                 except DataLoss as e:
-                    log.warning("not removing what an interrupted copy left at %s: its manifest is unreadable (%s); "
-                                "check it with `rsm-sidecar inspect verify`", base, e)
+                    log.warning(
+                        "not removing what an interrupted copy left at %s: its manifest is unreadable (%s); "
+                        "check it with `rsm-sidecar inspect verify`",
+                        base,
+                        e,
+                    )
                     action = "none"
                 except Exception as e:  # storage down: try again at the next sweep
                     log.warning("could not yet remove what an interrupted copy left at %s: %s", base, e)
                     continue
             self.end(entry)
             settled += 1
-            log.info("copy journal: %s (%s)", base, action,
-                     extra={"fields": {"op": "journal-sweep", "key": base, "action": action}})
+            log.info(
+                "copy journal: %s (%s)",
+                base,
+                action,
+                extra={"fields": {"op": "journal-sweep", "key": base, "action": action}},
+            )
         return settled
 
     def _settle(self, base: str, attempt: str | None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from rsm_sidecar.errors import Cancelled
 
@@ -24,14 +24,17 @@ class SegmentLocks:
         self._held: set[str] = set()
 
     @contextlib.contextmanager
-    def hold(self, base: str, is_cancelled: Callable[[], bool] = lambda: False,
-             what: str = "operation") -> Iterator[None]:
+    def hold(
+        self, base: str, is_cancelled: Callable[[], bool] = lambda: False, what: str = "operation"
+    ) -> Iterator[None]:
         """Hold ``base``; waits for the current holder, raising ``Cancelled`` if the caller
         goes away meanwhile."""
         with self._cond:
             while base in self._held:
                 if is_cancelled():
-                    raise Cancelled(f"{what} cancelled by the caller while waiting for another operation on {base}")
+                    raise Cancelled(
+                        f"{what} cancelled by the caller while waiting for another operation on {base}"
+                    )
                 self._cond.wait(POLL_SECONDS)
             self._held.add(base)
         try:

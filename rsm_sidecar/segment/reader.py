@@ -23,7 +23,7 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from rsm_sidecar.errors import DataLoss, FailedPrecondition, NotFound
 from rsm_sidecar.format import keys as fkeys
@@ -38,8 +38,13 @@ from rsm_sidecar.transform.keyring import Keyring
 log = logging.getLogger(__name__)
 
 #: index names of the manifest by KIP-405 IndexType name
-INDEX_BY_TYPE = {"OFFSET": "offset", "TIMESTAMP": "timestamp", "PRODUCER_SNAPSHOT": "producerSnapshot",
-                 "TRANSACTION": "transaction", "LEADER_EPOCH": "leaderEpoch"}
+INDEX_BY_TYPE = {
+    "OFFSET": "offset",
+    "TIMESTAMP": "timestamp",
+    "PRODUCER_SNAPSHOT": "producerSnapshot",
+    "TRANSACTION": "transaction",
+    "LEADER_EPOCH": "leaderEpoch",
+}
 
 
 @dataclasses.dataclass
@@ -74,17 +79,27 @@ class ReaderSettings:
     accept_unauthenticated: bool = False
 
     @classmethod
-    def from_config(cls, cfg) -> "ReaderSettings":
-        return cls(cfg["cache.manifest_bytes"], cfg["cache.index_bytes"], cfg["cache.chunk_bytes"],
-                   cfg["cache.prefetch_bytes"], cfg["fetch.max_range_bytes"],
-                   cfg["fetch.accept_unauthenticated_segments"])
+    def from_config(cls, cfg) -> ReaderSettings:
+        return cls(
+            cfg["cache.manifest_bytes"],
+            cfg["cache.index_bytes"],
+            cfg["cache.chunk_bytes"],
+            cfg["cache.prefetch_bytes"],
+            cfg["fetch.max_range_bytes"],
+            cfg["fetch.accept_unauthenticated_segments"],
+        )
 
 
 class SegmentReader:
-    def __init__(self, store: ObjectStore, layout: fkeys.KeyLayout, keyring: Keyring | None,
-                 settings: ReaderSettings = ReaderSettings(),
-                 prefetch_executor: concurrent.futures.Executor | None = None,
-                 on_cache_event: Callable[[str, str], None] = lambda cache, event: None):
+    def __init__(
+        self,
+        store: ObjectStore,
+        layout: fkeys.KeyLayout,
+        keyring: Keyring | None,
+        settings: ReaderSettings = ReaderSettings(),
+        prefetch_executor: concurrent.futures.Executor | None = None,
+        on_cache_event: Callable[[str, str], None] = lambda cache, event: None,
+    ):
         self.store = store
         self.layout = layout
         self.keyring = keyring
@@ -104,14 +119,17 @@ class SegmentReader:
         """The segment ``md`` names; ``DataLoss`` if its objects hold another segment."""
         return self.open_base(self.layout.base(md), md.describe, SegmentIdentity.of_metadata(md))
 
-    def open_base(self, base: str, describe: str | None = None,
-                  expected: SegmentIdentity | None = None) -> OpenSegment:
+    def open_base(
+        self, base: str, describe: str | None = None, expected: SegmentIdentity | None = None
+    ) -> OpenSegment:
         """Load (or take from cache) the manifest of the segment whose keys start with
         ``base`` and check that it holds ``expected`` (by default: what the key names)."""
         if expected is None:
             parsed = self.layout.parse(f"{base}.{fkeys.MANIFEST}")
             if parsed is not None:
-                expected = SegmentIdentity(parsed.topic_id, parsed.partition, parsed.segment_id, parsed.start_offset)
+                expected = SegmentIdentity(
+                    parsed.topic_id, parsed.partition, parsed.segment_id, parsed.start_offset
+                )
         seg = self._open_cached(base, describe or base)
         self._check_identity(seg, expected, describe or base)
         return seg
@@ -141,13 +159,17 @@ class SegmentReader:
         found = SegmentIdentity.of_manifest(seg.manifest)
         if found is None:
             if seg.manifest.auth is not None or not self.settings.accept_unauthenticated:
-                raise DataLoss(f"{key}: the manifest does not say which segment it holds (no "
-                               f"remoteLogSegmentMetadata); refusing to serve it as {describe}")
+                raise DataLoss(
+                    f"{key}: the manifest does not say which segment it holds (no "
+                    f"remoteLogSegmentMetadata); refusing to serve it as {describe}"
+                )
             return
         diffs = found.differences(expected)
         if diffs:
-            raise DataLoss(f"{key}: the manifest holds another segment than {describe} ({'; '.join(diffs)}): objects "
-                           f"were moved or swapped in the bucket")
+            raise DataLoss(
+                f"{key}: the manifest holds another segment than {describe} ({'; '.join(diffs)}): objects "
+                f"were moved or swapped in the bucket"
+            )
 
     def _load_manifest(self, base: str, describe: str) -> OpenSegment:
         key = f"{base}.{fkeys.MANIFEST}"
@@ -160,33 +182,45 @@ class SegmentReader:
         data_key = aad = None
         if manifest.encryption is not None:
             if self.keyring is None:
-                raise FailedPrecondition(f"{key}: segment is encrypted under key id {manifest.encryption.key_id!r} "
-                                         f"but encryption is not configured")
+                raise FailedPrecondition(
+                    f"{key}: segment is encrypted under key id {manifest.encryption.key_id!r} "
+                    f"but encryption is not configured"
+                )
             data_key = self.keyring.unwrap(manifest.encryption.key_id, manifest.encryption.wrapped_key, key)
             aad = manifest.encryption.aad
             if manifest.auth is not None:
                 authentication.verify(manifest, data_key, key)
         codec = ChunkCodec(manifest.compression, data_key, aad)
         version = manifest.attempt or hashlib.sha256(raw).hexdigest()[:32]
-        return OpenSegment(base, manifest, codec, len(raw) + 48 * manifest.chunk_index.chunk_count + 1024,
-                           version=version)
+        return OpenSegment(
+            base, manifest, codec, len(raw) + 48 * manifest.chunk_index.chunk_count + 1024, version=version
+        )
 
     def _check_authenticity_policy(self, manifest: SegmentManifest, key: str) -> None:
         """Which manifests may be read at all (see ``fetch.accept_unauthenticated_segments``)."""
         if self.settings.accept_unauthenticated:
             return
-        hint = ("; set fetch.accept_unauthenticated_segments = true to read segments written by Aiven's plugin or "
-                "by rsm-sidecar before 0.2 (migrations only: a bucket writer could then plant or rearrange them)")
+        hint = (
+            "; set fetch.accept_unauthenticated_segments = true to read segments written by Aiven's plugin or "
+            "by rsm-sidecar before 0.2 (migrations only: a bucket writer could then plant or rearrange them)"
+        )
         if not manifest.has_extension:
-            raise DataLoss(f"{key}: the manifest has no rsm-sidecar integrity block (written by another plugin, or "
-                           f"the block was stripped){hint}")
+            raise DataLoss(
+                f"{key}: the manifest has no rsm-sidecar integrity block (written by another plugin, or "
+                f"the block was stripped){hint}"
+            )
         if self.keyring is not None and manifest.encryption is None:
-            raise DataLoss(f"{key}: the segment is not encrypted but encryption is enabled (a plaintext segment "
-                           f"planted in the bucket, or one written before encryption was enabled){hint}")
-        if manifest.encryption is not None and (manifest.auth is None or manifest.chunk_tags is None
-                                                or manifest.index_tags is None):
-            raise DataLoss(f"{key}: the encrypted segment's manifest carries no authenticator (written by "
-                           f"rsm-sidecar before 0.2, or the authenticator was stripped){hint}")
+            raise DataLoss(
+                f"{key}: the segment is not encrypted but encryption is enabled (a plaintext segment "
+                f"planted in the bucket, or one written before encryption was enabled){hint}"
+            )
+        if manifest.encryption is not None and (
+            manifest.auth is None or manifest.chunk_tags is None or manifest.index_tags is None
+        ):
+            raise DataLoss(
+                f"{key}: the encrypted segment's manifest carries no authenticator (written by "
+                f"rsm-sidecar before 0.2, or the authenticator was stripped){hint}"
+            )
 
     def forget(self, base: str) -> None:
         """Drop everything cached about a segment (after a delete, around a copy)."""
@@ -215,13 +249,17 @@ class SegmentReader:
             except InvalidRange:
                 stored = b""
             if len(stored) != r.size:
-                raise DataLoss(f"{key}: truncated: {name} index needs bytes {r.position}..{r.position + r.size - 1}, "
-                               f"got {len(stored)} bytes")
+                raise DataLoss(
+                    f"{key}: truncated: {name} index needs bytes {r.position}..{r.position + r.size - 1}, "
+                    f"got {len(stored)} bytes"
+                )
         where = f"{key} ({name} index)"
         tags = seg.manifest.index_tags
         if tags is not None and seg.codec.encrypted and stored[-TAG_BYTES:] != tags.get(name):
-            raise DataLoss(f"{where}: the stored index is not the one written for this position (index blobs "
-                           f"swapped or copied in the bucket)")
+            raise DataLoss(
+                f"{where}: the stored index is not the one written for this position (index blobs "
+                f"swapped or copied in the bucket)"
+            )
         crc = seg.manifest.index_crcs.get(name) if seg.manifest.index_crcs else None
         plain = seg.codec.decrypt_only(stored, where, crc)
         self.indexes.put(seg.cache_key(name), plain, len(plain) + 64)
@@ -275,8 +313,12 @@ class SegmentReader:
         stored = decoded = 0
         limit = self.settings.max_range_bytes
         for c in chunks:
-            if run and (stored + c.transformed_size > limit or decoded + c.original_size > limit
-                        or c.id != run[-1].id + 1 or self.chunks.contains(seg.cache_key(c.id))):
+            if run and (
+                stored + c.transformed_size > limit
+                or decoded + c.original_size > limit
+                or c.id != run[-1].id + 1
+                or self.chunks.contains(seg.cache_key(c.id))
+            ):
                 break
             run.append(c)
             stored += c.transformed_size
@@ -299,13 +341,17 @@ class SegmentReader:
                 try:
                     stored = self.store.get_range(key, first.transformed_position, last.transformed_end - 1)
                 except ObjectNotFound:
-                    raise NotFound(f"segment {seg.base}: data object {key} is missing (the manifest exists)") from None
+                    raise NotFound(
+                        f"segment {seg.base}: data object {key} is missing (the manifest exists)"
+                    ) from None
                 except InvalidRange:
                     stored = b""
             want = last.transformed_end - first.transformed_position
             if len(stored) != want:
-                raise DataLoss(f"{key}: truncated: chunks {first.id}..{last.id} need {want} bytes at "
-                               f"{first.transformed_position}, got {len(stored)}")
+                raise DataLoss(
+                    f"{key}: truncated: chunks {first.id}..{last.id} need {want} bytes at "
+                    f"{first.transformed_position}, got {len(stored)}"
+                )
             for c in run:
                 plain = self._decode_chunk(seg, key, c, stored, first.transformed_position)
                 decoded += 1
@@ -315,7 +361,7 @@ class SegmentReader:
             for c in run[decoded:]:
                 try:
                     self._decode_chunk(seg, key, c, stored, run[0].transformed_position)
-                except Exception as e:  # noqa: BLE001 - handed to the waiting readers
+                except Exception as e:
                     self._loading.resolve(seg.cache_key(c.id), error=e)
             raise
         except BaseException as e:
@@ -331,15 +377,21 @@ class SegmentReader:
         piece = stored if lo == 0 and hi == len(stored) else memoryview(stored)[lo:hi]
         where = f"{key} chunk {c.id}"
         if tags is not None and seg.codec.encrypted and piece[-TAG_BYTES:] != tags[c.id]:
-            raise DataLoss(f"{where}: the stored chunk is not the one written at this position (chunks swapped or "
-                           f"copied in the bucket)")
+            raise DataLoss(
+                f"{where}: the stored chunk is not the one written at this position (chunks swapped or "
+                f"copied in the bucket)"
+            )
         plain = seg.codec.decode(piece, c.original_size, where, crcs[c.id] if crcs else None)
         self.chunks.put(seg.cache_key(c.id), plain, len(plain))
         self._loading.resolve(seg.cache_key(c.id), plain)
         return plain
 
     def _schedule_prefetch(self, seg: OpenSegment, chunk_id: int) -> None:
-        if self._prefetch is None or self.settings.prefetch_bytes <= 0 or self.settings.chunk_cache_bytes <= 0:
+        if (
+            self._prefetch is None
+            or self.settings.prefetch_bytes <= 0
+            or self.settings.chunk_cache_bytes <= 0
+        ):
             return
         index = seg.manifest.chunk_index
         n = max(1, self.settings.prefetch_bytes // index.original_chunk_size)
@@ -349,8 +401,11 @@ class SegmentReader:
                 return
             first = max(chunk_id + 1, seg.prefetched_to + 1)
             seg.prefetched_to = last
-        todo = [index.chunk(j) for j in range(first, last + 1)
-                if not self.chunks.contains(seg.cache_key(j)) and not self._loading.in_flight(seg.cache_key(j))]
+        todo = [
+            index.chunk(j)
+            for j in range(first, last + 1)
+            if not self.chunks.contains(seg.cache_key(j)) and not self._loading.in_flight(seg.cache_key(j))
+        ]
         if todo:
             try:
                 self._prefetch.submit(self._prefetch_run, seg, todo)

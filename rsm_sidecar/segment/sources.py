@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Iterable, Iterator, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from rsm_sidecar.errors import ConfigError, FailedPrecondition, InvalidArgument
 from rsm_sidecar.format import keys as fkeys
@@ -46,7 +47,7 @@ class BytesSource:
     def log_pieces(self, size: int) -> Iterator[bytes]:
         view = memoryview(self.log)
         for i in range(0, len(view), size):
-            yield view[i:i + size]
+            yield view[i : i + size]
 
     def index_files(self) -> dict[str, bytes | None]:
         return dict(self.indexes)
@@ -59,13 +60,16 @@ def allowed_dirs(dirs: list[str]) -> list[str]:
     out = []
     for d in dirs:
         if not d or not os.path.isabs(d):
-            raise ConfigError(f"copy.allowed_dirs: {d!r} is not an absolute directory path (list the broker's "
-                              f"log.dirs)")
+            raise ConfigError(
+                f"copy.allowed_dirs: {d!r} is not an absolute directory path (list the broker's log.dirs)"
+            )
         real = os.path.realpath(d)
         if not os.path.isdir(real):
             raise ConfigError(f"copy.allowed_dirs: {d} does not exist or is not a directory")
         if real == "/":
-            raise ConfigError(f"copy.allowed_dirs: {d} is the root directory; list the broker's log.dirs instead")
+            raise ConfigError(
+                f"copy.allowed_dirs: {d} is the root directory; list the broker's log.dirs instead"
+            )
         out.append(real)
     return out
 
@@ -79,30 +83,40 @@ def open_allowed(path: str, allowed: list[str], what: str, describe: str) -> tup
     paths). The check runs on the opened descriptor too, so a symlink swapped in between
     is caught; FIFOs and devices are refused without blocking."""
     if not allowed:
-        raise FailedPrecondition("path transfer mode is disabled on this sidecar: copy.allowed_dirs is empty; set it "
-                                 "to the broker's log.dirs (or use the shim's stream transfer mode)")
+        raise FailedPrecondition(
+            "path transfer mode is disabled on this sidecar: copy.allowed_dirs is empty; set it "
+            "to the broker's log.dirs (or use the shim's stream transfer mode)"
+        )
     if not path:
         raise InvalidArgument(f"copy of {describe}: the {what} path is empty")
     if "\x00" in path or not os.path.isabs(path):
-        raise InvalidArgument(f"copy of {describe}: the {what} path {fkeys.echo(path)} is not an absolute path")
+        raise InvalidArgument(
+            f"copy of {describe}: the {what} path {fkeys.echo(path)} is not an absolute path"
+        )
     if not _under(os.path.realpath(path), allowed):
-        raise InvalidArgument(f"copy of {describe}: the {what} path {fkeys.echo(path)} is outside copy.allowed_dirs")
+        raise InvalidArgument(
+            f"copy of {describe}: the {what} path {fkeys.echo(path)} is outside copy.allowed_dirs"
+        )
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
-        raise FailedPrecondition(f"copy of {describe}: cannot open the {what} file {fkeys.echo(path)}: "
-                                 f"{e.strerror}") from None
+        raise FailedPrecondition(
+            f"copy of {describe}: cannot open the {what} file {fkeys.echo(path)}: {e.strerror}"
+        ) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise InvalidArgument(f"copy of {describe}: the {what} path {fkeys.echo(path)} is not a regular file")
+            raise InvalidArgument(
+                f"copy of {describe}: the {what} path {fkeys.echo(path)} is not a regular file"
+            )
         try:
             real = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             real = os.path.realpath(path)
         if not _under(real, allowed):
-            raise InvalidArgument(f"copy of {describe}: the {what} path {fkeys.echo(path)} is outside "
-                                  f"copy.allowed_dirs")
+            raise InvalidArgument(
+                f"copy of {describe}: the {what} path {fkeys.echo(path)} is outside copy.allowed_dirs"
+            )
         return fd, st
     except BaseException:
         os.close(fd)
@@ -128,14 +142,17 @@ class PathSource:
                 try:
                     piece = os.read(self._fd, size)
                 except OSError as e:
-                    raise FailedPrecondition(f"copy of {self.describe}: cannot read {self.paths[LOG]}: "
-                                             f"{e.strerror}") from None
+                    raise FailedPrecondition(
+                        f"copy of {self.describe}: cannot read {self.paths[LOG]}: {e.strerror}"
+                    ) from None
                 if not piece:
                     break
                 total += len(piece)
                 if total > self.log_size:
-                    raise FailedPrecondition(f"copy of {self.describe}: {self.paths[LOG]} grew during the copy "
-                                             f"({self.log_size} bytes at start)")
+                    raise FailedPrecondition(
+                        f"copy of {self.describe}: {self.paths[LOG]} grew during the copy "
+                        f"({self.log_size} bytes at start)"
+                    )
                 yield piece
             self._verify_unchanged(total)
         finally:
@@ -156,8 +173,10 @@ class PathSource:
         if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev):
             raise FailedPrecondition(f"copy of {self.describe}: {path} was replaced during the copy")
         if now.st_size != before.st_size or now.st_mtime_ns != before.st_mtime_ns or total != before.st_size:
-            raise FailedPrecondition(f"copy of {self.describe}: {path} changed during the copy "
-                                     f"({before.st_size} bytes at start, {now.st_size} now, {total} read)")
+            raise FailedPrecondition(
+                f"copy of {self.describe}: {path} changed during the copy "
+                f"({before.st_size} bytes at start, {now.st_size} now, {total} read)"
+            )
 
     def index_files(self) -> dict[str, bytes | None]:
         out: dict[str, bytes | None] = {}
@@ -173,9 +192,11 @@ class PathSource:
         fd, st = open_allowed(path, self.allowed, f"{name} index", self.describe)
         try:
             if st.st_size > self.max_index_bytes:
-                raise FailedPrecondition(f"copy of {self.describe}: the {name} index {fkeys.echo(path)} has "
-                                         f"{st.st_size} bytes, more than copy.max_index_file_bytes "
-                                         f"({self.max_index_bytes})")
+                raise FailedPrecondition(
+                    f"copy of {self.describe}: the {name} index {fkeys.echo(path)} has "
+                    f"{st.st_size} bytes, more than copy.max_index_file_bytes "
+                    f"({self.max_index_bytes})"
+                )
             data = bytearray()
             while len(data) <= st.st_size:
                 piece = os.read(fd, st.st_size + 1 - len(data))
@@ -183,12 +204,15 @@ class PathSource:
                     break
                 data += piece
             if len(data) != st.st_size:
-                raise FailedPrecondition(f"copy of {self.describe}: the {name} index {fkeys.echo(path)} changed "
-                                         f"while it was read ({st.st_size} bytes expected, {len(data)} read)")
+                raise FailedPrecondition(
+                    f"copy of {self.describe}: the {name} index {fkeys.echo(path)} changed "
+                    f"while it was read ({st.st_size} bytes expected, {len(data)} read)"
+                )
             return bytes(data)
         except OSError as e:
-            raise FailedPrecondition(f"copy of {self.describe}: cannot read the {name} index "
-                                     f"{fkeys.echo(path)}: {e.strerror}") from None
+            raise FailedPrecondition(
+                f"copy of {self.describe}: cannot read the {name} index {fkeys.echo(path)}: {e.strerror}"
+            ) from None
         finally:
             os.close(fd)
 
@@ -199,8 +223,14 @@ class StreamSource:
     file is exactly its declared size (``sizes``: name -> size, ``transaction`` None when
     the segment has no transaction index)."""
 
-    def __init__(self, sizes: dict[str, int | None], messages: Iterable[tuple[str, bytes]], describe: str,
-                 max_message_bytes: int, max_index_bytes: int):
+    def __init__(
+        self,
+        sizes: dict[str, int | None],
+        messages: Iterable[tuple[str, bytes]],
+        describe: str,
+        max_message_bytes: int,
+        max_index_bytes: int,
+    ):
         self.messages = iter(messages)
         self.describe = describe
         self.max_message_bytes = max_message_bytes
@@ -211,8 +241,10 @@ class StreamSource:
             if size is not None and size < 0:
                 raise InvalidArgument(f"copy of {describe}: negative size declared for the {name} file")
             if size is not None and name != LOG and size > max_index_bytes:
-                raise FailedPrecondition(f"copy of {describe}: the {name} index has {size} bytes, more than "
-                                         f"copy.max_index_file_bytes ({max_index_bytes})")
+                raise FailedPrecondition(
+                    f"copy of {describe}: the {name} index has {size} bytes, more than "
+                    f"copy.max_index_file_bytes ({max_index_bytes})"
+                )
         self.log_size = sizes[LOG]
         self.received = {k: 0 for k in sizes}
         self._position = 0  # index into FILE_ORDER
@@ -223,33 +255,44 @@ class StreamSource:
             return None
         name, data = item
         if len(data) > self.max_message_bytes:
-            raise InvalidArgument(f"copy of {self.describe}: a message of {len(data)} bytes exceeds "
-                                  f"{self.max_message_bytes} bytes")
+            raise InvalidArgument(
+                f"copy of {self.describe}: a message of {len(data)} bytes exceeds "
+                f"{self.max_message_bytes} bytes"
+            )
         if name not in self.sizes:
             raise InvalidArgument(f"copy of {self.describe}: unknown file kind {fkeys.echo(name)}")
         order = FILE_ORDER.index(name)
         if order < self._position:
-            raise InvalidArgument(f"copy of {self.describe}: {name} data after {FILE_ORDER[self._position]} data "
-                                  f"(files must be sent in the contract's order)")
+            raise InvalidArgument(
+                f"copy of {self.describe}: {name} data after {FILE_ORDER[self._position]} data "
+                f"(files must be sent in the contract's order)"
+            )
         if self.sizes[name] is None:
-            raise InvalidArgument(f"copy of {self.describe}: transaction index data but no transaction index was "
-                                  f"declared")
+            raise InvalidArgument(
+                f"copy of {self.describe}: transaction index data but no transaction index was declared"
+            )
         self._position = order
         self.received[name] += len(data)
         if self.received[name] > self.sizes[name]:
-            raise InvalidArgument(f"copy of {self.describe}: more {name} bytes than the declared {self.sizes[name]}")
+            raise InvalidArgument(
+                f"copy of {self.describe}: more {name} bytes than the declared {self.sizes[name]}"
+            )
         return name, data
 
     def log_pieces(self, size: int) -> Iterator[bytes]:
         while self.received[LOG] < self.log_size:
             item = self._next()
             if item is None:
-                raise FailedPrecondition(f"copy of {self.describe}: the stream ended after {self.received[LOG]} of "
-                                         f"{self.log_size} bytes of the .log file")
+                raise FailedPrecondition(
+                    f"copy of {self.describe}: the stream ended after {self.received[LOG]} of "
+                    f"{self.log_size} bytes of the .log file"
+                )
             name, data = item
             if name != LOG:
-                raise FailedPrecondition(f"copy of {self.describe}: {name} data before the .log file was complete "
-                                         f"({self.received[LOG]} of {self.log_size} bytes)")
+                raise FailedPrecondition(
+                    f"copy of {self.describe}: {name} data before the .log file was complete "
+                    f"({self.received[LOG]} of {self.log_size} bytes)"
+                )
             yield data
 
     def index_files(self) -> dict[str, bytes | None]:
@@ -269,7 +312,9 @@ class StreamSource:
                 out[name] = None
                 continue
             if len(bufs[name]) != declared:
-                raise FailedPrecondition(f"copy of {self.describe}: the stream ended with {len(bufs[name])} of "
-                                         f"{declared} bytes of the {name} index")
+                raise FailedPrecondition(
+                    f"copy of {self.describe}: the stream ended with {len(bufs[name])} of "
+                    f"{declared} bytes of the {name} index"
+                )
             out[name] = bytes(bufs[name])
         return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import grpc
 
@@ -30,7 +30,9 @@ class Slots:
     @contextlib.contextmanager
     def take(self) -> Iterator[None]:
         if not self._sem.acquire(blocking=False):
-            raise ResourceExhausted(f"all {self.limit} {self.kind} slots are busy ({self.setting}); retry later")
+            raise ResourceExhausted(
+                f"all {self.limit} {self.kind} slots are busy ({self.setting}); retry later"
+            )
         try:
             yield
         finally:

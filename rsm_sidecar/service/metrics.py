@@ -12,20 +12,42 @@ class Metrics:
     def __init__(self, registry: prom.CollectorRegistry | None = None):
         self.registry = registry or prom.CollectorRegistry()
         r = self.registry
-        self.operations = prom.Counter("rsm_operations", "RPCs handled, by operation and outcome (OK or the gRPC status name).",
-                                       ["op", "outcome"], registry=r)
-        self.latency = prom.Histogram("rsm_operation_seconds", "RPC duration in seconds (for fetches: until the stream ends).",
-                                      ["op"], buckets=LATENCY_BUCKETS, registry=r)
-        self.first_byte = prom.Histogram("rsm_fetch_first_byte_seconds", "Fetch: time from the call to its first message.",
-                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.operations = prom.Counter(
+            "rsm_operations",
+            "RPCs handled, by operation and outcome (OK or the gRPC status name).",
+            ["op", "outcome"],
+            registry=r,
+        )
+        self.latency = prom.Histogram(
+            "rsm_operation_seconds",
+            "RPC duration in seconds (for fetches: until the stream ends).",
+            ["op"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_byte = prom.Histogram(
+            "rsm_fetch_first_byte_seconds",
+            "Fetch: time from the call to its first message.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = prom.Gauge("rsm_in_flight", "RPCs in progress, by operation.", ["op"], registry=r)
-        self.bytes = prom.Counter("rsm_bytes", "Bytes moved: copy_original (segment bytes received), copy_stored "
-                                  "(bytes written to storage), fetch_served (original bytes sent), index_served.",
-                                  ["kind"], registry=r)
-        self.segments = prom.Counter("rsm_segments_copied", "Segments copied, by whether zstd was applied.",
-                                     ["compressed"], registry=r)
-        self.cache_events = prom.Counter("rsm_cache_events", "Cache hits, misses and evictions by cache "
-                                         "(manifest, index, chunk).", ["cache", "event"], registry=r)
+        self.bytes = prom.Counter(
+            "rsm_bytes",
+            "Bytes moved: copy_original (segment bytes received), copy_stored "
+            "(bytes written to storage), fetch_served (original bytes sent), index_served.",
+            ["kind"],
+            registry=r,
+        )
+        self.segments = prom.Counter(
+            "rsm_segments_copied", "Segments copied, by whether zstd was applied.", ["compressed"], registry=r
+        )
+        self.cache_events = prom.Counter(
+            "rsm_cache_events",
+            "Cache hits, misses and evictions by cache (manifest, index, chunk).",
+            ["cache", "event"],
+            registry=r,
+        )
         self._caches = {}
         self._stores = []
         self._journal = None
@@ -53,14 +75,19 @@ class _DynamicCollector:
         for name, cache in self.m._caches.items():
             size.add_metric([name], cache.size_bytes)
         yield size
-        reqs = CounterMetricFamily("rsm_storage_requests", "Requests sent to object storage by backend and operation.",
-                                   labels=["backend", "op"])
+        reqs = CounterMetricFamily(
+            "rsm_storage_requests",
+            "Requests sent to object storage by backend and operation.",
+            labels=["backend", "op"],
+        )
         for store in self.m._stores:
             for op, n in sorted(store.requests.items()):
                 reqs.add_metric([store.name, op], n)
         yield reqs
         if self.m._journal is not None:
-            pending = GaugeMetricFamily("rsm_copy_leftovers", "Interrupted copies whose objects are still in "
-                                        "storage, waiting for the journal sweep.")
+            pending = GaugeMetricFamily(
+                "rsm_copy_leftovers",
+                "Interrupted copies whose objects are still in storage, waiting for the journal sweep.",
+            )
             pending.add_metric([], len(self.m._journal.pending()))
             yield pending

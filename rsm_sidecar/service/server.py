@@ -79,20 +79,27 @@ class SidecarServer:
         self.cfg = cfg
         reserved = cfg["copy.max_concurrent"] + cfg["fetch.max_concurrent"] + 8
         if cfg["server.max_workers"] < reserved:
-            raise ConfigError(f"server.max_workers: {cfg['server.max_workers']} threads cannot serve "
-                              f"copy.max_concurrent ({cfg['copy.max_concurrent']}) + fetch.max_concurrent "
-                              f"({cfg['fetch.max_concurrent']}) calls and keep 8 for health checks and deletes; "
-                              f"set it to at least {reserved}")
+            raise ConfigError(
+                f"server.max_workers: {cfg['server.max_workers']} threads cannot serve "
+                f"copy.max_concurrent ({cfg['copy.max_concurrent']}) + fetch.max_concurrent "
+                f"({cfg['fetch.max_concurrent']}) calls and keep 8 for health checks and deletes; "
+                f"set it to at least {reserved}"
+            )
         if not cfg["server.listen"].startswith("unix:"):
             split_listen(cfg["server.listen"], "server.listen")
         self.sidecar = sidecar or Sidecar.from_config(cfg)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.server = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(max_workers=cfg["server.max_workers"], thread_name_prefix="rpc"),
-            options=[("grpc.max_receive_message_length", 4 * 1024 * 1024),
-                     ("grpc.max_send_message_length", 4 * 1024 * 1024),
-                     ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=None)
+            concurrent.futures.ThreadPoolExecutor(
+                max_workers=cfg["server.max_workers"], thread_name_prefix="rpc"
+            ),
+            options=[
+                ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+                ("grpc.max_send_message_length", 4 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ],
+            maximum_concurrent_rpcs=None,
+        )
         self.servicer = RemoteStorageServicer(self.sidecar)
         self.server.add_generic_rpc_handlers((self.servicer.handlers(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -102,8 +109,11 @@ class SidecarServer:
         self._stopped = threading.Event()
 
     def _bind(self, listen: str) -> str:
-        cert, key, ca = (self.cfg["server.tls.cert_file"], self.cfg["server.tls.key_file"],
-                         self.cfg["server.tls.client_ca_file"])
+        cert, key, ca = (
+            self.cfg["server.tls.cert_file"],
+            self.cfg["server.tls.key_file"],
+            self.cfg["server.tls.client_ca_file"],
+        )
         if bool(cert) != bool(key):
             raise ConfigError("server.tls.cert_file and server.tls.key_file must be set together")
         if ca and not cert:
@@ -111,20 +121,33 @@ class SidecarServer:
         creds = None
         if cert:
             creds = grpc.ssl_server_credentials(
-                [(_read_pem(key, "server.tls.key_file", "private key"),
-                  _read_pem(cert, "server.tls.cert_file", "certificate"))],
+                [
+                    (
+                        _read_pem(key, "server.tls.key_file", "private key"),
+                        _read_pem(cert, "server.tls.cert_file", "certificate"),
+                    )
+                ],
                 root_certificates=_read_pem(ca, "server.tls.client_ca_file", "certificate") if ca else None,
-                require_client_auth=bool(ca))
+                require_client_auth=bool(ca),
+            )
         socket_path = None
         if listen.startswith("unix:"):
-            socket_path = Path(listen[len("unix://"):] if listen.startswith("unix://") else listen[len("unix:"):])
+            socket_path = Path(
+                listen[len("unix://") :] if listen.startswith("unix://") else listen[len("unix:") :]
+            )
             if not socket_path.is_absolute():
-                raise ConfigError(f"server.listen: {listen!r}: the socket path must be absolute (unix:///path)")
+                raise ConfigError(
+                    f"server.listen: {listen!r}: the socket path must be absolute (unix:///path)"
+                )
             try:
                 socket_path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise ConfigError(f"server.listen: cannot create {socket_path.parent}: {e.strerror}") from None
-            self._socket_lock = lock_exclusively(socket_path.with_name(socket_path.name + ".lock"), "server.listen")
+                raise ConfigError(
+                    f"server.listen: cannot create {socket_path.parent}: {e.strerror}"
+                ) from None
+            self._socket_lock = lock_exclusively(
+                socket_path.with_name(socket_path.name + ".lock"), "server.listen"
+            )
         else:
             host, _ = split_listen(listen, "server.listen")
             if not is_loopback(host) and not ca and not self.cfg["server.allow_plaintext_non_loopback"]:
@@ -133,10 +156,13 @@ class SidecarServer:
                     f"who reaches it could read, overwrite and delete every tiered segment. Require client "
                     f"certificates (server.tls.cert_file, server.tls.key_file, server.tls.client_ca_file), use a Unix "
                     f"socket or 127.0.0.1, or set server.allow_plaintext_non_loopback = true on a network only the "
-                    f"broker can reach")
+                    f"broker can reach"
+                )
         old_umask = os.umask(0o077)  # the socket file is created 0600
         try:
-            port = self.server.add_secure_port(listen, creds) if creds else self.server.add_insecure_port(listen)
+            port = (
+                self.server.add_secure_port(listen, creds) if creds else self.server.add_insecure_port(listen)
+            )
         except RuntimeError as e:
             raise ConfigError(f"server.listen: cannot listen on {listen}: {e}") from None
         finally:
@@ -145,7 +171,9 @@ class SidecarServer:
             try:
                 os.chmod(socket_path, 0o600)
             except OSError as e:
-                raise ConfigError(f"server.listen: cannot restrict {socket_path} to mode 0600: {e.strerror}") from None
+                raise ConfigError(
+                    f"server.listen: cannot restrict {socket_path} to mode 0600: {e.strerror}"
+                ) from None
             return listen
         host = listen.rsplit(":", 1)[0]
         return f"{host}:{port}"
@@ -159,7 +187,7 @@ class SidecarServer:
                 log.info("settled %d copy journal entries of interrupted copies", cleaned)
         try:
             self.sidecar.store.remove_leftovers()
-        except Exception as e:  # noqa: BLE001 - best effort, retried at the next sweep
+        except Exception as e:
             log.warning("could not remove the temp files of interrupted writes: %s", e)
 
     def _sweep_periodically(self) -> None:
@@ -175,16 +203,20 @@ class SidecarServer:
             host, port = split_listen(listen, "metrics.listen")
             try:
                 self._metrics_server, _ = prometheus_client.start_http_server(
-                    port, addr=host or "127.0.0.1", registry=self.sidecar.metrics.registry)
+                    port, addr=host or "127.0.0.1", registry=self.sidecar.metrics.registry
+                )
             except (OSError, ValueError) as e:
                 raise ConfigError(f"metrics.listen: cannot serve metrics on {listen}: {e}") from None
         self.server.start()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("rsm-sidecar serving on %s (storage: %s, encryption: %s)", self.address,
-                 self.sidecar.store.describe(),
-                 f"active key {self.sidecar.keyring.active_id}" if self.sidecar.keyring else "off",
-                 extra={"fields": {"listen": self.address}})
+        log.info(
+            "rsm-sidecar serving on %s (storage: %s, encryption: %s)",
+            self.address,
+            self.sidecar.store.describe(),
+            f"active key {self.sidecar.keyring.active_id}" if self.sidecar.keyring else "off",
+            extra={"fields": {"listen": self.address}},
+        )
 
     def stop(self, grace: float | None = None) -> None:
         if self._stopped.is_set():

@@ -11,12 +11,19 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import grpc
 
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
-from rsm_sidecar.errors import Cancelled, DeadlineExceeded, FailedPrecondition, InvalidArgument, OutOfRange, RsmError
+from rsm_sidecar.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    OutOfRange,
+    RsmError,
+)
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.segment import sources
 from rsm_sidecar.segment.objects import delete_segment_objects
@@ -28,8 +35,13 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 1024 * 1024
 #: longest status message sent to a client (gRPC trailers are limited in size)
 MAX_STATUS_CHARS = 2000
-FILE_NAMES = {pb.LOG: sources.LOG, pb.OFFSET_INDEX: "offset", pb.TIME_INDEX: "timestamp",
-              pb.PRODUCER_SNAPSHOT_FILE: "producerSnapshot", pb.TRANSACTION_INDEX: "transaction"}
+FILE_NAMES = {
+    pb.LOG: sources.LOG,
+    pb.OFFSET_INDEX: "offset",
+    pb.TIME_INDEX: "timestamp",
+    pb.PRODUCER_SNAPSHOT_FILE: "producerSnapshot",
+    pb.TRANSACTION_INDEX: "transaction",
+}
 
 
 class Malformed:
@@ -43,8 +55,9 @@ def _lenient(parse):
     def deserialize(data: bytes):
         try:
             return parse(data)
-        except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and others
+        except Exception as e:
             return Malformed(e)
+
     return deserialize
 
 
@@ -66,7 +79,9 @@ def _abort(context: grpc.ServicerContext, op: str, metrics, err: BaseException) 
         # a missing segment and a reader that went away are routine; a copy that did not finish is not
         routine = code == grpc.StatusCode.NOT_FOUND or (code == grpc.StatusCode.CANCELLED and op != "copy")
         level = logging.INFO if routine else logging.WARNING
-        log.log(level, "%s failed: %s %s", op, code.name, msg, extra={"fields": {"op": op, "status": code.name}})
+        log.log(
+            level, "%s failed: %s %s", op, code.name, msg, extra={"fields": {"op": op, "status": code.name}}
+        )
     else:
         code, msg = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
         log.error("%s failed with an unexpected error", op, exc_info=err, extra={"fields": {"op": op}})
@@ -93,7 +108,9 @@ def unary(op: str):
             finally:
                 m.in_flight.labels(op).dec()
                 m.latency.labels(op).observe(time.monotonic() - t0)
+
         return handler
+
     return wrap
 
 
@@ -123,13 +140,15 @@ def streaming(op: str):
             finally:
                 m.in_flight.labels(op).dec()
                 m.latency.labels(op).observe(time.monotonic() - t0)
+
         return handler
+
     return wrap
 
 
 def _pieces(data) -> Iterator:
     for i in range(0, len(data), MAX_MESSAGE_BYTES):
-        yield data[i:i + MAX_MESSAGE_BYTES]
+        yield data[i : i + MAX_MESSAGE_BYTES]
 
 
 def _varint(n: int) -> bytes:
@@ -168,15 +187,23 @@ class RemoteStorageServicer:
         """The service's method handlers, with lenient request parsing."""
         methods = {
             "CopySegment": grpc.stream_unary_rpc_method_handler(
-                self.CopySegment, _lenient(pb.CopySegmentRequest.FromString),
-                pb.CopySegmentResponse.SerializeToString),
+                self.CopySegment,
+                _lenient(pb.CopySegmentRequest.FromString),
+                pb.CopySegmentResponse.SerializeToString,
+            ),
             "FetchSegment": grpc.unary_stream_rpc_method_handler(
-                self.FetchSegment, _lenient(pb.FetchSegmentRequest.FromString), _pre_encoded),
+                self.FetchSegment, _lenient(pb.FetchSegmentRequest.FromString), _pre_encoded
+            ),
             "FetchIndex": grpc.unary_stream_rpc_method_handler(
-                self.FetchIndex, _lenient(pb.FetchIndexRequest.FromString), pb.FetchIndexResponse.SerializeToString),
+                self.FetchIndex,
+                _lenient(pb.FetchIndexRequest.FromString),
+                pb.FetchIndexResponse.SerializeToString,
+            ),
             "DeleteSegment": grpc.unary_unary_rpc_method_handler(
-                self.DeleteSegment, _lenient(pb.DeleteSegmentRequest.FromString),
-                pb.DeleteSegmentResponse.SerializeToString),
+                self.DeleteSegment,
+                _lenient(pb.DeleteSegmentRequest.FromString),
+                pb.DeleteSegmentResponse.SerializeToString,
+            ),
         }
         return grpc.method_handlers_generic_handler("rsm.v1.RemoteStorage", methods)
 
@@ -199,8 +226,10 @@ class RemoteStorageServicer:
             except Exception as e:
                 what = f"copy of {md.describe}" if md else "copy"
                 if watch.expired:
-                    raise DeadlineExceeded(f"{what}: no progress for {self.copy_idle:g} s "
-                                           f"(copy.idle_timeout_seconds); the copy was abandoned") from None
+                    raise DeadlineExceeded(
+                        f"{what}: no progress for {self.copy_idle:g} s "
+                        f"(copy.idle_timeout_seconds); the copy was abandoned"
+                    ) from None
                 if isinstance(e, Cancelled) and md and md.describe not in str(e):
                     raise Cancelled(f"{what}: {e}") from None
                 raise
@@ -218,26 +247,43 @@ class RemoteStorageServicer:
             watch.touch()
             yield _well_formed(req, "CopySegmentRequest")
 
-    def _copy(self, md: fkeys.SegmentMetadata, begin: pb.CopyBegin, messages, context, watch) -> pb.CopySegmentResponse:
+    def _copy(
+        self, md: fkeys.SegmentMetadata, begin: pb.CopyBegin, messages, context, watch
+    ) -> pb.CopySegmentResponse:
         s = self.sidecar
         files = begin.files
         if begin.mode == pb.PATH:
-            paths = {sources.LOG: files.log_path, "offset": files.offset_index_path,
-                     "timestamp": files.time_index_path, "producerSnapshot": files.producer_snapshot_path,
-                     "transaction": files.transaction_index_path if files.HasField("transaction_index_path") else None}
+            paths = {
+                sources.LOG: files.log_path,
+                "offset": files.offset_index_path,
+                "timestamp": files.time_index_path,
+                "producerSnapshot": files.producer_snapshot_path,
+                "transaction": files.transaction_index_path
+                if files.HasField("transaction_index_path")
+                else None,
+            }
             source = sources.PathSource(paths, md.describe, self.allowed_dirs, self.max_index_bytes)
         elif begin.mode == pb.STREAM:
-            sizes = {sources.LOG: files.log_size, "offset": files.offset_index_size,
-                     "timestamp": files.time_index_size, "producerSnapshot": files.producer_snapshot_size,
-                     "transaction": files.transaction_index_size if files.HasField("transaction_index_size") else None}
-            source = sources.StreamSource(sizes, self._stream_data(messages, md), md.describe, MAX_MESSAGE_BYTES,
-                                          self.max_index_bytes)
+            sizes = {
+                sources.LOG: files.log_size,
+                "offset": files.offset_index_size,
+                "timestamp": files.time_index_size,
+                "producerSnapshot": files.producer_snapshot_size,
+                "transaction": files.transaction_index_size
+                if files.HasField("transaction_index_size")
+                else None,
+            }
+            source = sources.StreamSource(
+                sizes, self._stream_data(messages, md), md.describe, MAX_MESSAGE_BYTES, self.max_index_bytes
+            )
         else:
             raise InvalidArgument(f"copy of {md.describe}: unknown transfer mode {begin.mode}")
         log_size = source.log_size
         if md.segment_size and md.segment_size != log_size:
-            raise FailedPrecondition(f"copy of {md.describe}: segment_size_in_bytes is {md.segment_size} but the "
-                                     f".log file has {log_size} bytes")
+            raise FailedPrecondition(
+                f"copy of {md.describe}: segment_size_in_bytes is {md.segment_size} but the "
+                f".log file has {log_size} bytes"
+            )
         stored = s.metrics.bytes.labels("copy_stored")
 
         def on_stored(n: int) -> None:
@@ -245,15 +291,31 @@ class RemoteStorageServicer:
             watch.touch()
 
         t0 = time.monotonic()
-        result = s.copier.copy(md, source, bytes(begin.leader_epoch_checkpoint),
-                               is_cancelled=lambda: not context.is_active(), on_stored_bytes=on_stored)
+        result = s.copier.copy(
+            md,
+            source,
+            bytes(begin.leader_epoch_checkpoint),
+            is_cancelled=lambda: not context.is_active(),
+            on_stored_bytes=on_stored,
+        )
         s.metrics.bytes.labels("copy_original").inc(log_size)
         s.metrics.segments.labels(str(result.manifest.compression).lower()).inc()
-        log.info("copied %s: %d bytes -> %d stored in %.2fs", md.describe, log_size, result.stored_bytes,
-                 time.monotonic() - t0, extra={"fields": {"op": "copy", "segment": md.segment_id,
-                                                           "key": result.base_key,
-                                                           "compressed": result.manifest.compression,
-                                                           "encrypted": result.manifest.encryption is not None}})
+        log.info(
+            "copied %s: %d bytes -> %d stored in %.2fs",
+            md.describe,
+            log_size,
+            result.stored_bytes,
+            time.monotonic() - t0,
+            extra={
+                "fields": {
+                    "op": "copy",
+                    "segment": md.segment_id,
+                    "key": result.base_key,
+                    "compressed": result.manifest.compression,
+                    "encrypted": result.manifest.encryption is not None,
+                }
+            },
+        )
         resp = pb.CopySegmentResponse(stored_bytes=result.stored_bytes, object_key_base=result.base_key)
         if result.custom_metadata is not None:
             resp.custom_metadata = result.custom_metadata
@@ -284,7 +346,9 @@ class RemoteStorageServicer:
             seg = reader.open(md)
             size = seg.manifest.original_size
             if start > size:
-                raise OutOfRange(f"start position {start} is beyond the end of segment {md.describe} ({size} bytes)")
+                raise OutOfRange(
+                    f"start position {start} is beyond the end of segment {md.describe} ({size} bytes)"
+                )
             end = request.end_position if request.HasField("end_position") else size - 1
             served = self.sidecar.metrics.bytes.labels("fetch_served")
             for piece in reader.read(seg, start, min(end, size - 1), views=True):
@@ -299,7 +363,9 @@ class RemoteStorageServicer:
         request = _well_formed(request, "FetchIndexRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
             md = _metadata(request.metadata)
-            type_name = pb.IndexType.Name(request.index_type) if request.index_type in pb.IndexType.values() else None
+            type_name = (
+                pb.IndexType.Name(request.index_type) if request.index_type in pb.IndexType.values() else None
+            )
             if type_name not in INDEX_BY_TYPE:
                 raise InvalidArgument(f"unknown index type {request.index_type}")
             reader = self.sidecar.reader
@@ -319,5 +385,9 @@ class RemoteStorageServicer:
         with s.copier.locks.hold(base, lambda: not context.is_active(), f"delete of {md.describe}"):
             delete_segment_objects(s.store, base)
             s.reader.forget(base)
-        log.info("deleted %s", md.describe, extra={"fields": {"op": "delete", "segment": md.segment_id, "key": base}})
+        log.info(
+            "deleted %s",
+            md.describe,
+            extra={"fields": {"op": "delete", "segment": md.segment_id, "key": base}},
+        )
         return pb.DeleteSegmentResponse()

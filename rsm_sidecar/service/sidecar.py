@@ -35,15 +35,21 @@ class Sidecar:
     prefetch_pool: concurrent.futures.ThreadPoolExecutor
 
     @classmethod
-    def from_config(cls, cfg: Config, store: ObjectStore | None = None, check_store: bool = True) -> "Sidecar":
+    def from_config(
+        cls, cfg: Config, store: ObjectStore | None = None, check_store: bool = True
+    ) -> Sidecar:
         layout = KeyLayout(cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"])
         fields = cfg["segment.custom_metadata_fields"]
-        worst = custom_metadata.worst_case_size(fields, cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"])
+        worst = custom_metadata.worst_case_size(
+            fields, cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"]
+        )
         if worst > cfg["segment.custom_metadata_max_bytes"]:
-            raise ConfigError(f"segment.custom_metadata_fields: {', '.join(fields)} may need {worst} bytes, more than "
-                              f"segment.custom_metadata_max_bytes = {cfg['segment.custom_metadata_max_bytes']} "
-                              f"(the broker's remote.log.metadata.custom.metadata.max.bytes); drop OBJECT_KEY or "
-                              f"raise both limits")
+            raise ConfigError(
+                f"segment.custom_metadata_fields: {', '.join(fields)} may need {worst} bytes, more than "
+                f"segment.custom_metadata_max_bytes = {cfg['segment.custom_metadata_max_bytes']} "
+                f"(the broker's remote.log.metadata.custom.metadata.max.bytes); drop OBJECT_KEY or "
+                f"raise both limits"
+            )
         keyring = Keyring.from_config(cfg)
         store = store or open_store(cfg)
         if check_store:
@@ -52,18 +58,31 @@ class Sidecar:
         metrics.track_store(store)
         settings = CopySettings.from_config(cfg)
         transform_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(64, cfg["copy.max_concurrent"] * settings.parallelism), thread_name_prefix="transform")
+            max_workers=min(64, cfg["copy.max_concurrent"] * settings.parallelism),
+            thread_name_prefix="transform",
+        )
         prefetch_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="prefetch")
-        reader = SegmentReader(store, layout, keyring, ReaderSettings.from_config(cfg), prefetch_pool,
-                               on_cache_event=metrics.cache_event)
-        for name, cache in (("manifest", reader.manifests), ("index", reader.indexes), ("chunk", reader.chunks)):
+        reader = SegmentReader(
+            store,
+            layout,
+            keyring,
+            ReaderSettings.from_config(cfg),
+            prefetch_pool,
+            on_cache_event=metrics.cache_event,
+        )
+        for name, cache in (
+            ("manifest", reader.manifests),
+            ("index", reader.indexes),
+            ("chunk", reader.chunks),
+        ):
             metrics.track_cache(name, cache)
         locks = SegmentLocks()
         journal = CopyJournal(cfg["copy.journal_dir"], store, locks) if cfg["copy.journal_dir"] else None
         if journal is not None:
             metrics.track_journal(journal)
-        copier = SegmentCopier(store, layout, keyring, settings, transform_pool, journal, locks,
-                               on_rewrite=reader.forget)
+        copier = SegmentCopier(
+            store, layout, keyring, settings, transform_pool, journal, locks, on_rewrite=reader.forget
+        )
         return cls(cfg, store, layout, keyring, copier, reader, metrics, transform_pool, prefetch_pool)
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ import dataclasses
 import datetime
 import logging
 import threading
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import grpc
 
@@ -90,7 +90,7 @@ class ObjectWriter(abc.ABC):
     def abort(self) -> None:
         """Discard everything written; idempotent; never raises for 'nothing to abort'."""
 
-    def __enter__(self) -> "ObjectWriter":
+    def __enter__(self) -> ObjectWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -120,10 +120,11 @@ class UploadHandle(ObjectWriter):
         upload = getattr(self, "_upload", None)
         try:
             if upload is not None and upload.has_unfinished_upload():
-                logging.getLogger(__name__).warning("uncommitted writer for %s garbage-collected; aborting it",
-                                                    upload.url)
+                logging.getLogger(__name__).warning(
+                    "uncommitted writer for %s garbage-collected; aborting it", upload.url
+                )
                 upload.abort()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
+        except Exception:
             pass
 
 
@@ -150,8 +151,7 @@ class ObjectStore(abc.ABC):
 
     # -- the contract -------------------------------------------------------
     @abc.abstractmethod
-    def open_writer(self, key: str) -> ObjectWriter:
-        ...
+    def open_writer(self, key: str) -> ObjectWriter: ...
 
     def put(self, key: str, data: bytes) -> None:
         """Write a small object in one go (manifests)."""
@@ -168,8 +168,7 @@ class ObjectStore(abc.ABC):
         """Bytes [start, end] inclusive (see the module docstring)."""
 
     @abc.abstractmethod
-    def size(self, key: str) -> int:
-        ...
+    def size(self, key: str) -> int: ...
 
     def exists(self, key: str) -> bool:
         try:
@@ -179,8 +178,7 @@ class ObjectStore(abc.ABC):
             return False
 
     @abc.abstractmethod
-    def delete(self, key: str) -> None:
-        ...
+    def delete(self, key: str) -> None: ...
 
     def delete_many(self, keys: Iterable[str]) -> None:
         """Delete every key; missing keys are fine. Raises ``StorageError`` naming the
@@ -199,8 +197,7 @@ class ObjectStore(abc.ABC):
             raise StorageError("could not delete " + "; ".join(failures))
 
     @abc.abstractmethod
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        ...
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
 
     def check(self) -> None:
         """Verify at start-up that the store is usable (bucket exists, credentials

@@ -32,7 +32,8 @@ import threading
 import time
 import urllib.parse
 import uuid
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import google.auth
 import google.auth.exceptions
@@ -51,58 +52,114 @@ from rsm_sidecar.storage.base import (
     ObjectNotFound,
     ObjectStore,
     ObjectWriter,
-    UploadHandle,
     StorageError,
     StorageTimeout,
     StorageUnavailable,
+    UploadHandle,
 )
 
 log = logging.getLogger(__name__)
 
 KiB = 1024
 MiB = 1024 * KiB
-CHUNK_GRANULARITY = 256 * KiB      # resumable chunks must be multiples of this (but the last)
+CHUNK_GRANULARITY = 256 * KiB  # resumable chunks must be multiples of this (but the last)
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
 CONFIG_KEYS = [
-    Key("storage.gcs.bucket", "str", None, "Bucket that holds the objects.", required_when=("storage.backend", "gcs")),
+    Key(
+        "storage.gcs.bucket",
+        "str",
+        None,
+        "Bucket that holds the objects.",
+        required_when=("storage.backend", "gcs"),
+    ),
     Key("storage.gcs.project", "str", None, "Project id sent with requests (not needed for object access)."),
-    Key("storage.gcs.endpoint_url", "str", None,
+    Key(
+        "storage.gcs.endpoint_url",
+        "str",
+        None,
         "API endpoint, e.g. `http://127.0.0.1:4443` for fake-gcs-server or a Private Service Connect endpoint. "
-        "Unset: `https://storage.googleapis.com` (or `STORAGE_EMULATOR_HOST`)."),
-    Key("storage.gcs.credentials", "str", "default",
+        "Unset: `https://storage.googleapis.com` (or `STORAGE_EMULATOR_HOST`).",
+    ),
+    Key(
+        "storage.gcs.credentials",
+        "str",
+        "default",
         "`default`: application default credentials (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's ADC file, "
         "the GCE/GKE metadata server incl. Workload Identity); `file`: the JSON file in "
         "`storage.gcs.credentials_file`; `anonymous`: no credentials (emulators, public buckets).",
-        choices=("default", "file", "anonymous")),
-    Key("storage.gcs.credentials_file", "path", None,
+        choices=("default", "file", "anonymous"),
+    ),
+    Key(
+        "storage.gcs.credentials_file",
+        "path",
+        None,
         "Service-account key (or external-account/Workload Identity Federation) JSON file.",
-        required_when=("storage.gcs.credentials", "file")),
-    Key("storage.gcs.chunk_size", "size", 8 * MiB,
+        required_when=("storage.gcs.credentials", "file"),
+    ),
+    Key(
+        "storage.gcs.chunk_size",
+        "size",
+        8 * MiB,
         "Resumable-upload chunk size, a multiple of 256 KiB; objects up to this size are one request. "
-        "Memory per upload is at most 2 x chunk_size.", min=CHUNK_GRANULARITY, max=1024 * MiB),
-    Key("storage.gcs.checksum", "bool", True,
-        "Send the CRC32C of every upload (GCS rejects a mismatch) and verify it on whole-object GETs."),
+        "Memory per upload is at most 2 x chunk_size.",
+        min=CHUNK_GRANULARITY,
+        max=1024 * MiB,
+    ),
+    Key(
+        "storage.gcs.checksum",
+        "bool",
+        True,
+        "Send the CRC32C of every upload (GCS rejects a mismatch) and verify it on whole-object GETs.",
+    ),
     Key("storage.gcs.connect_timeout", "seconds", 5.0, "TCP/TLS connect timeout of one attempt.", min=0.1),
-    Key("storage.gcs.read_timeout", "seconds", 30.0,
-        "Longest wait for the service to answer or send more bytes, per attempt.", min=0.1),
-    Key("storage.gcs.max_attempts", "int", 3,
+    Key(
+        "storage.gcs.read_timeout",
+        "seconds",
+        30.0,
+        "Longest wait for the service to answer or send more bytes, per attempt.",
+        min=0.1,
+    ),
+    Key(
+        "storage.gcs.max_attempts",
+        "int",
+        3,
         "Attempts per request including the first (429, 5xx, connection errors and timeouts are retried with "
         "exponential backoff and jitter; resumable chunk uploads are not retried: the writer fails).",
-        min=1, max=20),
-    Key("storage.gcs.delete_concurrency", "int", 16, "Parallel DELETE requests of one `delete_many`.", min=1, max=128),
-    Key("storage.gcs.max_pool_connections", "int", 64, "HTTP connections kept to the service.", min=1, max=1024),
-    Key("storage.gcs.startup_write_check", "bool", True,
-        "At start-up, after listing the bucket, write and delete a 0-byte probe object under `storage.key_prefix`."),
+        min=1,
+        max=20,
+    ),
+    Key(
+        "storage.gcs.delete_concurrency",
+        "int",
+        16,
+        "Parallel DELETE requests of one `delete_many`.",
+        min=1,
+        max=128,
+    ),
+    Key(
+        "storage.gcs.max_pool_connections",
+        "int",
+        64,
+        "HTTP connections kept to the service.",
+        min=1,
+        max=1024,
+    ),
+    Key(
+        "storage.gcs.startup_write_check",
+        "bool",
+        True,
+        "At start-up, after listing the bucket, write and delete a 0-byte probe object under `storage.key_prefix`.",
+    ),
 ]
 
 
-def _crc_update(crc: "google_crc32c.Checksum", data) -> None:
+def _crc_update(crc: google_crc32c.Checksum, data) -> None:
     """Feed ``data`` (any bytes-like) to ``crc`` in 1 MiB copies (the C extension takes only bytes)."""
     mv = memoryview(data).cast("B")
     for i in range(0, len(mv), MiB):
-        crc.update(bytes(mv[i:i + MiB]))
+        crc.update(bytes(mv[i : i + MiB]))
 
 
 def _describe_credentials_file(path: str) -> str:
@@ -112,8 +169,11 @@ def _describe_credentials_file(path: str) -> str:
     except (OSError, ValueError):
         return f"credentials file {path}"
     kind = info.get("type", "unknown type")
-    who = info.get("client_email") or info.get("service_account_impersonation_url", "").rsplit("/", 1)[-1] \
+    who = (
+        info.get("client_email")
+        or info.get("service_account_impersonation_url", "").rsplit("/", 1)[-1]
         or info.get("audience", "")
+    )
     return f"credentials file {path} ({kind}{', ' + who if who else ''})"
 
 
@@ -147,9 +207,13 @@ def _credentials_from_file(path: str):
     if kind == "impersonated_service_account":
         from google.auth import impersonated_credentials
 
-        return impersonated_credentials.Credentials.from_impersonated_service_account_info(info, scopes=scopes)
-    raise ValueError(f"unsupported credentials type {kind!r} (expected service_account, authorized_user, "
-                     "external_account, external_account_authorized_user or impersonated_service_account)")
+        return impersonated_credentials.Credentials.from_impersonated_service_account_info(
+            info, scopes=scopes
+        )
+    raise ValueError(
+        f"unsupported credentials type {kind!r} (expected service_account, authorized_user, "
+        "external_account, external_account_authorized_user or impersonated_service_account)"
+    )
 
 
 def _load_credentials(mode: str, credentials_file: str | None):
@@ -169,18 +233,24 @@ def _load_credentials(mode: str, credentials_file: str | None):
     try:
         creds, _ = google.auth.default(scopes=list(SCOPES))
     except google.auth.exceptions.DefaultCredentialsError as e:
-        raise ConfigError("storage.gcs.credentials = default: no application default credentials found "
-                          f"(GOOGLE_APPLICATION_CREDENTIALS, gcloud ADC file, metadata server): {e}") from None
+        raise ConfigError(
+            "storage.gcs.credentials = default: no application default credentials found "
+            f"(GOOGLE_APPLICATION_CREDENTIALS, gcloud ADC file, metadata server): {e}"
+        ) from None
     env_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
     module = type(creds).__module__
     if env_file:
-        source = "application default credentials from GOOGLE_APPLICATION_CREDENTIALS, " + \
-            _describe_credentials_file(env_file)
+        source = (
+            "application default credentials from GOOGLE_APPLICATION_CREDENTIALS, "
+            + _describe_credentials_file(env_file)
+        )
     elif "compute_engine" in module:
         email = getattr(creds, "service_account_email", "default")
         source = f"application default credentials from the GCE/GKE metadata server (service account {email})"
     else:
-        source = f"application default credentials ({module}.{type(creds).__name__}, gcloud ADC file or similar)"
+        source = (
+            f"application default credentials ({module}.{type(creds).__name__}, gcloud ADC file or similar)"
+        )
     return creds, source
 
 
@@ -209,8 +279,10 @@ class GcsObjectStore(ObjectStore):
         if not bucket:
             raise ConfigError("storage.gcs.bucket: missing; the bucket that holds the objects")
         if chunk_size <= 0 or chunk_size % CHUNK_GRANULARITY:
-            raise ConfigError(f"storage.gcs.chunk_size: {chunk_size} is not a positive multiple of 256 KiB "
-                              f"({CHUNK_GRANULARITY} bytes)")
+            raise ConfigError(
+                f"storage.gcs.chunk_size: {chunk_size} is not a positive multiple of 256 KiB "
+                f"({CHUNK_GRANULARITY} bytes)"
+            )
         self.bucket = bucket
         self.chunk_size = chunk_size
         self.checksum = checksum
@@ -228,7 +300,9 @@ class GcsObjectStore(ObjectStore):
             raise ConfigError(f"storage.gcs: cannot create a GCS client for bucket {bucket!r}: {e}") from None
         self.base_url = self._client._connection.API_BASE_URL.rstrip("/")
         self._http: requests.Session = self._client._http
-        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=max_pool_connections, max_retries=0)
+        adapter = requests.adapters.HTTPAdapter(
+            pool_connections=4, pool_maxsize=max_pool_connections, max_retries=0
+        )
         self._http.mount("https://", adapter)
         self._http.mount("http://", adapter)
         self._bucket_path = urllib.parse.quote(bucket, safe="")
@@ -239,7 +313,7 @@ class GcsObjectStore(ObjectStore):
         self._buffered_lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "GcsObjectStore":
+    def from_config(cls, cfg: Config) -> GcsObjectStore:
         g = cfg.get
         return cls(
             g("storage.gcs.bucket"),
@@ -270,10 +344,17 @@ class GcsObjectStore(ObjectStore):
     def _check_name(key: str) -> str:
         """GCS object naming rules, checked before a request is built (a "." key would
         otherwise be normalized out of the URL and address something else)."""
-        if not key or key in (".", "..") or "\r" in key or "\n" in key or len(key.encode()) > 1024 \
-                or key.startswith(".well-known/acme-challenge/"):
-            raise InvalidArgument(f"invalid GCS object name {key!r}: 1-1024 bytes of UTF-8, no CR/LF, "
-                                  "not '.' or '..'")
+        if (
+            not key
+            or key in (".", "..")
+            or "\r" in key
+            or "\n" in key
+            or len(key.encode()) > 1024
+            or key.startswith(".well-known/acme-challenge/")
+        ):
+            raise InvalidArgument(
+                f"invalid GCS object name {key!r}: 1-1024 bytes of UTF-8, no CR/LF, not '.' or '..'"
+            )
         return key
 
     def _object_url(self, key: str) -> str:
@@ -291,8 +372,9 @@ class GcsObjectStore(ObjectStore):
         return url
 
     # -- requests and errors ------------------------------------------------------------------
-    def _translate_status(self, resp: requests.Response, op: str, key: str | None,
-                          start: int | None = None) -> RsmError:
+    def _translate_status(
+        self, resp: requests.Response, op: str, key: str | None, start: int | None = None
+    ) -> RsmError:
         what = f"{op} gs://{self.bucket}/{key}" if key is not None else f"{op} on bucket {self.bucket}"
         try:
             detail = resp.json().get("error", {}).get("message", "")
@@ -303,16 +385,20 @@ class GcsObjectStore(ObjectStore):
         if status == 404:
             if key is not None and "bucket" not in detail.lower():
                 return ObjectNotFound(key)
-            return StorageError(f"{what}: bucket {self.bucket!r} does not exist at {self.base_url} ({detail}); "
-                                f"credentials: {self._credential_source}")
+            return StorageError(
+                f"{what}: bucket {self.bucket!r} does not exist at {self.base_url} ({detail}); "
+                f"credentials: {self._credential_source}"
+            )
         if status == 416:
             return InvalidRange(key or "", start if start is not None else -1)
         if status in (401, 403):
-            return StorageError(f"{what}: access denied at {self.base_url} ({detail}); "
-                                f"credentials: {self._credential_source}")
+            return StorageError(
+                f"{what}: access denied at {self.base_url} ({detail}); credentials: {self._credential_source}"
+            )
         if status in _TRANSIENT_STATUS or status >= 500:
-            return StorageUnavailable(f"{what}: {self.base_url} is throttling or failing ({detail}, "
-                                      f"{self.max_attempts} attempt(s))")
+            return StorageUnavailable(
+                f"{what}: {self.base_url} is throttling or failing ({detail}, {self.max_attempts} attempt(s))"
+            )
         return StorageError(f"{what}: {self.base_url} rejected the request ({detail})")
 
     def _translate_exception(self, e: Exception, op: str, key: str | None) -> RsmError:
@@ -320,24 +406,34 @@ class GcsObjectStore(ObjectStore):
         if isinstance(e, RsmError):
             return e
         read_timeout = isinstance(e, requests.exceptions.ReadTimeout) or (
-            isinstance(e, requests.exceptions.ConnectionError) and e.args
-            and isinstance(e.args[0], urllib3.exceptions.ReadTimeoutError))
+            isinstance(e, requests.exceptions.ConnectionError)
+            and e.args
+            and isinstance(e.args[0], urllib3.exceptions.ReadTimeoutError)
+        )
         if read_timeout:
-            return StorageTimeout(f"{what}: no answer from {self.base_url} within the read timeout of "
-                                  f"{self.read_timeout:g}s (storage.gcs.read_timeout), {self.max_attempts} attempt(s)")
+            return StorageTimeout(
+                f"{what}: no answer from {self.base_url} within the read timeout of "
+                f"{self.read_timeout:g}s (storage.gcs.read_timeout), {self.max_attempts} attempt(s)"
+            )
         if isinstance(e, requests.exceptions.ConnectTimeout):
-            return StorageTimeout(f"{what}: could not connect to {self.base_url} within the connect timeout of "
-                                  f"{self.connect_timeout:g}s (storage.gcs.connect_timeout)")
+            return StorageTimeout(
+                f"{what}: could not connect to {self.base_url} within the connect timeout of "
+                f"{self.connect_timeout:g}s (storage.gcs.connect_timeout)"
+            )
         if isinstance(e, requests.exceptions.SSLError):
             return StorageError(f"{what}: TLS failure at {self.base_url}: {e}")
         if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError)):
-            return StorageUnavailable(f"{what}: cannot reach {self.base_url} after {self.max_attempts} attempt(s): {e}")
+            return StorageUnavailable(
+                f"{what}: cannot reach {self.base_url} after {self.max_attempts} attempt(s): {e}"
+            )
         if isinstance(e, google.auth.exceptions.RefreshError):
-            return StorageError(f"{what}: could not obtain an access token ({e}); "
-                                f"credentials: {self._credential_source}")
+            return StorageError(
+                f"{what}: could not obtain an access token ({e}); credentials: {self._credential_source}"
+            )
         if isinstance(e, google.auth.exceptions.TransportError):
-            return StorageUnavailable(f"{what}: could not reach the token endpoint ({e}); "
-                                      f"credentials: {self._credential_source}")
+            return StorageUnavailable(
+                f"{what}: could not reach the token endpoint ({e}); credentials: {self._credential_source}"
+            )
         if isinstance(e, requests.exceptions.RequestException):
             return StorageError(f"{what}: {e}")
         return StorageError(f"{what}: unexpected {type(e).__name__}: {e}")
@@ -346,12 +442,29 @@ class GcsObjectStore(ObjectStore):
     def _transient(e: Exception) -> bool:
         if isinstance(e, google.auth.exceptions.RefreshError):
             return False
-        return isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
-                              requests.exceptions.ChunkedEncodingError, google.auth.exceptions.TransportError))
+        return isinstance(
+            e,
+            (
+                requests.exceptions.ConnectionError,
+                requests.exceptions.Timeout,
+                requests.exceptions.ChunkedEncodingError,
+                google.auth.exceptions.TransportError,
+            ),
+        )
 
-    def _request(self, op: str, method: str, url: str, *, key: str | None = None, ok=(200,),
-                 retry: bool = True, start: int | None = None, allow_404: bool = False,
-                 **kwargs) -> requests.Response:
+    def _request(
+        self,
+        op: str,
+        method: str,
+        url: str,
+        *,
+        key: str | None = None,
+        ok=(200,),
+        retry: bool = True,
+        start: int | None = None,
+        allow_404: bool = False,
+        **kwargs,
+    ) -> requests.Response:
         """One storage request (each attempt counted), retried on transient failures."""
         attempts = self.max_attempts if retry else 1
         kwargs.setdefault("timeout", (self.connect_timeout, self.read_timeout))
@@ -359,7 +472,7 @@ class GcsObjectStore(ObjectStore):
             self._count(op)
             try:
                 resp = self._http.request(method, url, **kwargs)
-            except Exception as e:  # noqa: BLE001 - translated below
+            except Exception as e:
                 if attempt < attempts and self._transient(e):
                     self._backoff(attempt)
                     continue
@@ -374,14 +487,15 @@ class GcsObjectStore(ObjectStore):
 
     @staticmethod
     def _backoff(attempt: int) -> None:
-        time.sleep(random.uniform(0, min(5.0, 0.1 * 2 ** attempt)))
+        time.sleep(random.uniform(0, min(5.0, 0.1 * 2**attempt)))
 
     # -- pools and buffer accounting ------------------------------------------------------------
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._pool_lock:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max(4, self.delete_concurrency), thread_name_prefix="gcs")
+                    max(4, self.delete_concurrency), thread_name_prefix="gcs"
+                )
             return self._pool
 
     def _buffer_delta(self, n: int) -> None:
@@ -406,22 +520,33 @@ class GcsObjectStore(ObjectStore):
             _crc_update(crc, data)
             meta["crc32c"] = base64.b64encode(crc.digest()).decode()
         boundary = "rsm-" + uuid.uuid4().hex
-        head = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{json.dumps(meta)}\r\n"
-                f"--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n").encode()
+        head = (
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{json.dumps(meta)}\r\n"
+            f"--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
+        ).encode()
         body = head + data + f"\r\n--{boundary}--\r\n".encode()
-        self._request("PUT", "POST", self._upload_url("multipart"), key=key, data=body,
-                      headers={"Content-Type": f'multipart/related; boundary="{boundary}"'})
+        self._request(
+            "PUT",
+            "POST",
+            self._upload_url("multipart"),
+            key=key,
+            data=body,
+            headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
+        )
 
     def get(self, key: str) -> bytes:
         for attempt in range(1, self.max_attempts + 1):
-            resp = self._request("GET", "GET", self._media_url(key), key=key,
-                                 headers={"Accept-Encoding": "identity"})
+            resp = self._request(
+                "GET", "GET", self._media_url(key), key=key, headers={"Accept-Encoding": "identity"}
+            )
             body = resp.content
             if not self.checksum or self._crc_matches(resp, body):
                 return body
             log.warning("GET gs://%s/%s: CRC32C mismatch (attempt %d)", self.bucket, key, attempt)
-        raise DataLoss(f"GET gs://{self.bucket}/{key}: the bytes received do not match the object's CRC32C "
-                       f"after {self.max_attempts} attempts")
+        raise DataLoss(
+            f"GET gs://{self.bucket}/{key}: the bytes received do not match the object's CRC32C "
+            f"after {self.max_attempts} attempts"
+        )
 
     @staticmethod
     def _crc_matches(resp: requests.Response, body: bytes) -> bool:
@@ -434,16 +559,25 @@ class GcsObjectStore(ObjectStore):
     def get_range(self, key: str, start: int, end: int) -> bytes:
         if start < 0 or end < start:
             raise InvalidArgument(f"invalid range [{start}, {end}] for {key}")
-        resp = self._request("GET", "GET", self._media_url(key), key=key, ok=(200, 206), start=start,
-                             headers={"Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"})
+        resp = self._request(
+            "GET",
+            "GET",
+            self._media_url(key),
+            key=key,
+            ok=(200, 206),
+            start=start,
+            headers={"Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"},
+        )
         body = resp.content
         if resp.status_code == 200:  # Range ignored: the whole object
             if start >= len(body):
                 raise InvalidRange(key, start, len(body))
-            return body[start:end + 1]
+            return body[start : end + 1]
         if len(body) > end - start + 1:
-            raise StorageError(f"GET gs://{self.bucket}/{key}: asked for {end - start + 1} bytes "
-                               f"(bytes={start}-{end}), got {len(body)}")
+            raise StorageError(
+                f"GET gs://{self.bucket}/{key}: asked for {end - start + 1} bytes "
+                f"(bytes={start}-{end}), got {len(body)}"
+            )
         return body
 
     def size(self, key: str) -> int:
@@ -478,9 +612,13 @@ class GcsObjectStore(ObjectStore):
             failures.sort(key=lambda f: unique.index(f[0]) if len(unique) < 5000 else 0)
             shown = "; ".join(f"{k} ({e})" for k, e in failures[:20])
             more = f"; and {len(failures) - 20} more" if len(failures) > 20 else ""
-            msg = (f"could not delete {len(failures)} of {len(unique)} objects from bucket {self.bucket} "
-                   f"at {self.base_url}: {shown}{more}")
-            exc: RsmError = StorageUnavailable(msg) if all(e.retriable for _, e in failures) else StorageError(msg)
+            msg = (
+                f"could not delete {len(failures)} of {len(unique)} objects from bucket {self.bucket} "
+                f"at {self.base_url}: {shown}{more}"
+            )
+            exc: RsmError = (
+                StorageUnavailable(msg) if all(e.retriable for _, e in failures) else StorageError(msg)
+            )
             exc.failed_keys = [k for k, _ in failures]  # type: ignore[attr-defined]
             raise exc
 
@@ -488,7 +626,11 @@ class GcsObjectStore(ObjectStore):
         token: str | None = None
         url = f"{self.base_url}/storage/v1/b/{self._bucket_path}/o"
         while True:
-            params = {"prefix": prefix, "maxResults": "1000", "fields": "items(name,size,updated),nextPageToken"}
+            params = {
+                "prefix": prefix,
+                "maxResults": "1000",
+                "fields": "items(name,size,updated),nextPageToken",
+            }
             if token:
                 params["pageToken"] = token
             page = self._request("LIST", "GET", url, key=None, params=params).json()
@@ -503,15 +645,24 @@ class GcsObjectStore(ObjectStore):
         where = f"at {self.base_url}"
         url = f"{self.base_url}/storage/v1/b/{self._bucket_path}/o"
         try:
-            self._request("LIST", "GET", url, key=None,
-                          params={"prefix": self.probe_prefix, "maxResults": "1", "fields": "nextPageToken"})
+            self._request(
+                "LIST",
+                "GET",
+                url,
+                key=None,
+                params={"prefix": self.probe_prefix, "maxResults": "1", "fields": "nextPageToken"},
+            )
         except (StorageUnavailable, StorageTimeout) as e:
-            raise type(e)(f"storage.gcs: cannot reach GCS for bucket {self.bucket!r} {where}: {e}; "
-                          f"credentials: {self._credential_source}") from e
+            raise type(e)(
+                f"storage.gcs: cannot reach GCS for bucket {self.bucket!r} {where}: {e}; "
+                f"credentials: {self._credential_source}"
+            ) from e
         except RsmError as e:
             if "does not exist" in str(e):
-                raise ConfigError(f"storage.gcs.bucket: bucket {self.bucket!r} does not exist {where}; "
-                                  f"credentials: {self._credential_source}") from e
+                raise ConfigError(
+                    f"storage.gcs.bucket: bucket {self.bucket!r} does not exist {where}; "
+                    f"credentials: {self._credential_source}"
+                ) from e
             raise ConfigError(f"storage.gcs: bucket {self.bucket!r} {where} is not accessible ({e})") from e
         if self.startup_write_check:
             probe = f"{self.probe_prefix}.rsm-probe/{uuid.uuid4().hex}"
@@ -521,9 +672,11 @@ class GcsObjectStore(ObjectStore):
             except RsmError as e:
                 if e.retriable:
                     raise
-                raise ConfigError(f"storage.gcs: bucket {self.bucket!r} {where} is readable but writing or deleting "
-                                  f"the probe object {probe!r} failed ({e}); credentials: "
-                                  f"{self._credential_source}") from e
+                raise ConfigError(
+                    f"storage.gcs: bucket {self.bucket!r} {where} is readable but writing or deleting "
+                    f"the probe object {probe!r} failed ({e}); credentials: "
+                    f"{self._credential_source}"
+                ) from e
 
     def close(self) -> None:
         with self._pool_lock:
@@ -536,8 +689,8 @@ class GcsObjectStore(ObjectStore):
 def _parse_time(value: str) -> datetime.datetime:
     t = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
     if t.tzinfo is None:
-        t = t.replace(tzinfo=datetime.timezone.utc)
-    return t.astimezone(datetime.timezone.utc)
+        t = t.replace(tzinfo=datetime.UTC)
+    return t.astimezone(datetime.UTC)
 
 
 class _GcsUpload:
@@ -554,7 +707,7 @@ class _GcsUpload:
         self._chunk = store.chunk_size
         self._buf = bytearray()
         self._size = 0
-        self._sent = 0                   # bytes handed to chunk uploads so far
+        self._sent = 0  # bytes handed to chunk uploads so far
         self._session: str | None = None
         self._pending: concurrent.futures.Future | None = None
         self._crc = google_crc32c.Checksum() if store.checksum else None
@@ -563,8 +716,10 @@ class _GcsUpload:
 
     def _ensure_open(self, what: str) -> None:
         if self._state != "open":
-            raise StorageError(f"{what} after {'commit' if self._state == 'committed' else 'abort'}: "
-                               f"gs://{self._store.bucket}/{self._key}")
+            raise StorageError(
+                f"{what} after {'commit' if self._state == 'committed' else 'abort'}: "
+                f"gs://{self._store.bucket}/{self._key}"
+            )
 
     def _fail(self, e: BaseException) -> RsmError:
         err = e if isinstance(e, RsmError) else self._store._translate_exception(e, "upload", self._key)
@@ -578,12 +733,19 @@ class _GcsUpload:
 
     def _start_session(self) -> None:
         s = self._store
-        resp = s._request("CREATE_RESUMABLE", "POST", s._upload_url("resumable", self._key), key=self._key,
-                          json={"name": self._key, "contentType": "application/octet-stream"},
-                          headers={"X-Upload-Content-Type": "application/octet-stream"})
+        resp = s._request(
+            "CREATE_RESUMABLE",
+            "POST",
+            s._upload_url("resumable", self._key),
+            key=self._key,
+            json={"name": self._key, "contentType": "application/octet-stream"},
+            headers={"X-Upload-Content-Type": "application/octet-stream"},
+        )
         location = resp.headers.get("Location")
         if not location:
-            raise StorageError(f"gs://{s.bucket}/{self._key}: the resumable upload answer has no Location header")
+            raise StorageError(
+                f"gs://{s.bucket}/{self._key}: the resumable upload answer has no Location header"
+            )
         self._session = location
 
     def _send_chunk(self, chunk: bytearray, offset: int, total: int | None, crc: str | None) -> None:
@@ -598,30 +760,44 @@ class _GcsUpload:
             headers = {"Content-Range": rng, "Content-Type": "application/octet-stream"}
             if total is not None and crc:
                 headers["X-Goog-Hash"] = f"crc32c={crc}"
-            resp = s._request("UPLOAD_CHUNK", "PUT", self._session, key=self._key, ok=(200, 201, 308),
-                              retry=False, data=memoryview(chunk)[pos:], headers=headers)
+            resp = s._request(
+                "UPLOAD_CHUNK",
+                "PUT",
+                self._session,
+                key=self._key,
+                ok=(200, 201, 308),
+                retry=False,
+                data=memoryview(chunk)[pos:],
+                headers=headers,
+            )
             if total is not None:
                 if resp.status_code in (200, 201):
                     return
-                raise StorageError(f"gs://{s.bucket}/{self._key}: the final chunk was not accepted "
-                                   f"(HTTP {resp.status_code}, Range {resp.headers.get('Range')})")
+                raise StorageError(
+                    f"gs://{s.bucket}/{self._key}: the final chunk was not accepted "
+                    f"(HTTP {resp.status_code}, Range {resp.headers.get('Range')})"
+                )
             if resp.status_code != 308:
-                raise StorageError(f"gs://{s.bucket}/{self._key}: the upload was finalized early (HTTP "
-                                   f"{resp.status_code}) at offset {offset + pos}")
-            persisted = resp.headers.get("Range", "")        # "bytes=0-N"
+                raise StorageError(
+                    f"gs://{s.bucket}/{self._key}: the upload was finalized early (HTTP "
+                    f"{resp.status_code}) at offset {offset + pos}"
+                )
+            persisted = resp.headers.get("Range", "")  # "bytes=0-N"
             upto = int(persisted.rpartition("-")[2]) + 1 if persisted else 0
             if upto >= end + 1:
                 return
             if upto <= offset + pos:
                 stalls += 1
                 if stalls >= 3:
-                    raise StorageUnavailable(f"gs://{s.bucket}/{self._key}: the service keeps persisting nothing "
-                                             f"past offset {upto}")
+                    raise StorageUnavailable(
+                        f"gs://{s.bucket}/{self._key}: the service keeps persisting nothing "
+                        f"past offset {upto}"
+                    )
             pos = max(0, upto - offset)
 
     def _submit(self, chunk: bytearray) -> None:
         s = self._store
-        self._wait_pending()             # one chunk in flight: the session is sequential
+        self._wait_pending()  # one chunk in flight: the session is sequential
         if self._session is None:
             self._start_session()
         offset = self._sent
@@ -690,11 +866,19 @@ class _GcsUpload:
             s = self._store
             try:
                 # 499 is GCS's answer to a cancelled session; 404/410 mean it is already gone
-                s._request("CANCEL_RESUMABLE", "DELETE", self._session, key=self._key, ok=(499, 200, 204, 404, 410),
-                           retry=False)
+                s._request(
+                    "CANCEL_RESUMABLE",
+                    "DELETE",
+                    self._session,
+                    key=self._key,
+                    ok=(499, 200, 204, 404, 410),
+                    retry=False,
+                )
             except RsmError as e:
                 # Nothing is published without the final chunk; GCS drops the session after a week.
-                log.warning("cancelling the resumable upload of gs://%s/%s failed: %s", s.bucket, self._key, e)
+                log.warning(
+                    "cancelling the resumable upload of gs://%s/%s failed: %s", s.bucket, self._key, e
+                )
 
     def has_unfinished_upload(self) -> bool:
         return self._state == "open"

@@ -21,7 +21,7 @@ import fcntl
 import logging
 import os
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 from rsm_sidecar.errors import ConfigError, InvalidArgument
 from rsm_sidecar.storage.base import (
@@ -205,8 +205,11 @@ class LocalObjectStore(ObjectStore):
                     st = os.stat(os.path.join(dirpath, name))
                 except FileNotFoundError:
                     continue
-                found.append(ObjectInfo(key, st.st_size,
-                                        datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc)))
+                found.append(
+                    ObjectInfo(
+                        key, st.st_size, datetime.datetime.fromtimestamp(st.st_mtime, datetime.UTC)
+                    )
+                )
         found.sort(key=lambda o: o.key)
         yield from found
 
@@ -283,4 +286,6 @@ class _LocalWriter(ObjectWriter):
         except FileNotFoundError:
             pass
         except OSError as e:
-            log.warning("could not remove the temp file %s of an aborted write of %s: %s", self.tmp_path, self.key, e)
+            log.warning(
+                "could not remove the temp file %s of an aborted write of %s: %s", self.tmp_path, self.key, e
+            )

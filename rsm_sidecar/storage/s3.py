@@ -29,7 +29,8 @@ import logging
 import os
 import threading
 import uuid
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import boto3
 import botocore.exceptions
@@ -43,10 +44,10 @@ from rsm_sidecar.storage.base import (
     ObjectNotFound,
     ObjectStore,
     ObjectWriter,
-    UploadHandle,
     StorageError,
     StorageTimeout,
     StorageUnavailable,
+    UploadHandle,
 )
 
 log = logging.getLogger(__name__)
@@ -55,95 +56,239 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-MIN_PART_SIZE = 5 * MiB          # S3's minimum for every part but the last
+MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
 MAX_PART_SIZE = 5 * GiB
 MAX_PARTS = 10_000
-DELETE_BATCH = 1000              # DeleteObjects limit
+DELETE_BATCH = 1000  # DeleteObjects limit
 
-STORAGE_CLASSES = ("STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR",
-                   "REDUCED_REDUNDANCY", "EXPRESS_ONEZONE")
+STORAGE_CLASSES = (
+    "STANDARD",
+    "STANDARD_IA",
+    "ONEZONE_IA",
+    "INTELLIGENT_TIERING",
+    "GLACIER_IR",
+    "REDUCED_REDUNDANCY",
+    "EXPRESS_ONEZONE",
+)
 CHECKSUMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256", "none")
 CRT_CHECKSUMS = ("CRC32C", "CRC64NVME")  # botocore computes these only with awscrt installed
 
 CONFIG_KEYS = [
-    Key("storage.s3.bucket", "str", None, "Bucket that holds the objects.", required_when=("storage.backend", "s3")),
-    Key("storage.s3.region", "str", None,
+    Key(
+        "storage.s3.bucket",
+        "str",
+        None,
+        "Bucket that holds the objects.",
+        required_when=("storage.backend", "s3"),
+    ),
+    Key(
+        "storage.s3.region",
+        "str",
+        None,
         "AWS region of the bucket. Unset: boto3's resolution (`AWS_REGION`/`AWS_DEFAULT_REGION`, the profile's "
-        "`region`), else `us-east-1`."),
-    Key("storage.s3.endpoint_url", "str", None,
+        "`region`), else `us-east-1`.",
+    ),
+    Key(
+        "storage.s3.endpoint_url",
+        "str",
+        None,
         "Endpoint of an S3-compatible service, e.g. `http://127.0.0.1:8333` (SeaweedFS, MinIO, Ceph). Unset: AWS "
-        "(or `AWS_ENDPOINT_URL_S3`/`AWS_ENDPOINT_URL`)."),
-    Key("storage.s3.addressing_style", "str", "auto",
+        "(or `AWS_ENDPOINT_URL_S3`/`AWS_ENDPOINT_URL`).",
+    ),
+    Key(
+        "storage.s3.addressing_style",
+        "str",
+        "auto",
         "`path` puts the bucket in the URL path (most S3-compatible servers need it); `virtual` in the host name; "
-        "`auto` lets botocore choose (virtual on AWS).", choices=("auto", "path", "virtual")),
-    Key("storage.s3.access_key_id", "str", None,
+        "`auto` lets botocore choose (virtual on AWS).",
+        choices=("auto", "path", "virtual"),
+    ),
+    Key(
+        "storage.s3.access_key_id",
+        "str",
+        None,
         "Static access key id; set together with `storage.s3.secret_access_key`. Unset: boto3's default "
         "credential chain (environment, web identity/IRSA, shared files, container and instance roles).",
-        secret=True),
+        secret=True,
+    ),
     Key("storage.s3.secret_access_key", "str", None, "Static secret access key.", secret=True),
-    Key("storage.s3.session_token", "str", None, "Session token that goes with temporary static credentials.",
-        secret=True),
-    Key("storage.s3.profile", "str", None,
+    Key(
+        "storage.s3.session_token",
+        "str",
+        None,
+        "Session token that goes with temporary static credentials.",
+        secret=True,
+    ),
+    Key(
+        "storage.s3.profile",
+        "str",
+        None,
         "Named profile of the shared AWS config/credentials files (may assume a role, use SSO or "
-        "`credential_process`). Exclusive with static keys."),
-    Key("storage.s3.storage_class", "str", "STANDARD",
+        "`credential_process`). Exclusive with static keys.",
+    ),
+    Key(
+        "storage.s3.storage_class",
+        "str",
+        "STANDARD",
         "Storage class of new objects (archive classes that need a restore before a GET are not allowed).",
-        choices=STORAGE_CLASSES),
-    Key("storage.s3.sse", "str", "none",
+        choices=STORAGE_CLASSES,
+    ),
+    Key(
+        "storage.s3.sse",
+        "str",
+        "none",
         "Server-side encryption requested on every write: `AES256` (SSE-S3), `aws:kms` (SSE-KMS), `aws:kms:dsse` "
         "(dual-layer SSE-KMS), or `none` (the bucket's default encryption applies).",
-        choices=("none", "AES256", "aws:kms", "aws:kms:dsse")),
-    Key("storage.s3.sse_kms_key_id", "str", None,
-        "KMS key id, alias or ARN for `aws:kms`/`aws:kms:dsse`; unset uses the account's AWS-managed `aws/s3` key."),
-    Key("storage.s3.sse_bucket_key", "bool", False,
-        "Use an S3 Bucket Key with SSE-KMS (far fewer KMS requests, so lower KMS cost)."),
-    Key("storage.s3.checksum_algorithm", "str", "CRC32",
+        choices=("none", "AES256", "aws:kms", "aws:kms:dsse"),
+    ),
+    Key(
+        "storage.s3.sse_kms_key_id",
+        "str",
+        None,
+        "KMS key id, alias or ARN for `aws:kms`/`aws:kms:dsse`; unset uses the account's AWS-managed `aws/s3` key.",
+    ),
+    Key(
+        "storage.s3.sse_bucket_key",
+        "bool",
+        False,
+        "Use an S3 Bucket Key with SSE-KMS (far fewer KMS requests, so lower KMS cost).",
+    ),
+    Key(
+        "storage.s3.checksum_algorithm",
+        "str",
+        "CRC32",
         "Checksum the SDK computes for every PutObject/UploadPart and the service verifies (rejecting corrupted "
         "uploads). `CRC32C` and `CRC64NVME` need the `awscrt` package (`botocore[crt]`); `none` sends checksums "
-        "only where an operation requires one (for old S3-compatible servers).", choices=CHECKSUMS),
-    Key("storage.s3.validate_response_checksums", "bool", True,
-        "Verify the checksum the service returns with whole-object GETs (ranged GETs carry none)."),
-    Key("storage.s3.part_size", "size", 8 * MiB,
+        "only where an operation requires one (for old S3-compatible servers).",
+        choices=CHECKSUMS,
+    ),
+    Key(
+        "storage.s3.validate_response_checksums",
+        "bool",
+        True,
+        "Verify the checksum the service returns with whole-object GETs (ranged GETs carry none).",
+    ),
+    Key(
+        "storage.s3.part_size",
+        "size",
+        8 * MiB,
         "Multipart part size; objects up to this size are one PutObject. Memory per upload is at most "
-        "part_size x (max_parts_in_flight + 1). Largest object: 10,000 parts.", min=MIN_PART_SIZE, max=MAX_PART_SIZE),
-    Key("storage.s3.max_parts_in_flight", "int", 2,
-        "Parts of one upload queued or uploading at once; `write()` blocks while the window is full.", min=1, max=64),
-    Key("storage.s3.upload_threads", "int", 8, "Threads uploading parts, shared by all uploads.", min=1, max=256),
+        "part_size x (max_parts_in_flight + 1). Largest object: 10,000 parts.",
+        min=MIN_PART_SIZE,
+        max=MAX_PART_SIZE,
+    ),
+    Key(
+        "storage.s3.max_parts_in_flight",
+        "int",
+        2,
+        "Parts of one upload queued or uploading at once; `write()` blocks while the window is full.",
+        min=1,
+        max=64,
+    ),
+    Key(
+        "storage.s3.upload_threads",
+        "int",
+        8,
+        "Threads uploading parts, shared by all uploads.",
+        min=1,
+        max=256,
+    ),
     Key("storage.s3.connect_timeout", "seconds", 5.0, "TCP/TLS connect timeout of one attempt.", min=0.1),
-    Key("storage.s3.read_timeout", "seconds", 30.0,
-        "Longest wait for the service to answer or send more bytes, per attempt.", min=0.1),
-    Key("storage.s3.retry_mode", "str", "standard",
+    Key(
+        "storage.s3.read_timeout",
+        "seconds",
+        30.0,
+        "Longest wait for the service to answer or send more bytes, per attempt.",
+        min=0.1,
+    ),
+    Key(
+        "storage.s3.retry_mode",
+        "str",
+        "standard",
         "botocore retry mode: `standard` (exponential backoff with jitter, retry quota), `adaptive` (standard plus "
-        "client-side rate limiting on throttling), `legacy`.", choices=("standard", "adaptive", "legacy")),
-    Key("storage.s3.max_attempts", "int", 3,
+        "client-side rate limiting on throttling), `legacy`.",
+        choices=("standard", "adaptive", "legacy"),
+    ),
+    Key(
+        "storage.s3.max_attempts",
+        "int",
+        3,
         "Attempts per request including the first (throttling, 5xx, connection errors and timeouts are retried).",
-        min=1, max=20),
-    Key("storage.s3.max_pool_connections", "int", 64,
-        "HTTP connections kept to the service (upload threads plus concurrent reads should fit).", min=1, max=1024),
+        min=1,
+        max=20,
+    ),
+    Key(
+        "storage.s3.max_pool_connections",
+        "int",
+        64,
+        "HTTP connections kept to the service (upload threads plus concurrent reads should fit).",
+        min=1,
+        max=1024,
+    ),
     Key("storage.s3.verify_tls", "bool", True, "Verify the service's TLS certificate."),
     Key("storage.s3.ca_bundle", "path", None, "PEM CA bundle to verify the service's certificate with."),
-    Key("storage.s3.startup_write_check", "bool", True,
+    Key(
+        "storage.s3.startup_write_check",
+        "bool",
+        True,
         "At start-up, after HeadBucket, write and delete a 0-byte probe object under `storage.key_prefix` with the "
         "configured storage class and encryption, so missing write permissions or a wrong KMS key stop the "
-        "sidecar at once."),
+        "sidecar at once.",
+    ),
 ]
 
 # Error codes, from the S3 API reference.
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
-_ACCESS = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-           "TokenRefreshRequired", "AllAccessDisabled", "AccountProblem", "InvalidSecurity", "403",
-           "KMS.AccessDeniedException", "KMS.DisabledException", "KMS.NotFoundException", "InvalidObjectState"}
-_TRANSIENT = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
-              "ServiceUnavailable", "InternalError", "RequestTimeout", "RequestTimeTooSkewed",
-              "OperationAborted", "PriorRequestNotComplete", "BandwidthLimitExceeded", "EC2ThrottledException",
-              "503", "500", "502", "504"}
+_ACCESS = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "AllAccessDisabled",
+    "AccountProblem",
+    "InvalidSecurity",
+    "403",
+    "KMS.AccessDeniedException",
+    "KMS.DisabledException",
+    "KMS.NotFoundException",
+    "InvalidObjectState",
+}
+_TRANSIENT = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "OperationAborted",
+    "PriorRequestNotComplete",
+    "BandwidthLimitExceeded",
+    "EC2ThrottledException",
+    "503",
+    "500",
+    "502",
+    "504",
+}
 
 # S3 API operation -> the name counted in ``requests``
 _OPERATIONS = {
-    "PutObject": "PUT", "CreateMultipartUpload": "CREATE_MULTIPART", "UploadPart": "UPLOAD_PART",
-    "CompleteMultipartUpload": "COMPLETE_MULTIPART", "AbortMultipartUpload": "ABORT_MULTIPART",
-    "GetObject": "GET", "HeadObject": "HEAD", "ListObjectsV2": "LIST", "DeleteObject": "DELETE",
-    "DeleteObjects": "DELETE_OBJECTS", "HeadBucket": "HEAD_BUCKET", "ListMultipartUploads": "LIST_MULTIPART",
+    "PutObject": "PUT",
+    "CreateMultipartUpload": "CREATE_MULTIPART",
+    "UploadPart": "UPLOAD_PART",
+    "CompleteMultipartUpload": "COMPLETE_MULTIPART",
+    "AbortMultipartUpload": "ABORT_MULTIPART",
+    "GetObject": "GET",
+    "HeadObject": "HEAD",
+    "ListObjectsV2": "LIST",
+    "DeleteObject": "DELETE",
+    "DeleteObjects": "DELETE_OBJECTS",
+    "HeadBucket": "HEAD_BUCKET",
+    "ListMultipartUploads": "LIST_MULTIPART",
 }
 
 _CREDENTIAL_METHODS = {
@@ -204,26 +349,40 @@ class S3ObjectStore(ObjectStore):
         if not bucket:
             raise ConfigError("storage.s3.bucket: missing; the bucket that holds the objects")
         if (access_key_id is None) != (secret_access_key is None):
-            raise ConfigError("storage.s3.access_key_id and storage.s3.secret_access_key must be set together")
+            raise ConfigError(
+                "storage.s3.access_key_id and storage.s3.secret_access_key must be set together"
+            )
         if session_token and not access_key_id:
             raise ConfigError("storage.s3.session_token needs storage.s3.access_key_id and secret_access_key")
         if profile and access_key_id:
-            raise ConfigError("storage.s3.profile and storage.s3.access_key_id are exclusive: choose one credential source")
+            raise ConfigError(
+                "storage.s3.profile and storage.s3.access_key_id are exclusive: choose one credential source"
+            )
         if sse_kms_key_id and not sse.startswith("aws:kms"):
-            raise ConfigError(f"storage.s3.sse_kms_key_id is set but storage.s3.sse is {sse!r}; "
-                              "set storage.s3.sse = \"aws:kms\" (or \"aws:kms:dsse\")")
+            raise ConfigError(
+                f"storage.s3.sse_kms_key_id is set but storage.s3.sse is {sse!r}; "
+                'set storage.s3.sse = "aws:kms" (or "aws:kms:dsse")'
+            )
         if sse_bucket_key and not sse.startswith("aws:kms"):
-            raise ConfigError("storage.s3.sse_bucket_key applies to SSE-KMS only; set storage.s3.sse = \"aws:kms\"")
+            raise ConfigError(
+                'storage.s3.sse_bucket_key applies to SSE-KMS only; set storage.s3.sse = "aws:kms"'
+            )
         if not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
-            raise ConfigError(f"storage.s3.part_size: {part_size} is outside [{MIN_PART_SIZE}, {MAX_PART_SIZE}]")
+            raise ConfigError(
+                f"storage.s3.part_size: {part_size} is outside [{MIN_PART_SIZE}, {MAX_PART_SIZE}]"
+            )
         if checksum_algorithm not in CHECKSUMS:
-            raise ConfigError(f"storage.s3.checksum_algorithm: {checksum_algorithm!r} is not one of {', '.join(CHECKSUMS)}")
+            raise ConfigError(
+                f"storage.s3.checksum_algorithm: {checksum_algorithm!r} is not one of {', '.join(CHECKSUMS)}"
+            )
         if checksum_algorithm in CRT_CHECKSUMS:
             from botocore.compat import HAS_CRT
 
             if not HAS_CRT:
-                raise ConfigError(f"storage.s3.checksum_algorithm = {checksum_algorithm!r} needs the awscrt package "
-                                  "(pip install 'botocore[crt]'); or use CRC32 or SHA256")
+                raise ConfigError(
+                    f"storage.s3.checksum_algorithm = {checksum_algorithm!r} needs the awscrt package "
+                    "(pip install 'botocore[crt]'); or use CRC32 or SHA256"
+                )
         self.bucket = bucket
         self.region = region
         self.endpoint_url = endpoint_url
@@ -245,8 +404,12 @@ class S3ObjectStore(ObjectStore):
 
         try:
             self._session = boto3.Session(
-                aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
-                aws_session_token=session_token, profile_name=profile, region_name=region)
+                aws_access_key_id=access_key_id,
+                aws_secret_access_key=secret_access_key,
+                aws_session_token=session_token,
+                profile_name=profile,
+                region_name=region,
+            )
         except botocore.exceptions.ProfileNotFound as e:
             raise ConfigError(f"storage.s3.profile: {e}") from None
         boto_config = BotoConfig(
@@ -262,15 +425,19 @@ class S3ObjectStore(ObjectStore):
         )
         verify: bool | str = ca_bundle if ca_bundle else verify_tls
         try:
-            self._client = self._session.client("s3", endpoint_url=endpoint_url, config=boto_config, verify=verify)
+            self._client = self._session.client(
+                "s3", endpoint_url=endpoint_url, config=boto_config, verify=verify
+            )
         except (ValueError, botocore.exceptions.BotoCoreError) as e:
-            raise ConfigError(f"storage.s3: cannot create an S3 client for bucket {bucket!r} "
-                              f"(endpoint {endpoint_url or 'AWS'}): {e}") from None
+            raise ConfigError(
+                f"storage.s3: cannot create an S3 client for bucket {bucket!r} "
+                f"(endpoint {endpoint_url or 'AWS'}): {e}"
+            ) from None
         # Count every HTTP attempt (botocore's retries included) as it goes out.
         self._client.meta.events.register("before-send.s3", self._on_send)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._pending_aborts: list[tuple[str, str]] = []   # (key, upload id) whose abort failed
+        self._pending_aborts: list[tuple[str, str]] = []  # (key, upload id) whose abort failed
         self._pending_lock = threading.Lock()
         # bytes held by queued/uploading parts, for metrics and the memory-bound tests
         self._buffered = 0
@@ -279,7 +446,7 @@ class S3ObjectStore(ObjectStore):
 
     # -- construction -------------------------------------------------------------------
     @classmethod
-    def from_config(cls, cfg: Config) -> "S3ObjectStore":
+    def from_config(cls, cfg: Config) -> S3ObjectStore:
         g = cfg.get
         return cls(
             g("storage.s3.bucket"),
@@ -325,14 +492,19 @@ class S3ObjectStore(ObjectStore):
         except botocore.exceptions.BotoCoreError as e:
             return f"credential resolution failed: {e}"
         if creds is None:
-            return ("none found by boto3's default chain (environment, web identity, shared credentials/config "
-                    "files, container and instance metadata)")
+            return (
+                "none found by boto3's default chain (environment, web identity, shared credentials/config "
+                "files, container and instance metadata)"
+            )
         method = getattr(creds, "method", None) or "unknown"
         what = _CREDENTIAL_METHODS.get(method, method)
         if method in ("shared-credentials-file", "config-file", "assume-role", "sso", "custom-process"):
             profile = self._session.profile_name or "default"
-            files = os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials") \
-                if method == "shared-credentials-file" else os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")
+            files = (
+                os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")
+                if method == "shared-credentials-file"
+                else os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")
+            )
             what += f" {files}, profile {profile!r}"
         elif method == "assume-role-with-web-identity":
             role = os.environ.get("AWS_ROLE_ARN")
@@ -349,7 +521,9 @@ class S3ObjectStore(ObjectStore):
         self._count(_OPERATIONS.get(operation, operation))
 
     # -- errors ---------------------------------------------------------------------------
-    def _translate(self, e: Exception, op: str, key: str | None = None, *, start: int | None = None) -> RsmError:
+    def _translate(
+        self, e: Exception, op: str, key: str | None = None, *, start: int | None = None
+    ) -> RsmError:
         what = f"{op} s3://{self.bucket}/{key}" if key is not None else f"{op} on bucket {self.bucket}"
         where = f"at {self.endpoint}"
         if isinstance(e, RsmError):
@@ -361,36 +535,61 @@ class S3ObjectStore(ObjectStore):
             msg = err.get("Message") or ""
             detail = f"{code}{': ' + msg if msg else ''}"
             if code == "NoSuchUpload":
-                return StorageUnavailable(f"{what}: the multipart upload is gone {where} ({detail}); "
-                                          "upload the object again")
+                return StorageUnavailable(
+                    f"{what}: the multipart upload is gone {where} ({detail}); upload the object again"
+                )
             if code == "NoSuchBucket":
-                return StorageError(f"{what}: bucket {self.bucket!r} does not exist {where} ({detail}); "
-                                    f"credentials: {self.credential_source()}")
+                return StorageError(
+                    f"{what}: bucket {self.bucket!r} does not exist {where} ({detail}); "
+                    f"credentials: {self.credential_source()}"
+                )
             if key is not None and (code in _NOT_FOUND or status == 404):
                 return ObjectNotFound(key)
             if code == "InvalidRange" or status == 416:
                 return InvalidRange(key or "", start if start is not None else -1)
             if code in _ACCESS or status == 403:
-                return StorageError(f"{what}: access denied {where} ({detail}); "
-                                    f"credentials: {self.credential_source()}")
+                return StorageError(
+                    f"{what}: access denied {where} ({detail}); credentials: {self.credential_source()}"
+                )
             if code in _TRANSIENT or (status is not None and (status >= 500 or status == 429)):
-                return StorageUnavailable(f"{what}: {where} the service is throttling or failing ({detail}, "
-                                          f"HTTP {status}, after {self.max_attempts} attempts)")
+                return StorageUnavailable(
+                    f"{what}: {where} the service is throttling or failing ({detail}, "
+                    f"HTTP {status}, after {self.max_attempts} attempts)"
+                )
             return StorageError(f"{what}: {where} rejected the request ({detail}, HTTP {status})")
         if isinstance(e, (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError)):
             kind = "connect" if isinstance(e, botocore.exceptions.ConnectTimeoutError) else "read"
             limit = self.connect_timeout if kind == "connect" else self.read_timeout
-            return StorageTimeout(f"{what}: no answer {where} within the {kind} timeout of {limit:g}s "
-                                  f"(storage.s3.{kind}_timeout), {self.max_attempts} attempt(s): {e}")
+            return StorageTimeout(
+                f"{what}: no answer {where} within the {kind} timeout of {limit:g}s "
+                f"(storage.s3.{kind}_timeout), {self.max_attempts} attempt(s): {e}"
+            )
         if isinstance(e, botocore.exceptions.SSLError):
             return StorageError(f"{what}: TLS failure {where} ({e}); check storage.s3.ca_bundle/verify_tls")
-        if isinstance(e, (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectionError,
-                          botocore.exceptions.ConnectionClosedError, botocore.exceptions.ResponseStreamingError,
-                          botocore.exceptions.HTTPClientError)):
-            return StorageUnavailable(f"{what}: cannot reach {where} after {self.max_attempts} attempt(s): {e}")
-        if isinstance(e, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError,
-                          botocore.exceptions.CredentialRetrievalError)):
-            return StorageError(f"{what}: no usable AWS credentials ({e}); credentials: {self.credential_source()}")
+        if isinstance(
+            e,
+            (
+                botocore.exceptions.EndpointConnectionError,
+                botocore.exceptions.ConnectionError,
+                botocore.exceptions.ConnectionClosedError,
+                botocore.exceptions.ResponseStreamingError,
+                botocore.exceptions.HTTPClientError,
+            ),
+        ):
+            return StorageUnavailable(
+                f"{what}: cannot reach {where} after {self.max_attempts} attempt(s): {e}"
+            )
+        if isinstance(
+            e,
+            (
+                botocore.exceptions.NoCredentialsError,
+                botocore.exceptions.PartialCredentialsError,
+                botocore.exceptions.CredentialRetrievalError,
+            ),
+        ):
+            return StorageError(
+                f"{what}: no usable AWS credentials ({e}); credentials: {self.credential_source()}"
+            )
         if isinstance(e, botocore.exceptions.MissingDependencyException):
             return ConfigError(f"{what}: {e}")
         if isinstance(e, botocore.exceptions.BotoCoreError):
@@ -404,7 +603,7 @@ class S3ObjectStore(ObjectStore):
         errors translated."""
         try:
             return fn(**kwargs)
-        except Exception as e:  # noqa: BLE001 - translated
+        except Exception as e:
             raise self._translate(e, op, key, start=None) from e
 
     # -- write parameters -----------------------------------------------------------------
@@ -426,7 +625,9 @@ class S3ObjectStore(ObjectStore):
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._pool_lock:
             if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(self.upload_threads, thread_name_prefix="s3-part")
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self.upload_threads, thread_name_prefix="s3-part"
+                )
             return self._pool
 
     def _buffer_delta(self, n: int) -> None:
@@ -445,8 +646,14 @@ class S3ObjectStore(ObjectStore):
     def _abort_upload(self, key: str, upload_id: str) -> bool:
         """Abort one multipart upload; False (and remembered for later) if the service is unreachable."""
         try:
-            self._call("ABORT_MULTIPART", self._client.abort_multipart_upload, key,
-                       Bucket=self.bucket, Key=key, UploadId=upload_id)
+            self._call(
+                "ABORT_MULTIPART",
+                self._client.abort_multipart_upload,
+                key,
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+            )
             return True
         except ObjectNotFound:
             return True
@@ -488,7 +695,7 @@ class S3ObjectStore(ObjectStore):
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=key)
             return resp["Body"].read()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise self._translate(e, "GET", key) from e
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -497,16 +704,18 @@ class S3ObjectStore(ObjectStore):
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
             body = resp["Body"].read()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise self._translate(e, "GET", key, start=start) from e
         if resp["ResponseMetadata"]["HTTPStatusCode"] == 200:
             # The service ignored the Range header and sent the whole object.
             if start >= len(body):
                 raise InvalidRange(key, start, len(body))
-            return body[start:end + 1]
+            return body[start : end + 1]
         if len(body) > end - start + 1:
-            raise StorageError(f"GET s3://{self.bucket}/{key}: asked for {end - start + 1} bytes "
-                               f"(bytes={start}-{end}), got {len(body)}")
+            raise StorageError(
+                f"GET s3://{self.bucket}/{key}: asked for {end - start + 1} bytes "
+                f"(bytes={start}-{end}), got {len(body)}"
+            )
         return body
 
     def size(self, key: str) -> int:
@@ -520,12 +729,17 @@ class S3ObjectStore(ObjectStore):
         """DeleteObjects in batches of 1000; every batch is tried, then per-key failures are
         raised together (``StorageUnavailable`` if all of them are transient)."""
         unique = list(dict.fromkeys(keys))
-        failures: list[tuple[str, str, bool]] = []   # key, reason, transient
+        failures: list[tuple[str, str, bool]] = []  # key, reason, transient
         for i in range(0, len(unique), DELETE_BATCH):
-            batch = unique[i:i + DELETE_BATCH]
+            batch = unique[i : i + DELETE_BATCH]
             try:
-                resp = self._call("DELETE_OBJECTS", self._client.delete_objects, None, Bucket=self.bucket,
-                                  Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+                resp = self._call(
+                    "DELETE_OBJECTS",
+                    self._client.delete_objects,
+                    None,
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                )
             except RsmError as e:
                 failures.extend((k, str(e), e.retriable) for k in batch)
                 continue
@@ -533,13 +747,20 @@ class S3ObjectStore(ObjectStore):
                 code = err.get("Code", "")
                 if code == "NoSuchKey":
                     continue
-                failures.append((err.get("Key", "?"), f"{code}: {err.get('Message', '')}".rstrip(": "),
-                                 code in _TRANSIENT))
+                failures.append(
+                    (
+                        err.get("Key", "?"),
+                        f"{code}: {err.get('Message', '')}".rstrip(": "),
+                        code in _TRANSIENT,
+                    )
+                )
         if failures:
             shown = "; ".join(f"{k} ({reason})" for k, reason, _ in failures[:20])
             more = f"; and {len(failures) - 20} more" if len(failures) > 20 else ""
-            msg = (f"could not delete {len(failures)} of {len(unique)} objects from bucket {self.bucket} "
-                   f"at {self.endpoint}: {shown}{more}")
+            msg = (
+                f"could not delete {len(failures)} of {len(unique)} objects from bucket {self.bucket} "
+                f"at {self.endpoint}: {shown}{more}"
+            )
             exc: RsmError = StorageUnavailable(msg) if all(t for _, _, t in failures) else StorageError(msg)
             exc.failed_keys = [k for k, _, _ in failures]  # type: ignore[attr-defined]
             raise exc
@@ -554,8 +775,8 @@ class S3ObjectStore(ObjectStore):
             for obj in resp.get("Contents", []):
                 modified = obj["LastModified"]
                 if modified.tzinfo is None:
-                    modified = modified.replace(tzinfo=datetime.timezone.utc)
-                yield ObjectInfo(obj["Key"], int(obj["Size"]), modified.astimezone(datetime.timezone.utc))
+                    modified = modified.replace(tzinfo=datetime.UTC)
+                yield ObjectInfo(obj["Key"], int(obj["Size"]), modified.astimezone(datetime.UTC))
             if not resp.get("IsTruncated"):
                 return
             token = resp.get("NextContinuationToken")
@@ -568,20 +789,25 @@ class S3ObjectStore(ObjectStore):
         try:
             self._call("HEAD_BUCKET", self._client.head_bucket, None, Bucket=self.bucket)
         except StorageUnavailable as e:
-            raise StorageUnavailable(f"storage.s3: cannot reach the S3 service for bucket {self.bucket!r} {where}: "
-                                     f"{e}; credentials: {self.credential_source()}") from e
+            raise StorageUnavailable(
+                f"storage.s3: cannot reach the S3 service for bucket {self.bucket!r} {where}: "
+                f"{e}; credentials: {self.credential_source()}"
+            ) from e
         except StorageTimeout as e:
-            raise StorageTimeout(f"storage.s3: the S3 service for bucket {self.bucket!r} {where} did not answer: "
-                                 f"{e}") from e
+            raise StorageTimeout(
+                f"storage.s3: the S3 service for bucket {self.bucket!r} {where} did not answer: {e}"
+            ) from e
         except RsmError as e:
             cause = e.__cause__
             status = None
             if isinstance(cause, botocore.exceptions.ClientError):
                 status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if status == 404 or "NoSuchBucket" in str(e):
-                raise ConfigError(f"storage.s3.bucket: bucket {self.bucket!r} does not exist {where} "
-                                  f"(region {self._client.meta.region_name}); "
-                                  f"credentials: {self.credential_source()}") from e
+                raise ConfigError(
+                    f"storage.s3.bucket: bucket {self.bucket!r} does not exist {where} "
+                    f"(region {self._client.meta.region_name}); "
+                    f"credentials: {self.credential_source()}"
+                ) from e
             # A 403 HEAD carries no error code; and a policy that scopes s3:ListBucket to
             # the key prefix denies HeadBucket yet allows what the sidecar does. Ask once
             # more with a ListObjectsV2 under the prefix: it either works or says why not.
@@ -589,12 +815,20 @@ class S3ObjectStore(ObjectStore):
             if denial is not None:
                 code, detail = denial
                 if code == "NoSuchBucket":
-                    raise ConfigError(f"storage.s3.bucket: bucket {self.bucket!r} does not exist {where}; "
-                                      f"credentials: {self.credential_source()}") from e
-                raise ConfigError(f"storage.s3: access to bucket {self.bucket!r} {where} was denied ({detail}); "
-                                  f"credentials: {self.credential_source()}") from e
-            log.info("HeadBucket on %s was denied but listing under %r is allowed (prefix-scoped policy); "
-                     "continuing", self.bucket, self.probe_prefix)
+                    raise ConfigError(
+                        f"storage.s3.bucket: bucket {self.bucket!r} does not exist {where}; "
+                        f"credentials: {self.credential_source()}"
+                    ) from e
+                raise ConfigError(
+                    f"storage.s3: access to bucket {self.bucket!r} {where} was denied ({detail}); "
+                    f"credentials: {self.credential_source()}"
+                ) from e
+            log.info(
+                "HeadBucket on %s was denied but listing under %r is allowed (prefix-scoped policy); "
+                "continuing",
+                self.bucket,
+                self.probe_prefix,
+            )
         if self.startup_write_check:
             probe = f"{self.probe_prefix}.rsm-probe/{uuid.uuid4().hex}"
             try:
@@ -603,17 +837,25 @@ class S3ObjectStore(ObjectStore):
             except RsmError as e:
                 if e.retriable:
                     raise
-                raise ConfigError(f"storage.s3: bucket {self.bucket!r} {where} is readable but writing or deleting "
-                                  f"the probe object {probe!r} failed ({e}); check write/delete permissions under "
-                                  f"storage.key_prefix and the storage.s3.sse* settings; "
-                                  f"credentials: {self.credential_source()}") from e
+                raise ConfigError(
+                    f"storage.s3: bucket {self.bucket!r} {where} is readable but writing or deleting "
+                    f"the probe object {probe!r} failed ({e}); check write/delete permissions under "
+                    f"storage.key_prefix and the storage.s3.sse* settings; "
+                    f"credentials: {self.credential_source()}"
+                ) from e
         self.retry_pending_aborts()
 
     def _list_denial(self) -> tuple[str, str] | None:
         """None if a ListObjectsV2 under the prefix works, else (error code, description)."""
         try:
-            self._call("LIST", self._client.list_objects_v2, None, Bucket=self.bucket,
-                       Prefix=self.probe_prefix, MaxKeys=1)
+            self._call(
+                "LIST",
+                self._client.list_objects_v2,
+                None,
+                Bucket=self.bucket,
+                Prefix=self.probe_prefix,
+                MaxKeys=1,
+            )
         except RsmError as e:
             cause = e.__cause__
             if isinstance(cause, botocore.exceptions.ClientError):
@@ -654,14 +896,14 @@ class _BufferBody(io.RawIOBase):
 
     def readinto(self, b) -> int:
         n = max(0, min(len(b), len(self._mv) - self._pos))
-        b[:n] = self._mv[self._pos:self._pos + n]
+        b[:n] = self._mv[self._pos : self._pos + n]
         self._pos += n
         return n
 
     def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0:
             size = len(self._mv) - self._pos
-        data = self._mv[self._pos:self._pos + size].tobytes()
+        data = self._mv[self._pos : self._pos + size].tobytes()
         self._pos += len(data)
         return data
 
@@ -691,14 +933,16 @@ class _S3Upload:
         self._futures: list[concurrent.futures.Future] = []
         self._slots = threading.Semaphore(store.max_parts_in_flight)
         self._error: BaseException | None = None
-        self._state = "open"            # open -> committed | aborted
+        self._state = "open"  # open -> committed | aborted
         self._lock = threading.Lock()
 
     # -- helpers ----------------------------------------------------------------------------
     def _ensure_open(self, what: str) -> None:
         if self._state != "open":
-            raise StorageError(f"{what} after {'commit' if self._state == 'committed' else 'abort'}: "
-                               f"s3://{self._store.bucket}/{self._key}")
+            raise StorageError(
+                f"{what} after {'commit' if self._state == 'committed' else 'abort'}: "
+                f"s3://{self._store.bucket}/{self._key}"
+            )
 
     def _fail(self, e: BaseException) -> RsmError:
         """Abort everything and return the error to raise."""
@@ -713,8 +957,14 @@ class _S3Upload:
 
     def _start_multipart(self) -> None:
         s = self._store
-        resp = s._call("CREATE_MULTIPART", s._client.create_multipart_upload, self._key,
-                       Bucket=s.bucket, Key=self._key, **s._write_params())
+        resp = s._call(
+            "CREATE_MULTIPART",
+            s._client.create_multipart_upload,
+            self._key,
+            Bucket=s.bucket,
+            Key=self._key,
+            **s._write_params(),
+        )
         self._upload_id = resp["UploadId"]
 
     def _submit(self, part: bytearray) -> None:
@@ -722,8 +972,10 @@ class _S3Upload:
         s = self._store
         number = len(self._futures) + 1
         if number > MAX_PARTS:
-            raise StorageError(f"s3://{s.bucket}/{self._key}: more than {MAX_PARTS} parts of "
-                               f"{self._part_size} bytes; raise storage.s3.part_size")
+            raise StorageError(
+                f"s3://{s.bucket}/{self._key}: more than {MAX_PARTS} parts of "
+                f"{self._part_size} bytes; raise storage.s3.part_size"
+            )
         if self._upload_id is None:
             self._start_multipart()
         self._slots.acquire()
@@ -742,10 +994,25 @@ class _S3Upload:
         params: dict[str, Any] = {}
         if s.checksum_algorithm:
             params["ChecksumAlgorithm"] = s.checksum_algorithm
-        resp = s._call("UPLOAD_PART", s._client.upload_part, self._key, Bucket=s.bucket, Key=self._key,
-                       UploadId=self._upload_id, PartNumber=number, Body=_BufferBody(part), **params)
+        resp = s._call(
+            "UPLOAD_PART",
+            s._client.upload_part,
+            self._key,
+            Bucket=s.bucket,
+            Key=self._key,
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=_BufferBody(part),
+            **params,
+        )
         entry: dict[str, Any] = {"PartNumber": number, "ETag": resp["ETag"]}
-        for name in ("ChecksumCRC32", "ChecksumCRC32C", "ChecksumCRC64NVME", "ChecksumSHA1", "ChecksumSHA256"):
+        for name in (
+            "ChecksumCRC32",
+            "ChecksumCRC32C",
+            "ChecksumCRC64NVME",
+            "ChecksumSHA1",
+            "ChecksumSHA256",
+        ):
             if resp.get(name):
                 entry[name] = resp[name]
         with self._lock:
@@ -786,8 +1053,15 @@ class _S3Upload:
             self._raise_if_failed()
             if self._upload_id is None:
                 body, self._buf = self._buf, bytearray()
-                s._call("PUT", s._client.put_object, self._key, Bucket=s.bucket, Key=self._key, Body=_BufferBody(body),
-                        **s._write_params())
+                s._call(
+                    "PUT",
+                    s._client.put_object,
+                    self._key,
+                    Bucket=s.bucket,
+                    Key=self._key,
+                    Body=_BufferBody(body),
+                    **s._write_params(),
+                )
             else:
                 if self._buf:
                     part, self._buf = self._buf, bytearray()
@@ -796,10 +1070,19 @@ class _S3Upload:
                 self._raise_if_failed()
                 parts = [self._parts[n] for n in sorted(self._parts)]
                 if len(parts) != len(self._futures):
-                    raise StorageError(f"s3://{s.bucket}/{self._key}: {len(self._futures)} parts sent but only "
-                                       f"{len(parts)} acknowledged")
-                s._call("COMPLETE_MULTIPART", s._client.complete_multipart_upload, self._key, Bucket=s.bucket,
-                        Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": parts})
+                    raise StorageError(
+                        f"s3://{s.bucket}/{self._key}: {len(self._futures)} parts sent but only "
+                        f"{len(parts)} acknowledged"
+                    )
+                s._call(
+                    "COMPLETE_MULTIPART",
+                    s._client.complete_multipart_upload,
+                    self._key,
+                    Bucket=s.bucket,
+                    Key=self._key,
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
         except BaseException as e:
             if self._state == "open":
                 raise self._fail(e) from e

@@ -40,5 +40,7 @@ def verify(manifest: SegmentManifest, data_key: bytes, where: str) -> None:
     if manifest.auth is None:
         raise DataLoss(f"{where}: the manifest carries no authenticator")
     if not hmac.compare_digest(authenticator(manifest, data_key), manifest.auth):
-        raise DataLoss(f"{where}: manifest authentication failed (HMAC mismatch): the manifest was edited, or "
-                       f"its chunk tags, indexes or segment identity do not belong to this data key")
+        raise DataLoss(
+            f"{where}: manifest authentication failed (HMAC mismatch): the manifest was edited, or "
+            f"its chunk tags, indexes or segment identity do not belong to this data key"
+        )

@@ -28,7 +28,7 @@ def crc32c(data) -> int:
         return google_crc32c.value(data)
     crc = 0
     for i in range(0, len(data), CRC_PIECE_BYTES):
-        crc = google_crc32c.extend(crc, bytes(data[i:i + CRC_PIECE_BYTES]))
+        crc = google_crc32c.extend(crc, bytes(data[i : i + CRC_PIECE_BYTES]))
     return crc
 
 
@@ -89,8 +89,10 @@ class ChunkCodec:
             view = memoryview(stored)  # no copy of the ciphertext
             return self._aes.decrypt(view[:IV_BYTES], view[IV_BYTES:], self.aad)
         except InvalidTag:
-            raise DataLoss(f"{where}: authentication failed (AES-GCM tag mismatch) - corrupt data "
-                           f"or a data key that does not belong to this segment") from None
+            raise DataLoss(
+                f"{where}: authentication failed (AES-GCM tag mismatch) - corrupt data "
+                f"or a data key that does not belong to this segment"
+            ) from None
 
     def decode(self, stored: bytes, original_size: int, where: str, crc: int | None = None) -> bytes:
         """Verify and undo the transforms of one stored chunk (``bytes`` or a memoryview
@@ -106,8 +108,10 @@ class ChunkCodec:
                 view = memoryview(data)  # no copy of the ciphertext
                 data = self._aes.decrypt(view[:IV_BYTES], view[IV_BYTES:], self.aad)
             except InvalidTag:
-                raise DataLoss(f"{where}: authentication failed (AES-GCM tag mismatch) - corrupt data "
-                               f"or a data key that does not belong to this segment") from None
+                raise DataLoss(
+                    f"{where}: authentication failed (AES-GCM tag mismatch) - corrupt data "
+                    f"or a data key that does not belong to this segment"
+                ) from None
         if self.compression:
             try:
                 data = self._decompressor().decompress(data, max_output_size=original_size)

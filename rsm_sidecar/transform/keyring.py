@@ -42,8 +42,10 @@ def _load_pem(path: str, what: str, private: bool = False, allow_exposed: bool =
         with open(path, "rb") as f:
             mode = os.fstat(f.fileno()).st_mode
             if private and mode & 0o007 and not allow_exposed:
-                raise ConfigError(f"{what}: {path} is accessible to other users (mode {mode & 0o777:04o}); restrict "
-                                  f"it (chmod 600) or set encryption.allow_exposed_private_keys = true")
+                raise ConfigError(
+                    f"{what}: {path} is accessible to other users (mode {mode & 0o777:04o}); restrict "
+                    f"it (chmod 600) or set encryption.allow_exposed_private_keys = true"
+                )
             data = f.read()
     except OSError as e:
         raise ConfigError(f"{what}: cannot read {path}: {e.strerror}") from None
@@ -56,35 +58,49 @@ def _load_pem(path: str, what: str, private: bool = False, allow_exposed: bool =
 class Keyring:
     def __init__(self, pairs: dict[str, KeyPair], active_id: str):
         if active_id not in pairs:
-            raise ConfigError(f"encryption.active_key_id: {active_id!r} is not one of the configured keys "
-                              f"({', '.join(sorted(pairs)) or 'none'})")
+            raise ConfigError(
+                f"encryption.active_key_id: {active_id!r} is not one of the configured keys "
+                f"({', '.join(sorted(pairs)) or 'none'})"
+            )
         self.pairs = pairs
         self.active_id = active_id
 
     @classmethod
-    def from_config(cls, cfg) -> "Keyring | None":
+    def from_config(cls, cfg) -> Keyring | None:
         if not cfg["encryption.enabled"]:
             return None
         family = cfg.family("encryption.keys")
         if not family:
-            raise ConfigError("encryption.keys: encryption is enabled but no key is configured "
-                              "(add [encryption.keys.<id>] with public_key_file and private_key_file)")
+            raise ConfigError(
+                "encryption.keys: encryption is enabled but no key is configured "
+                "(add [encryption.keys.<id>] with public_key_file and private_key_file)"
+            )
         pairs = {}
         for key_id, files in sorted(family.items()):
             for leaf in ("public_key_file", "private_key_file"):
                 if leaf not in files:
                     raise ConfigError(f"encryption.keys.{key_id}.{leaf}: missing")
             public = _load_pem(files["public_key_file"], f"encryption.keys.{key_id}.public_key_file")
-            private = _load_pem(files["private_key_file"], f"encryption.keys.{key_id}.private_key_file", private=True,
-                                allow_exposed=cfg["encryption.allow_exposed_private_keys"])
+            private = _load_pem(
+                files["private_key_file"],
+                f"encryption.keys.{key_id}.private_key_file",
+                private=True,
+                allow_exposed=cfg["encryption.allow_exposed_private_keys"],
+            )
             if not private.has_private():
-                raise ConfigError(f"encryption.keys.{key_id}.private_key_file: {files['private_key_file']} "
-                                  f"holds a public key, not a private key")
+                raise ConfigError(
+                    f"encryption.keys.{key_id}.private_key_file: {files['private_key_file']} "
+                    f"holds a public key, not a private key"
+                )
             if private.publickey().n != public.n:
-                raise ConfigError(f"encryption.keys.{key_id}: the public and private key files are not a pair")
+                raise ConfigError(
+                    f"encryption.keys.{key_id}: the public and private key files are not a pair"
+                )
             if public.size_in_bits() < 2048:
-                raise ConfigError(f"encryption.keys.{key_id}.public_key_file: RSA keys must have at least "
-                                  f"2048 bits, got {public.size_in_bits()}")
+                raise ConfigError(
+                    f"encryption.keys.{key_id}.public_key_file: RSA keys must have at least "
+                    f"2048 bits, got {public.size_in_bits()}"
+                )
             pairs[key_id] = KeyPair(key_id, public, private)
         return cls(pairs, cfg["encryption.active_key_id"])
 
@@ -99,15 +115,19 @@ class Keyring:
     def unwrap(self, key_id: str, wrapped: bytes, where: str = "segment") -> bytes:
         pair = self.pairs.get(key_id)
         if pair is None:
-            raise FailedPrecondition(f"{where}: data key is wrapped under key id {key_id!r}, which is not in the "
-                                     f"keyring (known: {', '.join(sorted(self.pairs))})")
+            raise FailedPrecondition(
+                f"{where}: data key is wrapped under key id {key_id!r}, which is not in the "
+                f"keyring (known: {', '.join(sorted(self.pairs))})"
+            )
         if pair.private is None:
             raise FailedPrecondition(f"{where}: no private key for key id {key_id!r}")
         try:
             key = _oaep(pair.private).decrypt(wrapped)
         except (ValueError, TypeError):
-            raise DataLoss(f"{where}: the wrapped data key does not decrypt under key id {key_id!r} "
-                           f"(corrupt manifest or a different key with the same id)") from None
+            raise DataLoss(
+                f"{where}: the wrapped data key does not decrypt under key id {key_id!r} "
+                f"(corrupt manifest or a different key with the same id)"
+            ) from None
         if len(key) != DATA_KEY_BYTES:
             raise DataLoss(f"{where}: unwrapped data key has {len(key)} bytes, expected {DATA_KEY_BYTES}")
         return key
@@ -119,8 +139,9 @@ def generate_key_pair(bits: int = 3072) -> tuple[bytes, bytes]:
     return key.publickey().export_key("PEM"), key.export_key("PEM", pkcs=8)
 
 
-def write_key_pair(public_path: str | os.PathLike, private_path: str | os.PathLike, bits: int = 3072,
-                   overwrite: bool = False) -> None:
+def write_key_pair(
+    public_path: str | os.PathLike, private_path: str | os.PathLike, bits: int = 3072, overwrite: bool = False
+) -> None:
     """Generate a key-encryption key and write it as two PEM files; the private one is
     created with mode 0600 (only the owner can read it), as ``Keyring`` requires."""
     public, private = generate_key_pair(bits)

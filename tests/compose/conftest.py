@@ -35,8 +35,14 @@ def compose() -> list[str]:
 
 @pytest.fixture(scope="session")
 def project(compose) -> dict:
-    proc = subprocess.run([*compose, "-f", str(COMPOSE_FILE), "config", "--format", "json"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env=compose_env())
+    proc = subprocess.run(
+        [*compose, "-f", str(COMPOSE_FILE), "config", "--format", "json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=compose_env(),
+    )
     assert proc.returncode == 0, f"docker compose config failed:\n{proc.stderr}"
     return json.loads(proc.stdout)
 

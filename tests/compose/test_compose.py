@@ -45,8 +45,16 @@ KAFKA_BASE = REPO / "docker" / "kafka" / "server.properties"
 SIDECAR_MOUNT = "/etc/rsm-sidecar/sidecar.toml"
 TIERED_MOUNT = "/etc/rsm-sidecar/broker-tiered.properties"
 
-SERVICES = {"seaweedfs", "keys-init", "sidecar", "kafka", "registry", "iceberg-rest", "demo-producer",
-            "iceberg-convert"}
+SERVICES = {
+    "seaweedfs",
+    "keys-init",
+    "sidecar",
+    "kafka",
+    "registry",
+    "iceberg-rest",
+    "demo-producer",
+    "iceberg-convert",
+}
 ONE_SHOT = {"keys-init", "demo-producer", "iceberg-convert"}
 #: service -> {dependency: condition}: the start order the demo needs
 START_ORDER = {
@@ -54,17 +62,26 @@ START_ORDER = {
     "kafka": {"sidecar": "service_healthy"},
     "iceberg-rest": {"seaweedfs": "service_healthy"},
     "demo-producer": {"kafka": "service_healthy", "registry": "service_healthy"},
-    "iceberg-convert": {"demo-producer": "service_completed_successfully", "iceberg-rest": "service_healthy",
-                        "registry": "service_healthy"},
+    "iceberg-convert": {
+        "demo-producer": "service_completed_successfully",
+        "iceberg-rest": "service_healthy",
+        "registry": "service_healthy",
+    },
 }
 #: the images the project's tests run too, pinned (docs: devstack, docs/storage.md, docs/iceberg.md)
 PINNED_IMAGES = {
-    "seaweedfs": "chrislusf/seaweedfs:4.48",               # devstack.s3server SEAWEEDFS_VERSION
-    "registry": "apicurio/apicurio-registry:3.3.3",        # devstack.registry DEFAULT_VERSION
+    "seaweedfs": "chrislusf/seaweedfs:4.48",  # devstack.s3server SEAWEEDFS_VERSION
+    "registry": "apicurio/apicurio-registry:3.3.3",  # devstack.registry DEFAULT_VERSION
 }
 #: variables of the apache/kafka image that are not broker properties
-KAFKA_IMAGE_NON_PROPERTIES = {"KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS", "KAFKA_LOG4J_OPTS",
-                              "KAFKA_JMX_OPTS", "KAFKA_GC_LOG_OPTS"}
+KAFKA_IMAGE_NON_PROPERTIES = {
+    "KAFKA_HEAP_OPTS",
+    "KAFKA_OPTS",
+    "KAFKA_JVM_PERFORMANCE_OPTS",
+    "KAFKA_LOG4J_OPTS",
+    "KAFKA_JMX_OPTS",
+    "KAFKA_GC_LOG_OPTS",
+}
 
 
 # -- fixtures (compose, project, services: conftest.py) ---------------------------------------
@@ -83,8 +100,12 @@ def dockerfiles(services) -> dict[str, dict]:
             continue
         path = str(Path(build["context"]) / build.get("dockerfile", "Dockerfile"))
         if path not in out:
-            proc = subprocess.run([str(check), "-context", build["context"], "-file", path], capture_output=True,
-                                  text=True, timeout=120)
+            proc = subprocess.run(
+                [str(check), "-context", build["context"], "-file", path],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             out[path] = json.loads(proc.stdout)
     return out
 
@@ -108,8 +129,13 @@ def _sidecar_config(svc: dict) -> Config:
 
 def _render(env: dict[str, str], *files: Path, awk_dir: Path | None = None) -> subprocess.CompletedProcess:
     path = os.environ["PATH"] if awk_dir is None else f"{awk_dir}:{os.environ['PATH']}"
-    return subprocess.run(["sh", str(RENDER), *map(str, files)], capture_output=True, text=True, timeout=30,
-                          env={"PATH": path, **env})
+    return subprocess.run(
+        ["sh", str(RENDER), *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": path, **env},
+    )
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -137,8 +163,14 @@ def _port(address: str) -> int:
 # -- the compose file ----------------------------------------------------------------------------
 def test_compose_file_validates_against_the_compose_spec(compose):
     """`docker compose config -q`: schema, merge keys, depends_on targets, no unset variables."""
-    proc = subprocess.run([*compose, "-f", str(COMPOSE_FILE), "config", "--quiet"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=_compose_env())
+    proc = subprocess.run(
+        [*compose, "-f", str(COMPOSE_FILE), "config", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_compose_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "variable is not set" not in proc.stderr, proc.stderr
 
@@ -146,9 +178,17 @@ def test_compose_file_validates_against_the_compose_spec(compose):
 def test_compose_rejects_an_invalid_file(compose, tmp_path):
     """The validator is real: an unknown service attribute fails."""
     bad = tmp_path / "compose.yml"
-    bad.write_text(COMPOSE_FILE.read_text().replace("    stop_grace_period: 30s", "    stop_grace_periodd: 30s"))
-    proc = subprocess.run([*compose, "-f", str(bad), "config", "--quiet"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env=_compose_env())
+    bad.write_text(
+        COMPOSE_FILE.read_text().replace("    stop_grace_period: 30s", "    stop_grace_periodd: 30s")
+    )
+    proc = subprocess.run(
+        [*compose, "-f", str(bad), "config", "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_compose_env(),
+    )
     assert proc.returncode != 0 and "stop_grace_periodd" in proc.stderr
 
 
@@ -164,7 +204,9 @@ def test_start_order_and_health_checks(services):
         for dep, cond in svc.get("depends_on", {}).items():
             if cond["condition"] == "service_healthy":
                 test = services[dep].get("healthcheck", {}).get("test")
-                assert test and test[0] in ("CMD", "CMD-SHELL"), f"{name} waits for {dep} to be healthy: no health check"
+                assert test and test[0] in ("CMD", "CMD-SHELL"), (
+                    f"{name} waits for {dep} to be healthy: no health check"
+                )
             if cond["condition"] == "service_completed_successfully":
                 assert dep in ONE_SHOT
     for name in ONE_SHOT:
@@ -176,7 +218,10 @@ def test_start_order_and_health_checks(services):
 def test_images_are_pinned(services, dockerfiles):
     from devstack.iceberg_rest import FIXTURE_VERSION
 
-    for name, image in {**PINNED_IMAGES, "iceberg-rest": f"apache/iceberg-rest-fixture:{FIXTURE_VERSION}"}.items():
+    for name, image in {
+        **PINNED_IMAGES,
+        "iceberg-rest": f"apache/iceberg-rest-fixture:{FIXTURE_VERSION}",
+    }.items():
         assert services[name]["image"] == image
     kafka_image = services["kafka"]["build"]["args"]["KAFKA_IMAGE"]
     from devstack.kafka import DEFAULT_KAFKA_VERSION
@@ -187,7 +232,9 @@ def test_images_are_pinned(services, dockerfiles):
             base = stage["base"]
             if base in {s["name"] for s in report["stages"]}:
                 continue
-            assert ":" in base and not base.endswith(":latest"), f"{report['file']}: unpinned base image {base}"
+            assert ":" in base and not base.endswith(":latest"), (
+                f"{report['file']}: unpinned base image {base}"
+            )
     sidecar_df = next(r for p, r in dockerfiles.items() if p.endswith("docker/sidecar/Dockerfile"))
     assert sidecar_df["args"]["PYTHON_IMAGE"].startswith("python:3.11-slim")
 
@@ -221,12 +268,16 @@ def test_dockerfiles_parse_and_pass_the_buildkit_linter(dockerfiles):
 def test_dockerfiles_copy_only_what_exists_in_the_build_context(dockerfiles):
     shim = REPO / "java-shim" / "target" / "rsm-sidecar-shim.jar"
     for path, report in dockerfiles.items():
-        assert report["ignore_file"].endswith(".dockerignore"), f"{path}: no ignore file: the whole repo is sent"
+        assert report["ignore_file"].endswith(".dockerignore"), (
+            f"{path}: no ignore file: the whole repo is sent"
+        )
         for src in report["sources"]:
             if REPO / src["source"] == shim and not shim.exists():
                 continue  # built by `make shim` (docker/README.md); the pattern is checked below
             assert src["exists"], f"{path}:{src['line']}: {src['source']} does not exist"
-            assert src["in_context"], f"{path}:{src['line']}: {src['source']} is excluded by {report['ignore_file']}"
+            assert src["in_context"], (
+                f"{path}:{src['line']}: {src['source']} is excluded by {report['ignore_file']}"
+            )
     kafka = next(r for p, r in dockerfiles.items() if p.endswith("docker/kafka/Dockerfile"))
     assert "java-shim/target/rsm-sidecar-shim.jar" in {s["source"] for s in kafka["sources"]}
     ignore = (REPO / "docker/kafka/Dockerfile.dockerignore").read_text()
@@ -253,8 +304,12 @@ def test_image_helpers_are_installed_where_compose_calls_them(services, dockerfi
     dests = {s["source"]: s["dest"] for s in kafka_df["sources"]}
     assert dests["docker/kafka/start-broker.sh"] == "/opt/rsm-sidecar/bin/"
     assert "/opt/rsm-sidecar/bin/start-broker.sh" in (REPO / "docker/kafka/Dockerfile").read_text()
-    for script in ("docker/kafka/start-broker.sh", "docker/kafka/render-properties.sh",
-                   "docker/sidecar/unless-exists.sh", "docker/sidecar/healthcheck.py"):
+    for script in (
+        "docker/kafka/start-broker.sh",
+        "docker/kafka/render-properties.sh",
+        "docker/sidecar/unless-exists.sh",
+        "docker/sidecar/healthcheck.py",
+    ):
         assert os.access(REPO / script, os.X_OK), f"{script} is not executable"
 
 
@@ -293,8 +348,10 @@ def test_sidecar_configuration_validates_and_points_at_the_compose_services(serv
     out_dir = _arg(services["keys-init"]["command"], "--out")
     key_id = _arg(services["keys-init"]["command"], "--id")
     assert active == key_id
-    assert keys[active] == {"public_key_file": f"{out_dir}/{key_id}.public.pem",
-                            "private_key_file": f"{out_dir}/{key_id}.private.pem"}
+    assert keys[active] == {
+        "public_key_file": f"{out_dir}/{key_id}.public.pem",
+        "private_key_file": f"{out_dir}/{key_id}.private.pem",
+    }
     assert services["keys-init"]["entrypoint"][1] == keys[active]["private_key_file"]
     keys_volume = _mounts(services["keys-init"])[out_dir]
     assert keys_volume["type"] == "volume" and not keys_volume.get("read_only")
@@ -304,7 +361,9 @@ def test_sidecar_configuration_validates_and_points_at_the_compose_services(serv
     # metrics published, and on the port the sidecar serves them
     metrics = cfg["metrics.listen"]
     assert any(int(p["target"]) == _port(metrics) and p.get("host_ip") == "127.0.0.1" for p in svc["ports"])
-    assert _env(services["demo-producer"])["DEMO_SIDECAR_METRICS"] == f"http://sidecar:{_port(metrics)}/metrics"
+    assert (
+        _env(services["demo-producer"])["DEMO_SIDECAR_METRICS"] == f"http://sidecar:{_port(metrics)}/metrics"
+    )
 
 
 def test_health_check_asks_the_port_the_sidecar_listens_on(services):
@@ -318,8 +377,13 @@ def test_processes_share_the_sidecar_storage(services):
     ref = _sidecar_config(services["sidecar"])
     for name in ("demo-producer", "iceberg-convert"):
         cfg = _sidecar_config(services[name])
-        for key in ("storage.backend", "storage.key_prefix", "storage.hashed_prefix_chars", "storage.s3.bucket",
-                    "storage.s3.endpoint_url"):
+        for key in (
+            "storage.backend",
+            "storage.key_prefix",
+            "storage.hashed_prefix_chars",
+            "storage.s3.bucket",
+            "storage.s3.endpoint_url",
+        ):
             assert cfg[key] == ref[key], (name, key)
 
 
@@ -421,13 +485,20 @@ def test_iceberg_settings_point_at_the_catalog_warehouse_and_registry(services):
     weed = services["seaweedfs"]
     flags = dict(a.lstrip("-").split("=", 1) for a in weed["command"] if a.startswith("-") and "=" in a)
     assert cfg["iceberg.catalog.type"] == "rest"
-    assert cfg["iceberg.catalog.rest.uri"] == f"http://iceberg-rest:{services['iceberg-rest']['ports'][0]['target']}"
+    assert (
+        cfg["iceberg.catalog.rest.uri"]
+        == f"http://iceberg-rest:{services['iceberg-rest']['ports'][0]['target']}"
+    )
     assert cfg["iceberg.warehouse"] == rest["CATALOG_WAREHOUSE"]
     bucket = cfg["iceberg.warehouse"].removeprefix("s3://").split("/")[0]
     assert bucket in flags["bucket"].split(",") and bucket != cfg["storage.s3.bucket"]
     assert cfg["iceberg.s3.endpoint"] == rest["CATALOG_S3_ENDPOINT"] == cfg["storage.s3.endpoint_url"]
     assert cfg["iceberg.s3.path_style_access"] and rest["CATALOG_S3_PATH__STYLE__ACCESS"] == "true"
-    assert cfg["iceberg.s3.access_key_id"] == rest["CATALOG_S3_ACCESS__KEY__ID"] == _env(weed)["AWS_ACCESS_KEY_ID"]
+    assert (
+        cfg["iceberg.s3.access_key_id"]
+        == rest["CATALOG_S3_ACCESS__KEY__ID"]
+        == _env(weed)["AWS_ACCESS_KEY_ID"]
+    )
     assert cfg["iceberg.s3.secret_access_key"] == rest["CATALOG_S3_SECRET__ACCESS__KEY"]
     assert cfg["iceberg.registry.url"] == _env(services["demo-producer"])["DEMO_SCHEMA_REGISTRY"]
 
@@ -440,7 +511,7 @@ def test_demo_producer_settings_match_the_services(services):
     cmd = services["demo-producer"]["command"]
     script = cmd[1]
     demo_mount = next(v for v in services["demo-producer"]["volumes"] if script.startswith(v["target"] + "/"))
-    assert (Path(demo_mount["source"]) / script[len(demo_mount["target"]) + 1:]).is_file()
+    assert (Path(demo_mount["source"]) / script[len(demo_mount["target"]) + 1 :]).is_file()
 
 
 # -- the scripts inside the images ----------------------------------------------------------------
@@ -487,8 +558,9 @@ def _fake_image(tmp_path: Path, log_dir: Path) -> dict[str, str]:
     (kafka / "bin").mkdir(parents=True)
     (kafka / "config").mkdir()
     shutil.copy2(RENDER, home / "bin" / RENDER.name)
-    (home / "server.properties").write_text(KAFKA_BASE.read_text().replace("log.dirs=/var/lib/kafka/data",
-                                                                             f"log.dirs={log_dir}"))
+    (home / "server.properties").write_text(
+        KAFKA_BASE.read_text().replace("log.dirs=/var/lib/kafka/data", f"log.dirs={log_dir}")
+    )
     for tool in ("kafka-storage.sh", "kafka-server-start.sh"):
         script = kafka / "bin" / tool
         script.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/{tool}.calls\n')
@@ -503,14 +575,20 @@ def test_start_broker_renders_formats_and_starts(services, broker_properties, tm
     log_dir = tmp_path / "data"
     log_dir.mkdir()
     env = {"PATH": os.environ["PATH"], **_env(services["kafka"]), **_fake_image(tmp_path, log_dir)}
-    proc = subprocess.run(["bash", str(REPO / "docker/kafka/start-broker.sh")], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(REPO / "docker/kafka/start-broker.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "kafka" / "config" / "server.properties"
     assert _properties(out.read_text()) == {**broker_properties, "log.dirs": str(log_dir)}
     cid = _env(services["kafka"])["CLUSTER_ID"]
-    assert (tmp_path / "kafka-storage.sh.calls").read_text() == \
-        f"format --ignore-formatted --cluster-id {cid} --config {out}\n"
+    assert (
+        tmp_path / "kafka-storage.sh.calls"
+    ).read_text() == f"format --ignore-formatted --cluster-id {cid} --config {out}\n"
     assert (tmp_path / "kafka-server-start.sh.calls").read_text() == f"{out}\n"
     # the image runs exactly this script with these defaults
     dockerfile = (REPO / "docker/kafka/Dockerfile").read_text()
@@ -520,22 +598,37 @@ def test_start_broker_renders_formats_and_starts(services, broker_properties, tm
 
 
 def test_start_broker_refuses_an_unwritable_log_dir_and_a_missing_placeholder(services, tmp_path):
-    env = {"PATH": os.environ["PATH"], **_env(services["kafka"]), **_fake_image(tmp_path, tmp_path / "missing")}
-    proc = subprocess.run(["bash", str(REPO / "docker/kafka/start-broker.sh")], env=env, capture_output=True,
-                          text=True, timeout=60)
+    env = {
+        "PATH": os.environ["PATH"],
+        **_env(services["kafka"]),
+        **_fake_image(tmp_path, tmp_path / "missing"),
+    }
+    proc = subprocess.run(
+        ["bash", str(REPO / "docker/kafka/start-broker.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "is not writable" in proc.stderr
     assert not (tmp_path / "kafka-server-start.sh.calls").exists()
     env.pop("SIDECAR_TARGET")
-    proc = subprocess.run(["bash", str(REPO / "docker/kafka/start-broker.sh")], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(REPO / "docker/kafka/start-broker.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "SIDECAR_TARGET" in proc.stderr
 
 
 def test_unless_exists(tmp_path):
     script = REPO / "docker/sidecar/unless-exists.sh"
     marker = tmp_path / "key.pem"
-    ran = subprocess.run(["sh", str(script), str(marker), "sh", "-c", f"echo made > {marker}"], capture_output=True,
-                         text=True)
+    ran = subprocess.run(
+        ["sh", str(script), str(marker), "sh", "-c", f"echo made > {marker}"], capture_output=True, text=True
+    )
     assert ran.returncode == 0 and marker.read_text() == "made\n"
     again = subprocess.run(["sh", str(script), str(marker), "false"], capture_output=True, text=True)
     assert again.returncode == 0 and "nothing to do" in again.stdout
@@ -568,10 +661,14 @@ def test_health_check_script_against_a_real_sidecar(services, tmp_path):
     port = free_port()
     key_id = _sidecar_config(services["sidecar"])["encryption.active_key_id"]
     write_key_pair(tmp_path / "pub.pem", tmp_path / "priv.pem", 2048)
-    env = {"RSM__SERVER__LISTEN": f"127.0.0.1:{port}", "RSM__METRICS__LISTEN": "", "RSM__STORAGE__BACKEND": "local",
-           "RSM__STORAGE__LOCAL__ROOT": str(tmp_path / "remote"),
-           f"RSM__ENCRYPTION__KEYS__{key_id}__PUBLIC_KEY_FILE": str(tmp_path / "pub.pem"),
-           f"RSM__ENCRYPTION__KEYS__{key_id}__PRIVATE_KEY_FILE": str(tmp_path / "priv.pem")}
+    env = {
+        "RSM__SERVER__LISTEN": f"127.0.0.1:{port}",
+        "RSM__METRICS__LISTEN": "",
+        "RSM__STORAGE__BACKEND": "local",
+        "RSM__STORAGE__LOCAL__ROOT": str(tmp_path / "remote"),
+        f"RSM__ENCRYPTION__KEYS__{key_id}__PUBLIC_KEY_FILE": str(tmp_path / "pub.pem"),
+        f"RSM__ENCRYPTION__KEYS__{key_id}__PRIVATE_KEY_FILE": str(tmp_path / "priv.pem"),
+    }
     (tmp_path / "remote").mkdir()
     sidecar = SidecarProcess(SIDECAR_TOML, tmp_path, env, f"127.0.0.1:{port}")
     script = [sys.executable, str(REPO / "docker/sidecar/healthcheck.py")]
@@ -582,7 +679,9 @@ def test_health_check_script_against_a_real_sidecar(services, tmp_path):
         assert "rsm.v1.RemoteStorage SERVING" in ok.stdout
     finally:
         sidecar.stop()
-    gone = subprocess.run([*script, f"127.0.0.1:{port}", "--timeout", "1"], capture_output=True, text=True, timeout=30)
+    gone = subprocess.run(
+        [*script, f"127.0.0.1:{port}", "--timeout", "1"], capture_output=True, text=True, timeout=30
+    )
     assert gone.returncode == 1 and "UNAVAILABLE" in gone.stdout
 
 
@@ -606,12 +705,30 @@ def test_sidecar_image_build_steps_produce_a_wheel_with_the_stubs(dockerfiles, t
     protoc = re.search(r"python -m grpc_tools\.protoc (.*?) \\\n\s+(.*?) \\\n", text)
     argv = shlex.split(protoc.group(1)) + shlex.split(protoc.group(2))
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", *argv], cwd=ctx, check=True, timeout=120)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(tmp_path / "wheels"), "."], cwd=ctx, check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(tmp_path / "wheels"),
+            ".",
+        ],
+        cwd=ctx,
+        check=True,
+        timeout=300,
+    )
     wheel = next((tmp_path / "wheels").glob("rsm_sidecar-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"rsm_sidecar/_proto/rsm/v1/rsm_pb2.py", "rsm_sidecar/_proto/rsm/v1/rsm_pb2_grpc.py",
-            "rsm_sidecar/cli/main.py"} <= names
+    assert {
+        "rsm_sidecar/_proto/rsm/v1/rsm_pb2.py",
+        "rsm_sidecar/_proto/rsm/v1/rsm_pb2_grpc.py",
+        "rsm_sidecar/cli/main.py",
+    } <= names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "rsm-sidecar = rsm_sidecar.cli.main:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
@@ -649,8 +766,9 @@ def test_sidecar_starts_with_the_compose_configuration(services, tmp_path):
     weed = services["seaweedfs"]
     flags = dict(a.lstrip("-").split("=", 1) for a in weed["command"] if a.startswith("-") and "=" in a)
     ident = _env(weed)
-    s3 = SeaweedS3Server(tmp_path / "s3", access_key=ident["AWS_ACCESS_KEY_ID"],
-                         secret_key=ident["AWS_SECRET_ACCESS_KEY"]).start()
+    s3 = SeaweedS3Server(
+        tmp_path / "s3", access_key=ident["AWS_ACCESS_KEY_ID"], secret_key=ident["AWS_SECRET_ACCESS_KEY"]
+    ).start()
     try:
         for bucket in flags["bucket"].split(","):
             s3.create_bucket(bucket)
@@ -664,8 +782,11 @@ def test_sidecar_starts_with_the_compose_configuration(services, tmp_path):
         grpc_port, metrics_port = free_port(), free_port()
         log_dirs = tmp_path / "kafka-data"
         log_dirs.mkdir()
-        moved = {f"http://seaweedfs:{flags['s3.port']}": s3.endpoint_url, keys_dir: str(local_keys),
-                 env["RSM__COPY__ALLOWED_DIRS"]: str(log_dirs)}
+        moved = {
+            f"http://seaweedfs:{flags['s3.port']}": s3.endpoint_url,
+            keys_dir: str(local_keys),
+            env["RSM__COPY__ALLOWED_DIRS"]: str(log_dirs),
+        }
         env = {k: next((v.replace(a, b) for a, b in moved.items() if a in v), v) for k, v in env.items()}
         # the compose hosts (0.0.0.0: the broker reaches the sidecar over the compose network)
         # with free ports: the sidecar must accept that listen address as configured
@@ -675,8 +796,12 @@ def test_sidecar_starts_with_the_compose_configuration(services, tmp_path):
         sidecar = SidecarProcess(SIDECAR_TOML, tmp_path, env, f"127.0.0.1:{grpc_port}")
         sidecar.start()
         try:
-            ok = subprocess.run([sys.executable, str(REPO / "docker/sidecar/healthcheck.py"), f"127.0.0.1:{grpc_port}"],
-                                capture_output=True, text=True, timeout=30)
+            ok = subprocess.run(
+                [sys.executable, str(REPO / "docker/sidecar/healthcheck.py"), f"127.0.0.1:{grpc_port}"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             assert ok.returncode == 0, ok.stdout + ok.stderr
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
                 metrics = r.read().decode()
@@ -716,7 +841,9 @@ def test_seaweedfs_accepts_the_compose_command_and_creates_the_buckets(services,
                 compose_flags.append(f"-{name}={moved[name]}" if name in moved else arg)
             return [*super().command(), *compose_flags]
 
-    weed = ComposeWeed(tmp_path / "s3", access_key=ident["AWS_ACCESS_KEY_ID"], secret_key=ident["AWS_SECRET_ACCESS_KEY"])
+    weed = ComposeWeed(
+        tmp_path / "s3", access_key=ident["AWS_ACCESS_KEY_ID"], secret_key=ident["AWS_SECRET_ACCESS_KEY"]
+    )
     weed.start()
     try:
         health = next(a for a in svc["healthcheck"]["test"] if a.startswith("http://"))

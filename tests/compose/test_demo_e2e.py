@@ -51,9 +51,11 @@ def rest(stack, services, tmp_path_factory):
     bucket = env["CATALOG_WAREHOUSE"].removeprefix("s3://").split("/")[0]
     s3 = stack.storage_server
     s3.create_bucket(bucket)
-    srv = IcebergRestServer(tmp_path_factory.mktemp("rest"), env["CATALOG_WAREHOUSE"],
-                            s3={"endpoint": s3.endpoint_url, "access_key_id": s3.access_key,
-                                "secret_access_key": s3.secret_key}).start()
+    srv = IcebergRestServer(
+        tmp_path_factory.mktemp("rest"),
+        env["CATALOG_WAREHOUSE"],
+        s3={"endpoint": s3.endpoint_url, "access_key_id": s3.access_key, "secret_access_key": s3.secret_key},
+    ).start()
     yield srv
     srv.stop()
 
@@ -64,17 +66,21 @@ def _local(services, stack, registry, rest=None) -> tuple[dict[str, str], dict[s
     weed = services["seaweedfs"]
     port = next(a.split("=", 1)[1] for a in weed["command"] if a.startswith("-s3.port="))
     s3 = stack.storage_server
-    subst = {f"http://seaweedfs:{port}": s3.endpoint_url,
-             "http://registry:8080/apis/ccompat/v7": registry.ccompat_url,
-             "kafka:9092": stack.bootstrap_servers,
-             "/etc/rsm-sidecar/keys": str(stack.keys_dir),
-             SIDECAR_MOUNT: str(REPO / "config" / "sidecar.toml"),
-             DEMO_MOUNT: str(REPO / "docker" / "demo"),
-             "http://sidecar:9096/metrics": ""}  # the local stack's sidecar serves no metrics
+    subst = {
+        f"http://seaweedfs:{port}": s3.endpoint_url,
+        "http://registry:8080/apis/ccompat/v7": registry.ccompat_url,
+        "kafka:9092": stack.bootstrap_servers,
+        "/etc/rsm-sidecar/keys": str(stack.keys_dir),
+        SIDECAR_MOUNT: str(REPO / "config" / "sidecar.toml"),
+        DEMO_MOUNT: str(REPO / "docker" / "demo"),
+        "http://sidecar:9096/metrics": "",
+    }  # the local stack's sidecar serves no metrics
     if rest is not None:
         subst["http://iceberg-rest:8181"] = rest.uri
-    exact = {weed["environment"]["AWS_ACCESS_KEY_ID"]: s3.access_key,
-             weed["environment"]["AWS_SECRET_ACCESS_KEY"]: s3.secret_key}
+    exact = {
+        weed["environment"]["AWS_ACCESS_KEY_ID"]: s3.access_key,
+        weed["environment"]["AWS_SECRET_ACCESS_KEY"]: s3.secret_key,
+    }
     return subst, exact
 
 
@@ -89,9 +95,13 @@ def _mapped(values, mapping):
 
     if isinstance(values, dict):
         out = {k: one(str(v)) for k, v in values.items()}
-        leftover = [f"{k}={v}" for k, v in out.items()
-                    if re.search(r"//(seaweedfs|registry|iceberg-rest|sidecar|kafka)\b", v)
-                    or v.startswith(("/etc/rsm-sidecar", DEMO_MOUNT)) or v in exact]
+        leftover = [
+            f"{k}={v}"
+            for k, v in out.items()
+            if re.search(r"//(seaweedfs|registry|iceberg-rest|sidecar|kafka)\b", v)
+            or v.startswith(("/etc/rsm-sidecar", DEMO_MOUNT))
+            or v in exact
+        ]
         assert not leftover, f"not mapped to a local server: {leftover}"
         return out
     return [one(v) for v in values]
@@ -106,9 +116,13 @@ def produced(services, stack, registry):
     env.update({"DEMO_RECORDS": "15000"})
     argv = _mapped(svc["command"], mapping)
     assert argv[0] == "python"
-    proc = subprocess.run([sys.executable, *argv[1:], "--min-segments", "1", "--timeout", "240"],
-                          env={**{k: v for k, v in os.environ.items() if not k.startswith("RSM__")}, **env},
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, *argv[1:], "--min-segments", "1", "--timeout", "240"],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("RSM__")}, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc
 
 
@@ -129,9 +143,13 @@ def test_iceberg_convert_into_the_rest_catalog(produced, services, stack, regist
     env = _mapped(svc["environment"], mapping)
     argv = _mapped(svc["command"], mapping)
     assert argv[:3] == ["rsm-sidecar", "iceberg", "convert"]
-    proc = subprocess.run([sys.executable, "-m", "rsm_sidecar.cli.main", *argv[1:], "--json"],
-                          env={**{k: v for k, v in os.environ.items() if not k.startswith("RSM__")}, **env},
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsm_sidecar.cli.main", *argv[1:], "--json"],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("RSM__")}, **env},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["committed"] and result["table"].endswith("demo_orders"), result
@@ -140,7 +158,9 @@ def test_iceberg_convert_into_the_rest_catalog(produced, services, stack, regist
     assert part["segments"] >= 1 and part["first_offset"] == 0 and part["records"] == part["next_offset"] > 0
     # the table is in the REST catalog, its files in the warehouse bucket
     bucket = env["RSM__ICEBERG__WAREHOUSE"].removeprefix("s3://").split("/")[0]
-    keys = [o["Key"] for o in stack.storage_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+    keys = [
+        o["Key"] for o in stack.storage_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])
+    ]
     assert any(k.endswith(".parquet") for k in keys) and any(k.endswith(".metadata.json") for k in keys)
     import urllib.request
 

@@ -62,15 +62,28 @@ def _go_env() -> dict[str, str]:
         raise ToolUnavailable(f"Go {out} is older than 1.26.3 (needed by docker compose {COMPOSE_VERSION})")
     gocache = cache_dir() / "go"
     env = dict(os.environ)
-    env.update({"GOPATH": str(gocache), "GOMODCACHE": str(gocache / "pkg" / "mod"),
-                "GOCACHE": str(gocache / "build"), "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"})
+    env.update(
+        {
+            "GOPATH": str(gocache),
+            "GOMODCACHE": str(gocache / "pkg" / "mod"),
+            "GOCACHE": str(gocache / "build"),
+            "GOTOOLCHAIN": "local",
+            "GOFLAGS": "-buildvcs=false",
+        }
+    )
     return env
 
 
 def _go_build(workdir: Path, package: str, output: Path, env: dict[str, str], mod: str) -> None:
     tmp = output.with_name(output.name + ".tmp")
-    proc = subprocess.run(["go", "build", f"-mod={mod}", "-o", str(tmp), package], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(
+        ["go", "build", f"-mod={mod}", "-o", str(tmp), package],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"go build {package} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
     tmp.replace(output)
@@ -101,8 +114,14 @@ def ensure_compose_cli() -> Path:
         build = home / "module"
         build.mkdir(exist_ok=True)
         (build / "go.mod").write_text(COMPOSE_GO_MOD)
-        proc = subprocess.run(["go", "get", f"github.com/docker/compose/v5/cmd@{COMPOSE_VERSION}"], cwd=build,
-                              env=env, capture_output=True, text=True, timeout=1500)
+        proc = subprocess.run(
+            ["go", "get", f"github.com/docker/compose/v5/cmd@{COMPOSE_VERSION}"],
+            cwd=build,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"go get docker compose {COMPOSE_VERSION} failed:\n{proc.stderr[-4000:]}")
         _go_build(build, "github.com/docker/compose/v5/cmd", binary, env, mod="readonly")

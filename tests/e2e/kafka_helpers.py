@@ -28,15 +28,23 @@ class Rec:
 
 
 def tiered_topic_config(**overrides) -> dict[str, str]:
-    cfg = {"remote.storage.enable": "true", "local.retention.ms": "1000", "retention.ms": "86400000",
-           "segment.bytes": str(SEGMENT_BYTES), "file.delete.delay.ms": "1000", "max.message.bytes": "3000000"}
+    cfg = {
+        "remote.storage.enable": "true",
+        "local.retention.ms": "1000",
+        "retention.ms": "86400000",
+        "segment.bytes": str(SEGMENT_BYTES),
+        "file.delete.delay.ms": "1000",
+        "max.message.bytes": "3000000",
+    }
     cfg.update({k.replace("_", "."): str(v) for k, v in overrides.items()})
     return cfg
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1, **config) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(name, partitions, 1, config=tiered_topic_config(**config))]).values():
+    for f in admin.create_topics(
+        [NewTopic(name, partitions, 1, config=tiered_topic_config(**config))]
+    ).values():
         f.result(30)
 
 
@@ -57,11 +65,20 @@ def records(n: int, rng: random.Random, t0: int, big_every: int = 0) -> list[Rec
     return out
 
 
-def produce(bootstrap: str, topic: str, recs: list[Rec], compression: str = "none", partition: int = 0,
-            **extra) -> list[Rec]:
+def produce(
+    bootstrap: str, topic: str, recs: list[Rec], compression: str = "none", partition: int = 0, **extra
+) -> list[Rec]:
     """Produce in order; return the records with the offsets the broker assigned."""
-    p = Producer({"bootstrap.servers": bootstrap, "compression.type": compression, "linger.ms": 5,
-                  "enable.idempotence": True, "message.max.bytes": 3_000_000, **extra})
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "compression.type": compression,
+            "linger.ms": 5,
+            "enable.idempotence": True,
+            "message.max.bytes": 3_000_000,
+            **extra,
+        }
+    )
     offsets: dict[int, int] = {}
 
     def on_delivery(i):
@@ -69,11 +86,19 @@ def produce(bootstrap: str, topic: str, recs: list[Rec], compression: str = "non
             if err is not None:
                 raise KafkaException(err)
             offsets[i] = msg.offset()
+
         return cb
 
     for i, r in enumerate(recs):
-        p.produce(topic, key=r.key, value=r.value, headers=list(r.headers) or None, timestamp=r.timestamp,
-                  partition=partition, on_delivery=on_delivery(i))
+        p.produce(
+            topic,
+            key=r.key,
+            value=r.value,
+            headers=list(r.headers) or None,
+            timestamp=r.timestamp,
+            partition=partition,
+            on_delivery=on_delivery(i),
+        )
         p.poll(0)
     assert p.flush(60) == 0
     return [dataclasses.replace(r, offset=offsets[i]) for i, r in enumerate(recs)]
@@ -85,8 +110,12 @@ def filler(bootstrap: str, topic: str, size: int = 2 * SEGMENT_BYTES + 100_000, 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     last = {}
     for i in range(size // 10_000 + 1):
-        p.produce(topic, value=os.urandom(10_000), partition=partition,
-                  on_delivery=lambda e, m: last.__setitem__("o", m.offset()))
+        p.produce(
+            topic,
+            value=os.urandom(10_000),
+            partition=partition,
+            on_delivery=lambda e, m: last.__setitem__("o", m.offset()),
+        )
     assert p.flush(60) == 0
     return last["o"] + 1
 
@@ -106,8 +135,15 @@ def remote_segments(store, topic: str | None = None) -> dict[str, dict]:
         parsed = layout.parse(obj.key)
         if parsed is None or (topic is not None and parsed.topic != topic):
             continue
-        seg = out.setdefault(parsed.base, {"suffixes": set(), "start_offset": parsed.start_offset,
-                                           "partition": parsed.partition, "topic": parsed.topic})
+        seg = out.setdefault(
+            parsed.base,
+            {
+                "suffixes": set(),
+                "start_offset": parsed.start_offset,
+                "partition": parsed.partition,
+                "topic": parsed.topic,
+            },
+        )
         seg["suffixes"].add(parsed.suffix)
     return out
 
@@ -125,16 +161,33 @@ def wait_for(what: str, condition, timeout: float = 180, interval: float = 0.5):
 
 def wait_tiered(stack, topic: str, up_to: int, partition: int = 0, timeout: float = 180) -> None:
     """Until offsets below ``up_to`` are in remote storage and gone from the broker's disk."""
-    wait_for(f"{topic}-{partition} offsets < {up_to} tiered and deleted locally",
-             lambda: (local_segment_offsets(stack.broker, topic, partition) or [0])[0] >= up_to, timeout)
+    wait_for(
+        f"{topic}-{partition} offsets < {up_to} tiered and deleted locally",
+        lambda: (local_segment_offsets(stack.broker, topic, partition) or [0])[0] >= up_to,
+        timeout,
+    )
 
 
-def consume(bootstrap: str, topic: str, start: int, count: int, partition: int = 0,
-            isolation: str = "read_uncommitted", timeout: float = 120) -> list[Rec]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"e2e-{os.urandom(4).hex()}",
-                  "enable.auto.commit": False, "isolation.level": isolation, "fetch.max.bytes": 5_000_000,
-                  "auto.offset.reset": "earliest",
-                  "max.partition.fetch.bytes": 5_000_000})
+def consume(
+    bootstrap: str,
+    topic: str,
+    start: int,
+    count: int,
+    partition: int = 0,
+    isolation: str = "read_uncommitted",
+    timeout: float = 120,
+) -> list[Rec]:
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"e2e-{os.urandom(4).hex()}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "fetch.max.bytes": 5_000_000,
+            "auto.offset.reset": "earliest",
+            "max.partition.fetch.bytes": 5_000_000,
+        }
+    )
     try:
         c.assign([TopicPartition(topic, partition, start)])
         out: list[Rec] = []
@@ -151,11 +204,24 @@ def consume(bootstrap: str, topic: str, start: int, count: int, partition: int =
         c.close()
 
 
-def consume_until_idle(bootstrap: str, topic: str, start: int, idle: float = 8.0, partition: int = 0,
-                       isolation: str = "read_uncommitted") -> list[Rec]:
+def consume_until_idle(
+    bootstrap: str,
+    topic: str,
+    start: int,
+    idle: float = 8.0,
+    partition: int = 0,
+    isolation: str = "read_uncommitted",
+) -> list[Rec]:
     """Everything from ``start`` until no message arrives for ``idle`` seconds."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"e2e-{os.urandom(4).hex()}",
-                  "enable.auto.commit": False, "isolation.level": isolation, "auto.offset.reset": "earliest"})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"e2e-{os.urandom(4).hex()}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "auto.offset.reset": "earliest",
+        }
+    )
     try:
         c.assign([TopicPartition(topic, partition, start)])
         out: list[Rec] = []

@@ -8,8 +8,17 @@ import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tests.e2e.kafka_helpers import (Rec, consume, consume_until_idle, create_topic, filler, produce, records,
-                                     remote_segments, wait_tiered)
+from tests.e2e.kafka_helpers import (
+    Rec,
+    consume,
+    consume_until_idle,
+    create_topic,
+    filler,
+    produce,
+    records,
+    remote_segments,
+    wait_tiered,
+)
 
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
@@ -22,7 +31,9 @@ def produce_and_tier_all_compressions(stack, prefix: str) -> dict[str, tuple[str
     for i, comp in enumerate(COMPRESSIONS):
         topic = f"{prefix}-{comp}"
         create_topic(stack.bootstrap_servers, topic)
-        recs = produce(stack.bootstrap_servers, topic, records(400, random.Random(i), t0, big_every=150), comp)
+        recs = produce(
+            stack.bootstrap_servers, topic, records(400, random.Random(i), t0, big_every=150), comp
+        )
         filler(stack.bootstrap_servers, topic)
         out[comp] = (topic, recs)
     for topic, recs in out.values():
@@ -37,8 +48,9 @@ def assert_same_records(got: list[Rec], expected: list[Rec]) -> None:
         assert g.key == e.key, f"key at offset {e.offset}"
         assert g.value == e.value, f"value at offset {e.offset}"
         assert g.timestamp == e.timestamp, f"timestamp at offset {e.offset}"
-        assert [(k, v if v != b"" else b"") for k, v in g.headers] == \
-            [(k, v) for k, v in e.headers], f"headers at offset {e.offset}"
+        assert [(k, v if v != b"" else b"") for k, v in g.headers] == [(k, v) for k, v in e.headers], (
+            f"headers at offset {e.offset}"
+        )
 
 
 def check_consume_from_zero(stack, store, topic: str, recs: list[Rec]) -> None:
@@ -52,8 +64,14 @@ def check_consume_from_zero(stack, store, topic: str, recs: list[Rec]) -> None:
 def check_random_offsets(stack, topic: str, recs: list[Rec]) -> None:
     rng = random.Random(42)
     by_offset = {r.offset: r for r in recs}
-    c = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "random-offsets",
-                  "enable.auto.commit": False, "fetch.max.bytes": 5_000_000})
+    c = Consumer(
+        {
+            "bootstrap.servers": stack.bootstrap_servers,
+            "group.id": "random-offsets",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 5_000_000,
+        }
+    )
     try:
         starts = rng.sample(sorted(by_offset), 15) + [0, recs[-1].offset]
         for start in starts:
@@ -67,7 +85,9 @@ def check_random_offsets(stack, topic: str, recs: list[Rec]) -> None:
                 got.append(m)
                 if m.offset() >= recs[-1].offset:
                     break
-            assert got and got[0].offset() == start, f"seek to {start} returned {got[0].offset() if got else None}"
+            assert got and got[0].offset() == start, (
+                f"seek to {start} returned {got[0].offset() if got else None}"
+            )
             for m in got:
                 if m.offset() in by_offset:
                     assert m.value() == by_offset[m.offset()].value and m.key() == by_offset[m.offset()].key
@@ -91,8 +111,9 @@ def check_transactions(stack, store, topic: str) -> None:
     records, which needs the transaction index served from remote storage."""
     create_topic(stack.bootstrap_servers, topic)
     rng = random.Random(7)
-    p = Producer({"bootstrap.servers": stack.bootstrap_servers, "transactional.id": f"tx-{topic}",
-                  "linger.ms": 5})
+    p = Producer(
+        {"bootstrap.servers": stack.bootstrap_servers, "transactional.id": f"tx-{topic}", "linger.ms": 5}
+    )
     p.init_transactions(30)
     committed, aborted = [], []
     delivered: dict[int, int] = {}
@@ -103,8 +124,12 @@ def check_transactions(stack, store, topic: str) -> None:
         for _ in range(rng.randrange(20, 60)):
             value = b"txn-%d-%d-" % (round_, n) + rng.randbytes(rng.randrange(200, 4000))
             i = n
-            p.produce(topic, key=b"k%d" % n, value=value,
-                      on_delivery=lambda e, m, i=i: e is None and delivered.__setitem__(i, m.offset()))
+            p.produce(
+                topic,
+                key=b"k%d" % n,
+                value=value,
+                on_delivery=lambda e, m, i=i: e is None and delivered.__setitem__(i, m.offset()),
+            )
             batch.append((i, value))
             n += 1
         p.flush(30)  # written to the log before the outcome, so aborted data really is on disk
@@ -119,15 +144,20 @@ def check_transactions(stack, store, topic: str) -> None:
     wait_tiered(stack, topic, max(delivered.values()) + 1)
     manifests = [b for b, s in remote_segments(store, topic).items()]
     assert manifests
-    got = [r for r in consume_until_idle(stack.bootstrap_servers, topic, 0, isolation="read_committed")
-           if r.value and r.value.startswith(b"txn-")]
+    got = [
+        r
+        for r in consume_until_idle(stack.bootstrap_servers, topic, 0, isolation="read_committed")
+        if r.value and r.value.startswith(b"txn-")
+    ]
     assert [r.value for r in got] == [v for _, v in committed]
     assert {r.offset for r in got}.isdisjoint({delivered[i] for i, _ in aborted})
     assert len(delivered) == n
     segs = [b for b in manifests if stack.object_store().exists(b + ".rsm-manifest")]
     with_txn = [b for b in segs if _has_txn_index(stack, b)]
     assert with_txn, "no tiered segment carries a transaction index"
-    everything = [r for r in consume_until_idle(stack.bootstrap_servers, topic, 0) if r.value.startswith(b"txn-")]
+    everything = [
+        r for r in consume_until_idle(stack.bootstrap_servers, topic, 0) if r.value.startswith(b"txn-")
+    ]
     assert [r.value for r in everything] == [v for _, v in sorted(committed + aborted)]
     assert last > 0
 

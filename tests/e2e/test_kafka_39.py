@@ -12,8 +12,15 @@ import pytest
 
 from devstack.stack import LocalStack
 from tests.e2e import scenarios
-from tests.e2e.kafka_helpers import (create_topic, filler, local_segment_offsets, produce, records,
-                                     remote_segments, wait_tiered)
+from tests.e2e.kafka_helpers import (
+    create_topic,
+    filler,
+    local_segment_offsets,
+    produce,
+    records,
+    remote_segments,
+    wait_tiered,
+)
 
 KAFKA_VERSION = "3.9.2"
 TRANSFER_MODE = "path"
@@ -22,8 +29,11 @@ TRANSFER_MODE = "path"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, request):
     """Overrides the conftest fixture for this module: the same stack on KAFKA_VERSION."""
-    st = LocalStack(tmp_path_factory.mktemp("stack39"), transfer_mode=TRANSFER_MODE,
-                    kafka_version=request.module.KAFKA_VERSION)
+    st = LocalStack(
+        tmp_path_factory.mktemp("stack39"),
+        transfer_mode=TRANSFER_MODE,
+        kafka_version=request.module.KAFKA_VERSION,
+    )
     st.start()
     yield st
     st.stop()
@@ -33,8 +43,12 @@ def stack(tmp_path_factory, request):
 def tiered(stack):
     topic = "k39-basic"
     create_topic(stack.bootstrap_servers, topic)
-    recs = produce(stack.bootstrap_servers, topic,
-                   records(400, random.Random(39), int(time.time() * 1000) - 3_600_000, big_every=150), "lz4")
+    recs = produce(
+        stack.bootstrap_servers,
+        topic,
+        records(400, random.Random(39), int(time.time() * 1000) - 3_600_000, big_every=150),
+        "lz4",
+    )
     filler(stack.bootstrap_servers, topic)
     wait_tiered(stack, topic, recs[-1].offset + 1)
     return topic, recs

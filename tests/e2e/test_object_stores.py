@@ -16,8 +16,16 @@ from confluent_kafka.admin import AdminClient
 from devstack.stack import LocalStack
 from rsm_sidecar.format.keys import KeyLayout
 from tests.e2e import scenarios
-from tests.e2e.kafka_helpers import (consume, create_topic, filler, produce, records, remote_segments, wait_for,
-                                     wait_tiered)
+from tests.e2e.kafka_helpers import (
+    consume,
+    create_topic,
+    filler,
+    produce,
+    records,
+    remote_segments,
+    wait_for,
+    wait_tiered,
+)
 
 
 @pytest.fixture(scope="module", params=["s3", "gcs"])
@@ -34,8 +42,12 @@ def test_offload_consume_and_delete_topic(object_stack):
     assert store.name == stack.storage
     topic = f"orders-{stack.storage}"
     create_topic(stack.bootstrap_servers, topic)
-    recs = produce(stack.bootstrap_servers, topic, records(300, random.Random(5), int(time.time() * 1000) - 60_000,
-                                                           big_every=100), "zstd")
+    recs = produce(
+        stack.bootstrap_servers,
+        topic,
+        records(300, random.Random(5), int(time.time() * 1000) - 60_000, big_every=100),
+        "zstd",
+    )
     filler(stack.bootstrap_servers, topic)
     wait_tiered(stack, topic, recs[-1].offset + 1)
     segments = remote_segments(store, topic)
@@ -45,17 +57,33 @@ def test_offload_consume_and_delete_topic(object_stack):
     # the inspection CLI works on this backend with the sidecar's own configuration
     config, env = stack.sidecar_config_env()
     cli = [sys.executable, "-m", "rsm_sidecar.cli.main", "inspect"]
-    listed = subprocess.run(cli + ["ls", "--config", str(config), "--topic", topic, "--json", "-q"],
-                            env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    listed = subprocess.run(
+        cli + ["ls", "--config", str(config), "--topic", topic, "--json", "-q"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert listed.returncode == 0, listed.stderr
     layout = KeyLayout("tiered/")
-    assert {s["segment_id"] for s in json.loads(listed.stdout)["segments"]} == \
-        {layout.parse(base + ".log").segment_id for base in remote_segments(store, topic)}
-    verified = subprocess.run(cli + ["verify", "--config", str(config), "--topic", topic, "-q"],
-                              env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert {s["segment_id"] for s in json.loads(listed.stdout)["segments"]} == {
+        layout.parse(base + ".log").segment_id for base in remote_segments(store, topic)
+    }
+    verified = subprocess.run(
+        cli + ["verify", "--config", str(config), "--topic", topic, "-q"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})  # kept alive until the futures resolve
+    admin = AdminClient(
+        {"bootstrap.servers": stack.bootstrap_servers}
+    )  # kept alive until the futures resolve
     for f in admin.delete_topics([topic]).values():
         f.result(30)
-    wait_for(f"no {stack.storage} object of the topic left",
-             lambda: not [o for o in store.list("tiered/") if o.key.startswith(f"tiered/{topic}-")], timeout=120)
+    wait_for(
+        f"no {stack.storage} object of the topic left",
+        lambda: not [o for o in store.list("tiered/") if o.key.startswith(f"tiered/{topic}-")],
+        timeout=120,
+    )

@@ -21,8 +21,19 @@ from rsm_sidecar.kafka.reader import read_batches
 from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
 from rsm_sidecar.transform.keyring import Keyring
 from tests.e2e import scenarios
-from tests.e2e.kafka_helpers import (KEY_PREFIX, Rec, consume, create_topic, filler, local_segment_offsets, produce,
-                                     records, remote_segments, wait_for, wait_tiered)
+from tests.e2e.kafka_helpers import (
+    KEY_PREFIX,
+    Rec,
+    consume,
+    create_topic,
+    filler,
+    local_segment_offsets,
+    produce,
+    records,
+    remote_segments,
+    wait_for,
+    wait_tiered,
+)
 
 TRANSFER_MODE = "path"
 MANIFEST = "rsm-manifest"
@@ -30,6 +41,7 @@ COPY_FAILED = re.compile(r"Error occurred while copying log segments of partitio
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
 
 class BackgroundProducer(threading.Thread):
     """Produces known records (about ``rate`` bytes/s, 5 KB values) until stopped; remembers the
@@ -59,8 +71,15 @@ class BackgroundProducer(threading.Thread):
                         self.errors.append(str(err))
                     else:
                         self.offsets[i] = msg.offset()
-                p.produce(self.topic, key=rec.key, value=rec.value, timestamp=rec.timestamp, partition=0,
-                          on_delivery=cb)
+
+                p.produce(
+                    self.topic,
+                    key=rec.key,
+                    value=rec.value,
+                    timestamp=rec.timestamp,
+                    partition=0,
+                    on_delivery=cb,
+                )
             p.poll(0)
             time.sleep(0.1)
         if p.flush(60) != 0:
@@ -89,15 +108,20 @@ def copy_failures(stack, offset: int, topic: str) -> list[str]:
     """server.log lines since ``offset`` where the broker reports a failed copy of ``topic``
     (with the shim's exception in the following lines)."""
     text = log_since(stack, offset)
-    return [m.group(0) for m in re.finditer(r"[^\n]*(?:%s)[^\n]*\n(?:[^\[][^\n]*\n){0,3}" % COPY_FAILED.pattern, text)
-            if topic in m.group(0)]
+    return [
+        m.group(0)
+        for m in re.finditer(r"[^\n]*(?:%s)[^\n]*\n(?:[^\[][^\n]*\n){0,3}" % COPY_FAILED.pattern, text)
+        if topic in m.group(0)
+    ]
 
 
 def consume_everything(stack, topic: str, end: int) -> list[Rec]:
     got = consume(stack.bootstrap_servers, topic, 0, end, timeout=240)
     offsets = [r.offset for r in got]
     missing = sorted(set(range(end)) - set(offsets))
-    assert offsets == list(range(end)), f"{len(got)} of {end} records read from offset 0; missing {missing[:10]}"
+    assert offsets == list(range(end)), (
+        f"{len(got)} of {end} records read from offset 0; missing {missing[:10]}"
+    )
     return got
 
 
@@ -120,8 +144,12 @@ def check_no_partial_segment_readable(stack, store) -> tuple[list[str], list[str
     config_file, env = stack.sidecar_config_env()
     cfg = Config.load(config_file, environ=env)
     assert cfg["storage.key_prefix"] == KEY_PREFIX
-    reader = SegmentReader(store, KeyLayout(cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"]),
-                           Keyring.from_config(cfg), ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0))
+    reader = SegmentReader(
+        store,
+        KeyLayout(cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"]),
+        Keyring.from_config(cfg),
+        ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0),
+    )
     complete, orphans = [], []
     for base, seg in sorted(remote_segments(store).items()):
         if MANIFEST not in seg["suffixes"]:
@@ -147,11 +175,16 @@ def check_no_partial_segment_readable(stack, store) -> tuple[list[str], list[str
 
 # -- the broker restarts ------------------------------------------------------------------------
 
+
 def test_tiered_data_served_after_a_broker_restart(stack, store):
     topic = "broker-restart"
     create_topic(stack.bootstrap_servers, topic)
-    recs = produce(stack.bootstrap_servers, topic,
-                   records(400, random.Random(21), int(time.time() * 1000) - 3_600_000, big_every=150), "zstd")
+    recs = produce(
+        stack.bootstrap_servers,
+        topic,
+        records(400, random.Random(21), int(time.time() * 1000) - 3_600_000, big_every=150),
+        "zstd",
+    )
     filler(stack.bootstrap_servers, topic)
     wait_tiered(stack, topic, recs[-1].offset + 1)
     assert len(manifests(store, topic)) >= 2
@@ -161,8 +194,11 @@ def test_tiered_data_served_after_a_broker_restart(stack, store):
     # The broker answers before its metadata manager has read __remote_log_metadata; a fetch of a
     # tiered offset in that window (about 0.5 s) fails with UNKNOWN_SERVER_ERROR (Kafka's
     # IllegalStateException "This instance is in invalid state, initialized: false"), not a shim issue.
-    wait_for("the broker's remote log metadata manager to initialize after the restart",
-             lambda: "Initialized topic-based RLMM resources successfully" in log_since(stack, log_offset), timeout=60)
+    wait_for(
+        "the broker's remote log metadata manager to initialize after the restart",
+        lambda: "Initialized topic-based RLMM resources successfully" in log_since(stack, log_offset),
+        timeout=60,
+    )
 
     # still only in remote storage: the broker did not get them back on its disk
     assert local_segment_offsets(stack.broker, topic)[0] > recs[-1].offset
@@ -172,6 +208,7 @@ def test_tiered_data_served_after_a_broker_restart(stack, store):
 
 
 # -- the sidecar is killed ------------------------------------------------------------------------
+
 
 def _kill_sidecar_during_a_copy(stack, topic: str, timeout: float = 30) -> str | None:
     """SIGKILL the sidecar in the middle of a copy of ``topic``: preferably once a segment's data
@@ -190,8 +227,9 @@ def _kill_sidecar_during_a_copy(stack, topic: str, timeout: float = 30) -> str |
             if any(n.endswith(".log") and n[:-4] + "." + MANIFEST not in names for n in names):
                 stack.sidecar.kill()
                 return "data object committed, manifest not yet"
-        if time.monotonic() - t0 > timeout / 2 and any(n.endswith(".part") and n not in old_parts
-                                                       for n in os.listdir(tmp)):
+        if time.monotonic() - t0 > timeout / 2 and any(
+            n.endswith(".part") and n not in old_parts for n in os.listdir(tmp)
+        ):
             stack.sidecar.kill()
             return "an object being written"
         time.sleep(0.001)
@@ -205,20 +243,28 @@ def test_sidecar_killed_while_producing_loses_nothing(stack, store):
     bg = BackgroundProducer(stack.bootstrap_servers, topic, seed=22)
     bg.start()
     try:
-        wait_for("two segments copied before the kill", lambda: len(manifests(store, topic)) >= 2, timeout=120)
+        wait_for(
+            "two segments copied before the kill", lambda: len(manifests(store, topic)) >= 2, timeout=120
+        )
         log_offset = stack.broker.server_log.stat().st_size
         killed_during = _kill_sidecar_during_a_copy(stack, topic)
         assert not stack.sidecar.is_running()
         sent_at_kill = len(bg.sent)
         before = manifests(store, topic)
         # the broker keeps producing and rolling segments; every copy attempt fails
-        failures = wait_for("the broker to log failed copies of the topic",
-                            lambda: copy_failures(stack, log_offset, topic), timeout=60)
+        failures = wait_for(
+            "the broker to log failed copies of the topic",
+            lambda: copy_failures(stack, log_offset, topic),
+            timeout=60,
+        )
         time.sleep(8)
         # Kafka 4.3+ logs a retriable copy failure at INFO without its cause; the shim's retry
         # warnings name it
-        assert re.search(r"copyLogSegmentData\(sidecar-kill-0 [^\n]*(?:failed with UNAVAILABLE|sidecar status "
-                         r"UNAVAILABLE)", log_since(stack, log_offset)), failures[0]
+        assert re.search(
+            r"copyLogSegmentData\(sidecar-kill-0 [^\n]*(?:failed with UNAVAILABLE|sidecar status "
+            r"UNAVAILABLE)",
+            log_since(stack, log_offset),
+        ), failures[0]
         assert manifests(store, topic) == before, "a segment was completed while the sidecar was dead"
         sent_while_dead = len(bg.sent) - sent_at_kill
     except BaseException:
@@ -240,11 +286,14 @@ def test_sidecar_killed_while_producing_loses_nothing(stack, store):
     assert killed_during, "no copy was in progress when the sidecar was killed"
     # the copy journal: the restarted sidecar deleted what the killed copy had written
     assert orphans == [], f"leftovers of the killed copy still in storage: {orphans}"
-    print(f"sidecar killed with {killed_during}; remote segments: {len(complete)} complete, "
-          f"none left without manifest")
+    print(
+        f"sidecar killed with {killed_during}; remote segments: {len(complete)} complete, "
+        f"none left without manifest"
+    )
 
 
 # -- the storage becomes unwritable -----------------------------------------------------------------
+
 
 def _block_prefix(root: Path) -> list[Path]:
     """Replace the key-prefix directory with a regular file: every write under it fails
@@ -281,19 +330,25 @@ def test_storage_unwritable_during_copies_loses_nothing(stack, store):
     bg.start()
     moved: list[Path] = []
     try:
-        wait_for("two segments copied before the outage", lambda: len(manifests(store, topic)) >= 2, timeout=120)
+        wait_for(
+            "two segments copied before the outage", lambda: len(manifests(store, topic)) >= 2, timeout=120
+        )
         before = manifests(store, topic)
         log_offset = stack.broker.server_log.stat().st_size
         moved = _block_prefix(stack.remote_root)
         sent_at_block = len(bg.sent)
-        failures = wait_for("the broker to log failed copies of the topic",
-                            lambda: copy_failures(stack, log_offset, topic), timeout=60)
+        failures = wait_for(
+            "the broker to log failed copies of the topic",
+            lambda: copy_failures(stack, log_offset, topic),
+            timeout=60,
+        )
         time.sleep(8)
         # the shim's exception names the storage error (FAILED_PRECONDITION, not retriable: the
         # broker logs it, cleans up the attempt, which fails as well, and copies again at the next
         # interval)
-        assert re.search(r"copyLogSegmentData\(storage-outage-0 [^\n]*local storage error",
-                         log_since(stack, log_offset)), failures[0]
+        assert re.search(
+            r"copyLogSegmentData\(storage-outage-0 [^\n]*local storage error", log_since(stack, log_offset)
+        ), failures[0]
         sent_during_outage = len(bg.sent) - sent_at_block
     except BaseException:
         bg.stopping.set()

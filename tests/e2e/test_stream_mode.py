@@ -24,7 +24,9 @@ def tiered(stack):
     for i, comp in enumerate(COMPRESSIONS):
         topic = f"stream-{comp}"
         create_topic(stack.bootstrap_servers, topic)
-        recs = produce(stack.bootstrap_servers, topic, records(400, random.Random(100 + i), t0, big_every=150), comp)
+        recs = produce(
+            stack.bootstrap_servers, topic, records(400, random.Random(100 + i), t0, big_every=150), comp
+        )
         filler(stack.bootstrap_servers, topic)
         out[comp] = (topic, recs)
     for topic, recs in out.values():
@@ -35,8 +37,12 @@ def tiered(stack):
 def test_the_shim_copies_in_stream_mode(stack, tiered):
     assert stack.broker.properties()["rsm.config.transfer.mode"] == "stream"
     log = stack.broker.server_log.read_text(errors="replace")
-    modes = {m.lower() for m in re.findall(
-        r"copyLogSegmentData\(stream-(?:zstd|none)-0 [^\n]*copied in \d+ ms \((\w+) mode", log)}
+    modes = {
+        m.lower()
+        for m in re.findall(
+            r"copyLogSegmentData\(stream-(?:zstd|none)-0 [^\n]*copied in \d+ ms \((\w+) mode", log
+        )
+    }
     assert modes == {"stream"}, f"copy modes logged by the shim: {modes}"
 
 

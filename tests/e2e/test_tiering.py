@@ -10,8 +10,17 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, OffsetSpec
 
 from tests.e2e import scenarios
-from tests.e2e.kafka_helpers import (consume, consume_until_idle, create_topic, filler, produce, records,
-                                     remote_segments, wait_for, wait_tiered)
+from tests.e2e.kafka_helpers import (
+    consume,
+    consume_until_idle,
+    create_topic,
+    filler,
+    produce,
+    records,
+    remote_segments,
+    wait_for,
+    wait_tiered,
+)
 
 TRANSFER_MODE = "path"
 
@@ -48,7 +57,9 @@ def _earliest(admin: AdminClient, topic: str) -> int:
 def test_delete_records_deletes_remote_segments(stack, store):
     topic = "delete-records"
     create_topic(stack.bootstrap_servers, topic)
-    recs = produce(stack.bootstrap_servers, topic, records(300, __import__("random").Random(3), 1_700_000_000_000))
+    recs = produce(
+        stack.bootstrap_servers, topic, records(300, __import__("random").Random(3), 1_700_000_000_000)
+    )
     end = filler(stack.bootstrap_servers, topic, 4 * 1024 * 1024)
     wait_tiered(stack, topic, recs[-1].offset + 1)
     segments = sorted(s["start_offset"] for s in remote_segments(store, topic).values())
@@ -57,8 +68,10 @@ def test_delete_records_deletes_remote_segments(stack, store):
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     for f in admin.delete_records([TopicPartition(topic, 0, cut)]).values():
         f.result(30)
-    wait_for("remote segments below the new log start to be deleted",
-             lambda: sorted(s["start_offset"] for s in remote_segments(store, topic).values())[0] == segments[2])
+    wait_for(
+        "remote segments below the new log start to be deleted",
+        lambda: sorted(s["start_offset"] for s in remote_segments(store, topic).values())[0] == segments[2],
+    )
     assert _earliest(admin, topic) == cut
     got = consume(stack.bootstrap_servers, topic, 0, 1)
     assert got[0].offset == cut  # reading from 0 resets to the new log start
@@ -68,17 +81,26 @@ def test_delete_records_deletes_remote_segments(stack, store):
 def test_time_retention_deletes_remote_segments(stack, store):
     topic = "time-retention"
     create_topic(stack.bootstrap_servers, topic)
-    produce(stack.bootstrap_servers, topic, records(300, __import__("random").Random(4), int(time.time() * 1000)))
+    produce(
+        stack.bootstrap_servers, topic, records(300, __import__("random").Random(4), int(time.time() * 1000))
+    )
     end = filler(stack.bootstrap_servers, topic, 3 * 1024 * 1024)
     wait_for("segments tiered", lambda: len(remote_segments(store, topic)) >= 3)
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic,
-                         incremental_configs=[ConfigEntry("retention.ms", "2000",
-                                                          incremental_operation=AlterConfigOpType.SET)])
+    res = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry("retention.ms", "2000", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
     for f in admin.incremental_alter_configs([res]).values():
         f.result(30)
-    wait_for("every remote segment of the topic deleted by time retention",
-             lambda: not remote_segments(store, topic), timeout=120)
+    wait_for(
+        "every remote segment of the topic deleted by time retention",
+        lambda: not remote_segments(store, topic),
+        timeout=120,
+    )
     wait_for("log start offset moved to the end", lambda: _earliest(admin, topic) == end, timeout=60)
 
 
@@ -108,6 +130,9 @@ def test_deleting_the_topic_removes_every_remote_object(stack, store):
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     for f in admin.delete_topics([topic]).values():
         f.result(30)
-    wait_for("no remote object of the topic left",
-             lambda: not [o for o in store.list("tiered/") if o.key.startswith(f"tiered/{topic}-")], timeout=120)
+    wait_for(
+        "no remote object of the topic left",
+        lambda: not [o for o in store.list("tiered/") if o.key.startswith(f"tiered/{topic}-")],
+        timeout=120,
+    )
     assert end > 0

@@ -27,40 +27,61 @@ AIVEN_ENCODED_CHUNKS = "KLUv/SAPeQAAAAAAAwAAAAoBAAoAAAAe"
 
 def test_known_answer_vector_10_20_30():
     raw = encode_sizes([10, 20, 30])
-    assert raw == bytes.fromhex("00000003" "0000000a" "01" "00" "0a" "0000001e")
+    assert raw == bytes.fromhex("000000030000000a01000a0000001e")
     assert encode_transformed_chunks([10, 20, 30]) == AIVEN_ENCODED_CHUNKS
     assert decode_transformed_chunks(AIVEN_ENCODED_CHUNKS) == [10, 20, 30]
 
 
 def test_aiven_fixed_index_json_and_chunks():
-    obj = {"type": "fixed", "originalChunkSize": 100, "originalFileSize": 250,
-           "transformedChunkSize": 110, "finalTransformedChunkSize": 30}
+    obj = {
+        "type": "fixed",
+        "originalChunkSize": 100,
+        "originalFileSize": 250,
+        "transformedChunkSize": 110,
+        "finalTransformedChunkSize": 30,
+    }
     index = ChunkIndex.from_json(obj)
     assert index.to_json() == obj
-    assert list(index.to_json()) == ["type", "originalChunkSize", "originalFileSize", "transformedChunkSize",
-                                      "finalTransformedChunkSize"]
-    assert index.chunks() == [Chunk(0, 0, 100, 0, 110), Chunk(1, 100, 100, 110, 110), Chunk(2, 200, 50, 220, 30)]
+    assert list(index.to_json()) == [
+        "type",
+        "originalChunkSize",
+        "originalFileSize",
+        "transformedChunkSize",
+        "finalTransformedChunkSize",
+    ]
+    assert index.chunks() == [
+        Chunk(0, 0, 100, 0, 110),
+        Chunk(1, 100, 100, 110, 110),
+        Chunk(2, 200, 50, 220, 30),
+    ]
 
 
 def test_aiven_variable_index_json_and_chunks():
-    obj = {"type": "variable", "originalChunkSize": 100, "originalFileSize": 250,
-           "transformedChunks": AIVEN_ENCODED_CHUNKS}
+    obj = {
+        "type": "variable",
+        "originalChunkSize": 100,
+        "originalFileSize": 250,
+        "transformedChunks": AIVEN_ENCODED_CHUNKS,
+    }
     index = ChunkIndex.from_json(obj)
     assert isinstance(index, VariableChunkIndex)
     assert index.to_json() == obj
     assert index.chunks() == [Chunk(0, 0, 100, 0, 10), Chunk(1, 100, 100, 10, 20), Chunk(2, 200, 50, 30, 30)]
 
 
-@pytest.mark.parametrize("values, width", [
-    ([0, 1000, 2, 44002, 369], 2),
-    ([INT_MAX, INT_MAX - 1, INT_MAX - 2, 10], 1),
-    ([INT_MAX // 2, INT_MAX // 2 - 1, INT_MAX // 2 - 2, 10], 1),
-    ([1, 2, 3, INT_MAX], 1),
-    ([1, 0xFF + 10, 0xFF + 20, 0xFF + 30, INT_MAX], 2),
-    ([1, 0xFFFF + 10, 0xFFFF + 20, 0xFFFF + 30, INT_MAX], 3),
-    ([1, 0xFFFFFF + 10, 0xFFFFFF + 20, 0xFFFFFF + 30, INT_MAX], 4),
-    (list(range(0, INT_MAX - 2000, 1000 * 1000)), 4),
-])
+@pytest.mark.parametrize(
+    "values, width",
+    [
+        ([0, 1000, 2, 44002, 369], 2),
+        ([INT_MAX, INT_MAX - 1, INT_MAX - 2, 10], 1),
+        ([INT_MAX // 2, INT_MAX // 2 - 1, INT_MAX // 2 - 2, 10], 1),
+        ([1, 2, 3, INT_MAX], 1),
+        ([1, 0xFF + 10, 0xFF + 20, 0xFF + 30, INT_MAX], 2),
+        ([1, 0xFFFF + 10, 0xFFFF + 20, 0xFFFF + 30, INT_MAX], 3),
+        ([1, 0xFFFFFF + 10, 0xFFFFFF + 20, 0xFFFFFF + 30, INT_MAX], 4),
+        (list(range(0, INT_MAX - 2000, 1000 * 1000)), 4),
+    ],
+)
 def test_aiven_codec_cases(values, width):
     raw = encode_sizes(values)
     assert len(raw) == 4 + 4 + 1 + (len(values) - 1) * width + 4
@@ -93,17 +114,27 @@ def test_corrupt_transformed_chunks_is_data_loss(text):
 
 
 def test_index_with_wrong_chunk_count_is_data_loss():
-    bad = {"type": "variable", "originalChunkSize": 100, "originalFileSize": 500,
-           "transformedChunks": AIVEN_ENCODED_CHUNKS}
+    bad = {
+        "type": "variable",
+        "originalChunkSize": 100,
+        "originalFileSize": 500,
+        "transformedChunks": AIVEN_ENCODED_CHUNKS,
+    }
     with pytest.raises(DataLoss, match="3 chunks listed"):
         ChunkIndex.from_json(bad)
 
 
-@pytest.mark.parametrize("missing", ["originalChunkSize", "originalFileSize", "transformedChunkSize",
-                                     "finalTransformedChunkSize"])
+@pytest.mark.parametrize(
+    "missing", ["originalChunkSize", "originalFileSize", "transformedChunkSize", "finalTransformedChunkSize"]
+)
 def test_fixed_index_requires_every_field(missing):
-    obj = {"type": "fixed", "originalChunkSize": 100, "originalFileSize": 250,
-           "transformedChunkSize": 110, "finalTransformedChunkSize": 30}
+    obj = {
+        "type": "fixed",
+        "originalChunkSize": 100,
+        "originalFileSize": 250,
+        "transformedChunkSize": 110,
+        "finalTransformedChunkSize": 30,
+    }
     del obj[missing]
     with pytest.raises(DataLoss, match=missing):
         ChunkIndex.from_json(obj)

@@ -13,10 +13,19 @@ MD = SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "topic", 7, "tqimKeZwStOEOwRzT3L5
 
 def test_aiven_key_layout():
     layout = KeyLayout("someprefix/")
-    assert layout.key(MD, "log") == "someprefix/topic-MWJ6FHTfRYy67jzwZdeqSQ/7/00000000000000001234-tqimKeZwStOEOwRzT3L5oQ.log"
+    assert (
+        layout.key(MD, "log")
+        == "someprefix/topic-MWJ6FHTfRYy67jzwZdeqSQ/7/00000000000000001234-tqimKeZwStOEOwRzT3L5oQ.log"
+    )
     parsed = layout.parse(layout.key(MD, "rsm-manifest"))
-    assert (parsed.topic, parsed.topic_id, parsed.partition, parsed.start_offset, parsed.segment_id, parsed.suffix) == \
-        ("topic", "MWJ6FHTfRYy67jzwZdeqSQ", 7, 1234, "tqimKeZwStOEOwRzT3L5oQ", "rsm-manifest")
+    assert (
+        parsed.topic,
+        parsed.topic_id,
+        parsed.partition,
+        parsed.start_offset,
+        parsed.segment_id,
+        parsed.suffix,
+    ) == ("topic", "MWJ6FHTfRYy67jzwZdeqSQ", 7, 1234, "tqimKeZwStOEOwRzT3L5oQ", "rsm-manifest")
     assert parsed.base == layout.base(MD)
 
 
@@ -24,7 +33,11 @@ def test_topic_names_with_dashes_parse():
     md = SegmentMetadata("MWJ6FHTfRYy67jz-ZdeqSQ", "my-topic.v1", 0, "tqimKeZwStOE_wRzT3L5oQ", 0, 1)
     layout = KeyLayout("")
     p = layout.parse(layout.key(md, "log"))
-    assert (p.topic, p.topic_id, p.segment_id) == ("my-topic.v1", "MWJ6FHTfRYy67jz-ZdeqSQ", "tqimKeZwStOE_wRzT3L5oQ")
+    assert (p.topic, p.topic_id, p.segment_id) == (
+        "my-topic.v1",
+        "MWJ6FHTfRYy67jz-ZdeqSQ",
+        "tqimKeZwStOE_wRzT3L5oQ",
+    )
 
 
 def test_hashed_prefix_is_derived_from_metadata_and_spreads_partitions():
@@ -56,8 +69,16 @@ def test_custom_metadata_worst_case_fits_default_cap():
     assert cm.worst_case_size(["REMOTE_SIZE", "OBJECT_PREFIX", "OBJECT_KEY"], "", 0) > 128
 
 
-@pytest.mark.parametrize("field, value", [("topic_id", "short"), ("segment_id", "../../etc/passwd0000000"),
-                                          ("topic_name", "a/b"), ("partition", -1), ("end_offset", 10)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("topic_id", "short"),
+        ("segment_id", "../../etc/passwd0000000"),
+        ("topic_name", "a/b"),
+        ("partition", -1),
+        ("end_offset", 10),
+    ],
+)
 def test_invalid_metadata_is_rejected(field, value):
     md = SegmentMetadata(**{**MD.__dict__, field: value})
     with pytest.raises(InvalidArgument):

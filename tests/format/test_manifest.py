@@ -16,22 +16,45 @@ AIVEN_SEGMENT_JSON = (
     '{"remoteLogSegmentId":{"topicIdPartition":{"topicId":"lZ6vvmajTWKDBUTV6SQAtQ","topicPartition":'
     '{"topic":"topic1","partition":42}},"id":"adh9f8BMS4anaUnD8KWfWg"},"startOffset":0,"endOffset":1000,'
     '"maxTimestampMs":1000000000,"brokerId":2,"eventTimestampMs":2000000000,'
-    '"segmentLeaderEpochs":{"0":100,"1":200,"2":300}}')
-AIVEN_INDEX = ('"chunkIndex":{"type":"fixed","originalChunkSize":100,"originalFileSize":1000,'
-               '"transformedChunkSize":110,"finalTransformedChunkSize":110}')
+    '"segmentLeaderEpochs":{"0":100,"1":200,"2":300}}'
+)
+AIVEN_INDEX = (
+    '"chunkIndex":{"type":"fixed","originalChunkSize":100,"originalFileSize":1000,'
+    '"transformedChunkSize":110,"finalTransformedChunkSize":110}'
+)
 AIVEN_WITHOUT_ENCRYPTION = (
     '{"version":"1",' + AIVEN_INDEX + ',"segmentIndexes":{"offset":{"position":0,"size":1},'
     '"timestamp":{"position":1,"size":1},"producerSnapshot":{"position":2,"size":1},'
     '"leaderEpoch":{"position":3,"size":1},"transaction":{"position":4,"size":1}},'
-    '"compression":false,"remoteLogSegmentMetadata":' + AIVEN_SEGMENT_JSON + '}')
-AIVEN_WITHOUT_TXN = AIVEN_WITHOUT_ENCRYPTION.replace('"transaction":{"position":4,"size":1}', '"transaction":null')
+    '"compression":false,"remoteLogSegmentMetadata":' + AIVEN_SEGMENT_JSON + "}"
+)
+AIVEN_WITHOUT_TXN = AIVEN_WITHOUT_ENCRYPTION.replace(
+    '"transaction":{"position":4,"size":1}', '"transaction":null'
+)
 AIVEN_WITH_ENCRYPTION = AIVEN_WITHOUT_ENCRYPTION.replace(
-    '"compression":false,', '"compression":false,"encryption":{"dataKey":"key1:AAECAw==","aad":"CgsMDQ=="},')
+    '"compression":false,', '"compression":false,"encryption":{"dataKey":"key1:AAECAw==","aad":"CgsMDQ=="},'
+)
 
-MD = SegmentMetadata("lZ6vvmajTWKDBUTV6SQAtQ", "topic1", 42, "adh9f8BMS4anaUnD8KWfWg", 0, 1000, 1000000000, 2,
-                     2000000000, {0: 100, 1: 200, 2: 300}, 100500)
-INDEXES = {"offset": IndexRange(0, 1), "timestamp": IndexRange(1, 1), "producerSnapshot": IndexRange(2, 1),
-           "leaderEpoch": IndexRange(3, 1), "transaction": IndexRange(4, 1)}
+MD = SegmentMetadata(
+    "lZ6vvmajTWKDBUTV6SQAtQ",
+    "topic1",
+    42,
+    "adh9f8BMS4anaUnD8KWfWg",
+    0,
+    1000,
+    1000000000,
+    2,
+    2000000000,
+    {0: 100, 1: 200, 2: 300},
+    100500,
+)
+INDEXES = {
+    "offset": IndexRange(0, 1),
+    "timestamp": IndexRange(1, 1),
+    "producerSnapshot": IndexRange(2, 1),
+    "leaderEpoch": IndexRange(3, 1),
+    "transaction": IndexRange(4, 1),
+}
 
 
 def test_reads_aiven_manifest_without_encryption():
@@ -50,8 +73,13 @@ def test_reads_aiven_manifest_without_txn_index_and_with_encryption():
 
 
 def _ours(**kw) -> SegmentManifest:
-    args = dict(chunk_index=FixedChunkIndex(100, 1000, 110, 110), indexes=INDEXES, compression=False,
-                encryption=None, segment=segment_debug_copy(MD))
+    args = dict(
+        chunk_index=FixedChunkIndex(100, 1000, 110, 110),
+        indexes=INDEXES,
+        compression=False,
+        encryption=None,
+        segment=segment_debug_copy(MD),
+    )
     args.update(kw)
     return SegmentManifest(**args)
 
@@ -71,9 +99,12 @@ def test_encrypted_manifest_matches_aiven_shape():
 
 
 def test_roundtrip_with_checksums():
-    m = _ours(chunk_index=build_index(100, 1000, [60] * 10, None), compression=True,
-              chunk_crcs=list(range(10)), index_crcs={"offset": 1, "timestamp": 2, "producerSnapshot": 3,
-                                                      "leaderEpoch": 4, "transaction": 5})
+    m = _ours(
+        chunk_index=build_index(100, 1000, [60] * 10, None),
+        compression=True,
+        chunk_crcs=list(range(10)),
+        index_crcs={"offset": 1, "timestamp": 2, "producerSnapshot": 3, "leaderEpoch": 4, "transaction": 5},
+    )
     back = SegmentManifest.from_bytes(m.to_bytes())
     assert back.chunk_index == m.chunk_index and back.chunk_crcs == list(range(10))
     assert back.index_crcs == m.index_crcs and back.verified_digest and back.segment == m.segment

@@ -41,38 +41,54 @@ class SyntheticTopic:
     """A topic whose segments the sidecar's own copy code stores (zstd + AES-GCM) in
     ``<workdir>/remote``; remembers every committed record."""
 
-    def __init__(self, workdir: Path, topic: str = "orders", *, catalog_name: str | None = None,
-                 storage_toml: str | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        topic: str = "orders",
+        *,
+        catalog_name: str | None = None,
+        storage_toml: str | None = None,
+    ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.topic = topic
         self.catalog_name = catalog_name or f"c{uuid.uuid4().hex[:8]}"
         write_key_pair(self.workdir / "k1.pub", self.workdir / "k1.priv", 2048)
         self.config_file = self.workdir / "sidecar.toml"
-        storage = storage_toml or (f'[storage]\nbackend = "local"\nkey_prefix = "tiered/"\n'
-                                   f'[storage.local]\nroot = "{self.workdir / "remote"}"\n')
+        storage = storage_toml or (
+            f'[storage]\nbackend = "local"\nkey_prefix = "tiered/"\n'
+            f'[storage.local]\nroot = "{self.workdir / "remote"}"\n'
+        )
         self.config_file.write_text(
-            storage +
-            f'[encryption]\nenabled = true\nactive_key_id = "k1"\n'
+            storage + f'[encryption]\nenabled = true\nactive_key_id = "k1"\n'
             f'[encryption.keys.k1]\npublic_key_file = "{self.workdir / "k1.pub"}"\n'
             f'private_key_file = "{self.workdir / "k1.priv"}"\n'
             f'[iceberg]\nnamespace = "kafka"\n'
             f'[iceberg.catalog]\nname = "{self.catalog_name}"\n'
-            f'[iceberg.catalog.local]\nroot = "{self.workdir / "catalog"}"\n')
+            f'[iceberg.catalog.local]\nroot = "{self.workdir / "catalog"}"\n'
+        )
         cfg = Config.load(self.config_file, environ={})
         self.store = open_store(cfg)
         self.layout = KeyLayout("tiered/")
         self.writer = TieredWriter(self.store, self.layout, Keyring.from_config(cfg), topic)
         self.next_offset: dict[int, int] = {}
-        self.records: list[Produced] = []   # committed records, in offset order per partition
-        self.segments: list = []            # SegmentMetadata of every segment written
+        self.records: list[Produced] = []  # committed records, in offset order per partition
+        self.segments: list = []  # SegmentMetadata of every segment written
 
     @property
     def remote_root(self) -> Path:
         return self.workdir / "remote"
 
-    def batch(self, partition: int, n: int, *, ts: int | None = None, headers: bool = True,
-              transactional_pid: int | None = None, record: bool = True) -> bytes:
+    def batch(
+        self,
+        partition: int,
+        n: int,
+        *,
+        ts: int | None = None,
+        headers: bool = True,
+        transactional_pid: int | None = None,
+        record: bool = True,
+    ) -> bytes:
         """One data batch of ``n`` records at the partition's next offset."""
         off = self.next_offset.get(partition, 0)
         ts = T0 + off * 10 if ts is None else ts
@@ -84,8 +100,9 @@ class SyntheticTopic:
             hdrs = (Header("trace", b"%d" % o), Header("null", None)) if headers and o % 3 == 0 else ()
             recs.append(SimpleRecord(key, value, ts + i, hdrs))
             if record:
-                self.records.append(Produced(partition, o, key, value,
-                                             tuple((h.key, h.value) for h in hdrs), ts + i))
+                self.records.append(
+                    Produced(partition, o, key, value, tuple((h.key, h.value) for h in hdrs), ts + i)
+                )
         self.next_offset[partition] = off + n
         kw = {}
         if transactional_pid is not None:
@@ -95,8 +112,12 @@ class SyntheticTopic:
     def marker(self, partition: int, pid: int, commit: bool, ts: int | None = None) -> bytes:
         off = self.next_offset.get(partition, 0)
         self.next_offset[partition] = off + 1
-        return build_control_batch(ControlType.COMMIT if commit else ControlType.ABORT, base_offset=off,
-                                   producer_id=pid, timestamp=T0 + off * 10 if ts is None else ts)
+        return build_control_batch(
+            ControlType.COMMIT if commit else ControlType.ABORT,
+            base_offset=off,
+            producer_id=pid,
+            timestamp=T0 + off * 10 if ts is None else ts,
+        )
 
     def segment(self, partition: int, batches: list[bytes], **kw):
         md = self.writer.write_segment(partition, batches, **kw)
@@ -105,12 +126,16 @@ class SyntheticTopic:
 
     def simple_segments(self, partition: int, count: int, per_segment: int = 60, batch_size: int = 20):
         for _ in range(count):
-            self.segment(partition, [self.batch(partition, batch_size)
-                                     for _ in range(per_segment // batch_size)])
+            self.segment(
+                partition, [self.batch(partition, batch_size) for _ in range(per_segment // batch_size)]
+            )
 
     def expected(self, partitions=None) -> list[tuple]:
-        return sorted((r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
-                      for r in self.records if partitions is None or r.partition in partitions)
+        return sorted(
+            (r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
+            for r in self.records
+            if partitions is None or r.partition in partitions
+        )
 
     def objects_of(self, md) -> list[Path]:
         base = self.layout.base(md)
@@ -123,8 +148,9 @@ class SyntheticTopic:
     def convert(self, spark, **overrides):
         from rsm_sidecar.iceberg.job import convert
 
-        return convert(self.config_file, self.topic, environ={}, overrides=overrides, spark=spark,
-                       log=lambda line: None)
+        return convert(
+            self.config_file, self.topic, environ={}, overrides=overrides, spark=spark, log=lambda line: None
+        )
 
     def table(self, **overrides):
         from rsm_sidecar.iceberg.catalogs import CatalogSpec
@@ -135,18 +161,39 @@ class SyntheticTopic:
         s = JobSettings.from_config(cfg)
         return CatalogSpec.from_settings(s).pyiceberg().load_table((s.namespace, s.table_name(self.topic)))
 
-    def cli(self, *args: str, pause_at: str | None = None, pause_dir: Path | None = None,
-            extra_env: dict | None = None) -> subprocess.Popen:
+    def cli(
+        self,
+        *args: str,
+        pause_at: str | None = None,
+        pause_dir: Path | None = None,
+        extra_env: dict | None = None,
+    ) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RSM__")}
         env["PYTHONPATH"] = str(REPO)
         if pause_at:
             env["RSM_ICEBERG_PAUSE_AT"] = pause_at
             env["RSM_ICEBERG_PAUSE_DIR"] = str(pause_dir)
         env.update(extra_env or {})
-        cmd = [sys.executable, "-m", "rsm_sidecar.cli.main", "iceberg", *args, "--config",
-               str(self.config_file), "--topic", self.topic]
-        return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "rsm_sidecar.cli.main",
+            "iceberg",
+            *args,
+            "--config",
+            str(self.config_file),
+            "--topic",
+            self.topic,
+        ]
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
 
 def rows(table) -> list[tuple]:
@@ -156,15 +203,24 @@ def rows(table) -> list[tuple]:
         k = r["kafka"]
         ev = k["event_timestamp"]
         ms = None if ev is None else int(ev.timestamp() * 1000 + 0.5)
-        out.append((k["partition"], k["offset"], r["key"]["__raw__"] if r["key"] else None,
-                    r["val"]["__raw__"] if r["val"] else None,
-                    tuple((h["key"], h["value"]) for h in r["headers"]), ms))
+        out.append(
+            (
+                k["partition"],
+                k["offset"],
+                r["key"]["__raw__"] if r["key"] else None,
+                r["val"]["__raw__"] if r["val"] else None,
+                tuple((h["key"], h["value"]) for h in r["headers"]),
+                ms,
+            )
+        )
     return sorted(out, key=lambda x: (x[0], x[1]))
 
 
 def offsets(table) -> list[tuple[int, int]]:
-    return sorted((r["partition"], r["offset"]) for r in
-                  table.scan(selected_fields=("kafka",)).to_arrow().column("kafka").to_pylist())
+    return sorted(
+        (r["partition"], r["offset"])
+        for r in table.scan(selected_fields=("kafka",)).to_arrow().column("kafka").to_pylist()
+    )
 
 
 def wait_paused(proc: subprocess.Popen, pause_dir: Path, point: str, timeout: float = 240) -> None:
@@ -172,8 +228,9 @@ def wait_paused(proc: subprocess.Popen, pause_dir: Path, point: str, timeout: fl
     while not (pause_dir / f"{point}.paused").exists():
         if proc.poll() is not None:
             out, err = proc.communicate()
-            raise AssertionError(f"the job exited with {proc.returncode} before pausing at {point}:\n"
-                                 f"{err[-4000:]}")
+            raise AssertionError(
+                f"the job exited with {proc.returncode} before pausing at {point}:\n{err[-4000:]}"
+            )
         if time.monotonic() > deadline:
             kill_group(proc)
             raise AssertionError(f"the job did not reach pause point {point} within {timeout:.0f}s")

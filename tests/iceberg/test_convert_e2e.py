@@ -19,24 +19,31 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.exceptions import NoSuchTableError
 
+from rsm_sidecar.format.manifest import SegmentManifest
 from rsm_sidecar.iceberg import framing
 from rsm_sidecar.iceberg import markers as mk
+from rsm_sidecar.iceberg.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.evolution import field_ids
 from rsm_sidecar.iceberg.fixtures import new_uuid
 from rsm_sidecar.iceberg.job import convert, load_config
 from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
 from rsm_sidecar.iceberg.schema_registry import RegistryUnavailable
 from rsm_sidecar.iceberg.settings import JobSettings
-from rsm_sidecar.iceberg.catalogs import CatalogSpec
-
-from rsm_sidecar.format.manifest import SegmentManifest
-from tests.e2e.kafka_helpers import (Rec, consume, create_topic, filler, produce, remote_segments, sealed_manifest,
-                                     wait_tiered)
+from tests.e2e.kafka_helpers import (
+    Rec,
+    consume,
+    create_topic,
+    filler,
+    produce,
+    remote_segments,
+    sealed_manifest,
+    wait_tiered,
+)
 from tests.iceberg.test_registry import proto_ser
 
 pytestmark = pytest.mark.e2e
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 # recent: the topics' retention.ms (1 day) would delete older segments from remote storage
 T0 = int(time.time() * 1000) - 3_600_000
 
@@ -52,14 +59,17 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory):
-    return {"iceberg.catalog.local.root": str(tmp_path_factory.mktemp("lake")),
-            "iceberg.catalog.name": f"e2e{uuid.uuid4().hex[:6]}"}
+    return {
+        "iceberg.catalog.local.root": str(tmp_path_factory.mktemp("lake")),
+        "iceberg.catalog.name": f"e2e{uuid.uuid4().hex[:6]}",
+    }
 
 
 def run(stack, spark, lake, topic, **overrides):
     cfg_file, env = stack.sidecar_config_env()
-    return convert(cfg_file, topic, environ=env, overrides={**lake, **overrides}, spark=spark,
-                   log=lambda line: None)
+    return convert(
+        cfg_file, topic, environ=env, overrides={**lake, **overrides}, spark=spark, log=lambda line: None
+    )
 
 
 def table(stack, lake, topic, **overrides):
@@ -83,8 +93,13 @@ def _produce_txn(bootstrap, topic, values, commit: bool, key: bytes) -> list[int
     p.begin_transaction()
     offsets: dict[int, int] = {}
     for i, v in enumerate(values):
-        p.produce(topic, key=key, value=v, timestamp=T0 + 5_000 + i,
-                  on_delivery=lambda e, m, i=i: e is None and offsets.__setitem__(i, m.offset()))
+        p.produce(
+            topic,
+            key=key,
+            value=v,
+            timestamp=T0 + 5_000 + i,
+            on_delivery=lambda e, m, i=i: e is None and offsets.__setitem__(i, m.offset()),
+        )
     p.flush(30)  # on disk before the outcome, so the aborted data really is in the log
     (p.commit_transaction if commit else p.abort_transaction)(30)
     p.flush(30)
@@ -108,31 +123,61 @@ def topics(stack, apicurio, registry_url, order_pb2):
     kser = proto_ser(order_pb2.OrderKey, client, proto, is_key=True)
     orders, recs = {}, []
     for i in range(40):
-        o = order_pb2.Order(id=f"o-{i}", status=order_pb2.PLACED if i % 2 else order_pb2.SHIPPED,
-                            card=f"card-{i}", big=i, gift=bool(i % 3))
+        o = order_pb2.Order(
+            id=f"o-{i}",
+            status=order_pb2.PLACED if i % 2 else order_pb2.SHIPPED,
+            card=f"card-{i}",
+            big=i,
+            gift=bool(i % 3),
+        )
         o.total.currency, o.total.units = "EUR", 100 + i
         o.placed_at.FromDatetime(dt.datetime(2025, 1, 1, tzinfo=UTC) + dt.timedelta(seconds=i))
         value = None if i % 10 == 9 else vser(o)  # tombstones
-        recs.append(Rec(kser(order_pb2.OrderKey(id=f"o-{i}", region=i % 4)), value,
-                        (("trace", b"t-%d" % i),) if i % 2 else (), T0 + i * 10))
+        recs.append(
+            Rec(
+                kser(order_pb2.OrderKey(id=f"o-{i}", region=i % 4)),
+                value,
+                (("trace", b"t-%d" % i),) if i % 2 else (),
+                T0 + i * 10,
+            )
+        )
         orders[i] = o
     recs = produce(bs, proto, recs)
-    aborted = _produce_txn(bs, proto, [vser(order_pb2.Order(id=f"aborted-{i}")) for i in range(5)], False,
-                           kser(order_pb2.OrderKey(id="tx")))
-    committed = _produce_txn(bs, proto, [vser(order_pb2.Order(id=f"committed-{i}")) for i in range(5)], True,
-                             kser(order_pb2.OrderKey(id="tx")))
+    aborted = _produce_txn(
+        bs,
+        proto,
+        [vser(order_pb2.Order(id=f"aborted-{i}")) for i in range(5)],
+        False,
+        kser(order_pb2.OrderKey(id="tx")),
+    )
+    committed = _produce_txn(
+        bs,
+        proto,
+        [vser(order_pb2.Order(id=f"committed-{i}")) for i in range(5)],
+        True,
+        kser(order_pb2.OrderKey(id="tx")),
+    )
     out["proto"] = dict(topic=proto, recs=recs, orders=orders, aborted=aborted, committed=committed)
 
     # --- Avro values, raw string keys
     avro = f"avro-{sfx}"
     create_topic(bs, avro)
-    schema = ('{"type":"record","name":"Payment","namespace":"pay","fields":['
-              '{"name":"id","type":"string"},{"name":"amount","type":"double"},'
-              '{"name":"memo","type":["null","string"],"default":null}]}')
+    schema = (
+        '{"type":"record","name":"Payment","namespace":"pay","fields":['
+        '{"name":"id","type":"string"},{"name":"amount","type":"double"},'
+        '{"name":"memo","type":["null","string"],"default":null}]}'
+    )
     aser = AvroSerializer(client, schema, conf={"subject.name.strategy.type": "TOPIC"})
     payments = [{"id": f"p-{i}", "amount": i * 1.5, "memo": None if i % 2 else f"m{i}"} for i in range(30)]
-    arecs = [Rec(b"acct-%d" % (i % 5), aser(p, SerializationContext(avro, MessageField.VALUE)),
-                 (("src", b"web"),), T0 + i) for i, p in enumerate(payments)]
+    arecs = [
+        Rec(
+            b"acct-%d" % (i % 5),
+            aser(p, SerializationContext(avro, MessageField.VALUE)),
+            (("src", b"web"),),
+            T0 + i,
+        )
+        for i, p in enumerate(payments)
+    ]
     arecs = produce(bs, avro, arecs)
     # the registered schema's preamble, then bytes that are not a Payment (a string length
     # beyond the end)
@@ -143,8 +188,15 @@ def topics(stack, apicurio, registry_url, order_pb2):
     raw = f"raw-{sfx}"
     create_topic(bs, raw, message_timestamp_type="LogAppendTime")
     rng = random.Random(3)
-    rrecs = [Rec(None if i % 4 == 0 else b"k%d" % i, None if i % 7 == 6 else rng.randbytes(rng.randrange(0, 300)),
-                 (("a", b"1"), ("null", None)) if i % 3 == 0 else (), T0 - 86_400_000 + i) for i in range(50)]
+    rrecs = [
+        Rec(
+            None if i % 4 == 0 else b"k%d" % i,
+            None if i % 7 == 6 else rng.randbytes(rng.randrange(0, 300)),
+            (("a", b"1"), ("null", None)) if i % 3 == 0 else (),
+            T0 - 86_400_000 + i,
+        )
+        for i in range(50)
+    ]
     out["raw"] = dict(topic=raw, recs=produce(bs, raw, rrecs))
 
     # --- bad input for a Protobuf value table
@@ -152,10 +204,12 @@ def topics(stack, apicurio, registry_url, order_pb2):
     create_topic(bs, bad)
     bser = proto_ser(order_pb2.Order, client, bad)
     good = bser(order_pb2.Order(id="fine"))
-    brecs = [Rec(b"good", good, (), T0),
-             Rec(b"unknown-id", framing.encode_preamble(987_654, [1]) + good[7:], (), T0 + 1),
-             Rec(b"bad-protobuf", good[:7] + b"\x0a\xff\xff\xff\xff\x0f", (), T0 + 2),
-             Rec(b"no-magic", b"plain text, not framed", (), T0 + 3)]
+    brecs = [
+        Rec(b"good", good, (), T0),
+        Rec(b"unknown-id", framing.encode_preamble(987_654, [1]) + good[7:], (), T0 + 1),
+        Rec(b"bad-protobuf", good[:7] + b"\x0a\xff\xff\xff\xff\x0f", (), T0 + 2),
+        Rec(b"no-magic", b"plain text, not framed", (), T0 + 3),
+    ]
     out["bad"] = dict(topic=bad, recs=produce(bs, bad, brecs))
 
     ends = {}
@@ -170,14 +224,21 @@ def topics(stack, apicurio, registry_url, order_pb2):
 def test_protobuf_topic_round_trip_transactions_tombstones(stack, spark, lake, topics, registry_url):
     info = topics["proto"]
     topic = info["topic"]
-    res = run(stack, spark, lake, topic, **{"iceberg.registry.url": registry_url,
-                                            "iceberg.key.message": "shop.v1.OrderKey"})
+    res = run(
+        stack,
+        spark,
+        lake,
+        topic,
+        **{"iceberg.registry.url": registry_url, "iceberg.key.message": "shop.v1.OrderKey"},
+    )
     assert res.committed and res.schema_changes == "created"
     t = table(stack, lake, topic)
     # the value subject defines three top-level messages: the one the records are framed with
     # is remembered by the table, so later runs do not have to find one again
-    assert (t.properties["rsm.value.message"], t.properties["rsm.key.message"]) == \
-        ("shop.v1.Order", "shop.v1.OrderKey")
+    assert (t.properties["rsm.value.message"], t.properties["rsm.key.message"]) == (
+        "shop.v1.Order",
+        "shop.v1.OrderKey",
+    )
     got = by_offset(t)
     for r in info["recs"]:
         row = got.pop(r.offset)
@@ -191,11 +252,16 @@ def test_protobuf_topic_round_trip_transactions_tombstones(stack, spark, lake, t
             continue
         val = row["val"]
         assert val["__raw__"] is None and val["__err__"] is None and val["__prefix__"] == r.value[:7]
-        assert (val["id"], val["status"], val["card"], val["big"], val["gift"]) == \
-            (o.id, "SHIPPED" if o.status == 2 else "PLACED", o.card, o.big, o.gift)
+        assert (val["id"], val["status"], val["card"], val["big"], val["gift"]) == (
+            o.id,
+            "SHIPPED" if o.status == 2 else "PLACED",
+            o.card,
+            o.big,
+            o.gift,
+        )
         assert (val["total"]["currency"], val["total"]["units"]) == ("EUR", o.total.units)
         assert val["placed_at"] == o.placed_at.ToDatetime(tzinfo=UTC)
-    assert not set(info["aborted"]) & set(got)          # aborted transaction: absent
+    assert not set(info["aborted"]) & set(got)  # aborted transaction: absent
     assert [got.pop(o)["val"]["id"] for o in info["committed"]] == [f"committed-{i}" for i in range(5)]
     # what is left is the filler (random bytes: not framed -> record-level errors)
     assert got and all(r["val"]["__err__"] and r["val"]["__raw__"] for r in got.values())
@@ -206,14 +272,27 @@ def test_protobuf_topic_round_trip_transactions_tombstones(stack, spark, lake, t
     assert all(i >= ms(r["kafka"]["event_timestamp"]) for i, r in zip(ingest, rows))
     # Spark SQL sees the same rows
     n = lake["iceberg.catalog.name"]
-    sql = spark.sql(f"SELECT kafka.offset AS o, key.id AS k, val.id AS v, size(headers) AS h "
-                    f"FROM {n}.kafka.{t.name()[-1]} WHERE val.__err__ IS NULL ORDER BY kafka.offset").collect()
-    expected = sorted((r["kafka"]["offset"], r["key"]["id"], r["val"]["id"] if r["val"] else None,
-                       len(r["headers"])) for r in rows if not (r["val"] and r["val"]["__err__"]))
+    sql = spark.sql(
+        f"SELECT kafka.offset AS o, key.id AS k, val.id AS v, size(headers) AS h "
+        f"FROM {n}.kafka.{t.name()[-1]} WHERE val.__err__ IS NULL ORDER BY kafka.offset"
+    ).collect()
+    expected = sorted(
+        (r["kafka"]["offset"], r["key"]["id"], r["val"]["id"] if r["val"] else None, len(r["headers"]))
+        for r in rows
+        if not (r["val"] and r["val"]["__err__"])
+    )
     assert [(x.o, x.k, x.v, x.h) for x in sql] == expected
     # a re-run adds nothing
-    assert run(stack, spark, lake, topic, **{"iceberg.registry.url": registry_url,
-                                             "iceberg.key.message": "shop.v1.OrderKey"}).records == 0
+    assert (
+        run(
+            stack,
+            spark,
+            lake,
+            topic,
+            **{"iceberg.registry.url": registry_url, "iceberg.key.message": "shop.v1.OrderKey"},
+        ).records
+        == 0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +347,7 @@ def test_raw_log_append_time_topic_and_reuploaded_segments(stack, spark, lake, t
     store_root = stack.remote_root
     base = sorted(b for b, s in remote_segments(stack.object_store(), topic).items())[0]
     new_id = new_uuid()
-    new_base = base[: -22] + new_id
+    new_base = base[:-22] + new_id
     for suffix in ("log", "indexes"):
         shutil.copyfile(store_root / f"{base}.{suffix}", store_root / f"{new_base}.{suffix}")
     # the same bytes under a new id, with the manifest the sidecar writes for that id
@@ -285,8 +364,13 @@ def test_raw_log_append_time_topic_and_reuploaded_segments(stack, spark, lake, t
 @pytest.fixture(scope="module")
 def bad_rows(stack, spark, lake, topics, registry_url):
     info = topics["bad"]
-    res = run(stack, spark, lake, info["topic"], **{"iceberg.registry.url": registry_url,
-                                                    "iceberg.value.message": "shop.v1.Order"})
+    res = run(
+        stack,
+        spark,
+        lake,
+        info["topic"],
+        **{"iceberg.registry.url": registry_url, "iceberg.value.message": "shop.v1.Order"},
+    )
     assert res.committed  # record-level problems do not fail the job
     got = by_offset(table(stack, lake, info["topic"]))
     good = got[info["recs"][0].offset]["val"]
@@ -346,8 +430,11 @@ def test_schema_evolution_across_two_runs_keeps_field_ids(stack, spark, lake, ap
     create_topic(bs, topic)
     V1, V2 = _item_cls(EVO_V1), _item_cls(EVO_V2)
     ser1 = proto_ser(V1, client, topic)
-    r1 = produce(bs, topic, [Rec(b"a", ser1(V1(id=f"i{i}", qty=i, note="n", code=7 * i)), (), T0 + i)
-                             for i in range(10)])
+    r1 = produce(
+        bs,
+        topic,
+        [Rec(b"a", ser1(V1(id=f"i{i}", qty=i, note="n", code=7 * i)), (), T0 + i) for i in range(10)],
+    )
     filler(bs, topic)
     wait_tiered(stack, topic, r1[-1].offset + 1)
     ov = {"iceberg.registry.url": registry_url}
@@ -357,13 +444,22 @@ def test_schema_evolution_across_two_runs_keeps_field_ids(stack, spark, lake, ap
     client.set_compatibility(f"{topic}-value", "NONE")
     client.register_schema(f"{topic}-value", Schema(EVO_V2, "PROTOBUF"))
     ser2 = proto_ser(V2, client, topic)
-    r2 = produce(bs, topic, [Rec(b"b", ser2(V2(id=f"j{i}", qty=2**40 + i, code=f"c{i}", email=f"{i}@x")), (),
-                                 T0 + 100 + i) for i in range(10)])
+    r2 = produce(
+        bs,
+        topic,
+        [
+            Rec(b"b", ser2(V2(id=f"j{i}", qty=2**40 + i, code=f"c{i}", email=f"{i}@x")), (), T0 + 100 + i)
+            for i in range(10)
+        ],
+    )
     filler(bs, topic)
     wait_tiered(stack, topic, r2[-1].offset + 1)
     res = run(stack, spark, lake, topic, **ov)
     assert set(res.schema_changes.split("; ")) == {
-        "promote val.qty to long", "retire val.code as code__v1 (new code: string)", "add val.email: string"}
+        "promote val.qty to long",
+        "retire val.code as code__v1 (new code: string)",
+        "add val.email: string",
+    }
     t = table(stack, lake, topic)
     ids2 = field_ids(t.schema())
     for kept in ("val.id", "val.qty", "val.note", "kafka.offset", "key.__raw__"):
@@ -378,5 +474,11 @@ def test_schema_evolution_across_two_runs_keeps_field_ids(stack, spark, lake, ap
     for r in r2:
         v = got[r.offset]["val"]
         i = int(v["id"][1:])
-        assert (v["qty"], v["note"], v["code__v1"], v["code"], v["email"]) == (2**40 + i, None, None, f"c{i}", f"{i}@x")
+        assert (v["qty"], v["note"], v["code__v1"], v["code"], v["email"]) == (
+            2**40 + i,
+            None,
+            None,
+            f"c{i}",
+            f"{i}@x",
+        )
     assert mk.read_state(t).next_offsets[0] > r2[-1].offset

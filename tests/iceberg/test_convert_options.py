@@ -11,9 +11,8 @@ from grpc_tools import protoc
 
 from rsm_sidecar.cli.main import main
 from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
-
-from tests.iceberg.convert_helpers import T0, SyntheticTopic
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
+from tests.iceberg.convert_helpers import T0, SyntheticTopic
 
 PROTO = """syntax = "proto3";
 package dev.v1;
@@ -31,14 +30,27 @@ def _descriptor_set(tmp_path):
     (src / "reading.proto").write_text(PROTO)
     out = tmp_path / "reading.pb"
     wkt = str(__import__("pathlib").Path(grpc_tools.__file__).parent / "_proto")
-    assert protoc.main(["protoc", f"-I{src}", f"-I{wkt}", "--include_imports",
-                        f"--descriptor_set_out={out}", "reading.proto"]) == 0
+    assert (
+        protoc.main(
+            [
+                "protoc",
+                f"-I{src}",
+                f"-I{wkt}",
+                "--include_imports",
+                f"--descriptor_set_out={out}",
+                "reading.proto",
+            ]
+        )
+        == 0
+    )
     return out
 
 
 def test_descriptor_set_values_without_a_registry_and_status(spark, tmp_path):
     desc = _descriptor_set(tmp_path)
-    cls = ProtoSchema.message_class(ProtoSchema.from_descriptor_set_file(desc).message_by_name("dev.v1.Reading"))
+    cls = ProtoSchema.message_class(
+        ProtoSchema.from_descriptor_set_file(desc).message_by_name("dev.v1.Reading")
+    )
     t = SyntheticTopic(tmp_path / "t", "readings")
     values = []
     for i in range(20):
@@ -46,10 +58,13 @@ def test_descriptor_set_values_without_a_registry_and_status(spark, tmp_path):
         m.at.seconds = 1_700_000_000 + i
         values.append(m.SerializeToString())
     values[7] = b"\x0a\xff\xff\xff\xff\x0f"  # not a Reading
-    values[9] = None                          # tombstone
-    t.segment(0, [build_batch([SimpleRecord(b"k%d" % i, v, T0 + i) for i, v in enumerate(values)],
-                              base_offset=0)])
-    res = t.convert(spark, **{"iceberg.value.descriptor_set": str(desc), "iceberg.value.message": "dev.v1.Reading"})
+    values[9] = None  # tombstone
+    t.segment(
+        0, [build_batch([SimpleRecord(b"k%d" % i, v, T0 + i) for i, v in enumerate(values)], base_offset=0)]
+    )
+    res = t.convert(
+        spark, **{"iceberg.value.descriptor_set": str(desc), "iceberg.value.message": "dev.v1.Reading"}
+    )
     assert res.records == 20
     got = {r["kafka"]["offset"]: r for r in t.table().scan().to_arrow().to_pylist()}
     for i in range(20):
@@ -60,8 +75,13 @@ def test_descriptor_set_values_without_a_registry_and_status(spark, tmp_path):
         elif i == 7:
             assert "invalid Protobuf for dev.v1.Reading" in val["__err__"] and val["__raw__"] == values[7]
         else:
-            assert (val["sensor"], val["value"], val["__prefix__"], val["__raw__"], val["__err__"]) == \
-                (f"s{i % 3}", i / 4, None, None, None)
+            assert (val["sensor"], val["value"], val["__prefix__"], val["__raw__"], val["__err__"]) == (
+                f"s{i % 3}",
+                i / 4,
+                None,
+                None,
+                None,
+            )
             assert int(val["at"].timestamp()) == 1_700_000_000 + i
 
     out = io.StringIO()

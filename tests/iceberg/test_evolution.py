@@ -77,17 +77,34 @@ def test_two_versions_on_a_real_table(registry_url, sr_client, topic, local_cata
     changes = plan_update(table.schema(), enc2.schema)
     assert {str(c) for c in changes} == {
         "retire val.name as name__v1 (new name: long)",
-        "promote val.age to long", "promote val.score to double",
-        "promote val.address.zip to long", "add val.address.street: string",
-        "promote val.points.element to long", "add val.email: string"}
+        "promote val.age to long",
+        "promote val.score to double",
+        "promote val.address.zip to long",
+        "add val.address.street: string",
+        "promote val.points.element to long",
+        "add val.email: string",
+    }
     last_id = table.metadata.last_column_id
     table = ensure_table(catalog, ident, enc2.schema)
     ids2 = field_ids(table.schema())
 
     # ids: kept for unchanged, promoted and deleted fields; the retired column keeps the old id
-    for path in ["key", "val", "val.__raw__", "val.age", "val.score", "val.nickname", "val.address",
-                 "val.address.city", "val.address.zip", "val.points", "val.points.element",
-                 "val.__unrecognized__", "kafka.offset", "headers.element.key"]:
+    for path in [
+        "key",
+        "val",
+        "val.__raw__",
+        "val.age",
+        "val.score",
+        "val.nickname",
+        "val.address",
+        "val.address.city",
+        "val.address.zip",
+        "val.points",
+        "val.points.element",
+        "val.__unrecognized__",
+        "kafka.offset",
+        "headers.element.key",
+    ]:
         assert ids2[path] == ids1[path], path
     assert ids2["val.name__v1"] == ids1["val.name"]
     new = {p: ids2[p] for p in ["val.name", "val.email", "val.address.street"]}
@@ -104,8 +121,12 @@ def test_two_versions_on_a_real_table(registry_url, sr_client, topic, local_cata
     u2.address.city, u2.address.street, u2.address.zip = "Rome", "Via 1", 2**33
     rec2 = framing.encode_preamble(id2, [0]) + u2.SerializeToString()
     _, aligned2 = _encoder(reg, topic, table)
-    table.append(_to_table(aligned2, [KafkaRecord(0, 1, 1, 2_000, 2_000, None, rec2),
-                                      KafkaRecord(0, 2, 2, 3_000, 3_000, None, rec1)]))
+    table.append(
+        _to_table(
+            aligned2,
+            [KafkaRecord(0, 1, 1, 2_000, 2_000, None, rec2), KafkaRecord(0, 2, 2, 3_000, 3_000, None, rec1)],
+        )
+    )
     rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["kafka"]["offset"])
     r0, r1, r2 = (r["val"] for r in rows)
     assert r0["name__v1"] == "ann" and r0["name"] is None and r0["nickname"] == "a"
@@ -123,12 +144,19 @@ def test_two_versions_on_a_real_table(registry_url, sr_client, topic, local_cata
 
     # a third version that changes name again: the next retired name is name__v2
     later = StructType(*[f for f in enc2.schema.as_struct().fields])
-    val_fields = [NestedField(900, "name", StringType(), required=False) if f.name == "name" else f
-                  for f in later.field(2).field_type.fields]
-    v3 = StructType(*[NestedField(f.field_id, f.name, StructType(*val_fields), required=False)
-                      if f.name == "val" else f for f in later.fields])
-    assert [str(c) for c in plan_update(table.schema(), v3)] == \
-        ["retire val.name as name__v2 (new name: string)"]
+    val_fields = [
+        NestedField(900, "name", StringType(), required=False) if f.name == "name" else f
+        for f in later.field(2).field_type.fields
+    ]
+    v3 = StructType(
+        *[
+            NestedField(f.field_id, f.name, StructType(*val_fields), required=False) if f.name == "val" else f
+            for f in later.fields
+        ]
+    )
+    assert [str(c) for c in plan_update(table.schema(), v3)] == [
+        "retire val.name as name__v2 (new name: string)"
+    ]
 
 
 def _to_table(enc, records):
@@ -138,8 +166,10 @@ def _to_table(enc, records):
 
 
 def test_plan_rules_without_a_table():
-    cur = StructType(NestedField(1, "a", IntegerType(), required=False),
-                     NestedField(2, "b", StructType(NestedField(3, "x", IntegerType(), required=False)), required=False))
+    cur = StructType(
+        NestedField(1, "a", IntegerType(), required=False),
+        NestedField(2, "b", StructType(NestedField(3, "x", IntegerType(), required=False)), required=False),
+    )
     same = plan_update(cur, cur)
     assert same == []
     narrowed = StructType(NestedField(1, "a", IntegerType(), required=False))

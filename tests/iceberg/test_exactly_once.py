@@ -10,9 +10,7 @@ import pytest
 
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.iceberg import markers as mk
-
-from tests.iceberg.convert_helpers import (SyntheticTopic, kill_group, offsets, result_json, rows,
-                                           wait_paused)
+from tests.iceberg.convert_helpers import SyntheticTopic, kill_group, offsets, result_json, rows, wait_paused
 
 
 def build(tmp_path, name="orders") -> SyntheticTopic:
@@ -77,8 +75,8 @@ def test_two_jobs_racing_on_a_table_commit_the_offsets_once(spark, tmp_path):
     t = build(tmp_path)
     pause_dir = tmp_path / "pause"
     slow = t.cli("convert", "--json", pause_at="staged", pause_dir=pause_dir)
-    wait_paused(slow, pause_dir, "staged")      # staged, not published yet
-    fast = t.convert(spark)                      # a second job reads the same markers, commits
+    wait_paused(slow, pause_dir, "staged")  # staged, not published yet
+    fast = t.convert(spark)  # a second job reads the same markers, commits
     assert fast.committed and fast.records == 185
     (pause_dir / "staged.resume").write_text("go")
     code, out, err = result_json(slow)
@@ -86,22 +84,22 @@ def test_two_jobs_racing_on_a_table_commit_the_offsets_once(spark, tmp_path):
     assert "main moved from None to" in err and "nothing was committed" in err, err[-2000:]
     table = t.table()
     assert rows(table) == t.expected()
-    assert len(table.metadata.snapshots) == 2    # two staged snapshots, one published
+    assert len(table.metadata.snapshots) == 2  # two staged snapshots, one published
     assert table.current_snapshot().summary[mk.P_JOB] == fast.job_id
 
 
 def test_reuploaded_and_overlapping_segments_never_duplicate_rows(spark, tmp_path):
     t = SyntheticTopic(tmp_path / "re", "re")
-    b0 = [t.batch(0, 50), t.batch(0, 50)]           # 0..99
-    b1 = [t.batch(0, 50), t.batch(0, 50)]           # 100..199
+    b0 = [t.batch(0, 50), t.batch(0, 50)]  # 0..99
+    b1 = [t.batch(0, 50), t.batch(0, 50)]  # 100..199
     t.segment(0, b0)
-    t.segment(0, b0, track=False)                   # the same offsets re-uploaded under a new id
+    t.segment(0, b0, track=False)  # the same offsets re-uploaded under a new id
     first = t.convert(spark)
     assert first.records == 100 and first.partitions[0].segments == 1
     t.segment(0, b1)
-    b2 = [t.batch(0, 50)]                           # 200..249
-    t.segment(0, b1[1:] + b2)                       # a re-upload after a leader change: 150..249
-    t.segment(0, b1, track=False)                   # and another copy of 100..199
+    b2 = [t.batch(0, 50)]  # 200..249
+    t.segment(0, b1[1:] + b2)  # a re-upload after a leader change: 150..249
+    t.segment(0, b1, track=False)  # and another copy of 100..199
     second = t.convert(spark)
     assert second.records == 150
     table = t.table()

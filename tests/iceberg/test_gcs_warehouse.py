@@ -15,7 +15,6 @@ import pytest
 from rsm_sidecar.iceberg import markers as mk
 from rsm_sidecar.iceberg.job import load_config
 from rsm_sidecar.iceberg.maintain import maintain
-
 from tests.iceberg.convert_helpers import SyntheticTopic, rows
 
 
@@ -33,7 +32,9 @@ def gcs(tmp_path_factory):
 def _object_names(gcs, bucket: str) -> list[str]:
     names, token = [], ""
     while True:
-        url = f"{gcs.endpoint_url}/storage/v1/b/{bucket}/o?maxResults=1000" + (f"&pageToken={token}" if token else "")
+        url = f"{gcs.endpoint_url}/storage/v1/b/{bucket}/o?maxResults=1000" + (
+            f"&pageToken={token}" if token else ""
+        )
         with urllib.request.urlopen(url, timeout=10) as r:
             page = json.load(r)
         names += [o["name"] for o in page.get("items", [])]
@@ -43,15 +44,21 @@ def _object_names(gcs, bucket: str) -> list[str]:
 
 
 def test_local_catalog_with_gcs_warehouse_and_gcs_segments(spark, gcs, tmp_path):
-    storage = (f'[storage]\nbackend = "gcs"\nkey_prefix = "tiered/"\n'
-               f'[storage.gcs]\nbucket = "segments"\nendpoint_url = "{gcs.endpoint_url}"\n'
-               f'credentials = "anonymous"\nproject = "test"\n')
+    storage = (
+        f'[storage]\nbackend = "gcs"\nkey_prefix = "tiered/"\n'
+        f'[storage.gcs]\nbucket = "segments"\nendpoint_url = "{gcs.endpoint_url}"\n'
+        f'credentials = "anonymous"\nproject = "test"\n'
+    )
     t = SyntheticTopic(tmp_path, "clicks", catalog_name="gcslake", storage_toml=storage)
     t.segment(0, [t.batch(0, 40), t.batch(0, 6, transactional_pid=3, record=False)])
     t.segment(0, [t.marker(0, 3, commit=False), t.batch(0, 30)])
     t.simple_segments(1, 2)
-    ov = {"iceberg.warehouse": "gs://lake/warehouse", "iceberg.gcs.endpoint": gcs.endpoint_url,
-          "iceberg.gcs.project_id": "test", "iceberg.gcs.no_auth": True}
+    ov = {
+        "iceberg.warehouse": "gs://lake/warehouse",
+        "iceberg.gcs.endpoint": gcs.endpoint_url,
+        "iceberg.gcs.project_id": "test",
+        "iceberg.gcs.no_auth": True,
+    }
     res = t.convert(spark, **ov)
     assert res.committed and res.records == len(t.records) == 190
     table = t.table(**ov)
@@ -61,8 +68,9 @@ def test_local_catalog_with_gcs_warehouse_and_gcs_segments(spark, gcs, tmp_path)
     assert any(n.endswith(".parquet") for n in names) and any(n.endswith(".metadata.json") for n in names)
     assert all(n.startswith("warehouse/") for n in names)
     assert not list((tmp_path / "catalog").rglob("*.parquet"))  # nothing fell back to local disk
-    got = spark.sql("SELECT count(*) AS n, count(DISTINCT kafka.partition, kafka.offset) AS d "
-                    "FROM gcslake.kafka.clicks").collect()[0]
+    got = spark.sql(
+        "SELECT count(*) AS n, count(DISTINCT kafka.partition, kafka.offset) AS d FROM gcslake.kafka.clicks"
+    ).collect()[0]
     assert (got.n, got.d) == (190, 190)
 
     assert t.convert(spark, **ov).records == 0
@@ -72,14 +80,27 @@ def test_local_catalog_with_gcs_warehouse_and_gcs_segments(spark, gcs, tmp_path)
 
     # an object in the table's data folder that no snapshot references: an orphan
     stray = table.location().removeprefix("gs://lake/") + "/data/stray-from-a-killed-writer.parquet"
-    req = urllib.request.Request(f"{gcs.endpoint_url}/upload/storage/v1/b/lake/o?uploadType=media&name={stray}",
-                                 data=b"not parquet", method="POST")
+    req = urllib.request.Request(
+        f"{gcs.endpoint_url}/upload/storage/v1/b/lake/o?uploadType=media&name={stray}",
+        data=b"not parquet",
+        method="POST",
+    )
     urllib.request.urlopen(req, timeout=10).close()
     assert stray in _object_names(gcs, "lake")
 
     cfg, store = load_config(t.config_file, {}, ov)
-    res = maintain(cfg, store, t.topic, compact=True, expire=True, expire_older_than=dt.timedelta(0),
-                   remove_orphans=True, orphan_older_than=dt.timedelta(0), spark=spark, log=lambda line: None)
+    res = maintain(
+        cfg,
+        store,
+        t.topic,
+        compact=True,
+        expire=True,
+        expire_older_than=dt.timedelta(0),
+        remove_orphans=True,
+        orphan_older_than=dt.timedelta(0),
+        spark=spark,
+        log=lambda line: None,
+    )
     assert res.compacted["rewritten_data_files_count"] >= 2
     assert res.orphans == [f"gs://lake/{stray}"]
     assert stray not in _object_names(gcs, "lake")

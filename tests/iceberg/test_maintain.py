@@ -10,7 +10,6 @@ from pathlib import Path
 from rsm_sidecar.iceberg import markers as mk
 from rsm_sidecar.iceberg.job import ConvertJob, load_config
 from rsm_sidecar.iceberg.maintain import maintain
-
 from tests.iceberg.convert_helpers import SyntheticTopic, kill_group, rows, wait_paused
 
 NOW = dt.timedelta(0)
@@ -31,7 +30,7 @@ def test_expire_keeps_the_marker_snapshot_and_drops_unpublished_staged_ones(spar
     t.simple_segments(0, 3)
     t.convert(spark)
     marked = t.table().current_snapshot().snapshot_id
-    _maintain(t, spark, compact=True)           # a snapshot without marker on top
+    _maintain(t, spark, compact=True)  # a snapshot without marker on top
     # a run staged by Spark but never published (what a job killed before publishing leaves)
     t.simple_segments(0, 1)
     cfg, storage = load_config(t.config_file, {})
@@ -76,13 +75,14 @@ def test_orphan_removal_deletes_the_files_a_killed_job_left(spark, tmp_path):
         t.simple_segments(p, 2)
     pause = tmp_path / "pause"
     proc = t.cli("convert", pause_at="write", pause_dir=pause)
-    wait_paused(proc, pause, "write")           # the last segment task: earlier ones wrote files
+    wait_paused(proc, pause, "write")  # the last segment task: earlier ones wrote files
     kill_group(proc)
     left = _data_files(t)
     assert left and t.table().current_snapshot() is None
     assert t.convert(spark).records == len(t.records)
-    referenced = {str(Path(f.removeprefix("file:"))) for f in
-                  t.table().inspect.files().column("file_path").to_pylist()}
+    referenced = {
+        str(Path(f.removeprefix("file:"))) for f in t.table().inspect.files().column("file_path").to_pylist()
+    }
     assert not (left & referenced)
     res = _maintain(t, spark, remove_orphans=True, orphan_older_than=NOW)
     removed = {str(Path(f.removeprefix("file:"))) for f in res.orphans}
@@ -96,7 +96,7 @@ def test_drop_deleted_offsets_removes_rows_retention_took_from_kafka(spark, tmp_
     t.simple_segments(0, 3)
     t.simple_segments(1, 1)
     t.convert(spark)
-    for path in t.objects_of(t.segments[0]):      # retention deletes partition 0's oldest segment
+    for path in t.objects_of(t.segments[0]):  # retention deletes partition 0's oldest segment
         path.unlink()
     res = _maintain(t, spark, drop_deleted_offsets=True)
     assert res.dropped == {0: 60, 1: 0}

@@ -7,11 +7,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from rsm_sidecar.iceberg import markers as mk
-from rsm_sidecar.iceberg.segments import RemoteSegment, choose_chain, plan_partition
+from rsm_sidecar.iceberg.segments import RemoteSegment, choose_chain, list_topic_segments, plan_partition
 from rsm_sidecar.iceberg.spark import LocalCatalog
 from rsm_sidecar.segment.reader import SegmentReader
-from rsm_sidecar.iceberg.segments import list_topic_segments
-
 from tests.iceberg.convert_helpers import SyntheticTopic
 
 
@@ -20,8 +18,8 @@ def seg(start, end, sid="A" * 22, ts=0):
 
 
 def test_chain_takes_each_offset_once_across_reuploads():
-    a, a2 = seg(0, 99, "A" * 22), seg(0, 99, "B" * 22)        # the same offsets, re-uploaded
-    b, c = seg(100, 199, "C" * 22), seg(150, 260, "D" * 22)    # c straddles b
+    a, a2 = seg(0, 99, "A" * 22), seg(0, 99, "B" * 22)  # the same offsets, re-uploaded
+    b, c = seg(100, 199, "C" * 22), seg(150, 260, "D" * 22)  # c straddles b
     chain, ranges, skipped, waiting = choose_chain([a, a2, b, c], 0)
     assert ranges == [(0, 99), (100, 199), (200, 260)]
     assert [s.segment_id for s in chain] == ["A" * 22, "C" * 22, "D" * 22]
@@ -45,7 +43,9 @@ def _reader(topic: SyntheticTopic) -> SegmentReader:
     from rsm_sidecar.config import Config
     from rsm_sidecar.transform.keyring import Keyring
 
-    return SegmentReader(topic.store, topic.layout, Keyring.from_config(Config.load(topic.config_file, environ={})))
+    return SegmentReader(
+        topic.store, topic.layout, Keyring.from_config(Config.load(topic.config_file, environ={}))
+    )
 
 
 def _plan(topic, next_offset=0):
@@ -56,13 +56,13 @@ def _plan(topic, next_offset=0):
 
 def test_a_segment_waits_until_its_open_transactions_are_finished_in_storage(tmp_path):
     t = SyntheticTopic(tmp_path)
-    t.segment(0, [t.batch(0, 5)])                                            # 0..4
+    t.segment(0, [t.batch(0, 5)])  # 0..4
     t.segment(0, [t.batch(0, 5), t.batch(0, 3, transactional_pid=7, record=False)])  # 5..12, txn open
     plan = _plan(t)
     assert [s.end_offset for s in plan.chain] == [4]
     assert "still open" in plan.waiting and plan.new_next_offset == 5
     # the abort marker arrives in the next segment (which itself ends with nothing open)
-    t.segment(0, [t.marker(0, 7, commit=False), t.batch(0, 4)])             # 13..17
+    t.segment(0, [t.marker(0, 7, commit=False), t.batch(0, 4)])  # 13..17
     plan = _plan(t)
     assert [s.end_offset for s in plan.chain] == [4, 12, 17] and plan.waiting is None
     assert [(a.producer_id, a.first_offset, a.last_offset) for a in plan.aborted] == [(7, 10, 13)]
@@ -79,12 +79,19 @@ def test_markers_from_the_ancestry_or_from_the_tag_after_expiry(tmp_path):
     catalog.create_namespace("ns")
     table = catalog.create_table("ns.t", schema=pa.schema([("a", pa.int64())]))
     assert mk.read_state(table).next_offsets == {}
-    props = mk.marker_properties(topic="t", topic_id="X" * 22, job_id="j1", next_offsets={0: 10, 1: 3},
-                                 ingest_ms={0: 5}, segments={0: ["s1"]}, skipped={})
+    props = mk.marker_properties(
+        topic="t",
+        topic_id="X" * 22,
+        job_id="j1",
+        next_offsets={0: 10, 1: 3},
+        ingest_ms={0: 5},
+        segments={0: ["s1"]},
+        skipped={},
+    )
     table.append(pa.table({"a": [1]}), snapshot_properties=props)
     marked = table.current_snapshot().snapshot_id
     table.manage_snapshots().create_tag(marked, mk.MARKER_TAG).commit()
-    table.append(pa.table({"a": [2]}))          # e.g. maintenance: no marker
+    table.append(pa.table({"a": [2]}))  # e.g. maintenance: no marker
     middle = table.current_snapshot().snapshot_id
     table.append(pa.table({"a": [3]}))
     state = mk.read_state(table)

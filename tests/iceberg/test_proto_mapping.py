@@ -7,15 +7,24 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 from pyiceberg.types import (
-    BinaryType, BooleanType, DoubleType, FloatType, IntegerType, ListType, LongType, MapType,
-    StringType, StructType, TimestamptzType,
+    BinaryType,
+    BooleanType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    StringType,
+    StructType,
+    TimestamptzType,
 )
 
 from rsm_sidecar.iceberg.proto_mapping import ProtoDecoder, ProtoOptions, encode_unknown
 from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema, SchemaCompileError
 from tests.iceberg.conftest import PROTO_DIR
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def order_schema() -> ProtoSchema:
@@ -49,9 +58,9 @@ def test_type_mapping(schema):
     assert isinstance(t["card"], StringType) and isinstance(t["iban"], StringType)  # oneof: siblings
     assert isinstance(t["priority"], IntegerType)
     assert isinstance(t["placed_at"], TimestamptzType)
-    assert isinstance(t["ttl"], LongType)          # Duration -> micro-seconds
-    assert isinstance(t["note"], StringType)       # StringValue -> nullable string
-    assert isinstance(t["attrs"], StringType)      # Struct -> JSON
+    assert isinstance(t["ttl"], LongType)  # Duration -> micro-seconds
+    assert isinstance(t["note"], StringType)  # StringValue -> nullable string
+    assert isinstance(t["attrs"], StringType)  # Struct -> JSON
     assert isinstance(t["big"], IntegerType) and isinstance(t["f32"], IntegerType)  # seed: int
     assert isinstance(t["huge"], LongType) and isinstance(t["delta"], LongType)
     assert isinstance(t["blob"], BinaryType) and isinstance(t["ratio"], FloatType)
@@ -76,10 +85,22 @@ def test_options_change_only_what_they_name(schema):
 
 def test_values(schema, order_pb2):
     dec = ProtoDecoder(schema.message_by_name("shop.v1.Order"))
-    o = order_pb2.Order(id="o-1", status=order_pb2.SHIPPED, labels={"a": "b"}, iban="DE00",
-                        priority=0, big=2**32 - 1, huge=2**64 - 1, delta=-5, f32=2**31,
-                        blob=b"\x00\xff", ratio=0.5, score=2.25, gift=True,
-                        history=[order_pb2.PLACED, order_pb2.SHIPPED])
+    o = order_pb2.Order(
+        id="o-1",
+        status=order_pb2.SHIPPED,
+        labels={"a": "b"},
+        iban="DE00",
+        priority=0,
+        big=2**32 - 1,
+        huge=2**64 - 1,
+        delta=-5,
+        f32=2**31,
+        blob=b"\x00\xff",
+        ratio=0.5,
+        score=2.25,
+        gift=True,
+        history=[order_pb2.PLACED, order_pb2.SHIPPED],
+    )
     o.total.currency, o.total.units = "EUR", 12
     line = o.lines.add(sku="s1", qty=2)
     line.attrs["w"] = 7
@@ -96,11 +117,11 @@ def test_values(schema, order_pb2):
     assert r["total"] == {"currency": "EUR", "units": 12, "nanos": 0, "__unrecognized__": None}
     assert r["lines"] == [{"sku": "s1", "qty": 2, "attrs": [("w", 7)], "__unrecognized__": None}]
     assert r["labels"] == [("a", "b")]
-    assert (r["card"], r["iban"]) == (None, "DE00")            # oneof: unset member is null
-    assert r["priority"] == 0                                 # optional set to 0: present
+    assert (r["card"], r["iban"]) == (None, "DE00")  # oneof: unset member is null
+    assert r["priority"] == 0  # optional set to 0: present
     assert r["placed_at"] == dt.datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
-    assert r["ttl"] == -3_000_500                              # -3 s - 500 µs
-    assert r["note"] == ""                                    # wrapper set to "" is not null
+    assert r["ttl"] == -3_000_500  # -3 s - 500 µs
+    assert r["note"] == ""  # wrapper set to "" is not null
     assert r["attrs"] == '{"k":[1.0,"x"],"n":null}'
     assert r["big"] == -1 and r["f32"] == -(2**31) and r["huge"] == -1  # seed: wrap around
     assert r["delta"] == -5 and r["blob"] == b"\x00\xff" and r["ratio"] == 0.5 and r["gift"]
@@ -123,7 +144,9 @@ def test_uint32_as_long_is_lossless(schema, order_pb2):
 
 def test_unknown_fields_and_unknown_enum_numbers(schema, order_pb2):
     dec = ProtoDecoder(schema.message_by_name("shop.v1.Order"))
-    unknown_top = b"\xf8\x06\x2a" + b"\x82\x07\x03abc" + b"\x8d\x07\x01\x02\x03\x04"  # 111 varint, 112 len, 113 fixed32
+    unknown_top = (
+        b"\xf8\x06\x2a" + b"\x82\x07\x03abc" + b"\x8d\x07\x01\x02\x03\x04"
+    )  # 111 varint, 112 len, 113 fixed32
     total_with_unknown = order_pb2.Order(total={"currency": "X"}).SerializeToString()
     # field 3 (total) re-emitted with an unknown field 9 (fixed64) inside the sub-message
     inner = b"\x0a\x01Y" + b"\x49" + (5).to_bytes(8, "little")
@@ -131,8 +154,12 @@ def test_unknown_fields_and_unknown_enum_numbers(schema, order_pb2):
     open_enum = b"\x10\x63"  # status = 99, not a value of Status
     (r1, r2, r3) = rows(dec, [total_with_unknown + unknown_top, nested, open_enum])
     assert r1["__unrecognized__"] == unknown_top and r1["total"]["currency"] == "X"
-    assert r2["total"] == {"currency": "Y", "units": 0, "nanos": 0,
-                           "__unrecognized__": b"\x49" + (5).to_bytes(8, "little")}
+    assert r2["total"] == {
+        "currency": "Y",
+        "units": 0,
+        "nanos": 0,
+        "__unrecognized__": b"\x49" + (5).to_bytes(8, "little"),
+    }
     assert r2["__unrecognized__"] is None
     assert r3["status"] == "99"
     # a field whose wire type does not match the schema is unknown, not an error
@@ -161,8 +188,19 @@ def test_descriptor_set_file_and_indexes(tmp_path):
     from tests.iceberg.conftest import _wkt
 
     out = tmp_path / "set.binpb"
-    assert protoc.main(["protoc", f"-I{PROTO_DIR}", f"-I{_wkt()}", "--include_imports",
-                        f"--descriptor_set_out={out}", "shop/v1/order.proto"]) == 0
+    assert (
+        protoc.main(
+            [
+                "protoc",
+                f"-I{PROTO_DIR}",
+                f"-I{_wkt()}",
+                "--include_imports",
+                f"--descriptor_set_out={out}",
+                "shop/v1/order.proto",
+            ]
+        )
+        == 0
+    )
     s = ProtoSchema.from_descriptor_set_file(out)
     assert s.file.name == "shop/v1/order.proto"
     assert s.message_by_indexes([0]).full_name == "shop.v1.Category"
@@ -194,11 +232,14 @@ def test_descriptor_form_schema_strings(order_pb2):
     only = ProtoSchema.from_sources("main", {"main": base64.b64encode(p.SerializeToString()).decode()})
     assert only.message_by_indexes([0]).full_name == "d.D"
     # descriptor-form main with WKT imports + descriptor-form reference
-    s = ProtoSchema.from_sources("main", {"main": b64(order_pb2.DESCRIPTOR),
-                                          "common/v1/money.proto": b64(money)})
+    s = ProtoSchema.from_sources(
+        "main", {"main": b64(order_pb2.DESCRIPTOR), "common/v1/money.proto": b64(money)}
+    )
     assert s.message_by_indexes([1]).full_name == "shop.v1.Order"
     # .proto text main importing a descriptor-form reference
-    text = 'syntax = "proto3"; package t; import "common/v1/money.proto"; message T { common.v1.Money m = 1; }'
+    text = (
+        'syntax = "proto3"; package t; import "common/v1/money.proto"; message T { common.v1.Money m = 1; }'
+    )
     t = ProtoSchema.from_sources("t.proto", {"t.proto": text, "common/v1/money.proto": b64(money)})
     assert t.message_by_name("t.T").fields_by_name["m"].message_type.full_name == "common.v1.Money"
     assert decode_schema_string("x", 'syntax = "proto3";') is None

@@ -16,13 +16,23 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from rsm_sidecar.iceberg import framing
 from rsm_sidecar.iceberg.rows import (
-    EncoderSpec, KafkaRecord, RowEncoder, SideSpec, descriptor_set_side, raw_batch, resolve_side,
+    EncoderSpec,
+    KafkaRecord,
+    RowEncoder,
+    SideSpec,
+    descriptor_set_side,
+    raw_batch,
+    resolve_side,
 )
 from rsm_sidecar.iceberg.schema_registry import (
-    RegistryUnavailable, SchemaRegistry, SubjectSpec, UnknownSchema, topic_subject,
+    RegistryUnavailable,
+    SchemaRegistry,
+    SubjectSpec,
+    UnknownSchema,
+    topic_subject,
 )
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 # confluent-kafka 2.16 defaults to the ASSOCIATED strategy, which Apicurio does not serve.
 SER_CONF = {"subject.name.strategy.type": "TOPIC", "use.deprecated.format": False}
 
@@ -41,8 +51,10 @@ def encode(registry_url, topic, records, **side_kw):
     reg = SchemaRegistry(registry_url)
     keys = [r.key for r in records if r.key is not None]
     values = [r.value for r in records if r.value is not None]
-    spec = EncoderSpec(resolve_side(reg, topic, True, samples=keys, **side_kw.get("key", {})),
-                       resolve_side(reg, topic, False, samples=values, **side_kw.get("val", {})))
+    spec = EncoderSpec(
+        resolve_side(reg, topic, True, samples=keys, **side_kw.get("key", {})),
+        resolve_side(reg, topic, False, samples=values, **side_kw.get("val", {})),
+    )
     enc = RowEncoder(spec)
     return enc, enc.encode(raw_batch(records)).to_pylist()
 
@@ -62,11 +74,15 @@ def test_protobuf_round_trip_with_references_and_wkts(registry_url, sr_client, t
     v2 = val_ser(order_pb2.Order(id="o-2")) + b"\xf8\x06\x2a"  # + unknown field 111 = 42
     k1 = key_ser(order_pb2.OrderKey(id="o-1", region=7))
     assert v1[:5] == b"\x00" + v1[1:5] and v1[5:7] == b"\x02\x02"  # Order is message [1]
-    enc, rows = encode(registry_url, topic, [
-        rec(10, k1, v1, [("trace", b"t-1"), ("empty", None)]),
-        rec(11, k1, v2),
-        rec(12, k1, None),  # tombstone
-    ])
+    enc, rows = encode(
+        registry_url,
+        topic,
+        [
+            rec(10, k1, v1, [("trace", b"t-1"), ("empty", None)]),
+            rec(11, k1, v2),
+            rec(12, k1, None),  # tombstone
+        ],
+    )
     r, r2, tomb = rows
     assert r["key"]["id"] == "o-1" and r["key"]["region"] == 7
     assert r["key"]["__raw__"] == k1 and r["key"]["__prefix__"] == k1[:7]
@@ -78,13 +94,18 @@ def test_protobuf_round_trip_with_references_and_wkts(registry_url, sr_client, t
     assert val["lines"][0]["attrs"] == [("w", 3)]
     assert val["placed_at"] == dt.datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
     assert val["note"] == "gift wrap" and json.loads(val["attrs"]) == {"vip": True}
-    assert val["category"]["children"][0]["__unrecognized__"] == \
-        order_pb2.Category(name="sf").SerializeToString()
+    assert (
+        val["category"]["children"][0]["__unrecognized__"]
+        == order_pb2.Category(name="sf").SerializeToString()
+    )
     assert r["headers"] == [{"key": "trace", "value": b"t-1"}, {"key": "empty", "value": None}]
     assert r["kafka"] == {
-        "partition": 3, "offset": 10, "batch_start": 10,
+        "partition": 3,
+        "offset": 10,
+        "batch_start": 10,
         "event_timestamp": dt.datetime.fromtimestamp(1_700_000_000, UTC),
-        "ingest_timestamp": dt.datetime.fromtimestamp(1_700_000_000.005, UTC)}
+        "ingest_timestamp": dt.datetime.fromtimestamp(1_700_000_000.005, UTC),
+    }
     assert r2["val"]["id"] == "o-2" and r2["val"]["__unrecognized__"] == b"\xf8\x06\x2a"
     assert tomb["val"] is None and tomb["key"]["id"] == "o-1"
     # the table schema: key/val meta columns first, decoded fields, __unrecognized__ last
@@ -102,9 +123,12 @@ def test_first_message_fast_path_and_explicit_subject(registry_url, sr_client, t
     assert all(r["key"] is None for r in rows)  # null keys: null key struct
     # explicit subject + message name: decode another topic's bytes with that subject
     other = f"{topic}-other"
-    _, rows = encode(registry_url, other, [rec(0, b"k", data[0])],
-                     val={"subject": SubjectSpec(subject=topic_subject(topic, False),
-                                                 message="shop.v1.Category")})
+    _, rows = encode(
+        registry_url,
+        other,
+        [rec(0, b"k", data[0])],
+        val={"subject": SubjectSpec(subject=topic_subject(topic, False), message="shop.v1.Category")},
+    )
     assert rows[0]["val"]["name"] == "c0"
     assert rows[0]["key"] == {"__raw__": b"k", "__prefix__": None, "__err__": None}  # no key schema
 
@@ -122,8 +146,9 @@ def test_record_level_errors(registry_url, sr_client, topic, order_pb2):
         "not protobuf": framing.encode_preamble(avro_id, [0]) + b"\x02a",
         "short": b"\x00\x00",
     }
-    _, rows = encode(registry_url, topic, [rec(0, b"k", good)] +
-                     [rec(i + 1, b"k", v) for i, v in enumerate(bad.values())])
+    _, rows = encode(
+        registry_url, topic, [rec(0, b"k", good)] + [rec(i + 1, b"k", v) for i, v in enumerate(bad.values())]
+    )
     assert rows[0]["val"]["id"] == "ok" and rows[0]["val"]["__err__"] is None
     errs = {name: r["val"] for name, r in zip(bad, rows[1:])}
     assert "missing magic byte" in errs["no magic"]["__err__"]
@@ -133,14 +158,24 @@ def test_record_level_errors(registry_url, sr_client, topic, order_pb2):
     assert "is AVRO, not PROTOBUF" in errs["not protobuf"]["__err__"]
     assert "too short" in errs["short"]["__err__"]
     for name, v in errs.items():
-        assert v["__raw__"] == bad[name], name          # the original bytes are kept
+        assert v["__raw__"] == bad[name], name  # the original bytes are kept
         assert v["id"] is None and v["total"] is None and v["__unrecognized__"] is None, name
 
 
-AVRO_ADDRESS = {"type": "record", "name": "Address", "namespace": "pay",
-                "fields": [{"name": "city", "type": "string"}, {"name": "zip", "type": ["null", "string"], "default": None}]}
+AVRO_ADDRESS = {
+    "type": "record",
+    "name": "Address",
+    "namespace": "pay",
+    "fields": [
+        {"name": "city", "type": "string"},
+        {"name": "zip", "type": ["null", "string"], "default": None},
+    ],
+}
 AVRO_PAYMENT = {
-    "type": "record", "name": "Payment", "namespace": "pay", "fields": [
+    "type": "record",
+    "name": "Payment",
+    "namespace": "pay",
+    "fields": [
         {"name": "id", "type": "string"},
         {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
         {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
@@ -153,7 +188,8 @@ AVRO_PAYMENT = {
         {"name": "either", "type": ["int", "string", "pay.Address"]},
         {"name": "addr", "type": "pay.Address"},
         {"name": "n", "type": "int"},
-    ]}
+    ],
+}
 
 
 def test_avro_round_trip_with_references(registry_url, sr_client, topic):
@@ -163,14 +199,31 @@ def test_avro_round_trip_with_references(registry_url, sr_client, topic):
     sr_client.register_schema(ref_subject, Schema(json.dumps(AVRO_ADDRESS), "AVRO"))
     main = Schema(json.dumps(AVRO_PAYMENT), "AVRO", [SchemaReference("pay.Address", ref_subject, 1)])
     sr_client.register_schema(topic_subject(topic, False), main)
-    ser = AvroSerializer(sr_client, main, conf={"subject.name.strategy.type": "TOPIC",
-                                                "auto.register.schemas": False,
-                                                "use.latest.version": True})
+    ser = AvroSerializer(
+        sr_client,
+        main,
+        conf={
+            "subject.name.strategy.type": "TOPIC",
+            "auto.register.schemas": False,
+            "use.latest.version": True,
+        },
+    )
     ctx = SerializationContext(topic, MessageField.VALUE)
     u = uuid.uuid4()
-    p1 = {"id": "p1", "amount": decimal.Decimal("12.34"), "at": dt.datetime(2025, 3, 4, 5, 6, 7, 8000, tzinfo=UTC),
-          "day": dt.date(2025, 3, 4), "uid": str(u), "kind": "CASH", "tags": ["a", "b"],
-          "props": {"x": 1}, "note": None, "either": "str-branch", "addr": {"city": "Oslo", "zip": "0150"}, "n": 5}
+    p1 = {
+        "id": "p1",
+        "amount": decimal.Decimal("12.34"),
+        "at": dt.datetime(2025, 3, 4, 5, 6, 7, 8000, tzinfo=UTC),
+        "day": dt.date(2025, 3, 4),
+        "uid": str(u),
+        "kind": "CASH",
+        "tags": ["a", "b"],
+        "props": {"x": 1},
+        "note": None,
+        "either": "str-branch",
+        "addr": {"city": "Oslo", "zip": "0150"},
+        "n": 5,
+    }
     p2 = dict(p1, id="p2", note="hi", either=7, addr={"city": "Rome", "zip": None})
     p3 = dict(p1, id="p3", either={"city": "Nice", "zip": None})
     enc, rows = encode(registry_url, topic, [rec(i, None, ser(p, ctx)) for i, p in enumerate([p1, p2, p3])])
@@ -191,22 +244,30 @@ def test_avro_round_trip_with_references(registry_url, sr_client, topic):
 
 def test_avro_errors_and_evolved_writer(registry_url, sr_client, topic):
     v1 = {"type": "record", "name": "E", "fields": [{"name": "a", "type": "int"}]}
-    v2 = {"type": "record", "name": "E", "fields": [{"name": "a", "type": "long"},
-                                                    {"name": "b", "type": "string", "default": "d"}]}
+    v2 = {
+        "type": "record",
+        "name": "E",
+        "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "string", "default": "d"}],
+    }
     subject = topic_subject(topic, False)
     id1 = sr_client.register_schema(subject, Schema(json.dumps(v1), "AVRO"))
     sr_client.set_compatibility(subject, "NONE")
     id2 = sr_client.register_schema(subject, Schema(json.dumps(v2), "AVRO"))
     assert id1 != id2
-    old = framing.encode_preamble(id1) + b"\x0a"            # a=5 written with v1 (int)
-    new = framing.encode_preamble(id2) + b"\x14\x02x"       # a=10, b="x" with v2
-    _, rows = encode(registry_url, topic, [
-        rec(0, None, old), rec(1, None, new),
-        rec(2, None, framing.encode_preamble(id2) + b"\x14\x10"),  # string longer than the data
-        rec(3, None, framing.encode_preamble(424242) + b"\x00"),
-        rec(4, None, b"plain text"),
-    ])
-    assert rows[0]["val"]["a"] == 5 and rows[0]["val"]["b"] == "d"   # resolved to the latest
+    old = framing.encode_preamble(id1) + b"\x0a"  # a=5 written with v1 (int)
+    new = framing.encode_preamble(id2) + b"\x14\x02x"  # a=10, b="x" with v2
+    _, rows = encode(
+        registry_url,
+        topic,
+        [
+            rec(0, None, old),
+            rec(1, None, new),
+            rec(2, None, framing.encode_preamble(id2) + b"\x14\x10"),  # string longer than the data
+            rec(3, None, framing.encode_preamble(424242) + b"\x00"),
+            rec(4, None, b"plain text"),
+        ],
+    )
+    assert rows[0]["val"]["a"] == 5 and rows[0]["val"]["b"] == "d"  # resolved to the latest
     assert rows[1]["val"]["a"] == 10 and rows[1]["val"]["b"] == "x"
     assert rows[2]["val"]["__err__"].startswith(f"invalid Avro for schema id {id2}")
     assert rows[3]["val"]["__err__"] == "unknown schema id 424242"
@@ -220,13 +281,27 @@ def test_descriptor_set_side_without_registry(tmp_path, order_pb2):
     from tests.iceberg.conftest import PROTO_DIR, _wkt
 
     out = tmp_path / "order.binpb"
-    assert protoc.main(["protoc", f"-I{PROTO_DIR}", f"-I{_wkt()}", "--include_imports",
-                        f"--descriptor_set_out={out}", "shop/v1/order.proto"]) == 0
+    assert (
+        protoc.main(
+            [
+                "protoc",
+                f"-I{PROTO_DIR}",
+                f"-I{_wkt()}",
+                "--include_imports",
+                f"--descriptor_set_out={out}",
+                "shop/v1/order.proto",
+            ]
+        )
+        == 0
+    )
     enc = RowEncoder(EncoderSpec(SideSpec(), descriptor_set_side(out, "shop.v1.Order")))
-    rows = enc.encode(raw_batch([rec(0, None, order_pb2.Order(id="raw").SerializeToString()),
-                                 rec(1, None, b"\xff\xff")])).to_pylist()
+    rows = enc.encode(
+        raw_batch([rec(0, None, order_pb2.Order(id="raw").SerializeToString()), rec(1, None, b"\xff\xff")])
+    ).to_pylist()
     assert rows[0]["val"]["id"] == "raw" and rows[0]["val"]["__prefix__"] is None
-    assert rows[1]["val"]["__err__"].startswith("invalid Protobuf") and rows[1]["val"]["__raw__"] == b"\xff\xff"
+    assert (
+        rows[1]["val"]["__err__"].startswith("invalid Protobuf") and rows[1]["val"]["__raw__"] == b"\xff\xff"
+    )
 
 
 def test_unknown_subject_means_raw_but_explicit_subject_must_exist(registry_url, topic):
@@ -249,7 +324,8 @@ def test_table_message_must_be_named_when_ambiguous(registry_url, sr_client, top
 
 
 def test_ambiguous_message_from_records_framed_with_the_pinned_id_or_from_the_table(
-        registry_url, sr_client, topic, order_pb2):
+    registry_url, sr_client, topic, order_pb2
+):
     """Several top-level messages and no configured message: a record framed with the pinned
     schema id names it; bytes that merely start with 0x00 (a random schema id) do not; an
     existing table's recorded message wins over samples."""
@@ -265,16 +341,27 @@ def test_ambiguous_message_from_records_framed_with_the_pinned_id_or_from_the_ta
     assert resolve_side(reg, topic, False, recorded="shop.v1.Order").message == "shop.v1.Order"
     # the table's message wins over what the new records say; a message the schema no longer
     # defines falls back to the records
-    assert resolve_side(reg, topic, False, samples=[key_framed],
-                        recorded="shop.v1.Order").message == "shop.v1.Order"
-    assert resolve_side(reg, topic, False, samples=[key_framed],
-                        recorded="shop.v1.Gone").message == "shop.v1.OrderKey"
+    assert (
+        resolve_side(reg, topic, False, samples=[key_framed], recorded="shop.v1.Order").message
+        == "shop.v1.Order"
+    )
+    assert (
+        resolve_side(reg, topic, False, samples=[key_framed], recorded="shop.v1.Gone").message
+        == "shop.v1.OrderKey"
+    )
+
     # samples are read lazily and only when needed
     def never():
         raise AssertionError("samples read although the message was known")
         yield b""
-    assert resolve_side(reg, topic, False, SubjectSpec(message="shop.v1.Order"), samples=never()).message == "shop.v1.Order"
-    assert resolve_side(reg, topic, False, samples=never(), recorded="shop.v1.Order").message == "shop.v1.Order"
+
+    assert (
+        resolve_side(reg, topic, False, SubjectSpec(message="shop.v1.Order"), samples=never()).message
+        == "shop.v1.Order"
+    )
+    assert (
+        resolve_side(reg, topic, False, samples=never(), recorded="shop.v1.Order").message == "shop.v1.Order"
+    )
 
 
 def test_registry_down_is_a_job_level_error(tmp_path, order_pb2):

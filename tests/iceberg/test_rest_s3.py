@@ -12,7 +12,6 @@ import pytest
 from rsm_sidecar.iceberg import markers as mk
 from rsm_sidecar.iceberg.job import load_config
 from rsm_sidecar.iceberg.maintain import maintain
-
 from tests.iceberg.convert_helpers import SyntheticTopic, rows
 
 ACCESS, SECRET = "iceberg-tests", "iceberg-tests-secret"
@@ -33,26 +32,36 @@ def s3(tmp_path_factory):
 def rest(s3, tmp_path_factory):
     from devstack.iceberg_rest import IcebergRestServer
 
-    srv = IcebergRestServer(tmp_path_factory.mktemp("rest"), "s3://lake/warehouse",
-                            s3={"endpoint": s3.endpoint_url, "access_key_id": ACCESS,
-                                "secret_access_key": SECRET}).start()
+    srv = IcebergRestServer(
+        tmp_path_factory.mktemp("rest"),
+        "s3://lake/warehouse",
+        s3={"endpoint": s3.endpoint_url, "access_key_id": ACCESS, "secret_access_key": SECRET},
+    ).start()
     yield srv
     srv.stop()
 
 
 def test_rest_catalog_with_s3_warehouse_and_s3_segments(spark, s3, rest, tmp_path):
-    storage = (f'[storage]\nbackend = "s3"\nkey_prefix = "tiered/"\n'
-               f'[storage.s3]\nbucket = "segments"\nendpoint_url = "{s3.endpoint_url}"\n'
-               f'region = "us-east-1"\naddressing_style = "path"\naccess_key_id = "{ACCESS}"\n'
-               f'secret_access_key = "{SECRET}"\n')
+    storage = (
+        f'[storage]\nbackend = "s3"\nkey_prefix = "tiered/"\n'
+        f'[storage.s3]\nbucket = "segments"\nendpoint_url = "{s3.endpoint_url}"\n'
+        f'region = "us-east-1"\naddressing_style = "path"\naccess_key_id = "{ACCESS}"\n'
+        f'secret_access_key = "{SECRET}"\n'
+    )
     t = SyntheticTopic(tmp_path, "payments", catalog_name="lake", storage_toml=storage)
     t.segment(0, [t.batch(0, 40), t.batch(0, 6, transactional_pid=3, record=False)])
     t.segment(0, [t.marker(0, 3, commit=False), t.batch(0, 30)])
     t.simple_segments(1, 2)
-    ov = {"iceberg.catalog.type": "rest", "iceberg.catalog.rest.uri": rest.uri,
-          "iceberg.warehouse": "s3://lake/warehouse", "iceberg.s3.endpoint": s3.endpoint_url,
-          "iceberg.s3.access_key_id": ACCESS, "iceberg.s3.secret_access_key": SECRET,
-          "iceberg.s3.path_style_access": True, "iceberg.partitioning": "hour"}
+    ov = {
+        "iceberg.catalog.type": "rest",
+        "iceberg.catalog.rest.uri": rest.uri,
+        "iceberg.warehouse": "s3://lake/warehouse",
+        "iceberg.s3.endpoint": s3.endpoint_url,
+        "iceberg.s3.access_key_id": ACCESS,
+        "iceberg.s3.secret_access_key": SECRET,
+        "iceberg.s3.path_style_access": True,
+        "iceberg.partitioning": "hour",
+    }
     res = t.convert(spark, **ov)
     assert res.committed and res.records == len(t.records) == 190
     table = t.table(**ov)
@@ -62,8 +71,10 @@ def test_rest_catalog_with_s3_warehouse_and_s3_segments(spark, s3, rest, tmp_pat
     keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket="lake")["Contents"]]
     assert any(k.endswith(".parquet") for k in keys) and any(k.endswith(".metadata.json") for k in keys)
     # Spark SQL through the same REST catalog
-    got = spark.sql("SELECT count(*) AS n, count(DISTINCT kafka.partition, kafka.offset) AS d, "
-                    "max(kafka.offset) AS m FROM lake.kafka.payments WHERE kafka.partition = 0").collect()[0]
+    got = spark.sql(
+        "SELECT count(*) AS n, count(DISTINCT kafka.partition, kafka.offset) AS d, "
+        "max(kafka.offset) AS m FROM lake.kafka.payments WHERE kafka.partition = 0"
+    ).collect()[0]
     assert (got.n, got.d, got.m) == (70, 70, 76)
     assert t.convert(spark, **ov).records == 0
     t.simple_segments(1, 1)
@@ -75,8 +86,18 @@ def test_rest_catalog_with_s3_warehouse_and_s3_segments(spark, s3, rest, tmp_pat
     stray = t.table(**ov).location().removeprefix("s3://lake/") + "/data/stray-from-a-killed-writer.parquet"
     s3.client().put_object(Bucket="lake", Key=stray, Body=b"not parquet")
     cfg, store = load_config(t.config_file, {}, ov)
-    res = maintain(cfg, store, t.topic, compact=True, expire=True, expire_older_than=dt.timedelta(0),
-                   remove_orphans=True, orphan_older_than=dt.timedelta(0), spark=spark, log=lambda line: None)
+    res = maintain(
+        cfg,
+        store,
+        t.topic,
+        compact=True,
+        expire=True,
+        expire_older_than=dt.timedelta(0),
+        remove_orphans=True,
+        orphan_older_than=dt.timedelta(0),
+        spark=spark,
+        log=lambda line: None,
+    )
     assert res.compacted["rewritten_data_files_count"] >= 2
     assert res.orphans == [f"s3://lake/{stray}"]
     assert stray not in [o["Key"] for o in s3.client().list_objects_v2(Bucket="lake")["Contents"]]

@@ -10,23 +10,38 @@ import pyarrow as pa
 
 from rsm_sidecar.iceberg.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.rows import (
-    RAW_RECORD_SCHEMA, EncoderSpec, KafkaRecord, RowEncoder, align, raw_batch,
+    RAW_RECORD_SCHEMA,
+    EncoderSpec,
+    KafkaRecord,
+    RowEncoder,
+    align,
+    raw_batch,
 )
 from rsm_sidecar.iceberg.types import schema_to_arrow, spark_ddl
 from tests.iceberg.test_proto_mapping import order_schema
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def test_raw_schema_and_rows():
     enc = RowEncoder(EncoderSpec())
     assert [f.name for f in enc.schema.fields] == ["key", "val", "headers", "kafka"]
     kafka = {f.name: str(f.field_type) for f in enc.schema.find_field("kafka").field_type.fields}
-    assert kafka == {"partition": "int", "offset": "long", "event_timestamp": "timestamptz",
-                     "ingest_timestamp": "timestamptz", "batch_start": "long"}
-    batch = enc.encode(raw_batch([
-        KafkaRecord(2, 100, 99, 1_000, None, b"k", b"v", [("a", b"1")]),
-        KafkaRecord(2, 101, 99, None, -1, None, None, [])]))
+    assert kafka == {
+        "partition": "int",
+        "offset": "long",
+        "event_timestamp": "timestamptz",
+        "ingest_timestamp": "timestamptz",
+        "batch_start": "long",
+    }
+    batch = enc.encode(
+        raw_batch(
+            [
+                KafkaRecord(2, 100, 99, 1_000, None, b"k", b"v", [("a", b"1")]),
+                KafkaRecord(2, 101, 99, None, -1, None, None, []),
+            ]
+        )
+    )
     assert batch.schema == enc.arrow_schema
     a, b = batch.to_pylist()
     assert a["key"] == {"__raw__": b"k", "__prefix__": None, "__err__": None}
@@ -34,9 +49,19 @@ def test_raw_schema_and_rows():
     assert a["kafka"]["event_timestamp"] == dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)
     assert a["kafka"]["ingest_timestamp"] is None and b["kafka"]["event_timestamp"] is None
     assert b["key"] is None and b["val"] is None and b["headers"] == []
-    assert "`kafka` STRUCT<`partition`: INT, `offset`: BIGINT, `event_timestamp`: TIMESTAMP" in spark_ddl(enc.schema)
-    assert RAW_RECORD_SCHEMA.names == ["partition", "offset", "batch_start", "timestamp",
-                                       "ingest_timestamp", "key", "value", "headers"]
+    assert "`kafka` STRUCT<`partition`: INT, `offset`: BIGINT, `event_timestamp`: TIMESTAMP" in spark_ddl(
+        enc.schema
+    )
+    assert RAW_RECORD_SCHEMA.names == [
+        "partition",
+        "offset",
+        "batch_start",
+        "timestamp",
+        "ingest_timestamp",
+        "key",
+        "value",
+        "headers",
+    ]
 
 
 def test_encode_pauses_gc_and_restores_it():
@@ -53,16 +78,36 @@ def test_encode_pauses_gc_and_restores_it():
 
 
 def test_align_to_an_evolved_table_type():
-    s = pa.array([{"a": 1, "gone": "x", "l": [1, None], "m": [("k", 1)]}, None,
-                  {"a": None, "gone": None, "l": None, "m": None}],
-                 pa.struct([("a", pa.int32()), ("gone", pa.string()), ("l", pa.list_(pa.int32())),
-                            ("m", pa.map_(pa.string(), pa.int32()))]))
-    target = pa.struct([("a", pa.int64()), ("l", pa.list_(pa.int64())), ("m", pa.map_(pa.string(), pa.int64())),
-                        ("new", pa.string())])
+    s = pa.array(
+        [
+            {"a": 1, "gone": "x", "l": [1, None], "m": [("k", 1)]},
+            None,
+            {"a": None, "gone": None, "l": None, "m": None},
+        ],
+        pa.struct(
+            [
+                ("a", pa.int32()),
+                ("gone", pa.string()),
+                ("l", pa.list_(pa.int32())),
+                ("m", pa.map_(pa.string(), pa.int32())),
+            ]
+        ),
+    )
+    target = pa.struct(
+        [
+            ("a", pa.int64()),
+            ("l", pa.list_(pa.int64())),
+            ("m", pa.map_(pa.string(), pa.int64())),
+            ("new", pa.string()),
+        ]
+    )
     out = align(s, target)
     assert out.type == target
-    assert out.to_pylist() == [{"a": 1, "l": [1, None], "m": [("k", 1)], "new": None}, None,
-                               {"a": None, "l": None, "m": None, "new": None}]
+    assert out.to_pylist() == [
+        {"a": 1, "l": [1, None], "m": [("k", 1)], "new": None},
+        None,
+        {"a": None, "l": None, "m": None, "new": None},
+    ]
     # incompatible leaves cannot be cast: null rather than a crash (evolution prevents this)
     assert align(pa.array(["x"]), pa.int64()).to_pylist() == [None]
 
@@ -73,8 +118,9 @@ def test_seed_only_mapping_decodes_wkts_as_messages(order_pb2):
     o.placed_at.seconds, o.placed_at.nanos = 10, 20
     o.note.value = "n"
     o.attrs.update({"a": 1})
-    (r,) = pa.StructArray.from_arrays(dec.children([dec.parse(o.SerializeToString())]),
-                                      fields=list(dec.arrow_type)).to_pylist()
+    (r,) = pa.StructArray.from_arrays(
+        dec.children([dec.parse(o.SerializeToString())]), fields=list(dec.arrow_type)
+    ).to_pylist()
     assert r["placed_at"] == {"seconds": 10, "nanos": 20, "__unrecognized__": None}
     assert r["note"] == {"value": "n", "__unrecognized__": None}
     assert r["attrs"]["fields"][0][0] == "a"  # Struct as its message: map<string, Value struct>
@@ -84,11 +130,17 @@ def test_table_alignment_in_encoder_adds_retired_columns():
     enc = RowEncoder(EncoderSpec())
     arrow = schema_to_arrow(enc.schema)
     val = arrow.field("val").type
-    wider = pa.schema([arrow.field("key"),
-                       pa.field("val", pa.struct(list(val) + [pa.field("old__v1", pa.string())])),
-                       arrow.field("headers"), arrow.field("kafka")])
+    wider = pa.schema(
+        [
+            arrow.field("key"),
+            pa.field("val", pa.struct(list(val) + [pa.field("old__v1", pa.string())])),
+            arrow.field("headers"),
+            arrow.field("kafka"),
+        ]
+    )
     out = RowEncoder(EncoderSpec().with_table(wider)).encode(
-        raw_batch([KafkaRecord(0, 0, 0, 0, 0, b"k", b"v", [])]))
+        raw_batch([KafkaRecord(0, 0, 0, 0, 0, b"k", b"v", [])])
+    )
     assert out.schema == wider and out.to_pylist()[0]["val"]["old__v1"] is None
 
 
@@ -103,8 +155,14 @@ def test_values_arrow_rejects_become_record_errors(tmp_path):
     from rsm_sidecar.iceberg.rows import descriptor_set_side
 
     enc = RowEncoder(EncoderSpec(val=descriptor_set_side(out, "p.M")))
-    rows = enc.encode(raw_batch([KafkaRecord(0, 0, 0, 0, 0, None, b"\x0a\x02ok", []),
-                                 KafkaRecord(0, 1, 0, 0, 0, None, b"\x0a\x02\xff\xfe", [])])).to_pylist()
+    rows = enc.encode(
+        raw_batch(
+            [
+                KafkaRecord(0, 0, 0, 0, 0, None, b"\x0a\x02ok", []),
+                KafkaRecord(0, 1, 0, 0, 0, None, b"\x0a\x02\xff\xfe", []),
+            ]
+        )
+    ).to_pylist()
     assert rows[0]["val"]["s"] == "ok" and rows[0]["val"]["__err__"] is None
     assert rows[1]["val"]["s"] is None and rows[1]["val"]["__raw__"] == b"\x0a\x02\xff\xfe"
     assert rows[1]["val"]["__err__"].startswith("cannot convert p.M to the table types")

@@ -8,12 +8,19 @@ import random
 import pyarrow as pa
 import pytest
 
-from rsm_sidecar.kafka import (AbortedTxn, Compression, ControlType, CorruptRecordError, TimestampType,
-                               read_batches, read_records)
-from rsm_sidecar.kafka.builder import SimpleRecord, build_batch, build_control_batch, recompute_crc
-from rsm_sidecar.kafka.records import Header
 from rsm_sidecar.iceberg.rows import RAW_RECORD_SCHEMA
 from rsm_sidecar.iceberg.segment_rows import SegmentRowReader
+from rsm_sidecar.kafka import (
+    AbortedTxn,
+    Compression,
+    ControlType,
+    CorruptRecordError,
+    TimestampType,
+    read_batches,
+    read_records,
+)
+from rsm_sidecar.kafka.builder import SimpleRecord, build_batch, build_control_batch, recompute_crc
+from rsm_sidecar.kafka.records import Header
 
 T0 = 1_700_000_000_000
 
@@ -23,9 +30,13 @@ def _random_records(rng: random.Random, n: int, ts: int) -> list[SimpleRecord]:
     for i in range(n):
         key = None if rng.random() < 0.2 else rng.randbytes(rng.choice([0, 3, 12, 13, 40]))
         value = None if rng.random() < 0.1 else rng.randbytes(rng.choice([0, 1, 12, 13, 100, 3000]))
-        headers = tuple(Header(rng.choice(["a", "trace-id", "é", ""]),
-                               None if rng.random() < 0.3 else rng.randbytes(rng.choice([0, 5, 20])))
-                        for _ in range(rng.choice([0, 0, 1, 3, 9])))
+        headers = tuple(
+            Header(
+                rng.choice(["a", "trace-id", "é", ""]),
+                None if rng.random() < 0.3 else rng.randbytes(rng.choice([0, 5, 20])),
+            )
+            for _ in range(rng.choice([0, 0, 1, 3, 9]))
+        )
         out.append(SimpleRecord(key, value, ts + rng.randrange(-5, 50), headers))
     return out
 
@@ -76,10 +87,12 @@ def test_ingest_timestamp_is_the_running_maximum_and_control_batches_count():
 
 def test_log_append_time_batches_ingest_at_the_append_time_event_keeps_the_producer_time():
     recs = [SimpleRecord(b"k", b"v%d" % i, T0 + i) for i in range(3)]
-    data = build_batch(recs, base_offset=0, timestamp_type=TimestampType.LOG_APPEND_TIME,
-                       log_append_time=T0 + 9_000)
-    data += build_batch(recs, base_offset=3, timestamp_type=TimestampType.LOG_APPEND_TIME,
-                        log_append_time=T0 + 8_000)  # the broker clock stepped back
+    data = build_batch(
+        recs, base_offset=0, timestamp_type=TimestampType.LOG_APPEND_TIME, log_append_time=T0 + 9_000
+    )
+    data += build_batch(
+        recs, base_offset=3, timestamp_type=TimestampType.LOG_APPEND_TIME, log_append_time=T0 + 8_000
+    )  # the broker clock stepped back
     _, got = _read(data)
     assert [g["timestamp"] for g in got] == [T0, T0 + 1, T0 + 2] * 2
     assert [g["ingest_timestamp"] for g in got] == [T0 + 9_000] * 6
@@ -89,16 +102,36 @@ def test_log_append_time_batches_ingest_at_the_append_time_event_keeps_the_produ
 
 def test_aborted_transactions_and_markers_never_become_rows():
     d = build_batch([SimpleRecord(b"k", b"plain-0", T0)], base_offset=0)
-    d += build_batch([SimpleRecord(b"k", b"aborted-1", T0)], base_offset=1, transactional=True, producer_id=7,
-                     producer_epoch=0)
-    d += build_batch([SimpleRecord(b"k", b"committed-2", T0)], base_offset=2, transactional=True, producer_id=8,
-                     producer_epoch=0)
-    d += build_batch([SimpleRecord(b"k", b"aborted-3", T0)], base_offset=3, transactional=True, producer_id=7,
-                     producer_epoch=0)
+    d += build_batch(
+        [SimpleRecord(b"k", b"aborted-1", T0)],
+        base_offset=1,
+        transactional=True,
+        producer_id=7,
+        producer_epoch=0,
+    )
+    d += build_batch(
+        [SimpleRecord(b"k", b"committed-2", T0)],
+        base_offset=2,
+        transactional=True,
+        producer_id=8,
+        producer_epoch=0,
+    )
+    d += build_batch(
+        [SimpleRecord(b"k", b"aborted-3", T0)],
+        base_offset=3,
+        transactional=True,
+        producer_id=7,
+        producer_epoch=0,
+    )
     d += build_control_batch(ControlType.ABORT, base_offset=4, producer_id=7, timestamp=T0 + 1000)
     d += build_control_batch(ControlType.COMMIT, base_offset=5, producer_id=8, timestamp=T0 + 1000)
-    d += build_batch([SimpleRecord(b"k", b"committed-6", T0)], base_offset=6, transactional=True, producer_id=7,
-                     producer_epoch=0)
+    d += build_batch(
+        [SimpleRecord(b"k", b"committed-6", T0)],
+        base_offset=6,
+        transactional=True,
+        producer_id=7,
+        producer_epoch=0,
+    )
     d += build_control_batch(ControlType.COMMIT, base_offset=7, producer_id=7, timestamp=T0)
     reader, got = _read(d, aborted=[AbortedTxn(7, 1, 4, 2)])
     assert [g["value"] for g in got] == [b"plain-0", b"committed-2", b"committed-6"]
@@ -117,8 +150,9 @@ def test_offset_range_limits_rows_and_the_ingest_maximum():
 
 
 def test_windows_are_bounded_in_records_and_bytes():
-    d = b"".join(build_batch([SimpleRecord(b"k", b"x" * 1000, T0)] * 100, base_offset=i * 100)
-                 for i in range(30))
+    d = b"".join(
+        build_batch([SimpleRecord(b"k", b"x" * 1000, T0)] * 100, base_offset=i * 100) for i in range(30)
+    )
     reader = SegmentRowReader(0, 0, 10**9, max_records=250, max_bytes=10**9)
     sizes = [b.num_rows for b in reader.batches(read_batches(d))]
     assert sum(sizes) == 3000 and max(sizes) <= 300  # a window closes at the batch that crosses it
@@ -131,7 +165,7 @@ def test_invalid_utf8_header_key_is_replaced_like_java():
     rec = SimpleRecord(b"k", b"v", T0, (Header("ok", b"1"),))
     raw = bytearray(build_batch([rec], base_offset=0))
     i = raw.rindex(b"ok")
-    raw[i:i + 2] = b"\xff\xfe"
+    raw[i : i + 2] = b"\xff\xfe"
     _, got = _read(recompute_crc(bytes(raw)))
     assert got[0]["headers"] == [{"key": "\ufffd\ufffd", "value": b"1"}]
 
@@ -140,6 +174,6 @@ def test_corrupt_records_raise_naming_the_batch():
     rec = SimpleRecord(b"key", b"value", T0)
     raw = bytearray(build_batch([rec, rec], base_offset=40))
     raw[61 + 1] = 0x7F  # the first record's attributes byte is fine; break its timestamp varint
-    raw[61] = 0x02      # record length 1: the fields cannot fit
+    raw[61] = 0x02  # record length 1: the fields cannot fit
     with pytest.raises(CorruptRecordError, match=r"base offset 40|offset 40|\[40\.\.41\]"):
         _read(recompute_crc(bytes(raw)))

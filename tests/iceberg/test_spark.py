@@ -12,27 +12,40 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg import jars
 from rsm_sidecar.iceberg.evolution import ensure_table
 from rsm_sidecar.iceberg.rows import (
-    RAW_RECORD_SCHEMA, EncoderSpec, KafkaRecord, RowEncoder, map_in_arrow_fn, raw_batch, resolve_side,
+    RAW_RECORD_SCHEMA,
+    EncoderSpec,
+    KafkaRecord,
+    RowEncoder,
+    map_in_arrow_fn,
+    raw_batch,
+    resolve_side,
 )
 from rsm_sidecar.iceberg.schema_registry import SchemaRegistry
 from rsm_sidecar.iceberg.types import schema_to_arrow, spark_ddl
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def test_spark_writes_pyiceberg_reads(spark, local_catalog):
     spark.sql("CREATE NAMESPACE IF NOT EXISTS rsm.share")
-    spark.sql("CREATE TABLE rsm.share.from_spark (id BIGINT, s STRING, kafka STRUCT<ts: TIMESTAMP>) "
-              "USING iceberg PARTITIONED BY (hours(kafka.ts))")
+    spark.sql(
+        "CREATE TABLE rsm.share.from_spark (id BIGINT, s STRING, kafka STRUCT<ts: TIMESTAMP>) "
+        "USING iceberg PARTITIONED BY (hours(kafka.ts))"
+    )
     df = spark.sql("SELECT 1L AS id, 'a' AS s, named_struct('ts', timestamp'2024-01-01 10:00:00') AS kafka")
     df.writeTo("rsm.share.from_spark").option("snapshot-property.rsm.segment", "seg-1").append()
     t = local_catalog.pyiceberg().load_table("share.from_spark")
     assert t.scan().to_arrow().to_pylist() == [
-        {"id": 1, "s": "a", "kafka": {"ts": dt.datetime(2024, 1, 1, 10, tzinfo=UTC)}}]
+        {"id": 1, "s": "a", "kafka": {"ts": dt.datetime(2024, 1, 1, 10, tzinfo=UTC)}}
+    ]
     assert t.current_snapshot().summary["rsm.segment"] == "seg-1"
     # and PyIceberg appends to Spark's table: Spark sees it (no stale cached metadata)
-    t.append(pa.table({"id": [2], "s": ["b"], "kafka": [{"ts": dt.datetime(2024, 1, 2, tzinfo=UTC)}]},
-                      schema=t.schema().as_arrow()))
+    t.append(
+        pa.table(
+            {"id": [2], "s": ["b"], "kafka": [{"ts": dt.datetime(2024, 1, 2, tzinfo=UTC)}]},
+            schema=t.schema().as_arrow(),
+        )
+    )
     assert [r.id for r in spark.sql("SELECT id FROM rsm.share.from_spark ORDER BY id").collect()] == [1, 2]
 
 
@@ -40,12 +53,19 @@ def test_pyiceberg_writes_spark_reads(spark, local_catalog):
     enc = RowEncoder(EncoderSpec())  # raw key/value: the schema without a registry
     catalog = local_catalog.pyiceberg()
     table = ensure_table(catalog, "share.from_py", enc.schema, partition="hour")
-    batch = RowEncoder(EncoderSpec().with_table(schema_to_arrow(table.schema()))).encode(raw_batch([
-        KafkaRecord(1, 5, 5, 1_700_000_000_123, 1_700_000_000_456, b"k", b"v", [("h", b"1")]),
-        KafkaRecord(1, 6, 5, -1, None, None, None)]))
+    batch = RowEncoder(EncoderSpec().with_table(schema_to_arrow(table.schema()))).encode(
+        raw_batch(
+            [
+                KafkaRecord(1, 5, 5, 1_700_000_000_123, 1_700_000_000_456, b"k", b"v", [("h", b"1")]),
+                KafkaRecord(1, 6, 5, -1, None, None, None),
+            ]
+        )
+    )
     table.append(pa.Table.from_batches([batch]))
-    rows = spark.sql("SELECT key.__raw__ AS k, val.__raw__ AS v, headers, kafka FROM rsm.share.from_py "
-                     "ORDER BY kafka.offset").collect()
+    rows = spark.sql(
+        "SELECT key.__raw__ AS k, val.__raw__ AS v, headers, kafka FROM rsm.share.from_py "
+        "ORDER BY kafka.offset"
+    ).collect()
     assert rows[0].k == b"k" and rows[0].v == b"v"
     assert [(h.key, h.value) for h in rows[0].headers] == [("h", b"1")]
     assert rows[0].kafka.offset == 5 and rows[0].kafka.batch_start == 5
@@ -68,8 +88,16 @@ def test_map_in_arrow_encodes_on_workers(spark, local_catalog, registry_url, sr_
     ident = f"share.{topic.replace('-', '_')}"
     table = ensure_table(catalog, ident, RowEncoder(spec).schema)
     spec = spec.with_table(schema_to_arrow(table.schema()))
-    raw = pa.Table.from_batches([raw_batch(
-        [KafkaRecord(0, i, i, 1_700_000_000_000 + i, 1_700_000_000_000 + i, None, v) for i, v in enumerate(values)])])
+    raw = pa.Table.from_batches(
+        [
+            raw_batch(
+                [
+                    KafkaRecord(0, i, i, 1_700_000_000_000 + i, 1_700_000_000_000 + i, None, v)
+                    for i, v in enumerate(values)
+                ]
+            )
+        ]
+    )
     assert raw.schema == RAW_RECORD_SCHEMA
     df = spark.createDataFrame(raw).repartition(2)
     out = df.mapInArrow(map_in_arrow_fn(spec), spark_ddl(table.schema()))
@@ -94,13 +122,22 @@ def test_cloud_bundles_build_s3_and_gcs_clients(spark):
         return m
 
     s3 = jvm.org.apache.iceberg.aws.s3.S3FileIO()
-    s3.initialize(props({"s3.endpoint": "http://127.0.0.1:9", "client.region": "us-east-1",
-                         "s3.access-key-id": "x", "s3.secret-access-key": "y",
-                         "s3.path-style-access": "true"}))
+    s3.initialize(
+        props(
+            {
+                "s3.endpoint": "http://127.0.0.1:9",
+                "client.region": "us-east-1",
+                "s3.access-key-id": "x",
+                "s3.secret-access-key": "y",
+                "s3.path-style-access": "true",
+            }
+        )
+    )
     assert s3.client().getClass().getName() == "software.amazon.awssdk.services.s3.DefaultS3Client"
     gcs = jvm.org.apache.iceberg.gcp.gcs.GCSFileIO()
-    gcs.initialize(props({"gcs.project-id": "p", "gcs.no-auth": "true",
-                          "gcs.service.host": "http://127.0.0.1:9"}))
+    gcs.initialize(
+        props({"gcs.project-id": "p", "gcs.no-auth": "true", "gcs.service.host": "http://127.0.0.1:9"})
+    )
     assert gcs.client().getClass().getName() == "com.google.cloud.storage.StorageImpl"
     s3.close()
     gcs.close()
@@ -128,8 +165,9 @@ def test_download_checks_checksums(tmp_path):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{srv.server_address[1]}/g"
     try:
-        good = jars.download_verified(f"{base}/a.jar", tmp_path / "out" / "a.jar",
-                                      sha256=hashlib.sha256(b"jar-bytes").hexdigest())
+        good = jars.download_verified(
+            f"{base}/a.jar", tmp_path / "out" / "a.jar", sha256=hashlib.sha256(b"jar-bytes").hexdigest()
+        )
         assert good.read_bytes() == b"jar-bytes"
         with pytest.raises(ConfigError, match="SHA-1 .* does not match the published"):
             jars.download_verified(f"{base}/b.jar", tmp_path / "out" / "b.jar", sha256=None)
@@ -154,14 +192,16 @@ def test_registry_down_fails_the_spark_job_and_commits_nothing(spark, local_cata
         ser = proto_ser(order_pb2.Order, SchemaRegistryClient({"url": own.ccompat_url}), topic)
         values = [ser(order_pb2.Order(id=str(i))) for i in range(20)]
         reg = SchemaRegistry({"url": own.ccompat_url, "max.retries": 0})
-        spec = EncoderSpec(resolve_side(reg, topic, True),
-                           resolve_side(reg, topic, False, samples=values[:1]))
+        spec = EncoderSpec(
+            resolve_side(reg, topic, True), resolve_side(reg, topic, False, samples=values[:1])
+        )
         catalog = local_catalog.pyiceberg()
         table = ensure_table(catalog, "share.spark_down", RowEncoder(spec).schema)
         spec = spec.with_table(schema_to_arrow(table.schema()))
     # registry stopped; the Python workers have never seen this registry's schema ids
-    raw = pa.Table.from_batches([raw_batch(
-        [KafkaRecord(0, i, i, 1_000, 1_000, None, v) for i, v in enumerate(values)])])
+    raw = pa.Table.from_batches(
+        [raw_batch([KafkaRecord(0, i, i, 1_000, 1_000, None, v) for i, v in enumerate(values)])]
+    )
     out = spark.createDataFrame(raw).mapInArrow(map_in_arrow_fn(spec), spark_ddl(table.schema()))
     with pytest.raises(Exception, match="RegistryUnavailable"):
         out.writeTo("rsm.share.spark_down").append()

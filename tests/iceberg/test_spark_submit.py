@@ -14,7 +14,6 @@ import zipfile
 from pathlib import Path
 
 from rsm_sidecar.iceberg import jars
-
 from tests.iceberg.convert_helpers import REPO, SyntheticTopic, rows
 
 
@@ -32,20 +31,42 @@ def test_spark_submit_with_the_package_as_py_files(tmp_path):
     t.simple_segments(1, 1)
     pkg = _zip_package(tmp_path / "rsm_sidecar.zip")
     python = tmp_path / "python-without-checkout"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH=\"{sysconfig.get_paths()['purelib']}${{PYTHONPATH:+:$PYTHONPATH}}\" "
-                      f"exec {os.path.realpath(os.sys.executable)} -S \"$@\"\n")
+    python.write_text(
+        f'#!/bin/sh\nPYTHONPATH="{sysconfig.get_paths()["purelib"]}${{PYTHONPATH:+:$PYTHONPATH}}" '
+        f'exec {os.path.realpath(os.sys.executable)} -S "$@"\n'
+    )
     python.chmod(0o755)
-    check = subprocess.run([str(python), "-c", "import rsm_sidecar"], cwd=tmp_path, capture_output=True, text=True)
+    check = subprocess.run(
+        [str(python), "-c", "import rsm_sidecar"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert "No module named 'rsm_sidecar'" in check.stderr  # really not importable without the zip
     spark_jars = ",".join(str(p) for p in jars.spark_jars())
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RSM__", "PYSPARK", "SPARK_"))}
     env.update(PYSPARK_PYTHON=str(python), PYSPARK_DRIVER_PYTHON=str(python))
     spark_submit = Path(os.sys.executable).parent / "spark-submit"
     proc = subprocess.run(
-        [str(spark_submit), "--master", "local[2]", "--jars", spark_jars, "--py-files", str(pkg),
-         str(REPO / "rsm_sidecar/iceberg/submit/rsm_iceberg_job.py"),
-         "convert", "--config", str(t.config_file), "--topic", t.topic, "--json"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            str(spark_submit),
+            "--master",
+            "local[2]",
+            "--jars",
+            spark_jars,
+            "--py-files",
+            str(pkg),
+            str(REPO / "rsm_sidecar/iceberg/submit/rsm_iceberg_job.py"),
+            "convert",
+            "--config",
+            str(t.config_file),
+            "--topic",
+            t.topic,
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
     assert result["committed"] and sum(p["records"] for p in result["partitions"]) == 180

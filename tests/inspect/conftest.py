@@ -12,8 +12,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import pytest
 
@@ -54,12 +54,16 @@ class Result:
         try:
             return json.loads(self.stdout)
         except json.JSONDecodeError as e:
-            raise AssertionError(f"inspect {' '.join(self.args)} printed no JSON document ({e}):\n"
-                                 f"{self.stdout[:2000]}\nstderr:\n{self.stderr[-2000:]}") from None
+            raise AssertionError(
+                f"inspect {' '.join(self.args)} printed no JSON document ({e}):\n"
+                f"{self.stdout[:2000]}\nstderr:\n{self.stderr[-2000:]}"
+            ) from None
 
-    def expect(self, code: int) -> "Result":
-        assert self.returncode == code, (f"inspect {' '.join(self.args)} exited {self.returncode}, expected {code}\n"
-                                         f"stdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}")
+    def expect(self, code: int) -> Result:
+        assert self.returncode == code, (
+            f"inspect {' '.join(self.args)} exited {self.returncode}, expected {code}\n"
+            f"stdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}"
+        )
         return self
 
 
@@ -83,15 +87,31 @@ class InspectCli:
 
     def popen_args(self, command: str, *args: str) -> list[str]:
         config, _ = self.stack.sidecar_config_env()
-        return [sys.executable, "-m", "rsm_sidecar.cli.main", "inspect", command, "--config", str(config), *args]
+        return [
+            sys.executable,
+            "-m",
+            "rsm_sidecar.cli.main",
+            "inspect",
+            command,
+            "--config",
+            str(config),
+            *args,
+        ]
 
-    def __call__(self, command: str, *args: str, env: Mapping[str, str | None] | None = None,
-                 timeout: float = 300) -> Result:
+    def __call__(
+        self, command: str, *args: str, env: Mapping[str, str | None] | None = None, timeout: float = 300
+    ) -> Result:
         argv = self.popen_args(command, *args)
-        p = subprocess.run(argv, cwd=REPO, env=self.env(env), capture_output=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
-        return Result([command, *args], p.returncode, p.stdout.decode("utf-8", "replace"),
-                      p.stderr.decode("utf-8", "replace"), p.stdout)
+        p = subprocess.run(
+            argv, cwd=REPO, env=self.env(env), capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+        return Result(
+            [command, *args],
+            p.returncode,
+            p.stdout.decode("utf-8", "replace"),
+            p.stderr.decode("utf-8", "replace"),
+            p.stdout,
+        )
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,25 @@ from devstack.kafka import KafkaDistribution
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.manifest import EncryptionInfo, SegmentManifest
 from rsm_sidecar.transform.keyring import KeyPair, Keyring, generate_key_pair
-from tests.e2e.kafka_helpers import (SEGMENT_BYTES, Rec, create_topic, filler, produce, records, remote_segments,
-                                     sealed_manifest)
-from tests.inspect.tiering import (field_bytes, flip_byte, object_path, produce_transactions, restored,
-                                   segment_bases, wait_all_tiered)
+from tests.e2e.kafka_helpers import (
+    SEGMENT_BYTES,
+    Rec,
+    create_topic,
+    filler,
+    produce,
+    records,
+    remote_segments,
+    sealed_manifest,
+)
+from tests.inspect.tiering import (
+    field_bytes,
+    flip_byte,
+    object_path,
+    produce_transactions,
+    restored,
+    segment_bases,
+    wait_all_tiered,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -76,7 +91,9 @@ def test_ls_lists_every_tiered_segment_with_offsets_sizes_and_keys(inspect_cli, 
     # filters, and the table for people
     only = inspect_cli("ls", "--json", "--topic", "txn", "--partition", "0").expect(0).json()
     assert [s["base"] for s in only["segments"]] == [s["base"] for s in by_topic["txn"]]
-    assert inspect_cli("ls", "--json", "--topic", "txn", "--partition", "1").expect(0).json()["segments"] == []
+    assert (
+        inspect_cli("ls", "--json", "--topic", "txn", "--partition", "1").expect(0).json()["segments"] == []
+    )
     text = inspect_cli("ls", "--topic", "plain").expect(0).stdout
     lines = text.splitlines()
     assert lines[0].split()[:4] == ["TOPIC", "PART", "START", "END"]
@@ -89,9 +106,18 @@ def test_show_by_uuid_object_key_and_offset(inspect_cli, store, data):
     base = segment_bases(store, "txn")[0]
     m = _manifest(store, base)
     seg_id = base[-22:]
-    docs = [inspect_cli("show", spec, "--json").expect(0).json()
-            for spec in (seg_id, base + ".log", base + ".indexes", base + ".rsm-manifest",
-                         base[len("tiered/"):] + ".log", f"txn/0/{m.segment['endOffset']}", "txn/0/0")]
+    docs = [
+        inspect_cli("show", spec, "--json").expect(0).json()
+        for spec in (
+            seg_id,
+            base + ".log",
+            base + ".indexes",
+            base + ".rsm-manifest",
+            base[len("tiered/") :] + ".log",
+            f"txn/0/{m.segment['endOffset']}",
+            "txn/0/0",
+        )
+    ]
     assert all(d == docs[0] for d in docs[1:])
     doc = docs[0]
     assert doc["segment"]["segment_id"] == seg_id
@@ -104,9 +130,14 @@ def test_show_by_uuid_object_key_and_offset(inspect_cli, store, data):
     assert ci["stored_chunk_min"] <= ci["stored_chunk_median"] <= ci["stored_chunk_max"]
     assert ci["compression_ratio"] == pytest.approx(m.original_size / m.stored_log_size, rel=1e-3)
     if ci["type"] == "variable":
-        assert 0 < ci["encoded_bytes_per_chunk"] == pytest.approx(ci["encoded_index_bytes"] / len(sizes), rel=1e-3)
-    assert {k: (v["size"] if v else None) for k, v in doc["objects"].items()} == \
-        {s: store.size(f"{base}.{s}") for s in ("log", "indexes", "rsm-manifest")}
+        assert (
+            0
+            < ci["encoded_bytes_per_chunk"]
+            == pytest.approx(ci["encoded_index_bytes"] / len(sizes), rel=1e-3)
+        )
+    assert {k: (v["size"] if v else None) for k, v in doc["objects"].items()} == {
+        s: store.size(f"{base}.{s}") for s in ("log", "indexes", "rsm-manifest")
+    }
     text = inspect_cli("show", seg_id).expect(0).stdout
     assert "chunk index" in text and f"offsets 0..{m.segment['endOffset']}" in text and '"chunkIndex"' in text
 
@@ -125,7 +156,10 @@ def test_show_offset_held_by_two_copies_lists_them(inspect_cli, stack, store, da
         assert "2 stored copies" in r.stderr
         assert base[-22:] in r.stderr and "AAAAAAAAAAAAAAAAAAAAAA" in r.stderr
         # a UUID still names one copy
-        assert inspect_cli("show", "AAAAAAAAAAAAAAAAAAAAAA", "--json").expect(0).json()["segment"]["base"] == copy_base
+        assert (
+            inspect_cli("show", "AAAAAAAAAAAAAAAAAAAAAA", "--json").expect(0).json()["segment"]["base"]
+            == copy_base
+        )
 
 
 def test_segment_argument_errors_and_usage_exit_codes(inspect_cli, data):
@@ -170,13 +204,17 @@ def test_dump_shows_the_records_as_produced(inspect_cli, store, data):
     # --from-offset (through the offset index) and --limit, in the text form too
     base = segment_bases(store, "plain")[0]
     start = produced[max(produced) // 2].offset
-    doc = inspect_cli("dump", base[-22:], "--json", "--from-offset", str(start), "--limit", "7").expect(0).json()
+    doc = (
+        inspect_cli("dump", base[-22:], "--json", "--from-offset", str(start), "--limit", "7")
+        .expect(0)
+        .json()
+    )
     assert [r["offset"] for b in doc["batches"] for r in b["records"]] == list(range(start, start + 7))
     assert doc["summary"]["limited"] is True and doc["summary"]["records"] == 7
     text = inspect_cli("dump", base[-22:], "--limit", "3").expect(0).stdout
     first = data["plain"][0]
     assert "batch 0.." in text and "zstd" in text
-    assert f"| offset 0 " in text and f"({first.timestamp})" in text
+    assert "| offset 0 " in text and f"({first.timestamp})" in text
     assert text.count("| offset ") == 3 and "3 records (--limit reached)" in text
 
 
@@ -204,15 +242,23 @@ def _dump_log_segments(path) -> str:
     """Kafka's own DumpLogSegments. Kafka 4.x moved it out of the broker jars (kafka-tools,
     which devstack does not download); the 3.9 distribution still has kafka.tools.DumpLogSegments."""
     dist = KafkaDistribution.ensure("3.9.2")
-    p = subprocess.run(dist.java_command("kafka.tools.DumpLogSegments",
-                                         ["--files", str(path), "--print-data-log", "--deep-iteration"]),
-                       capture_output=True, text=True, timeout=300, errors="replace")
+    p = subprocess.run(
+        dist.java_command(
+            "kafka.tools.DumpLogSegments", ["--files", str(path), "--print-data-log", "--deep-iteration"]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        errors="replace",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout
 
 
-_BATCH_LINE = re.compile(r"^baseOffset: (\d+) lastOffset: (\d+) count: (\d+) .* position: (\d+) .* size: (\d+) "
-                         r"magic: 2 compresscodec: (\w+) crc: (\d+) isvalid: (\w+)$")
+_BATCH_LINE = re.compile(
+    r"^baseOffset: (\d+) lastOffset: (\d+) count: (\d+) .* position: (\d+) .* size: (\d+) "
+    r"magic: 2 compresscodec: (\w+) crc: (\d+) isvalid: (\w+)$"
+)
 
 
 @pytest.mark.parametrize("topic", ["txn", "plain"])
@@ -233,11 +279,18 @@ def test_cat_output_is_read_by_kafka_dump_log_segments(inspect_cli, store, data,
 
     dumped = _dump_log_segments(out)
     assert "isvalid: false" not in dumped and "Found" not in dumped, dumped[-2000:]
-    kafka_batches = [tuple(int(g) if g.isdigit() else g for g in m_.groups())
-                     for m_ in map(_BATCH_LINE.match, dumped.splitlines()) if m_]
-    ours = [b for b in inspect_cli("dump", base[-22:], "--json", "--max-bytes", "1").expect(0).json()["batches"]]
-    assert [(b["base_offset"], b["last_offset"], b["count"], b["position"], b["size"], int(b["crc"], 16))
-            for b in ours] == [(k[0], k[1], k[2], k[3], k[4], k[6]) for k in kafka_batches]
+    kafka_batches = [
+        tuple(int(g) if g.isdigit() else g for g in m_.groups())
+        for m_ in map(_BATCH_LINE.match, dumped.splitlines())
+        if m_
+    ]
+    ours = [
+        b for b in inspect_cli("dump", base[-22:], "--json", "--max-bytes", "1").expect(0).json()["batches"]
+    ]
+    assert [
+        (b["base_offset"], b["last_offset"], b["count"], b["position"], b["size"], int(b["crc"], 16))
+        for b in ours
+    ] == [(k[0], k[1], k[2], k[3], k[4], k[6]) for k in kafka_batches]
     assert all(k[7] == "true" for k in kafka_batches)
     assert kafka_batches[-1][3] + kafka_batches[-1][4] == len(raw)  # every byte is in a valid batch
     if topic == "txn":
@@ -269,7 +322,9 @@ def _victim_report(doc, base):
 
 
 @pytest.mark.parametrize("where", ["log", "indexes"])
-def test_verify_names_a_corrupted_segment_and_reports_the_healthy_ones(inspect_cli, stack, store, data, where):
+def test_verify_names_a_corrupted_segment_and_reports_the_healthy_ones(
+    inspect_cli, stack, store, data, where
+):
     bases = segment_bases(store, "victim")
     bad = bases[1]
     key = f"{bad}.{where}"
@@ -312,7 +367,12 @@ def test_verify_checks_indexes_against_the_data(inspect_cli, stack, store, data)
     that starts with another epoch, a transaction index naming an abort that is not there."""
     from rsm_sidecar.format.manifest import INDEX_NAMES, IndexRange
     from rsm_sidecar.kafka.checkpoint import EpochEntry, format_leader_epoch_checkpoint
-    from rsm_sidecar.kafka.indexes import OffsetPosition, TimestampOffset, encode_offset_index, encode_time_index
+    from rsm_sidecar.kafka.indexes import (
+        OffsetPosition,
+        TimestampOffset,
+        encode_offset_index,
+        encode_time_index,
+    )
     from rsm_sidecar.kafka.txnindex import AbortedTxn, encode_txn_index
     from rsm_sidecar.transform.chunks import ChunkCodec
 
@@ -335,7 +395,7 @@ def test_verify_checks_indexes_against_the_data(inspect_cli, stack, store, data)
     tags = {}
     for name in INDEX_NAMES:
         r = m.indexes[name]
-        piece = codec.encrypt_only(pieces[name]) if name in pieces else old[r.position:r.position + r.size]
+        piece = codec.encrypt_only(pieces[name]) if name in pieces else old[r.position : r.position + r.size]
         ranges[name] = IndexRange(len(stored), len(piece))
         tags[name] = bytes(piece[-16:])
         stored += piece
@@ -348,15 +408,22 @@ def test_verify_checks_indexes_against_the_data(inspect_cli, stack, store, data)
         problems = "\n".join(report["problems"])
         assert f"offset index entry {start + 3} @ 17 does not point at a batch start" in problems
         assert f"time index entry 12345 -> {start + 1} disagrees with batch [{start}.." in problems
-        assert f"batch [{start}.." in problems and "has leader epoch 0, the leader-epoch checkpoint says 5" in problems
-        assert (f"transaction index entry of producer 4242 ending at offset {start + 2} has no ABORT marker"
-                in problems)
+        assert (
+            f"batch [{start}.." in problems
+            and "has leader epoch 0, the leader-epoch checkpoint says 5" in problems
+        )
+        assert (
+            f"transaction index entry of producer 4242 ending at offset {start + 2} has no ABORT marker"
+            in problems
+        )
         assert report["batches"] > 0 and report["chunks"] >= 1
     inspect_cli("verify", base[-22:]).expect(0)
 
 
 # -- foreign key id ---------------------------------------------------------------------
-def test_segment_under_a_foreign_key_id_is_an_error_line_and_the_rest_is_processed(inspect_cli, stack, store, data):
+def test_segment_under_a_foreign_key_id_is_an_error_line_and_the_rest_is_processed(
+    inspect_cli, stack, store, data
+):
     from Crypto.PublicKey import RSA
 
     bases = segment_bases(store, "victim")
@@ -366,8 +433,10 @@ def test_segment_under_a_foreign_key_id_is_an_error_line_and_the_rest_is_process
     keyring = Keyring.from_config(Config.load(cfg, environ=env))
     data_key = keyring.unwrap(m.encryption.key_id, m.encryption.wrapped_key)
     public, private = generate_key_pair(2048)
-    other = Keyring({"foreign-key": KeyPair("foreign-key", RSA.import_key(public), RSA.import_key(private))},
-                    "foreign-key")
+    other = Keyring(
+        {"foreign-key": KeyPair("foreign-key", RSA.import_key(public), RSA.import_key(private))},
+        "foreign-key",
+    )
     key_id, wrapped = other.wrap(data_key)
     m.encryption = EncryptionInfo(key_id, wrapped, m.encryption.aad)
     with restored(stack, foreign + ".rsm-manifest"):
@@ -384,8 +453,9 @@ def test_segment_under_a_foreign_key_id_is_an_error_line_and_the_rest_is_process
         assert doc["summary"]["ok"] == len(bases) - 1
 
         r = inspect_cli("rekey", "--topic", "victim").expect(1)
-        assert re.search(rf"error: {re.escape(_describe(foreign))}: .*'foreign-key', which is not in the keyring",
-                         r.stderr)
+        assert re.search(
+            rf"error: {re.escape(_describe(foreign))}: .*'foreign-key', which is not in the keyring", r.stderr
+        )
         assert sum(line.startswith("skipped ") for line in r.stdout.splitlines()) == len(bases) - 1
         assert f"{len(bases)} segments: 0 re-keyed, {len(bases) - 1} skipped, 1 errors" in r.stdout
         assert store.get(foreign + ".rsm-manifest") == m.to_bytes()  # left as is
@@ -468,9 +538,17 @@ def test_rekey_dry_run_and_idempotence_under_the_same_active_key(inspect_cli, st
 
 
 # -- schema-registry decoding ---------------------------------------------------------------
-ORDER_SCHEMA = {"type": "record", "name": "Order", "namespace": "inspect.test", "fields": [
-    {"name": "id", "type": "long"}, {"name": "item", "type": "string"},
-    {"name": "tags", "type": {"type": "array", "items": "string"}}, {"name": "price", "type": "double"}]}
+ORDER_SCHEMA = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "inspect.test",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "item", "type": "string"},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "price", "type": "double"},
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -492,10 +570,14 @@ def test_dump_decodes_avro_values_through_the_schema_registry(inspect_cli, stack
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
     from rsm_sidecar.iceberg.framing import encode_preamble
+
     schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(
-        "orders-value", Schema(json.dumps(ORDER_SCHEMA), "AVRO"))
+        "orders-value", Schema(json.dumps(ORDER_SCHEMA), "AVRO")
+    )
     parsed = fastavro.parse_schema(ORDER_SCHEMA)
-    orders = [{"id": i, "item": f"item-{i}", "tags": ["a", "b"][: i % 3], "price": i * 1.5} for i in range(150)]
+    orders = [
+        {"id": i, "item": f"item-{i}", "tags": ["a", "b"][: i % 3], "price": i * 1.5} for i in range(150)
+    ]
 
     def framed(order) -> bytes:
         buf = io.BytesIO()
@@ -511,7 +593,9 @@ def test_dump_decodes_avro_values_through_the_schema_registry(inspect_cli, stack
     wait_all_tiered(stack, store, "orders")
     seg = segment_bases(store, "orders")[0][-22:]
 
-    doc = inspect_cli("dump", seg, "--json", "--limit", str(len(recs)), "--schema-registry", registry_url).expect(0)
+    doc = inspect_cli(
+        "dump", seg, "--json", "--limit", str(len(recs)), "--schema-registry", registry_url
+    ).expect(0)
     values = {r["offset"]: r["value"] for b in doc.json()["batches"] for r in b["records"]}
     for rec, order in zip(produced, orders):
         assert values[rec.offset] == {"schema_id": schema_id, "schema_type": "AVRO", "decoded": order}

@@ -31,8 +31,10 @@ def key_files(tmp_path_factory) -> dict[str, dict[str, str]]:
     out = {}
     for key_id in ("keyA", "keyB"):
         write_key_pair(d / f"{key_id}.public.pem", d / f"{key_id}.private.pem", 2048)
-        out[key_id] = {f"RSM__ENCRYPTION__KEYS__{key_id}__PUBLIC_KEY_FILE": str(d / f"{key_id}.public.pem"),
-                       f"RSM__ENCRYPTION__KEYS__{key_id}__PRIVATE_KEY_FILE": str(d / f"{key_id}.private.pem")}
+        out[key_id] = {
+            f"RSM__ENCRYPTION__KEYS__{key_id}__PUBLIC_KEY_FILE": str(d / f"{key_id}.public.pem"),
+            f"RSM__ENCRYPTION__KEYS__{key_id}__PRIVATE_KEY_FILE": str(d / f"{key_id}.private.pem"),
+        }
     return out
 
 
@@ -42,8 +44,11 @@ def stack_env(key_files):
 
 
 def _key_ids(store) -> dict[str, str]:
-    return {b: SegmentManifest.from_bytes(store.get(b + ".rsm-manifest")).key_id
-            for t in TOPICS for b in segment_bases(store, t)}
+    return {
+        b: SegmentManifest.from_bytes(store.get(b + ".rsm-manifest")).key_id
+        for t in TOPICS
+        for b in segment_bases(store, t)
+    }
 
 
 def test_rotate_rekey_remove_old_key_and_consume_from_zero(stack, store, inspect_cli, key_files):
@@ -61,7 +66,9 @@ def test_rotate_rekey_remove_old_key_and_consume_from_zero(stack, store, inspect
     # rotate: B becomes active, A stays readable
     stack.restart_sidecar({**key_files["keyB"], "RSM__ENCRYPTION__ACTIVE_KEY_ID": "keyB"})
     for i, topic in enumerate(TOPICS):
-        produced[topic] += produce(bootstrap, topic, records(250, random.Random(10 + i), t0 + 3_600_000), "none")
+        produced[topic] += produce(
+            bootstrap, topic, records(250, random.Random(10 + i), t0 + 3_600_000), "none"
+        )
         filler(bootstrap, topic)
     ends = {t: wait_all_tiered(stack, store, t, after=first_end[t]) for t in TOPICS}
     keys = _key_ids(store)
@@ -75,12 +82,22 @@ def test_rotate_rekey_remove_old_key_and_consume_from_zero(stack, store, inspect
     doc = inspect_cli("rekey", "--all", "--dry-run", "--json").expect(0).json()
     assert doc["summary"]["would_rekey"] == len(under_a) and doc["summary"]["rekeyed"] == 0
     assert {o["base"] for o in doc["segments"] if o["action"] == "would-rekey"} == set(under_a)
-    assert all(o["from_key"] == "keyA" and o["to_key"] == "keyB" for o in doc["segments"] if o["action"] == "would-rekey")
+    assert all(
+        o["from_key"] == "keyA" and o["to_key"] == "keyB"
+        for o in doc["segments"]
+        if o["action"] == "would-rekey"
+    )
     assert {b: store.get(b + ".rsm-manifest") for b in keys} == before
 
     # a run killed after its first rewrite leaves every manifest valid, under A or B
-    proc = subprocess.Popen(inspect_cli.popen_args("rekey", "--topic", TOPICS[0], "--parallel", "1"), cwd=REPO,
-                            env=inspect_cli.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        inspect_cli.popen_args("rekey", "--topic", TOPICS[0], "--parallel", "1"),
+        cwd=REPO,
+        env=inspect_cli.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         for line in proc.stdout:
             if line.startswith("rekeyed"):
@@ -94,9 +111,16 @@ def test_rotate_rekey_remove_old_key_and_consume_from_zero(stack, store, inspect
     done_before = sum(1 for b in under_a if partial[b] == "keyB")
     assert done_before >= 1
     for b in keys:  # nothing else changed in a manifest that was rewritten
-        old, new = SegmentManifest.from_bytes(before[b]), SegmentManifest.from_bytes(store.get(b + ".rsm-manifest"))
-        assert (old.chunk_index, old.indexes, old.segment, old.encryption.aad) == \
-            (new.chunk_index, new.indexes, new.segment, new.encryption.aad)
+        old, new = (
+            SegmentManifest.from_bytes(before[b]),
+            SegmentManifest.from_bytes(store.get(b + ".rsm-manifest")),
+        )
+        assert (old.chunk_index, old.indexes, old.segment, old.encryption.aad) == (
+            new.chunk_index,
+            new.indexes,
+            new.segment,
+            new.encryption.aad,
+        )
 
     # the rerun finishes the job; a third run has nothing to do
     doc = inspect_cli("rekey", "--all", "--json").expect(0).json()

@@ -24,8 +24,20 @@ from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.local import LocalObjectStore
 
 
-@pytest.mark.parametrize("text,seconds", [("0", 0), ("90", 90), ("90s", 90), ("10m", 600), ("1h", 3600),
-                                          ("2d", 172800), ("1h30m", 5400), ("1.5h", 5400), ("250ms", 0.25)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("0", 0),
+        ("90", 90),
+        ("90s", 90),
+        ("10m", 600),
+        ("1h", 3600),
+        ("2d", 172800),
+        ("1h30m", 5400),
+        ("1.5h", 5400),
+        ("250ms", 0.25),
+    ],
+)
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -70,17 +82,31 @@ def test_json_stream_is_one_document():
         with doc.list("none"):
             pass
         doc.member("summary", None)
-    assert json.loads(out.getvalue()) == {"a": {"x": 1}, "items": [{"i": 0}, {"i": 1}, {"i": 2}], "none": [],
-                                          "summary": None}
+    assert json.loads(out.getvalue()) == {
+        "a": {"x": 1},
+        "items": [{"i": 0}, {"i": 1}, {"i": 2}],
+        "none": [],
+        "summary": None,
+    }
 
 
 def _copy(store, layout, md, data: bytes, chunk: int) -> None:
-    settings = CopySettings(chunk_size=chunk, compression=True, compression_heuristic=False, compression_level=3,
-                            parallelism=2, custom_metadata_fields=())
+    settings = CopySettings(
+        chunk_size=chunk,
+        compression=True,
+        compression_heuristic=False,
+        compression_level=3,
+        parallelism=2,
+        custom_metadata_fields=(),
+    )
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
         SegmentCopier(store, layout, None, settings, ex).copy(
-            md, BytesSource(data, {"offset": b"", "timestamp": b"", "producerSnapshot": b"", "transaction": None}),
-            b"0\n0\n")
+            md,
+            BytesSource(
+                data, {"offset": b"", "timestamp": b"", "producerSnapshot": b"", "transaction": None}
+            ),
+            b"0\n0\n",
+        )
 
 
 def test_remote_file_reads_and_seeks_across_chunks(tmp_path):
@@ -89,8 +115,9 @@ def test_remote_file_reads_and_seeks_across_chunks(tmp_path):
     md = SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "t", 0, "tqimKeZwStOEOwRzT3L5oQ", 0, 9)
     data = bytes(range(256)) * 40  # 10240 bytes in 1024-byte chunks
     _copy(store, layout, md, data, 1024)
-    reader = SegmentReader(store, layout, None, ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0,
-                                                               max_range_bytes=2048))
+    reader = SegmentReader(
+        store, layout, None, ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0, max_range_bytes=2048)
+    )
     seen = []
     f = RemoteSegmentFile(reader, reader.open_base(layout.base(md)), seen.append)
     assert f.seekable() and f.seek(0, io.SEEK_END) == len(data) and f.seek(0) == 0
@@ -108,9 +135,14 @@ def test_remote_file_reads_and_seeks_across_chunks(tmp_path):
 def test_scan_groups_objects_by_segment_and_finds_strays(tmp_path):
     store = LocalObjectStore(tmp_path, fsync=False)
     layout = KeyLayout("p/")
-    mds = [SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "t", p, sid, start, start + 9)
-           for p, sid, start in ((0, "AAAAAAAAAAAAAAAAAAAAAA", 0), (0, "BBBBBBBBBBBBBBBBBBBBBB", 10),
-                                 (10, "CCCCCCCCCCCCCCCCCCCCCC", 0))]
+    mds = [
+        SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "t", p, sid, start, start + 9)
+        for p, sid, start in (
+            (0, "AAAAAAAAAAAAAAAAAAAAAA", 0),
+            (0, "BBBBBBBBBBBBBBBBBBBBBB", 10),
+            (10, "CCCCCCCCCCCCCCCCCCCCCC", 0),
+        )
+    ]
     for md in mds:
         _copy(store, layout, md, b"x" * 100, 64)
     store.put(layout.key(mds[1], "rsm-manifest") + ".bak", b"stray next to a segment")
@@ -123,9 +155,12 @@ def test_scan_groups_objects_by_segment_and_finds_strays(tmp_path):
     assert [(s.key.partition, s.key.segment_id, sorted(s.objects)) for s in segs] == [
         (0, "AAAAAAAAAAAAAAAAAAAAAA", ["indexes", "log", "rsm-manifest"]),
         (0, "BBBBBBBBBBBBBBBBBBBBBB", ["indexes", "log", "rsm-manifest"]),
-        (10, "CCCCCCCCCCCCCCCCCCCCCC", ["indexes", "log"])]
-    assert [s.key.segment_id for s in catalog.segments(store, layout)] == ["AAAAAAAAAAAAAAAAAAAAAA",
-                                                                           "BBBBBBBBBBBBBBBBBBBBBB"]
+        (10, "CCCCCCCCCCCCCCCCCCCCCC", ["indexes", "log"]),
+    ]
+    assert [s.key.segment_id for s in catalog.segments(store, layout)] == [
+        "AAAAAAAAAAAAAAAAAAAAAA",
+        "BBBBBBBBBBBBBBBBBBBBBB",
+    ]
     assert [s.key.partition for s in catalog.scan(store, layout, "t", 10)] == [10]
     assert list(catalog.scan(store, layout, "other")) == []
 
@@ -143,8 +178,10 @@ def test_progress_lines_are_rate_limited_and_quiet_for_short_work():
     now[0] = 3.0
     p.advance(1, 0)
     p.done()
-    assert out.getvalue().splitlines() == ["inspect verify: 2/3 segments, 2.0 KiB (819 B/s) [2s]",
-                                           "inspect verify: 3/3 segments, 2.0 KiB (682 B/s) done [3s]"]
+    assert out.getvalue().splitlines() == [
+        "inspect verify: 2/3 segments, 2.0 KiB (819 B/s) [2s]",
+        "inspect verify: 3/3 segments, 2.0 KiB (682 B/s) done [3s]",
+    ]
     quiet = io.StringIO()
     q = Progress("x", stream=quiet, clock=lambda: now[0], enabled=False)
     now[0] = 100.0

@@ -14,8 +14,9 @@ from rsm_sidecar.format.manifest import SegmentManifest
 from tests.e2e.kafka_helpers import KEY_PREFIX, local_segment_offsets, remote_segments, wait_for
 
 
-def produce_transactions(bootstrap: str, topic: str, rounds: int = 9, abort_every: int = 3,
-                         seed: int = 11) -> tuple[dict[int, bytes], dict[int, bytes]]:
+def produce_transactions(
+    bootstrap: str, topic: str, rounds: int = 9, abort_every: int = 3, seed: int = 11
+) -> tuple[dict[int, bytes], dict[int, bytes]]:
     """Transactions of 20-50 records; every ``abort_every``-th one (from the second) is
     aborted after its records are on disk. Returns {offset: value} of the committed and of
     the aborted records."""
@@ -29,8 +30,12 @@ def produce_transactions(bootstrap: str, topic: str, rounds: int = 9, abort_ever
         sent: dict[int, bytes] = {}
         for i in range(rng.randrange(20, 50)):
             value = b"txn-%d-%d " % (round_, i) + b"x" * rng.randrange(100, 2000)
-            p.produce(topic, key=b"k%d" % i, value=value,
-                      on_delivery=lambda err, msg, v=value: err is None and sent.__setitem__(msg.offset(), v))
+            p.produce(
+                topic,
+                key=b"k%d" % i,
+                value=value,
+                on_delivery=lambda err, msg, v=value: err is None and sent.__setitem__(msg.offset(), v),
+            )
         assert p.flush(30) == 0  # on disk before the outcome: aborted data really is in the log
         if round_ % abort_every == 1:
             p.abort_transaction(30)
@@ -59,9 +64,11 @@ def _tiered_up_to(stack, store, topic: str) -> int | None:
 def wait_all_tiered(stack, store, topic: str, after: int = 0, timeout: float = 240) -> int:
     """Wait until all but the active segment are tiered and deleted locally, and the active
     segment starts beyond ``after``; return its base offset (the end of the remote data)."""
+
     def done():
         end = _tiered_up_to(stack, store, topic)
         return end if end is not None and end > after else None
+
     return wait_for(f"every closed segment of {topic} tiered", done, timeout)
 
 
@@ -110,5 +117,13 @@ def field_bytes(rendered) -> bytes | None:
     return rendered["utf8"].encode() if "utf8" in rendered else bytes.fromhex(rendered["hex"])
 
 
-__all__ = ["KEY_PREFIX", "field_bytes", "flip_byte", "object_path", "produce_transactions", "restored",
-           "segment_bases", "wait_all_tiered"]
+__all__ = [
+    "KEY_PREFIX",
+    "field_bytes",
+    "flip_byte",
+    "object_path",
+    "produce_transactions",
+    "restored",
+    "segment_bases",
+    "wait_all_tiered",
+]

@@ -16,8 +16,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from devstack.pytest_plugin import (kafka_broker, kafka_broker_factory,  # noqa: E402,F401
-                                    kafka_distribution)
+from devstack.pytest_plugin import (
+    kafka_broker,
+    kafka_broker_factory,
+    kafka_distribution,
+)
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "kafka"
 

@@ -12,10 +12,18 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rsm_sidecar.kafka import (Compression, TimestampType, committed_records,
-                               parse_leader_epoch_checkpoint, read_batches, read_offset_index,
-                               read_producer_snapshot, read_time_index, read_txn_index,
-                               scan_batch_headers)
+from rsm_sidecar.kafka import (
+    Compression,
+    TimestampType,
+    committed_records,
+    parse_leader_epoch_checkpoint,
+    read_batches,
+    read_offset_index,
+    read_producer_snapshot,
+    read_time_index,
+    read_txn_index,
+    scan_batch_headers,
+)
 from rsm_sidecar.kafka.checkpoint import epoch_for_offset
 from rsm_sidecar.kafka.indexes import lookup_offset
 
@@ -77,11 +85,11 @@ def check_records_match(case: Case) -> None:
         assert rec.key == unb64(exp["key"]), where
         assert rec.value == unb64(exp["value"]), where
         assert rec.is_tombstone == (exp["value"] is None), where
-        assert [(h.key, h.value) for h in rec.headers] == \
-            [(k, unb64(v)) for k, v in exp["headers"]], where
+        assert [(h.key, h.value) for h in rec.headers] == [(k, unb64(v)) for k, v in exp["headers"]], where
         assert rec.timestamp == exp["timestamp"], where
-        ts_type = {"CreateTime": TimestampType.CREATE_TIME,
-                   "LogAppendTime": TimestampType.LOG_APPEND_TIME}[exp["timestamp_type"]]
+        ts_type = {"CreateTime": TimestampType.CREATE_TIME, "LogAppendTime": TimestampType.LOG_APPEND_TIME}[
+            exp["timestamp_type"]
+        ]
         assert batch.header.timestamp_type == ts_type, where
         assert batch.header.is_transactional == (exp["transaction"] is not None), where
         assert batch.header.base_offset <= rec.offset <= batch.header.last_offset
@@ -102,8 +110,11 @@ def check_compression(case: Case) -> None:
         assert codec in data_codecs and data_codecs <= {codec, Compression.NONE}, data_codecs
     if name == "broker-snappy":
         # snappy-java's xerial framing, as the Java codec writes it.
-        assert all(bytes(b.raw_records_section[:8]) == b"\x82SNAPPY\x00"
-                   for _, b in case.batches if not b.header.is_control)
+        assert all(
+            bytes(b.raw_records_section[:8]) == b"\x82SNAPPY\x00"
+            for _, b in case.batches
+            if not b.header.is_control
+        )
 
 
 def check_offset_and_time_indexes(case: Case) -> None:
@@ -120,8 +131,7 @@ def check_offset_and_time_indexes(case: Case) -> None:
         for batch in batches:
             for target in (batch.header.base_offset, batch.header.last_offset):
                 pos = lookup_offset(entries, target, base).position
-                first = next(iter(read_batches(case.segment_file(seg, ".log"),
-                                               start_position=pos)))
+                first = next(iter(read_batches(case.segment_file(seg, ".log"), start_position=pos)))
                 assert first.header.base_offset <= target
         times = read_time_index(case.segment_file(seg, ".timeindex"), base)
         assert times, f"{case.name}: a rolled segment's time index has at least the roll entry"
@@ -146,14 +156,21 @@ def check_snapshot_and_epochs(case: Case) -> None:
         for e in snapshot.entries:
             assert e.last_offset < seg["next_segment_offset"]
             if e.producer_id in producer_ids:
-                last = max(b.header.last_offset for s, b in case.batches
-                           if b.header.producer_id == e.producer_id
-                           and b.header.last_offset < seg["next_segment_offset"]
-                           and not b.header.is_control)
+                last = max(
+                    b.header.last_offset
+                    for s, b in case.batches
+                    if b.header.producer_id == e.producer_id
+                    and b.header.last_offset < seg["next_segment_offset"]
+                    and not b.header.is_control
+                )
                 assert e.last_offset == last, (case.name, e)
-        seen_before = {b.header.producer_id for s, b in case.batches
-                       if b.header.has_producer_id and not b.header.is_control
-                       and b.header.last_offset < seg["next_segment_offset"]}
+        seen_before = {
+            b.header.producer_id
+            for s, b in case.batches
+            if b.header.has_producer_id
+            and not b.header.is_control
+            and b.header.last_offset < seg["next_segment_offset"]
+        }
         assert seen_before <= ids, (case.name, seen_before, ids)
     epochs = parse_leader_epoch_checkpoint((case.path / "leader-epoch-checkpoint").read_bytes())
     assert epochs and epochs[0].start_offset == 0
@@ -176,8 +193,7 @@ def check_transactions(case: Case) -> None:
             (marker,) = b.control_records()
             assert marker.is_transaction_marker and marker.key_version == 0
             assert marker.coordinator_epoch is not None and marker.coordinator_epoch >= 0
-            markers.append((b.header.producer_id, "commit" if marker.is_commit else "abort",
-                            marker.offset))
+            markers.append((b.header.producer_id, "commit" if marker.is_commit else "abort", marker.offset))
     # Per producer, the markers follow the transactions' outcomes in order.
     for name, pid in pid_of.items():
         outcomes = [t["outcome"] for t in exp["transactions"] if t["producer"] == name]
@@ -189,18 +205,23 @@ def check_transactions(case: Case) -> None:
         path = case.segment_file(seg, ".txnindex")
         entries = read_txn_index(path) if path.exists() else []
         all_aborted += entries
-        seg_aborts = [m for m in markers if m[1] == "abort"
-                      and seg["base_offset"] <= m[2] < seg["next_segment_offset"]]
-        assert [(t.producer_id, t.last_offset) for t in entries] == \
-            [(m[0], m[2]) for m in seg_aborts]
+        seg_aborts = [
+            m for m in markers if m[1] == "abort" and seg["base_offset"] <= m[2] < seg["next_segment_offset"]
+        ]
+        assert [(t.producer_id, t.last_offset) for t in entries] == [(m[0], m[2]) for m in seg_aborts]
         for t in entries:
             # firstOffset is the first data offset of the transaction this marker ended: the
             # producer's first transactional record after its previous marker.
-            previous_marker = max((m[2] for m in markers
-                                   if m[0] == t.producer_id and m[2] < t.last_offset), default=-1)
-            first = min(r["offset"] for r in records
-                        if r["transaction"] is not None and pid_of[r["producer"]] == t.producer_id
-                        and previous_marker < r["offset"] < t.last_offset)
+            previous_marker = max(
+                (m[2] for m in markers if m[0] == t.producer_id and m[2] < t.last_offset), default=-1
+            )
+            first = min(
+                r["offset"]
+                for r in records
+                if r["transaction"] is not None
+                and pid_of[r["producer"]] == t.producer_id
+                and previous_marker < r["offset"] < t.last_offset
+            )
             assert t.first_offset == first, (case.name, t)
             assert t.last_stable_offset <= t.last_offset + 1
     visible = [r.offset for r in committed_records((b for _, b in case.batches), all_aborted)]
@@ -226,9 +247,15 @@ def check_scan(case: Case) -> None:
             assert part.partial_tail.declared_size == full[-1].size_in_bytes
 
 
-ALL_CHECKS = [check_segments_contiguous, check_records_match, check_compression,
-              check_offset_and_time_indexes, check_snapshot_and_epochs, check_transactions,
-              check_scan]
+ALL_CHECKS = [
+    check_segments_contiguous,
+    check_records_match,
+    check_compression,
+    check_offset_and_time_indexes,
+    check_snapshot_and_epochs,
+    check_transactions,
+    check_scan,
+]
 
 
 def check_case(path: Path) -> Case:

@@ -8,13 +8,24 @@ import struct
 import pytest
 
 from rsm_sidecar.errors import DataLoss, InvalidArgument
-from rsm_sidecar.kafka import (BATCH_HEADER_SIZE, BatchSizeError, Compression, ControlType,
-                               CorruptRecordError, CrcMismatchError, Header, TimestampType,
-                               TruncatedError, UnsupportedFormatError, parse_batch_header,
-                               read_batches, read_records, scan_batch_headers)
+from rsm_sidecar.kafka import (
+    BATCH_HEADER_SIZE,
+    BatchSizeError,
+    Compression,
+    ControlType,
+    CorruptRecordError,
+    CrcMismatchError,
+    Header,
+    TimestampType,
+    TruncatedError,
+    UnsupportedFormatError,
+    parse_batch_header,
+    read_batches,
+    read_records,
+    scan_batch_headers,
+)
 from rsm_sidecar.kafka.batch import CRC_OFFSET, MAGIC_OFFSET
-from rsm_sidecar.kafka.builder import (SimpleRecord, build_batch, build_control_batch,
-                                       recompute_crc)
+from rsm_sidecar.kafka.builder import SimpleRecord, build_batch, build_control_batch, recompute_crc
 from rsm_sidecar.kafka.control import parse_control_record
 from rsm_sidecar.kafka.records import Record
 
@@ -46,9 +57,16 @@ class CountingReader(io.RawIOBase):
 
 
 def test_header_fields_round_trip():
-    data = build_batch(recs(3), base_offset=42, compression=Compression.GZIP, transactional=True,
-                       producer_id=77, producer_epoch=3, base_sequence=10,
-                       partition_leader_epoch=5)
+    data = build_batch(
+        recs(3),
+        base_offset=42,
+        compression=Compression.GZIP,
+        transactional=True,
+        producer_id=77,
+        producer_epoch=3,
+        base_sequence=10,
+        partition_leader_epoch=5,
+    )
     h = parse_batch_header(data)
     assert (h.base_offset, h.last_offset, h.next_offset, h.record_count) == (42, 44, 45, 3)
     assert h.size_in_bytes == len(data) and h.length == len(data) - 12
@@ -78,12 +96,18 @@ def test_unknown_codec_is_unsupported():
 
 
 def test_null_keys_tombstones_and_null_header_values():
-    records = [SimpleRecord(None, b"v", 5, (Header("h", None), Header("", b""))),
-               SimpleRecord(b"k", None, 6), SimpleRecord(b"", b"", 7)]
+    records = [
+        SimpleRecord(None, b"v", 5, (Header("h", None), Header("", b""))),
+        SimpleRecord(b"k", None, 6),
+        SimpleRecord(b"", b"", 7),
+    ]
     (batch,) = read_batches(build_batch(records, base_offset=9))
     out = list(batch.records())
-    assert [(r.offset, r.key, r.value, r.timestamp) for r in out] == \
-        [(9, None, b"v", 5), (10, b"k", None, 6), (11, b"", b"", 7)]
+    assert [(r.offset, r.key, r.value, r.timestamp) for r in out] == [
+        (9, None, b"v", 5),
+        (10, b"k", None, 6),
+        (11, b"", b"", 7),
+    ]
     assert out[0].headers == (Header("h", None), Header("", b""))
     assert [r.is_tombstone for r in out] == [False, True, False]
 
@@ -108,9 +132,10 @@ def test_empty_batch_has_no_records():
 
 
 def test_control_batch_markers():
-    data = segment(build_control_batch(ControlType.COMMIT, base_offset=3, producer_id=8,
-                                       coordinator_epoch=4),
-                   build_control_batch(ControlType.ABORT, base_offset=4, producer_id=9))
+    data = segment(
+        build_control_batch(ControlType.COMMIT, base_offset=3, producer_id=8, coordinator_epoch=4),
+        build_control_batch(ControlType.ABORT, base_offset=4, producer_id=9),
+    )
     b1, b2 = read_batches(data)
     (m1,) = b1.control_records()
     (m2,) = b2.control_records()
@@ -163,9 +188,11 @@ def test_record_with_bad_length_is_corrupt_and_located():
 
 
 def three_batches() -> bytes:
-    return segment(build_batch(recs(2), base_offset=0),
-                   build_batch(recs(3), base_offset=2, compression=Compression.ZSTD),
-                   build_batch(recs(1), base_offset=5, compression=Compression.LZ4))
+    return segment(
+        build_batch(recs(2), base_offset=0),
+        build_batch(recs(3), base_offset=2, compression=Compression.ZSTD),
+        build_batch(recs(1), base_offset=5, compression=Compression.LZ4),
+    )
 
 
 @pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview", "file", "stream", "path"])
@@ -173,13 +200,21 @@ def test_sources(kind, tmp_path):
     data = three_batches()
     path = tmp_path / "00000000000000000000.log"
     path.write_bytes(data)
-    source = {"bytes": data, "bytearray": bytearray(data), "memoryview": memoryview(data),
-              "file": io.BytesIO(data), "stream": CountingReader(data), "path": path}[kind]
+    source = {
+        "bytes": data,
+        "bytearray": bytearray(data),
+        "memoryview": memoryview(data),
+        "file": io.BytesIO(data),
+        "stream": CountingReader(data),
+        "path": path,
+    }[kind]
     batches = list(read_batches(source))
     assert [b.header.base_offset for b in batches] == [0, 2, 5]
-    assert [b.header.position for b in batches] == [0, batches[0].header.size_in_bytes,
-                                                   batches[0].header.size_in_bytes
-                                                   + batches[1].header.size_in_bytes]
+    assert [b.header.position for b in batches] == [
+        0,
+        batches[0].header.size_in_bytes,
+        batches[0].header.size_in_bytes + batches[1].header.size_in_bytes,
+    ]
     assert [r.offset for b in batches for r in b.records()] == [0, 1, 2, 3, 4, 5]
 
 
@@ -188,10 +223,11 @@ def test_start_and_end_position():
     first = parse_batch_header(data).size_in_bytes
     assert [b.header.base_offset for b in read_batches(data, start_position=first)] == [2, 5]
     second = parse_batch_header(data[first:]).size_in_bytes
-    assert [b.header.base_offset for b in read_batches(io.BytesIO(data), start_position=first,
-                                                        end_position=first + second)] == [2]
-    assert [b.header.base_offset for b in read_batches(CountingReader(data),
-                                                        start_position=first)] == [2, 5]
+    assert [
+        b.header.base_offset
+        for b in read_batches(io.BytesIO(data), start_position=first, end_position=first + second)
+    ] == [2]
+    assert [b.header.base_offset for b in read_batches(CountingReader(data), start_position=first)] == [2, 5]
 
 
 def test_flipped_byte_gives_crc_error_naming_the_batch():
@@ -227,7 +263,7 @@ def test_crc_field_itself_corrupted():
 def test_truncated_segment(cut):
     data = three_batches()
     size0 = parse_batch_header(data).size_in_bytes
-    truncated = data[:size0 + cut]
+    truncated = data[: size0 + cut]
     with pytest.raises(TruncatedError) as exc:
         list(read_batches(truncated))
     assert exc.value.position == size0
@@ -247,8 +283,9 @@ def test_absurd_length_is_rejected_before_allocating():
         list(read_batches(bytes(data), max_batch_size=1 << 31))
 
 
-@pytest.mark.parametrize("length, message", [(-1, "smaller than the minimum"),
-                                             (10, "smaller than the minimum")])
+@pytest.mark.parametrize(
+    "length, message", [(-1, "smaller than the minimum"), (10, "smaller than the minimum")]
+)
 def test_negative_or_tiny_length(length, message):
     data = bytearray(build_batch(recs(1)))
     struct.pack_into(">i", data, 8, length)
@@ -263,8 +300,15 @@ def test_zero_filled_tail_is_corrupt_not_silently_ignored():
     assert exc.value.position == len(data) - 100
 
 
-@pytest.mark.parametrize("magic, error", [(0, UnsupportedFormatError), (1, UnsupportedFormatError),
-                                          (3, CorruptRecordError), (0xFF, CorruptRecordError)])
+@pytest.mark.parametrize(
+    "magic, error",
+    [
+        (0, UnsupportedFormatError),
+        (1, UnsupportedFormatError),
+        (3, CorruptRecordError),
+        (0xFF, CorruptRecordError),
+    ],
+)
 def test_magic(magic, error):
     data = bytearray(build_batch(recs(1)))
     data[MAGIC_OFFSET] = magic
@@ -276,7 +320,7 @@ def test_magic(magic, error):
 
 def test_bad_compressed_payload_is_corrupt():
     data = bytearray(build_batch(recs(5), compression=Compression.GZIP))
-    data[61 + 12:61 + 20] = b"\xff" * 8
+    data[61 + 12 : 61 + 20] = b"\xff" * 8
     (batch,) = read_batches(recompute_crc(bytes(data)))
     with pytest.raises(CorruptRecordError, match="gzip payload .* does not decompress"):
         list(batch.records())
@@ -300,7 +344,7 @@ def test_scan_skips_bodies_and_matches_full_read():
 def test_scan_reports_partial_tail(cut_into):
     data = three_batches()
     last = scan_batch_headers(data).headers[-1]
-    buf = data[:last.position + cut_into]
+    buf = data[: last.position + cut_into]
     scan = scan_batch_headers(buf)
     assert [h.base_offset for h in scan.headers] == [0, 2]
     if cut_into == 0:
@@ -353,8 +397,13 @@ def test_reading_a_large_segment_holds_one_batch_at_a_time(tmp_path):
     path = tmp_path / "00000000000000000000.log"
     with open(path, "wb") as f:
         for i in range(200):  # ~20 MiB segment
-            f.write(build_batch([SimpleRecord(b"k", value, i)], base_offset=i,
-                                compression=Compression.LZ4 if i % 2 else Compression.NONE))
+            f.write(
+                build_batch(
+                    [SimpleRecord(b"k", value, i)],
+                    base_offset=i,
+                    compression=Compression.LZ4 if i % 2 else Compression.NONE,
+                )
+            )
     tracemalloc.start()
     try:
         count = 0

@@ -11,8 +11,7 @@ import pytest
 import zstandard
 
 from rsm_sidecar.errors import DataLoss, InvalidArgument
-from rsm_sidecar.kafka import (Compression, DecompressionError, LimitExceededError, decompress,
-                               read_batches)
+from rsm_sidecar.kafka import Compression, DecompressionError, LimitExceededError, decompress, read_batches
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
 from rsm_sidecar.kafka.compression import XERIAL_MAGIC, compress
 

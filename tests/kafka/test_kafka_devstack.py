@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 
 from devstack import kafka as dk
-from devstack.kafka import (DevstackError, KafkaBroker, KafkaDistribution, format_properties,
-                            parse_version, random_cluster_id)
+from devstack.kafka import (
+    DevstackError,
+    KafkaBroker,
+    KafkaDistribution,
+    format_properties,
+    parse_version,
+    random_cluster_id,
+)
 
 
 def test_defaults_follow_the_environment(monkeypatch, tmp_path):
@@ -64,10 +70,16 @@ def test_format_properties():
 
 def test_broker_properties_defaults_and_overrides(tmp_path):
     dist = KafkaDistribution("4.3.1", tmp_path / "dist")
-    b = KafkaBroker(dist, tmp_path / "wd", ports={"broker": 19092, "controller": 19093},
-                    extra_properties={"remote.log.storage.system.enable": True,
-                                      "num.partitions": 3,
-                                      "group.initial.rebalance.delay.ms": None})
+    b = KafkaBroker(
+        dist,
+        tmp_path / "wd",
+        ports={"broker": 19092, "controller": 19093},
+        extra_properties={
+            "remote.log.storage.system.enable": True,
+            "num.partitions": 3,
+            "group.initial.rebalance.delay.ms": None,
+        },
+    )
     props = b.properties()
     assert b.bootstrap_servers == "127.0.0.1:19092"
     assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
@@ -78,8 +90,11 @@ def test_broker_properties_defaults_and_overrides(tmp_path):
     assert "group.initial.rebalance.delay.ms" not in props
     assert props["share.coordinator.state.topic.replication.factor"] == 1
     assert b.log_dirs == [(tmp_path / "wd" / "data").resolve()]
-    b3 = KafkaBroker(KafkaDistribution("3.9.2", tmp_path / "d3"), tmp_path / "wd3",
-                     extra_properties={"log.dirs": f"{tmp_path}/a,{tmp_path}/b"})
+    b3 = KafkaBroker(
+        KafkaDistribution("3.9.2", tmp_path / "d3"),
+        tmp_path / "wd3",
+        extra_properties={"log.dirs": f"{tmp_path}/a,{tmp_path}/b"},
+    )
     assert "share.coordinator.state.topic.replication.factor" not in b3.properties()
     assert b3.log_dirs == [tmp_path / "a", tmp_path / "b"]
     assert b3.broker_port != b3.controller_port
@@ -93,7 +108,7 @@ def fake_mvn(tmp_path: Path, *, fail: bool = False) -> Path:
     script = tmp_path / "mvn"
     body = f"""#!/bin/sh
 echo "$@" >> {log}
-{'echo "[ERROR] Failed to execute goal: Could not find artifact org.apache.kafka:kafka-tools-api:jar:9.9.9" ; exit 1' if fail else ''}
+{'echo "[ERROR] Failed to execute goal: Could not find artifact org.apache.kafka:kafka-tools-api:jar:9.9.9" ; exit 1' if fail else ""}
 for a in "$@"; do case "$a" in -DoutputDirectory=*) out="${{a#-DoutputDirectory=}}";; -Dkafka.version=*) v="${{a#-Dkafka.version=}}";; -DincludeArtifactIds=*) only=1;; esac; done
 mkdir -p "$out"
 if [ -n "$only" ]; then touch "$out/log4j-slf4j-impl-2.25.4.jar"; exit 0; fi
@@ -109,8 +124,12 @@ def test_ensure_is_idempotent(tmp_path):
     dist = KafkaDistribution.ensure("4.3.1", tmp_path / "cache", mvn=str(mvn))
     assert dist.home == tmp_path / "cache" / "kafka-4.3.1"
     jars = sorted(p.name for p in dist.lib_dir.iterdir())
-    assert jars == ["kafka-clients-4.3.1.jar", "kafka_2.13-4.3.1.jar", "log4j-core-2.25.4.jar",
-                    "log4j-slf4j-impl-2.25.4.jar"]
+    assert jars == [
+        "kafka-clients-4.3.1.jar",
+        "kafka_2.13-4.3.1.jar",
+        "log4j-core-2.25.4.jar",
+        "log4j-slf4j-impl-2.25.4.jar",
+    ]
     calls = (tmp_path / "mvn-calls.log").read_text().splitlines()
     assert len(calls) == 2  # the dependencies, then the binding matching log4j-core
     assert f"-Dmaven.repo.local={tmp_path / 'cache' / 'm2'}" in calls[0]

@@ -7,11 +7,11 @@ import importlib.util
 import time
 from pathlib import Path
 
+import kafka_fixture_checks as checks
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-import kafka_fixture_checks as checks
 from devstack.kafka import KafkaBroker, KafkaDistribution
 from rsm_sidecar.kafka import read_batches
 
@@ -28,8 +28,14 @@ def produce_and_consume(bootstrap: str, topic: str, n: int, start: int = 0) -> l
 
 
 def consume_all(bootstrap: str, topic: str) -> list[bytes]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g{time.monotonic_ns()}",
-                  "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g{time.monotonic_ns()}",
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
     c.assign([TopicPartition(topic, 0, 0)])
     values = []
     deadline = time.monotonic() + 30
@@ -51,7 +57,8 @@ def consume_all(bootstrap: str, topic: str) -> list[bytes]:
 def test_broker_lifecycle(kafka_broker_factory):
     t0 = time.monotonic()
     broker: KafkaBroker = kafka_broker_factory(
-        extra_properties={"auto.create.topics.enable": False, "log.index.interval.bytes": 128})
+        extra_properties={"auto.create.topics.enable": False, "log.index.interval.bytes": 128}
+    )
     startup = time.monotonic() - t0
     assert broker.is_running() and startup < 120
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})

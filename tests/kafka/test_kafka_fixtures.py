@@ -9,16 +9,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import kafka_fixture_checks as checks
 import pytest
 
-import kafka_fixture_checks as checks
 from rsm_sidecar.kafka import read_offset_index, read_time_index
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kafka"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.json").exists())
-EXPECTED_CASES = {"producer-none", "producer-gzip", "producer-snappy", "producer-lz4",
-                  "producer-zstd", "broker-gzip", "broker-snappy", "broker-lz4", "broker-zstd",
-                  "log-append-time", "transactions"}
+EXPECTED_CASES = {
+    "producer-none",
+    "producer-gzip",
+    "producer-snappy",
+    "producer-lz4",
+    "producer-zstd",
+    "broker-gzip",
+    "broker-snappy",
+    "broker-lz4",
+    "broker-zstd",
+    "log-append-time",
+    "transactions",
+}
 
 
 def test_all_cases_present():

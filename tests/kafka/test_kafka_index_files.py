@@ -10,16 +10,32 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rsm_sidecar.errors import DataLoss, InvalidArgument
-from rsm_sidecar.kafka import (AbortedTxn, CorruptIndexError, EpochEntry, OffsetPosition,
-                               TimestampOffset, TruncatedError, UnsupportedFormatError,
-                               base_offset_from_filename, collect_aborted_txns,
-                               format_leader_epoch_checkpoint, lookup_offset, lookup_timestamp,
-                               parse_leader_epoch_checkpoint, read_offset_index,
-                               read_producer_snapshot, read_time_index, read_txn_index)
+from rsm_sidecar.kafka import (
+    AbortedTxn,
+    CorruptIndexError,
+    EpochEntry,
+    OffsetPosition,
+    TimestampOffset,
+    TruncatedError,
+    UnsupportedFormatError,
+    base_offset_from_filename,
+    collect_aborted_txns,
+    format_leader_epoch_checkpoint,
+    lookup_offset,
+    lookup_timestamp,
+    parse_leader_epoch_checkpoint,
+    read_offset_index,
+    read_producer_snapshot,
+    read_time_index,
+    read_txn_index,
+)
 from rsm_sidecar.kafka.checkpoint import epoch_for_offset
 from rsm_sidecar.kafka.indexes import encode_offset_index, encode_time_index
-from rsm_sidecar.kafka.snapshot import (ProducerSnapshotEntry, encode_producer_snapshot,
-                                        parse_producer_snapshot)
+from rsm_sidecar.kafka.snapshot import (
+    ProducerSnapshotEntry,
+    encode_producer_snapshot,
+    parse_producer_snapshot,
+)
 from rsm_sidecar.kafka.txnindex import encode_txn_index
 
 BASE = 1000
@@ -75,8 +91,10 @@ def test_all_zero_files_are_empty_indexes():
 
 def test_time_index_first_entry_may_have_relative_offset_zero():
     data = encode_time_index([TimestampOffset(42, BASE), TimestampOffset(50, BASE + 3)], BASE)
-    assert read_time_index(data + b"\0" * 24, BASE) == [TimestampOffset(42, BASE),
-                                                        TimestampOffset(50, BASE + 3)]
+    assert read_time_index(data + b"\0" * 24, BASE) == [
+        TimestampOffset(42, BASE),
+        TimestampOffset(50, BASE + 3),
+    ]
 
 
 def test_entry_after_padding_is_corrupt():
@@ -190,7 +208,7 @@ def test_checkpoint_round_trip():
 @given(st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 10**12)), max_size=20))
 def test_checkpoint_round_trip_property(pairs):
     epochs = sorted({e for e, _ in pairs})
-    offsets = sorted(o for _, o in pairs)[:len(epochs)]
+    offsets = sorted(o for _, o in pairs)[: len(epochs)]
     entries = [EpochEntry(e, o) for e, o in zip(epochs, offsets)]
     assert parse_leader_epoch_checkpoint(format_leader_epoch_checkpoint(entries)) == entries
 
@@ -200,17 +218,20 @@ def test_checkpoint_empty_forms(text):
     assert parse_leader_epoch_checkpoint(text) == []
 
 
-@pytest.mark.parametrize("text, error, message", [
-    ("1\n0\n", UnsupportedFormatError, "version 1"),
-    ("x\n", CorruptIndexError, "malformed version"),
-    ("0\n2\n0 0\n", CorruptIndexError, "expected 2 entries, found 1"),
-    ("0\n1\n0 0 0\n", CorruptIndexError, "malformed line 3"),
-    ("0\n1\n0 zero\n", CorruptIndexError, "malformed start offset on line 3"),
-    ("0\n2\n3 10\n2 20\n", CorruptIndexError, "epochs must increase"),
-    ("0\n2\n1 10\n2 5\n", CorruptIndexError, "start offsets must not decrease"),
-    ("0\n1\n-1 0\n", CorruptIndexError, "negative"),
-    ("0\n1\n0 0\n\n", CorruptIndexError, "malformed line 4"),
-])
+@pytest.mark.parametrize(
+    "text, error, message",
+    [
+        ("1\n0\n", UnsupportedFormatError, "version 1"),
+        ("x\n", CorruptIndexError, "malformed version"),
+        ("0\n2\n0 0\n", CorruptIndexError, "expected 2 entries, found 1"),
+        ("0\n1\n0 0 0\n", CorruptIndexError, "malformed line 3"),
+        ("0\n1\n0 zero\n", CorruptIndexError, "malformed start offset on line 3"),
+        ("0\n2\n3 10\n2 20\n", CorruptIndexError, "epochs must increase"),
+        ("0\n2\n1 10\n2 5\n", CorruptIndexError, "start offsets must not decrease"),
+        ("0\n1\n-1 0\n", CorruptIndexError, "negative"),
+        ("0\n1\n0 0\n\n", CorruptIndexError, "malformed line 4"),
+    ],
+)
 def test_checkpoint_errors(text, error, message):
     with pytest.raises(error, match=message) as exc:
         parse_leader_epoch_checkpoint(text, name="leader-epoch-checkpoint")
@@ -221,8 +242,10 @@ def test_checkpoint_errors(text, error, message):
 # -- producer snapshot ------------------------------------------------------------------------------
 
 
-ENTRIES = [ProducerSnapshotEntry(1000, 0, 41, 120, 2, 1_700_000_000_000, -1, -1),
-           ProducerSnapshotEntry(1001, 3, 5, 130, 0, 1_700_000_000_100, 7, 125)]
+ENTRIES = [
+    ProducerSnapshotEntry(1000, 0, 41, 120, 2, 1_700_000_000_000, -1, -1),
+    ProducerSnapshotEntry(1001, 3, 5, 130, 0, 1_700_000_000_100, 7, 125),
+]
 
 
 def test_snapshot_round_trip(tmp_path):

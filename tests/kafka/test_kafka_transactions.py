@@ -11,8 +11,14 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rsm_sidecar.kafka import (AbortedTxn, ReadCommittedFilter, collect_aborted_txns,
-                               committed_batches, committed_records, read_batches)
+from rsm_sidecar.kafka import (
+    AbortedTxn,
+    ReadCommittedFilter,
+    collect_aborted_txns,
+    committed_batches,
+    committed_records,
+    read_batches,
+)
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch, build_control_batch
 from rsm_sidecar.kafka.control import ControlType
 
@@ -44,17 +50,28 @@ class Log:
     def data(self, pid: int, records: int = 1) -> None:
         self.open_txns.setdefault(pid, self.next_offset)
         self.txn_offsets.setdefault(pid, []).extend(
-            self._append(records, transactional=True, producer_id=pid,
-                         producer_epoch=self.epochs.get(pid, 0), base_sequence=0))
+            self._append(
+                records,
+                transactional=True,
+                producer_id=pid,
+                producer_epoch=self.epochs.get(pid, 0),
+                base_sequence=0,
+            )
+        )
 
     def end(self, pid: int, commit: bool) -> None:
         if pid not in self.open_txns:
             return
         first = self.open_txns.pop(pid)
         marker = self.next_offset
-        self.batches.append(build_control_batch(
-            ControlType.COMMIT if commit else ControlType.ABORT, base_offset=marker,
-            producer_id=pid, producer_epoch=self.epochs.get(pid, 0)))
+        self.batches.append(
+            build_control_batch(
+                ControlType.COMMIT if commit else ControlType.ABORT,
+                base_offset=marker,
+                producer_id=pid,
+                producer_epoch=self.epochs.get(pid, 0),
+            )
+        )
         self.next_offset += 1
         offsets = self.txn_offsets.pop(pid)
         if commit:
@@ -75,18 +92,18 @@ def visible_offsets(batches, aborted) -> list[int]:
 
 def test_interleaved_transactions_of_two_producers():
     log = Log()
-    log.plain(2)                 # 0, 1
-    log.data(10, 2)              # 2, 3   txn A (pid 10)
-    log.data(20, 1)              # 4      txn B (pid 20)
-    log.plain(1)                 # 5
-    log.data(10, 1)              # 6
-    log.end(20, commit=False)    # 7  ABORT B
-    log.data(20, 2)              # 8, 9   txn B2 (pid 20 again)
-    log.end(10, commit=True)     # 10 COMMIT A
-    log.plain(1, pid=30)         # 11 idempotent, not transactional
-    log.data(10, 1)              # 12     txn A2
-    log.end(20, commit=True)     # 13 COMMIT B2
-    log.end(10, commit=False)    # 14 ABORT A2
+    log.plain(2)  # 0, 1
+    log.data(10, 2)  # 2, 3   txn A (pid 10)
+    log.data(20, 1)  # 4      txn B (pid 20)
+    log.plain(1)  # 5
+    log.data(10, 1)  # 6
+    log.end(20, commit=False)  # 7  ABORT B
+    log.data(20, 2)  # 8, 9   txn B2 (pid 20 again)
+    log.end(10, commit=True)  # 10 COMMIT A
+    log.plain(1, pid=30)  # 11 idempotent, not transactional
+    log.data(10, 1)  # 12     txn A2
+    log.end(20, commit=True)  # 13 COMMIT B2
+    log.end(10, commit=False)  # 14 ABORT A2
     assert log.aborted == [AbortedTxn(20, 4, 7, 2), AbortedTxn(10, 12, 14, 15)]
     batches = list(read_batches(log.data_bytes()))
     assert visible_offsets(batches, log.aborted) == [0, 1, 2, 3, 5, 6, 8, 9, 11]
@@ -110,12 +127,12 @@ def test_abort_marker_in_the_next_segment():
     """Data in segment 1, ABORT marker (and txnindex entry) in segment 2: segment 1 alone is
     filtered correctly only with segment 2's index, which collect_aborted_txns provides."""
     log = Log()
-    log.plain(1)        # 0
-    log.data(7, 2)      # 1, 2
-    log.plain(1)        # 3
+    log.plain(1)  # 0
+    log.data(7, 2)  # 1, 2
+    log.plain(1)  # 3
     split = len(log.batches)
     log.end(7, commit=False)  # 4 (segment 2)
-    log.plain(1)        # 5
+    log.plain(1)  # 5
     seg1, seg2 = log.batches[:split], log.batches[split:]
     idx1 = [t for t in log.aborted if t.last_offset < 4]
     idx2 = [t for t in log.aborted if t.last_offset >= 4]
@@ -136,8 +153,12 @@ def test_abort_marker_in_the_next_segment():
     assert f.open_transactions == {}
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["plain", "idem", "data", "commit", "abort"]),
-                         st.integers(1, 4), st.integers(1, 3)), max_size=60)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["plain", "idem", "data", "commit", "abort"]), st.integers(1, 4), st.integers(1, 3)
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -166,9 +187,10 @@ def test_random_interleavings_match_the_model(ops, cuts, final_commit):
     # whose ABORT marker it contains; each segment is filtered on its own.
     bounds = sorted({c % (len(batches) + 1) for c in cuts} | {0, len(batches)})
     segments = [batches[a:b] for a, b in zip(bounds, bounds[1:]) if a < b]
-    indexes = [[t for t in log.aborted
-                if seg[0].header.base_offset <= t.last_offset <= seg[-1].header.last_offset]
-               for seg in segments]
+    indexes = [
+        [t for t in log.aborted if seg[0].header.base_offset <= t.last_offset <= seg[-1].header.last_offset]
+        for seg in segments
+    ]
     assert sum(map(len, indexes)) == len(log.aborted)
     got = []
     for i, seg in enumerate(segments):

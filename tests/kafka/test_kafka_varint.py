@@ -8,28 +8,54 @@ from hypothesis import strategies as st
 
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.kafka.errors import CorruptRecordError, TruncatedError
-from rsm_sidecar.kafka.varint import (encode_unsigned_varint, encode_varint, encode_varlong,
-                                      read_unsigned_varint, read_varint, read_varlong,
-                                      size_of_varint, size_of_varlong)
+from rsm_sidecar.kafka.varint import (
+    encode_unsigned_varint,
+    encode_varint,
+    encode_varlong,
+    read_unsigned_varint,
+    read_varint,
+    read_varlong,
+    size_of_varint,
+    size_of_varlong,
+)
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-@pytest.mark.parametrize("value, encoded", [
-    (0, b"\x00"), (-1, b"\x01"), (1, b"\x02"), (-2, b"\x03"), (63, b"\x7e"), (-64, b"\x7f"),
-    (64, b"\x80\x01"), (300, b"\xd8\x04"), (-300, b"\xd7\x04"),
-    (INT32_MAX, b"\xfe\xff\xff\xff\x0f"), (INT32_MIN, b"\xff\xff\xff\xff\x0f"),
-])
+@pytest.mark.parametrize(
+    "value, encoded",
+    [
+        (0, b"\x00"),
+        (-1, b"\x01"),
+        (1, b"\x02"),
+        (-2, b"\x03"),
+        (63, b"\x7e"),
+        (-64, b"\x7f"),
+        (64, b"\x80\x01"),
+        (300, b"\xd8\x04"),
+        (-300, b"\xd7\x04"),
+        (INT32_MAX, b"\xfe\xff\xff\xff\x0f"),
+        (INT32_MIN, b"\xff\xff\xff\xff\x0f"),
+    ],
+)
 def test_varint_known_vectors(value, encoded):
     assert encode_varint(value) == encoded
     assert read_varint(encoded) == (value, len(encoded))
     assert size_of_varint(value) == len(encoded)
 
 
-@pytest.mark.parametrize("value, size", [
-    (0, 1), (-1, 1), (INT64_MAX, 10), (INT64_MIN, 10), (1 << 35, 6), (-(1 << 35), 6),
-])
+@pytest.mark.parametrize(
+    "value, size",
+    [
+        (0, 1),
+        (-1, 1),
+        (INT64_MAX, 10),
+        (INT64_MIN, 10),
+        (1 << 35, 6),
+        (-(1 << 35), 6),
+    ],
+)
 def test_varlong_sizes_and_round_trip(value, size):
     encoded = encode_varlong(value)
     assert len(encoded) == size == size_of_varlong(value)

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
 from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
-from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.local import LocalObjectStore
 from rsm_sidecar.transform.keyring import Keyring
 from tests.keys_fixture import encryption_config
@@ -25,20 +25,28 @@ POOL = concurrent.futures.ThreadPoolExecutor(4)
 
 def metadata(n: int, size: int) -> SegmentMetadata:
     sid = f"seg{n:019d}"[:22].ljust(22, "A")
-    return SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "prop-topic", n % 3, sid, n * 10, n * 10 + 5, segment_size=size)
+    return SegmentMetadata(
+        "MWJ6FHTfRYy67jzwZdeqSQ", "prop-topic", n % 3, sid, n * 10, n * 10 + 5, segment_size=size
+    )
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, rsa_keys):
     store = LocalObjectStore(tmp_path_factory.mktemp("roundtrip"), fsync=False)
-    keyring = Keyring.from_config(Config({"storage": {"local": {"root": "/unused"}},
-                                          "encryption": encryption_config(rsa_keys)}))
+    keyring = Keyring.from_config(
+        Config({"storage": {"local": {"root": "/unused"}}, "encryption": encryption_config(rsa_keys)})
+    )
     return store, keyring
 
 
 def _indexes():
-    return {"offset": b"\x00" * 8, "timestamp": b"\x01" * 12, "producerSnapshot": b"snap",
-            "leaderEpoch": b"0\n1\n0 0\n", "transaction": None}
+    return {
+        "offset": b"\x00" * 8,
+        "timestamp": b"\x01" * 12,
+        "producerSnapshot": b"snap",
+        "leaderEpoch": b"0\n1\n0 0\n",
+        "transaction": None,
+    }
 
 
 def _source(original: bytes) -> BytesSource:
@@ -57,27 +65,49 @@ def segment_bytes(size: int, compressible: bool, seed: int) -> bytes:
 counter = iter(range(10**9))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
-@given(size=st.sampled_from([0, 1, CHUNK - 1, CHUNK, CHUNK + 1]) | st.integers(0, 12 * CHUNK),
-       compression=st.booleans(), encryption=st.booleans(), compressible=st.booleans(),
-       parallelism=st.integers(1, 4), data=st.data())
-def test_any_range_reads_back_the_original_bytes(env, size, compression, encryption, compressible, parallelism, data):
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    size=st.sampled_from([0, 1, CHUNK - 1, CHUNK, CHUNK + 1]) | st.integers(0, 12 * CHUNK),
+    compression=st.booleans(),
+    encryption=st.booleans(),
+    compressible=st.booleans(),
+    parallelism=st.integers(1, 4),
+    data=st.data(),
+)
+def test_any_range_reads_back_the_original_bytes(
+    env, size, compression, encryption, compressible, parallelism, data
+):
     store, keyring = env
     n = next(counter)
     original = segment_bytes(size, compressible, n)
     md = metadata(n, size)
     layout = KeyLayout("prop/")
-    copier = SegmentCopier(store, layout, keyring if encryption else None,
-                           CopySettings(chunk_size=CHUNK, compression=compression, compression_heuristic=False,
-                                        parallelism=parallelism), POOL)
+    copier = SegmentCopier(
+        store,
+        layout,
+        keyring if encryption else None,
+        CopySettings(
+            chunk_size=CHUNK, compression=compression, compression_heuristic=False, parallelism=parallelism
+        ),
+        POOL,
+    )
     result = copier.copy(md, _source(original), _indexes()["leaderEpoch"])
     assert result.manifest.compression == compression
     assert (result.manifest.encryption is not None) == encryption
-    reader = SegmentReader(store, layout, keyring if encryption else None,
-                           ReaderSettings(chunk_cache_bytes=data.draw(st.sampled_from([0, 3 * CHUNK, 10**7])),
-                                          max_range_bytes=data.draw(st.sampled_from([1024, 3000, 10**6])),
-                                          prefetch_bytes=0))
+    reader = SegmentReader(
+        store,
+        layout,
+        keyring if encryption else None,
+        ReaderSettings(
+            chunk_cache_bytes=data.draw(st.sampled_from([0, 3 * CHUNK, 10**7])),
+            max_range_bytes=data.draw(st.sampled_from([1024, 3000, 10**6])),
+            prefetch_bytes=0,
+        ),
+    )
     seg = reader.open(md)
     assert seg.manifest.original_size == size
     if size == 0:
@@ -86,7 +116,7 @@ def test_any_range_reads_back_the_original_bytes(env, size, compression, encrypt
     for _ in range(3):
         start = data.draw(st.integers(0, size - 1))
         end = data.draw(st.integers(start, size + 100))
-        assert b"".join(reader.read(seg, start, end)) == original[start:end + 1]
+        assert b"".join(reader.read(seg, start, end)) == original[start : end + 1]
     assert b"".join(reader.read(seg, 0, size - 1)) == original
     for name in ("offset", "timestamp", "producerSnapshot", "leaderEpoch"):
         assert reader.read_index(seg, name) == _indexes()[name]

@@ -32,13 +32,18 @@ def start_sidecar(tmp_path, rsa_keys):
 
     def start(store=None, encryption: bool | str = False, key_ids=("A", "B"), **overrides) -> RunningSidecar:
         root = tmp_path / "remote"
-        values = {"server": {"listen": "127.0.0.1:0", "shutdown_grace_seconds": 5},
-                  "metrics": {"listen": ""}, "storage": {"local": {"root": str(root), "fsync": False}},
-                  "segment": {"chunk_size": 64 * 1024},
-                  # the tests write their segment files under tmp_path, like a broker under log.dirs
-                  "copy": {"allowed_dirs": [str(tmp_path)]}}
+        values = {
+            "server": {"listen": "127.0.0.1:0", "shutdown_grace_seconds": 5},
+            "metrics": {"listen": ""},
+            "storage": {"local": {"root": str(root), "fsync": False}},
+            "segment": {"chunk_size": 64 * 1024},
+            # the tests write their segment files under tmp_path, like a broker under log.dirs
+            "copy": {"allowed_dirs": [str(tmp_path)]},
+        }
         if encryption:
-            values["encryption"] = encryption_config(rsa_keys, "A" if encryption is True else encryption, key_ids)
+            values["encryption"] = encryption_config(
+                rsa_keys, "A" if encryption is True else encryption, key_ids
+            )
         for path, value in overrides.items():
             section, _, key = path.partition("__")
             values.setdefault(section, {})[key] = value

@@ -29,8 +29,18 @@ def _err(call) -> grpc.RpcError:
 def _path_copy(sc, md, log_path: str, files: SegmentFilesOnDisk):
     f = files.files(True)
     f.log_path = log_path
-    return sc.client.copy(iter([pb.CopySegmentRequest(begin=pb.CopyBegin(
-        metadata=md, mode=pb.PATH, files=f, leader_epoch_checkpoint=files.leader_epoch))]), timeout=20)
+    return sc.client.copy(
+        iter(
+            [
+                pb.CopySegmentRequest(
+                    begin=pb.CopyBegin(
+                        metadata=md, mode=pb.PATH, files=f, leader_epoch_checkpoint=files.leader_epoch
+                    )
+                )
+            ]
+        ),
+        timeout=20,
+    )
 
 
 # -- item 5: path mode reads only regular files under the broker's log directories -------------
@@ -52,15 +62,17 @@ def test_path_mode_refuses_host_files_symlinks_dotdot_devices_fifos_and_director
     os.mkfifo(logs / "t-0" / "fifo.log")
     sc = start_sidecar(copy__allowed_dirs=[str(logs)])
     md = metadata(seg_id(2), size=KiB)
-    cases = {str(secret): "outside copy.allowed_dirs",
-             "/etc/passwd": "outside copy.allowed_dirs",
-             str(logs / "t-0" / "link.log"): "outside copy.allowed_dirs",
-             str(logs / "t-0" / ".." / ".." / "secret.pem"): "outside copy.allowed_dirs",
-             str(logs / "t-0" / "zero.log"): "outside copy.allowed_dirs",
-             str(logs / "t-0" / "fifo.log"): "not a regular file",
-             str(logs / "t-0"): "not a regular file",
-             str(logs / "t-0" / "x\x00.log"): "not an absolute path",
-             "relative/00.log": "not an absolute path"}
+    cases = {
+        str(secret): "outside copy.allowed_dirs",
+        "/etc/passwd": "outside copy.allowed_dirs",
+        str(logs / "t-0" / "link.log"): "outside copy.allowed_dirs",
+        str(logs / "t-0" / ".." / ".." / "secret.pem"): "outside copy.allowed_dirs",
+        str(logs / "t-0" / "zero.log"): "outside copy.allowed_dirs",
+        str(logs / "t-0" / "fifo.log"): "not a regular file",
+        str(logs / "t-0"): "not a regular file",
+        str(logs / "t-0" / "x\x00.log"): "not an absolute path",
+        "relative/00.log": "not an absolute path",
+    }
     for path, why in cases.items():
         t0 = time.monotonic()
         e = _err(lambda: _path_copy(sc, md, path, files))
@@ -81,18 +93,29 @@ def test_custom_metadata_cannot_reach_another_topics_objects(start_sidecar, tmp_
     victim_keys = sc.objects()
     base = victim_keys[0].rsplit(".", 1)[0]
     prefix = base.rsplit("/", 1)[0] + "/"
-    refused = [{cm.OBJECT_KEY: base.split("/", 0)[0]}, {cm.OBJECT_KEY: base.rsplit("/", 3)[1] + "/" + "x"},
-               {cm.OBJECT_PREFIX: "../" + prefix}, {cm.OBJECT_PREFIX: "/" + prefix}, {cm.OBJECT_KEY: "../../" + base},
-               {cm.OBJECT_PREFIX: "a/./b/"}]
+    refused = [
+        {cm.OBJECT_KEY: base.split("/", 0)[0]},
+        {cm.OBJECT_KEY: base.rsplit("/", 3)[1] + "/" + "x"},
+        {cm.OBJECT_PREFIX: "../" + prefix},
+        {cm.OBJECT_PREFIX: "/" + prefix},
+        {cm.OBJECT_KEY: "../../" + base},
+        {cm.OBJECT_PREFIX: "a/./b/"},
+    ]
     for fields in refused:
-        md = metadata(seg_id(3), topic="attacker", topic_id="BBBBBBBBBBBBBBBBBBBBBB", custom=cm.encode(fields))
+        md = metadata(
+            seg_id(3), topic="attacker", topic_id="BBBBBBBBBBBBBBBBBBBBBB", custom=cm.encode(fields)
+        )
         for call in (lambda: sc.client.delete(md), lambda: sc.client.fetch(md)):
             e = _err(call)
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (fields, e.details())
     # a clean prefix is the client's to choose (segments stay readable after storage.key_prefix
     # changes), but the key under it always names the request's own topic and segment
-    md = metadata(seg_id(3), topic="attacker", topic_id="BBBBBBBBBBBBBBBBBBBBBB",
-                  custom=cm.encode({cm.OBJECT_PREFIX: prefix}))
+    md = metadata(
+        seg_id(3),
+        topic="attacker",
+        topic_id="BBBBBBBBBBBBBBBBBBBBBB",
+        custom=cm.encode({cm.OBJECT_PREFIX: prefix}),
+    )
     sc.client.delete(md)
     assert _err(lambda: sc.client.fetch(md)).code() == grpc.StatusCode.NOT_FOUND
     assert sc.objects() == victim_keys
@@ -107,8 +130,9 @@ def _stalled(files, md, stop: threading.Event):
     stop.wait(60)
 
 
-def test_stalled_copies_get_resource_exhausted_and_time_out_while_health_and_fetch_answer(start_sidecar,
-                                                                                        tmp_path, caplog):
+def test_stalled_copies_get_resource_exhausted_and_time_out_while_health_and_fetch_answer(
+    start_sidecar, tmp_path, caplog
+):
     sc = start_sidecar(copy__max_concurrent=2, copy__idle_timeout_seconds=6)
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(64 * KiB))
     ok = metadata(seg_id(10), size=64 * KiB)
@@ -130,7 +154,10 @@ def test_stalled_copies_get_resource_exhausted_and_time_out_while_health_and_fet
     e = _err(lambda: sc.client.copy(files.stream_requests(metadata(seg_id(30), size=64 * KiB))))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "copy.max_concurrent" in e.details()
     health = health_pb2_grpc.HealthStub(sc.client.channel)
-    assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+    assert (
+        health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        == health_pb2.HealthCheckResponse.SERVING
+    )
     assert sc.client.fetch(ok, timeout=5) == open(files.log_path, "rb").read()
     assert outcomes == [], "health and fetch were answered only after the stalled copies ended"
     for t in threads:
@@ -177,9 +204,13 @@ def test_malformed_requests_get_invalid_argument_not_internal(start_sidecar, tmp
     sc.client.copy(files.stream_requests(md))
     e = _err(lambda: sc.client.index(md, 77))  # an IndexType this server does not know
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
-    bad = [metadata(seg_id(50), custom=b"\x07garbage"),
-           metadata(seg_id(50) + "\n"), metadata(seg_id(50), topic="."), metadata(seg_id(50), topic=".."),
-           metadata(seg_id(50), topic="x" * 100_000)]
+    bad = [
+        metadata(seg_id(50), custom=b"\x07garbage"),
+        metadata(seg_id(50) + "\n"),
+        metadata(seg_id(50), topic="."),
+        metadata(seg_id(50), topic=".."),
+        metadata(seg_id(50), topic="x" * 100_000),
+    ]
     for m in bad:
         for call in (lambda: sc.client.fetch(m), lambda: sc.client.delete(m)):
             e = _err(call)
@@ -216,18 +247,21 @@ def test_a_client_that_disconnects_mid_copy_is_one_warning_without_traceback(sta
     call.cancel()  # the broker goes away
     stop.set()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not any("copy" in r.getMessage() and r.levelno >= logging.WARNING
-                                                  for r in caplog.records):
+    while time.monotonic() < deadline and not any(
+        "copy" in r.getMessage() and r.levelno >= logging.WARNING for r in caplog.records
+    ):
         time.sleep(0.1)
     problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert problems and all(r.levelno == logging.WARNING and r.exc_info is None for r in problems), \
-        [(r.levelname, r.getMessage()) for r in problems]
+    assert problems and all(r.levelno == logging.WARNING and r.exc_info is None for r in problems), [
+        (r.levelname, r.getMessage()) for r in problems
+    ]
     assert any(seg_id(60) in r.getMessage() for r in problems)
     assert sc.objects() == [] and sc.sidecar.copier.journal.pending() == []
 
 
-def test_a_temp_file_that_cannot_be_removed_does_not_hide_the_real_error(start_sidecar, tmp_path, caplog,
-                                                                         monkeypatch):
+def test_a_temp_file_that_cannot_be_removed_does_not_hide_the_real_error(
+    start_sidecar, tmp_path, caplog, monkeypatch
+):
     """The copy fails for a reason of its own (the client sends fewer bytes than it
     declared) and removing the aborted upload's temp file fails too. A filesystem cannot be
     made to refuse one unlink to root, so os.unlink is replaced for this test only."""
@@ -252,6 +286,8 @@ def test_a_temp_file_that_cannot_be_removed_does_not_hide_the_real_error(start_s
     assert e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT), e.details()
     assert "307200 of 409600 bytes" in e.details(), e.details()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
-    assert any("could not remove the temp file" in r.getMessage() and r.levelno == logging.WARNING
-               for r in caplog.records)
+    assert any(
+        "could not remove the temp file" in r.getMessage() and r.levelno == logging.WARNING
+        for r in caplog.records
+    )
     assert sc.store.remove_leftovers() == 1  # the periodic sweep removes it later

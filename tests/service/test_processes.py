@@ -29,16 +29,25 @@ EMPTY_CONFIG = REPO / "tests" / "service" / "empty.toml"
 def keys(tmp_path_factory) -> dict[str, str]:
     d = tmp_path_factory.mktemp("proc-keys")
     write_key_pair(d / "k.public.pem", d / "k.private.pem", 2048)
-    return {"RSM__ENCRYPTION__ENABLED": "true", "RSM__ENCRYPTION__ACTIVE_KEY_ID": "k",
-            "RSM__ENCRYPTION__KEYS__k__PUBLIC_KEY_FILE": str(d / "k.public.pem"),
-            "RSM__ENCRYPTION__KEYS__k__PRIVATE_KEY_FILE": str(d / "k.private.pem")}
+    return {
+        "RSM__ENCRYPTION__ENABLED": "true",
+        "RSM__ENCRYPTION__ACTIVE_KEY_ID": "k",
+        "RSM__ENCRYPTION__KEYS__k__PUBLIC_KEY_FILE": str(d / "k.public.pem"),
+        "RSM__ENCRYPTION__KEYS__k__PRIVATE_KEY_FILE": str(d / "k.private.pem"),
+    }
 
 
 def _env(work: Path, storage: dict[str, str], keys: dict[str, str], **extra) -> dict[str, str]:
     (work / "logs-dir").mkdir(parents=True, exist_ok=True)
-    env = {"RSM__SERVER__LISTEN": f"unix://{work / 'rsm.sock'}", "RSM__METRICS__LISTEN": "",
-           "RSM__COPY__JOURNAL_DIR": str(work / "journal"), "RSM__COPY__ALLOWED_DIRS": str(work / "logs-dir"),
-           "RSM__SEGMENT__CHUNK_SIZE": "256KiB", **storage, **keys}
+    env = {
+        "RSM__SERVER__LISTEN": f"unix://{work / 'rsm.sock'}",
+        "RSM__METRICS__LISTEN": "",
+        "RSM__COPY__JOURNAL_DIR": str(work / "journal"),
+        "RSM__COPY__ALLOWED_DIRS": str(work / "logs-dir"),
+        "RSM__SEGMENT__CHUNK_SIZE": "256KiB",
+        **storage,
+        **keys,
+    }
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -48,8 +57,14 @@ def _serve(work: Path, env: dict[str, str]) -> SidecarProcess:
 
 
 def _run_serve(env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 # -- item 10: one sidecar per socket and per journal -----------------------------------------
@@ -58,11 +73,15 @@ def test_a_second_sidecar_on_the_same_socket_or_journal_refuses_to_start(tmp_pat
     (tmp_path / "remote").mkdir()
     first = _serve(tmp_path / "a", _env(tmp_path / "a", local, keys))
     try:
-        same_socket = _env(tmp_path / "b", local, keys, RSM__SERVER__LISTEN=f"unix://{tmp_path / 'a' / 'rsm.sock'}")
+        same_socket = _env(
+            tmp_path / "b", local, keys, RSM__SERVER__LISTEN=f"unix://{tmp_path / 'a' / 'rsm.sock'}"
+        )
         r = _run_serve(same_socket)
         assert r.returncode != 0 and "is locked by another rsm-sidecar process" in r.stderr, r.stderr[-2000:]
         assert f"pid {first.pid}" in r.stderr and "Traceback" not in r.stderr
-        same_journal = _env(tmp_path / "c", local, keys, RSM__COPY__JOURNAL_DIR=str(tmp_path / "a" / "journal"))
+        same_journal = _env(
+            tmp_path / "c", local, keys, RSM__COPY__JOURNAL_DIR=str(tmp_path / "a" / "journal")
+        )
         r = _run_serve(same_journal)
         assert r.returncode != 0 and "copy.journal_dir" in r.stderr and "locked" in r.stderr, r.stderr[-2000:]
         # the first one still serves on its socket, which is 0600
@@ -87,9 +106,13 @@ def test_stored_objects_and_journal_entries_are_private_and_exposed_keys_are_ref
     exposed.chmod(0o644)
     bad = _env(tmp_path / "x", local, keys, RSM__ENCRYPTION__KEYS__k__PRIVATE_KEY_FILE=str(exposed))
     r = _run_serve(bad)
-    assert r.returncode != 0 and "accessible to other users" in r.stderr and "chmod 600" in r.stderr, r.stderr[-2000:]
-    sc = _serve(tmp_path / "x", {**bad, "RSM__ENCRYPTION__ALLOW_EXPOSED_PRIVATE_KEYS": "true",
-                                 "RSM__ENCRYPTION__ENABLED": "false"})
+    assert r.returncode != 0 and "accessible to other users" in r.stderr and "chmod 600" in r.stderr, (
+        r.stderr[-2000:]
+    )
+    sc = _serve(
+        tmp_path / "x",
+        {**bad, "RSM__ENCRYPTION__ALLOW_EXPOSED_PRIVATE_KEYS": "true", "RSM__ENCRYPTION__ENABLED": "false"},
+    )
     try:
         files = SegmentFilesOnDisk(str(tmp_path / "x" / "logs-dir" / "t-0"), os.urandom(10 * KiB))
         client = Client(sc.target)
@@ -99,8 +122,9 @@ def test_stored_objects_and_journal_entries_are_private_and_exposed_keys_are_ref
         sc.stop()
     stored = [p for p in (tmp_path / "remote").rglob("*") if p.is_file()]
     assert len(stored) == 3
-    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in stored), \
-        {p.name: oct(p.stat().st_mode) for p in stored}
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in stored), {
+        p.name: oct(p.stat().st_mode) for p in stored
+    }
     journal = tmp_path / "x" / "journal"
     assert stat.S_IMODE(journal.stat().st_mode) == 0o700
 
@@ -115,7 +139,9 @@ def test_temp_files_of_killed_copies_are_removed_by_the_periodic_sweep(tmp_path,
     files = SegmentFilesOnDisk(str(tmp_path / "w" / "logs-dir" / "t-0"), log_size=48 * MiB)
     md = metadata(seg_id(3), size=files.log_size)
     client = Client(victim.target)
-    threading.Thread(target=lambda: _ignore(lambda: client.copy(files.stream_requests(md))), daemon=True).start()
+    threading.Thread(
+        target=lambda: _ignore(lambda: client.copy(files.stream_requests(md))), daemon=True
+    ).start()
     deadline = time.monotonic() + 30
     while not [p for p in root.rglob("*") if p.is_file()] and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -163,10 +189,15 @@ def test_two_sidecars_on_one_bucket_keep_each_others_segments_through_kill_9(tmp
 
     with SeaweedS3Server(tmp_path / "s3", access_key="two-access", secret_key="two-secret-key-123") as s3:
         s3.create_bucket("shared")
-        storage = {"RSM__STORAGE__BACKEND": "s3", "RSM__STORAGE__S3__BUCKET": "shared",
-                   "RSM__STORAGE__S3__ENDPOINT_URL": s3.endpoint_url, "RSM__STORAGE__S3__REGION": "us-east-1",
-                   "RSM__STORAGE__S3__ADDRESSING_STYLE": "path", "RSM__STORAGE__S3__ACCESS_KEY_ID": "two-access",
-                   "RSM__STORAGE__S3__SECRET_ACCESS_KEY": "two-secret-key-123"}
+        storage = {
+            "RSM__STORAGE__BACKEND": "s3",
+            "RSM__STORAGE__S3__BUCKET": "shared",
+            "RSM__STORAGE__S3__ENDPOINT_URL": s3.endpoint_url,
+            "RSM__STORAGE__S3__REGION": "us-east-1",
+            "RSM__STORAGE__S3__ADDRESSING_STYLE": "path",
+            "RSM__STORAGE__S3__ACCESS_KEY_ID": "two-access",
+            "RSM__STORAGE__S3__SECRET_ACCESS_KEY": "two-secret-key-123",
+        }
         env_a = _env(tmp_path / "a", storage, keys, RSM__COPY__JOURNAL_SWEEP_SECONDS=1)
         env_b = _env(tmp_path / "b", storage, keys, RSM__COPY__JOURNAL_SWEEP_SECONDS=1)
         a, b = _serve(tmp_path / "a", env_a), _serve(tmp_path / "b", env_b)
@@ -183,8 +214,10 @@ def test_two_sidecars_on_one_bucket_keep_each_others_segments_through_kill_9(tmp
             big = SegmentFilesOnDisk(str(tmp_path / "a" / "logs-dir" / "big"), log_size=160 * MiB)
             big_md = metadata(seg_id(199), start=400, end=499, size=big.log_size)
             big_done = []
-            threading.Thread(target=lambda: _ignore(lambda: big_done.append(ca.copy(big.stream_requests(big_md)))),
-                             daemon=True).start()
+            threading.Thread(
+                target=lambda: _ignore(lambda: big_done.append(ca.copy(big.stream_requests(big_md)))),
+                daemon=True,
+            ).start()
             deadline = time.monotonic() + 30
             while not list((tmp_path / "a" / "journal").glob("*.json")) and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -203,11 +236,14 @@ def test_two_sidecars_on_one_bucket_keep_each_others_segments_through_kill_9(tmp
             a = _serve(tmp_path / "a", env_a)
             ca = Client(a.target)
             time.sleep(2.5)  # a few periodic sweeps on both
-            assert list((tmp_path / "a" / "journal").glob("*.json")) == [], "the killed copy's entry was not settled"
+            assert list((tmp_path / "a" / "journal").glob("*.json")) == [], (
+                "the killed copy's entry was not settled"
+            )
             keys_now = [o for o in _list_keys(s3)]
             assert not big_done, "the large copy finished before the kill"
-            assert not any(big_md.segment_id in k for k in keys_now), \
+            assert not any(big_md.segment_id in k for k in keys_now), (
                 f"the killed copy's objects were left behind: {[k for k in keys_now if big_md.segment_id in k]}"
+            )
             for sid, (md, data) in acked.items():
                 assert ca.fetch(md) == data and cb.fetch(md) == data, sid
             # retention on the new leader deletes the old leader's segments
@@ -234,8 +270,13 @@ def test_two_sidecars_on_one_bucket_keep_each_others_segments_through_kill_9(tmp
 def _list_keys(s3) -> list[str]:
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id="two-access", aws_secret_access_key="two-secret-key-123")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="two-access",
+        aws_secret_access_key="two-secret-key-123",
+    )
     out = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket="shared"):
         out += [o["Key"] for o in page.get("Contents", [])]

@@ -37,8 +37,14 @@ class CountingStore(LocalObjectStore):
 def test_cancelled_fetch_reads_at_most_the_run_in_flight_plus_the_prefetch_window(start_sidecar, tmp_path):
     store = CountingStore(tmp_path / "remote", fsync=False)
     chunk, prefetch, max_range = 4 * MiB, 16 * MiB, 8 * MiB
-    sc = start_sidecar(store=store, encryption=True, segment__chunk_size=chunk, segment__compression=False,
-                       cache__prefetch_bytes=prefetch, fetch__max_range_bytes=max_range)
+    sc = start_sidecar(
+        store=store,
+        encryption=True,
+        segment__chunk_size=chunk,
+        segment__compression=False,
+        cache__prefetch_bytes=prefetch,
+        fetch__max_range_bytes=max_range,
+    )
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=64 * MiB)
     md = metadata(seg_id(1), size=files.log_size)
     sc.client.copy(files.path_request(md))
@@ -51,8 +57,10 @@ def test_cancelled_fetch_reads_at_most_the_run_in_flight_plus_the_prefetch_windo
     read = store.bytes_read
     overhead = 28 * (64 * MiB // chunk)
     bound = max_range + prefetch + overhead
-    print(f"\ncancelled after 1 MiB of a 64 MiB segment: read {read / MiB:.1f} MiB from storage "
-          f"(bound {bound / MiB:.1f} MiB: one run of {max_range // MiB} MiB + prefetch {prefetch // MiB} MiB)")
+    print(
+        f"\ncancelled after 1 MiB of a 64 MiB segment: read {read / MiB:.1f} MiB from storage "
+        f"(bound {bound / MiB:.1f} MiB: one run of {max_range // MiB} MiB + prefetch {prefetch // MiB} MiB)"
+    )
     assert read <= bound
     time.sleep(1)
     assert store.bytes_read == read, "storage reads continued after the cancel"
@@ -69,8 +77,11 @@ class SidecarProcess:
     file; port 0, learnt from the start-up log line."""
 
     def __init__(self, cfg_path):
-        self.proc = subprocess.Popen([sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(cfg_path)],
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(cfg_path)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         address = None
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and address is None:
@@ -110,7 +121,7 @@ class PeakRss:
             self.peak = max(self.peak, self.sidecar.rss())
             time.sleep(0.02)
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         self.peak = self.sidecar.rss()
         self._thread.start()
         return self
@@ -168,23 +179,37 @@ allowed_dirs = ["{tmp_path}"]
             sampler.join()
             results[mode] = (peak[0] - baseline, elapsed, resp.stored_bytes, baseline)
         for mode, (growth, elapsed, stored, baseline) in results.items():
-            print(f"\n1 GiB copy ({mode} mode): RSS +{growth / MiB:.1f} MiB over a {baseline / MiB:.0f} MiB baseline, "
-                  f"{1024 / elapsed:.0f} MiB/s, {stored / MiB:.0f} MiB stored")
+            print(
+                f"\n1 GiB copy ({mode} mode): RSS +{growth / MiB:.1f} MiB over a {baseline / MiB:.0f} MiB baseline, "
+                f"{1024 / elapsed:.0f} MiB/s, {stored / MiB:.0f} MiB stored"
+            )
         for mode, (growth, _, _, _) in results.items():
             assert growth <= 64 * MiB, f"{mode} mode grew RSS by {growth / MiB:.1f} MiB"
     finally:
         sidecar.stop()
 
 
-def documented_memory_bound(base: int, readers: int, *, manifest_cache: int, index_cache: int, chunk_cache: int,
-                            prefetch: int, max_range: int, chunk: int, max_concurrent: int,
-                            prefetch_threads: int = 4) -> int:
+def documented_memory_bound(
+    base: int,
+    readers: int,
+    *,
+    manifest_cache: int,
+    index_cache: int,
+    chunk_cache: int,
+    prefetch: int,
+    max_range: int,
+    chunk: int,
+    max_concurrent: int,
+    prefetch_threads: int = 4,
+) -> int:
     """docs/operations.md "Memory" for a sidecar that only serves fetches: base + caches +
     per concurrent fetch (one ranged GET, one decoded chunk outside the cache, two 1 MiB
     messages) + the prefetch threads' downloads in flight."""
     caches = manifest_cache + index_cache + chunk_cache
     fetches = min(readers, max_concurrent) * (max(max_range, chunk) + chunk + 2 * MiB)
-    prefetching = prefetch_threads * (max(max_range, chunk) + chunk) if prefetch > 0 and chunk_cache > 0 else 0
+    prefetching = (
+        prefetch_threads * (max(max_range, chunk) + chunk) if prefetch > 0 and chunk_cache > 0 else 0
+    )
     return base + caches + fetches + prefetching
 
 
@@ -205,7 +230,7 @@ listen = "127.0.0.1:0"
 [metrics]
 listen = ""
 [storage.local]
-root = "{tmp_path / 'remote'}"
+root = "{tmp_path / "remote"}"
 fsync = false
 [segment]
 chunk_size = {chunk}
@@ -257,21 +282,31 @@ private_key_file = "{private}"
             while time.monotonic() < until:
                 start = rnd.randrange(segment_size)
                 length = rnd.randrange(1, 16 * MiB)
-                got = sum(len(r.data) for r in sidecar.client.fetch_stream(mds[i % segments], start, start + length))
+                got = sum(
+                    len(r.data) for r in sidecar.client.fetch_stream(mds[i % segments], start, start + length)
+                )
                 assert got == min(length + 1, segment_size - start)
 
         results = []
         for readers in (1, 3, 6):
-            bound = documented_memory_bound(base, readers, manifest_cache=manifest_cache, index_cache=index_cache,
-                                            chunk_cache=chunk_cache, prefetch=prefetch, max_range=max_range,
-                                            chunk=chunk, max_concurrent=max_concurrent)
+            bound = documented_memory_bound(
+                base,
+                readers,
+                manifest_cache=manifest_cache,
+                index_cache=index_cache,
+                chunk_cache=chunk_cache,
+                prefetch=prefetch,
+                max_range=max_range,
+                chunk=chunk,
+                max_concurrent=max_concurrent,
+            )
             for kind, read in (("whole segments", whole_segment), ("random ranges", random_ranges)):
                 errors = []
 
                 def run(i):
                     try:
                         read(i)
-                    except Exception as e:  # noqa: BLE001 - reported below
+                    except Exception as e:
                         errors.append(e)
 
                 threads = [threading.Thread(target=run, args=(i,)) for i in range(readers)]
@@ -282,11 +317,15 @@ private_key_file = "{private}"
                         t.join()
                 assert not errors, errors[0]
                 results.append((readers, kind, rss.peak, bound))
-                print(f"\n{readers} readers, {kind}: peak RSS {rss.peak / MiB:.0f} MiB (+{(rss.peak - base) / MiB:.0f} "
-                      f"over the idle {base / MiB:.0f} MiB), documented bound {bound / MiB:.0f} MiB "
-                      f"(+{(bound - base) / MiB:.0f})")
+                print(
+                    f"\n{readers} readers, {kind}: peak RSS {rss.peak / MiB:.0f} MiB (+{(rss.peak - base) / MiB:.0f} "
+                    f"over the idle {base / MiB:.0f} MiB), documented bound {bound / MiB:.0f} MiB "
+                    f"(+{(bound - base) / MiB:.0f})"
+                )
         for readers, kind, peak, bound in results:
-            assert peak <= bound, (f"{readers} readers ({kind}): peak RSS {peak / MiB:.0f} MiB exceeds the documented "
-                                   f"bound {bound / MiB:.0f} MiB")
+            assert peak <= bound, (
+                f"{readers} readers ({kind}): peak RSS {peak / MiB:.0f} MiB exceeds the documented "
+                f"bound {bound / MiB:.0f} MiB"
+            )
     finally:
         sidecar.stop()

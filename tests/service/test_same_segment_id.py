@@ -33,7 +33,9 @@ def _code(e) -> grpc.StatusCode:
 
 def test_sweep_after_a_failed_attempt_keeps_the_segment_a_retry_acknowledged(start_sidecar, tmp_path):
     store = OutageStore(tmp_path / "remote", fsync=False)
-    sc = start_sidecar(store=store, copy__journal_dir=str(tmp_path / "journal"), copy__journal_sweep_seconds=3600)
+    sc = start_sidecar(
+        store=store, copy__journal_dir=str(tmp_path / "journal"), copy__journal_sweep_seconds=3600
+    )
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(100 * KiB))
     md = metadata(seg_id(40), size=100 * KiB)
     store.down = True  # attempt 1: the manifest write fails, and so does its cleanup
@@ -83,7 +85,10 @@ def test_an_older_attempts_cleanup_never_deletes_what_a_newer_attempt_committed(
     release.set()  # attempt 1 now fails (short stream) and cleans up
     t1.join(30)
     t2.join(60)
-    assert first_error and first_error[0] in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT)
+    assert first_error and first_error[0] in (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
     assert answer, "attempt 2 did not answer"
     with open(files.log_path, "rb") as f:
         original = f.read()
@@ -227,8 +232,9 @@ def backend_store(request, tmp_path_factory):
     from devstack.s3server import SeaweedS3Server
     from tests.storage.conftest import S3_ACCESS_KEY, S3_SECRET_KEY, make_s3_store
 
-    with SeaweedS3Server(tmp_path_factory.mktemp("seaweedfs"), access_key=S3_ACCESS_KEY,
-                         secret_key=S3_SECRET_KEY) as server:
+    with SeaweedS3Server(
+        tmp_path_factory.mktemp("seaweedfs"), access_key=S3_ACCESS_KEY, secret_key=S3_SECRET_KEY
+    ) as server:
         server.create_bucket("rsm-test")
         store = make_s3_store(server, max_attempts=1)
         yield store
@@ -236,8 +242,9 @@ def backend_store(request, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_randomized_overlapping_copies_of_one_id_with_storage_faults_and_sweeps(start_sidecar, backend_store,
-                                                                               tmp_path):
+def test_randomized_overlapping_copies_of_one_id_with_storage_faults_and_sweeps(
+    start_sidecar, backend_store, tmp_path
+):
     """200 rounds of 1-6 overlapping copies of one id (stream and path mode), storage
     faults injected before and after requests take effect, concurrent fetches and
     journal sweeps: every acknowledged copy stays readable with its bytes, nothing
@@ -246,8 +253,12 @@ def test_randomized_overlapping_copies_of_one_id_with_storage_faults_and_sweeps(
     rng = random.Random(seed)
     store = FaultInjector(backend_store, seed)
     encrypted = backend_store.name == "local"
-    sc = start_sidecar(store=store, encryption=encrypted, copy__journal_dir=str(tmp_path / "journal"),
-                       copy__journal_sweep_seconds=3600)
+    sc = start_sidecar(
+        store=store,
+        encryption=encrypted,
+        copy__journal_dir=str(tmp_path / "journal"),
+        copy__journal_sweep_seconds=3600,
+    )
     log: list[str] = []
     for r in range(200):
         try:
@@ -255,5 +266,7 @@ def test_randomized_overlapping_copies_of_one_id_with_storage_faults_and_sweeps(
         except AssertionError as e:
             raise AssertionError(f"seed {seed} (RSM_TEST_SEED={seed} reproduces): {e}") from None
     acked = sum(1 for line in log if not line.split(", ")[1].startswith("0 "))
-    print(f"\n{backend_store.name}: 200 rounds, {acked} with an acknowledged copy, {store.injected} faults injected")
+    print(
+        f"\n{backend_store.name}: 200 rounds, {acked} with an acknowledged copy, {store.injected} faults injected"
+    )
     assert store.injected > 100 and 20 < acked < 200

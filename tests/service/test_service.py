@@ -29,7 +29,9 @@ def test_copy_fetch_indexes_delete(start_sidecar, tmp_path, mode, encryption):
     log = os.urandom(300 * KiB) + b"x" * (200 * KiB)
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), log)
     md = metadata(seg_id(1), 100, 199, size=len(log))
-    resp = sc.client.copy(files.stream_requests(md, piece=100_000) if mode == "stream" else files.path_request(md))
+    resp = sc.client.copy(
+        files.stream_requests(md, piece=100_000) if mode == "stream" else files.path_request(md)
+    )
     fields = cm.decode(resp.custom_metadata)
     assert fields[cm.REMOTE_SIZE] == resp.stored_bytes > 0
     assert fields[cm.OBJECT_PREFIX] == ""
@@ -38,8 +40,12 @@ def test_copy_fetch_indexes_delete(start_sidecar, tmp_path, mode, encryption):
     assert sc.client.fetch(md) == log
     assert sc.client.fetch(md, 12345) == log[12345:]
     assert sc.client.fetch(md, 70_000, 200_000) == log[70_000:200_001]
-    for index_type, name in ((pb.OFFSET, "offset"), (pb.TIMESTAMP, "timestamp"),
-                             (pb.PRODUCER_SNAPSHOT, "producerSnapshot"), (pb.TRANSACTION, "transaction")):
+    for index_type, name in (
+        (pb.OFFSET, "offset"),
+        (pb.TIMESTAMP, "timestamp"),
+        (pb.PRODUCER_SNAPSHOT, "producerSnapshot"),
+        (pb.TRANSACTION, "transaction"),
+    ):
         assert sc.client.index(md, index_type) == files.indexes[name]
     assert sc.client.index(md, pb.LEADER_EPOCH) == files.leader_epoch
     assert len(sc.objects()) == 3
@@ -60,9 +66,11 @@ def test_fetch_positions_follow_the_contract(start_sidecar, tmp_path):
     assert sc.client.fetch(md, 1000, 10**9) == log[1000:]  # end clamped
     assert sc.client.fetch(md, len(log) - 1) == log[-1:]
     assert sc.client.fetch(md, len(log)) == b""  # reading from the end: nothing
-    for start, end, code in ((-1, None, grpc.StatusCode.INVALID_ARGUMENT),
-                             (10, 5, grpc.StatusCode.INVALID_ARGUMENT),
-                             (len(log) + 1, None, grpc.StatusCode.OUT_OF_RANGE)):
+    for start, end, code in (
+        (-1, None, grpc.StatusCode.INVALID_ARGUMENT),
+        (10, 5, grpc.StatusCode.INVALID_ARGUMENT),
+        (len(log) + 1, None, grpc.StatusCode.OUT_OF_RANGE),
+    ):
         with pytest.raises(grpc.RpcError) as e:
             sc.client.fetch(md, start, end)
         assert _code(e) == code, (start, end)
@@ -76,7 +84,10 @@ def test_missing_segment_and_missing_txn_index_are_not_found(start_sidecar, tmp_
     with pytest.raises(grpc.RpcError) as e:
         sc.client.index(md, pb.TRANSACTION)
     assert _code(e) == grpc.StatusCode.NOT_FOUND and "transaction" in e.value.details()
-    for call in (lambda: sc.client.fetch(metadata(seg_id(99))), lambda: sc.client.index(metadata(seg_id(99)), pb.OFFSET)):
+    for call in (
+        lambda: sc.client.fetch(metadata(seg_id(99))),
+        lambda: sc.client.index(metadata(seg_id(99)), pb.OFFSET),
+    ):
         with pytest.raises(grpc.RpcError) as e:
             call()
         assert _code(e) == grpc.StatusCode.NOT_FOUND
@@ -93,9 +104,17 @@ def test_empty_segment(start_sidecar, tmp_path):
 
 @pytest.mark.parametrize("encryption", [False, True])
 @pytest.mark.parametrize("compression", [False, True])
-def test_flipped_byte_in_any_chunk_fails_naming_segment_and_chunk(start_sidecar, tmp_path, encryption, compression):
-    sc = start_sidecar(encryption=encryption, segment__compression=compression, segment__compression_heuristic=False,
-                       segment__chunk_size=16 * KiB, cache__chunk_bytes=0, cache__prefetch_bytes=0)
+def test_flipped_byte_in_any_chunk_fails_naming_segment_and_chunk(
+    start_sidecar, tmp_path, encryption, compression
+):
+    sc = start_sidecar(
+        encryption=encryption,
+        segment__compression=compression,
+        segment__compression_heuristic=False,
+        segment__chunk_size=16 * KiB,
+        cache__chunk_bytes=0,
+        cache__prefetch_bytes=0,
+    )
     log = (b"0123456789abcdef" * 4096)[: 5 * 16 * KiB - 100]
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), log)
     md = metadata(seg_id(5), size=len(log))
@@ -206,8 +225,12 @@ def test_out_of_order_stream_is_invalid(start_sidecar, tmp_path):
 @pytest.mark.parametrize("change", ["append", "truncate", "delete", "replace"])
 def test_segment_file_changing_during_path_copy_fails_and_leaves_nothing(start_sidecar, tmp_path, change):
     # zstd at level 19 on random bytes makes the copy slow enough to change the file under it.
-    sc = start_sidecar(segment__compression_heuristic=False, segment__compression_level=19,
-                       segment__chunk_size=256 * KiB, copy__parallelism=1)
+    sc = start_sidecar(
+        segment__compression_heuristic=False,
+        segment__compression_level=19,
+        segment__chunk_size=256 * KiB,
+        copy__parallelism=1,
+    )
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=24 * 1024 * KiB)
     md = metadata(seg_id(12), size=files.log_size)
     errors = []
@@ -222,7 +245,9 @@ def test_segment_file_changing_during_path_copy_fails_and_leaves_nothing(start_s
     t.start()
     tmp = sc.root / ".tmp"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not (tmp.exists() and any(p.stat().st_size > 0 for p in tmp.iterdir())):
+    while time.monotonic() < deadline and not (
+        tmp.exists() and any(p.stat().st_size > 0 for p in tmp.iterdir())
+    ):
         time.sleep(0.005)
     if change == "append":
         with open(files.log_path, "ab") as f:
@@ -283,7 +308,9 @@ def test_concurrent_copies_and_fetches(start_sidecar, tmp_path):
     segments = []
     for i in range(10):
         log = os.urandom(150 * KiB + i * 777)
-        segments.append((metadata(seg_id(100 + i), size=len(log)), SegmentFilesOnDisk(str(tmp_path / f"s{i}"), log), log))
+        segments.append(
+            (metadata(seg_id(100 + i), size=len(log)), SegmentFilesOnDisk(str(tmp_path / f"s{i}"), log), log)
+        )
     with concurrent.futures.ThreadPoolExecutor(10) as pool:
         list(pool.map(lambda s: sc.client.copy(s[1].stream_requests(s[0], piece=50 * KiB)), segments))
         results = list(pool.map(lambda s: sc.client.fetch(s[0], 1000), segments))
@@ -305,8 +332,10 @@ def test_health_and_metrics(start_sidecar, tmp_path):
 
     sc = start_sidecar()
     health = health_pb2_grpc.HealthStub(sc.client.channel)
-    assert health.Check(health_pb2.HealthCheckRequest(service="rsm.v1.RemoteStorage")).status == \
-        health_pb2.HealthCheckResponse.SERVING
+    assert (
+        health.Check(health_pb2.HealthCheckRequest(service="rsm.v1.RemoteStorage")).status
+        == health_pb2.HealthCheckResponse.SERVING
+    )
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(100 * KiB))
     md = metadata(seg_id(16), size=100 * KiB)
     sc.client.copy(files.stream_requests(md))
@@ -442,7 +471,9 @@ class OutageStore(LocalObjectStore):
 
 def test_journal_sweep_removes_what_a_failed_cleanup_left(start_sidecar, tmp_path):
     store = OutageStore(tmp_path / "remote", fsync=False)
-    sc = start_sidecar(store=store, copy__journal_dir=str(tmp_path / "journal"), copy__journal_sweep_seconds=3600)
+    sc = start_sidecar(
+        store=store, copy__journal_dir=str(tmp_path / "journal"), copy__journal_sweep_seconds=3600
+    )
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(100 * KiB))
     md = metadata(seg_id(30), size=100 * KiB)
     store.down = True

@@ -20,27 +20,41 @@ EMPTY_CONFIG = REPO / "tests" / "service" / "empty.toml"
 
 def _serve(tmp_path, env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess:
     (tmp_path / "remote").mkdir(exist_ok=True)
-    base = {"RSM__STORAGE__LOCAL__ROOT": str(tmp_path / "remote"), "RSM__METRICS__LISTEN": "",
-            "RSM__SERVER__LISTEN": "127.0.0.1:0"}
-    return subprocess.run([sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
-                          env={**os.environ, **base, **env}, capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO)
+    base = {
+        "RSM__STORAGE__LOCAL__ROOT": str(tmp_path / "remote"),
+        "RSM__METRICS__LISTEN": "",
+        "RSM__SERVER__LISTEN": "127.0.0.1:0",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
+        env={**os.environ, **base, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
-@pytest.mark.parametrize("env, key, words", [
-    ({"RSM__SERVER__LISTEN": "127.0.0.1:99999"}, "server.listen", "port"),
-    ({"RSM__METRICS__LISTEN": "127.0.0.1:70000"}, "metrics.listen", "port"),
-    ({"RSM__SERVER__LISTEN": "unix://relative/rsm.sock"}, "server.listen", "absolute"),
-    ({"RSM__COPY__ALLOWED_DIRS": "/does/not/exist"}, "copy.allowed_dirs", "does not exist"),
-    ({"RSM__COPY__ALLOWED_DIRS": "relative/dir"}, "copy.allowed_dirs", "absolute"),
-    ({"RSM__COPY__ALLOWED_DIRS": "/"}, "copy.allowed_dirs", "root directory"),
-    ({"RSM__STORAGE__KEY_PREFIX": "../"}, "storage.key_prefix", ".."),
-    ({"RSM__STORAGE__KEY_PREFIX": "/abs/"}, "storage.key_prefix", "/"),
-    ({"RSM__COPY__JOURNAL_DIR": "/proc/version/journal"}, "copy.journal_dir", "cannot use"),
-    ({"RSM__SERVER__TLS__CERT_FILE": "/etc/hostname", "RSM__SERVER__TLS__KEY_FILE": "/etc/hostname"},
-     "server.tls.key_file", "private key"),
-    ({"RSM__SERVER__LISTEN": "0.0.0.0:0"}, "server.listen", "not a loopback address"),
-])
+@pytest.mark.parametrize(
+    "env, key, words",
+    [
+        ({"RSM__SERVER__LISTEN": "127.0.0.1:99999"}, "server.listen", "port"),
+        ({"RSM__METRICS__LISTEN": "127.0.0.1:70000"}, "metrics.listen", "port"),
+        ({"RSM__SERVER__LISTEN": "unix://relative/rsm.sock"}, "server.listen", "absolute"),
+        ({"RSM__COPY__ALLOWED_DIRS": "/does/not/exist"}, "copy.allowed_dirs", "does not exist"),
+        ({"RSM__COPY__ALLOWED_DIRS": "relative/dir"}, "copy.allowed_dirs", "absolute"),
+        ({"RSM__COPY__ALLOWED_DIRS": "/"}, "copy.allowed_dirs", "root directory"),
+        ({"RSM__STORAGE__KEY_PREFIX": "../"}, "storage.key_prefix", ".."),
+        ({"RSM__STORAGE__KEY_PREFIX": "/abs/"}, "storage.key_prefix", "/"),
+        ({"RSM__COPY__JOURNAL_DIR": "/proc/version/journal"}, "copy.journal_dir", "cannot use"),
+        (
+            {"RSM__SERVER__TLS__CERT_FILE": "/etc/hostname", "RSM__SERVER__TLS__KEY_FILE": "/etc/hostname"},
+            "server.tls.key_file",
+            "private key",
+        ),
+        ({"RSM__SERVER__LISTEN": "0.0.0.0:0"}, "server.listen", "not a loopback address"),
+    ],
+)
 def test_bad_settings_stop_the_sidecar_with_a_message_naming_the_key(tmp_path, env, key, words):
     r = _serve(tmp_path, env)
     assert r.returncode != 0
@@ -49,11 +63,19 @@ def test_bad_settings_stop_the_sidecar_with_a_message_naming_the_key(tmp_path, e
 
 
 def test_plaintext_beyond_loopback_needs_an_explicit_opt_in(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
-                            env={**os.environ, "RSM__STORAGE__LOCAL__ROOT": str(tmp_path), "RSM__SERVER__LISTEN":
-                                 "0.0.0.0:0", "RSM__SERVER__ALLOW_PLAINTEXT_NON_LOOPBACK": "true",
-                                 "RSM__METRICS__LISTEN": ":0"},
-                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
+        env={
+            **os.environ,
+            "RSM__STORAGE__LOCAL__ROOT": str(tmp_path),
+            "RSM__SERVER__LISTEN": "0.0.0.0:0",
+            "RSM__SERVER__ALLOW_PLAINTEXT_NON_LOOPBACK": "true",
+            "RSM__METRICS__LISTEN": ":0",
+        },
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         lines = []
         deadline = time.monotonic() + 30
@@ -65,8 +87,12 @@ def test_plaintext_beyond_loopback_needs_an_explicit_opt_in(tmp_path):
         assert proc.poll() is None, "".join(lines)
         # metrics.listen without a host binds loopback only
         import psutil
-        listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process(proc.pid).net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN}
+
+        listening = {
+            (c.laddr.ip, c.laddr.port)
+            for c in psutil.Process(proc.pid).net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
         hosts = {ip for ip, _ in listening}
         assert "0.0.0.0" in hosts or "::" in hosts  # the opted-in gRPC port
         metrics = [(ip, port) for ip, port in listening if ip not in ("0.0.0.0", "::")]
@@ -83,10 +109,18 @@ def test_sigterm_stops_the_sidecar_promptly_after_a_metrics_scrape(tmp_path):
     must still drain and exit. Before the fix, 7 of 8 runs that had served a connection on
     the metrics port ignored SIGTERM until SIGKILL."""
     for run in range(5):
-        proc = subprocess.Popen([sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
-                                env={**os.environ, "RSM__STORAGE__LOCAL__ROOT": str(tmp_path),
-                                     "RSM__SERVER__LISTEN": "127.0.0.1:0", "RSM__METRICS__LISTEN": "127.0.0.1:0"},
-                                stderr=subprocess.PIPE, text=True, cwd=REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
+            env={
+                **os.environ,
+                "RSM__STORAGE__LOCAL__ROOT": str(tmp_path),
+                "RSM__SERVER__LISTEN": "127.0.0.1:0",
+                "RSM__METRICS__LISTEN": "127.0.0.1:0",
+            },
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
         try:
             while True:
                 line = proc.stderr.readline()
@@ -94,8 +128,12 @@ def test_sigterm_stops_the_sidecar_promptly_after_a_metrics_scrape(tmp_path):
                 if '"listen"' in line:
                     break
             import psutil
-            ports = [c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN]
+
+            ports = [
+                c.laddr.port
+                for c in psutil.Process(proc.pid).net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN
+            ]
             for port in ports:  # a scrape (or any client) that connects and goes away
                 with socket.create_connection(("127.0.0.1", port), timeout=5):
                     pass

@@ -20,15 +20,21 @@ from rsm_sidecar.format.manifest import SegmentManifest
 from tests.service.rsm_client import SegmentFilesOnDisk, metadata, seg_id
 
 KiB = 1024
-INDEX_TYPES = {pb.OFFSET: "offset", pb.TIMESTAMP: "timestamp", pb.PRODUCER_SNAPSHOT: "producerSnapshot",
-               pb.TRANSACTION: "transaction", pb.LEADER_EPOCH: "leaderEpoch"}
+INDEX_TYPES = {
+    pb.OFFSET: "offset",
+    pb.TIMESTAMP: "timestamp",
+    pb.PRODUCER_SNAPSHOT: "producerSnapshot",
+    pb.TRANSACTION: "transaction",
+    pb.LEADER_EPOCH: "leaderEpoch",
+}
 
 
 class Segment:
     def __init__(self, sc, tmp_path, n: int):
         self.md = metadata(seg_id(7000 + n), start=100 * n, end=100 * n + 99, size=200 * KiB)
-        self.files = SegmentFilesOnDisk(str(tmp_path / f"seg{n}"), os.urandom(100 * KiB) +
-                                        (b"kafka record " * 8000)[:100 * KiB])
+        self.files = SegmentFilesOnDisk(
+            str(tmp_path / f"seg{n}"), os.urandom(100 * KiB) + (b"kafka record " * 8000)[: 100 * KiB]
+        )
         # equal-length index blobs, so that swapping them keeps every position valid
         for name in ("offset", "timestamp", "producerSnapshot", "transaction"):
             self.files.indexes[name] = os.urandom(816)
@@ -47,13 +53,15 @@ class Segment:
 
 def _swap(data: bytes, a: tuple[int, int], b: tuple[int, int]) -> bytes:
     (pa, na), (pb_, nb) = sorted([a, b])
-    return data[:pa] + data[pb_:pb_ + nb] + data[pa + na:pb_] + data[pa:pa + na] + data[pb_ + nb:]
+    return data[:pa] + data[pb_ : pb_ + nb] + data[pa + na : pb_] + data[pa : pa + na] + data[pb_ + nb :]
 
 
 def _edit_manifest(raw: bytes, rng: random.Random) -> bytes:
     """A plausible edit; half the time the unkeyed SHA-256 is recomputed, as an attacker would."""
     m = SegmentManifest.from_bytes(raw)
-    edit = rng.choice(["offsets", "sizes", "compression", "ranges", "attempt", "tags", "strip", "aad", "epochs"])
+    edit = rng.choice(
+        ["offsets", "sizes", "compression", "ranges", "attempt", "tags", "strip", "aad", "epochs"]
+    )
     if edit == "strip":  # remove the rsmSidecar block entirely (a downgrade to Aiven's format)
         doc = json.loads(raw)
         doc["remoteLogSegmentMetadata"].pop("rsmSidecar")
@@ -65,10 +73,13 @@ def _edit_manifest(raw: bytes, rng: random.Random) -> bytes:
     elif edit == "sizes":
         sizes = m.chunk_index.transformed_sizes
         from rsm_sidecar.format.chunk_index import build_index
+
         i = rng.randrange(len(sizes) - 1)
         sizes = list(sizes)
         sizes[i], sizes[i + 1] = sizes[i + 1], sizes[i]
-        m.chunk_index = build_index(m.chunk_index.original_chunk_size, m.chunk_index.original_file_size, sizes, None)
+        m.chunk_index = build_index(
+            m.chunk_index.original_chunk_size, m.chunk_index.original_file_size, sizes, None
+        )
     elif edit == "compression":
         m.compression = not m.compression
     elif edit == "ranges":
@@ -79,14 +90,19 @@ def _edit_manifest(raw: bytes, rng: random.Random) -> bytes:
         m.chunk_tags = list(reversed(m.chunk_tags))
     elif edit == "aad":
         from rsm_sidecar.format.manifest import EncryptionInfo
-        m.encryption = EncryptionInfo(m.encryption.key_id, m.encryption.wrapped_key, os.urandom(len(m.encryption.aad)))
+
+        m.encryption = EncryptionInfo(
+            m.encryption.key_id, m.encryption.wrapped_key, os.urandom(len(m.encryption.aad))
+        )
     out = m.to_bytes()
     if rng.random() < 0.5:  # or leave the digest stale
         return out.replace(b'"writer"', b'"writeR"') if b'"writer"' in out else out
     return out
 
 
-def _tamper(kind: str, seg: Segment, other: Segment, plain: dict[str, bytes], rng: random.Random) -> dict[str, bytes]:
+def _tamper(
+    kind: str, seg: Segment, other: Segment, plain: dict[str, bytes], rng: random.Random
+) -> dict[str, bytes]:
     """The objects to put under ``seg``'s keys."""
     s = seg.stored
     if kind == "flip":
@@ -96,7 +112,7 @@ def _tamper(kind: str, seg: Segment, other: Segment, plain: dict[str, bytes], rn
         return {suffix: bytes(data)}
     if kind == "truncate":
         suffix = rng.choice(list(s))
-        return {suffix: s[suffix][:rng.randrange(len(s[suffix]))]}
+        return {suffix: s[suffix][: rng.randrange(len(s[suffix]))]}
     if kind == "chunk-swap":
         spans = seg.chunk_spans()
         a, b = rng.sample(spans, 2)
@@ -106,7 +122,7 @@ def _tamper(kind: str, seg: Segment, other: Segment, plain: dict[str, bytes], rn
         (pa, na), (pb_, nb) = rng.sample(spans, 2)
         n = min(na, nb)
         data = s["log"]
-        return {"log": data[:pb_] + data[pa:pa + n] + data[pb_ + n:]}
+        return {"log": data[:pb_] + data[pa : pa + n] + data[pb_ + n :]}
     if kind == "index-swap":
         ranges = [r for r in seg.manifest.indexes.values() if r is not None and r.size == 816 + 28]
         a, b = rng.sample(ranges, 2)
@@ -121,16 +137,25 @@ def _tamper(kind: str, seg: Segment, other: Segment, plain: dict[str, bytes], rn
     raise AssertionError(kind)
 
 
-KINDS = ["flip", "truncate", "chunk-swap", "chunk-duplicate", "index-swap", "cross-segment", "manifest-edit",
-         "plaintext-planted"]
+KINDS = [
+    "flip",
+    "truncate",
+    "chunk-swap",
+    "chunk-duplicate",
+    "index-swap",
+    "cross-segment",
+    "manifest-edit",
+    "plaintext-planted",
+]
 
 
 @pytest.mark.slow
 def test_tampered_encrypted_segments_are_refused_never_served_wrong(start_sidecar, tmp_path):
     seed = int(os.environ.get("RSM_TEST_SEED", time.time_ns() % 10**6))
     rng = random.Random(seed)
-    sc = start_sidecar(encryption=True, segment__chunk_size=32 * KiB, cache__chunk_bytes=0,
-                       cache__prefetch_bytes=0)
+    sc = start_sidecar(
+        encryption=True, segment__chunk_size=32 * KiB, cache__chunk_bytes=0, cache__prefetch_bytes=0
+    )
     segments = [Segment(sc, tmp_path, n) for n in range(4)]
     # a plaintext segment written by an unencrypted sidecar for the same id, to plant
     plain_sc = start_sidecar(store=sc.store)
@@ -147,10 +172,15 @@ def test_tampered_encrypted_segments_are_refused_never_served_wrong(start_sideca
         seg, other = rng.sample(segments, 2)
         if trial % 8 == 7:
             seg, other = victim, segments[1]
-        kind = KINDS[trial % len(KINDS)] if seg is victim or KINDS[trial % len(KINDS)] != "plaintext-planted" \
+        kind = (
+            KINDS[trial % len(KINDS)]
+            if seg is victim or KINDS[trial % len(KINDS)] != "plaintext-planted"
             else "flip"
+        )
         changed = _tamper(kind, seg, other, plain, rng)
-        while all(seg.stored[suffix] == data for suffix, data in changed.items()):  # an edit that changed nothing
+        while all(
+            seg.stored[suffix] == data for suffix, data in changed.items()
+        ):  # an edit that changed nothing
             changed = _tamper(kind, seg, other, plain, rng)
         for suffix, data in changed.items():
             sc.store.put(seg.keys[suffix], data)
@@ -159,13 +189,17 @@ def test_tampered_encrypted_segments_are_refused_never_served_wrong(start_sideca
             got = sc.client.fetch(seg.md)
             indexes = {name: sc.client.index(seg.md, t) for t, name in INDEX_TYPES.items()}
             assert got == seg.log, f"seed {seed} trial {trial} ({kind}): wrong bytes served"
-            assert indexes == {n: seg.expected_indexes[n] for n in INDEX_TYPES.values()}, \
+            assert indexes == {n: seg.expected_indexes[n] for n in INDEX_TYPES.values()}, (
                 f"seed {seed} trial {trial} ({kind}): wrong index bytes served"
+            )
             tally[kind][1] += 1
         except grpc.RpcError as e:
-            assert e.code() == grpc.StatusCode.DATA_LOSS, f"seed {seed} trial {trial} ({kind}): {e.code()} {e.details()}"
-            assert seg.md.segment_id in e.details(), f"trial {trial} ({kind}): error does not name the segment: " \
-                                                     f"{e.details()}"
+            assert e.code() == grpc.StatusCode.DATA_LOSS, (
+                f"seed {seed} trial {trial} ({kind}): {e.code()} {e.details()}"
+            )
+            assert seg.md.segment_id in e.details(), (
+                f"trial {trial} ({kind}): error does not name the segment: {e.details()}"
+            )
             tally[kind][0] += 1
         for suffix in changed:
             sc.store.put(seg.keys[suffix], seg.stored[suffix])

@@ -89,7 +89,9 @@ def test_shim_bytecode_references_relocated_grpc_and_real_kafka(jar: zipfile.Zip
     assert b"org/slf4j/Logger" in code, "slf4j must stay unrelocated (the broker provides it)"
     assert (SHADED + "io/grpc/").encode() in code
     for m in re.finditer(rb"(?<![/\w])(io/grpc/|com/google/)", code):
-        raise AssertionError(f"unrelocated reference at byte {m.start()}: {code[m.start():m.start() + 60]!r}")
+        raise AssertionError(
+            f"unrelocated reference at byte {m.start()}: {code[m.start() : m.start() + 60]!r}"
+        )
 
 
 def test_service_files_are_relocated_and_resolvable(jar: zipfile.ZipFile, names: list[str]) -> None:
@@ -104,7 +106,9 @@ def test_service_files_are_relocated_and_resolvable(jar: zipfile.ZipFile, names:
                 continue
             assert line.startswith(SHADED.replace("/", ".")), f"{service}: unrelocated provider {line}"
             assert line.replace(".", "/") + ".class" in names, f"{service}: {line} is not in the jar"
-    resolvers = jar.read("META-INF/services/" + SHADED.replace("/", ".") + "io.grpc.NameResolverProvider").decode()
+    resolvers = jar.read(
+        "META-INF/services/" + SHADED.replace("/", ".") + "io.grpc.NameResolverProvider"
+    ).decode()
     assert "UdsNameResolverProvider" in resolvers, "unix:// targets need the UDS name resolver"
 
 
@@ -167,7 +171,10 @@ def test_connectivity_check_over_a_unix_socket(jar: zipfile.ZipFile, uds_sidecar
 
 def test_connectivity_check_reports_an_absent_sidecar(jar: zipfile.ZipFile, tmp_path: Path) -> None:
     run = subprocess.run(
-        [_java(), "-jar", str(JAR), f"unix://{tmp_path}/none.sock"], capture_output=True, text=True, timeout=120
+        [_java(), "-jar", str(JAR), f"unix://{tmp_path}/none.sock"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 2, run.stdout + run.stderr
     assert "ended with UNAVAILABLE" in run.stdout, run.stdout + run.stderr
@@ -175,13 +182,17 @@ def test_connectivity_check_reports_an_absent_sidecar(jar: zipfile.ZipFile, tmp_
 
 def test_connectivity_check_rejects_a_bad_key(jar: zipfile.ZipFile) -> None:
     run = subprocess.run(
-        [_java(), "-jar", str(JAR), "127.0.0.1:9095", "transfer.mode=fast"], capture_output=True, text=True, timeout=120
+        [_java(), "-jar", str(JAR), "127.0.0.1:9095", "transfer.mode=fast"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 64, run.stdout + run.stderr
     assert "rsm.config.transfer.mode" in run.stderr
 
 
 # ---- load it like a broker -----------------------------------------------------------------------
+
 
 def broker_api_jars() -> list[Path]:
     """The jars a broker provides to the plugin (kafka-clients, kafka-storage-api, slf4j-api),
@@ -249,20 +260,29 @@ def test_broker_style_loading_drives_every_call(jar: zipfile.ZipFile, proto_side
     smoke = Path(__file__).with_name("BrokerLoadSmoke.java")
     run = subprocess.run(
         [_java(), "-cp", ":".join(map(str, provided)), str(smoke), str(JAR), f"unix://{sock}", str(tmp_path)],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert "OK configure" in lines
     assert "OK copy custom=2" in lines
     assert "OK fetch bytes=2900" in lines
-    assert any(l.startswith("OK fetchIndex RemoteResourceNotFoundException") and "no transaction index" in l
-               for l in lines), run.stdout
+    assert any(
+        l.startswith("OK fetchIndex RemoteResourceNotFoundException") and "no transaction index" in l
+        for l in lines
+    ), run.stdout
     assert "OK delete" in lines and "OK close" in lines
     (copy,) = calls["copy"]
     assert copy[0].WhichOneof("kind") == "begin"
     assert copy[0].begin.files.log_size == 3000
-    assert [m.data.file for m in copy[1:]] == [1, 2, 3, 5]  # LOG, OFFSET_INDEX, TIME_INDEX, PRODUCER_SNAPSHOT_FILE
+    assert [m.data.file for m in copy[1:]] == [
+        1,
+        2,
+        3,
+        5,
+    ]  # LOG, OFFSET_INDEX, TIME_INDEX, PRODUCER_SNAPSHOT_FILE
     assert calls["fetch"][0].start_position == 100 and not calls["fetch"][0].HasField("end_position")
     assert calls["index"][0].index_type == 4  # TRANSACTION
     assert len(calls["delete"]) == 1
@@ -294,9 +314,20 @@ def test_unix_socket_outage_fails_unavailable_without_netty_warnings_then_recove
         )
         sidecar = SidecarProcess(config, tmp_path / "sidecar", {}, f"unix://{sock}")
         shim = subprocess.Popen(
-            [_java(), "-cp", ":".join(map(str, provided)), str(program), str(JAR), str(sock), str(tmp_path),
-             str(OUTAGE_SECONDS)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                _java(),
+                "-cp",
+                ":".join(map(str, provided)),
+                str(program),
+                str(JAR),
+                str(sock),
+                str(tmp_path),
+                str(OUTAGE_SECONDS),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         output: list[str] = []
         try:
@@ -327,7 +358,9 @@ def test_unix_socket_outage_fails_unavailable_without_netty_warnings_then_recove
 
     # grpc-java's channel trace (FINER): one "Started transport" per connection attempt.
     before_sidecar = output[: output.index("WAITING")]
-    attempts = [l for l in before_sidecar if l.startswith("LOG ") and "Started transport NettyClientTransport" in l]
+    attempts = [
+        l for l in before_sidecar if l.startswith("LOG ") and "Started transport NettyClientTransport" in l
+    ]
     assert len(attempts) >= 3, f"only {len(attempts)} connection attempts during the outage\n{text}"
 
     keepalive = [l for l in output if "SO_KEEPALIVE" in l]

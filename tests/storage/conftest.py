@@ -21,10 +21,10 @@ import os
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 os.environ["NO_GCE_CHECK"] = "true"
 
-import pytest  # noqa: E402
+import pytest
 
-from devstack.gcsserver import FakeGcsServer  # noqa: E402
-from devstack.s3server import SeaweedS3Server  # noqa: E402
+from devstack.gcsserver import FakeGcsServer
+from devstack.s3server import SeaweedS3Server
 
 S3_BUCKET = "rsm-test"
 S3_ACCESS_KEY = "rsm-test-access-key"
@@ -39,8 +39,13 @@ def _isolated_cloud_environment(tmp_path_factory):
     for name in list(os.environ):
         if name.startswith("AWS_") and name != "AWS_EC2_METADATA_DISABLED":
             mp.delenv(name)
-    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT",
-                 "CLOUDSDK_CONFIG", "API_ENDPOINT_OVERRIDE"):
+    for name in (
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "STORAGE_EMULATOR_HOST",
+        "GOOGLE_CLOUD_PROJECT",
+        "CLOUDSDK_CONFIG",
+        "API_ENDPOINT_OVERRIDE",
+    ):
         mp.delenv(name, raising=False)
     home = tmp_path_factory.mktemp("cloud-home")
     mp.setenv("AWS_CONFIG_FILE", str(home / "aws-config"))
@@ -53,8 +58,9 @@ def _isolated_cloud_environment(tmp_path_factory):
 # -- S3 ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory):
-    server = SeaweedS3Server(tmp_path_factory.mktemp("seaweedfs"), access_key=S3_ACCESS_KEY,
-                             secret_key=S3_SECRET_KEY)
+    server = SeaweedS3Server(
+        tmp_path_factory.mktemp("seaweedfs"), access_key=S3_ACCESS_KEY, secret_key=S3_SECRET_KEY
+    )
     with server:
         server.create_bucket(S3_BUCKET)
         yield server
@@ -63,10 +69,19 @@ def seaweedfs(tmp_path_factory):
 def make_s3_store(server: SeaweedS3Server, bucket: str = S3_BUCKET, **overrides):
     from rsm_sidecar.storage.s3 import S3ObjectStore
 
-    kwargs = dict(region="us-east-1", endpoint_url=server.endpoint_url, addressing_style="path",
-                  access_key_id=S3_ACCESS_KEY, secret_access_key=S3_SECRET_KEY,
-                  part_size=5 * MiB, max_parts_in_flight=2, upload_threads=4,
-                  connect_timeout=2.0, read_timeout=20.0, max_attempts=3)
+    kwargs = dict(
+        region="us-east-1",
+        endpoint_url=server.endpoint_url,
+        addressing_style="path",
+        access_key_id=S3_ACCESS_KEY,
+        secret_access_key=S3_SECRET_KEY,
+        part_size=5 * MiB,
+        max_parts_in_flight=2,
+        upload_threads=4,
+        connect_timeout=2.0,
+        read_timeout=20.0,
+        max_attempts=3,
+    )
     kwargs.update(overrides)
     return S3ObjectStore(bucket, **kwargs)
 
@@ -109,8 +124,15 @@ def fake_gcs(tmp_path_factory):
 def make_gcs_store(server: FakeGcsServer, bucket: str = GCS_BUCKET, **overrides):
     from rsm_sidecar.storage.gcs import GcsObjectStore
 
-    kwargs = dict(endpoint_url=server.endpoint_url, credentials="anonymous", project="rsm-test",
-                  chunk_size=1 * MiB, connect_timeout=2.0, read_timeout=20.0, max_attempts=3)
+    kwargs = dict(
+        endpoint_url=server.endpoint_url,
+        credentials="anonymous",
+        project="rsm-test",
+        chunk_size=1 * MiB,
+        connect_timeout=2.0,
+        read_timeout=20.0,
+        max_attempts=3,
+    )
     kwargs.update(overrides)
     return GcsObjectStore(bucket, **kwargs)
 

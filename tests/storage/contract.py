@@ -156,14 +156,18 @@ class ObjectStoreContract:
 
     # -- list --------------------------------------------------------------------
     def test_list_by_prefix_sorted_with_sizes(self, store: ObjectStore, p: str):
-        names = ["t-a/0/00000000000000000010-x.log", "t-a/0/00000000000000000002-y.log",
-                 "t-a/1/00000000000000000000-z.log", "t-b/0/00000000000000000000-w.log"]
+        names = [
+            "t-a/0/00000000000000000010-x.log",
+            "t-a/0/00000000000000000002-y.log",
+            "t-a/1/00000000000000000000-z.log",
+            "t-b/0/00000000000000000000-w.log",
+        ]
         for i, n in enumerate(names):
             store.put(p + n, b"x" * (i + 1))
         listed = list(store.list(p + "t-a/"))
         assert [o.key for o in listed] == sorted(p + n for n in names[:3])
         assert {o.key: o.size for o in listed}[p + names[2]] == 3
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         for o in listed:
             assert o.last_modified.tzinfo is not None
             assert abs((now - o.last_modified).total_seconds()) < 600
@@ -172,7 +176,10 @@ class ObjectStoreContract:
         assert list(store.list(p + "nothing-here/")) == []
 
     def test_keys_with_kafka_topic_characters(self, store: ObjectStore, p: str):
-        key = p + "my.topic_name-with-dots-AbCdEfGhIjKlMnOpQrStUv/12/00000000000000001234-tqimKeZwStOEOwRzT3L5oQ.rsm-manifest"
+        key = (
+            p
+            + "my.topic_name-with-dots-AbCdEfGhIjKlMnOpQrStUv/12/00000000000000001234-tqimKeZwStOEOwRzT3L5oQ.rsm-manifest"
+        )
         store.put(key, b"{}")
         assert store.get(key) == b"{}"
         assert [o.key for o in store.list(p)] == [key]

