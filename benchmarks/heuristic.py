@@ -50,7 +50,8 @@ def main() -> None:
             secs = time.perf_counter() - t0
             byte_share = compressed_share(seg)
             print(
-                f"{share * 100:17.0f}% {codec.name.lower():>5s} {byte_share * 100:11.0f}% {ours:>6s} {aiven:>6s} "
+                f"{share * 100:17.0f}% {codec.name.lower():>5s} {byte_share * 100:11.0f}%"
+                f" {ours:>6s} {aiven:>6s} "
                 f"{(1 - out / len(seg)) * 100:9.0f}% {len(seg) / MiB / secs:10.0f} "
                 f"{secs * 1024 * MiB / len(seg):10.2f}"
             )

@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"[2/5] creating {', '.join(TOPICS)} (remote.storage.enable=true, 1 MiB segments) ...")
     existing = admin.list_topics(timeout=10).topics
     new = [NewTopic(t, 1, 1, config=TOPIC_CONFIG) for t in TOPICS if t not in existing]
-    for topic, fut in admin.create_topics(new).items() if new else []:
+    for _topic, fut in admin.create_topics(new).items() if new else []:
         fut.result(30)
 
     say(f"[3/5] producing {args.records:,} records to each topic ...")
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("demo: not every record was acknowledged by the broker")
 
     say(
-        f"[4/5] waiting until at least {args.min_segments} new segments of each topic are in object storage ..."
+        f"[4/5] waiting until at least {args.min_segments} new segments of each topic"
+        " are in object storage ..."
     )
     last = ""
 
@@ -297,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(5)  # local retention (1 s) and the broker's retention check (1 s) delete the local copies
 
     say(
-        "[5/5] consuming everything produced, from the first offset (tiered segments come from object storage) ..."
+        "[5/5] consuming everything produced, from the first offset"
+        " (tiered segments come from object storage) ..."
     )
     served_before = fetch_served_bytes(args.metrics)
     ok = True

@@ -100,6 +100,7 @@ class CatalogSpec:
             if self.warehouse:
                 conf[f"{p}.warehouse"] = self.warehouse
         else:
+            assert self.uri is not None, "from_settings requires iceberg.catalog.rest.uri for a REST catalog"
             conf = {
                 p: "org.apache.iceberg.spark.SparkCatalog",
                 f"{p}.type": "rest",

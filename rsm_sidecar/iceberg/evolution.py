@@ -219,7 +219,7 @@ def ensure_table(
     ``kafka.ingest_timestamp``: ``hour``/``day``/``month``/None) or evolve an existing one."""
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
-    from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform
+    from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform
 
     try:
         table = catalog.load_table(identifier)
@@ -229,7 +229,12 @@ def ensure_table(
             catalog.create_namespace_if_not_exists(ns)
         spec = UNPARTITIONED_PARTITION_SPEC
         if partition:
-            transform = {"hour": HourTransform(), "day": DayTransform(), "month": MonthTransform()}[partition]
+            transforms: dict[str, Transform[Any, Any]] = {
+                "hour": HourTransform(),
+                "day": DayTransform(),
+                "month": MonthTransform(),
+            }
+            transform = transforms[partition]
             source = target.find_field("kafka.ingest_timestamp").field_id
             spec = PartitionSpec(
                 PartitionField(

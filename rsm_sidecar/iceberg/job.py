@@ -395,6 +395,7 @@ class ConvertJob:
             if side.raw:
                 specs.append(SideSpec("raw", proto_options=opts))
             elif side.descriptor_set:
+                assert side.message is not None  # the settings refuse a descriptor set without a message
                 specs.append(descriptor_set_side(side.descriptor_set, side.message, opts))
             elif registry is not None:
                 specs.append(
@@ -575,7 +576,8 @@ class ConvertJob:
             )
         if plan.waiting:
             self.log(
-                f"[convert] partition {plan.partition}: stops at offset {plan.new_next_offset}: {plan.waiting}"
+                f"[convert] partition {plan.partition}: stops at offset"
+                f" {plan.new_next_offset}: {plan.waiting}"
             )
 
     def dataframe(self, spark, prepared: Prepared, accumulator=None):

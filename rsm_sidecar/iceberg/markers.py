@@ -32,9 +32,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rsm_sidecar.errors import ConfigError, FailedPrecondition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyiceberg.table.refs import SnapshotRefType
+    from pyiceberg.table.update import SetSnapshotRefUpdate
 
 MARKER_TAG = "rsm-marker"
 P_VERSION = "rsm.marker"
@@ -163,7 +167,7 @@ def publish(catalog, identifier, job_id: str, expected_main: int | None):
     to it - only if ``main`` is still ``expected_main``. Raises :class:`CommitConflict`."""
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.table.refs import SnapshotRefType
-    from pyiceberg.table.update import AssertRefSnapshotId, SetSnapshotRefUpdate
+    from pyiceberg.table.update import AssertRefSnapshotId
 
     table = catalog.load_table(identifier)
     snap = staged_snapshot(table, job_id)
@@ -182,12 +186,8 @@ def publish(catalog, identifier, job_id: str, expected_main: int | None):
             table,
             (AssertRefSnapshotId(ref="main", snapshot_id=expected_main),),
             (
-                SetSnapshotRefUpdate(
-                    ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=snap.snapshot_id
-                ),
-                SetSnapshotRefUpdate(
-                    ref_name=MARKER_TAG, type=SnapshotRefType.TAG, snapshot_id=snap.snapshot_id
-                ),
+                _set_ref("main", SnapshotRefType.BRANCH, snap.snapshot_id),
+                _set_ref(MARKER_TAG, SnapshotRefType.TAG, snap.snapshot_id),
             ),
         )
     except CommitFailedException as exc:
@@ -197,3 +197,17 @@ def publish(catalog, identifier, job_id: str, expected_main: int | None):
             f"the job again"
         ) from None
     return snap
+
+
+def _set_ref(name: str, kind: SnapshotRefType, snapshot_id: int) -> SetSnapshotRefUpdate:
+    """Point a branch or tag at a snapshot, with no retention settings of its own."""
+    from pyiceberg.table.update import SetSnapshotRefUpdate
+
+    return SetSnapshotRefUpdate(
+        ref_name=name,
+        type=kind,
+        snapshot_id=snapshot_id,
+        max_ref_age_ms=None,
+        max_snapshot_age_ms=None,
+        min_snapshots_to_keep=None,
+    )

@@ -258,6 +258,8 @@ class _Field:
 
 
 class _Message(_Conv):
+    ice: StructType
+
     def __init__(self, desc: Descriptor, ids: IdCounter, opts: ProtoOptions, stack: tuple[str, ...]):
         self.desc = desc
         stack = stack + (desc.full_name,)

@@ -12,6 +12,7 @@ the same way (:meth:`ProtoSchema.from_descriptor_set_file`).
 from __future__ import annotations
 
 import base64
+import importlib
 import os
 import re
 import tempfile
@@ -130,20 +131,25 @@ def compile_sources(main_name: str, sources: Mapping[str, str]) -> descriptor_pb
         return fds
 
 
+_WELL_KNOWN_TYPES = (
+    "any_pb2",
+    "api_pb2",
+    "duration_pb2",
+    "empty_pb2",
+    "field_mask_pb2",
+    "source_context_pb2",
+    "struct_pb2",
+    "timestamp_pb2",
+    "type_pb2",
+    "wrappers_pb2",
+)
+
+
 def _with_wkt(fds: descriptor_pb2.FileDescriptorSet) -> descriptor_pb2.FileDescriptorSet:
     """Add the well-known-type files that descriptor-form files import (from protobuf itself)."""
-    from google.protobuf import (
-        any_pb2,
-        api_pb2,
-        duration_pb2,
-        empty_pb2,  # noqa: F401
-        field_mask_pb2,
-        source_context_pb2,
-        struct_pb2,
-        timestamp_pb2,
-        type_pb2,
-        wrappers_pb2,
-    )
+    # Importing protobuf's well-known-type modules registers their files in the default pool.
+    for name in _WELL_KNOWN_TYPES:
+        importlib.import_module(f"google.protobuf.{name}")
 
     have = {f.name for f in fds.file}
     todo = [d for f in fds.file for d in f.dependency if d not in have]

@@ -437,13 +437,14 @@ class _AvroSide(_Side):
         res = registry.resolve(spec.schema_id)
         self.reader = res.avro
         self.mapper = AvroMapper(res.avro, res.avro_named)
-        self.decoded_type = self.mapper.iceberg_type
-        if not isinstance(self.decoded_type, StructType):
-            # a non-record top-level Avro schema becomes a single field named "value"
-            self.decoded_type = StructType(NestedField(1, "value", self.decoded_type, required=False))
-            self._wrap = True
-        else:
-            self._wrap = False
+        decoded = self.mapper.iceberg_type
+        # a non-record top-level Avro schema becomes a single field named "value"
+        self._wrap = not isinstance(decoded, StructType)
+        self.decoded_type: StructType = (
+            decoded
+            if isinstance(decoded, StructType)
+            else StructType(NestedField(1, "value", decoded, required=False))
+        )
         self._fields = list(to_arrow(self.decoded_type))
         self._writers: dict[int, Any] = {}
 
@@ -549,7 +550,8 @@ def build_side(spec: SideSpec) -> _Side:
 def side_type(decoded: StructType, ids: IdCounter) -> StructType:
     meta = [opt(ids, RAW, BinaryType()), opt(ids, PREFIX, BinaryType()), opt(ids, ERR, StringType())]
     rest = renumber(decoded, ids)
-    return StructType(*meta, *rest.fields)  # type: ignore[union-attr]
+    assert isinstance(rest, StructType)  # renumber keeps the kind of type
+    return StructType(*meta, *rest.fields)
 
 
 def kafka_type(ids: IdCounter) -> StructType:

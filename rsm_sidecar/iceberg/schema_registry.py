@@ -82,7 +82,7 @@ class ResolvedSchema:
 
 
 def _default_conf(conf: Mapping[str, Any] | str) -> dict[str, Any]:
-    c = {"url": conf} if isinstance(conf, str) else dict(conf)
+    c: dict[str, Any] = {"url": conf} if isinstance(conf, str) else dict(conf)
     c.setdefault("cache.latest.ttl.sec", 300)
     c.setdefault("timeout", 10)
     c.setdefault("max.retries", 2)

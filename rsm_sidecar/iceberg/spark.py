@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyiceberg.catalog.sql import SqlCatalog
     from pyspark.sql import SparkSession
 
+    from rsm_sidecar.iceberg.catalogs import CatalogSpec
+
 DEFAULT_CATALOG_NAME = "rsm"
 
 
@@ -100,7 +102,7 @@ def default_catalog() -> LocalCatalog:
 
 
 def spark_conf(
-    catalog: LocalCatalog,
+    catalog: LocalCatalog | CatalogSpec,
     *,
     master: str = "local[2]",
     jars: Sequence[os.PathLike[str] | str] | None = None,
@@ -132,7 +134,7 @@ def spark_conf(
 
 
 def spark_session(
-    catalog: LocalCatalog | None = None,
+    catalog: LocalCatalog | CatalogSpec | None = None,
     *,
     master: str = "local[2]",
     app_name: str = "rsm-iceberg",

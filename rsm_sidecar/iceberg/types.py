@@ -144,7 +144,7 @@ def _spark_type(t: IcebergType) -> str:
         return f"MAP<{_spark_type(t.key_type)}, {_spark_type(t.value_type)}>"
     if isinstance(t, DecimalType):
         return f"DECIMAL({t.precision}, {t.scale})"
-    simple = {
+    simple: dict[type[IcebergType], str] = {
         BooleanType: "BOOLEAN",
         IntegerType: "INT",
         LongType: "BIGINT",

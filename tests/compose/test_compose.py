@@ -561,9 +561,9 @@ def _fake_image(tmp_path: Path, log_dir: Path) -> dict[str, str]:
     (home / "server.properties").write_text(
         KAFKA_BASE.read_text().replace("log.dirs=/var/lib/kafka/data", f"log.dirs={log_dir}")
     )
-    for tool in ("kafka-storage.sh", "kafka-server-start.sh"):
-        script = kafka / "bin" / tool
-        script.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/{tool}.calls\n')
+    for name in ("kafka-storage.sh", "kafka-server-start.sh"):
+        script = kafka / "bin" / name
+        script.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/{name}.calls\n')
         script.chmod(0o755)
     return {"RSM_HOME": str(home), "KAFKA_HOME": str(kafka), "BROKER_TIERED_PROPERTIES": str(BROKER_TIERED)}
 

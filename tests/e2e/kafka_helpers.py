@@ -109,7 +109,7 @@ def filler(bootstrap: str, topic: str, size: int = 2 * SEGMENT_BYTES + 100_000, 
     the offset after the filler."""
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     last = {}
-    for i in range(size // 10_000 + 1):
+    for _i in range(size // 10_000 + 1):
         p.produce(
             topic,
             value=os.urandom(10_000),

@@ -110,7 +110,7 @@ def copy_failures(stack, offset: int, topic: str) -> list[str]:
     text = log_since(stack, offset)
     return [
         m.group(0)
-        for m in re.finditer(r"[^\n]*(?:%s)[^\n]*\n(?:[^\[][^\n]*\n){0,3}" % COPY_FAILED.pattern, text)
+        for m in re.finditer(rf"[^\n]*(?:{COPY_FAILED.pattern})[^\n]*\n(?:[^\[][^\n]*\n){{0,3}}", text)
         if topic in m.group(0)
     ]
 

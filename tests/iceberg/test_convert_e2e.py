@@ -215,7 +215,7 @@ def topics(stack, apicurio, registry_url, order_pb2):
     ends = {}
     for name, t in out.items():
         ends[name] = filler(bs, t["topic"])
-    for name, t in out.items():
+    for t in out.values():
         last = max([r.offset for r in t["recs"]] + t.get("aborted", []) + t.get("committed", []))
         wait_tiered(stack, t["topic"], last + 1)
     return out

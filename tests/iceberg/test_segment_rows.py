@@ -27,7 +27,7 @@ T0 = 1_700_000_000_000
 
 def _random_records(rng: random.Random, n: int, ts: int) -> list[SimpleRecord]:
     out = []
-    for i in range(n):
+    for _i in range(n):
         key = None if rng.random() < 0.2 else rng.randbytes(rng.choice([0, 3, 12, 13, 40]))
         value = None if rng.random() < 0.1 else rng.randbytes(rng.choice([0, 1, 12, 13, 100, 3000]))
         headers = tuple(

@@ -106,10 +106,18 @@ def fake_mvn(tmp_path: Path, *, fail: bool = False) -> Path:
     """A stand-in for Maven: logs its calls and writes the jars copy-dependencies would."""
     log = tmp_path / "mvn-calls.log"
     script = tmp_path / "mvn"
+    missing = "Could not find artifact org.apache.kafka:kafka-tools-api:jar:9.9.9"
+    failure = f'echo "[ERROR] Failed to execute goal: {missing}" ; exit 1' if fail else ""
     body = f"""#!/bin/sh
 echo "$@" >> {log}
-{'echo "[ERROR] Failed to execute goal: Could not find artifact org.apache.kafka:kafka-tools-api:jar:9.9.9" ; exit 1' if fail else ""}
-for a in "$@"; do case "$a" in -DoutputDirectory=*) out="${{a#-DoutputDirectory=}}";; -Dkafka.version=*) v="${{a#-Dkafka.version=}}";; -DincludeArtifactIds=*) only=1;; esac; done
+{failure}
+for a in "$@"; do
+  case "$a" in
+    -DoutputDirectory=*) out="${{a#-DoutputDirectory=}}";;
+    -Dkafka.version=*) v="${{a#-Dkafka.version=}}";;
+    -DincludeArtifactIds=*) only=1;;
+  esac
+done
 mkdir -p "$out"
 if [ -n "$only" ]; then touch "$out/log4j-slf4j-impl-2.25.4.jar"; exit 0; fi
 touch "$out/kafka_2.13-$v.jar" "$out/kafka-clients-$v.jar" "$out/log4j-core-2.25.4.jar"

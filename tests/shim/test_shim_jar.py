@@ -113,7 +113,10 @@ def test_service_files_are_relocated_and_resolvable(jar: zipfile.ZipFile, names:
 
 
 def test_epoll_native_library_matches_the_relocated_package(names: list[str]) -> None:
-    lib = "META-INF/native/libio_github_rsmsidecar_shaded_io_grpc_netty_shaded_netty_transport_native_epoll_x86_64.so"
+    lib = (
+        "META-INF/native/"
+        "libio_github_rsmsidecar_shaded_io_grpc_netty_shaded_netty_transport_native_epoll_x86_64.so"
+    )
     assert lib in names, "netty finds its JNI library by the mangled relocated package name"
     stale = [n for n in names if n.startswith("META-INF/native/libio_grpc_")]
     assert not stale, stale
@@ -270,8 +273,8 @@ def test_broker_style_loading_drives_every_call(jar: zipfile.ZipFile, proto_side
     assert "OK copy custom=2" in lines
     assert "OK fetch bytes=2900" in lines
     assert any(
-        l.startswith("OK fetchIndex RemoteResourceNotFoundException") and "no transaction index" in l
-        for l in lines
+        line.startswith("OK fetchIndex RemoteResourceNotFoundException") and "no transaction index" in line
+        for line in lines
     ), run.stdout
     assert "OK delete" in lines and "OK close" in lines
     (copy,) = calls["copy"]
@@ -339,7 +342,7 @@ def test_unix_socket_outage_fails_unavailable_without_netty_warnings_then_recove
             sidecar.start()
             shim.stdin.write("go\n")
             shim.stdin.flush()
-            output.extend(l.rstrip("\n") for l in shim.stdout)
+            output.extend(line.rstrip("\n") for line in shim.stdout)
             assert shim.wait(timeout=120) == 0, "\n".join(output)
         finally:
             if shim.poll() is None:
@@ -348,10 +351,10 @@ def test_unix_socket_outage_fails_unavailable_without_netty_warnings_then_recove
             sidecar.stop()
     text = "\n".join(output)
 
-    outage = next(l for l in output if l.startswith("OUTAGE "))
+    outage = next(line for line in output if line.startswith("OUTAGE "))
     calls, unavailable = (int(v.split("=")[1]) for v in outage.split()[1:])
     assert calls >= 10 and unavailable == calls, text
-    first = next(l for l in output if l.startswith("FIRST "))
+    first = next(line for line in output if line.startswith("FIRST "))
     # Names the call, the segment and the cause (no socket file).
     assert "fetchIndex(outage-0 segment" in first and "UNAVAILABLE" in first, first
     assert "FileNotFoundException" in first, first
@@ -359,14 +362,16 @@ def test_unix_socket_outage_fails_unavailable_without_netty_warnings_then_recove
     # grpc-java's channel trace (FINER): one "Started transport" per connection attempt.
     before_sidecar = output[: output.index("WAITING")]
     attempts = [
-        l for l in before_sidecar if l.startswith("LOG ") and "Started transport NettyClientTransport" in l
+        line
+        for line in before_sidecar
+        if line.startswith("LOG ") and "Started transport NettyClientTransport" in line
     ]
     assert len(attempts) >= 3, f"only {len(attempts)} connection attempts during the outage\n{text}"
 
-    keepalive = [l for l in output if "SO_KEEPALIVE" in l]
+    keepalive = [line for line in output if "SO_KEEPALIVE" in line]
     assert not keepalive, f"{len(keepalive)} SO_KEEPALIVE lines, e.g. {keepalive[0]}\n{text}"
     # The capture is real: netty's own records (debug ones included) reached the handler.
-    assert any(l.startswith("LOG ") and ".shaded.io.netty." in l for l in output), text
+    assert any(line.startswith("LOG ") and ".shaded.io.netty." in line for line in output), text
 
-    assert any(l.startswith("RECOVERED ") for l in output), text
+    assert any(line.startswith("RECOVERED ") for line in output), text
     assert "OK copy" in output and "OK fetch equal=true" in output, text
