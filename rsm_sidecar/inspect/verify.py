@@ -38,6 +38,7 @@ from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.output import human_bytes
 from rsm_sidecar.kafka import (
+    BatchHeader,
     OffsetPosition,
     TimestampOffset,
     parse_leader_epoch_checkpoint,
@@ -54,6 +55,17 @@ from rsm_sidecar.segment.reader import OpenSegment
 
 MAX_PROBLEMS_PER_CHECK = 10  # per kind, then "... and N more"
 E = TypeVar("E", OffsetPosition, TimestampOffset)
+#: index entries that lie before a batch and point at no batch: (test, problem) by check
+PASSED_ENTRIES: dict[str, tuple[Callable[[Any, BatchHeader], bool], Callable[[Any], str]]] = {
+    "offset index": (
+        lambda e, h: e.position < h.position,
+        lambda e: f"offset index entry {e.offset} @ {e.position} does not point at a batch start",
+    ),
+    "time index": (
+        lambda e, h: e.offset < h.base_offset,
+        lambda e: f"time index entry {e.timestamp} -> {e.offset}: no batch holds offset {e.offset}",
+    ),
+}
 
 
 @dataclasses.dataclass
@@ -298,25 +310,18 @@ class SegmentVerifier:
         if (ix.txns is not None or aborts) and "transaction" not in ix.failed:
             self._txn_index(ix.txns or [], aborts)
 
-    def _passed_entries(
-        self, entries: list[E], i: int, passed: Callable[[E], bool], check: str, problem: Callable[[E], str]
-    ) -> int:
-        """Report the index entries from ``i`` on that lie before the current batch (``passed``)
-        and point at no batch; returns the index of the first one that does not."""
-        while i < len(entries) and passed(entries[i]):
+    def _passed_entries(self, check: str, entries: list[E], i: int, h: BatchHeader) -> int:
+        """Report the ``check`` index entries from ``i`` on that lie before batch ``h`` and
+        point at no batch; returns the index of the first one that does not."""
+        passed, problem = PASSED_ENTRIES[check]
+        while i < len(entries) and passed(entries[i], h):
             self.report.problem(check, problem(entries[i]))
             i += 1
         return i
 
     def _offset_index_at(self, batch: RecordBatch, entries: list[OffsetPosition], i: int) -> int:
         h = batch.header
-        i = self._passed_entries(
-            entries,
-            i,
-            lambda e: e.position < h.position,
-            "offset index",
-            lambda e: f"offset index entry {e.offset} @ {e.position} does not point at a batch start",
-        )
+        i = self._passed_entries("offset index", entries, i, h)
         if i < len(entries) and entries[i].position == h.position:
             e = entries[i]
             if e.offset < h.base_offset:
@@ -332,13 +337,7 @@ class SegmentVerifier:
         self, batch: RecordBatch, entries: list[TimestampOffset], i: int, running_max: int
     ) -> int:
         h = batch.header
-        i = self._passed_entries(
-            entries,
-            i,
-            lambda e: e.offset < h.base_offset,
-            "time index",
-            lambda e: f"time index entry {e.timestamp} -> {e.offset}: no batch holds offset {e.offset}",
-        )
+        i = self._passed_entries("time index", entries, i, h)
         while i < len(entries) and entries[i].offset <= h.last_offset:
             e = entries[i]
             if h.max_timestamp != e.timestamp or running_max != e.timestamp:
