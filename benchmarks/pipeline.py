@@ -26,11 +26,11 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from benchmarks.synthetic import write_segment
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.chunk_index import encode_sizes, encode_transformed_chunks
-from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
-from rsm_sidecar.storage.local import LocalObjectStore
-from rsm_sidecar.transform.keyring import Keyring, write_key_pair
+from rsm_sidecar.format.keys import SegmentMetadata
+from rsm_sidecar.segment.access import SegmentAccess
+from rsm_sidecar.segment.copy import CopySettings
+from rsm_sidecar.segment.reader import ReaderSettings
+from rsm_sidecar.transform.keyring import write_key_pair
 
 MiB = 1024 * 1024
 
@@ -113,37 +113,29 @@ def main() -> None:
 
     # -- the pipeline ------------------------------------------------------------------
     write_key_pair(os.path.join(work, "k.pub"), os.path.join(work, "k.priv"), 2048)
-    keyring = Keyring.from_config(
-        Config(
-            {
-                "storage": {"local": {"root": work}},
-                "encryption": {
-                    "enabled": True,
-                    "active_key_id": "k",
-                    "keys": {
-                        "k": {
-                            "public_key_file": os.path.join(work, "k.pub"),
-                            "private_key_file": os.path.join(work, "k.priv"),
-                        }
-                    },
-                },
-            }
-        )
-    )
+    keys = {
+        "k": {
+            "public_key_file": os.path.join(work, "k.pub"),
+            "private_key_file": os.path.join(work, "k.priv"),
+        }
+    }
     transform_pool = concurrent.futures.ThreadPoolExecutor(8)
     print(
-        f"{'pipeline (local store, fsync on)':40s} {'copy MiB/s':>10s} {'seq fetch':>10s} {'1MiB rand p50 ms':>17s} "
-        f"{'stored %':>9s}"
+        f"{'pipeline (local store, fsync on)':40s} {'copy MiB/s':>10s} {'seq fetch':>10s} "
+        f"{'1MiB rand p50 ms':>17s} {'stored %':>9s}"
     )
     n = 0
     for compression, encryption in ((False, False), (True, False), (False, True), (True, True)):
         n += 1
-        store = LocalObjectStore(os.path.join(work, f"store{n}"), fsync=True)
-        layout = KeyLayout("bench/")
-        copier = SegmentCopier(
-            store,
-            layout,
-            keyring if encryption else None,
+        cfg = Config(
+            {
+                "storage": {"key_prefix": "bench/", "local": {"root": os.path.join(work, f"store{n}")}},
+                "encryption": {"enabled": encryption, "active_key_id": "k", "keys": keys},
+            },
+            environ={},
+        )
+        access = SegmentAccess(cfg, ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0))
+        copier = access.copier(
             CopySettings(
                 chunk_size=chunk,
                 compression=compression,
@@ -153,21 +145,16 @@ def main() -> None:
             transform_pool,
         )
         md = SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "bench", 0, f"B{n:021d}", 0, 1000, segment_size=size)
-        t = timed(lambda: copier.copy(md, FileSource(seg_path), b"0\n0\n"))
-        reader = SegmentReader(
-            store,
-            layout,
-            keyring if encryption else None,
-            ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0),
-        )
+        t = timed(lambda copier=copier, md=md: copier.copy(md, FileSource(seg_path), b"0\n0\n"))
+        reader = access.reader
         seg = reader.open(md)
         stored = seg.manifest.stored_log_size
-        tf = timed(lambda: [None for _ in reader.read(seg, 0, size - 1)])
+        tf = timed(lambda reader=reader, seg=seg: [None for _ in reader.read(seg, 0, size - 1)])
         rng = random.Random(1)
         lat = []
         for _ in range(30):
             s = rng.randrange(0, size - MiB)
-            lat.append(timed(lambda: b"".join(reader.read(seg, s, s + MiB - 1))))
+            lat.append(timed(lambda reader=reader, seg=seg, s=s: b"".join(reader.read(seg, s, s + MiB - 1))))
         lat.sort()
         label = (
             f"{'zstd' if compression else 'no compression'} + {'AES-GCM' if encryption else 'no encryption'}"

@@ -343,8 +343,8 @@ def run(
         local_warm = harness("local", log_path, start, MiB)
         if args.verbose:
             print(
-                f"  {start:>10d} cold ttfb {cold['ttfb'] * 1e3:6.1f} full {cold['seconds'] * 1e3:6.1f} first read "
-                f"{cold['first_read_bytes']:>8d} | warm ttfb {warm['ttfb'] * 1e3:6.1f} full "
+                f"  {start:>10d} cold ttfb {cold['ttfb'] * 1e3:6.1f} full {cold['seconds'] * 1e3:6.1f} "
+                f"first read {cold['first_read_bytes']:>8d} | warm ttfb {warm['ttfb'] * 1e3:6.1f} full "
                 f"{warm['seconds'] * 1e3:6.1f} first read {warm['first_read_bytes']:>8d}",
                 flush=True,
             )
@@ -419,7 +419,8 @@ def report(r: dict, size: int) -> None:
             b = pct([x["ttfb"] for x in f[base]], 50)
             ratio = f"{pct(ttfb, 50) / b:17.1f}x"
         print(
-            f"{name:44s}{ms(pct(ttfb, 50))} {ms(pct(ttfb, 99))} {ms(pct(full, 50))} {ms(pct(full, 99))}{ratio}"
+            f"{name:44s}{ms(pct(ttfb, 50))} {ms(pct(ttfb, 99))} {ms(pct(full, 50))} "
+            f"{ms(pct(full, 99))}{ratio}"
         )
     far = r["first_after_restart"]
     print(
@@ -439,8 +440,9 @@ def report(r: dict, size: int) -> None:
     for t, v in r["index"].items():
         lp = pct(v["local"], 50)
         print(
-            f"{t:14s}{v['bytes']:9d}{statistics.median(v['first']) * 1000:21.2f}{pct(v['warm'], 50) * 1000:10.2f}"
-            f"{pct(v['warm'], 99) * 1000:10.2f}{lp * 1000:16.2f}{pct(v['warm'], 50) / lp:14.1f}x"
+            f"{t:14s}{v['bytes']:9d}{statistics.median(v['first']) * 1000:21.2f}"
+            f"{pct(v['warm'], 50) * 1000:10.2f}{pct(v['warm'], 99) * 1000:10.2f}"
+            f"{lp * 1000:16.2f}{pct(v['warm'], 50) / lp:14.1f}x"
         )
     print(
         f"(first after restart: OFFSET includes the manifest load and the data key's RSA unwrap; "

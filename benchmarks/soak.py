@@ -12,21 +12,20 @@ earlier. The figures are relative to the process's idle RSS measured in the same
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import psutil
 
 from rsm_sidecar.transform.keyring import write_key_pair
 from tests.service.rsm_client import Client, SegmentFilesOnDisk, metadata, seg_id
+from tests.service.sidecar_process import SidecarProcess, write_config
 
 MiB = 1024 * 1024
 
@@ -42,16 +41,10 @@ def main() -> None:
     logs = os.path.join(work, "logs")
     os.makedirs(logs)
     write_key_pair(os.path.join(work, "k.pub"), os.path.join(work, "k.priv"), 2048)
-    cfg = os.path.join(work, "sidecar.toml")
-    with open(cfg, "w") as f:
-        f.write(f"""
-[server]
-listen = "127.0.0.1:0"
-[metrics]
-listen = ""
-[storage.local]
-root = "{work}/remote"
-fsync = false
+    cfg = write_config(
+        Path(work) / "sidecar.toml",
+        f"{work}/remote",
+        f"""
 [segment]
 chunk_size = "4MiB"
 [copy]
@@ -65,23 +58,12 @@ active_key_id = "k"
 [encryption.keys.k]
 public_key_file = "{work}/k.pub"
 private_key_file = "{work}/k.priv"
-""")
-    os.makedirs(f"{work}/remote")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", cfg],
-        stderr=subprocess.PIPE,
-        text=True,
+""",
     )
-    address = None
-    while address is None:
-        line = proc.stderr.readline()
-        if not line:
-            raise SystemExit("sidecar did not start")
-        if '"listen"' in line:
-            address = json.loads(line)["listen"]
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    ps = psutil.Process(proc.pid)
-    idle = ps.memory_info().rss
+    os.makedirs(f"{work}/remote")
+    sidecar = SidecarProcess(cfg)
+    address = sidecar.address
+    idle = sidecar.rss()
     # a pool of segment files the copiers reuse (a new segment id per copy)
     sources = [
         SegmentFilesOnDisk(os.path.join(logs, f"src{i}"), log_size=args.segment_mib * MiB) for i in range(4)
@@ -139,13 +121,12 @@ private_key_file = "{work}/k.priv"
     samples = []
     while time.monotonic() - t0 < args.seconds:
         time.sleep(1)
-        samples.append((time.monotonic() - t0, ps.memory_info().rss))
+        samples.append((time.monotonic() - t0, sidecar.rss()))
     stop.set()
     for t in threads:
         t.join(600)
     elapsed = time.monotonic() - t0
-    proc.terminate()
-    proc.wait(60)
+    sidecar.stop()
 
     print(
         f"soak: {args.copiers} copiers + {args.readers} readers, {args.segment_mib} MiB segments, "

@@ -294,7 +294,7 @@ def _cat(ctx, args) -> int:
 
 
 def _verify(ctx, args) -> int:
-    from rsm_sidecar.inspect import catalog, verify
+    from rsm_sidecar.inspect import listing, verify
     from rsm_sidecar.inspect.context import UsageError
     from rsm_sidecar.inspect.locate import locate
     from rsm_sidecar.inspect.output import JsonStream, human_bytes
@@ -304,7 +304,7 @@ def _verify(ctx, args) -> int:
     if args.segment:
         segs = [locate(ctx, args.segment)]
     else:
-        segs = list(catalog.segments(ctx.store, ctx.layout, args.topic, args.partition))
+        segs = list(listing.segments(ctx.store, ctx.layout, args.topic, args.partition))
         segs.sort(key=lambda s: s.sort_key)
     progress = _progress(args, "verify", len(segs))
     if args.json:
@@ -322,10 +322,10 @@ def _verify(ctx, args) -> int:
 
 
 def _rekey(ctx, args) -> int:
-    from rsm_sidecar.inspect import catalog, rekey
+    from rsm_sidecar.inspect import listing, rekey
     from rsm_sidecar.inspect.output import JsonStream, error_line
 
-    segs = catalog.segments(ctx.store, ctx.layout, None if args.all else args.topic)
+    segs = listing.segments(ctx.store, ctx.layout, None if args.all else args.topic)
     progress = _progress(args, "rekey")
 
     def text(o: rekey.RekeyOutcome) -> None:

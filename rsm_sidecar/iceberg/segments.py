@@ -34,13 +34,16 @@ from typing import Any
 
 import pyarrow as pa
 
+from rsm_sidecar.config import Config
 from rsm_sidecar.errors import DataLoss, NotFound, RsmError
 from rsm_sidecar.format.keys import MANIFEST, KeyLayout, topic_component
 from rsm_sidecar.iceberg.segment_rows import SegmentRowReader
-from rsm_sidecar.kafka import AbortedTxn, lookup_offset, read_batches, read_offset_index
+from rsm_sidecar.kafka import AbortedTxn, read_batches
 from rsm_sidecar.kafka.snapshot import parse_producer_snapshot
 from rsm_sidecar.kafka.txnindex import read_txn_index
-from rsm_sidecar.segment.reader import OpenSegment, ReaderSettings, SegmentReader
+from rsm_sidecar.segment.access import SegmentAccess
+from rsm_sidecar.segment.log_file import StoredLogFile, offset_position
+from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
 from rsm_sidecar.storage.base import ObjectStore
 
 LIST_THREADS = 16
@@ -375,18 +378,11 @@ class StorageParams:
         ).hexdigest()
 
 
-class ExecutorContext:
+class ExecutorContext(SegmentAccess):
     """Store, key layout, keyring and segment reader of one executor process."""
 
     def __init__(self, params: StorageParams):
-        from rsm_sidecar.config import Config
-        from rsm_sidecar.storage.factory import open_store
-        from rsm_sidecar.transform.keyring import Keyring
-
         cfg = Config(params.values, environ=params.environ, source="the job's sidecar configuration")
-        self.store = open_store(cfg)
-        self.layout = KeyLayout(cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"])
-        self.keyring = Keyring.from_config(cfg)
         settings = ReaderSettings(
             manifest_cache_bytes=4 * 1024 * 1024,
             index_cache_bytes=8 * 1024 * 1024,
@@ -394,12 +390,12 @@ class ExecutorContext:
             prefetch_bytes=params.prefetch_bytes,
             max_range_bytes=8 * 1024 * 1024,
         )
-        self.prefetch = (
+        prefetch = (
             concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rsm-prefetch")
             if params.prefetch_bytes
             else None
         )
-        self.reader = SegmentReader(self.store, self.layout, self.keyring, settings, self.prefetch)
+        super().__init__(cfg, settings, prefetch=prefetch)
 
 
 _CONTEXTS: dict[str, ExecutorContext] = {}
@@ -413,49 +409,6 @@ def executor_context(params: StorageParams) -> ExecutorContext:
         if ctx is None:
             ctx = _CONTEXTS[key] = ExecutorContext(params)
         return ctx
-
-
-class _PieceStream:
-    """A non-seekable file object over an iterator of byte pieces (``read_batches`` input)."""
-
-    def __init__(self, pieces: Iterator[bytes], name: str):
-        self._it = iter(pieces)
-        self._cur = b""
-        self._pos = 0
-        self.name = name
-
-    def read(self, n: int = -1) -> bytes:
-        out = []
-        while n != 0:
-            if self._pos >= len(self._cur):
-                try:
-                    self._cur = next(self._it)
-                except StopIteration:
-                    break
-                self._pos = 0
-                continue
-            end = len(self._cur) if n < 0 else min(len(self._cur), self._pos + n)
-            out.append(self._cur[self._pos : end] if (self._pos or end != len(self._cur)) else self._cur)
-            if n > 0:
-                n -= end - self._pos
-            self._pos = end
-        return out[0] if len(out) == 1 else b"".join(out)
-
-    def seekable(self) -> bool:
-        return False
-
-
-def start_position(reader: SegmentReader, seg: OpenSegment, task: SegmentTask) -> int:
-    """Byte position to start reading at for ``task.lo`` (the offset index; 0 at the start)."""
-    if task.lo <= task.start_offset:
-        return 0
-    try:
-        entries = read_offset_index(
-            reader.read_index(seg, "offset"), task.start_offset, name=f"{seg.base} (offset index)"
-        )
-    except NotFound:
-        return 0
-    return lookup_offset(entries, task.lo, task.start_offset).position
 
 
 def read_task(
@@ -476,15 +429,9 @@ def read_task(
     )
     if size == 0:
         return
-    pos = start_position(ctx.reader, seg, task)
-    pieces = ctx.reader.read(seg, pos, size - 1)
-    stream = _PieceStream(pieces, f"{task.base}.log")
-    try:
-        yield from rows.batches(read_batches(stream, name=f"{task.base}.log"))
-    finally:
-        close = getattr(pieces, "close", None)
-        if close is not None:
-            close()
+    pos = offset_position(ctx.reader, seg, task.start_offset, task.lo)
+    with StoredLogFile(ctx.reader, seg) as log_file:
+        yield from rows.batches(read_batches(log_file, start_position=pos, name=log_file.name))
 
 
 def describe_error(task: SegmentTask, exc: BaseException) -> str:

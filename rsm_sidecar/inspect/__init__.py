@@ -2,14 +2,12 @@
 without a broker. The CLI wiring is :mod:`rsm_sidecar.cli.inspect`; the logic lives
 here, one concept per module:
 
-* :mod:`.context` - configuration, object store, key layout, keyring and a reader with
+* :mod:`.context` - the segment access (object store, key layout, keyring, reader) with
   bounded memory, built from the sidecar's own configuration.
-* :mod:`.catalog` - listing the store and grouping objects into segments.
+* :mod:`.listing` - listing the store and grouping objects into segments.
 * :mod:`.locate` - turning a SEGMENT argument (UUID, object key, topic/partition/offset)
   into a segment.
 * :mod:`.summary` - one line of facts about a segment (manifest + object sizes).
-* :mod:`.remote_file` - a read-only, seekable file over a segment's original ``.log``
-  bytes, streamed chunk by chunk (what the Kafka log library reads).
 * :mod:`.decoders` - key/value rendering: UTF-8, hex, optionally schema-registry decoding.
 * the commands: :mod:`.ls`, :mod:`.show`, :mod:`.dump`, :mod:`.cat`, :mod:`.verify`,
   :mod:`.rekey`, :mod:`.du`, :mod:`.orphans`.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import BinaryIO
 
-from rsm_sidecar.inspect.catalog import SegmentObjects
 from rsm_sidecar.inspect.context import InspectContext, UsageError
+from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.progress import Progress
 
 

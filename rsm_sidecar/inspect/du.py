@@ -6,9 +6,9 @@ import dataclasses
 from typing import Any
 
 from rsm_sidecar.format import keys as fkeys
-from rsm_sidecar.inspect import catalog
-from rsm_sidecar.inspect.catalog import SegmentObjects, StrayObject
+from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
+from rsm_sidecar.inspect.listing import SegmentObjects, StrayObject
 from rsm_sidecar.inspect.output import human_bytes, table
 
 
@@ -80,7 +80,7 @@ class DuResult:
 
 def run(ctx: InspectContext, topic: str | None = None, progress=None) -> DuResult:
     result = DuResult({})
-    for item in catalog.scan(ctx.store, ctx.layout, topic):
+    for item in listing.scan(ctx.store, ctx.layout, topic):
         if isinstance(item, StrayObject):
             result.outside_layout_objects += 1
             result.outside_layout_bytes += item.info.size
@@ -132,10 +132,11 @@ def print_table(result: DuResult) -> None:
         right=(2, 3, 4, 5, 6, 7, 8),
     )
     total = result.total()
-    line = f"total {human_bytes(total.total_bytes + result.outside_layout_bytes)} in {total.objects + result.outside_layout_objects} objects"
+    objects = total.objects + result.outside_layout_objects
+    line = f"total {human_bytes(total.total_bytes + result.outside_layout_bytes)} in {objects} objects"
     if result.outside_layout_objects:
         line += (
-            f" ({result.outside_layout_objects} objects, {human_bytes(result.outside_layout_bytes)} outside the "
-            f"key layout: see `inspect orphans`)"
+            f" ({result.outside_layout_objects} objects, {human_bytes(result.outside_layout_bytes)} outside "
+            f"the key layout: see `inspect orphans`)"
         )
     print(line)

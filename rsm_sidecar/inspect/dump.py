@@ -1,8 +1,8 @@
 """`inspect dump`: the record batches and records of a stored segment, decoded.
 
-Bytes stream through :class:`RemoteSegmentFile` into the Kafka log library, one batch at
-a time. ``--from-offset`` starts at the offset index's entry for that offset (as a broker
-fetch does) and skips what lies before it."""
+Bytes stream through :class:`~rsm_sidecar.segment.log_file.StoredLogFile` into the Kafka
+log library, one batch at a time. ``--from-offset`` starts at the offset index's entry for
+that offset (as a broker fetch does) and skips what lies before it."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from rsm_sidecar.errors import DataLoss, NotFound
-from rsm_sidecar.inspect.catalog import SegmentObjects
+from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.decoders import Decoder, plain, render_text
+from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.output import iso_ms
-from rsm_sidecar.inspect.remote_file import RemoteSegmentFile
-from rsm_sidecar.kafka import RecordBatch, lookup_offset, read_batches, read_offset_index
+from rsm_sidecar.kafka import RecordBatch, read_batches
 from rsm_sidecar.kafka.batch import TimestampType
+from rsm_sidecar.segment.log_file import StoredLogFile, offset_position
 from rsm_sidecar.segment.reader import OpenSegment
 
 
@@ -34,13 +34,12 @@ def start_position(
 ) -> int:
     """Where to start reading for ``from_offset``: the offset index's floor entry, or 0
     when there is none (or the index is unreadable: then the whole segment is scanned)."""
-    if from_offset is None or from_offset <= base_offset:
+    if from_offset is None:
         return 0
     try:
-        entries = read_offset_index(ctx.reader.read_index(opened, "offset"), base_offset)
-    except (DataLoss, NotFound):
+        return offset_position(ctx.reader, opened, base_offset, from_offset)
+    except DataLoss:
         return 0
-    return lookup_offset(entries, from_offset, base_offset).position
 
 
 def batch_header_json(batch: RecordBatch) -> dict[str, Any]:
@@ -111,7 +110,7 @@ def run(
     opened = ctx.reader.open_base(seg.base, seg.describe())
     pos = start_position(ctx, opened, seg.key.start_offset, from_offset)
     stats.start_position = pos
-    with RemoteSegmentFile(ctx.reader, opened) as f:
+    with StoredLogFile(ctx.reader, opened) as f:
         for batch in read_batches(f, start_position=pos, name=f.name):
             if from_offset is not None and batch.header.last_offset < from_offset:
                 continue

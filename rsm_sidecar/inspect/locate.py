@@ -7,9 +7,9 @@ import re
 
 from rsm_sidecar.errors import NotFound
 from rsm_sidecar.format import keys as fkeys
-from rsm_sidecar.inspect import catalog
-from rsm_sidecar.inspect.catalog import SegmentObjects
+from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext, UsageError
+from rsm_sidecar.inspect.listing import SegmentObjects
 
 _UUID = re.compile(r"^[A-Za-z0-9_-]{22}$")
 _TPO = re.compile(r"^(?P<topic>[A-Za-z0-9._-]{1,249})/(?P<partition>\d{1,10})/(?P<offset>\d{1,19})$")
@@ -56,7 +56,7 @@ def _by_key(ctx: InspectContext, spec: str) -> SegmentObjects | None:
 def _by_uuid(ctx: InspectContext, segment_id: str) -> SegmentObjects:
     found = [
         s
-        for s in catalog.scan(ctx.store, ctx.layout, strays=False)
+        for s in listing.scan(ctx.store, ctx.layout, strays=False)
         if isinstance(s, SegmentObjects) and s.key.segment_id == segment_id
     ]
     if not found:
@@ -75,10 +75,10 @@ def _by_uuid(ctx: InspectContext, segment_id: str) -> SegmentObjects:
 
 def _by_offset(ctx: InspectContext, topic: str, partition: int, offset: int) -> SegmentObjects:
     candidates = (
-        s for s in catalog.segments(ctx.store, ctx.layout, topic, partition) if s.key.start_offset <= offset
+        s for s in listing.segments(ctx.store, ctx.layout, topic, partition) if s.key.start_offset <= offset
     )
     matches: list[SegmentObjects] = []
-    for read in catalog.read_manifests(ctx.store, candidates):
+    for read in listing.read_manifests(ctx.store, candidates):
         if read.manifest is None:
             continue  # unreadable manifests are reported by ls/verify, not here
         end = (read.manifest.segment or {}).get("endOffset")

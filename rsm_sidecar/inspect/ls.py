@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rsm_sidecar.inspect import catalog
+from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.output import fmt_ratio, human_bytes, iso_ms, table
 from rsm_sidecar.inspect.progress import Progress
@@ -38,11 +38,11 @@ def run(
 ) -> LsResult:
     out: list[SegmentSummary] = []
     errors: list[dict[str, str]] = []
-    segs = catalog.segments(ctx.store, ctx.layout, topic, partition)
-    for read in catalog.read_manifests(ctx.store, segs):
+    segs = listing.segments(ctx.store, ctx.layout, topic, partition)
+    for read in listing.read_manifests(ctx.store, segs):
         if progress:
             progress.advance()
-        if read.error is not None:
+        if read.manifest is None:
             errors.append({"segment": read.seg.base, "error": str(read.error)})
             continue
         out.append(summarize(read.seg, read.manifest))

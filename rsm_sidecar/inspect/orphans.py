@@ -19,10 +19,10 @@ from typing import Any
 
 from rsm_sidecar.errors import RsmError
 from rsm_sidecar.format import keys as fkeys
-from rsm_sidecar.inspect import catalog
-from rsm_sidecar.inspect.catalog import SegmentObjects, StrayObject
+from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.duration import format_duration
+from rsm_sidecar.inspect.listing import SegmentObjects, StrayObject
 from rsm_sidecar.inspect.output import human_bytes, table
 from rsm_sidecar.storage.base import ObjectInfo
 
@@ -67,7 +67,7 @@ def run(
     now = now or datetime.datetime.now(datetime.UTC)
     found: list[Orphan] = []
     errors: list[dict[str, str]] = []
-    for item in catalog.scan(ctx.store, ctx.layout):
+    for item in listing.scan(ctx.store, ctx.layout):
         if progress:
             progress.advance()
         for info, reason in _orphans_of(item):

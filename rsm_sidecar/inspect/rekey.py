@@ -31,9 +31,9 @@ from typing import Any
 from rsm_sidecar.errors import ConfigError, RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import EncryptionInfo, SegmentManifest
-from rsm_sidecar.inspect import catalog
-from rsm_sidecar.inspect.catalog import SegmentObjects
+from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
+from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.parallel import ordered_map
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.keyring import Keyring
@@ -84,7 +84,7 @@ def rekey_segment(ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dr
     manifest_key = seg.key.key(fkeys.MANIFEST)
     log_key = seg.key.key(fkeys.LOG)
     try:
-        raw, manifest = catalog.read_manifest(ctx.store, seg.base)
+        raw, manifest = listing.read_manifest(ctx.store, seg.base)
         if manifest.encryption is None:
             out.action, out.detail = SKIPPED, "not encrypted"
             return out
@@ -130,7 +130,7 @@ def rekey_segment(ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dr
                 f"{log_key} was deleted during the rewrite; manifest removed again",
             )
             return out
-        _, written = catalog.read_manifest(ctx.store, seg.base)
+        _, written = listing.read_manifest(ctx.store, seg.base)
         if (
             written.encryption is None
             or keyring.unwrap(written.encryption.key_id, written.encryption.wrapped_key, manifest_key)

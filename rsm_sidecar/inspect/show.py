@@ -9,9 +9,9 @@ from typing import Any
 
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.chunk_index import ChunkIndex, VariableChunkIndex, encode_sizes
-from rsm_sidecar.inspect import catalog
-from rsm_sidecar.inspect.catalog import SegmentObjects
+from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
+from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.output import fmt_ratio, human_bytes, iso_ms, ratio
 from rsm_sidecar.inspect.summary import summarize
 
@@ -45,7 +45,7 @@ def chunk_index_stats(index: ChunkIndex) -> dict[str, Any]:
 
 
 def run(ctx: InspectContext, seg: SegmentObjects) -> dict[str, Any]:
-    raw, manifest = catalog.read_manifest(ctx.store, seg.base)
+    raw, manifest = listing.read_manifest(ctx.store, seg.base)
     summary = summarize(seg, manifest)
     return {
         "segment": summary.to_json(),
@@ -68,8 +68,9 @@ def print_text(doc: dict[str, Any]) -> None:
     print(f"segment       {s['topic']}-{s['partition']}  offsets {s['start_offset']}..{s['end_offset']}")
     print(f"segment id    {s['segment_id']}  (topic id {s['topic_id']})")
     print(
-        f"max timestamp {iso_ms(s['max_timestamp_ms']) or '-'}  (copied {iso_ms(s['event_timestamp_ms']) or '-'}"
-        f" by broker {s['broker_id'] if s['broker_id'] is not None else '-'})"
+        f"max timestamp {iso_ms(s['max_timestamp_ms']) or '-'}  "
+        f"(copied {iso_ms(s['event_timestamp_ms']) or '-'} "
+        f"by broker {s['broker_id'] if s['broker_id'] is not None else '-'})"
     )
     print(f"encryption    {('key id ' + s['key_id']) if s['key_id'] else 'none'}")
     print(

@@ -9,7 +9,7 @@ from typing import Any
 
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import SegmentManifest
-from rsm_sidecar.inspect.catalog import SegmentObjects
+from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.output import iso_ms, ratio
 
 
@@ -55,6 +55,10 @@ def _int_or_none(doc: dict | None, name: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 def summarize(
     seg: SegmentObjects, manifest: SegmentManifest, manifest_size: int | None = None
 ) -> SegmentSummary:
@@ -70,9 +74,7 @@ def summarize(
         topic_id=k.topic_id,
         partition=k.partition,
         segment_id=k.segment_id,
-        start_offset=_int_or_none(md, "startOffset")
-        if _int_or_none(md, "startOffset") is not None
-        else k.start_offset,
+        start_offset=_or(_int_or_none(md, "startOffset"), k.start_offset),
         end_offset=_int_or_none(md, "endOffset"),
         max_timestamp_ms=_int_or_none(md, "maxTimestampMs"),
         event_timestamp_ms=_int_or_none(md, "eventTimestampMs"),

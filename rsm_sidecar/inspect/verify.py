@@ -28,17 +28,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from rsm_sidecar.errors import RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import SegmentManifest
-from rsm_sidecar.inspect import catalog
-from rsm_sidecar.inspect.catalog import SegmentObjects
+from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
+from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.output import human_bytes
-from rsm_sidecar.inspect.remote_file import RemoteSegmentFile
 from rsm_sidecar.kafka import (
+    BatchHeader,
     OffsetPosition,
     TimestampOffset,
     parse_leader_epoch_checkpoint,
@@ -50,9 +50,22 @@ from rsm_sidecar.kafka import (
 )
 from rsm_sidecar.kafka.checkpoint import EpochEntry, epoch_for_offset
 from rsm_sidecar.kafka.reader import RecordBatch
+from rsm_sidecar.segment.log_file import StoredLogFile
 from rsm_sidecar.segment.reader import OpenSegment
 
 MAX_PROBLEMS_PER_CHECK = 10  # per kind, then "... and N more"
+E = TypeVar("E", OffsetPosition, TimestampOffset)
+#: index entries that lie before a batch and point at no batch: (test, problem) by check
+PASSED_ENTRIES: dict[str, tuple[Callable[[Any, BatchHeader], bool], Callable[[Any], str]]] = {
+    "offset index": (
+        lambda e, h: e.position < h.position,
+        lambda e: f"offset index entry {e.offset} @ {e.position} does not point at a batch start",
+    ),
+    "time index": (
+        lambda e, h: e.offset < h.base_offset,
+        lambda e: f"time index entry {e.timestamp} -> {e.offset}: no batch holds offset {e.offset}",
+    ),
+}
 
 
 @dataclasses.dataclass
@@ -128,7 +141,7 @@ class SegmentVerifier:
     def _run(self) -> None:
         r = self.report
         try:
-            _, manifest = catalog.read_manifest(self.ctx.store, self.seg.base)
+            _, manifest = listing.read_manifest(self.ctx.store, self.seg.base)
         except RsmError as e:
             r.problem("manifest", str(e))
             return
@@ -230,7 +243,7 @@ class SegmentVerifier:
         aborts: set[tuple[int, int]] = set()
         complete = False
         try:
-            with RemoteSegmentFile(self.ctx.reader, opened, self.on_bytes) as f:
+            with StoredLogFile(self.ctx.reader, opened, self.on_bytes) as f:
                 for batch in read_batches(f, name=f.name):
                     h = batch.header
                     r.batches += 1
@@ -276,36 +289,39 @@ class SegmentVerifier:
                 "offsets",
                 f"the largest batch timestamp is {running_max}, the manifest's maxTimestampMs is {max_ts}",
             )
-        for e in offsets[oi:]:
-            if e.position < previous.position + previous.size_in_bytes:
+        for o in offsets[oi:]:
+            if o.position < previous.position + previous.size_in_bytes:
                 r.problem(
                     "offset index",
-                    f"offset index entry {e.offset} @ {e.position} does not point at a batch start",
+                    f"offset index entry {o.offset} @ {o.position} does not point at a batch start",
                 )
             else:
                 r.problem(
                     "offset index",
-                    f"offset index entry {e.offset} @ {e.position} points beyond the data "
+                    f"offset index entry {o.offset} @ {o.position} points beyond the data "
                     f"({previous.position + previous.size_in_bytes} bytes)",
                 )
-        for e in times[ti:]:
+        for t in times[ti:]:
             r.problem(
                 "time index",
-                f"time index entry {e.timestamp} -> {e.offset} points beyond the last offset "
+                f"time index entry {t.timestamp} -> {t.offset} points beyond the last offset "
                 f"{previous.last_offset}",
             )
         if (ix.txns is not None or aborts) and "transaction" not in ix.failed:
             self._txn_index(ix.txns or [], aborts)
 
+    def _passed_entries(self, check: str, entries: list[E], i: int, h: BatchHeader) -> int:
+        """Report the ``check`` index entries from ``i`` on that lie before batch ``h`` and
+        point at no batch; returns the index of the first one that does not."""
+        passed, problem = PASSED_ENTRIES[check]
+        while i < len(entries) and passed(entries[i], h):
+            self.report.problem(check, problem(entries[i]))
+            i += 1
+        return i
+
     def _offset_index_at(self, batch: RecordBatch, entries: list[OffsetPosition], i: int) -> int:
         h = batch.header
-        while i < len(entries) and entries[i].position < h.position:
-            e = entries[i]
-            self.report.problem(
-                "offset index",
-                f"offset index entry {e.offset} @ {e.position} does not point at a batch start",
-            )
-            i += 1
+        i = self._passed_entries("offset index", entries, i, h)
         if i < len(entries) and entries[i].position == h.position:
             e = entries[i]
             if e.offset < h.base_offset:
@@ -321,13 +337,7 @@ class SegmentVerifier:
         self, batch: RecordBatch, entries: list[TimestampOffset], i: int, running_max: int
     ) -> int:
         h = batch.header
-        while i < len(entries) and entries[i].offset < h.base_offset:
-            e = entries[i]
-            self.report.problem(
-                "time index",
-                f"time index entry {e.timestamp} -> {e.offset}: no batch holds offset {e.offset}",
-            )
-            i += 1
+        i = self._passed_entries("time index", entries, i, h)
         while i < len(entries) and entries[i].offset <= h.last_offset:
             e = entries[i]
             if h.max_timestamp != e.timestamp or running_max != e.timestamp:
@@ -415,7 +425,7 @@ def run(
 ) -> VerifySummary:
     """Verify each segment in turn (one at a time: memory is one ranged GET); call
     ``on_report`` as each finishes."""
-    ctx.reader  # loads the keyring: a configuration error stops here, not once per segment
+    _ = ctx.reader  # loads the keyring: a configuration error stops here, not once per segment
     summary = VerifySummary()
     for seg in segs:
         verifier = SegmentVerifier(

@@ -7,22 +7,25 @@ import collections
 import concurrent.futures
 import threading
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
-class ByteLRU:
+class ByteLRU(Generic[K, V]):
     """Least-recently-used map whose values' declared sizes sum to at most ``capacity``
     bytes. An item larger than the capacity is not cached. ``on_event(name)`` receives
     "hit", "miss" and "eviction" for metrics."""
 
     def __init__(self, capacity: int, on_event: Callable[[str], None] = lambda e: None):
         self.capacity = capacity
-        self._items: collections.OrderedDict[Hashable, tuple[Any, int]] = collections.OrderedDict()
+        self._items: collections.OrderedDict[K, tuple[V, int]] = collections.OrderedDict()
         self._size = 0
         self._lock = threading.Lock()
         self._on_event = on_event
 
-    def get(self, key: Hashable) -> Any | None:
+    def get(self, key: K) -> V | None:
         with self._lock:
             item = self._items.get(key)
             if item is None:
@@ -32,11 +35,11 @@ class ByteLRU:
             self._on_event("hit")
             return item[0]
 
-    def contains(self, key: Hashable) -> bool:
+    def contains(self, key: K) -> bool:
         with self._lock:
             return key in self._items
 
-    def put(self, key: Hashable, value: Any, size: int) -> None:
+    def put(self, key: K, value: V, size: int) -> None:
         if size > self.capacity:
             return
         with self._lock:
@@ -50,7 +53,7 @@ class ByteLRU:
                 self._size -= s
                 self._on_event("eviction")
 
-    def discard_prefix(self, predicate: Callable[[Hashable], bool]) -> None:
+    def discard_prefix(self, predicate: Callable[[K], bool]) -> None:
         with self._lock:
             for k in [k for k in self._items if predicate(k)]:
                 self._size -= self._items.pop(k)[1]
@@ -65,14 +68,14 @@ class ByteLRU:
             return len(self._items)
 
 
-class SingleFlight:
+class SingleFlight(Generic[K, V]):
     """Runs at most one loader per key at a time; other callers wait for its result."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._inflight: dict[Hashable, concurrent.futures.Future] = {}
+        self._inflight: dict[K, concurrent.futures.Future[V]] = {}
 
-    def claim(self, keys: list[Hashable]) -> tuple[list[Hashable], dict[Hashable, concurrent.futures.Future]]:
+    def claim(self, keys: list[K]) -> tuple[list[K], dict[K, concurrent.futures.Future[V]]]:
         """Claim the longest prefix of ``keys`` nobody is loading. Returns the claimed
         keys (possibly none) and, for the first key if it is taken, the future to wait on."""
         with self._lock:
@@ -86,15 +89,22 @@ class SingleFlight:
                 claimed.append(k)
             return claimed, {}
 
-    def resolve(self, key: Hashable, value: Any = None, error: BaseException | None = None) -> None:
-        with self._lock:
-            fut = self._inflight.pop(key, None)
+    def resolve(self, key: K, value: V) -> None:
+        """The loader of ``key`` got ``value``."""
+        fut = self._release(key)
         if fut is not None:
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(value)
+            fut.set_result(value)
 
-    def in_flight(self, key: Hashable) -> bool:
+    def fail(self, key: K, error: BaseException) -> None:
+        """The loader of ``key`` failed with ``error``."""
+        fut = self._release(key)
+        if fut is not None:
+            fut.set_exception(error)
+
+    def _release(self, key: K) -> concurrent.futures.Future[V] | None:
+        with self._lock:
+            return self._inflight.pop(key, None)
+
+    def in_flight(self, key: K) -> bool:
         with self._lock:
             return key in self._inflight

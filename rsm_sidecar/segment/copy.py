@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from rsm_sidecar.errors import Cancelled, DataLoss, FailedPrecondition
 from rsm_sidecar.format import custom_metadata as cm
@@ -50,12 +51,15 @@ from rsm_sidecar.segment.objects import (
     manifest_attempt,
     object_keys,
 )
-from rsm_sidecar.segment.sources import SegmentSource
+from rsm_sidecar.segment.sources import Piece, SegmentSource
 from rsm_sidecar.storage.base import ObjectNotFound, ObjectStore
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.chunks import ChunkCodec, crc32c
 from rsm_sidecar.transform.heuristic import batches_already_compressed
 from rsm_sidecar.transform.keyring import Keyring
+
+if TYPE_CHECKING:
+    from rsm_sidecar.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,7 @@ class CopySettings:
     custom_metadata_fields: tuple[str, ...] = ("REMOTE_SIZE", "OBJECT_PREFIX")
 
     @classmethod
-    def from_config(cls, cfg) -> CopySettings:
+    def from_config(cls, cfg: Config) -> CopySettings:
         return cls(
             cfg["segment.chunk_size"],
             cfg["segment.compression"],
@@ -89,7 +93,7 @@ class CopyResult:
     custom_metadata: bytes | None
 
 
-def rechunk(pieces: Iterable[bytes], chunk_size: int) -> Iterator[bytes]:
+def rechunk(pieces: Iterable[Piece], chunk_size: int) -> Iterator[bytes]:
     """Re-cut a stream of byte pieces into ``chunk_size`` chunks (the last may be
     shorter), copying each byte once."""
     parts: list[memoryview] = []
@@ -165,7 +169,8 @@ class SegmentCopier:
                 )
                 return existing
             attempt = os.urandom(16).hex()
-            entry = self.journal.begin(base, attempt) if self.journal else None
+            journal = self.journal
+            entry = journal.begin(base, attempt) if journal is not None else None
             self.on_rewrite(base)
             try:
                 result = self._copy(
@@ -173,13 +178,13 @@ class SegmentCopier:
                 )
             except BaseException as e:
                 cleaned = self._cleanup(base, attempt, md, e)
-                if entry:
-                    (self.journal.end if cleaned else self.journal.release)(entry)
+                if journal is not None and entry is not None:
+                    (journal.end if cleaned else journal.release)(entry)
                 raise
             finally:
                 self.on_rewrite(base)
-            if entry:
-                self.journal.end(entry)
+            if journal is not None and entry is not None:
+                journal.end(entry)
             return result
 
     def _complete_segment(self, md: fkeys.SegmentMetadata, base: str, log_size: int) -> CopyResult | None:
@@ -200,7 +205,7 @@ class SegmentCopier:
                 or (manifest.encryption is None) != (self.keyring is None)
             ):
                 return None
-            if manifest.encryption is not None:
+            if manifest.encryption is not None and self.keyring is not None:
                 data_key = self.keyring.unwrap(
                     manifest.encryption.key_id, manifest.encryption.wrapped_key, key
                 )
@@ -241,7 +246,15 @@ class SegmentCopier:
             return False
 
     def _copy(
-        self, md, base, attempt, log_chunks, log_size, indexes, is_cancelled, on_stored_bytes
+        self,
+        md: fkeys.SegmentMetadata,
+        base: str,
+        attempt: str,
+        log_chunks: Iterator[bytes],
+        log_size: int,
+        indexes: Callable[[], dict[str, bytes | None]],
+        is_cancelled: Callable[[], bool],
+        on_stored_bytes: Callable[[int], None],
     ) -> CopyResult:
         s = self.settings
         chunks = iter(log_chunks)
@@ -264,7 +277,7 @@ class SegmentCopier:
         tags: list[bytes] = []
         original_total = 0
         with self.store.open_writer(keys[fkeys.LOG]) as writer:
-            in_flight: collections.deque[concurrent.futures.Future] = collections.deque()
+            in_flight: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
 
             def drain_one() -> None:
                 out = in_flight.popleft().result()

@@ -69,7 +69,9 @@ def lock_exclusively(path: Path, what: str) -> int:
 
 
 class CopyJournal:
-    def __init__(self, directory: str | os.PathLike, store: ObjectStore, locks: SegmentLocks | None = None):
+    def __init__(
+        self, directory: str | os.PathLike[str], store: ObjectStore, locks: SegmentLocks | None = None
+    ):
         self.dir = Path(directory)
         self.store = store
         self.locks = locks or SegmentLocks()
@@ -83,7 +85,7 @@ class CopyJournal:
             raise ConfigError(
                 f"copy.journal_dir: cannot use {directory} as the copy journal: {e.strerror or e}"
             ) from None
-        self._lock_fd = lock_exclusively(self.dir / LOCK_FILE, "copy.journal_dir")
+        self._lock_fd: int | None = lock_exclusively(self.dir / LOCK_FILE, "copy.journal_dir")
         for tmp in self.dir.glob(".*.tmp"):  # interrupted writes of this directory's (dead) owner
             tmp.unlink(missing_ok=True)
 

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Literal, overload
 
 from rsm_sidecar.errors import DataLoss, FailedPrecondition, NotFound
 from rsm_sidecar.format import keys as fkeys
@@ -35,6 +36,9 @@ from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.chunks import ChunkCodec
 from rsm_sidecar.transform.keyring import Keyring
 
+if TYPE_CHECKING:
+    from rsm_sidecar.config import Config
+
 log = logging.getLogger(__name__)
 
 #: index names of the manifest by KIP-405 IndexType name
@@ -45,6 +49,10 @@ INDEX_BY_TYPE = {
     "TRANSACTION": "transaction",
     "LEADER_EPOCH": "leaderEpoch",
 }
+
+
+#: (base key, segment version, index name or chunk id)
+CacheKey = tuple[str, str, str | int]
 
 
 @dataclasses.dataclass
@@ -62,7 +70,8 @@ class OpenSegment:
     def key(self, suffix: str) -> str:
         return f"{self.base}.{suffix}"
 
-    def cache_key(self, item) -> tuple:
+    def cache_key(self, item: str | int) -> CacheKey:
+        """The key of an index (by name) or a chunk (by id) of this segment in the caches."""
         return (self.base, self.version, item)
 
     def __repr__(self) -> str:
@@ -79,7 +88,7 @@ class ReaderSettings:
     accept_unauthenticated: bool = False
 
     @classmethod
-    def from_config(cls, cfg) -> ReaderSettings:
+    def from_config(cls, cfg: Config) -> ReaderSettings:
         return cls(
             cfg["cache.manifest_bytes"],
             cfg["cache.index_bytes"],
@@ -104,11 +113,17 @@ class SegmentReader:
         self.layout = layout
         self.keyring = keyring
         self.settings = settings
-        self.manifests = ByteLRU(settings.manifest_cache_bytes, lambda e: on_cache_event("manifest", e))
-        self.indexes = ByteLRU(settings.index_cache_bytes, lambda e: on_cache_event("index", e))
-        self.chunks = ByteLRU(settings.chunk_cache_bytes, lambda e: on_cache_event("chunk", e))
-        self._loading = SingleFlight()
-        self._manifest_loading = SingleFlight()
+        self.manifests: ByteLRU[str, OpenSegment] = ByteLRU(
+            settings.manifest_cache_bytes, lambda e: on_cache_event("manifest", e)
+        )
+        self.indexes: ByteLRU[CacheKey, bytes] = ByteLRU(
+            settings.index_cache_bytes, lambda e: on_cache_event("index", e)
+        )
+        self.chunks: ByteLRU[CacheKey, bytes] = ByteLRU(
+            settings.chunk_cache_bytes, lambda e: on_cache_event("chunk", e)
+        )
+        self._loading: SingleFlight[CacheKey, bytes] = SingleFlight()
+        self._manifest_loading: SingleFlight[str, OpenSegment] = SingleFlight()
         #: how many times ``forget`` ran; a manifest loaded across a forget is not cached
         self._forgets = 0
         self._prefetch = prefetch_executor
@@ -145,7 +160,7 @@ class SegmentReader:
         try:
             seg = self._load_manifest(base, describe)
         except BaseException as e:
-            self._manifest_loading.resolve(base, error=e)
+            self._manifest_loading.fail(base, e)
             raise
         if forgets == self._forgets:  # a segment changed while loading: do not cache what may be stale
             self.manifests.put(base, seg, seg.cost)
@@ -201,8 +216,9 @@ class SegmentReader:
         if self.settings.accept_unauthenticated:
             return
         hint = (
-            "; set fetch.accept_unauthenticated_segments = true to read segments written by Aiven's plugin or "
-            "by rsm-sidecar before 0.2 (migrations only: a bucket writer could then plant or rearrange them)"
+            "; set fetch.accept_unauthenticated_segments = true to read segments written by Aiven's plugin "
+            "or by rsm-sidecar before 0.2 (migrations only: a bucket writer could then plant or rearrange "
+            "them)"
         )
         if not manifest.has_extension:
             raise DataLoss(
@@ -266,7 +282,17 @@ class SegmentReader:
         return plain
 
     # -- data --------------------------------------------------------------------
-    def read(self, seg: OpenSegment, start: int, end: int, views: bool = False) -> Iterator[bytes]:
+    @overload
+    def read(
+        self, seg: OpenSegment, start: int, end: int, views: Literal[False] = False
+    ) -> Iterator[bytes]: ...
+
+    @overload
+    def read(self, seg: OpenSegment, start: int, end: int, views: bool) -> Iterator[bytes | memoryview]: ...
+
+    def read(
+        self, seg: OpenSegment, start: int, end: int, views: bool = False
+    ) -> Iterator[bytes | memoryview]:
         """Original bytes [start, end] (inclusive; ``end`` is clamped to the segment).
         With ``views`` the pieces are memoryviews into cached chunks (no copy); callers
         that keep them must not expect ``bytes``."""
@@ -280,6 +306,7 @@ class SegmentReader:
                 lo = max(start - chunk.original_position, 0)
                 hi = min(end - chunk.original_position + 1, chunk.original_size)
                 self._schedule_prefetch(seg, chunk.id)
+                piece: bytes | memoryview
                 if lo == 0 and hi == len(data):
                     piece = data
                 else:
@@ -332,7 +359,7 @@ class SegmentReader:
         ``max_range_bytes``) so that readers waiting on those chunks get them."""
         key = seg.key(fkeys.LOG)
         decoded = 0
-        stored = None
+        stored = b""  # replaced by the download before the first yield (and GeneratorExit)
         try:
             first, last = run[0], run[-1]
             if last.transformed_end == first.transformed_position:
@@ -362,11 +389,11 @@ class SegmentReader:
                 try:
                     self._decode_chunk(seg, key, c, stored, run[0].transformed_position)
                 except Exception as e:
-                    self._loading.resolve(seg.cache_key(c.id), error=e)
+                    self._loading.fail(seg.cache_key(c.id), e)
             raise
         except BaseException as e:
             for c in run[decoded:]:
-                self._loading.resolve(seg.cache_key(c.id), error=e)
+                self._loading.fail(seg.cache_key(c.id), e)
             raise
 
     def _decode_chunk(self, seg: OpenSegment, key: str, c: Chunk, stored: bytes, base: int) -> bytes:

@@ -28,10 +28,14 @@ INDEX_FILES = ("offset", "timestamp", "producerSnapshot", "transaction")
 FILE_ORDER = (LOG,) + INDEX_FILES
 
 
+#: a piece of a file: bytes, or a view into bytes the source holds
+Piece = bytes | memoryview
+
+
 class SegmentSource(Protocol):
     log_size: int
 
-    def log_pieces(self, size: int) -> Iterator[bytes]:
+    def log_pieces(self, size: int) -> Iterator[Piece]:
         """The ``.log`` file in pieces of about ``size`` bytes; raises if the source breaks."""
 
     def index_files(self) -> dict[str, bytes | None]:
@@ -44,7 +48,7 @@ class BytesSource:
         self.log_size = len(log)
         self.indexes = indexes
 
-    def log_pieces(self, size: int) -> Iterator[bytes]:
+    def log_pieces(self, size: int) -> Iterator[Piece]:
         view = memoryview(self.log)
         for i in range(0, len(view), size):
             yield view[i : i + size]
@@ -132,15 +136,20 @@ class PathSource:
         self.describe = describe
         self.allowed = allowed
         self.max_index_bytes = max_index_bytes
-        self._fd, self._stat = open_allowed(paths[LOG] or "", allowed, ".log", describe)
+        self.log_path = paths[LOG] or ""
+        fd, self._stat = open_allowed(self.log_path, allowed, ".log", describe)
+        self._fd: int | None = fd
         self.log_size = self._stat.st_size
 
-    def log_pieces(self, size: int) -> Iterator[bytes]:
+    def log_pieces(self, size: int) -> Iterator[Piece]:
+        fd = self._fd
+        if fd is None:
+            raise FailedPrecondition(f"copy of {self.describe}: {self.log_path} was already read")
         try:
             total = 0
             while True:
                 try:
-                    piece = os.read(self._fd, size)
+                    piece = os.read(fd, size)
                 except OSError as e:
                     raise FailedPrecondition(
                         f"copy of {self.describe}: cannot read {self.paths[LOG]}: {e.strerror}"
@@ -164,7 +173,7 @@ class PathSource:
             self._fd = None
 
     def _verify_unchanged(self, total: int) -> None:
-        path = self.paths[LOG]
+        path = self.log_path
         try:
             now = os.stat(path)
         except FileNotFoundError:
@@ -245,7 +254,10 @@ class StreamSource:
                     f"copy of {describe}: the {name} index has {size} bytes, more than "
                     f"copy.max_index_file_bytes ({max_index_bytes})"
                 )
-        self.log_size = sizes[LOG]
+        log_size = sizes.get(LOG)
+        if log_size is None:
+            raise InvalidArgument(f"copy of {describe}: no size declared for the {LOG} file")
+        self.log_size = log_size
         self.received = {k: 0 for k in sizes}
         self._position = 0  # index into FILE_ORDER
 
@@ -267,19 +279,18 @@ class StreamSource:
                 f"copy of {self.describe}: {name} data after {FILE_ORDER[self._position]} data "
                 f"(files must be sent in the contract's order)"
             )
-        if self.sizes[name] is None:
+        declared = self.sizes[name]
+        if declared is None:
             raise InvalidArgument(
                 f"copy of {self.describe}: transaction index data but no transaction index was declared"
             )
         self._position = order
         self.received[name] += len(data)
-        if self.received[name] > self.sizes[name]:
-            raise InvalidArgument(
-                f"copy of {self.describe}: more {name} bytes than the declared {self.sizes[name]}"
-            )
+        if self.received[name] > declared:
+            raise InvalidArgument(f"copy of {self.describe}: more {name} bytes than the declared {declared}")
         return name, data
 
-    def log_pieces(self, size: int) -> Iterator[bytes]:
+    def log_pieces(self, size: int) -> Iterator[Piece]:
         while self.received[LOG] < self.log_size:
             item = self._next()
             if item is None:

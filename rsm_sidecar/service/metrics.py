@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import prometheus_client as prom
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from rsm_sidecar.segment.cache import ByteLRU
+from rsm_sidecar.segment.journal import CopyJournal
+from rsm_sidecar.storage.base import ObjectStore
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -48,18 +55,18 @@ class Metrics:
             ["cache", "event"],
             registry=r,
         )
-        self._caches = {}
-        self._stores = []
-        self._journal = None
+        self._caches: dict[str, ByteLRU[Any, Any]] = {}
+        self._stores: list[ObjectStore] = []
+        self._journal: CopyJournal | None = None
         r.register(_DynamicCollector(self))
 
-    def track_cache(self, name: str, cache) -> None:
+    def track_cache(self, name: str, cache: ByteLRU[Any, Any]) -> None:
         self._caches[name] = cache
 
-    def track_journal(self, journal) -> None:
+    def track_journal(self, journal: CopyJournal) -> None:
         self._journal = journal
 
-    def track_store(self, store) -> None:
+    def track_store(self, store: ObjectStore) -> None:
         self._stores.append(store)
 
     def cache_event(self, cache: str, event: str) -> None:
@@ -70,7 +77,7 @@ class _DynamicCollector:
     def __init__(self, metrics: Metrics):
         self.m = metrics
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         size = GaugeMetricFamily("rsm_cache_bytes", "Bytes held by each cache.", labels=["cache"])
         for name, cache in self.m._caches.items():
             size.add_metric([name], cache.size_bytes)

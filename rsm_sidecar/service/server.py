@@ -17,6 +17,8 @@ import os
 import signal
 import threading
 from pathlib import Path
+from types import FrameType
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 import prometheus_client
@@ -105,7 +107,7 @@ class SidecarServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._socket_lock: int | None = None
         self.address = self._bind(cfg["server.listen"])
-        self._metrics_server = None
+        self._metrics_server: WSGIServer | None = None
         self._stopped = threading.Event()
 
     def _bind(self, listen: str) -> str:
@@ -152,11 +154,11 @@ class SidecarServer:
             host, _ = split_listen(listen, "server.listen")
             if not is_loopback(host) and not ca and not self.cfg["server.allow_plaintext_non_loopback"]:
                 raise ConfigError(
-                    f"server.listen: {listen} is not a loopback address and clients are not authenticated: anyone "
-                    f"who reaches it could read, overwrite and delete every tiered segment. Require client "
-                    f"certificates (server.tls.cert_file, server.tls.key_file, server.tls.client_ca_file), use a Unix "
-                    f"socket or 127.0.0.1, or set server.allow_plaintext_non_loopback = true on a network only the "
-                    f"broker can reach"
+                    f"server.listen: {listen} is not a loopback address and clients are not authenticated: "
+                    "anyone who reaches it could read, overwrite and delete every tiered segment. Require "
+                    "client certificates (server.tls.cert_file, server.tls.key_file, "
+                    "server.tls.client_ca_file), use a Unix socket or 127.0.0.1, or set "
+                    "server.allow_plaintext_non_loopback = true on a network only the broker can reach"
                 )
         old_umask = os.umask(0o077)  # the socket file is created 0600
         try:
@@ -238,7 +240,7 @@ class SidecarServer:
     def serve_forever(self) -> None:
         done = threading.Event()
 
-        def on_signal(signum, frame):
+        def on_signal(signum: int, frame: FrameType | None) -> None:
             log.info("received %s", signal.Signals(signum).name)
             done.set()
 

@@ -8,12 +8,16 @@ in a string field, garbage) reaches the handler as ``Malformed`` and is answered
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
+from prometheus_client import Counter
 
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
 from rsm_sidecar.errors import (
@@ -28,20 +32,37 @@ from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.segment import sources
 from rsm_sidecar.segment.objects import delete_segment_objects
 from rsm_sidecar.segment.reader import INDEX_BY_TYPE
-from rsm_sidecar.service.admission import IdleWatchdog, Slots
+from rsm_sidecar.service.admission import IdleWatchdog, Slots, Watch
+from rsm_sidecar.service.metrics import Metrics
 from rsm_sidecar.service.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
+M = TypeVar("M")
+R = TypeVar("R")
+B = TypeVar("B", bytes, memoryview)
 MAX_MESSAGE_BYTES = 1024 * 1024
 #: longest status message sent to a client (gRPC trailers are limited in size)
 MAX_STATUS_CHARS = 2000
-FILE_NAMES = {
-    pb.LOG: sources.LOG,
-    pb.OFFSET_INDEX: "offset",
-    pb.TIME_INDEX: "timestamp",
-    pb.PRODUCER_SNAPSHOT_FILE: "producerSnapshot",
-    pb.TRANSACTION_INDEX: "transaction",
-}
+#: the contract's files: proto FileKind, manifest name, and the stem of the SegmentFiles fields
+#: (``<stem>_path`` in path mode, ``<stem>_size`` in stream mode)
+FILES = (
+    (pb.LOG, sources.LOG, "log"),
+    (pb.OFFSET_INDEX, "offset", "offset_index"),
+    (pb.TIME_INDEX, "timestamp", "time_index"),
+    (pb.PRODUCER_SNAPSHOT_FILE, "producerSnapshot", "producer_snapshot"),
+    (pb.TRANSACTION_INDEX, "transaction", "transaction_index"),
+)
+FILE_NAMES = {kind: name for kind, name, _ in FILES}
+
+
+def _per_file(files: pb.SegmentFiles, field: str) -> dict[str, Any]:
+    """The ``<stem>_<field>`` values of the segment's files by name; ``transaction`` is
+    None when the request leaves it out (the segment has no transaction index)."""
+    out = {}
+    for _, name, stem in FILES:
+        key = f"{stem}_{field}"
+        out[name] = None if name == "transaction" and not files.HasField(key) else getattr(files, key)
+    return out
 
 
 class Malformed:
@@ -51,8 +72,8 @@ class Malformed:
         self.error = error
 
 
-def _lenient(parse):
-    def deserialize(data: bytes):
+def _lenient(parse: Callable[[bytes], Message]) -> Callable[[bytes], Message | Malformed]:
+    def deserialize(data: bytes) -> Message | Malformed:
         try:
             return parse(data)
         except Exception as e:
@@ -61,7 +82,7 @@ def _lenient(parse):
     return deserialize
 
 
-def _well_formed(request, what: str):
+def _well_formed(request: M | Malformed, what: str) -> M:
     if isinstance(request, Malformed):
         raise InvalidArgument(f"malformed {what} message: {str(request.error)[:200]}")
     return request
@@ -73,7 +94,7 @@ def _metadata(m: pb.SegmentMetadata) -> fkeys.SegmentMetadata:
     return fkeys.SegmentMetadata.from_proto(m)
 
 
-def _abort(context: grpc.ServicerContext, op: str, metrics, err: BaseException) -> None:
+def _abort(context: grpc.ServicerContext, op: str, metrics: Metrics, err: BaseException) -> None:
     if isinstance(err, RsmError):
         code, msg = err.grpc_code, str(err)
         # a missing segment and a reader that went away are routine; a copy that did not finish is not
@@ -91,62 +112,71 @@ def _abort(context: grpc.ServicerContext, op: str, metrics, err: BaseException) 
     context.abort(code, msg)
 
 
-def unary(op: str):
-    def wrap(fn):
+@contextlib.contextmanager
+def _measured(metrics: Metrics, op: str) -> Iterator[float]:
+    """Counts ``op`` in flight and observes its latency; yields its start time."""
+    metrics.in_flight.labels(op).inc()
+    t0 = time.monotonic()
+    try:
+        yield t0
+    finally:
+        metrics.in_flight.labels(op).dec()
+        metrics.latency.labels(op).observe(time.monotonic() - t0)
+
+
+#: an RPC method: (servicer, request or request iterator, context) -> response or response stream
+Method = Callable[["RemoteStorageServicer", Any, grpc.ServicerContext], R]
+
+
+def unary(op: str) -> Callable[[Method[R]], Method[R]]:
+    def wrap(fn: Method[R]) -> Method[R]:
         @functools.wraps(fn)
-        def handler(self, request, context):
+        def handler(self: RemoteStorageServicer, request: Any, context: grpc.ServicerContext) -> R:
             m = self.sidecar.metrics
-            m.in_flight.labels(op).inc()
-            t0 = time.monotonic()
-            try:
-                result = fn(self, request, context)
-            except Exception as e:  # every failure becomes a status
-                _abort(context, op, m, e)
-            else:
-                m.operations.labels(op, "OK").inc()
-                return result
-            finally:
-                m.in_flight.labels(op).dec()
-                m.latency.labels(op).observe(time.monotonic() - t0)
+            with _measured(m, op):
+                try:
+                    result = fn(self, request, context)
+                except Exception as e:  # every failure becomes a status
+                    _abort(context, op, m, e)
+                else:
+                    m.operations.labels(op, "OK").inc()
+                    return result
+            raise AssertionError("unreachable: context.abort raises")
 
         return handler
 
     return wrap
 
 
-def streaming(op: str):
-    def wrap(fn):
+def streaming(op: str) -> Callable[[Method[Iterator[R]]], Method[Iterator[R]]]:
+    def wrap(fn: Method[Iterator[R]]) -> Method[Iterator[R]]:
         @functools.wraps(fn)
-        def handler(self, request, context):
+        def handler(self: RemoteStorageServicer, request: Any, context: grpc.ServicerContext) -> Iterator[R]:
             m = self.sidecar.metrics
-            m.in_flight.labels(op).inc()
-            t0 = time.monotonic()
-            first = True
-            try:
-                for msg in fn(self, request, context):
-                    if first and op == "fetch":
-                        m.first_byte.observe(time.monotonic() - t0)
-                    first = False
-                    yield msg
-                    if not context.is_active():
-                        raise Cancelled(f"{op} cancelled by the client")
-            except GeneratorExit:
-                m.operations.labels(op, "CANCELLED").inc()
-                raise
-            except Exception as e:
-                _abort(context, op, m, e)
-            else:
-                m.operations.labels(op, "OK").inc()
-            finally:
-                m.in_flight.labels(op).dec()
-                m.latency.labels(op).observe(time.monotonic() - t0)
+            with _measured(m, op) as t0:
+                first = True
+                try:
+                    for msg in fn(self, request, context):
+                        if first and op == "fetch":
+                            m.first_byte.observe(time.monotonic() - t0)
+                        first = False
+                        yield msg
+                        if not context.is_active():
+                            raise Cancelled(f"{op} cancelled by the client")
+                except GeneratorExit:
+                    m.operations.labels(op, "CANCELLED").inc()
+                    raise
+                except Exception as e:
+                    _abort(context, op, m, e)
+                else:
+                    m.operations.labels(op, "OK").inc()
 
         return handler
 
     return wrap
 
 
-def _pieces(data) -> Iterator:
+def _pieces(data: B) -> Iterator[B]:
     for i in range(0, len(data), MAX_MESSAGE_BYTES):
         yield data[i : i + MAX_MESSAGE_BYTES]
 
@@ -160,11 +190,19 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def encode_fetch_response(data) -> bytes:
+def encode_fetch_response(data: bytes | memoryview) -> bytes:
     """A serialized ``FetchSegmentResponse{data}``, built from a piece (bytes or a view into
     a cached chunk) with one copy; a message object and its serialization would copy it
     twice more per message."""
     return b"\x0a" + _varint(len(data)) + data if len(data) else b""
+
+
+def _fetch_messages(piece: bytes | memoryview, served: Counter, watch: Watch) -> Iterator[bytes]:
+    """The serialized fetch responses that carry ``piece``."""
+    for msg in _pieces(memoryview(piece)):
+        served.inc(len(msg))
+        yield encode_fetch_response(msg)
+        watch.touch()
 
 
 def _pre_encoded(message: bytes) -> bytes:
@@ -212,9 +250,11 @@ class RemoteStorageServicer:
 
     # -- copy ------------------------------------------------------------------
     @unary("copy")
-    def CopySegment(self, request_iterator, context):
+    def CopySegment(
+        self, request_iterator: Iterator[pb.CopySegmentRequest | Malformed], context: grpc.ServicerContext
+    ) -> pb.CopySegmentResponse:
         with self.copy_slots.take(), self.watchdog.watch(context, self.copy_idle) as watch:
-            md = None
+            md: fkeys.SegmentMetadata | None = None
             try:
                 messages = self._copy_messages(request_iterator, watch)
                 first = next(messages, None)
@@ -235,7 +275,9 @@ class RemoteStorageServicer:
                 raise
 
     @staticmethod
-    def _copy_messages(request_iterator, watch) -> Iterator[pb.CopySegmentRequest]:
+    def _copy_messages(
+        request_iterator: Iterator[pb.CopySegmentRequest | Malformed], watch: Watch
+    ) -> Iterator[pb.CopySegmentRequest]:
         """The client's messages; the client going away is ``Cancelled``, not an unexpected error."""
         while True:
             try:
@@ -248,31 +290,20 @@ class RemoteStorageServicer:
             yield _well_formed(req, "CopySegmentRequest")
 
     def _copy(
-        self, md: fkeys.SegmentMetadata, begin: pb.CopyBegin, messages, context, watch
+        self,
+        md: fkeys.SegmentMetadata,
+        begin: pb.CopyBegin,
+        messages: Iterator[pb.CopySegmentRequest],
+        context: grpc.ServicerContext,
+        watch: Watch,
     ) -> pb.CopySegmentResponse:
         s = self.sidecar
-        files = begin.files
+        source: sources.SegmentSource
         if begin.mode == pb.PATH:
-            paths = {
-                sources.LOG: files.log_path,
-                "offset": files.offset_index_path,
-                "timestamp": files.time_index_path,
-                "producerSnapshot": files.producer_snapshot_path,
-                "transaction": files.transaction_index_path
-                if files.HasField("transaction_index_path")
-                else None,
-            }
+            paths = _per_file(begin.files, "path")
             source = sources.PathSource(paths, md.describe, self.allowed_dirs, self.max_index_bytes)
         elif begin.mode == pb.STREAM:
-            sizes = {
-                sources.LOG: files.log_size,
-                "offset": files.offset_index_size,
-                "timestamp": files.time_index_size,
-                "producerSnapshot": files.producer_snapshot_size,
-                "transaction": files.transaction_index_size
-                if files.HasField("transaction_index_size")
-                else None,
-            }
+            sizes = _per_file(begin.files, "size")
             source = sources.StreamSource(
                 sizes, self._stream_data(messages, md), md.describe, MAX_MESSAGE_BYTES, self.max_index_bytes
             )
@@ -322,7 +353,9 @@ class RemoteStorageServicer:
         return resp
 
     @staticmethod
-    def _stream_data(messages, md: fkeys.SegmentMetadata) -> Iterator[tuple[str, bytes]]:
+    def _stream_data(
+        messages: Iterator[pb.CopySegmentRequest], md: fkeys.SegmentMetadata
+    ) -> Iterator[tuple[str, bytes]]:
         for req in messages:
             if req.WhichOneof("kind") != "data":
                 raise InvalidArgument(f"copy of {md.describe}: only CopyData messages may follow CopyBegin")
@@ -333,8 +366,10 @@ class RemoteStorageServicer:
 
     # -- fetch -----------------------------------------------------------------
     @streaming("fetch")
-    def FetchSegment(self, request, context):
-        request = _well_formed(request, "FetchSegmentRequest")
+    def FetchSegment(
+        self, message: pb.FetchSegmentRequest | Malformed, context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        request: pb.FetchSegmentRequest = _well_formed(message, "FetchSegmentRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
             md = _metadata(request.metadata)
             start = request.start_position
@@ -352,15 +387,14 @@ class RemoteStorageServicer:
             end = request.end_position if request.HasField("end_position") else size - 1
             served = self.sidecar.metrics.bytes.labels("fetch_served")
             for piece in reader.read(seg, start, min(end, size - 1), views=True):
-                for msg in _pieces(memoryview(piece)):
-                    served.inc(len(msg))
-                    yield encode_fetch_response(msg)
-                    watch.touch()
-                msg = piece = None  # not held while the reader fetches the next chunk
+                yield from _fetch_messages(piece, served, watch)
+                del piece  # not held while the reader fetches the next chunk
 
     @streaming("fetch_index")
-    def FetchIndex(self, request, context):
-        request = _well_formed(request, "FetchIndexRequest")
+    def FetchIndex(
+        self, message: pb.FetchIndexRequest | Malformed, context: grpc.ServicerContext
+    ) -> Iterator[pb.FetchIndexResponse]:
+        request: pb.FetchIndexRequest = _well_formed(message, "FetchIndexRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
             md = _metadata(request.metadata)
             type_name = (
@@ -377,8 +411,10 @@ class RemoteStorageServicer:
 
     # -- delete ----------------------------------------------------------------
     @unary("delete")
-    def DeleteSegment(self, request, context):
-        request = _well_formed(request, "DeleteSegmentRequest")
+    def DeleteSegment(
+        self, message: pb.DeleteSegmentRequest | Malformed, context: grpc.ServicerContext
+    ) -> pb.DeleteSegmentResponse:
+        request: pb.DeleteSegmentRequest = _well_formed(message, "DeleteSegmentRequest")
         md = _metadata(request.metadata)
         s = self.sidecar
         base = s.layout.base(md)

@@ -10,13 +10,13 @@ from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.format import custom_metadata
 from rsm_sidecar.format.keys import KeyLayout
+from rsm_sidecar.segment.access import SegmentAccess
 from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
 from rsm_sidecar.segment.journal import CopyJournal
 from rsm_sidecar.segment.locks import SegmentLocks
 from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
 from rsm_sidecar.service.metrics import Metrics
 from rsm_sidecar.storage.base import ObjectStore
-from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.transform.keyring import Keyring
 
 log = logging.getLogger(__name__)
@@ -25,20 +25,30 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass
 class Sidecar:
     cfg: Config
-    store: ObjectStore
-    layout: KeyLayout
-    keyring: Keyring | None
+    access: SegmentAccess
     copier: SegmentCopier
-    reader: SegmentReader
     metrics: Metrics
     transform_pool: concurrent.futures.ThreadPoolExecutor
     prefetch_pool: concurrent.futures.ThreadPoolExecutor
 
+    @property
+    def store(self) -> ObjectStore:
+        return self.access.store
+
+    @property
+    def layout(self) -> KeyLayout:
+        return self.access.layout
+
+    @property
+    def keyring(self) -> Keyring | None:
+        return self.access.keyring
+
+    @property
+    def reader(self) -> SegmentReader:
+        return self.access.reader
+
     @classmethod
-    def from_config(
-        cls, cfg: Config, store: ObjectStore | None = None, check_store: bool = True
-    ) -> Sidecar:
-        layout = KeyLayout(cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"])
+    def from_config(cls, cfg: Config, store: ObjectStore | None = None, check_store: bool = True) -> Sidecar:
         fields = cfg["segment.custom_metadata_fields"]
         worst = custom_metadata.worst_case_size(
             fields, cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"]
@@ -50,44 +60,40 @@ class Sidecar:
                 f"(the broker's remote.log.metadata.custom.metadata.max.bytes); drop OBJECT_KEY or "
                 f"raise both limits"
             )
-        keyring = Keyring.from_config(cfg)
-        store = store or open_store(cfg)
-        if check_store:
-            store.check()
         metrics = Metrics()
-        metrics.track_store(store)
-        settings = CopySettings.from_config(cfg)
-        transform_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(64, cfg["copy.max_concurrent"] * settings.parallelism),
-            thread_name_prefix="transform",
-        )
         prefetch_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="prefetch")
-        reader = SegmentReader(
-            store,
-            layout,
-            keyring,
+        access = SegmentAccess(
+            cfg,
             ReaderSettings.from_config(cfg),
-            prefetch_pool,
+            store=store,
+            prefetch=prefetch_pool,
             on_cache_event=metrics.cache_event,
         )
+        store, reader = access.store, access.reader
+        if check_store:
+            store.check()
+        metrics.track_store(store)
         for name, cache in (
             ("manifest", reader.manifests),
             ("index", reader.indexes),
             ("chunk", reader.chunks),
         ):
             metrics.track_cache(name, cache)
+        settings = CopySettings.from_config(cfg)
+        transform_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(64, cfg["copy.max_concurrent"] * settings.parallelism),
+            thread_name_prefix="transform",
+        )
         locks = SegmentLocks()
         journal = CopyJournal(cfg["copy.journal_dir"], store, locks) if cfg["copy.journal_dir"] else None
         if journal is not None:
             metrics.track_journal(journal)
-        copier = SegmentCopier(
-            store, layout, keyring, settings, transform_pool, journal, locks, on_rewrite=reader.forget
-        )
-        return cls(cfg, store, layout, keyring, copier, reader, metrics, transform_pool, prefetch_pool)
+        copier = access.copier(settings, transform_pool, journal, locks)
+        return cls(cfg, access, copier, metrics, transform_pool, prefetch_pool)
 
     def close(self) -> None:
         self.prefetch_pool.shutdown(wait=False, cancel_futures=True)
         self.transform_pool.shutdown(wait=True, cancel_futures=True)
-        self.store.close()
+        self.access.close()
         if self.copier.journal is not None:
             self.copier.journal.close()

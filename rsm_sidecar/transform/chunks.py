@@ -94,7 +94,9 @@ class ChunkCodec:
                 f"or a data key that does not belong to this segment"
             ) from None
 
-    def decode(self, stored: bytes, original_size: int, where: str, crc: int | None = None) -> bytes:
+    def decode(
+        self, stored: bytes | memoryview, original_size: int, where: str, crc: int | None = None
+    ) -> bytes:
         """Verify and undo the transforms of one stored chunk (``bytes`` or a memoryview
         into a downloaded run; the result is always ``bytes`` of its own, never a view that
         would keep the run alive). ``where`` names the object and chunk in errors."""

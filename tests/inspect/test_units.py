@@ -1,6 +1,6 @@
 """The small pure pieces of `inspect` (no stack): durations, field rendering, byte ranges,
-the streamed JSON document, the seekable remote file and the listing grouping, the last
-two over a local-directory store written by the sidecar's own copier."""
+the streamed JSON document and the listing grouping, the last over a local-directory
+store written by the sidecar's own copier."""
 
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ import json
 import pytest
 
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
-from rsm_sidecar.inspect import catalog
+from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.cat import byte_range
 from rsm_sidecar.inspect.context import UsageError
 from rsm_sidecar.inspect.decoders import plain, render_text
 from rsm_sidecar.inspect.duration import parse_duration
 from rsm_sidecar.inspect.output import JsonStream
-from rsm_sidecar.inspect.remote_file import RemoteSegmentFile
 from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
 from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.local import LocalObjectStore
 
@@ -109,29 +107,6 @@ def _copy(store, layout, md, data: bytes, chunk: int) -> None:
         )
 
 
-def test_remote_file_reads_and_seeks_across_chunks(tmp_path):
-    store = LocalObjectStore(tmp_path, fsync=False)
-    layout = KeyLayout("p/")
-    md = SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "t", 0, "tqimKeZwStOEOwRzT3L5oQ", 0, 9)
-    data = bytes(range(256)) * 40  # 10240 bytes in 1024-byte chunks
-    _copy(store, layout, md, data, 1024)
-    reader = SegmentReader(
-        store, layout, None, ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0, max_range_bytes=2048)
-    )
-    seen = []
-    f = RemoteSegmentFile(reader, reader.open_base(layout.base(md)), seen.append)
-    assert f.seekable() and f.seek(0, io.SEEK_END) == len(data) and f.seek(0) == 0
-    assert f.read(10) == data[:10]
-    assert f.read(3000) == data[10:3010]  # across chunk boundaries
-    f.seek(9000)
-    assert f.read(5000) == data[9000:]  # clamped at the end
-    assert f.read(1) == b""
-    f.seek(100)
-    assert f.read() == data[100:]
-    assert sum(seen) >= len(data)
-    f.close()
-
-
 def test_scan_groups_objects_by_segment_and_finds_strays(tmp_path):
     store = LocalObjectStore(tmp_path, fsync=False)
     layout = KeyLayout("p/")
@@ -148,21 +123,21 @@ def test_scan_groups_objects_by_segment_and_finds_strays(tmp_path):
     store.put(layout.key(mds[1], "rsm-manifest") + ".bak", b"stray next to a segment")
     store.put("p/junk", b"j")
     store.delete(layout.key(mds[2], "rsm-manifest"))
-    items = list(catalog.scan(store, layout))
-    segs = [i for i in items if isinstance(i, catalog.SegmentObjects)]
-    strays = sorted(i.info.key for i in items if isinstance(i, catalog.StrayObject))
+    items = list(listing.scan(store, layout))
+    segs = [i for i in items if isinstance(i, listing.SegmentObjects)]
+    strays = sorted(i.info.key for i in items if isinstance(i, listing.StrayObject))
     assert strays == ["p/junk", layout.key(mds[1], "rsm-manifest") + ".bak"]
     assert [(s.key.partition, s.key.segment_id, sorted(s.objects)) for s in segs] == [
         (0, "AAAAAAAAAAAAAAAAAAAAAA", ["indexes", "log", "rsm-manifest"]),
         (0, "BBBBBBBBBBBBBBBBBBBBBB", ["indexes", "log", "rsm-manifest"]),
         (10, "CCCCCCCCCCCCCCCCCCCCCC", ["indexes", "log"]),
     ]
-    assert [s.key.segment_id for s in catalog.segments(store, layout)] == [
+    assert [s.key.segment_id for s in listing.segments(store, layout)] == [
         "AAAAAAAAAAAAAAAAAAAAAA",
         "BBBBBBBBBBBBBBBBBBBBBB",
     ]
-    assert [s.key.partition for s in catalog.scan(store, layout, "t", 10)] == [10]
-    assert list(catalog.scan(store, layout, "other")) == []
+    assert [s.key.partition for s in listing.scan(store, layout, "t", 10)] == [10]
+    assert list(listing.scan(store, layout, "other")) == []
 
 
 def test_progress_lines_are_rate_limited_and_quiet_for_short_work():

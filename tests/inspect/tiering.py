@@ -34,7 +34,9 @@ def produce_transactions(
                 topic,
                 key=b"k%d" % i,
                 value=value,
-                on_delivery=lambda err, msg, v=value: err is None and sent.__setitem__(msg.offset(), v),
+                on_delivery=lambda err, msg, v=value, sent=sent: (
+                    err is None and sent.__setitem__(msg.offset(), v)
+                ),
             )
         assert p.flush(30) == 0  # on disk before the outcome: aborted data really is in the log
         if round_ % abort_every == 1:

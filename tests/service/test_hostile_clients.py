@@ -75,7 +75,7 @@ def test_path_mode_refuses_host_files_symlinks_dotdot_devices_fifos_and_director
     }
     for path, why in cases.items():
         t0 = time.monotonic()
-        e = _err(lambda: _path_copy(sc, md, path, files))
+        e = _err(lambda path=path: _path_copy(sc, md, path, files))
         assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION), (path, e)
         assert why in e.details(), (path, e.details())
         assert time.monotonic() - t0 < 5, f"{path}: the server blocked"
@@ -105,7 +105,7 @@ def test_custom_metadata_cannot_reach_another_topics_objects(start_sidecar, tmp_
         md = metadata(
             seg_id(3), topic="attacker", topic_id="BBBBBBBBBBBBBBBBBBBBBB", custom=cm.encode(fields)
         )
-        for call in (lambda: sc.client.delete(md), lambda: sc.client.fetch(md)):
+        for call in (lambda md=md: sc.client.delete(md), lambda md=md: sc.client.fetch(md)):
             e = _err(call)
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (fields, e.details())
     # a clean prefix is the client's to choose (segments stay readable after storage.key_prefix
@@ -212,7 +212,7 @@ def test_malformed_requests_get_invalid_argument_not_internal(start_sidecar, tmp
         metadata(seg_id(50), topic="x" * 100_000),
     ]
     for m in bad:
-        for call in (lambda: sc.client.fetch(m), lambda: sc.client.delete(m)):
+        for call in (lambda m=m: sc.client.fetch(m), lambda m=m: sc.client.delete(m)):
             e = _err(call)
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (m.topic_name[:20], e.code(), e.details())
             assert len(e.details()) < 2100

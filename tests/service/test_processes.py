@@ -242,7 +242,8 @@ def test_two_sidecars_on_one_bucket_keep_each_others_segments_through_kill_9(tmp
             keys_now = [o for o in _list_keys(s3)]
             assert not big_done, "the large copy finished before the kill"
             assert not any(big_md.segment_id in k for k in keys_now), (
-                f"the killed copy's objects were left behind: {[k for k in keys_now if big_md.segment_id in k]}"
+                "the killed copy's objects were left behind: "
+                f"{[k for k in keys_now if big_md.segment_id in k]}"
             )
             for sid, (md, data) in acked.items():
                 assert ca.fetch(md) == data and cb.fetch(md) == data, sid

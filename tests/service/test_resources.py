@@ -3,18 +3,15 @@ sidecar's memory while it copies a 1 GiB segment."""
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 import threading
 import time
 
-import psutil
 import pytest
 
 from rsm_sidecar.storage.local import LocalObjectStore
-from tests.service.rsm_client import Client, SegmentFilesOnDisk, metadata, seg_id
+from tests.service.rsm_client import SegmentFilesOnDisk, metadata, seg_id
+from tests.service.sidecar_process import SidecarProcess, write_config
 
 MiB = 1024 * 1024
 
@@ -68,51 +65,12 @@ def test_cancelled_fetch_reads_at_most_the_run_in_flight_plus_the_prefetch_windo
     assert len(full) == 64 * MiB
 
 
-def _rss_tree(proc: psutil.Process) -> int:
-    return proc.memory_info().rss
-
-
-class SidecarProcess:
-    """``rsm-sidecar serve`` as its own process (as in production) with the given config
-    file; port 0, learnt from the start-up log line."""
-
-    def __init__(self, cfg_path):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(cfg_path)],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        address = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and address is None:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            if '"listen"' in line:
-                address = json.loads(line)["listen"]
-        if not address:
-            self.stop()
-            raise AssertionError("sidecar did not start")
-        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
-        self.client = Client(address)
-        self.ps = psutil.Process(self.proc.pid)
-
-    def rss(self) -> int:
-        return _rss_tree(self.ps)
-
-    def stop(self) -> None:
-        if getattr(self, "client", None) is not None:
-            self.client.close()
-        self.proc.terminate()
-        self.proc.wait(30)
-
-
 class PeakRss:
     """Samples a process's RSS every 20 ms while the ``with`` block runs."""
 
     def __init__(self, sidecar: SidecarProcess):
         self.sidecar = sidecar
-        self.peak = 0
+        self.baseline = self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample)
 
@@ -122,7 +80,7 @@ class PeakRss:
             time.sleep(0.02)
 
     def __enter__(self) -> PeakRss:
-        self.peak = self.sidecar.rss()
+        self.baseline = self.peak = self.sidecar.rss()
         self._thread.start()
         return self
 
@@ -136,51 +94,35 @@ class PeakRss:
 def test_copying_a_1_gib_segment_keeps_memory_bounded(tmp_path):
     """The sidecar runs as its own process (as in production); its RSS is sampled every
     20 ms while a 1 GiB segment is copied in path mode and in stream mode."""
-    root = tmp_path / "remote"
-    cfg = tmp_path / "sidecar.toml"
-    cfg.write_text(f"""
-[server]
-listen = "127.0.0.1:0"
-[metrics]
-listen = ""
-[storage.local]
-root = "{root}"
-fsync = false
+    cfg = write_config(
+        tmp_path / "sidecar.toml",
+        tmp_path / "remote",
+        f"""
 [segment]
 chunk_size = "4MiB"
 compression_heuristic = false
 [copy]
 parallelism = 2
 allowed_dirs = ["{tmp_path}"]
-""")
+""",
+    )
     sidecar = SidecarProcess(cfg)
     try:
-        client, ps = sidecar.client, sidecar.ps
+        client = sidecar.client
         files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=1024 * MiB, txn=False)
         results = {}
         for mode in ("path", "stream"):
             md = metadata(seg_id(1 if mode == "path" else 2), size=files.log_size)
-            baseline = _rss_tree(ps)
-            peak = [baseline]
-            stop = threading.Event()
-
-            def sample():
-                while not stop.is_set():
-                    peak[0] = max(peak[0], _rss_tree(ps))
-                    time.sleep(0.02)
-
-            sampler = threading.Thread(target=sample)
-            sampler.start()
-            t0 = time.monotonic()
-            reqs = files.path_request(md) if mode == "path" else files.stream_requests(md)
-            resp = client.copy(reqs, timeout=600)
-            elapsed = time.monotonic() - t0
-            stop.set()
-            sampler.join()
-            results[mode] = (peak[0] - baseline, elapsed, resp.stored_bytes, baseline)
+            with PeakRss(sidecar) as rss:
+                t0 = time.monotonic()
+                reqs = files.path_request(md) if mode == "path" else files.stream_requests(md)
+                resp = client.copy(reqs, timeout=600)
+                elapsed = time.monotonic() - t0
+            results[mode] = (rss.peak - rss.baseline, elapsed, resp.stored_bytes, rss.baseline)
         for mode, (growth, elapsed, stored, baseline) in results.items():
             print(
-                f"\n1 GiB copy ({mode} mode): RSS +{growth / MiB:.1f} MiB over a {baseline / MiB:.0f} MiB baseline, "
+                f"\n1 GiB copy ({mode} mode): RSS +{growth / MiB:.1f} MiB over a "
+                f"{baseline / MiB:.0f} MiB baseline, "
                 f"{1024 / elapsed:.0f} MiB/s, {stored / MiB:.0f} MiB stored"
             )
         for mode, (growth, _, _, _) in results.items():
@@ -223,15 +165,10 @@ def test_concurrent_readers_stay_within_the_documented_memory_bound(tmp_path, rs
     manifest_cache = index_cache = MiB
     max_concurrent, segment_size, segments = 32, 256 * MiB, 4
     public, private = rsa_keys["A"]
-    cfg = tmp_path / "sidecar.toml"
-    cfg.write_text(f"""
-[server]
-listen = "127.0.0.1:0"
-[metrics]
-listen = ""
-[storage.local]
-root = "{tmp_path / "remote"}"
-fsync = false
+    cfg = write_config(
+        tmp_path / "sidecar.toml",
+        tmp_path / "remote",
+        f"""
 [segment]
 chunk_size = {chunk}
 compression_heuristic = false
@@ -251,7 +188,8 @@ active_key_id = "A"
 [encryption.keys.A]
 public_key_file = "{public}"
 private_key_file = "{private}"
-""")
+""",
+    )
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=segment_size, txn=False)
     mds = [metadata(seg_id(i + 1), size=segment_size) for i in range(segments)]
     writer = SidecarProcess(cfg)  # copies run in another process: the bound measured is the fetch path's
@@ -303,7 +241,7 @@ private_key_file = "{private}"
             for kind, read in (("whole segments", whole_segment), ("random ranges", random_ranges)):
                 errors = []
 
-                def run(i):
+                def run(i, read=read, errors=errors):
                     try:
                         read(i)
                     except Exception as e:
@@ -318,9 +256,9 @@ private_key_file = "{private}"
                 assert not errors, errors[0]
                 results.append((readers, kind, rss.peak, bound))
                 print(
-                    f"\n{readers} readers, {kind}: peak RSS {rss.peak / MiB:.0f} MiB (+{(rss.peak - base) / MiB:.0f} "
-                    f"over the idle {base / MiB:.0f} MiB), documented bound {bound / MiB:.0f} MiB "
-                    f"(+{(bound - base) / MiB:.0f})"
+                    f"\n{readers} readers, {kind}: peak RSS {rss.peak / MiB:.0f} MiB "
+                    f"(+{(rss.peak - base) / MiB:.0f} over the idle {base / MiB:.0f} MiB), "
+                    f"documented bound {bound / MiB:.0f} MiB (+{(bound - base) / MiB:.0f})"
                 )
         for readers, kind, peak, bound in results:
             assert peak <= bound, (

@@ -106,7 +106,7 @@ def test_concurrent_copies_of_one_id_leave_one_whole_readable_segment(start_side
         files = [SegmentFilesOnDisk(str(tmp_path / f"r{r}c{i}"), os.urandom(150 * KiB)) for i in range(6)]
         errors = []
 
-        def copy(f):
+        def copy(f, md=md, errors=errors):
             try:
                 sc.client.copy(f.stream_requests(md, piece=8 * KiB))
             except grpc.RpcError as e:
@@ -267,6 +267,7 @@ def test_randomized_overlapping_copies_of_one_id_with_storage_faults_and_sweeps(
             raise AssertionError(f"seed {seed} (RSM_TEST_SEED={seed} reproduces): {e}") from None
     acked = sum(1 for line in log if not line.split(", ")[1].startswith("0 "))
     print(
-        f"\n{backend_store.name}: 200 rounds, {acked} with an acknowledged copy, {store.injected} faults injected"
+        f"\n{backend_store.name}: 200 rounds, {acked} with an acknowledged copy, "
+        f"{store.injected} faults injected"
     )
     assert store.injected > 100 and 20 < acked < 200
