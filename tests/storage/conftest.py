@@ -66,8 +66,9 @@ def seaweedfs(tmp_path_factory):
         yield server
 
 
-def make_s3_store(server: SeaweedS3Server, bucket: str = S3_BUCKET, **overrides):
+def make_s3_store(server: SeaweedS3Server, bucket: str = S3_BUCKET, probe_prefix: str = "", **overrides):
     from rsm_sidecar.storage.s3 import S3ObjectStore
+    from rsm_sidecar.storage.s3_settings import S3Settings
 
     kwargs = dict(
         region="us-east-1",
@@ -83,7 +84,7 @@ def make_s3_store(server: SeaweedS3Server, bucket: str = S3_BUCKET, **overrides)
         max_attempts=3,
     )
     kwargs.update(overrides)
-    return S3ObjectStore(bucket, **kwargs)
+    return S3ObjectStore(S3Settings(bucket=bucket, **kwargs), probe_prefix=probe_prefix)
 
 
 @pytest.fixture
@@ -121,8 +122,9 @@ def fake_gcs(tmp_path_factory):
         yield server
 
 
-def make_gcs_store(server: FakeGcsServer, bucket: str = GCS_BUCKET, **overrides):
+def make_gcs_store(server: FakeGcsServer, bucket: str = GCS_BUCKET, probe_prefix: str = "", **overrides):
     from rsm_sidecar.storage.gcs import GcsObjectStore
+    from rsm_sidecar.storage.gcs_settings import GcsSettings
 
     kwargs = dict(
         endpoint_url=server.endpoint_url,
@@ -134,7 +136,7 @@ def make_gcs_store(server: FakeGcsServer, bucket: str = GCS_BUCKET, **overrides)
         max_attempts=3,
     )
     kwargs.update(overrides)
-    return GcsObjectStore(bucket, **kwargs)
+    return GcsObjectStore(GcsSettings(bucket=bucket, **kwargs), probe_prefix=probe_prefix)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageTimeout, StorageUnavailable
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.storage.gcs import GcsObjectStore
+from rsm_sidecar.storage.gcs_settings import GcsSettings
 from tests.storage.conftest import GCS_BUCKET, make_gcs_store
 from tests.storage.contract import ObjectStoreContract, blob
 
@@ -185,7 +186,9 @@ def test_garbage_collected_writer_cancels_its_session(store, p):
 def test_chunk_size_must_be_a_multiple_of_256_kib():
     with pytest.raises(ConfigError) as e:
         GcsObjectStore(
-            "b", credentials="anonymous", endpoint_url="http://127.0.0.1:9", chunk_size=1000 * 1000
+            GcsSettings(
+                bucket="b", credentials="anonymous", endpoint_url="http://127.0.0.1:9", chunk_size=1000 * 1000
+            )
         )
     assert "storage.gcs.chunk_size" in str(e.value) and "256 KiB" in str(e.value)
 
@@ -399,7 +402,7 @@ def test_unreadable_credentials_file_is_a_config_error(tmp_path):
     bad = tmp_path / "not-json.json"
     bad.write_text("{")
     with pytest.raises(ConfigError) as e:
-        GcsObjectStore("b", credentials="file", credentials_file=str(bad))
+        GcsObjectStore(GcsSettings(bucket="b", credentials="file", credentials_file=str(bad)))
     assert "storage.gcs.credentials_file" in str(e.value) and str(bad) in str(e.value)
 
 
@@ -436,7 +439,8 @@ def test_open_store_from_config(fake_gcs, p):
     store = open_store(cfg)
     try:
         assert isinstance(store, GcsObjectStore)
-        assert store.chunk_size == 512 * 1024 and store.read_timeout == 7 and store.max_attempts == 4
+        c = store.settings
+        assert c.chunk_size == 512 * 1024 and c.read_timeout == 7 and c.max_attempts == 4
         assert store.probe_prefix == p
         store.check()
         with store.open_writer(p + "x") as w:
@@ -458,10 +462,8 @@ def test_credentials_file_is_required_when_credentials_is_file():
 def test_every_gcs_key_is_documented():
     from pathlib import Path
 
-    from rsm_sidecar.storage import gcs
-
     doc = (Path(__file__).resolve().parents[2] / "docs" / "storage.md").read_text()
-    missing = [k.path for k in gcs.CONFIG_KEYS if f"`{k.path}`" not in doc]
+    missing = [k.path for k in GcsSettings.keys() if f"`{k.path}`" not in doc]
     assert missing == [], f"docs/storage.md does not describe {missing}"
 
 
@@ -487,7 +489,9 @@ def test_http_statuses_are_translated(status, body, expected):
     from rsm_sidecar.storage.base import InvalidRange
 
     expected = InvalidRange if expected == "InvalidRange" else expected
-    store = GcsObjectStore("bkt", endpoint_url="http://127.0.0.1:9", credentials="anonymous")
+    store = GcsObjectStore(
+        GcsSettings(bucket="bkt", endpoint_url="http://127.0.0.1:9", credentials="anonymous")
+    )
     try:
         resp = requests.Response()
         resp.status_code = status
@@ -507,7 +511,13 @@ def test_transport_errors_are_translated():
     import urllib3
 
     store = GcsObjectStore(
-        "bkt", endpoint_url="http://127.0.0.1:9", credentials="anonymous", connect_timeout=2, read_timeout=3
+        GcsSettings(
+            bucket="bkt",
+            endpoint_url="http://127.0.0.1:9",
+            credentials="anonymous",
+            connect_timeout=2,
+            read_timeout=3,
+        )
     )
     try:
         t = store._translate_exception(requests.exceptions.ReadTimeout(), "GET", "k")

@@ -17,6 +17,7 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageTimeout, StorageUnavailable
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.storage.s3 import S3ObjectStore
+from rsm_sidecar.storage.s3_settings import S3Settings
 from tests.storage.conftest import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, make_s3_store
 from tests.storage.contract import ObjectStoreContract, blob
 
@@ -130,12 +131,19 @@ def test_parts_in_flight_and_memory_are_bounded(seaweedfs, p):
         store.close()
 
 
-def test_write_blocks_while_the_window_is_full(store, p):
+@pytest.fixture
+def one_part_window_store(seaweedfs):
+    store = make_s3_store(seaweedfs, max_parts_in_flight=1)
+    yield store
+    store.close()
+
+
+def test_write_blocks_while_the_window_is_full(one_part_window_store, p):
+    store = one_part_window_store
     # Hold every UploadPart request on its way out until the gate opens: the parts stay
     # "in flight" for as long as the test needs, whatever the server's speed.
     gate = threading.Event()
     store._client.meta.events.register("before-send.s3.UploadPart", lambda **kw: gate.wait(30) and None)
-    store.max_parts_in_flight = 1
     w = store.open_writer(p + "blocked")
     w.write(blob(PART + 1))  # part 1 is full; the byte past it sends part 1
     done = threading.Event()
@@ -313,7 +321,9 @@ def test_crc32c_without_awscrt_is_a_config_error(monkeypatch):
 
     monkeypatch.setattr(botocore.compat, "HAS_CRT", False)
     with pytest.raises(ConfigError) as e:
-        S3ObjectStore("b", checksum_algorithm="CRC32C", access_key_id="a", secret_access_key="b")
+        S3ObjectStore(
+            S3Settings(bucket="b", checksum_algorithm="CRC32C", access_key_id="a", secret_access_key="b")
+        )
     assert "storage.s3.checksum_algorithm" in str(e.value) and "awscrt" in str(e.value)
 
 
@@ -517,7 +527,8 @@ def test_open_store_from_config(seaweedfs, p):
     store = open_store(cfg)
     try:
         assert isinstance(store, S3ObjectStore)
-        assert store.part_size == 6 * MiB and store.max_parts_in_flight == 3 and store.probe_prefix == p
+        assert store.settings.part_size == 6 * MiB and store.settings.max_parts_in_flight == 3
+        assert store.probe_prefix == p
         assert store._client.meta.config.read_timeout == 7
         assert store._client.meta.config.retries["total_max_attempts"] == 4
         store.check()
@@ -575,10 +586,8 @@ def test_head_bucket_denied_but_listing_under_the_prefix_allowed_passes_check(se
 def test_every_s3_key_is_documented():
     from pathlib import Path
 
-    from rsm_sidecar.storage import s3
-
     doc = (Path(__file__).resolve().parents[2] / "docs" / "storage.md").read_text()
-    missing = [k.path for k in s3.CONFIG_KEYS if f"`{k.path}`" not in doc]
+    missing = [k.path for k in S3Settings.keys() if f"`{k.path}`" not in doc]
     assert missing == [], f"docs/storage.md does not describe {missing}"
 
 
@@ -676,11 +685,13 @@ def test_client_errors_are_translated(code, status, expected):
 
     expected = InvalidRange if expected == "InvalidRange" else expected
     store = S3ObjectStore(
-        "bkt",
-        endpoint_url="http://127.0.0.1:9",
-        region="us-east-1",
-        access_key_id="AKIAEXAMPLE0001",
-        secret_access_key="secret-value",
+        S3Settings(
+            bucket="bkt",
+            endpoint_url="http://127.0.0.1:9",
+            region="us-east-1",
+            access_key_id="AKIAEXAMPLE0001",
+            secret_access_key="secret-value",
+        )
     )
     try:
         e = botocore.exceptions.ClientError(
@@ -701,13 +712,15 @@ def test_transport_errors_are_translated():
     import botocore.exceptions
 
     store = S3ObjectStore(
-        "bkt",
-        endpoint_url="http://127.0.0.1:9",
-        region="us-east-1",
-        access_key_id="a",
-        secret_access_key="b",
-        connect_timeout=2,
-        read_timeout=3,
+        S3Settings(
+            bucket="bkt",
+            endpoint_url="http://127.0.0.1:9",
+            region="us-east-1",
+            access_key_id="a",
+            secret_access_key="b",
+            connect_timeout=2,
+            read_timeout=3,
+        )
     )
     try:
         t = store._translate(botocore.exceptions.ReadTimeoutError(endpoint_url="u"), "GET", "k")
