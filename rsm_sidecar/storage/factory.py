@@ -14,11 +14,11 @@ from rsm_sidecar.config import Config, Key
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.base import ObjectStore
 
-#: backend -> (its module, the pip extra that installs its SDK, the SDK's top-level packages)
-BACKENDS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
-    "local": ("rsm_sidecar.storage.local", None, ()),
-    "s3": ("rsm_sidecar.storage.s3", "s3", ("boto3", "botocore", "awscrt")),
-    "gcs": ("rsm_sidecar.storage.gcs", "gcs", ("google", "requests", "urllib3")),
+#: backend -> (its module, the pip extra that installs its SDK, the SDK, the SDK's top-level modules)
+BACKENDS: dict[str, tuple[str, str | None, str, tuple[str, ...]]] = {
+    "local": ("rsm_sidecar.storage.local", None, "", ()),
+    "s3": ("rsm_sidecar.storage.s3", "s3", "boto3", ("boto3", "botocore", "awscrt")),
+    "gcs": ("rsm_sidecar.storage.gcs", "gcs", "google-cloud-storage", ("google", "requests", "urllib3")),
 }
 
 CONFIG_KEYS = [
@@ -63,15 +63,14 @@ def backend_module(backend: str) -> ModuleType:
     pip extra that installs it."""
     if backend not in BACKENDS:
         raise ConfigError(f"storage.backend: unknown backend {backend!r}")
-    module, extra, sdk = BACKENDS[backend]
+    module, extra, sdk, sdk_modules = BACKENDS[backend]
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        missing = (e.name or "").split(".")[0]
-        if extra is None or missing not in sdk:
+        if extra is None or (e.name or "").split(".")[0] not in sdk_modules:
             raise
         raise ConfigError(
-            f"storage.backend = {backend!r} needs the {e.name} package, which is not installed: "
+            f"storage.backend = {backend!r} needs {sdk}, which is not installed (no module {e.name!r}): "
             f"pip install 'rsm-sidecar[{extra}]'"
         ) from e
 
