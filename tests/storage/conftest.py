@@ -15,7 +15,11 @@ so nothing here talks to anything but 127.0.0.1.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
+import uuid
+from typing import Any
 
 # Before boto3/google-auth are imported anywhere: never ask a cloud metadata service.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
@@ -25,6 +29,7 @@ import pytest
 
 from devstack.gcsserver import FakeGcsServer
 from devstack.s3server import SeaweedS3Server
+from rsm_sidecar.storage.factory import backend_module
 
 S3_BUCKET = "rsm-test"
 S3_ACCESS_KEY = "rsm-test-access-key"
@@ -55,36 +60,125 @@ def _isolated_cloud_environment(tmp_path_factory):
     mp.undo()
 
 
-# -- S3 ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def seaweedfs(tmp_path_factory):
-    server = SeaweedS3Server(
-        tmp_path_factory.mktemp("seaweedfs"), access_key=S3_ACCESS_KEY, secret_key=S3_SECRET_KEY
-    )
+@pytest.fixture
+def p() -> str:
+    """A unique key prefix for one test (backends share their buckets)."""
+    return f"t-{uuid.uuid4().hex[:12]}/"
+
+
+# -- servers and stores ----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RemoteBackend:
+    """How the tests start one remote backend's server and open stores on it."""
+
+    name: str  # storage.backend
+    store_class: str  # in the backend's module
+    settings_class: str  # in rsm_sidecar.storage.<name>_settings
+    server_class: type
+    bucket: str
+    server_options: dict[str, Any]
+    store_options: dict[str, Any]  # besides the endpoint
+
+    def server(self, directory, **options):
+        return self.server_class(directory, **{**self.server_options, **options})
+
+    def make_store(self, server, bucket: str | None = None, probe_prefix: str = "", **overrides):
+        store_class = getattr(backend_module(self.name), self.store_class)
+        settings_module = importlib.import_module(f"rsm_sidecar.storage.{self.name}_settings")
+        settings_class = getattr(settings_module, self.settings_class)
+        options = {**self.store_options, "endpoint_url": server.endpoint_url, **overrides}
+        settings = settings_class(bucket=bucket or self.bucket, **options)
+        return store_class(settings, probe_prefix=probe_prefix)
+
+
+S3 = RemoteBackend(
+    "s3",
+    "S3ObjectStore",
+    "S3Settings",
+    SeaweedS3Server,
+    S3_BUCKET,
+    {"access_key": S3_ACCESS_KEY, "secret_key": S3_SECRET_KEY},
+    {
+        "region": "us-east-1",
+        "addressing_style": "path",
+        "access_key_id": S3_ACCESS_KEY,
+        "secret_access_key": S3_SECRET_KEY,
+        "part_size": 5 * MiB,
+        "max_parts_in_flight": 2,
+        "upload_threads": 4,
+        "connect_timeout": 2.0,
+        "read_timeout": 20.0,
+        "max_attempts": 3,
+    },
+)
+GCS = RemoteBackend(
+    "gcs",
+    "GcsObjectStore",
+    "GcsSettings",
+    FakeGcsServer,
+    GCS_BUCKET,
+    {},
+    {
+        "credentials": "anonymous",
+        "project": "rsm-test",
+        "chunk_size": 1 * MiB,
+        "connect_timeout": 2.0,
+        "read_timeout": 20.0,
+        "max_attempts": 3,
+    },
+)
+
+
+def make_s3_store(server: SeaweedS3Server, bucket: str = S3_BUCKET, **overrides):
+    return S3.make_store(server, bucket, **overrides)
+
+
+def make_gcs_store(server: FakeGcsServer, bucket: str = GCS_BUCKET, **overrides):
+    return GCS.make_store(server, bucket, **overrides)
+
+
+def _shared_server(remote: RemoteBackend, directory, **options):
+    server = remote.server(directory, **options)
     with server:
-        server.create_bucket(S3_BUCKET)
+        server.create_bucket(remote.bucket)
         yield server
 
 
-def make_s3_store(server: SeaweedS3Server, bucket: str = S3_BUCKET, probe_prefix: str = "", **overrides):
-    from rsm_sidecar.storage.s3 import S3ObjectStore
-    from rsm_sidecar.storage.s3_settings import S3Settings
+def _server_factory(remote: RemoteBackend, tmp_path_factory):
+    """Start private servers (bucket created); all stopped after the test."""
+    started = []
 
-    kwargs = dict(
-        region="us-east-1",
-        endpoint_url=server.endpoint_url,
-        addressing_style="path",
-        access_key_id=S3_ACCESS_KEY,
-        secret_access_key=S3_SECRET_KEY,
-        part_size=5 * MiB,
-        max_parts_in_flight=2,
-        upload_threads=4,
-        connect_timeout=2.0,
-        read_timeout=20.0,
-        max_attempts=3,
-    )
-    kwargs.update(overrides)
-    return S3ObjectStore(S3Settings(bucket=bucket, **kwargs), probe_prefix=probe_prefix)
+    def start(bucket: str | None = None, **options):
+        server = remote.server(tmp_path_factory.mktemp(f"{remote.name}-private"), **options)
+        started.append(server)
+        server.start()
+        server.create_bucket(bucket or remote.bucket)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory):
+    yield from _shared_server(S3, tmp_path_factory.mktemp("seaweedfs"))
+
+
+@pytest.fixture(scope="session")
+def fake_gcs(tmp_path_factory):
+    # the memory backend: 7x faster than files
+    yield from _shared_server(GCS, tmp_path_factory.mktemp("fake-gcs"), backend="memory")
+
+
+@pytest.fixture
+def s3_server_factory(tmp_path_factory):
+    yield from _server_factory(S3, tmp_path_factory)
+
+
+@pytest.fixture
+def gcs_server_factory(tmp_path_factory):
+    yield from _server_factory(GCS, tmp_path_factory)
 
 
 @pytest.fixture
@@ -95,68 +189,7 @@ def s3_store(seaweedfs):
 
 
 @pytest.fixture
-def s3_server_factory(tmp_path_factory):
-    """Start private SeaweedFS servers (bucket created); all stopped after the test."""
-    started: list[SeaweedS3Server] = []
-
-    def start(bucket: str = S3_BUCKET, **kwargs) -> SeaweedS3Server:
-        kwargs.setdefault("access_key", S3_ACCESS_KEY)
-        kwargs.setdefault("secret_key", S3_SECRET_KEY)
-        server = SeaweedS3Server(tmp_path_factory.mktemp("seaweedfs-private"), **kwargs)
-        started.append(server)
-        server.start()
-        server.create_bucket(bucket)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-# -- GCS --------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def fake_gcs(tmp_path_factory):
-    server = FakeGcsServer(tmp_path_factory.mktemp("fake-gcs"), backend="memory")  # 7x faster than files
-    with server:
-        server.create_bucket(GCS_BUCKET)
-        yield server
-
-
-def make_gcs_store(server: FakeGcsServer, bucket: str = GCS_BUCKET, probe_prefix: str = "", **overrides):
-    from rsm_sidecar.storage.gcs import GcsObjectStore
-    from rsm_sidecar.storage.gcs_settings import GcsSettings
-
-    kwargs = dict(
-        endpoint_url=server.endpoint_url,
-        credentials="anonymous",
-        project="rsm-test",
-        chunk_size=1 * MiB,
-        connect_timeout=2.0,
-        read_timeout=20.0,
-        max_attempts=3,
-    )
-    kwargs.update(overrides)
-    return GcsObjectStore(GcsSettings(bucket=bucket, **kwargs), probe_prefix=probe_prefix)
-
-
-@pytest.fixture
 def gcs_store(fake_gcs):
     store = make_gcs_store(fake_gcs)
     yield store
     store.close()
-
-
-@pytest.fixture
-def gcs_server_factory(tmp_path_factory):
-    started: list[FakeGcsServer] = []
-
-    def start(bucket: str = GCS_BUCKET, **kwargs) -> FakeGcsServer:
-        server = FakeGcsServer(tmp_path_factory.mktemp("fake-gcs-private"), **kwargs)
-        started.append(server)
-        server.start()
-        server.create_bucket(bucket)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()

@@ -3,18 +3,34 @@
 A backend's test module subclasses ``ObjectStoreContract`` and provides a ``store``
 fixture (a fresh, empty-prefixed store against a real server). Each test works under
 its own random prefix so backends may share one bucket.
+
+A backend behind a network service subclasses ``RemoteStoreContract`` instead, which adds
+the faults of a real server (stopped mid-upload, too slow, unreachable, a missing bucket,
+keys it refuses) and what every remote store does (the start-up probe, documented keys).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import datetime
-import os
-import uuid
+import gc
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rsm_sidecar.storage.base import InvalidRange, ObjectNotFound, ObjectStore
+from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.storage.base import (
+    InvalidRange,
+    ObjectNotFound,
+    ObjectStore,
+    StorageError,
+    StorageTimeout,
+    StorageUnavailable,
+)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 MiB = 1024 * 1024
 
@@ -26,10 +42,7 @@ def blob(n: int, seed: int = 0) -> bytes:
 
 
 class ObjectStoreContract:
-    @pytest.fixture
-    def p(self) -> str:
-        """A unique key prefix for one test."""
-        return f"contract-{uuid.uuid4().hex[:12]}/"
+    """Each test gets ``p``, a unique key prefix (tests/storage/conftest.py)."""
 
     # -- put / get -------------------------------------------------------------
     def test_put_get_roundtrip(self, store: ObjectStore, p: str):
@@ -52,13 +65,14 @@ class ObjectStoreContract:
             store.get_range(p + "empty", 0, 10)
 
     def test_missing_object_is_not_found(self, store: ObjectStore, p: str):
-        with pytest.raises(ObjectNotFound) as e:
-            store.get(p + "missing")
-        assert p + "missing" in str(e.value)
-        with pytest.raises(ObjectNotFound):
-            store.get_range(p + "missing", 0, 10)
-        with pytest.raises(ObjectNotFound):
-            store.size(p + "missing")
+        for call in (
+            lambda: store.get(p + "missing"),
+            lambda: store.get_range(p + "missing", 0, 10),
+            lambda: store.size(p + "missing"),
+        ):
+            with pytest.raises(ObjectNotFound) as e:
+                call()
+            assert p + "missing" in str(e.value)
         assert not store.exists(p + "missing")
 
     # -- ranges ------------------------------------------------------------------
@@ -124,6 +138,17 @@ class ObjectStoreContract:
         assert not store.exists(p + "boom")
         assert list(store.list(p)) == []
 
+    def test_write_after_commit_is_an_error(self, store: ObjectStore, p: str):
+        w = store.open_writer(p + "done")
+        w.write(b"abc")
+        w.commit()
+        with pytest.raises(StorageError):
+            w.write(b"more")
+        with pytest.raises(StorageError):
+            w.commit()
+        w.abort()  # no-op after commit
+        assert store.get(p + "done") == b"abc"
+
     def test_abort_does_not_touch_previous_version(self, store: ObjectStore, p: str):
         store.put(p + "k", b"committed")
         w = store.open_writer(p + "k")
@@ -178,7 +203,8 @@ class ObjectStoreContract:
     def test_keys_with_kafka_topic_characters(self, store: ObjectStore, p: str):
         key = (
             p
-            + "my.topic_name-with-dots-AbCdEfGhIjKlMnOpQrStUv/12/00000000000000001234-tqimKeZwStOEOwRzT3L5oQ.rsm-manifest"
+            + "my.topic_name-with-dots-AbCdEfGhIjKlMnOpQrStUv/12/"
+            + "00000000000000001234-tqimKeZwStOEOwRzT3L5oQ.rsm-manifest"
         )
         store.put(key, b"{}")
         assert store.get(key) == b"{}"
@@ -205,3 +231,146 @@ class ObjectStoreContract:
 
     def test_check_passes_on_a_usable_store(self, store: ObjectStore):
         store.check()
+
+
+def request_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The request counts that changed between two snapshots of ``store.requests``."""
+    return {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in set(after) | set(before)
+        if after.get(k, 0) != before.get(k, 0)
+    }
+
+
+class RemoteStoreContract(ObjectStoreContract):
+    """The contract plus the faults of a real server, for backends behind a network service.
+
+    The backend's test class provides the fixtures ``server`` (the shared server) and
+    ``server_factory`` (private servers to stop, pause and restart; stopped after the
+    test), ``make_store(server, **settings)``, and the attributes below.
+    """
+
+    name: str  # storage.backend
+    part_size: int  # part (chunk) size of the test stores
+    settings_class: Any
+    cancel_request: str  # the request that cancels an upload session
+    check_requests: dict[str, int]  # what check() sends with the start-up write check
+    credentials: str  # how errors name the credentials of the test stores
+
+    def make_store(self, server: Any, **settings: Any) -> Any:
+        raise NotImplementedError
+
+    def undeletable(self, p: str) -> tuple[str, str]:
+        """A key the service (or the backend) refuses to delete, and the words of the refusal."""
+        raise NotImplementedError
+
+    # -- faults ----------------------------------------------------------------------------
+    def test_server_stopped_during_upload_then_back(self, server_factory, p: str):
+        server = server_factory()
+        store = self.make_store(server, max_attempts=2, connect_timeout=1.0, read_timeout=5.0)
+        key = p + "segment.log"
+        part = self.part_size
+        try:
+            store.put(key, b"previous version")
+            w = store.open_writer(key)
+            w.write(blob(2 * part + 1))  # upload session open, parts sent
+            server.stop()
+            with pytest.raises(StorageUnavailable) as e:
+                w.write(blob(2 * part))
+                w.commit()
+            assert key in str(e.value) and server.endpoint_url in str(e.value)
+            server.start()
+            assert store.get(key) == b"previous version"  # nothing partial was published
+            data = blob(3 * part + 3, seed=6)
+            with store.open_writer(key) as w2:
+                w2.write(data)
+                w2.commit()
+            assert store.get(key) == data
+            assert [o.key for o in store.list(p)] == [key]
+        finally:
+            store.close()
+
+    def test_storage_slower_than_the_read_timeout(self, server_factory, p: str):
+        server = server_factory()
+        store = self.make_store(server, read_timeout=1.0, max_attempts=2)
+        try:
+            store.put(p + "slow", b"data")
+            server.pause()  # SIGSTOP: connections are accepted, nothing answers
+            assert server.state() == "T"
+            t0 = time.monotonic()
+            with pytest.raises(StorageTimeout) as e:
+                store.get_range(p + "slow", 0, 3)
+            elapsed = time.monotonic() - t0
+            msg = str(e.value)
+            assert (
+                "read timeout of 1s" in msg
+                and f"storage.{self.name}.read_timeout" in msg
+                and p + "slow" in msg
+            )
+            assert elapsed >= 1.0 and elapsed < 10, elapsed
+            assert e.value.retriable
+            assert store.requests["GET"] == 2  # both attempts counted
+        finally:
+            server.resume()
+            store.close()
+
+    def test_unreachable_endpoint_is_unavailable_at_check(self, server_factory):
+        server = server_factory()
+        store = self.make_store(server, max_attempts=1, connect_timeout=1.0)
+        server.stop()
+        try:
+            with pytest.raises(StorageUnavailable) as e:
+                store.check()
+            assert store.bucket in str(e.value) and server.endpoint_url in str(e.value)
+        finally:
+            store.close()
+
+    def test_missing_bucket_fails_check_naming_it(self, server):
+        store = self.make_store(server, bucket="no-such-bucket-here")
+        try:
+            with pytest.raises(ConfigError) as e:
+                store.check()
+            msg = str(e.value)
+            assert "no-such-bucket-here" in msg and "does not exist" in msg and server.endpoint_url in msg
+            assert f"storage.{self.name}.bucket" in msg and self.credentials in msg
+        finally:
+            store.close()
+
+    def test_garbage_collected_writer_cancels_its_upload(self, store, p: str):
+        w = store.open_writer(p + "gc")
+        w.write(blob(2 * self.part_size + 10))
+        del w
+        gc.collect()
+        assert store.requests.get(self.cancel_request, 0) == 1
+        assert not store.exists(p + "gc")
+
+    def test_delete_many_reports_per_key_errors_after_deleting_the_rest(self, store, p: str):
+        good = [f"{p}{i:03d}" for i in range(40)]
+        for k in good:
+            store.put(k, b".")
+        bad, refusal = self.undeletable(p)
+        with pytest.raises(StorageError) as e:
+            store.delete_many(good[:20] + [bad] + good[20:] + [p + "absent"])
+        msg = str(e.value)
+        assert "1 of 42" in msg and store.bucket in msg and bad in msg and refusal in msg
+        assert e.value.failed_keys == [bad]
+        assert not isinstance(e.value, StorageUnavailable)
+        assert list(store.list(p)) == []
+
+    # -- start-up check and settings -------------------------------------------------------
+    def test_check_writes_and_removes_a_probe_under_the_prefix(self, server, p: str):
+        store = self.make_store(server, probe_prefix=p)
+        try:
+            before = store.requests
+            store.check()
+            assert request_delta(before, store.requests) == self.check_requests
+            assert list(store.list(p)) == []
+        finally:
+            store.close()
+
+    def test_every_key_is_documented_in_the_storage_guide(self):
+        doc = (DOCS / "storage.md").read_text()
+        keys = self.settings_class.keys()
+        assert keys and all(k.path.startswith(f"storage.{self.name}.") for k in keys)
+        missing = [k.path for k in keys if f"`{k.path}`" not in doc]
+        assert missing == [], f"docs/storage.md does not describe {missing}"
