@@ -46,16 +46,7 @@ from google.cloud import storage
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError, DataLoss, InvalidArgument, RsmError
-from rsm_sidecar.storage.base import (
-    InvalidRange,
-    ObjectInfo,
-    ObjectNotFound,
-    RemoteObjectStore,
-    StorageError,
-    StorageTimeout,
-    StorageUnavailable,
-    StreamingUpload,
-)
+from rsm_sidecar.storage import base
 from rsm_sidecar.storage.gcs_settings import GcsSettings, MiB
 
 log = logging.getLogger(__name__)
@@ -87,7 +78,7 @@ def _describe_credentials_file(path: str) -> str:
 
 
 def _credentials_from_file(path: str) -> Any:
-    """Credentials (a google-auth class, untyped) of the JSON file's declared type (an operator-provided file)."""
+    """Credentials (a google-auth class, untyped) of the JSON file's declared type (operator-provided)."""
     with open(path) as f:
         info = json.load(f)
     kind = info.get("type") if isinstance(info, dict) else None
@@ -167,7 +158,7 @@ def _load_credentials(mode: str, credentials_file: str | None) -> tuple[Credenti
     return creds, source
 
 
-class GcsObjectStore(RemoteObjectStore):
+class GcsObjectStore(base.RemoteObjectStore):
     name = "gcs"
     scheme = "gs"
 
@@ -254,23 +245,23 @@ class GcsObjectStore(RemoteObjectStore):
         detail = f"HTTP {status}{': ' + detail if detail else ''}"
         if status == 404:
             if key is not None and "bucket" not in detail.lower():
-                return ObjectNotFound(key)
-            return StorageError(
+                return base.ObjectNotFound(key)
+            return base.StorageError(
                 f"{what}: bucket {self.bucket!r} does not exist at {self.base_url} ({detail}); "
                 f"credentials: {self._credential_source}"
             )
         if status == 416:
-            return InvalidRange(key or "", start if start is not None else -1)
+            return base.InvalidRange(key or "", start if start is not None else -1)
         if status in (401, 403):
-            return StorageError(
+            return base.StorageError(
                 f"{what}: access denied at {self.base_url} ({detail}); credentials: {self._credential_source}"
             )
         if status in _TRANSIENT_STATUS or status >= 500:
-            return StorageUnavailable(
+            return base.StorageUnavailable(
                 f"{what}: {self.base_url} is throttling or failing ({detail}, {self.settings.max_attempts} "
                 f"attempt(s))"
             )
-        return StorageError(f"{what}: {self.base_url} rejected the request ({detail})")
+        return base.StorageError(f"{what}: {self.base_url} rejected the request ({detail})")
 
     def _translate_exception(self, e: Exception, op: str, key: str | None) -> RsmError:
         what = f"{op} gs://{self.bucket}/{key}" if key is not None else f"{op} on bucket {self.bucket}"
@@ -282,33 +273,33 @@ class GcsObjectStore(RemoteObjectStore):
             and isinstance(e.args[0], urllib3.exceptions.ReadTimeoutError)
         )
         if read_timeout:
-            return StorageTimeout(
+            return base.StorageTimeout(
                 f"{what}: no answer from {self.base_url} within the read timeout of "
                 f"{self.settings.read_timeout:g}s (storage.gcs.read_timeout), {self.settings.max_attempts} "
                 f"attempt(s)"
             )
         if isinstance(e, requests.exceptions.ConnectTimeout):
-            return StorageTimeout(
+            return base.StorageTimeout(
                 f"{what}: could not connect to {self.base_url} within the connect timeout of "
                 f"{self.settings.connect_timeout:g}s (storage.gcs.connect_timeout)"
             )
         if isinstance(e, requests.exceptions.SSLError):
-            return StorageError(f"{what}: TLS failure at {self.base_url}: {e}")
+            return base.StorageError(f"{what}: TLS failure at {self.base_url}: {e}")
         if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError)):
-            return StorageUnavailable(
+            return base.StorageUnavailable(
                 f"{what}: cannot reach {self.base_url} after {self.settings.max_attempts} attempt(s): {e}"
             )
         if isinstance(e, google.auth.exceptions.RefreshError):
-            return StorageError(
+            return base.StorageError(
                 f"{what}: could not obtain an access token ({e}); credentials: {self._credential_source}"
             )
         if isinstance(e, google.auth.exceptions.TransportError):
-            return StorageUnavailable(
+            return base.StorageUnavailable(
                 f"{what}: could not reach the token endpoint ({e}); credentials: {self._credential_source}"
             )
         if isinstance(e, requests.exceptions.RequestException):
-            return StorageError(f"{what}: {e}")
-        return StorageError(f"{what}: unexpected {type(e).__name__}: {e}")
+            return base.StorageError(f"{what}: {e}")
+        return base.StorageError(f"{what}: unexpected {type(e).__name__}: {e}")
 
     @staticmethod
     def _transient(e: Exception) -> bool:
@@ -362,7 +353,7 @@ class GcsObjectStore(RemoteObjectStore):
         time.sleep(random.uniform(0, min(5.0, 0.1 * 2**attempt)))
 
     # -- the contract --------------------------------------------------------------------------
-    def _new_upload(self, key: str) -> StreamingUpload:
+    def _new_upload(self, key: str) -> base.StreamingUpload:
         return _GcsUpload(self, self._check_name(key))
 
     def _put_simple(self, key: str, data: bytes | bytearray) -> None:
@@ -454,7 +445,7 @@ class GcsObjectStore(RemoteObjectStore):
         failures.sort(key=lambda f: unique.index(f[0]) if len(unique) < 5000 else 0)
         self._raise_delete_failures(failures, len(unique))
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "") -> Iterator[base.ObjectInfo]:
         token: str | None = None
         url = f"{self.base_url}/storage/v1/b/{self._bucket_path}/o"
         while True:
@@ -467,7 +458,7 @@ class GcsObjectStore(RemoteObjectStore):
                 params["pageToken"] = token
             page = self._request("LIST", "GET", url, key=None, params=params).json()
             for item in page.get("items", []):
-                yield ObjectInfo(item["name"], int(item["size"]), _parse_time(item["updated"]))
+                yield base.ObjectInfo(item["name"], int(item["size"]), _parse_time(item["updated"]))
             token = page.get("nextPageToken")
             if not token:
                 return
@@ -484,7 +475,7 @@ class GcsObjectStore(RemoteObjectStore):
                 key=None,
                 params={"prefix": self.probe_prefix, "maxResults": "1", "fields": "nextPageToken"},
             )
-        except (StorageUnavailable, StorageTimeout) as e:
+        except (base.StorageUnavailable, base.StorageTimeout) as e:
             raise type(e)(
                 f"storage.gcs: cannot reach GCS for bucket {self.bucket!r} {where}: {e}; "
                 f"credentials: {self._credential_source}"
@@ -511,7 +502,7 @@ def _parse_time(value: str) -> datetime.datetime:
     return t.astimezone(datetime.UTC)
 
 
-class _GcsUpload(StreamingUpload):
+class _GcsUpload(base.StreamingUpload):
     """One request up to ``chunk_size``, a resumable session above it: its chunks go out one at
     a time (a session is sequential: a window of one) while ``write()`` fills the next one."""
 
@@ -546,7 +537,7 @@ class _GcsUpload(StreamingUpload):
         )
         location = resp.headers.get("Location")
         if not location:
-            raise StorageError(f"{self.url}: the resumable upload answer has no Location header")
+            raise base.StorageError(f"{self.url}: the resumable upload answer has no Location header")
         self._session = location
 
     def _send_part(self, number: int, offset: int, part: bytearray) -> None:
@@ -583,12 +574,12 @@ class _GcsUpload(StreamingUpload):
             if total is not None:
                 if resp.status_code in (200, 201):
                     return
-                raise StorageError(
+                raise base.StorageError(
                     f"{self.url}: the final chunk was not accepted "
                     f"(HTTP {resp.status_code}, Range {resp.headers.get('Range')})"
                 )
             if resp.status_code != 308:
-                raise StorageError(
+                raise base.StorageError(
                     f"{self.url}: the upload was finalized early (HTTP "
                     f"{resp.status_code}) at offset {offset + pos}"
                 )
@@ -599,7 +590,7 @@ class _GcsUpload(StreamingUpload):
             if upto <= offset + pos:
                 stalls += 1
                 if stalls >= 3:
-                    raise StorageUnavailable(
+                    raise base.StorageUnavailable(
                         f"{self.url}: the service keeps persisting nothing past offset {upto}"
                     )
             pos = max(0, upto - offset)

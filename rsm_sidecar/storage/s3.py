@@ -36,16 +36,7 @@ from botocore.config import Config as BotoConfig
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError, InvalidArgument, RsmError
-from rsm_sidecar.storage.base import (
-    InvalidRange,
-    ObjectInfo,
-    ObjectNotFound,
-    RemoteObjectStore,
-    StorageError,
-    StorageTimeout,
-    StorageUnavailable,
-    StreamingUpload,
-)
+from rsm_sidecar.storage import base
 from rsm_sidecar.storage.s3_settings import S3Settings
 
 log = logging.getLogger(__name__)
@@ -129,7 +120,7 @@ def _mask(key_id: str | None) -> str:
     return f", key id …{key_id[-4:]}" if len(key_id) > 8 else ""
 
 
-class S3ObjectStore(RemoteObjectStore):
+class S3ObjectStore(base.RemoteObjectStore):
     name = "s3"
     scheme = "s3"
 
@@ -247,37 +238,39 @@ class S3ObjectStore(RemoteObjectStore):
             msg = err.get("Message") or ""
             detail = f"{code}{': ' + msg if msg else ''}"
             if code == "NoSuchUpload":
-                return StorageUnavailable(
+                return base.StorageUnavailable(
                     f"{what}: the multipart upload is gone {where} ({detail}); upload the object again"
                 )
             if code == "NoSuchBucket":
-                return StorageError(
+                return base.StorageError(
                     f"{what}: bucket {self.bucket!r} does not exist {where} ({detail}); "
                     f"credentials: {self.credential_source()}"
                 )
             if key is not None and (code in _NOT_FOUND or status == 404):
-                return ObjectNotFound(key)
+                return base.ObjectNotFound(key)
             if code == "InvalidRange" or status == 416:
-                return InvalidRange(key or "", start if start is not None else -1)
+                return base.InvalidRange(key or "", start if start is not None else -1)
             if code in _ACCESS or status == 403:
-                return StorageError(
+                return base.StorageError(
                     f"{what}: access denied {where} ({detail}); credentials: {self.credential_source()}"
                 )
             if code in _TRANSIENT or (status is not None and (status >= 500 or status == 429)):
-                return StorageUnavailable(
+                return base.StorageUnavailable(
                     f"{what}: {where} the service is throttling or failing ({detail}, "
                     f"HTTP {status}, after {self.settings.max_attempts} attempts)"
                 )
-            return StorageError(f"{what}: {where} rejected the request ({detail}, HTTP {status})")
+            return base.StorageError(f"{what}: {where} rejected the request ({detail}, HTTP {status})")
         if isinstance(e, (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError)):
             kind = "connect" if isinstance(e, botocore.exceptions.ConnectTimeoutError) else "read"
             limit = self.settings.connect_timeout if kind == "connect" else self.settings.read_timeout
-            return StorageTimeout(
+            return base.StorageTimeout(
                 f"{what}: no answer {where} within the {kind} timeout of {limit:g}s "
                 f"(storage.s3.{kind}_timeout), {self.settings.max_attempts} attempt(s): {e}"
             )
         if isinstance(e, botocore.exceptions.SSLError):
-            return StorageError(f"{what}: TLS failure {where} ({e}); check storage.s3.ca_bundle/verify_tls")
+            return base.StorageError(
+                f"{what}: TLS failure {where} ({e}); check storage.s3.ca_bundle/verify_tls"
+            )
         if isinstance(
             e,
             (
@@ -288,7 +281,7 @@ class S3ObjectStore(RemoteObjectStore):
                 botocore.exceptions.HTTPClientError,
             ),
         ):
-            return StorageUnavailable(
+            return base.StorageUnavailable(
                 f"{what}: cannot reach {where} after {self.settings.max_attempts} attempt(s): {e}"
             )
         if isinstance(
@@ -299,16 +292,16 @@ class S3ObjectStore(RemoteObjectStore):
                 botocore.exceptions.CredentialRetrievalError,
             ),
         ):
-            return StorageError(
+            return base.StorageError(
                 f"{what}: no usable AWS credentials ({e}); credentials: {self.credential_source()}"
             )
         if isinstance(e, botocore.exceptions.MissingDependencyException):
             return ConfigError(f"{what}: {e}")
         if isinstance(e, botocore.exceptions.BotoCoreError):
-            return StorageError(f"{what}: {e}")
+            return base.StorageError(f"{what}: {e}")
         if isinstance(e, OSError):
-            return StorageUnavailable(f"{what}: {where}: {e}")
-        return StorageError(f"{what}: unexpected {type(e).__name__}: {e}")
+            return base.StorageUnavailable(f"{what}: {where}: {e}")
+        return base.StorageError(f"{what}: unexpected {type(e).__name__}: {e}")
 
     def _call(self, op: str, fn: Callable[..., Any], key: str | None = None, **kwargs: Any) -> Any:
         """One API call (botocore retries inside; each attempt is counted by ``_on_send``),
@@ -317,6 +310,10 @@ class S3ObjectStore(RemoteObjectStore):
             return fn(**kwargs)
         except Exception as e:
             raise self._translate(e, op, key, start=None) from e
+
+    def _object_call(self, op: str, fn: Callable[..., Any], key: str, **kwargs: Any) -> Any:
+        """``_call`` on the object ``key`` of the bucket."""
+        return self._call(op, fn, key, Bucket=self.bucket, Key=key, **kwargs)
 
     # -- write parameters -----------------------------------------------------------------
     def _write_params(self) -> dict[str, Any]:
@@ -337,18 +334,16 @@ class S3ObjectStore(RemoteObjectStore):
     def _abort_upload(self, key: str, upload_id: str) -> bool:
         """Abort one multipart upload; False (and remembered for later) if the service is unreachable."""
         try:
-            self._call(
+            self._object_call(
                 "ABORT_MULTIPART",
                 self._client.abort_multipart_upload,
                 key,
-                Bucket=self.bucket,
-                Key=key,
                 UploadId=upload_id,
             )
             return True
-        except ObjectNotFound:
+        except base.ObjectNotFound:
             return True
-        except StorageError as e:
+        except base.StorageError as e:
             log.warning("aborting multipart upload %s of %s failed permanently: %s", upload_id, key, e)
             return True
         except RsmError as e:
@@ -375,7 +370,7 @@ class S3ObjectStore(RemoteObjectStore):
             return list(self._pending_aborts)
 
     # -- the contract ----------------------------------------------------------------------
-    def _new_upload(self, key: str) -> StreamingUpload:
+    def _new_upload(self, key: str) -> base.StreamingUpload:
         if not key:
             raise InvalidArgument("empty object key")
         if self._pending_aborts:
@@ -401,15 +396,15 @@ class S3ObjectStore(RemoteObjectStore):
         return self._ranged_body(key, start, end, resp["ResponseMetadata"]["HTTPStatusCode"], body)
 
     def size(self, key: str) -> int:
-        resp = self._call("HEAD", self._client.head_object, key, Bucket=self.bucket, Key=key)
+        resp = self._object_call("HEAD", self._client.head_object, key)
         return int(resp["ContentLength"])
 
     def delete(self, key: str) -> None:
-        self._call("DELETE", self._client.delete_object, key, Bucket=self.bucket, Key=key)
+        self._object_call("DELETE", self._client.delete_object, key)
 
     def delete_many(self, keys: Iterable[str]) -> None:
         """DeleteObjects in batches of 1000; every batch is tried, then per-key failures are
-        raised together (``StorageUnavailable`` if all of them are transient)."""
+        raised together (``base.StorageUnavailable`` if all of them are transient)."""
         unique = list(dict.fromkeys(keys))
         failures: list[tuple[str, str, bool]] = []  # key, reason, transient
         for i in range(0, len(unique), DELETE_BATCH):
@@ -438,7 +433,7 @@ class S3ObjectStore(RemoteObjectStore):
                 )
         self._raise_delete_failures(failures, len(unique))
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "") -> Iterator[base.ObjectInfo]:
         token: str | None = None
         while True:
             kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": 1000}
@@ -449,7 +444,7 @@ class S3ObjectStore(RemoteObjectStore):
                 modified = obj["LastModified"]
                 if modified.tzinfo is None:
                     modified = modified.replace(tzinfo=datetime.UTC)
-                yield ObjectInfo(obj["Key"], int(obj["Size"]), modified.astimezone(datetime.UTC))
+                yield base.ObjectInfo(obj["Key"], int(obj["Size"]), modified.astimezone(datetime.UTC))
             if not resp.get("IsTruncated"):
                 return
             token = resp.get("NextContinuationToken")
@@ -461,13 +456,13 @@ class S3ObjectStore(RemoteObjectStore):
         where = f"at {self.endpoint}"
         try:
             self._call("HEAD_BUCKET", self._client.head_bucket, None, Bucket=self.bucket)
-        except StorageUnavailable as e:
-            raise StorageUnavailable(
+        except base.StorageUnavailable as e:
+            raise base.StorageUnavailable(
                 f"storage.s3: cannot reach the S3 service for bucket {self.bucket!r} {where}: "
                 f"{e}; credentials: {self.credential_source()}"
             ) from e
-        except StorageTimeout as e:
-            raise StorageTimeout(
+        except base.StorageTimeout as e:
+            raise base.StorageTimeout(
                 f"storage.s3: the S3 service for bucket {self.bucket!r} {where} did not answer: {e}"
             ) from e
         except RsmError as e:
@@ -580,7 +575,7 @@ class _BufferBody(io.RawIOBase):
         return len(self._mv)
 
 
-class _S3Upload(StreamingUpload):
+class _S3Upload(base.StreamingUpload):
     """One PutObject up to ``part_size``, a multipart upload above it."""
 
     def __init__(self, store: S3ObjectStore, key: str):
@@ -602,24 +597,20 @@ class _S3Upload(StreamingUpload):
 
     def _put_whole(self, body: bytearray) -> None:
         s = self._s3
-        s._call(
+        s._object_call(
             "PUT",
             s._client.put_object,
             self._key,
-            Bucket=s.bucket,
-            Key=self._key,
             Body=_BufferBody(body),
             **s._write_params(),
         )
 
     def _start(self) -> None:
         s = self._s3
-        resp = s._call(
+        resp = s._object_call(
             "CREATE_MULTIPART",
             s._client.create_multipart_upload,
             self._key,
-            Bucket=s.bucket,
-            Key=self._key,
             **s._write_params(),
         )
         self._upload_id = resp["UploadId"]
@@ -629,12 +620,10 @@ class _S3Upload(StreamingUpload):
         params: dict[str, Any] = {}
         if s.checksum_algorithm:
             params["ChecksumAlgorithm"] = s.checksum_algorithm
-        resp = s._call(
+        resp = s._object_call(
             "UPLOAD_PART",
             s._client.upload_part,
             self._key,
-            Bucket=s.bucket,
-            Key=self._key,
             UploadId=self._upload_id,
             PartNumber=number,
             Body=_BufferBody(part),
@@ -661,13 +650,11 @@ class _S3Upload(StreamingUpload):
             number -= 1
         parts = [self._parts[n] for n in sorted(self._parts)]
         if len(parts) != number:
-            raise StorageError(f"{self.url}: {number} parts sent but only {len(parts)} acknowledged")
-        s._call(
+            raise base.StorageError(f"{self.url}: {number} parts sent but only {len(parts)} acknowledged")
+        s._object_call(
             "COMPLETE_MULTIPART",
             s._client.complete_multipart_upload,
             self._key,
-            Bucket=s.bucket,
-            Key=self._key,
             UploadId=self._upload_id,
             MultipartUpload={"Parts": parts},
         )

@@ -72,6 +72,7 @@ class RemoteBackend:
     """How the tests start one remote backend's server and open stores on it."""
 
     name: str  # storage.backend
+    server_fixture: str  # the session's shared server
     store_class: str  # in the backend's module
     settings_class: str  # in rsm_sidecar.storage.<name>_settings
     server_class: type
@@ -82,17 +83,20 @@ class RemoteBackend:
     def server(self, directory, **options):
         return self.server_class(directory, **{**self.server_options, **options})
 
+    def settings_type(self) -> Any:
+        module = importlib.import_module(f"rsm_sidecar.storage.{self.name}_settings")
+        return getattr(module, self.settings_class)
+
     def make_store(self, server, bucket: str | None = None, probe_prefix: str = "", **overrides):
-        store_class = getattr(backend_module(self.name), self.store_class)
-        settings_module = importlib.import_module(f"rsm_sidecar.storage.{self.name}_settings")
-        settings_class = getattr(settings_module, self.settings_class)
+        store_type = getattr(backend_module(self.name), self.store_class)
         options = {**self.store_options, "endpoint_url": server.endpoint_url, **overrides}
-        settings = settings_class(bucket=bucket or self.bucket, **options)
-        return store_class(settings, probe_prefix=probe_prefix)
+        settings = self.settings_type()(bucket=bucket or self.bucket, **options)
+        return store_type(settings, probe_prefix=probe_prefix)
 
 
 S3 = RemoteBackend(
     "s3",
+    "seaweedfs",
     "S3ObjectStore",
     "S3Settings",
     SeaweedS3Server,
@@ -113,6 +117,7 @@ S3 = RemoteBackend(
 )
 GCS = RemoteBackend(
     "gcs",
+    "fake_gcs",
     "GcsObjectStore",
     "GcsSettings",
     FakeGcsServer,

@@ -245,20 +245,32 @@ def request_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, in
 class RemoteStoreContract(ObjectStoreContract):
     """The contract plus the faults of a real server, for backends behind a network service.
 
-    The backend's test class provides the fixtures ``server`` (the shared server) and
-    ``server_factory`` (private servers to stop, pause and restart; stopped after the
-    test), ``make_store(server, **settings)``, and the attributes below.
+    The backend's test class names its ``remote`` (a ``tests.storage.conftest.RemoteBackend``:
+    its servers and how stores are opened on them) and sets the attributes below.
     """
 
-    name: str  # storage.backend
+    remote: Any
     part_size: int  # part (chunk) size of the test stores
-    settings_class: Any
     cancel_request: str  # the request that cancels an upload session
     check_requests: dict[str, int]  # what check() sends with the start-up write check
     credentials: str  # how errors name the credentials of the test stores
 
+    @property
+    def name(self) -> str:
+        return str(self.remote.name)
+
+    @pytest.fixture
+    def server(self, request):
+        """The session's shared server."""
+        return request.getfixturevalue(self.remote.server_fixture)
+
+    @pytest.fixture
+    def server_factory(self, request):
+        """Starts private servers (to stop, pause and restart); stopped after the test."""
+        return request.getfixturevalue(f"{self.name}_server_factory")
+
     def make_store(self, server: Any, **settings: Any) -> Any:
-        raise NotImplementedError
+        return self.remote.make_store(server, **settings)
 
     def undeletable(self, p: str) -> tuple[str, str]:
         """A key the service (or the backend) refuses to delete, and the words of the refusal."""
@@ -370,7 +382,7 @@ class RemoteStoreContract(ObjectStoreContract):
 
     def test_every_key_is_documented_in_the_storage_guide(self):
         doc = (DOCS / "storage.md").read_text()
-        keys = self.settings_class.keys()
+        keys = self.remote.settings_type().keys()
         assert keys and all(k.path.startswith(f"storage.{self.name}.") for k in keys)
         missing = [k.path for k in keys if f"`{k.path}`" not in doc]
         assert missing == [], f"docs/storage.md does not describe {missing}"

@@ -18,7 +18,7 @@ from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageTimeou
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.storage.gcs import GcsObjectStore
 from rsm_sidecar.storage.gcs_settings import GcsSettings
-from tests.storage.conftest import GCS_BUCKET, make_gcs_store
+from tests.storage.conftest import GCS, GCS_BUCKET, make_gcs_store
 from tests.storage.contract import RemoteStoreContract, blob, request_delta
 
 MiB = 1024 * 1024
@@ -31,23 +31,11 @@ def store(gcs_store):
 
 
 class TestGcsContract(RemoteStoreContract):
-    name = "gcs"
+    remote = GCS
     part_size = CHUNK
-    settings_class = GcsSettings
     cancel_request = "CANCEL_RESUMABLE"
     check_requests = {"LIST": 1, "PUT": 1, "DELETE": 1}
     credentials = "anonymous"
-
-    @pytest.fixture
-    def server(self, fake_gcs):
-        return fake_gcs
-
-    @pytest.fixture
-    def server_factory(self, gcs_server_factory):
-        return gcs_server_factory
-
-    def make_store(self, server, **settings):
-        return make_gcs_store(server, **settings)
 
     def undeletable(self, p):
         # fake-gcs-server answers every failed DELETE with 404 (= already gone), so no key can

@@ -16,7 +16,7 @@ from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageTimeou
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.storage.s3 import S3ObjectStore
 from rsm_sidecar.storage.s3_settings import S3Settings
-from tests.storage.conftest import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, make_s3_store
+from tests.storage.conftest import S3, S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, make_s3_store
 from tests.storage.contract import RemoteStoreContract, blob, request_delta
 
 MiB = 1024 * 1024
@@ -29,23 +29,11 @@ def store(s3_store):
 
 
 class TestS3Contract(RemoteStoreContract):
-    name = "s3"
+    remote = S3
     part_size = PART
-    settings_class = S3Settings
     cancel_request = "ABORT_MULTIPART"
     check_requests = {"HEAD_BUCKET": 1, "PUT": 1, "DELETE": 1}
     credentials = "static keys from storage.s3.access_key_id"
-
-    @pytest.fixture
-    def server(self, seaweedfs):
-        return seaweedfs
-
-    @pytest.fixture
-    def server_factory(self, s3_server_factory):
-        return s3_server_factory
-
-    def make_store(self, server, **settings):
-        return make_s3_store(server, **settings)
 
     def undeletable(self, p):
         # SeaweedFS refuses keys with "." path segments with a per-key InvalidRequest.
