@@ -16,8 +16,11 @@ so nothing here talks to anything but 127.0.0.1.
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import importlib
 import os
+import threading
+import urllib.parse
 import uuid
 from typing import Any
 
@@ -64,6 +67,37 @@ def _isolated_cloud_environment(tmp_path_factory):
 def p() -> str:
     """A unique key prefix for one test (backends share their buckets)."""
     return f"t-{uuid.uuid4().hex[:12]}/"
+
+
+class CannedPostEndpoint:
+    """A local HTTP endpoint standing in for a cloud token service on the internet (AWS STS,
+    Google OAuth): it records the form of every POST in ``calls`` and answers each with
+    ``status``, ``content_type`` and ``body``."""
+
+    def __init__(self, status: int, content_type: str, body: bytes, path: str = ""):
+        calls: list[dict[str, list[str]]] = []
+        self.calls = calls
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                form = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+                calls.append(urllib.parse.parse_qs(form))
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 # -- servers and stores ----------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.base import (
     InvalidRange,
@@ -29,6 +30,7 @@ from rsm_sidecar.storage.base import (
     StorageTimeout,
     StorageUnavailable,
 )
+from rsm_sidecar.storage.factory import open_store
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -260,6 +262,13 @@ class RemoteStoreContract(ObjectStoreContract):
         return str(self.remote.name)
 
     @pytest.fixture
+    def store(self, server):
+        """A fresh store on the shared server."""
+        store = self.make_store(server)
+        yield store
+        store.close()
+
+    @pytest.fixture
     def server(self, request):
         """The session's shared server."""
         return request.getfixturevalue(self.remote.server_fixture)
@@ -275,6 +284,26 @@ class RemoteStoreContract(ObjectStoreContract):
     def undeletable(self, p: str) -> tuple[str, str]:
         """A key the service (or the backend) refuses to delete, and the words of the refusal."""
         raise NotImplementedError
+
+    # -- requests ----------------------------------------------------------------------------
+    def test_object_up_to_the_part_size_is_one_request(self, store, p: str):
+        part = self.part_size
+        before = store.requests
+        with store.open_writer(p + "exact") as w:
+            w.write(blob(part - 1000))
+            w.write(blob(1000, seed=1))
+            assert w.commit() == part
+        assert request_delta(before, store.requests) == {"PUT": 1}
+        assert store.get(p + "exact") == blob(part - 1000) + blob(1000, seed=1)
+
+    def test_ranged_read_spanning_several_parts_is_one_request(self, store, p: str):
+        part = self.part_size
+        data = blob(3 * part, seed=5)
+        store.put(p + "r", data)
+        before = store.requests
+        got = store.get_range(p + "r", part - 4096, 2 * part + 4095)  # crosses two part boundaries
+        assert got == data[part - 4096 : 2 * part + 4096]
+        assert request_delta(before, store.requests) == {"GET": 1}
 
     # -- faults ----------------------------------------------------------------------------
     def test_server_stopped_during_upload_then_back(self, server_factory, p: str):
@@ -370,6 +399,37 @@ class RemoteStoreContract(ObjectStoreContract):
         assert list(store.list(p)) == []
 
     # -- start-up check and settings -------------------------------------------------------
+    def configured(self, server: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A ``[storage.<backend>]`` table for ``server`` that sets keys away from their
+        defaults, and the settings it must produce (field -> value)."""
+        raise NotImplementedError
+
+    def check_configured_store(self, store: Any) -> None:
+        """What else the store opened from ``configured()`` must show (its client's options)."""
+        raise NotImplementedError
+
+    def test_open_store_from_config(self, server, p: str):
+        table, expected = self.configured(server)
+        cfg = Config({"storage": {"backend": self.name, "key_prefix": p, self.name: table}}, environ={})
+        store = open_store(cfg)
+        try:
+            assert type(store).__name__ == self.remote.store_class
+            assert {k: getattr(store.settings, k) for k in expected} == expected
+            assert store.probe_prefix == p
+            self.check_configured_store(store)
+            store.check()
+            data = blob(self.part_size + 1)
+            with store.open_writer(p + "x") as w:
+                w.write(data)
+                w.commit()
+            assert store.get(p + "x") == data
+            redacted = repr(cfg.redacted())
+            secret = {k.path.rsplit(".", 1)[1] for k in self.remote.settings_type().keys() if k.secret}
+            assert all(str(v) not in redacted for k, v in table.items() if k in secret)
+            assert store.bucket in store.describe() and server.endpoint_url in store.describe()
+        finally:
+            store.close()
+
     def test_check_writes_and_removes_a_probe_under_the_prefix(self, server, p: str):
         store = self.make_store(server, probe_prefix=p)
         try:

@@ -16,16 +16,18 @@ from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageTimeou
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.storage.s3 import S3ObjectStore
 from rsm_sidecar.storage.s3_settings import S3Settings
-from tests.storage.conftest import S3, S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, make_s3_store
+from tests.storage.conftest import (
+    S3,
+    S3_ACCESS_KEY,
+    S3_BUCKET,
+    S3_SECRET_KEY,
+    CannedPostEndpoint,
+    make_s3_store,
+)
 from tests.storage.contract import RemoteStoreContract, blob, request_delta
 
 MiB = 1024 * 1024
 PART = 5 * MiB
-
-
-@pytest.fixture
-def store(s3_store):
-    return s3_store
 
 
 class TestS3Contract(RemoteStoreContract):
@@ -38,6 +40,27 @@ class TestS3Contract(RemoteStoreContract):
     def undeletable(self, p):
         # SeaweedFS refuses keys with "." path segments with a per-key InvalidRequest.
         return p + "../escape", "InvalidRequest"
+
+    def configured(self, server):
+        table = {
+            "bucket": S3_BUCKET,
+            "region": "us-east-1",
+            "endpoint_url": server.endpoint_url,
+            "addressing_style": "path",
+            "access_key_id": S3_ACCESS_KEY,
+            "secret_access_key": S3_SECRET_KEY,
+            "part_size": "6MiB",
+            "max_parts_in_flight": 3,
+            "sse": "AES256",
+            "checksum_algorithm": "SHA256",
+            "read_timeout": 7,
+            "max_attempts": 4,
+        }
+        return table, {"part_size": 6 * MiB, "max_parts_in_flight": 3, "sse": "AES256", "read_timeout": 7.0}
+
+    def check_configured_store(self, store):
+        assert store._client.meta.config.read_timeout == 7
+        assert store._client.meta.config.retries["total_max_attempts"] == 4
 
     def test_garbage_collected_writer_cancels_its_upload(self, store, server, p):
         super().test_garbage_collected_writer_cancels_its_upload(store, p)
@@ -65,39 +88,22 @@ class HeaderCapture:
 
 
 # -- upload paths ---------------------------------------------------------------------------
-def test_object_up_to_part_size_is_one_put(store, seaweedfs, p):
-    before = store.requests
-    with store.open_writer(p + "exact") as w:
-        w.write(blob(PART - 1000))
-        w.write(blob(1000, seed=1))
-        assert w.commit() == PART
-    assert request_delta(before, store.requests) == {"PUT": 1}
-    assert store.get(p + "exact") == blob(PART - 1000) + blob(1000, seed=1)
 
 
-def test_object_above_part_size_is_multipart(store, seaweedfs, p):
-    before = store.requests
+def test_object_above_part_size_is_multipart(s3_store, seaweedfs, p):
+    before = s3_store.requests
     data = blob(2 * PART + 1, seed=3)
-    with store.open_writer(p + "mp") as w:
+    with s3_store.open_writer(p + "mp") as w:
         for i in range(0, len(data), 777_777):
             w.write(data[i : i + 777_777])
         assert w.commit() == len(data)
-    assert request_delta(before, store.requests) == {
+    assert request_delta(before, s3_store.requests) == {
         "CREATE_MULTIPART": 1,
         "UPLOAD_PART": 3,
         "COMPLETE_MULTIPART": 1,
     }
-    assert store.get(p + "mp") == data
+    assert s3_store.get(p + "mp") == data
     assert _open_uploads(seaweedfs, p) == []
-
-
-def test_ranged_read_spanning_several_chunks_and_parts_is_one_request(store, p):
-    data = blob(3 * PART, seed=5)
-    store.put(p + "r", data)
-    before = store.requests
-    got = store.get_range(p + "r", PART - 4096, 2 * PART + 4095)  # crosses both part boundaries
-    assert got == data[PART - 4096 : 2 * PART + 4096]
-    assert request_delta(before, store.requests) == {"GET": 1}
 
 
 def test_parts_in_flight_and_memory_are_bounded(seaweedfs, p):
@@ -169,26 +175,26 @@ def test_write_blocks_while_the_window_is_full(one_part_window_store, p):
 
 
 # -- aborts ------------------------------------------------------------------------------------
-def test_abort_after_parts_were_uploaded_leaves_no_multipart_upload(store, seaweedfs, p):
-    w = store.open_writer(p + "ab")
+def test_abort_after_parts_were_uploaded_leaves_no_multipart_upload(s3_store, seaweedfs, p):
+    w = s3_store.open_writer(p + "ab")
     w.write(blob(3 * PART))  # two parts sent, a third buffered
     assert len(_open_uploads(seaweedfs, p)) == 1
     w.abort()
-    assert store.requests.get("ABORT_MULTIPART", 0) == 1
+    assert s3_store.requests.get("ABORT_MULTIPART", 0) == 1
     assert _open_uploads(seaweedfs, p) == []
-    assert not store.exists(p + "ab")
+    assert not s3_store.exists(p + "ab")
 
 
-def test_exception_in_with_block_aborts_the_multipart_upload(store, seaweedfs, p):
+def test_exception_in_with_block_aborts_the_multipart_upload(s3_store, seaweedfs, p):
     with pytest.raises(ValueError):
-        with store.open_writer(p + "ex") as w:
+        with s3_store.open_writer(p + "ex") as w:
             w.write(blob(2 * PART + 10))
             raise ValueError("producer failed")
     assert _open_uploads(seaweedfs, p) == []
-    assert not store.exists(p + "ex")
+    assert not s3_store.exists(p + "ex")
 
 
-def test_part_rejected_by_the_server_aborts_the_upload(store, seaweedfs, p):
+def test_part_rejected_by_the_server_aborts_the_upload(s3_store, seaweedfs, p):
     # Corrupt the body of the second part after the SDK computed its checksum: SeaweedFS
     # recomputes it and rejects the part (BadDigest), a real server-side failure.
     calls = []
@@ -200,16 +206,16 @@ def test_part_rejected_by_the_server_aborts_the_upload(store, seaweedfs, p):
             data = body.read() if hasattr(body, "read") else bytes(body)
             request.body = b"X" + data[1:]
 
-    store._client.meta.events.register("before-send.s3.UploadPart", corrupt)
+    s3_store._client.meta.events.register("before-send.s3.UploadPart", corrupt)
     with pytest.raises(StorageError) as e:
-        with store.open_writer(p + "bad") as w:
+        with s3_store.open_writer(p + "bad") as w:
             w.write(blob(4 * PART))
             w.commit()
     assert "BadDigest" in str(e.value) and p + "bad" in str(e.value)
     assert not e.value.retriable
-    assert store.requests.get("ABORT_MULTIPART", 0) == 1
+    assert s3_store.requests.get("ABORT_MULTIPART", 0) == 1
     assert _open_uploads(seaweedfs, p) == []
-    assert not store.exists(p + "bad")
+    assert not s3_store.exists(p + "bad")
 
 
 # -- encryption, storage class and checksums -----------------------------------------------------
@@ -304,16 +310,16 @@ def test_crc32c_without_awscrt_is_a_config_error(monkeypatch):
 
 
 # -- deletes -----------------------------------------------------------------------------------
-def test_delete_objects_batches_of_1000(store, p):
+def test_delete_objects_batches_of_1000(s3_store, p):
     import concurrent.futures
 
     keys = [f"{p}{i:05d}" for i in range(1001)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda k: store.put(k, b"."), keys))
-    before = store.requests
-    store.delete_many(keys + [p + "never-existed"])
-    assert request_delta(before, store.requests) == {"DELETE_OBJECTS": 2}
-    assert list(store.list(p)) == []
+        list(pool.map(lambda k: s3_store.put(k, b"."), keys))
+    before = s3_store.requests
+    s3_store.delete_many(keys + [p + "never-existed"])
+    assert request_delta(before, s3_store.requests) == {"DELETE_OBJECTS": 2}
+    assert list(s3_store.list(p)) == []
 
 
 # -- faults ------------------------------------------------------------------------------------
@@ -394,44 +400,6 @@ def test_profile_from_shared_credentials_file(seaweedfs, tmp_path, monkeypatch, 
 
 
 # -- configuration -----------------------------------------------------------------------------
-def test_open_store_from_config(seaweedfs, p):
-    cfg = Config(
-        {
-            "storage": {
-                "backend": "s3",
-                "key_prefix": p,
-                "s3": {
-                    "bucket": S3_BUCKET,
-                    "region": "us-east-1",
-                    "endpoint_url": seaweedfs.endpoint_url,
-                    "addressing_style": "path",
-                    "access_key_id": S3_ACCESS_KEY,
-                    "secret_access_key": S3_SECRET_KEY,
-                    "part_size": "6MiB",
-                    "max_parts_in_flight": 3,
-                    "sse": "AES256",
-                    "checksum_algorithm": "SHA256",
-                    "read_timeout": 7,
-                    "max_attempts": 4,
-                },
-            }
-        },
-        environ={},
-    )
-    store = open_store(cfg)
-    try:
-        assert isinstance(store, S3ObjectStore)
-        assert store.settings.part_size == 6 * MiB and store.settings.max_parts_in_flight == 3
-        assert store.probe_prefix == p
-        assert store._client.meta.config.read_timeout == 7
-        assert store._client.meta.config.retries["total_max_attempts"] == 4
-        store.check()
-        store.put(p + "x", b"y")
-        assert store.get(p + "x") == b"y"
-        assert "rsm-test-secret" not in repr(cfg.redacted())
-        assert S3_BUCKET in store.describe() and seaweedfs.endpoint_url in store.describe()
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize(
@@ -477,43 +445,17 @@ def test_head_bucket_denied_but_listing_under_the_prefix_allowed_passes_check(se
         store.close()
 
 
-class _FakeSts:
+def _fake_sts(access_key: str, secret_key: str) -> CannedPostEndpoint:
     """A local stand-in for STS's AssumeRoleWithWebIdentity (the real one is on the internet):
-    it records the web identity token it is given and returns ``credentials``."""
-
-    def __init__(self, access_key: str, secret_key: str):
-        import http.server
-        import urllib.parse
-
-        calls = self.calls = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
-                calls.append(form)
-                body = f"""<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+    it records the web identity token it is given and returns these credentials."""
+    body = f"""<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
   <AssumeRoleWithWebIdentityResult>
     <Credentials><AccessKeyId>{access_key}</AccessKeyId><SecretAccessKey>{secret_key}</SecretAccessKey>
       <SessionToken>session-token-from-sts</SessionToken><Expiration>2099-01-01T00:00:00Z</Expiration></Credentials>
     <AssumedRoleUser><Arn>arn:aws:sts::123456789012:assumed-role/rsm/pod</Arn><AssumedRoleId>AROA1:pod</AssumedRoleId></AssumedRoleUser>
   </AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>1</RequestId></ResponseMetadata>
-</AssumeRoleWithWebIdentityResponse>""".encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/xml")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+</AssumeRoleWithWebIdentityResponse>"""
+    return CannedPostEndpoint(200, "text/xml", body.encode())
 
 
 def test_web_identity_irsa_credentials_are_resolved_and_named(seaweedfs, tmp_path, monkeypatch, p):
@@ -522,7 +464,7 @@ def test_web_identity_irsa_credentials_are_resolved_and_named(seaweedfs, tmp_pat
     # temporary credentials. SeaweedFS does not accept session credentials it did not issue
     # (InvalidAccessKeyId), so the request is refused - and the error must say the
     # credentials came from the web identity token and which role.
-    sts = _FakeSts("ASIATEMPORARYKEY0042", "temporary-secret")
+    sts = _fake_sts("ASIATEMPORARYKEY0042", "temporary-secret")
     token = tmp_path / "token"
     token.write_text("eyJ.projected-service-account-token.sig")
     monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
