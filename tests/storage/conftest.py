@@ -113,6 +113,15 @@ class RemoteBackend:
     bucket: str
     server_options: dict[str, Any]
     store_options: dict[str, Any]  # besides the endpoint
+    part_setting: str  # the setting that sizes upload parts
+    cancel_request: str  # the request that cancels an upload session
+    check_requests: dict[str, int]  # what check() sends with the start-up write check
+    credentials: str  # how errors name the credentials of the test stores
+
+    @property
+    def part_size(self) -> int:
+        """The part size of the test stores."""
+        return int(self.store_options[self.part_setting])
 
     def server(self, directory, **options):
         return self.server_class(directory, **{**self.server_options, **options})
@@ -123,7 +132,10 @@ class RemoteBackend:
 
     def make_store(self, server, bucket: str | None = None, probe_prefix: str = "", **overrides):
         store_type = getattr(backend_module(self.name), self.store_class)
-        options = {**self.store_options, "endpoint_url": server.endpoint_url, **overrides}
+        """A store on ``server``; ``None``: on an endpoint where nothing listens (no request is
+        meant to succeed)."""
+        endpoint = server.endpoint_url if server is not None else "http://127.0.0.1:9"  # discard port
+        options = {**self.store_options, "endpoint_url": endpoint, **overrides}
         settings = self.settings_type()(bucket=bucket or self.bucket, **options)
         return store_type(settings, probe_prefix=probe_prefix)
 
@@ -148,6 +160,10 @@ S3 = RemoteBackend(
         "read_timeout": 20.0,
         "max_attempts": 3,
     },
+    "part_size",
+    "ABORT_MULTIPART",
+    {"HEAD_BUCKET": 1, "PUT": 1, "DELETE": 1},
+    "static keys from storage.s3.access_key_id",
 )
 GCS = RemoteBackend(
     "gcs",
@@ -165,6 +181,10 @@ GCS = RemoteBackend(
         "read_timeout": 20.0,
         "max_attempts": 3,
     },
+    "chunk_size",
+    "CANCEL_RESUMABLE",
+    {"LIST": 1, "PUT": 1, "DELETE": 1},
+    "anonymous",
 )
 
 

@@ -252,14 +252,14 @@ class RemoteStoreContract(ObjectStoreContract):
     """
 
     remote: Any
-    part_size: int  # part (chunk) size of the test stores
-    cancel_request: str  # the request that cancels an upload session
-    check_requests: dict[str, int]  # what check() sends with the start-up write check
-    credentials: str  # how errors name the credentials of the test stores
 
     @property
     def name(self) -> str:
         return str(self.remote.name)
+
+    @property
+    def part_size(self) -> int:
+        return int(self.remote.part_size)
 
     @pytest.fixture
     def store(self, server):
@@ -373,7 +373,7 @@ class RemoteStoreContract(ObjectStoreContract):
                 store.check()
             msg = str(e.value)
             assert "no-such-bucket-here" in msg and "does not exist" in msg and server.endpoint_url in msg
-            assert f"storage.{self.name}.bucket" in msg and self.credentials in msg
+            assert f"storage.{self.name}.bucket" in msg and self.remote.credentials in msg
         finally:
             store.close()
 
@@ -382,7 +382,7 @@ class RemoteStoreContract(ObjectStoreContract):
         w.write(blob(2 * self.part_size + 10))
         del w
         gc.collect()
-        assert store.requests.get(self.cancel_request, 0) == 1
+        assert store.requests.get(self.remote.cancel_request, 0) == 1
         assert not store.exists(p + "gc")
 
     def test_delete_many_reports_per_key_errors_after_deleting_the_rest(self, store, p: str):
@@ -435,7 +435,7 @@ class RemoteStoreContract(ObjectStoreContract):
         try:
             before = store.requests
             store.check()
-            assert request_delta(before, store.requests) == self.check_requests
+            assert request_delta(before, store.requests) == self.remote.check_requests
             assert list(store.list(p)) == []
         finally:
             store.close()

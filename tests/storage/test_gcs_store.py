@@ -24,10 +24,6 @@ CHUNK = 1 * MiB  # the chunk size of the test stores
 
 class TestGcsContract(RemoteStoreContract):
     remote = GCS
-    part_size = CHUNK
-    cancel_request = "CANCEL_RESUMABLE"
-    check_requests = {"LIST": 1, "PUT": 1, "DELETE": 1}
-    credentials = "anonymous"
 
     def undeletable(self, p):
         # fake-gcs-server answers every failed DELETE with 404 (= already gone), so no key can
@@ -306,9 +302,7 @@ def test_http_statuses_are_translated(status, body, expected):
     from rsm_sidecar.storage.base import InvalidRange
 
     expected = InvalidRange if expected == "InvalidRange" else expected
-    store = GcsObjectStore(
-        GcsSettings(bucket="bkt", endpoint_url="http://127.0.0.1:9", credentials="anonymous")
-    )
+    store = GCS.make_store(None, bucket="bkt")
     try:
         resp = requests.Response()
         resp.status_code = status
@@ -327,15 +321,7 @@ def test_transport_errors_are_translated():
     import requests
     import urllib3
 
-    store = GcsObjectStore(
-        GcsSettings(
-            bucket="bkt",
-            endpoint_url="http://127.0.0.1:9",
-            credentials="anonymous",
-            connect_timeout=2,
-            read_timeout=3,
-        )
-    )
+    store = GCS.make_store(None, bucket="bkt", connect_timeout=2, read_timeout=3)
     try:
         t = store._translate_exception(requests.exceptions.ReadTimeout(), "GET", "k")
         assert isinstance(t, StorageTimeout) and "read timeout of 3s" in str(t)

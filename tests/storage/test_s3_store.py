@@ -32,10 +32,6 @@ PART = 5 * MiB
 
 class TestS3Contract(RemoteStoreContract):
     remote = S3
-    part_size = PART
-    cancel_request = "ABORT_MULTIPART"
-    check_requests = {"HEAD_BUCKET": 1, "PUT": 1, "DELETE": 1}
-    credentials = "static keys from storage.s3.access_key_id"
 
     def undeletable(self, p):
         # SeaweedFS refuses keys with "." path segments with a per-key InvalidRequest.
@@ -512,14 +508,8 @@ def test_client_errors_are_translated(code, status, expected):
     from rsm_sidecar.storage.base import InvalidRange
 
     expected = InvalidRange if expected == "InvalidRange" else expected
-    store = S3ObjectStore(
-        S3Settings(
-            bucket="bkt",
-            endpoint_url="http://127.0.0.1:9",
-            region="us-east-1",
-            access_key_id="AKIAEXAMPLE0001",
-            secret_access_key="secret-value",
-        )
+    store = S3.make_store(
+        None, bucket="bkt", access_key_id="AKIAEXAMPLE0001", secret_access_key="secret-value"
     )
     try:
         e = botocore.exceptions.ClientError(
@@ -539,17 +529,7 @@ def test_client_errors_are_translated(code, status, expected):
 def test_transport_errors_are_translated():
     import botocore.exceptions
 
-    store = S3ObjectStore(
-        S3Settings(
-            bucket="bkt",
-            endpoint_url="http://127.0.0.1:9",
-            region="us-east-1",
-            access_key_id="a",
-            secret_access_key="b",
-            connect_timeout=2,
-            read_timeout=3,
-        )
-    )
+    store = S3.make_store(None, bucket="bkt", connect_timeout=2, read_timeout=3)
     try:
         t = store._translate(botocore.exceptions.ReadTimeoutError(endpoint_url="u"), "GET", "k")
         assert isinstance(t, StorageTimeout) and "read timeout of 3s" in str(t)
