@@ -83,6 +83,20 @@ _TRANSIENT = {
     "504",
 }
 
+# botocore's errors for a service it cannot reach, and for credentials it cannot find
+_UNREACHABLE = (
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectionError,
+    botocore.exceptions.ConnectionClosedError,
+    botocore.exceptions.ResponseStreamingError,
+    botocore.exceptions.HTTPClientError,
+)
+_NO_CREDENTIALS = (
+    botocore.exceptions.NoCredentialsError,
+    botocore.exceptions.PartialCredentialsError,
+    botocore.exceptions.CredentialRetrievalError,
+)
+
 # S3 API operation -> the name counted in ``requests``
 _OPERATIONS = {
     "PutObject": "PUT",
@@ -271,27 +285,11 @@ class S3ObjectStore(base.RemoteObjectStore):
             return base.StorageError(
                 f"{what}: TLS failure {where} ({e}); check storage.s3.ca_bundle/verify_tls"
             )
-        if isinstance(
-            e,
-            (
-                botocore.exceptions.EndpointConnectionError,
-                botocore.exceptions.ConnectionError,
-                botocore.exceptions.ConnectionClosedError,
-                botocore.exceptions.ResponseStreamingError,
-                botocore.exceptions.HTTPClientError,
-            ),
-        ):
+        if isinstance(e, _UNREACHABLE):
             return base.StorageUnavailable(
                 f"{what}: cannot reach {where} after {self.settings.max_attempts} attempt(s): {e}"
             )
-        if isinstance(
-            e,
-            (
-                botocore.exceptions.NoCredentialsError,
-                botocore.exceptions.PartialCredentialsError,
-                botocore.exceptions.CredentialRetrievalError,
-            ),
-        ):
+        if isinstance(e, _NO_CREDENTIALS):
             return base.StorageError(
                 f"{what}: no usable AWS credentials ({e}); credentials: {self.credential_source()}"
             )

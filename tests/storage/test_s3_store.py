@@ -83,6 +83,17 @@ class HeaderCapture:
         return [h for o, _, h in self.requests if o == op]
 
 
+def put_small_and_multipart(store: S3ObjectStore, small: str, big: str) -> HeaderCapture:
+    """Write ``small`` (one PutObject) and ``big`` (a multipart upload of two parts), capturing
+    the headers of every request."""
+    cap = HeaderCapture(store)
+    store.put(small, b"secret")
+    with store.open_writer(big) as w:
+        w.write(blob(PART + 1))
+        w.commit()
+    return cap
+
+
 # -- upload paths ---------------------------------------------------------------------------
 
 
@@ -218,11 +229,7 @@ def test_part_rejected_by_the_server_aborts_the_upload(s3_store, seaweedfs, p):
 def test_sse_s3_header_is_sent_and_honoured(seaweedfs, p):
     store = make_s3_store(seaweedfs, sse="AES256")
     try:
-        cap = HeaderCapture(store)
-        store.put(p + "small", b"secret")
-        with store.open_writer(p + "big") as w:
-            w.write(blob(PART + 1))
-            w.commit()
+        cap = put_small_and_multipart(store, p + "small", p + "big")
         assert cap.of("PutObject")[0]["x-amz-server-side-encryption"] == "AES256"
         assert cap.of("CreateMultipartUpload")[0]["x-amz-server-side-encryption"] == "AES256"
         head = seaweedfs.client().head_object(Bucket=S3_BUCKET, Key=p + "small")
@@ -271,11 +278,7 @@ def test_storage_class_is_applied(seaweedfs, p):
 def test_request_checksums_are_sent_and_stored(seaweedfs, p, algorithm, header):
     store = make_s3_store(seaweedfs, checksum_algorithm=algorithm)
     try:
-        cap = HeaderCapture(store)
-        store.put(p + "c", b"checked")
-        with store.open_writer(p + "m") as w:
-            w.write(blob(PART + 5))
-            w.commit()
+        cap = put_small_and_multipart(store, p + "c", p + "m")
         assert header in cap.of("PutObject")[0]
         assert all(header in h for h in cap.of("UploadPart"))
         head = seaweedfs.client().head_object(Bucket=S3_BUCKET, Key=p + "c", ChecksumMode="ENABLED")
