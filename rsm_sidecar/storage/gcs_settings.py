@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from rsm_sidecar.config import Settings, setting
+from rsm_sidecar.config import setting
 from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.storage.bucket_settings import BucketSettings
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -18,14 +19,11 @@ CHUNK_GRANULARITY = 256 * KiB  # resumable chunks must be multiples of this (but
 
 
 @dataclasses.dataclass(frozen=True)
-class GcsSettings(Settings):
+class GcsSettings(BucketSettings):
     """How the GCS backend reaches its bucket and writes objects (validated on creation)."""
 
     KEY_PREFIX = "storage.gcs"
 
-    bucket: str = setting(
-        "str", None, "Bucket that holds the objects.", required_when=("storage.backend", "gcs")
-    )
     project: str | None = setting(
         "str", None, "Project id sent with requests (not needed for object access)."
     )
@@ -86,8 +84,7 @@ class GcsSettings(Settings):
     )
 
     def __post_init__(self) -> None:
-        if not self.bucket:
-            raise ConfigError("storage.gcs.bucket: missing; the bucket that holds the objects")
+        super().__post_init__()
         if self.chunk_size <= 0 or self.chunk_size % CHUNK_GRANULARITY:
             raise ConfigError(
                 f"storage.gcs.chunk_size: {self.chunk_size} is not a positive multiple of 256 KiB "

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from rsm_sidecar.config import Settings, setting
+from rsm_sidecar.config import setting
 from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.storage.bucket_settings import BucketSettings
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -31,14 +32,11 @@ CHECKSUMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256", "none")
 
 
 @dataclasses.dataclass(frozen=True)
-class S3Settings(Settings):
+class S3Settings(BucketSettings):
     """How the S3 backend reaches its bucket and writes objects (validated on creation)."""
 
     KEY_PREFIX = "storage.s3"
 
-    bucket: str = setting(
-        "str", None, "Bucket that holds the objects.", required_when=("storage.backend", "s3")
-    )
     region: str | None = setting(
         "str",
         None,
@@ -163,8 +161,7 @@ class S3Settings(Settings):
     )
 
     def __post_init__(self) -> None:
-        if not self.bucket:
-            raise ConfigError("storage.s3.bucket: missing; the bucket that holds the objects")
+        super().__post_init__()
         if (self.access_key_id is None) != (self.secret_access_key is None):
             raise ConfigError(
                 "storage.s3.access_key_id and storage.s3.secret_access_key must be set together"
