@@ -27,7 +27,7 @@ deps: setup shim kafka-jars interop-jars iceberg-deps storage-servers compose-to
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev,iceberg]'
+	$(BIN)/pip install --quiet -e '.[dev,iceberg,s3,gcs]'
 	touch $@
 
 proto: $(PROTO_OUT)

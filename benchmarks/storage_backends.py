@@ -78,7 +78,7 @@ def measure_raw(workdir: Path, data: bytes, repeat: int, reads: dict[int, list])
     try:
         for length, rs in reads.items():
             out["read"][length] = timed_rounds(
-                lambda: [os.pread(fd, end - start + 1, start) for start, end in rs]
+                lambda rs=rs: [os.pread(fd, end - start + 1, start) for start, end in rs]
             )
     finally:
         os.close(fd)
@@ -87,7 +87,7 @@ def measure_raw(workdir: Path, data: bytes, repeat: int, reads: dict[int, list])
 
 def measure_store(store: ObjectStore, key: str, data: bytes, repeat: int, reads: dict[int, list]) -> dict:
     out: dict = {"upload": [], "read": {}, "upload_requests": None, "read_requests": {}}
-    for i in range(repeat):
+    for _ in range(repeat):
         before = store.requests
         t0 = time.perf_counter()
         with store.open_writer(key) as w:
@@ -105,7 +105,7 @@ def measure_store(store: ObjectStore, key: str, data: bytes, repeat: int, reads:
         for start, end in rs:
             assert len(store.get_range(key, start, end)) == end - start + 1
         out["read_requests"][length] = (sum(store.requests.values()) - before) / len(rs)
-        out["read"][length] = timed_rounds(lambda: [store.get_range(key, s, e) for s, e in rs])
+        out["read"][length] = timed_rounds(lambda rs=rs: [store.get_range(key, s, e) for s, e in rs])
     # spot-check the bytes once
     start, end = reads[min(reads)][0]
     assert store.get_range(key, start, end) == data[start : end + 1]
@@ -144,22 +144,26 @@ def main(argv: list[str] | None = None) -> int:
 
         if "s3" in wanted:
             from rsm_sidecar.storage.s3 import S3ObjectStore
+            from rsm_sidecar.storage.s3_settings import S3Settings
 
             with SeaweedS3Server(work / "seaweedfs") as server:
                 server.create_bucket("bench")
                 store = S3ObjectStore(
-                    "bench",
-                    endpoint_url=server.endpoint_url,
-                    region="us-east-1",
-                    addressing_style="path",
-                    access_key_id="bench",
-                    secret_access_key="bench",
+                    S3Settings(
+                        bucket="bench",
+                        endpoint_url=server.endpoint_url,
+                        region="us-east-1",
+                        addressing_style="path",
+                        access_key_id="bench",
+                        secret_access_key="bench",
+                    )
                 )
                 try:
                     store.check()
                     results["s3 (SeaweedFS)"] = measure_store(store, "bench/object", data, args.repeat, reads)
+                    c = store.settings
                     notes.append(
-                        f"s3: part_size {store.part_size // MiB} MiB, {store.max_parts_in_flight} parts in "
+                        f"s3: part_size {c.part_size // MiB} MiB, {c.max_parts_in_flight} parts in "
                         f"flight, checksum {store.checksum_algorithm}; SeaweedFS RSS after: "
                         f"{(server.rss_bytes() or 0) / MiB:.0f} MiB"
                     )
@@ -168,17 +172,20 @@ def main(argv: list[str] | None = None) -> int:
 
         if "gcs" in wanted:
             from rsm_sidecar.storage.gcs import GcsObjectStore
+            from rsm_sidecar.storage.gcs_settings import GcsSettings
 
             with FakeGcsServer(work / "fake-gcs", backend="filesystem") as server:
                 server.create_bucket("bench")
-                store = GcsObjectStore("bench", endpoint_url=server.endpoint_url, credentials="anonymous")
+                store = GcsObjectStore(
+                    GcsSettings(bucket="bench", endpoint_url=server.endpoint_url, credentials="anonymous")
+                )
                 try:
                     store.check()
                     results["gcs (fake-gcs-server)"] = measure_store(
                         store, "bench/object", data, args.repeat, reads
                     )
                     notes.append(
-                        f"gcs: chunk_size {store.chunk_size // MiB} MiB, CRC32C on; fake-gcs-server "
+                        f"gcs: chunk_size {store.settings.chunk_size // MiB} MiB, CRC32C on; fake-gcs-server "
                         f"(filesystem backend) RSS after: {(server.rss_bytes() or 0) / MiB:.0f} MiB"
                     )
                 finally:

@@ -19,7 +19,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from rsm_sidecar.errors import ConfigError
 
@@ -83,6 +83,46 @@ class Key:
         if isinstance(self.default, str):
             return f'"{self.default}"'
         return str(self.default)
+
+
+def setting(type: str, default: Any, doc: str, **options: Any) -> Any:
+    """A field of a ``Settings`` dataclass, declared by its configuration key: the key's path is
+    the class's ``KEY_PREFIX``, a dot and the field name; type, default, doc and options as for
+    ``Key``. Secret keys stay out of the dataclass's repr."""
+    return dataclasses.field(
+        default=default,
+        repr=not options.get("secret", False),
+        metadata={"key": (type, default, doc, options)},
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Base of the frozen dataclasses that hold one group of keys: each field made by
+    ``setting()`` is a key, declared only there, read by ``from_config``."""
+
+    KEY_PREFIX: ClassVar[str] = ""
+
+    @classmethod
+    def keys(cls) -> list[Key]:
+        """The ``Key`` of every ``setting()`` field, in field order."""
+        return [
+            Key(f"{cls.KEY_PREFIX}.{f.name}", t, default, doc, **options)
+            for f in dataclasses.fields(cls)
+            if "key" in f.metadata
+            for t, default, doc, options in [f.metadata["key"]]
+        ]
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Self:
+        """The configured value of each key."""
+        return cls(
+            **{
+                f.name: cfg.get(f"{cls.KEY_PREFIX}.{f.name}")
+                for f in dataclasses.fields(cls)
+                if "key" in f.metadata
+            }
+        )
 
 
 def parse_size(value: Any, what: str) -> int:
@@ -205,8 +245,8 @@ CONFIG_KEYS = [
         "bool",
         False,
         "Allow `server.listen` on a non-loopback TCP address without client certificates. Anyone who reaches "
-        "the port can then copy, read and delete every tiered segment: only for a network that only the broker "
-        "can reach (a pod or a private container network).",
+        "the port can then copy, read and delete every tiered segment: only for a network that only the "
+        "broker can reach (a pod or a private container network).",
     ),
     Key(
         "metrics.listen",
@@ -302,16 +342,16 @@ CONFIG_KEYS = [
         "copy.allowed_dirs",
         "list",
         [],
-        "Path transfer mode: the broker's log directories (log.dirs); only regular files under them are read. "
-        "Empty: path transfer mode is disabled (copies must use stream mode). Each entry must be an existing "
-        "absolute directory other than `/`.",
+        "Path transfer mode: the broker's log directories (log.dirs); only regular files under them are "
+        "read. Empty: path transfer mode is disabled (copies must use stream mode). Each entry must be an "
+        "existing absolute directory other than `/`.",
     ),
     Key(
         "copy.idle_timeout_seconds",
         "seconds",
         60.0,
-        "A copy that makes no progress (no message from the client, no byte stored) for this long is abandoned "
-        "and its slot freed.",
+        "A copy that makes no progress (no message from the client, no byte stored) for this long is "
+        "abandoned and its slot freed.",
         min=1,
     ),
     Key(
@@ -383,17 +423,17 @@ CONFIG_KEYS = [
         "fetch.max_range_bytes",
         "size",
         8 * MiB,
-        "Largest single ranged GET a fetch issues; contiguous chunks up to this size are read in one request. "
-        "Each fetch stream and each of the 4 prefetch threads holds at most one such range in memory "
-        "(docs/operations.md, Memory).",
+        "Largest single ranged GET a fetch issues; contiguous chunks up to this size are read in one "
+        "request. Each fetch stream and each of the 4 prefetch threads holds at most one such range in "
+        "memory (docs/operations.md, Memory).",
         min=1024,
     ),
     Key(
         "fetch.max_concurrent",
         "int",
         32,
-        "Fetch and index streams served at once; further ones are refused with RESOURCE_EXHAUSTED (the broker "
-        "reads with `remote.log.reader.threads`, 10 by default). `server.max_workers` must exceed "
+        "Fetch and index streams served at once; further ones are refused with RESOURCE_EXHAUSTED (the "
+        "broker reads with `remote.log.reader.threads`, 10 by default). `server.max_workers` must exceed "
         "`copy.max_concurrent` + `fetch.max_concurrent` by at least 8.",
         min=1,
         max=1024,
@@ -410,17 +450,19 @@ CONFIG_KEYS = [
         "bool",
         False,
         "Read segments whose manifest carries no rsm-sidecar authenticator: written by Aiven's plugin or by "
-        "rsm-sidecar before 0.2, or unencrypted while encryption is enabled. For migrations only: whoever can "
-        "write the bucket can then plant, swap or rearrange such segments.",
+        "rsm-sidecar before 0.2, or unencrypted while encryption is enabled. For migrations only: whoever "
+        "can write the bucket can then plant, swap or rearrange such segments.",
     ),
 ]
 
-# Modules that declare keys, each as a module-level ``CONFIG_KEYS`` list.
+# Modules that declare keys, each as a module-level ``CONFIG_KEYS`` list. Each must stay light:
+# every ``Config()`` imports them all, so none may import a cloud SDK, pyspark or pyiceberg
+# (tests/test_config.py checks it).
 KEY_MODULES = (
     "rsm_sidecar.config",
     "rsm_sidecar.storage.factory",
-    "rsm_sidecar.storage.s3",
-    "rsm_sidecar.storage.gcs",
+    "rsm_sidecar.storage.s3_settings",
+    "rsm_sidecar.storage.gcs_settings",
     "rsm_sidecar.iceberg.settings",
 )
 

@@ -3,7 +3,10 @@ kept equal to the keys the code declares."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -110,3 +113,91 @@ def _nest(path: str, value):
         cur = cur.setdefault(p, {})
     cur[parts[-1]] = value
     return out
+
+
+# -- light settings, lazy cloud SDKs ----------------------------------------------------------
+HEAVY_MODULES = ("boto3", "botocore", "google.cloud.storage", "pyspark", "pyiceberg")
+
+
+def _run_python(code: str, *args: str) -> dict:
+    """Run ``code`` in a fresh interpreter (nothing imported yet) and return the JSON it prints."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_local_config_and_inspect_ls_import_no_cloud_sdk_spark_or_iceberg(tmp_path):
+    from benchmarks.inspect_startup import make_store
+
+    config = make_store(tmp_path, segments=2)
+    code = f"""
+import contextlib, io, json, sys
+from rsm_sidecar.config import Config
+Config.load(sys.argv[1], environ={{}})
+after_config = sorted(sys.modules)
+from rsm_sidecar.cli.main import main
+listing = io.StringIO()
+with contextlib.redirect_stdout(listing):
+    code = main(["inspect", "ls", "--quiet", "--json", "--config", sys.argv[1]])
+heavy = {HEAVY_MODULES!r}
+loaded = lambda names: sorted(m for m in names if any(m == h or m.startswith(h + ".") for h in heavy))
+print(json.dumps({{"code": code, "listing": json.loads(listing.getvalue()),
+                  "after_config": loaded(after_config), "after_ls": loaded(sys.modules)}}))
+"""
+    got = _run_python(code, str(config))
+    assert got["code"] == 0
+    assert got["listing"]["summary"]["segments"] == 2  # ls really read the store
+    assert got["after_config"] == []
+    assert got["after_ls"] == []
+
+
+# Blocks the import of the given top-level modules, as if their package were not installed.
+_BLOCK_IMPORTS = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED or name in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Block())
+"""
+
+
+@pytest.mark.parametrize(
+    "backend, blocked, needle",
+    [
+        (
+            "s3",
+            ("boto3",),
+            "storage.backend = 's3' needs boto3, which is not installed (no module 'boto3'): "
+            "pip install 'rsm-sidecar[s3]'",
+        ),
+        (
+            "gcs",
+            ("google.auth", "google.cloud"),
+            "storage.backend = 'gcs' needs google-cloud-storage, which is "
+            "not installed (no module 'google.auth'): pip install 'rsm-sidecar[gcs]'",
+        ),
+    ],
+)
+def test_a_missing_cloud_sdk_is_an_error_naming_the_pip_extra(backend, blocked, needle):
+    """The SDK's absence is simulated: a meta-path finder in a fresh interpreter refuses to
+    import it (the test environment has every extra installed)."""
+    code = f"""
+import json
+BLOCKED = {blocked!r}
+{_BLOCK_IMPORTS}
+from rsm_sidecar.config import Config
+from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.storage.factory import open_store
+cfg = Config({{"storage": {{"backend": "{backend}", "{backend}": {{"bucket": "b"}}}}}}, environ={{}})
+try:
+    open_store(cfg)
+    print(json.dumps({{"error": None}}))
+except ConfigError as e:
+    print(json.dumps({{"error": str(e)}}))
+"""
+    got = _run_python(code)
+    assert got["error"] == needle

@@ -1,12 +1,3 @@
-"""Object storage: the ``ObjectStore`` contract and its backends (local, s3, gcs)."""
-
-from rsm_sidecar.storage.base import (  # noqa: F401
-    InvalidRange,
-    ObjectInfo,
-    ObjectNotFound,
-    ObjectStore,
-    ObjectWriter,
-    StorageError,
-    StorageTimeout,
-    StorageUnavailable,
-)
+"""Object storage: the ``ObjectStore`` contract and its errors (:mod:`.base`), the backends
+(:mod:`.local`, :mod:`.s3`, :mod:`.gcs`, each imported only when chosen), their settings
+(:mod:`.s3_settings`, :mod:`.gcs_settings`) and :func:`.factory.open_store`."""

@@ -1,10 +1,25 @@
-"""Build the configured ObjectStore."""
+"""Build the configured ObjectStore.
+
+A backend's module, and with it its cloud SDK, is imported only when ``storage.backend``
+chooses it; the SDKs are the pip extras ``s3`` and ``gcs`` of rsm-sidecar, and a missing
+one is a ``ConfigError`` that names the extra to install.
+"""
 
 from __future__ import annotations
+
+import importlib
+from types import ModuleType
 
 from rsm_sidecar.config import Config, Key
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.base import ObjectStore
+
+#: backend -> (its module, the pip extra that installs its SDK, the SDK, the SDK's top-level modules)
+BACKENDS: dict[str, tuple[str, str | None, str, tuple[str, ...]]] = {
+    "local": ("rsm_sidecar.storage.local", None, "", ()),
+    "s3": ("rsm_sidecar.storage.s3", "s3", "boto3", ("boto3", "botocore", "awscrt")),
+    "gcs": ("rsm_sidecar.storage.gcs", "gcs", "google-cloud-storage", ("google", "requests", "urllib3")),
+}
 
 CONFIG_KEYS = [
     Key("storage.backend", "str", "local", "Where segments are stored.", choices=("local", "s3", "gcs")),
@@ -43,22 +58,35 @@ CONFIG_KEYS = [
 ]
 
 
+def backend_module(backend: str) -> ModuleType:
+    """The module of ``backend``, imported now; a missing SDK is a ``ConfigError`` naming the
+    pip extra that installs it."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"storage.backend: unknown backend {backend!r}")
+    module, extra, sdk, sdk_modules = BACKENDS[backend]
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if extra is None or (e.name or "").split(".")[0] not in sdk_modules:
+            raise
+        raise ConfigError(
+            f"storage.backend = {backend!r} needs {sdk}, which is not installed (no module {e.name!r}): "
+            f"pip install 'rsm-sidecar[{extra}]'"
+        ) from e
+
+
 def open_store(cfg: Config) -> ObjectStore:
     backend = cfg["storage.backend"]
+    module = backend_module(backend)
     if backend == "local":
-        from rsm_sidecar.storage.local import LocalObjectStore
-
-        return LocalObjectStore(
+        store: ObjectStore = module.LocalObjectStore(
             cfg["storage.local.root"],
             fsync=cfg["storage.local.fsync"],
             file_mode=int(cfg["storage.local.file_mode"], 8),
         )
+        return store
     if backend == "s3":
-        from rsm_sidecar.storage.s3 import S3ObjectStore
-
-        return S3ObjectStore.from_config(cfg)
-    if backend == "gcs":
-        from rsm_sidecar.storage.gcs import GcsObjectStore
-
-        return GcsObjectStore.from_config(cfg)
-    raise ConfigError(f"storage.backend: unknown backend {backend!r}")
+        store = module.S3ObjectStore.from_config(cfg)
+        return store
+    store = module.GcsObjectStore.from_config(cfg)
+    return store

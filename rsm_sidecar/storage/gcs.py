@@ -41,121 +41,21 @@ import google_crc32c
 import requests
 import requests.adapters
 import urllib3.exceptions
-from google.auth.credentials import AnonymousCredentials
+from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import storage
 
-from rsm_sidecar.config import Config, Key
+from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError, DataLoss, InvalidArgument, RsmError
-from rsm_sidecar.storage.base import (
-    InvalidRange,
-    ObjectInfo,
-    ObjectNotFound,
-    ObjectStore,
-    ObjectWriter,
-    StorageError,
-    StorageTimeout,
-    StorageUnavailable,
-    UploadHandle,
-)
+from rsm_sidecar.storage import base
+from rsm_sidecar.storage.gcs_settings import GcsSettings, MiB
 
 log = logging.getLogger(__name__)
 
-KiB = 1024
-MiB = 1024 * KiB
-CHUNK_GRANULARITY = 256 * KiB  # resumable chunks must be multiples of this (but the last)
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
-CONFIG_KEYS = [
-    Key(
-        "storage.gcs.bucket",
-        "str",
-        None,
-        "Bucket that holds the objects.",
-        required_when=("storage.backend", "gcs"),
-    ),
-    Key("storage.gcs.project", "str", None, "Project id sent with requests (not needed for object access)."),
-    Key(
-        "storage.gcs.endpoint_url",
-        "str",
-        None,
-        "API endpoint, e.g. `http://127.0.0.1:4443` for fake-gcs-server or a Private Service Connect endpoint. "
-        "Unset: `https://storage.googleapis.com` (or `STORAGE_EMULATOR_HOST`).",
-    ),
-    Key(
-        "storage.gcs.credentials",
-        "str",
-        "default",
-        "`default`: application default credentials (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's ADC file, "
-        "the GCE/GKE metadata server incl. Workload Identity); `file`: the JSON file in "
-        "`storage.gcs.credentials_file`; `anonymous`: no credentials (emulators, public buckets).",
-        choices=("default", "file", "anonymous"),
-    ),
-    Key(
-        "storage.gcs.credentials_file",
-        "path",
-        None,
-        "Service-account key (or external-account/Workload Identity Federation) JSON file.",
-        required_when=("storage.gcs.credentials", "file"),
-    ),
-    Key(
-        "storage.gcs.chunk_size",
-        "size",
-        8 * MiB,
-        "Resumable-upload chunk size, a multiple of 256 KiB; objects up to this size are one request. "
-        "Memory per upload is at most 2 x chunk_size.",
-        min=CHUNK_GRANULARITY,
-        max=1024 * MiB,
-    ),
-    Key(
-        "storage.gcs.checksum",
-        "bool",
-        True,
-        "Send the CRC32C of every upload (GCS rejects a mismatch) and verify it on whole-object GETs.",
-    ),
-    Key("storage.gcs.connect_timeout", "seconds", 5.0, "TCP/TLS connect timeout of one attempt.", min=0.1),
-    Key(
-        "storage.gcs.read_timeout",
-        "seconds",
-        30.0,
-        "Longest wait for the service to answer or send more bytes, per attempt.",
-        min=0.1,
-    ),
-    Key(
-        "storage.gcs.max_attempts",
-        "int",
-        3,
-        "Attempts per request including the first (429, 5xx, connection errors and timeouts are retried with "
-        "exponential backoff and jitter; resumable chunk uploads are not retried: the writer fails).",
-        min=1,
-        max=20,
-    ),
-    Key(
-        "storage.gcs.delete_concurrency",
-        "int",
-        16,
-        "Parallel DELETE requests of one `delete_many`.",
-        min=1,
-        max=128,
-    ),
-    Key(
-        "storage.gcs.max_pool_connections",
-        "int",
-        64,
-        "HTTP connections kept to the service.",
-        min=1,
-        max=1024,
-    ),
-    Key(
-        "storage.gcs.startup_write_check",
-        "bool",
-        True,
-        "At start-up, after listing the bucket, write and delete a 0-byte probe object under `storage.key_prefix`.",
-    ),
-]
 
-
-def _crc_update(crc: google_crc32c.Checksum, data) -> None:
+def _crc_update(crc: google_crc32c.Checksum, data: bytes | bytearray | memoryview) -> None:
     """Feed ``data`` (any bytes-like) to ``crc`` in 1 MiB copies (the C extension takes only bytes)."""
     mv = memoryview(data).cast("B")
     for i in range(0, len(mv), MiB):
@@ -177,8 +77,8 @@ def _describe_credentials_file(path: str) -> str:
     return f"credentials file {path} ({kind}{', ' + who if who else ''})"
 
 
-def _credentials_from_file(path: str):
-    """Credentials of the JSON file's declared type (an operator-provided file)."""
+def _credentials_from_file(path: str) -> Any:
+    """Credentials (a google-auth class, untyped) of the JSON file's declared type (operator-provided)."""
     with open(path) as f:
         info = json.load(f)
     kind = info.get("type") if isinstance(info, dict) else None
@@ -194,16 +94,20 @@ def _credentials_from_file(path: str):
     if kind == "external_account":  # Workload Identity Federation
         source = info.get("credential_source") or {}
         if str(source.get("environment_id", "")).startswith("aws"):
-            from google.auth import aws as module
-        elif "executable" in source:
-            from google.auth import pluggable as module
-        else:
-            from google.auth import identity_pool as module
-        return module.Credentials.from_info(info, scopes=scopes)
-    if kind == "external_account_authorized_user":
-        from google.auth import external_account_authorized_user as module
+            from google.auth import aws
 
-        return module.Credentials.from_info(info, scopes=scopes)
+            return aws.Credentials.from_info(info, scopes=scopes)
+        if "executable" in source:
+            from google.auth import pluggable
+
+            return pluggable.Credentials.from_info(info, scopes=scopes)
+        from google.auth import identity_pool
+
+        return identity_pool.Credentials.from_info(info, scopes=scopes)
+    if kind == "external_account_authorized_user":
+        from google.auth import external_account_authorized_user
+
+        return external_account_authorized_user.Credentials.from_info(info, scopes=scopes)
     if kind == "impersonated_service_account":
         from google.auth import impersonated_credentials
 
@@ -216,7 +120,7 @@ def _credentials_from_file(path: str):
     )
 
 
-def _load_credentials(mode: str, credentials_file: str | None):
+def _load_credentials(mode: str, credentials_file: str | None) -> tuple[Credentials, str]:
     """(credentials, description of the source) for ``storage.gcs.credentials``."""
     if mode == "anonymous":
         return AnonymousCredentials(), "anonymous (storage.gcs.credentials = anonymous)"
@@ -254,83 +158,39 @@ def _load_credentials(mode: str, credentials_file: str | None):
     return creds, source
 
 
-class GcsObjectStore(ObjectStore):
+class GcsObjectStore(base.RemoteObjectStore):
     name = "gcs"
+    scheme = "gs"
 
-    def __init__(
-        self,
-        bucket: str,
-        *,
-        project: str | None = None,
-        endpoint_url: str | None = None,
-        credentials: str = "default",
-        credentials_file: str | None = None,
-        chunk_size: int = 8 * MiB,
-        checksum: bool = True,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 30.0,
-        max_attempts: int = 3,
-        delete_concurrency: int = 16,
-        max_pool_connections: int = 64,
-        startup_write_check: bool = True,
-        probe_prefix: str = "",
-    ):
-        super().__init__()
-        if not bucket:
-            raise ConfigError("storage.gcs.bucket: missing; the bucket that holds the objects")
-        if chunk_size <= 0 or chunk_size % CHUNK_GRANULARITY:
-            raise ConfigError(
-                f"storage.gcs.chunk_size: {chunk_size} is not a positive multiple of 256 KiB "
-                f"({CHUNK_GRANULARITY} bytes)"
-            )
-        self.bucket = bucket
-        self.chunk_size = chunk_size
-        self.checksum = checksum
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.max_attempts = max_attempts
-        self.delete_concurrency = delete_concurrency
-        self.startup_write_check = startup_write_check
-        self.probe_prefix = probe_prefix
-        creds, self._credential_source = _load_credentials(credentials, credentials_file)
+    def __init__(self, settings: GcsSettings, *, probe_prefix: str = "") -> None:
+        super().__init__(settings.bucket, max(4, settings.delete_concurrency), probe_prefix)
+        self.settings = settings
+        creds, source = _load_credentials(settings.credentials, settings.credentials_file)
+        self._credential_source = source
+        endpoint_url = settings.endpoint_url
         options = {"api_endpoint": endpoint_url.rstrip("/")} if endpoint_url else None
         try:
-            self._client = storage.Client(project=project, credentials=creds, client_options=options)
+            self._client = storage.Client(project=settings.project, credentials=creds, client_options=options)
         except (ValueError, google.auth.exceptions.GoogleAuthError) as e:
-            raise ConfigError(f"storage.gcs: cannot create a GCS client for bucket {bucket!r}: {e}") from None
-        self.base_url = self._client._connection.API_BASE_URL.rstrip("/")
+            raise ConfigError(
+                f"storage.gcs: cannot create a GCS client for bucket {settings.bucket!r}: {e}"
+            ) from None
+        self.base_url: str = self._client._connection.API_BASE_URL.rstrip("/")
         self._http: requests.Session = self._client._http
         adapter = requests.adapters.HTTPAdapter(
-            pool_connections=4, pool_maxsize=max_pool_connections, max_retries=0
+            pool_connections=4, pool_maxsize=settings.max_pool_connections, max_retries=0
         )
         self._http.mount("https://", adapter)
         self._http.mount("http://", adapter)
-        self._bucket_path = urllib.parse.quote(bucket, safe="")
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
-        self._buffered = 0
-        self.peak_buffered_bytes = 0
-        self._buffered_lock = threading.Lock()
+        self._bucket_path = urllib.parse.quote(settings.bucket, safe="")
 
     @classmethod
     def from_config(cls, cfg: Config) -> GcsObjectStore:
-        g = cfg.get
-        return cls(
-            g("storage.gcs.bucket"),
-            project=g("storage.gcs.project"),
-            endpoint_url=g("storage.gcs.endpoint_url"),
-            credentials=g("storage.gcs.credentials"),
-            credentials_file=g("storage.gcs.credentials_file"),
-            chunk_size=g("storage.gcs.chunk_size"),
-            checksum=g("storage.gcs.checksum"),
-            connect_timeout=g("storage.gcs.connect_timeout"),
-            read_timeout=g("storage.gcs.read_timeout"),
-            max_attempts=g("storage.gcs.max_attempts"),
-            delete_concurrency=g("storage.gcs.delete_concurrency"),
-            max_pool_connections=g("storage.gcs.max_pool_connections"),
-            startup_write_check=g("storage.gcs.startup_write_check"),
-            probe_prefix=g("storage.key_prefix"),
-        )
+        return cls(GcsSettings.from_config(cfg), probe_prefix=cfg["storage.key_prefix"])
+
+    @property
+    def endpoint(self) -> str:
+        return self.base_url
 
     # -- descriptions -------------------------------------------------------------------
     def describe(self) -> str:
@@ -363,7 +223,8 @@ class GcsObjectStore(ObjectStore):
 
     def _media_url(self, key: str) -> str:
         self._check_name(key)
-        return f"{self.base_url}/download/storage/v1/b/{self._bucket_path}/o/{urllib.parse.quote(key, safe='')}?alt=media"
+        name = urllib.parse.quote(key, safe="")
+        return f"{self.base_url}/download/storage/v1/b/{self._bucket_path}/o/{name}?alt=media"
 
     def _upload_url(self, upload_type: str, key: str | None = None) -> str:
         url = f"{self.base_url}/upload/storage/v1/b/{self._bucket_path}/o?uploadType={upload_type}"
@@ -384,22 +245,23 @@ class GcsObjectStore(ObjectStore):
         detail = f"HTTP {status}{': ' + detail if detail else ''}"
         if status == 404:
             if key is not None and "bucket" not in detail.lower():
-                return ObjectNotFound(key)
-            return StorageError(
+                return base.ObjectNotFound(key)
+            return base.StorageError(
                 f"{what}: bucket {self.bucket!r} does not exist at {self.base_url} ({detail}); "
                 f"credentials: {self._credential_source}"
             )
         if status == 416:
-            return InvalidRange(key or "", start if start is not None else -1)
+            return base.InvalidRange(key or "", start if start is not None else -1)
         if status in (401, 403):
-            return StorageError(
+            return base.StorageError(
                 f"{what}: access denied at {self.base_url} ({detail}); credentials: {self._credential_source}"
             )
         if status in _TRANSIENT_STATUS or status >= 500:
-            return StorageUnavailable(
-                f"{what}: {self.base_url} is throttling or failing ({detail}, {self.max_attempts} attempt(s))"
+            return base.StorageUnavailable(
+                f"{what}: {self.base_url} is throttling or failing ({detail}, {self.settings.max_attempts} "
+                f"attempt(s))"
             )
-        return StorageError(f"{what}: {self.base_url} rejected the request ({detail})")
+        return base.StorageError(f"{what}: {self.base_url} rejected the request ({detail})")
 
     def _translate_exception(self, e: Exception, op: str, key: str | None) -> RsmError:
         what = f"{op} gs://{self.bucket}/{key}" if key is not None else f"{op} on bucket {self.bucket}"
@@ -411,32 +273,33 @@ class GcsObjectStore(ObjectStore):
             and isinstance(e.args[0], urllib3.exceptions.ReadTimeoutError)
         )
         if read_timeout:
-            return StorageTimeout(
+            return base.StorageTimeout(
                 f"{what}: no answer from {self.base_url} within the read timeout of "
-                f"{self.read_timeout:g}s (storage.gcs.read_timeout), {self.max_attempts} attempt(s)"
+                f"{self.settings.read_timeout:g}s (storage.gcs.read_timeout), {self.settings.max_attempts} "
+                f"attempt(s)"
             )
         if isinstance(e, requests.exceptions.ConnectTimeout):
-            return StorageTimeout(
+            return base.StorageTimeout(
                 f"{what}: could not connect to {self.base_url} within the connect timeout of "
-                f"{self.connect_timeout:g}s (storage.gcs.connect_timeout)"
+                f"{self.settings.connect_timeout:g}s (storage.gcs.connect_timeout)"
             )
         if isinstance(e, requests.exceptions.SSLError):
-            return StorageError(f"{what}: TLS failure at {self.base_url}: {e}")
+            return base.StorageError(f"{what}: TLS failure at {self.base_url}: {e}")
         if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError)):
-            return StorageUnavailable(
-                f"{what}: cannot reach {self.base_url} after {self.max_attempts} attempt(s): {e}"
+            return base.StorageUnavailable(
+                f"{what}: cannot reach {self.base_url} after {self.settings.max_attempts} attempt(s): {e}"
             )
         if isinstance(e, google.auth.exceptions.RefreshError):
-            return StorageError(
+            return base.StorageError(
                 f"{what}: could not obtain an access token ({e}); credentials: {self._credential_source}"
             )
         if isinstance(e, google.auth.exceptions.TransportError):
-            return StorageUnavailable(
+            return base.StorageUnavailable(
                 f"{what}: could not reach the token endpoint ({e}); credentials: {self._credential_source}"
             )
         if isinstance(e, requests.exceptions.RequestException):
-            return StorageError(f"{what}: {e}")
-        return StorageError(f"{what}: unexpected {type(e).__name__}: {e}")
+            return base.StorageError(f"{what}: {e}")
+        return base.StorageError(f"{what}: unexpected {type(e).__name__}: {e}")
 
     @staticmethod
     def _transient(e: Exception) -> bool:
@@ -459,15 +322,15 @@ class GcsObjectStore(ObjectStore):
         url: str,
         *,
         key: str | None = None,
-        ok=(200,),
+        ok: tuple[int, ...] = (200,),
         retry: bool = True,
         start: int | None = None,
         allow_404: bool = False,
-        **kwargs,
+        **kwargs: Any,
     ) -> requests.Response:
         """One storage request (each attempt counted), retried on transient failures."""
-        attempts = self.max_attempts if retry else 1
-        kwargs.setdefault("timeout", (self.connect_timeout, self.read_timeout))
+        attempts = self.settings.max_attempts if retry else 1
+        kwargs.setdefault("timeout", (self.settings.connect_timeout, self.settings.read_timeout))
         for attempt in range(1, attempts + 1):
             self._count(op)
             try:
@@ -489,33 +352,14 @@ class GcsObjectStore(ObjectStore):
     def _backoff(attempt: int) -> None:
         time.sleep(random.uniform(0, min(5.0, 0.1 * 2**attempt)))
 
-    # -- pools and buffer accounting ------------------------------------------------------------
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max(4, self.delete_concurrency), thread_name_prefix="gcs"
-                )
-            return self._pool
-
-    def _buffer_delta(self, n: int) -> None:
-        with self._buffered_lock:
-            self._buffered += n
-            self.peak_buffered_bytes = max(self.peak_buffered_bytes, self._buffered)
-
-    @property
-    def buffered_bytes(self) -> int:
-        with self._buffered_lock:
-            return self._buffered
-
     # -- the contract --------------------------------------------------------------------------
-    def open_writer(self, key: str) -> ObjectWriter:
-        return UploadHandle(_GcsUpload(self, self._check_name(key)))
+    def _new_upload(self, key: str) -> base.StreamingUpload:
+        return _GcsUpload(self, self._check_name(key))
 
     def _put_simple(self, key: str, data: bytes | bytearray) -> None:
         """One multipart/related upload: metadata (with CRC32C) and the bytes."""
         meta: dict[str, Any] = {"name": key, "contentType": "application/octet-stream"}
-        if self.checksum:
+        if self.settings.checksum:
             crc = google_crc32c.Checksum()
             _crc_update(crc, data)
             meta["crc32c"] = base64.b64encode(crc.digest()).decode()
@@ -535,17 +379,17 @@ class GcsObjectStore(ObjectStore):
         )
 
     def get(self, key: str) -> bytes:
-        for attempt in range(1, self.max_attempts + 1):
+        for attempt in range(1, self.settings.max_attempts + 1):
             resp = self._request(
                 "GET", "GET", self._media_url(key), key=key, headers={"Accept-Encoding": "identity"}
             )
             body = resp.content
-            if not self.checksum or self._crc_matches(resp, body):
+            if not self.settings.checksum or self._crc_matches(resp, body):
                 return body
             log.warning("GET gs://%s/%s: CRC32C mismatch (attempt %d)", self.bucket, key, attempt)
         raise DataLoss(
             f"GET gs://{self.bucket}/{key}: the bytes received do not match the object's CRC32C "
-            f"after {self.max_attempts} attempts"
+            f"after {self.settings.max_attempts} attempts"
         )
 
     @staticmethod
@@ -553,7 +397,7 @@ class GcsObjectStore(ObjectStore):
         for part in resp.headers.get("X-Goog-Hash", "").split(","):
             name, _, value = part.strip().partition("=")
             if name == "crc32c" and value:
-                return base64.b64decode(value) == google_crc32c.Checksum(body).digest()
+                return bool(base64.b64decode(value) == google_crc32c.Checksum(body).digest())
         return True  # nothing to compare with
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -568,17 +412,7 @@ class GcsObjectStore(ObjectStore):
             start=start,
             headers={"Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"},
         )
-        body = resp.content
-        if resp.status_code == 200:  # Range ignored: the whole object
-            if start >= len(body):
-                raise InvalidRange(key, start, len(body))
-            return body[start : end + 1]
-        if len(body) > end - start + 1:
-            raise StorageError(
-                f"GET gs://{self.bucket}/{key}: asked for {end - start + 1} bytes "
-                f"(bytes={start}-{end}), got {len(body)}"
-            )
-        return body
+        return self._ranged_body(key, start, end, resp.status_code, resp.content)
 
     def size(self, key: str) -> int:
         resp = self._request("HEAD", "GET", self._object_url(key), key=key, params={"fields": "size"})
@@ -589,16 +423,16 @@ class GcsObjectStore(ObjectStore):
 
     def delete_many(self, keys: Iterable[str]) -> None:
         unique = list(dict.fromkeys(keys))
-        failures: list[tuple[str, RsmError]] = []
+        failures: list[tuple[str, str, bool]] = []
         lock = threading.Lock()
-        sem = threading.Semaphore(self.delete_concurrency)
+        sem = threading.Semaphore(self.settings.delete_concurrency)
 
         def one(key: str) -> None:
             try:
                 self.delete(key)
             except RsmError as e:
                 with lock:
-                    failures.append((key, e))
+                    failures.append((key, str(e), e.retriable))
             finally:
                 sem.release()
 
@@ -608,21 +442,10 @@ class GcsObjectStore(ObjectStore):
             sem.acquire()
             futures.append(pool.submit(one, key))
         concurrent.futures.wait(futures)
-        if failures:
-            failures.sort(key=lambda f: unique.index(f[0]) if len(unique) < 5000 else 0)
-            shown = "; ".join(f"{k} ({e})" for k, e in failures[:20])
-            more = f"; and {len(failures) - 20} more" if len(failures) > 20 else ""
-            msg = (
-                f"could not delete {len(failures)} of {len(unique)} objects from bucket {self.bucket} "
-                f"at {self.base_url}: {shown}{more}"
-            )
-            exc: RsmError = (
-                StorageUnavailable(msg) if all(e.retriable for _, e in failures) else StorageError(msg)
-            )
-            exc.failed_keys = [k for k, _ in failures]  # type: ignore[attr-defined]
-            raise exc
+        failures.sort(key=lambda f: unique.index(f[0]) if len(unique) < 5000 else 0)
+        self._raise_delete_failures(failures, len(unique))
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "") -> Iterator[base.ObjectInfo]:
         token: str | None = None
         url = f"{self.base_url}/storage/v1/b/{self._bucket_path}/o"
         while True:
@@ -635,7 +458,7 @@ class GcsObjectStore(ObjectStore):
                 params["pageToken"] = token
             page = self._request("LIST", "GET", url, key=None, params=params).json()
             for item in page.get("items", []):
-                yield ObjectInfo(item["name"], int(item["size"]), _parse_time(item["updated"]))
+                yield base.ObjectInfo(item["name"], int(item["size"]), _parse_time(item["updated"]))
             token = page.get("nextPageToken")
             if not token:
                 return
@@ -652,7 +475,7 @@ class GcsObjectStore(ObjectStore):
                 key=None,
                 params={"prefix": self.probe_prefix, "maxResults": "1", "fields": "nextPageToken"},
             )
-        except (StorageUnavailable, StorageTimeout) as e:
+        except (base.StorageUnavailable, base.StorageTimeout) as e:
             raise type(e)(
                 f"storage.gcs: cannot reach GCS for bucket {self.bucket!r} {where}: {e}; "
                 f"credentials: {self._credential_source}"
@@ -664,25 +487,11 @@ class GcsObjectStore(ObjectStore):
                     f"credentials: {self._credential_source}"
                 ) from e
             raise ConfigError(f"storage.gcs: bucket {self.bucket!r} {where} is not accessible ({e})") from e
-        if self.startup_write_check:
-            probe = f"{self.probe_prefix}.rsm-probe/{uuid.uuid4().hex}"
-            try:
-                self.put(probe, b"")
-                self.delete(probe)
-            except RsmError as e:
-                if e.retriable:
-                    raise
-                raise ConfigError(
-                    f"storage.gcs: bucket {self.bucket!r} {where} is readable but writing or deleting "
-                    f"the probe object {probe!r} failed ({e}); credentials: "
-                    f"{self._credential_source}"
-                ) from e
+        if self.settings.startup_write_check:
+            self._write_probe(f"credentials: {self._credential_source}")
 
     def close(self) -> None:
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        self._shutdown_pool()
         self._http.close()
 
 
@@ -693,46 +502,31 @@ def _parse_time(value: str) -> datetime.datetime:
     return t.astimezone(datetime.UTC)
 
 
-class _GcsUpload:
-    """A streaming upload: one request up to ``chunk_size``, a resumable session above it.
-
-    Chunks go out one at a time (a resumable session is sequential) on the store's pool,
-    while ``write()`` fills the next chunk; ``write()`` blocks until the previous chunk is
-    acknowledged before handing over the next one.
-    """
+class _GcsUpload(base.StreamingUpload):
+    """One request up to ``chunk_size``, a resumable session above it: its chunks go out one at
+    a time (a session is sequential: a window of one) while ``write()`` fills the next one."""
 
     def __init__(self, store: GcsObjectStore, key: str):
-        self._store = store
-        self._key = key
-        self._chunk = store.chunk_size
-        self._buf = bytearray()
-        self._size = 0
-        self._sent = 0  # bytes handed to chunk uploads so far
+        self._crc = google_crc32c.Checksum() if store.settings.checksum else None
+        crc = self._crc
+        super().__init__(
+            store,
+            key,
+            part_size=store.settings.chunk_size,
+            window=1,
+            digest=None if crc is None else lambda piece: _crc_update(crc, piece),
+        )
+        self._gcs = store
         self._session: str | None = None
-        self._pending: concurrent.futures.Future | None = None
-        self._crc = google_crc32c.Checksum() if store.checksum else None
-        self._state = "open"
-        self._lock = threading.Lock()
 
-    def _ensure_open(self, what: str) -> None:
-        if self._state != "open":
-            raise StorageError(
-                f"{what} after {'commit' if self._state == 'committed' else 'abort'}: "
-                f"gs://{self._store.bucket}/{self._key}"
-            )
+    def _translate(self, e: Exception) -> RsmError:
+        return self._gcs._translate_exception(e, "upload", self._key)
 
-    def _fail(self, e: BaseException) -> RsmError:
-        err = e if isinstance(e, RsmError) else self._store._translate_exception(e, "upload", self._key)
-        self.abort()
-        return err
+    def _put_whole(self, body: bytearray) -> None:
+        self._gcs._put_simple(self._key, body)
 
-    def _wait_pending(self) -> None:
-        if self._pending is not None:
-            fut, self._pending = self._pending, None
-            fut.result()  # raises the chunk's error
-
-    def _start_session(self) -> None:
-        s = self._store
+    def _start(self) -> None:
+        s = self._gcs
         resp = s._request(
             "CREATE_RESUMABLE",
             "POST",
@@ -743,14 +537,21 @@ class _GcsUpload:
         )
         location = resp.headers.get("Location")
         if not location:
-            raise StorageError(
-                f"gs://{s.bucket}/{self._key}: the resumable upload answer has no Location header"
-            )
+            raise base.StorageError(f"{self.url}: the resumable upload answer has no Location header")
         self._session = location
+
+    def _send_part(self, number: int, offset: int, part: bytearray) -> None:
+        self._send_chunk(part, offset, None, None)
+
+    def _finish(self, number: int, offset: int, last: bytearray) -> None:
+        crc = base64.b64encode(self._crc.digest()).decode() if self._crc is not None else None
+        self._send_chunk(last, offset, self._size, crc)
 
     def _send_chunk(self, chunk: bytearray, offset: int, total: int | None, crc: str | None) -> None:
         """PUT ``chunk`` at ``offset``; resend what the service did not persist."""
-        s = self._store
+        s = self._gcs
+        session = self._session
+        assert session is not None, "a chunk is sent after _start"
         pos = 0
         stalls = 0
         while True:
@@ -763,7 +564,7 @@ class _GcsUpload:
             resp = s._request(
                 "UPLOAD_CHUNK",
                 "PUT",
-                self._session,
+                session,
                 key=self._key,
                 ok=(200, 201, 308),
                 retry=False,
@@ -773,13 +574,13 @@ class _GcsUpload:
             if total is not None:
                 if resp.status_code in (200, 201):
                     return
-                raise StorageError(
-                    f"gs://{s.bucket}/{self._key}: the final chunk was not accepted "
+                raise base.StorageError(
+                    f"{self.url}: the final chunk was not accepted "
                     f"(HTTP {resp.status_code}, Range {resp.headers.get('Range')})"
                 )
             if resp.status_code != 308:
-                raise StorageError(
-                    f"gs://{s.bucket}/{self._key}: the upload was finalized early (HTTP "
+                raise base.StorageError(
+                    f"{self.url}: the upload was finalized early (HTTP "
                     f"{resp.status_code}) at offset {offset + pos}"
                 )
             persisted = resp.headers.get("Range", "")  # "bytes=0-N"
@@ -789,100 +590,25 @@ class _GcsUpload:
             if upto <= offset + pos:
                 stalls += 1
                 if stalls >= 3:
-                    raise StorageUnavailable(
-                        f"gs://{s.bucket}/{self._key}: the service keeps persisting nothing "
-                        f"past offset {upto}"
+                    raise base.StorageUnavailable(
+                        f"{self.url}: the service keeps persisting nothing past offset {upto}"
                     )
             pos = max(0, upto - offset)
 
-    def _submit(self, chunk: bytearray) -> None:
-        s = self._store
-        self._wait_pending()  # one chunk in flight: the session is sequential
+    def _cancel(self) -> None:
+        s = self._gcs
         if self._session is None:
-            self._start_session()
-        offset = self._sent
-        self._sent += len(chunk)
-        s._buffer_delta(len(chunk))
-
-        def run() -> None:
-            try:
-                if self._state == "open":
-                    self._send_chunk(chunk, offset, None, None)
-            finally:
-                s._buffer_delta(-len(chunk))
-
-        self._pending = s._executor().submit(run)
-
-    def write(self, data) -> None:
-        self._ensure_open("write")
-        mv = memoryview(data).cast("B")
-        nbytes = mv.nbytes
+            return
         try:
-            while mv:
-                if len(self._buf) >= self._chunk:
-                    chunk, self._buf = self._buf, bytearray()
-                    self._submit(chunk)
-                n = min(len(mv), self._chunk - len(self._buf))
-                piece = mv[:n]
-                self._buf += piece
-                if self._crc is not None:
-                    _crc_update(self._crc, piece)
-                mv = mv[n:]
-        except BaseException as e:
-            if self._state == "open":
-                raise self._fail(e) from e
-            raise
-        self._size += nbytes
-
-    def commit(self) -> int:
-        self._ensure_open("commit")
-        s = self._store
-        try:
-            if self._session is None:
-                body, self._buf = self._buf, bytearray()
-                s._put_simple(self._key, body)
-            else:
-                self._wait_pending()
-                crc = base64.b64encode(self._crc.digest()).decode() if self._crc is not None else None
-                last, self._buf = self._buf, bytearray()
-                self._send_chunk(last, self._sent, self._size, crc)
-        except BaseException as e:
-            if self._state == "open":
-                raise self._fail(e) from e
-            raise
-        self._state = "committed"
-        return self._size
-
-    def abort(self) -> None:
-        with self._lock:
-            if self._state != "open":
-                return
-            self._state = "aborted"
-        self._buf = bytearray()
-        if self._pending is not None:
-            concurrent.futures.wait([self._pending])
-            self._pending = None
-        if self._session is not None:
-            s = self._store
-            try:
-                # 499 is GCS's answer to a cancelled session; 404/410 mean it is already gone
-                s._request(
-                    "CANCEL_RESUMABLE",
-                    "DELETE",
-                    self._session,
-                    key=self._key,
-                    ok=(499, 200, 204, 404, 410),
-                    retry=False,
-                )
-            except RsmError as e:
-                # Nothing is published without the final chunk; GCS drops the session after a week.
-                log.warning(
-                    "cancelling the resumable upload of gs://%s/%s failed: %s", s.bucket, self._key, e
-                )
-
-    def has_unfinished_upload(self) -> bool:
-        return self._state == "open"
-
-    @property
-    def url(self) -> str:
-        return f"gs://{self._store.bucket}/{self._key}"
+            # 499 is GCS's answer to a cancelled session; 404/410 mean it is already gone
+            s._request(
+                "CANCEL_RESUMABLE",
+                "DELETE",
+                self._session,
+                key=self._key,
+                ok=(499, 200, 204, 404, 410),
+                retry=False,
+            )
+        except RsmError as e:
+            # Nothing is published without the final chunk; GCS drops the session after a week.
+            log.warning("cancelling the resumable upload of %s failed: %s", self.url, e)

@@ -56,7 +56,7 @@ def _translate(e: OSError, key: str) -> Exception:
 class LocalObjectStore(ObjectStore):
     name = "local"
 
-    def __init__(self, root: str | os.PathLike, fsync: bool = True, file_mode: int = 0o600):
+    def __init__(self, root: str | os.PathLike[str], fsync: bool = True, file_mode: int = 0o600):
         super().__init__()
         self.root = os.path.abspath(os.fspath(root))
         self.fsync = fsync
@@ -88,6 +88,10 @@ class LocalObjectStore(ObjectStore):
         except OSError as e:
             raise ConfigError(f"storage.local.root: directory {self.root} is not writable: {e}") from e
         self.remove_leftovers()
+
+    def close(self) -> None:
+        """Nothing to release: every file is closed when its call returns."""
+        return None
 
     def remove_leftovers(self) -> int:
         """Delete temp files of writers that died; returns how many."""
@@ -206,9 +210,7 @@ class LocalObjectStore(ObjectStore):
                 except FileNotFoundError:
                     continue
                 found.append(
-                    ObjectInfo(
-                        key, st.st_size, datetime.datetime.fromtimestamp(st.st_mtime, datetime.UTC)
-                    )
+                    ObjectInfo(key, st.st_size, datetime.datetime.fromtimestamp(st.st_mtime, datetime.UTC))
                 )
         found.sort(key=lambda o: o.key)
         yield from found
@@ -237,7 +239,7 @@ class _LocalWriter(ObjectWriter):
         self._size = 0
         self._done = False
 
-    def write(self, data) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._done:
             raise StorageError(f"write after commit/abort: {self.key}")
         try:

@@ -80,6 +80,12 @@ class FaultInjector(ObjectStore):
     def describe(self) -> str:
         return f"fault injector over {self.inner.describe()}"
 
+    def check(self) -> None:
+        self.inner.check()
+
+    def close(self) -> None:
+        self.inner.close()
+
 
 class _Writer(ObjectWriter):
     def __init__(self, owner: FaultInjector, key: str, inner: ObjectWriter):

@@ -15,7 +15,14 @@ so nothing here talks to anything but 127.0.0.1.
 
 from __future__ import annotations
 
+import dataclasses
+import http.server
+import importlib
 import os
+import threading
+import urllib.parse
+import uuid
+from typing import Any
 
 # Before boto3/google-auth are imported anywhere: never ask a cloud metadata service.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
@@ -25,6 +32,7 @@ import pytest
 
 from devstack.gcsserver import FakeGcsServer
 from devstack.s3server import SeaweedS3Server
+from rsm_sidecar.storage.factory import backend_module
 
 S3_BUCKET = "rsm-test"
 S3_ACCESS_KEY = "rsm-test-access-key"
@@ -55,35 +63,181 @@ def _isolated_cloud_environment(tmp_path_factory):
     mp.undo()
 
 
-# -- S3 ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def seaweedfs(tmp_path_factory):
-    server = SeaweedS3Server(
-        tmp_path_factory.mktemp("seaweedfs"), access_key=S3_ACCESS_KEY, secret_key=S3_SECRET_KEY
-    )
-    with server:
-        server.create_bucket(S3_BUCKET)
-        yield server
+@pytest.fixture
+def p() -> str:
+    """A unique key prefix for one test (backends share their buckets)."""
+    return f"t-{uuid.uuid4().hex[:12]}/"
+
+
+class CannedPostEndpoint:
+    """A local HTTP endpoint standing in for a cloud token service on the internet (AWS STS,
+    Google OAuth): it records the form of every POST in ``calls`` and answers each with
+    ``status``, ``content_type`` and ``body``."""
+
+    def __init__(self, status: int, content_type: str, body: bytes, path: str = ""):
+        calls: list[dict[str, list[str]]] = []
+        self.calls = calls
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                form = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+                calls.append(urllib.parse.parse_qs(form))
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# -- servers and stores ----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RemoteBackend:
+    """How the tests start one remote backend's server and open stores on it."""
+
+    name: str  # storage.backend
+    server_fixture: str  # the session's shared server
+    store_class: str  # in the backend's module
+    settings_class: str  # in rsm_sidecar.storage.<name>_settings
+    server_class: type
+    bucket: str
+    server_options: dict[str, Any]
+    store_options: dict[str, Any]  # besides the endpoint
+    part_setting: str  # the setting that sizes upload parts
+    cancel_request: str  # the request that cancels an upload session
+    check_requests: dict[str, int]  # what check() sends with the start-up write check
+    credentials: str  # how errors name the credentials of the test stores
+
+    @property
+    def part_size(self) -> int:
+        """The part size of the test stores."""
+        return int(self.store_options[self.part_setting])
+
+    def server(self, directory, **options):
+        return self.server_class(directory, **{**self.server_options, **options})
+
+    def settings_type(self) -> Any:
+        module = importlib.import_module(f"rsm_sidecar.storage.{self.name}_settings")
+        return getattr(module, self.settings_class)
+
+    def make_store(self, server, bucket: str | None = None, probe_prefix: str = "", **overrides):
+        store_type = getattr(backend_module(self.name), self.store_class)
+        """A store on ``server``; ``None``: on an endpoint where nothing listens (no request is
+        meant to succeed)."""
+        endpoint = server.endpoint_url if server is not None else "http://127.0.0.1:9"  # discard port
+        options = {**self.store_options, "endpoint_url": endpoint, **overrides}
+        settings = self.settings_type()(bucket=bucket or self.bucket, **options)
+        return store_type(settings, probe_prefix=probe_prefix)
+
+
+S3 = RemoteBackend(
+    "s3",
+    "seaweedfs",
+    "S3ObjectStore",
+    "S3Settings",
+    SeaweedS3Server,
+    S3_BUCKET,
+    {"access_key": S3_ACCESS_KEY, "secret_key": S3_SECRET_KEY},
+    {
+        "region": "us-east-1",
+        "addressing_style": "path",
+        "access_key_id": S3_ACCESS_KEY,
+        "secret_access_key": S3_SECRET_KEY,
+        "part_size": 5 * MiB,
+        "max_parts_in_flight": 2,
+        "upload_threads": 4,
+        "connect_timeout": 2.0,
+        "read_timeout": 20.0,
+        "max_attempts": 3,
+    },
+    "part_size",
+    "ABORT_MULTIPART",
+    {"HEAD_BUCKET": 1, "PUT": 1, "DELETE": 1},
+    "static keys from storage.s3.access_key_id",
+)
+GCS = RemoteBackend(
+    "gcs",
+    "fake_gcs",
+    "GcsObjectStore",
+    "GcsSettings",
+    FakeGcsServer,
+    GCS_BUCKET,
+    {},
+    {
+        "credentials": "anonymous",
+        "project": "rsm-test",
+        "chunk_size": 1 * MiB,
+        "connect_timeout": 2.0,
+        "read_timeout": 20.0,
+        "max_attempts": 3,
+    },
+    "chunk_size",
+    "CANCEL_RESUMABLE",
+    {"LIST": 1, "PUT": 1, "DELETE": 1},
+    "anonymous",
+)
 
 
 def make_s3_store(server: SeaweedS3Server, bucket: str = S3_BUCKET, **overrides):
-    from rsm_sidecar.storage.s3 import S3ObjectStore
+    return S3.make_store(server, bucket, **overrides)
 
-    kwargs = dict(
-        region="us-east-1",
-        endpoint_url=server.endpoint_url,
-        addressing_style="path",
-        access_key_id=S3_ACCESS_KEY,
-        secret_access_key=S3_SECRET_KEY,
-        part_size=5 * MiB,
-        max_parts_in_flight=2,
-        upload_threads=4,
-        connect_timeout=2.0,
-        read_timeout=20.0,
-        max_attempts=3,
-    )
-    kwargs.update(overrides)
-    return S3ObjectStore(bucket, **kwargs)
+
+def make_gcs_store(server: FakeGcsServer, bucket: str = GCS_BUCKET, **overrides):
+    return GCS.make_store(server, bucket, **overrides)
+
+
+def _shared_server(remote: RemoteBackend, directory, **options):
+    server = remote.server(directory, **options)
+    with server:
+        server.create_bucket(remote.bucket)
+        yield server
+
+
+def _server_factory(remote: RemoteBackend, tmp_path_factory):
+    """Start private servers (bucket created); all stopped after the test."""
+    started = []
+
+    def start(bucket: str | None = None, **options):
+        server = remote.server(tmp_path_factory.mktemp(f"{remote.name}-private"), **options)
+        started.append(server)
+        server.start()
+        server.create_bucket(bucket or remote.bucket)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory):
+    yield from _shared_server(S3, tmp_path_factory.mktemp("seaweedfs"))
+
+
+@pytest.fixture(scope="session")
+def fake_gcs(tmp_path_factory):
+    # the memory backend: 7x faster than files
+    yield from _shared_server(GCS, tmp_path_factory.mktemp("fake-gcs"), backend="memory")
+
+
+@pytest.fixture
+def s3_server_factory(tmp_path_factory):
+    yield from _server_factory(S3, tmp_path_factory)
+
+
+@pytest.fixture
+def gcs_server_factory(tmp_path_factory):
+    yield from _server_factory(GCS, tmp_path_factory)
 
 
 @pytest.fixture
@@ -94,67 +248,7 @@ def s3_store(seaweedfs):
 
 
 @pytest.fixture
-def s3_server_factory(tmp_path_factory):
-    """Start private SeaweedFS servers (bucket created); all stopped after the test."""
-    started: list[SeaweedS3Server] = []
-
-    def start(bucket: str = S3_BUCKET, **kwargs) -> SeaweedS3Server:
-        kwargs.setdefault("access_key", S3_ACCESS_KEY)
-        kwargs.setdefault("secret_key", S3_SECRET_KEY)
-        server = SeaweedS3Server(tmp_path_factory.mktemp("seaweedfs-private"), **kwargs)
-        started.append(server)
-        server.start()
-        server.create_bucket(bucket)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-# -- GCS --------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def fake_gcs(tmp_path_factory):
-    server = FakeGcsServer(tmp_path_factory.mktemp("fake-gcs"), backend="memory")  # 7x faster than files
-    with server:
-        server.create_bucket(GCS_BUCKET)
-        yield server
-
-
-def make_gcs_store(server: FakeGcsServer, bucket: str = GCS_BUCKET, **overrides):
-    from rsm_sidecar.storage.gcs import GcsObjectStore
-
-    kwargs = dict(
-        endpoint_url=server.endpoint_url,
-        credentials="anonymous",
-        project="rsm-test",
-        chunk_size=1 * MiB,
-        connect_timeout=2.0,
-        read_timeout=20.0,
-        max_attempts=3,
-    )
-    kwargs.update(overrides)
-    return GcsObjectStore(bucket, **kwargs)
-
-
-@pytest.fixture
 def gcs_store(fake_gcs):
     store = make_gcs_store(fake_gcs)
     yield store
     store.close()
-
-
-@pytest.fixture
-def gcs_server_factory(tmp_path_factory):
-    started: list[FakeGcsServer] = []
-
-    def start(bucket: str = GCS_BUCKET, **kwargs) -> FakeGcsServer:
-        server = FakeGcsServer(tmp_path_factory.mktemp("fake-gcs-private"), **kwargs)
-        started.append(server)
-        server.start()
-        server.create_bucket(bucket)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()

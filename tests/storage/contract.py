@@ -3,18 +3,36 @@
 A backend's test module subclasses ``ObjectStoreContract`` and provides a ``store``
 fixture (a fresh, empty-prefixed store against a real server). Each test works under
 its own random prefix so backends may share one bucket.
+
+A backend behind a network service subclasses ``RemoteStoreContract`` instead, which adds
+the faults of a real server (stopped mid-upload, too slow, unreachable, a missing bucket,
+keys it refuses) and what every remote store does (the start-up probe, documented keys).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import datetime
-import os
-import uuid
+import gc
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rsm_sidecar.storage.base import InvalidRange, ObjectNotFound, ObjectStore
+from rsm_sidecar.config import Config
+from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.storage.base import (
+    InvalidRange,
+    ObjectNotFound,
+    ObjectStore,
+    StorageError,
+    StorageTimeout,
+    StorageUnavailable,
+)
+from rsm_sidecar.storage.factory import open_store
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 MiB = 1024 * 1024
 
@@ -26,10 +44,7 @@ def blob(n: int, seed: int = 0) -> bytes:
 
 
 class ObjectStoreContract:
-    @pytest.fixture
-    def p(self) -> str:
-        """A unique key prefix for one test."""
-        return f"contract-{uuid.uuid4().hex[:12]}/"
+    """Each test gets ``p``, a unique key prefix (tests/storage/conftest.py)."""
 
     # -- put / get -------------------------------------------------------------
     def test_put_get_roundtrip(self, store: ObjectStore, p: str):
@@ -52,13 +67,14 @@ class ObjectStoreContract:
             store.get_range(p + "empty", 0, 10)
 
     def test_missing_object_is_not_found(self, store: ObjectStore, p: str):
-        with pytest.raises(ObjectNotFound) as e:
-            store.get(p + "missing")
-        assert p + "missing" in str(e.value)
-        with pytest.raises(ObjectNotFound):
-            store.get_range(p + "missing", 0, 10)
-        with pytest.raises(ObjectNotFound):
-            store.size(p + "missing")
+        for call in (
+            lambda: store.get(p + "missing"),
+            lambda: store.get_range(p + "missing", 0, 10),
+            lambda: store.size(p + "missing"),
+        ):
+            with pytest.raises(ObjectNotFound) as e:
+                call()
+            assert p + "missing" in str(e.value)
         assert not store.exists(p + "missing")
 
     # -- ranges ------------------------------------------------------------------
@@ -124,6 +140,17 @@ class ObjectStoreContract:
         assert not store.exists(p + "boom")
         assert list(store.list(p)) == []
 
+    def test_write_after_commit_is_an_error(self, store: ObjectStore, p: str):
+        w = store.open_writer(p + "done")
+        w.write(b"abc")
+        w.commit()
+        with pytest.raises(StorageError):
+            w.write(b"more")
+        with pytest.raises(StorageError):
+            w.commit()
+        w.abort()  # no-op after commit
+        assert store.get(p + "done") == b"abc"
+
     def test_abort_does_not_touch_previous_version(self, store: ObjectStore, p: str):
         store.put(p + "k", b"committed")
         w = store.open_writer(p + "k")
@@ -178,7 +205,8 @@ class ObjectStoreContract:
     def test_keys_with_kafka_topic_characters(self, store: ObjectStore, p: str):
         key = (
             p
-            + "my.topic_name-with-dots-AbCdEfGhIjKlMnOpQrStUv/12/00000000000000001234-tqimKeZwStOEOwRzT3L5oQ.rsm-manifest"
+            + "my.topic_name-with-dots-AbCdEfGhIjKlMnOpQrStUv/12/"
+            + "00000000000000001234-tqimKeZwStOEOwRzT3L5oQ.rsm-manifest"
         )
         store.put(key, b"{}")
         assert store.get(key) == b"{}"
@@ -205,3 +233,216 @@ class ObjectStoreContract:
 
     def test_check_passes_on_a_usable_store(self, store: ObjectStore):
         store.check()
+
+
+def request_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The request counts that changed between two snapshots of ``store.requests``."""
+    return {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in set(after) | set(before)
+        if after.get(k, 0) != before.get(k, 0)
+    }
+
+
+class RemoteStoreContract(ObjectStoreContract):
+    """The contract plus the faults of a real server, for backends behind a network service.
+
+    The backend's test class names its ``remote`` (a ``tests.storage.conftest.RemoteBackend``:
+    its servers and how stores are opened on them) and sets the attributes below.
+    """
+
+    remote: Any
+
+    @property
+    def name(self) -> str:
+        return str(self.remote.name)
+
+    @property
+    def part_size(self) -> int:
+        return int(self.remote.part_size)
+
+    @pytest.fixture
+    def store(self, server):
+        """A fresh store on the shared server."""
+        store = self.make_store(server)
+        yield store
+        store.close()
+
+    @pytest.fixture
+    def server(self, request):
+        """The session's shared server."""
+        return request.getfixturevalue(self.remote.server_fixture)
+
+    @pytest.fixture
+    def server_factory(self, request):
+        """Starts private servers (to stop, pause and restart); stopped after the test."""
+        return request.getfixturevalue(f"{self.name}_server_factory")
+
+    def make_store(self, server: Any, **settings: Any) -> Any:
+        return self.remote.make_store(server, **settings)
+
+    def undeletable(self, p: str) -> tuple[str, str]:
+        """A key the service (or the backend) refuses to delete, and the words of the refusal."""
+        raise NotImplementedError
+
+    # -- requests ----------------------------------------------------------------------------
+    def test_object_up_to_the_part_size_is_one_request(self, store, p: str):
+        part = self.part_size
+        before = store.requests
+        with store.open_writer(p + "exact") as w:
+            w.write(blob(part - 1000))
+            w.write(blob(1000, seed=1))
+            assert w.commit() == part
+        assert request_delta(before, store.requests) == {"PUT": 1}
+        assert store.get(p + "exact") == blob(part - 1000) + blob(1000, seed=1)
+
+    def test_ranged_read_spanning_several_parts_is_one_request(self, store, p: str):
+        part = self.part_size
+        data = blob(3 * part, seed=5)
+        store.put(p + "r", data)
+        before = store.requests
+        got = store.get_range(p + "r", part - 4096, 2 * part + 4095)  # crosses two part boundaries
+        assert got == data[part - 4096 : 2 * part + 4096]
+        assert request_delta(before, store.requests) == {"GET": 1}
+
+    # -- faults ----------------------------------------------------------------------------
+    def test_server_stopped_during_upload_then_back(self, server_factory, p: str):
+        server = server_factory()
+        store = self.make_store(server, max_attempts=2, connect_timeout=1.0, read_timeout=5.0)
+        key = p + "segment.log"
+        part = self.part_size
+        try:
+            store.put(key, b"previous version")
+            w = store.open_writer(key)
+            w.write(blob(2 * part + 1))  # upload session open, parts sent
+            server.stop()
+            with pytest.raises(StorageUnavailable) as e:
+                w.write(blob(2 * part))
+                w.commit()
+            assert key in str(e.value) and server.endpoint_url in str(e.value)
+            server.start()
+            assert store.get(key) == b"previous version"  # nothing partial was published
+            data = blob(3 * part + 3, seed=6)
+            with store.open_writer(key) as w2:
+                w2.write(data)
+                w2.commit()
+            assert store.get(key) == data
+            assert [o.key for o in store.list(p)] == [key]
+        finally:
+            store.close()
+
+    def test_storage_slower_than_the_read_timeout(self, server_factory, p: str):
+        server = server_factory()
+        store = self.make_store(server, read_timeout=1.0, max_attempts=2)
+        try:
+            store.put(p + "slow", b"data")
+            server.pause()  # SIGSTOP: connections are accepted, nothing answers
+            assert server.state() == "T"
+            t0 = time.monotonic()
+            with pytest.raises(StorageTimeout) as e:
+                store.get_range(p + "slow", 0, 3)
+            elapsed = time.monotonic() - t0
+            msg = str(e.value)
+            assert (
+                "read timeout of 1s" in msg
+                and f"storage.{self.name}.read_timeout" in msg
+                and p + "slow" in msg
+            )
+            assert elapsed >= 1.0 and elapsed < 10, elapsed
+            assert e.value.retriable
+            assert store.requests["GET"] == 2  # both attempts counted
+        finally:
+            server.resume()
+            store.close()
+
+    def test_unreachable_endpoint_is_unavailable_at_check(self, server_factory):
+        server = server_factory()
+        store = self.make_store(server, max_attempts=1, connect_timeout=1.0)
+        server.stop()
+        try:
+            with pytest.raises(StorageUnavailable) as e:
+                store.check()
+            assert store.bucket in str(e.value) and server.endpoint_url in str(e.value)
+        finally:
+            store.close()
+
+    def test_missing_bucket_fails_check_naming_it(self, server):
+        store = self.make_store(server, bucket="no-such-bucket-here")
+        try:
+            with pytest.raises(ConfigError) as e:
+                store.check()
+            msg = str(e.value)
+            assert "no-such-bucket-here" in msg and "does not exist" in msg and server.endpoint_url in msg
+            assert f"storage.{self.name}.bucket" in msg and self.remote.credentials in msg
+        finally:
+            store.close()
+
+    def test_garbage_collected_writer_cancels_its_upload(self, store, p: str):
+        w = store.open_writer(p + "gc")
+        w.write(blob(2 * self.part_size + 10))
+        del w
+        gc.collect()
+        assert store.requests.get(self.remote.cancel_request, 0) == 1
+        assert not store.exists(p + "gc")
+
+    def test_delete_many_reports_per_key_errors_after_deleting_the_rest(self, store, p: str):
+        good = [f"{p}{i:03d}" for i in range(40)]
+        for k in good:
+            store.put(k, b".")
+        bad, refusal = self.undeletable(p)
+        with pytest.raises(StorageError) as e:
+            store.delete_many(good[:20] + [bad] + good[20:] + [p + "absent"])
+        msg = str(e.value)
+        assert "1 of 42" in msg and store.bucket in msg and bad in msg and refusal in msg
+        assert e.value.failed_keys == [bad]
+        assert not isinstance(e.value, StorageUnavailable)
+        assert list(store.list(p)) == []
+
+    # -- start-up check and settings -------------------------------------------------------
+    def configured(self, server: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A ``[storage.<backend>]`` table for ``server`` that sets keys away from their
+        defaults, and the settings it must produce (field -> value)."""
+        raise NotImplementedError
+
+    def check_configured_store(self, store: Any) -> None:
+        """What else the store opened from ``configured()`` must show (its client's options)."""
+        raise NotImplementedError
+
+    def test_open_store_from_config(self, server, p: str):
+        table, expected = self.configured(server)
+        cfg = Config({"storage": {"backend": self.name, "key_prefix": p, self.name: table}}, environ={})
+        store = open_store(cfg)
+        try:
+            assert type(store).__name__ == self.remote.store_class
+            assert {k: getattr(store.settings, k) for k in expected} == expected
+            assert store.probe_prefix == p
+            self.check_configured_store(store)
+            store.check()
+            data = blob(self.part_size + 1)
+            with store.open_writer(p + "x") as w:
+                w.write(data)
+                w.commit()
+            assert store.get(p + "x") == data
+            redacted = repr(cfg.redacted())
+            secret = {k.path.rsplit(".", 1)[1] for k in self.remote.settings_type().keys() if k.secret}
+            assert all(str(v) not in redacted for k, v in table.items() if k in secret)
+            assert store.bucket in store.describe() and server.endpoint_url in store.describe()
+        finally:
+            store.close()
+
+    def test_check_writes_and_removes_a_probe_under_the_prefix(self, server, p: str):
+        store = self.make_store(server, probe_prefix=p)
+        try:
+            before = store.requests
+            store.check()
+            assert request_delta(before, store.requests) == self.remote.check_requests
+            assert list(store.list(p)) == []
+        finally:
+            store.close()
+
+    def test_every_key_is_documented_in_the_storage_guide(self):
+        doc = (DOCS / "storage.md").read_text()
+        keys = self.remote.settings_type().keys()
+        assert keys and all(k.path.startswith(f"storage.{self.name}.") for k in keys)
+        missing = [k.path for k in keys if f"`{k.path}`" not in doc]
+        assert missing == [], f"docs/storage.md does not describe {missing}"

@@ -4,11 +4,9 @@ DeleteObjects batching and per-key errors, and faults against real servers."""
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 import tracemalloc
-import uuid
 
 import pytest
 
@@ -17,33 +15,52 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageTimeout, StorageUnavailable
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.storage.s3 import S3ObjectStore
-from tests.storage.conftest import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, make_s3_store
-from tests.storage.contract import ObjectStoreContract, blob
+from rsm_sidecar.storage.s3_settings import S3Settings
+from tests.storage.conftest import (
+    S3,
+    S3_ACCESS_KEY,
+    S3_BUCKET,
+    S3_SECRET_KEY,
+    CannedPostEndpoint,
+    make_s3_store,
+)
+from tests.storage.contract import RemoteStoreContract, blob, request_delta
 
 MiB = 1024 * 1024
 PART = 5 * MiB
 
 
-@pytest.fixture
-def store(s3_store):
-    return s3_store
+class TestS3Contract(RemoteStoreContract):
+    remote = S3
 
+    def undeletable(self, p):
+        # SeaweedFS refuses keys with "." path segments with a per-key InvalidRequest.
+        return p + "../escape", "InvalidRequest"
 
-@pytest.fixture
-def p() -> str:
-    return f"s3-{uuid.uuid4().hex[:12]}/"
+    def configured(self, server):
+        table = {
+            "bucket": S3_BUCKET,
+            "region": "us-east-1",
+            "endpoint_url": server.endpoint_url,
+            "addressing_style": "path",
+            "access_key_id": S3_ACCESS_KEY,
+            "secret_access_key": S3_SECRET_KEY,
+            "part_size": "6MiB",
+            "max_parts_in_flight": 3,
+            "sse": "AES256",
+            "checksum_algorithm": "SHA256",
+            "read_timeout": 7,
+            "max_attempts": 4,
+        }
+        return table, {"part_size": 6 * MiB, "max_parts_in_flight": 3, "sse": "AES256", "read_timeout": 7.0}
 
+    def check_configured_store(self, store):
+        assert store._client.meta.config.read_timeout == 7
+        assert store._client.meta.config.retries["total_max_attempts"] == 4
 
-class TestS3Contract(ObjectStoreContract):
-    pass
-
-
-def _delta(before: dict, after: dict) -> dict:
-    return {
-        k: after.get(k, 0) - before.get(k, 0)
-        for k in set(after) | set(before)
-        if after.get(k, 0) != before.get(k, 0)
-    }
+    def test_garbage_collected_writer_cancels_its_upload(self, store, server, p):
+        super().test_garbage_collected_writer_cancels_its_upload(store, p)
+        assert _open_uploads(server, p) == []
 
 
 def _open_uploads(server, prefix: str) -> list:
@@ -66,40 +83,34 @@ class HeaderCapture:
         return [h for o, _, h in self.requests if o == op]
 
 
+def put_small_and_multipart(store: S3ObjectStore, small: str, big: str) -> HeaderCapture:
+    """Write ``small`` (one PutObject) and ``big`` (a multipart upload of two parts), capturing
+    the headers of every request."""
+    cap = HeaderCapture(store)
+    store.put(small, b"secret")
+    with store.open_writer(big) as w:
+        w.write(blob(PART + 1))
+        w.commit()
+    return cap
+
+
 # -- upload paths ---------------------------------------------------------------------------
-def test_object_up_to_part_size_is_one_put(store, seaweedfs, p):
-    before = store.requests
-    with store.open_writer(p + "exact") as w:
-        w.write(blob(PART - 1000))
-        w.write(blob(1000, seed=1))
-        assert w.commit() == PART
-    assert _delta(before, store.requests) == {"PUT": 1}
-    assert store.get(p + "exact") == blob(PART - 1000) + blob(1000, seed=1)
 
 
-def test_object_above_part_size_is_multipart(store, seaweedfs, p):
-    before = store.requests
+def test_object_above_part_size_is_multipart(s3_store, seaweedfs, p):
+    before = s3_store.requests
     data = blob(2 * PART + 1, seed=3)
-    with store.open_writer(p + "mp") as w:
+    with s3_store.open_writer(p + "mp") as w:
         for i in range(0, len(data), 777_777):
             w.write(data[i : i + 777_777])
         assert w.commit() == len(data)
-    assert _delta(before, store.requests) == {
+    assert request_delta(before, s3_store.requests) == {
         "CREATE_MULTIPART": 1,
         "UPLOAD_PART": 3,
         "COMPLETE_MULTIPART": 1,
     }
-    assert store.get(p + "mp") == data
+    assert s3_store.get(p + "mp") == data
     assert _open_uploads(seaweedfs, p) == []
-
-
-def test_ranged_read_spanning_several_chunks_and_parts_is_one_request(store, p):
-    data = blob(3 * PART, seed=5)
-    store.put(p + "r", data)
-    before = store.requests
-    got = store.get_range(p + "r", PART - 4096, 2 * PART + 4095)  # crosses both part boundaries
-    assert got == data[PART - 4096 : 2 * PART + 4096]
-    assert _delta(before, store.requests) == {"GET": 1}
 
 
 def test_parts_in_flight_and_memory_are_bounded(seaweedfs, p):
@@ -130,12 +141,19 @@ def test_parts_in_flight_and_memory_are_bounded(seaweedfs, p):
         store.close()
 
 
-def test_write_blocks_while_the_window_is_full(store, p):
+@pytest.fixture
+def one_part_window_store(seaweedfs):
+    store = make_s3_store(seaweedfs, max_parts_in_flight=1)
+    yield store
+    store.close()
+
+
+def test_write_blocks_while_the_window_is_full(one_part_window_store, p):
+    store = one_part_window_store
     # Hold every UploadPart request on its way out until the gate opens: the parts stay
     # "in flight" for as long as the test needs, whatever the server's speed.
     gate = threading.Event()
     store._client.meta.events.register("before-send.s3.UploadPart", lambda **kw: gate.wait(30) and None)
-    store.max_parts_in_flight = 1
     w = store.open_writer(p + "blocked")
     w.write(blob(PART + 1))  # part 1 is full; the byte past it sends part 1
     done = threading.Event()
@@ -164,35 +182,26 @@ def test_write_blocks_while_the_window_is_full(store, p):
 
 
 # -- aborts ------------------------------------------------------------------------------------
-def test_abort_after_parts_were_uploaded_leaves_no_multipart_upload(store, seaweedfs, p):
-    w = store.open_writer(p + "ab")
+def test_abort_after_parts_were_uploaded_leaves_no_multipart_upload(s3_store, seaweedfs, p):
+    w = s3_store.open_writer(p + "ab")
     w.write(blob(3 * PART))  # two parts sent, a third buffered
     assert len(_open_uploads(seaweedfs, p)) == 1
     w.abort()
-    assert store.requests.get("ABORT_MULTIPART", 0) == 1
+    assert s3_store.requests.get("ABORT_MULTIPART", 0) == 1
     assert _open_uploads(seaweedfs, p) == []
-    assert not store.exists(p + "ab")
+    assert not s3_store.exists(p + "ab")
 
 
-def test_exception_in_with_block_aborts_the_multipart_upload(store, seaweedfs, p):
+def test_exception_in_with_block_aborts_the_multipart_upload(s3_store, seaweedfs, p):
     with pytest.raises(ValueError):
-        with store.open_writer(p + "ex") as w:
+        with s3_store.open_writer(p + "ex") as w:
             w.write(blob(2 * PART + 10))
             raise ValueError("producer failed")
     assert _open_uploads(seaweedfs, p) == []
-    assert not store.exists(p + "ex")
+    assert not s3_store.exists(p + "ex")
 
 
-def test_garbage_collected_writer_aborts_its_upload(store, seaweedfs, p):
-    w = store.open_writer(p + "gc")
-    w.write(blob(2 * PART + 10))
-    assert len(_open_uploads(seaweedfs, p)) == 1
-    del w
-    gc.collect()
-    assert _open_uploads(seaweedfs, p) == []
-
-
-def test_part_rejected_by_the_server_aborts_the_upload(store, seaweedfs, p):
+def test_part_rejected_by_the_server_aborts_the_upload(s3_store, seaweedfs, p):
     # Corrupt the body of the second part after the SDK computed its checksum: SeaweedFS
     # recomputes it and rejects the part (BadDigest), a real server-side failure.
     calls = []
@@ -204,39 +213,23 @@ def test_part_rejected_by_the_server_aborts_the_upload(store, seaweedfs, p):
             data = body.read() if hasattr(body, "read") else bytes(body)
             request.body = b"X" + data[1:]
 
-    store._client.meta.events.register("before-send.s3.UploadPart", corrupt)
+    s3_store._client.meta.events.register("before-send.s3.UploadPart", corrupt)
     with pytest.raises(StorageError) as e:
-        with store.open_writer(p + "bad") as w:
+        with s3_store.open_writer(p + "bad") as w:
             w.write(blob(4 * PART))
             w.commit()
     assert "BadDigest" in str(e.value) and p + "bad" in str(e.value)
     assert not e.value.retriable
-    assert store.requests.get("ABORT_MULTIPART", 0) == 1
+    assert s3_store.requests.get("ABORT_MULTIPART", 0) == 1
     assert _open_uploads(seaweedfs, p) == []
-    assert not store.exists(p + "bad")
-
-
-def test_write_after_commit_is_an_error(store, p):
-    w = store.open_writer(p + "done")
-    w.write(b"abc")
-    w.commit()
-    with pytest.raises(StorageError):
-        w.write(b"more")
-    with pytest.raises(StorageError):
-        w.commit()
-    w.abort()  # no-op after commit
-    assert store.get(p + "done") == b"abc"
+    assert not s3_store.exists(p + "bad")
 
 
 # -- encryption, storage class and checksums -----------------------------------------------------
 def test_sse_s3_header_is_sent_and_honoured(seaweedfs, p):
     store = make_s3_store(seaweedfs, sse="AES256")
     try:
-        cap = HeaderCapture(store)
-        store.put(p + "small", b"secret")
-        with store.open_writer(p + "big") as w:
-            w.write(blob(PART + 1))
-            w.commit()
+        cap = put_small_and_multipart(store, p + "small", p + "big")
         assert cap.of("PutObject")[0]["x-amz-server-side-encryption"] == "AES256"
         assert cap.of("CreateMultipartUpload")[0]["x-amz-server-side-encryption"] == "AES256"
         head = seaweedfs.client().head_object(Bucket=S3_BUCKET, Key=p + "small")
@@ -285,11 +278,7 @@ def test_storage_class_is_applied(seaweedfs, p):
 def test_request_checksums_are_sent_and_stored(seaweedfs, p, algorithm, header):
     store = make_s3_store(seaweedfs, checksum_algorithm=algorithm)
     try:
-        cap = HeaderCapture(store)
-        store.put(p + "c", b"checked")
-        with store.open_writer(p + "m") as w:
-            w.write(blob(PART + 5))
-            w.commit()
+        cap = put_small_and_multipart(store, p + "c", p + "m")
         assert header in cap.of("PutObject")[0]
         assert all(header in h for h in cap.of("UploadPart"))
         head = seaweedfs.client().head_object(Bucket=S3_BUCKET, Key=p + "c", ChecksumMode="ENABLED")
@@ -313,40 +302,27 @@ def test_crc32c_without_awscrt_is_a_config_error(monkeypatch):
 
     monkeypatch.setattr(botocore.compat, "HAS_CRT", False)
     with pytest.raises(ConfigError) as e:
-        S3ObjectStore("b", checksum_algorithm="CRC32C", access_key_id="a", secret_access_key="b")
+        S3ObjectStore(
+            S3Settings(bucket="b", checksum_algorithm="CRC32C", access_key_id="a", secret_access_key="b")
+        )
     assert "storage.s3.checksum_algorithm" in str(e.value) and "awscrt" in str(e.value)
 
 
 # -- deletes -----------------------------------------------------------------------------------
-def test_delete_objects_batches_of_1000(store, p):
+def test_delete_objects_batches_of_1000(s3_store, p):
     import concurrent.futures
 
     keys = [f"{p}{i:05d}" for i in range(1001)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda k: store.put(k, b"."), keys))
-    before = store.requests
-    store.delete_many(keys + [p + "never-existed"])
-    assert _delta(before, store.requests) == {"DELETE_OBJECTS": 2}
-    assert list(store.list(p)) == []
-
-
-def test_delete_many_reports_per_key_errors_after_deleting_the_rest(store, p):
-    # SeaweedFS refuses keys with "." path segments with a per-key InvalidRequest.
-    good = [p + "a", p + "b"]
-    for k in good:
-        store.put(k, b"x")
-    bad = p + "../escape"
-    with pytest.raises(StorageError) as e:
-        store.delete_many([good[0], bad, good[1]])
-    msg = str(e.value)
-    assert bad in msg and "InvalidRequest" in msg and "1 of 3" in msg and S3_BUCKET in msg
-    assert e.value.failed_keys == [bad]
-    assert not isinstance(e.value, StorageUnavailable)
-    assert list(store.list(p)) == []
+        list(pool.map(lambda k: s3_store.put(k, b"."), keys))
+    before = s3_store.requests
+    s3_store.delete_many(keys + [p + "never-existed"])
+    assert request_delta(before, s3_store.requests) == {"DELETE_OBJECTS": 2}
+    assert list(s3_store.list(p)) == []
 
 
 # -- faults ------------------------------------------------------------------------------------
-def test_server_stopped_during_upload_then_back(s3_server_factory, p):
+def test_abort_that_cannot_reach_the_server_is_retried_before_the_next_upload(s3_server_factory, p):
     server = s3_server_factory()
     store = make_s3_store(server, max_attempts=2, connect_timeout=1.0, read_timeout=5.0)
     key = p + "segment.log"
@@ -370,39 +346,6 @@ def test_server_stopped_during_upload_then_back(s3_server_factory, p):
         assert store.pending_aborts == []
         assert store.get(key) == data
         assert _open_uploads(server, p) == []
-    finally:
-        store.close()
-
-
-def test_storage_slower_than_the_read_timeout(s3_server_factory, p):
-    server = s3_server_factory()
-    store = make_s3_store(server, read_timeout=1.0, max_attempts=2)
-    try:
-        store.put(p + "slow", b"data")
-        server.pause()  # SIGSTOP: connections are accepted, nothing answers
-        assert server.state() == "T"
-        t0 = time.monotonic()
-        with pytest.raises(StorageTimeout) as e:
-            store.get_range(p + "slow", 0, 3)
-        elapsed = time.monotonic() - t0
-        msg = str(e.value)
-        assert "read timeout of 1s" in msg and "storage.s3.read_timeout" in msg and p + "slow" in msg
-        assert elapsed >= 1.0 and elapsed < 10, elapsed
-        assert e.value.retriable
-        assert store.requests["GET"] == 2  # both attempts counted
-    finally:
-        server.resume()
-        store.close()
-
-
-def test_unreachable_endpoint_is_unavailable_at_check(s3_server_factory):
-    server = s3_server_factory()
-    store = make_s3_store(server, max_attempts=1, connect_timeout=1.0)
-    server.stop()
-    try:
-        with pytest.raises(StorageUnavailable) as e:
-            store.check()
-        assert S3_BUCKET in str(e.value) and server.endpoint_url in str(e.value)
     finally:
         store.close()
 
@@ -455,78 +398,7 @@ def test_profile_from_shared_credentials_file(seaweedfs, tmp_path, monkeypatch, 
         bad.close()
 
 
-def test_missing_bucket_fails_check_naming_it(seaweedfs):
-    store = make_s3_store(seaweedfs, bucket="no-such-bucket-here")
-    try:
-        with pytest.raises(ConfigError) as e:
-            store.check()
-        msg = str(e.value)
-        assert "no-such-bucket-here" in msg and "does not exist" in msg and seaweedfs.endpoint_url in msg
-        assert "storage.s3.bucket" in msg and "static keys" in msg
-    finally:
-        store.close()
-
-
-def test_missing_object_is_not_found(store, p):
-    for call in (
-        lambda: store.get(p + "nope"),
-        lambda: store.get_range(p + "nope", 0, 1),
-        lambda: store.size(p + "nope"),
-    ):
-        with pytest.raises(ObjectNotFound) as e:
-            call()
-        assert p + "nope" in str(e.value)
-
-
-def test_check_writes_and_removes_a_probe_under_the_prefix(seaweedfs, p):
-    store = make_s3_store(seaweedfs, probe_prefix=p)
-    try:
-        before = store.requests
-        store.check()
-        assert _delta(before, store.requests) == {"HEAD_BUCKET": 1, "PUT": 1, "DELETE": 1}
-        assert list(store.list(p)) == []
-    finally:
-        store.close()
-
-
 # -- configuration -----------------------------------------------------------------------------
-def test_open_store_from_config(seaweedfs, p):
-    cfg = Config(
-        {
-            "storage": {
-                "backend": "s3",
-                "key_prefix": p,
-                "s3": {
-                    "bucket": S3_BUCKET,
-                    "region": "us-east-1",
-                    "endpoint_url": seaweedfs.endpoint_url,
-                    "addressing_style": "path",
-                    "access_key_id": S3_ACCESS_KEY,
-                    "secret_access_key": S3_SECRET_KEY,
-                    "part_size": "6MiB",
-                    "max_parts_in_flight": 3,
-                    "sse": "AES256",
-                    "checksum_algorithm": "SHA256",
-                    "read_timeout": 7,
-                    "max_attempts": 4,
-                },
-            }
-        },
-        environ={},
-    )
-    store = open_store(cfg)
-    try:
-        assert isinstance(store, S3ObjectStore)
-        assert store.part_size == 6 * MiB and store.max_parts_in_flight == 3 and store.probe_prefix == p
-        assert store._client.meta.config.read_timeout == 7
-        assert store._client.meta.config.retries["total_max_attempts"] == 4
-        store.check()
-        store.put(p + "x", b"y")
-        assert store.get(p + "x") == b"y"
-        assert "rsm-test-secret" not in repr(cfg.redacted())
-        assert S3_BUCKET in store.describe() and seaweedfs.endpoint_url in store.describe()
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize(
@@ -567,58 +439,22 @@ def test_head_bucket_denied_but_listing_under_the_prefix_allowed_passes_check(se
     try:
         before = store.requests
         store.check()
-        assert _delta(before, store.requests) == {"HEAD_BUCKET": 1, "LIST": 1, "PUT": 1, "DELETE": 1}
+        assert request_delta(before, store.requests) == {"HEAD_BUCKET": 1, "LIST": 1, "PUT": 1, "DELETE": 1}
     finally:
         store.close()
 
 
-def test_every_s3_key_is_documented():
-    from pathlib import Path
-
-    from rsm_sidecar.storage import s3
-
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "storage.md").read_text()
-    missing = [k.path for k in s3.CONFIG_KEYS if f"`{k.path}`" not in doc]
-    assert missing == [], f"docs/storage.md does not describe {missing}"
-
-
-class _FakeSts:
+def _fake_sts(access_key: str, secret_key: str) -> CannedPostEndpoint:
     """A local stand-in for STS's AssumeRoleWithWebIdentity (the real one is on the internet):
-    it records the web identity token it is given and returns ``credentials``."""
-
-    def __init__(self, access_key: str, secret_key: str):
-        import http.server
-        import urllib.parse
-
-        calls = self.calls = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
-                calls.append(form)
-                body = f"""<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+    it records the web identity token it is given and returns these credentials."""
+    body = f"""<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
   <AssumeRoleWithWebIdentityResult>
     <Credentials><AccessKeyId>{access_key}</AccessKeyId><SecretAccessKey>{secret_key}</SecretAccessKey>
       <SessionToken>session-token-from-sts</SessionToken><Expiration>2099-01-01T00:00:00Z</Expiration></Credentials>
     <AssumedRoleUser><Arn>arn:aws:sts::123456789012:assumed-role/rsm/pod</Arn><AssumedRoleId>AROA1:pod</AssumedRoleId></AssumedRoleUser>
   </AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>1</RequestId></ResponseMetadata>
-</AssumeRoleWithWebIdentityResponse>""".encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/xml")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+</AssumeRoleWithWebIdentityResponse>"""
+    return CannedPostEndpoint(200, "text/xml", body.encode())
 
 
 def test_web_identity_irsa_credentials_are_resolved_and_named(seaweedfs, tmp_path, monkeypatch, p):
@@ -627,7 +463,7 @@ def test_web_identity_irsa_credentials_are_resolved_and_named(seaweedfs, tmp_pat
     # temporary credentials. SeaweedFS does not accept session credentials it did not issue
     # (InvalidAccessKeyId), so the request is refused - and the error must say the
     # credentials came from the web identity token and which role.
-    sts = _FakeSts("ASIATEMPORARYKEY0042", "temporary-secret")
+    sts = _fake_sts("ASIATEMPORARYKEY0042", "temporary-secret")
     token = tmp_path / "token"
     token.write_text("eyJ.projected-service-account-token.sig")
     monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
@@ -675,12 +511,8 @@ def test_client_errors_are_translated(code, status, expected):
     from rsm_sidecar.storage.base import InvalidRange
 
     expected = InvalidRange if expected == "InvalidRange" else expected
-    store = S3ObjectStore(
-        "bkt",
-        endpoint_url="http://127.0.0.1:9",
-        region="us-east-1",
-        access_key_id="AKIAEXAMPLE0001",
-        secret_access_key="secret-value",
+    store = S3.make_store(
+        None, bucket="bkt", access_key_id="AKIAEXAMPLE0001", secret_access_key="secret-value"
     )
     try:
         e = botocore.exceptions.ClientError(
@@ -700,15 +532,7 @@ def test_client_errors_are_translated(code, status, expected):
 def test_transport_errors_are_translated():
     import botocore.exceptions
 
-    store = S3ObjectStore(
-        "bkt",
-        endpoint_url="http://127.0.0.1:9",
-        region="us-east-1",
-        access_key_id="a",
-        secret_access_key="b",
-        connect_timeout=2,
-        read_timeout=3,
-    )
+    store = S3.make_store(None, bucket="bkt", connect_timeout=2, read_timeout=3)
     try:
         t = store._translate(botocore.exceptions.ReadTimeoutError(endpoint_url="u"), "GET", "k")
         assert isinstance(t, StorageTimeout) and "read timeout of 3s" in str(t)
