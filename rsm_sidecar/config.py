@@ -154,6 +154,18 @@ def _coerce(key: Key, name: str, value: Any, from_env: bool) -> Any:
     return out
 
 
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The configuration file's contents; a :class:`ConfigError` naming the file when it is
+    missing or not valid TOML."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {e}") from None
+
+
 def _describe_type(t: str) -> str:
     return {
         "str": "a string",
@@ -514,14 +526,7 @@ class Config:
     def load(cls, path: str | os.PathLike | None, environ: Mapping[str, str] | None = None) -> Config:
         if path is None:
             return cls({}, environ=environ, source="<defaults>")
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"configuration file not found: {path}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"configuration file {path} is not valid TOML: {e}") from None
-        return cls(data, environ=environ, source=str(path))
+        return cls(read_toml(path), environ=environ, source=str(path))
 
     def get(self, path: str) -> Any:
         if path in self._values:
