@@ -50,7 +50,8 @@ class ByteLRU:
                 self._size -= s
                 self._on_event("eviction")
 
-    def discard_prefix(self, predicate: Callable[[Hashable], bool]) -> None:
+    def discard_where(self, predicate: Callable[[Hashable], bool]) -> None:
+        """Drop every entry whose key satisfies ``predicate``."""
         with self._lock:
             for k in [k for k in self._items if predicate(k)]:
                 self._size -= self._items.pop(k)[1]
