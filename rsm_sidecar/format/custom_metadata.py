@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.format.varint import (
+    VarintErrors,
     encode_unsigned_varint,
     encode_varlong,
     read_unsigned_varint,
@@ -20,8 +21,11 @@ def _corrupt(message: str) -> DataLoss:
     return DataLoss(f"custom metadata: {message}")
 
 
+_ERRORS = VarintErrors(truncated=_corrupt, overlong=_corrupt)
+
+
 def _read_uvarint(data: bytes, pos: int) -> tuple[int, int]:
-    return read_unsigned_varint(data, pos, truncated=_corrupt, overlong=_corrupt)
+    return read_unsigned_varint(data, pos, _ERRORS)
 
 
 def encode(fields: dict[int, int | str]) -> bytes:
@@ -57,7 +61,7 @@ def decode(data: bytes | None) -> dict[int, int | str]:
             raise DataLoss("custom metadata: truncated field")
         pos += size
         if tag == REMOTE_SIZE:
-            remote_size, _ = read_varlong(payload, 0, truncated=_corrupt, overlong=_corrupt)
+            remote_size, _ = read_varlong(payload, 0, _ERRORS)
             out[tag] = remote_size
         elif tag in (OBJECT_PREFIX, OBJECT_KEY):
             n, p = _read_uvarint(payload, 0)

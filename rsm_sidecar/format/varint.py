@@ -10,13 +10,14 @@ schema-registry preamble.
 Decoders take a buffer and a position and return ``(value, next_position)``. They raise
 :class:`TruncatedVarintError` when the buffer ends inside an encoding and
 :class:`OverlongVarintError` for one longer than allowed, unless the caller names its own error
-types (``truncated=``, ``overlong=``: each is called with one message) so that every layer
-reports in its own terms.
+types (``errors=VarintErrors(truncated, overlong)``: each is called with one message) so that
+every layer reports in its own terms.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from rsm_sidecar.errors import DataLoss
 
@@ -42,14 +43,22 @@ class OverlongVarintError(VarintError):
     """A varint whose last allowed byte still has its continuation bit set."""
 
 
+class VarintErrors(NamedTuple):
+    """The errors a decoder raises, each called with one message."""
+
+    truncated: ErrorFactory
+    overlong: ErrorFactory
+
+
+CODEC_ERRORS = VarintErrors(TruncatedVarintError, OverlongVarintError)
+
+
 def read_unsigned(
     buf: Buffer,
     pos: int = 0,
     max_bytes: int = VARLONG_MAX_BYTES,
     what: str = "varint",
-    *,
-    truncated: ErrorFactory = TruncatedVarintError,
-    overlong: ErrorFactory = OverlongVarintError,
+    errors: VarintErrors = CODEC_ERRORS,
 ) -> tuple[int, int]:
     """The unsigned value of at most ``max_bytes`` bytes at ``buf[pos:]`` (not masked: a caller
     that wants Kafka's 32/64-bit wrap-around masks it) and the position after it."""
@@ -59,14 +68,14 @@ def read_unsigned(
     start = pos
     for _ in range(max_bytes):
         if pos >= end:
-            raise truncated(f"buffer ends inside a {what} that started at {start}")
+            raise errors.truncated(f"buffer ends inside a {what} that started at {start}")
         b = buf[pos]
         pos += 1
         result |= (b & 0x7F) << shift
         if not b & 0x80:
             return result, pos
         shift += 7
-    raise overlong(f"{what} at {start} is too long: the continuation bit is set in byte {max_bytes}")
+    raise errors.overlong(f"{what} at {start} is too long: the continuation bit is set in byte {max_bytes}")
 
 
 def encode_unsigned(n: int) -> bytes:
@@ -91,39 +100,21 @@ def zigzag_encode(n: int, bits: int) -> int:
     return ((n << 1) ^ (n >> (bits - 1))) & ((1 << bits) - 1)
 
 
-def read_unsigned_varint(
-    buf: Buffer,
-    pos: int = 0,
-    *,
-    truncated: ErrorFactory = TruncatedVarintError,
-    overlong: ErrorFactory = OverlongVarintError,
-) -> tuple[int, int]:
+def read_unsigned_varint(buf: Buffer, pos: int = 0, errors: VarintErrors = CODEC_ERRORS) -> tuple[int, int]:
     """An unsigned 32-bit varint (no zig-zag), as ``ByteUtils.readUnsignedVarint``."""
-    raw, pos = read_unsigned(buf, pos, VARINT_MAX_BYTES, "varint", truncated=truncated, overlong=overlong)
+    raw, pos = read_unsigned(buf, pos, VARINT_MAX_BYTES, "varint", errors)
     return raw & U32, pos
 
 
-def read_varint(
-    buf: Buffer,
-    pos: int = 0,
-    *,
-    truncated: ErrorFactory = TruncatedVarintError,
-    overlong: ErrorFactory = OverlongVarintError,
-) -> tuple[int, int]:
+def read_varint(buf: Buffer, pos: int = 0, errors: VarintErrors = CODEC_ERRORS) -> tuple[int, int]:
     """A zig-zag varint -> signed 32-bit int."""
-    raw, pos = read_unsigned(buf, pos, VARINT_MAX_BYTES, "varint", truncated=truncated, overlong=overlong)
+    raw, pos = read_unsigned(buf, pos, VARINT_MAX_BYTES, "varint", errors)
     return zigzag_decode(raw & U32), pos
 
 
-def read_varlong(
-    buf: Buffer,
-    pos: int = 0,
-    *,
-    truncated: ErrorFactory = TruncatedVarintError,
-    overlong: ErrorFactory = OverlongVarintError,
-) -> tuple[int, int]:
+def read_varlong(buf: Buffer, pos: int = 0, errors: VarintErrors = CODEC_ERRORS) -> tuple[int, int]:
     """A zig-zag varlong -> signed 64-bit int."""
-    raw, pos = read_unsigned(buf, pos, VARLONG_MAX_BYTES, "varlong", truncated=truncated, overlong=overlong)
+    raw, pos = read_unsigned(buf, pos, VARLONG_MAX_BYTES, "varlong", errors)
     return zigzag_decode(raw & U64), pos
 
 

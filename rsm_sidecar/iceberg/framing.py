@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from rsm_sidecar.format.varint import encode_varlong, read_varlong
+from rsm_sidecar.format.varint import VarintErrors, encode_varlong, read_varlong
 
 MAGIC = 0
 _MAX_INDEXES = 64  # nesting depth; anything deeper is corrupt input, not a schema
@@ -27,12 +27,15 @@ class Framed(NamedTuple):
     header_len: int  # bytes of preamble; payload = data[header_len:]
 
 
-def _read_zigzag(data: bytes, pos: int) -> tuple[int, int]:
-    return read_varlong(data, pos, truncated=_truncated, overlong=FramingError)
-
-
 def _truncated(message: str) -> FramingError:
     return FramingError(f"truncated varint in message indexes: {message}")
+
+
+_ERRORS = VarintErrors(truncated=_truncated, overlong=FramingError)
+
+
+def _read_zigzag(data: bytes, pos: int) -> tuple[int, int]:
+    return read_varlong(data, pos, _ERRORS)
 
 
 def parse(data: bytes, *, protobuf: bool) -> Framed:

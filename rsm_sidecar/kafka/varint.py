@@ -32,8 +32,8 @@ __all__ = [
     "size_of_varlong",
 ]
 
-read_unsigned_varint = partial(
-    _codec.read_unsigned_varint, truncated=TruncatedError, overlong=CorruptRecordError
-)
-read_varint = partial(_codec.read_varint, truncated=TruncatedError, overlong=CorruptRecordError)
-read_varlong = partial(_codec.read_varlong, truncated=TruncatedError, overlong=CorruptRecordError)
+KAFKA_ERRORS = _codec.VarintErrors(truncated=TruncatedError, overlong=CorruptRecordError)
+
+read_unsigned_varint = partial(_codec.read_unsigned_varint, errors=KAFKA_ERRORS)
+read_varint = partial(_codec.read_varint, errors=KAFKA_ERRORS)
+read_varlong = partial(_codec.read_varlong, errors=KAFKA_ERRORS)

@@ -13,6 +13,7 @@ from rsm_sidecar.format.varint import (
     U64,
     OverlongVarintError,
     TruncatedVarintError,
+    VarintErrors,
     encode_unsigned,
     encode_unsigned_varint,
     encode_varint,
@@ -90,9 +91,9 @@ def test_codec_errors_are_data_loss_and_callers_choose_their_own():
         pass
 
     with pytest.raises(Mine, match="buffer ends inside a varint that started at 2"):
-        read_varint(b"\x00\x00\x80", 2, truncated=Mine)
+        read_varint(b"\x00\x00\x80", 2, VarintErrors(truncated=Mine, overlong=ValueError))
     with pytest.raises(Mine, match="too long"):
-        read_varint(b"\x80" * 6, overlong=Mine)
+        read_varint(b"\x80" * 6, errors=VarintErrors(truncated=ValueError, overlong=Mine))
 
 
 def test_encoders_refuse_values_out_of_range():
