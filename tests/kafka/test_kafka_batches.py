@@ -89,7 +89,7 @@ def test_unknown_codec_is_unsupported():
     data[22] |= 0x07  # attributes low byte: codec 7
     h = parse_batch_header(recompute_crc(bytes(data)))
     with pytest.raises(UnsupportedFormatError, match="codec id 7"):
-        h.compression
+        _ = h.compression
 
 
 # -- records ----------------------------------------------------------------------------------

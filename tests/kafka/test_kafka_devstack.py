@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from devstack import kafka as dk
+from devstack.common import REPO_ROOT
 from devstack.kafka import (
     DevstackError,
     KafkaBroker,
@@ -25,7 +26,7 @@ def test_defaults_follow_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("KAFKA_VERSION", raising=False)
     monkeypatch.delenv("RSM_CACHE_DIR", raising=False)
     assert dk.default_kafka_version() == dk.DEFAULT_KAFKA_VERSION
-    assert dk.default_cache_dir() == dk.REPO_ROOT / ".cache"
+    assert dk.default_cache_dir() == REPO_ROOT / ".cache"
     monkeypatch.setenv("KAFKA_VERSION", "3.9.2")
     monkeypatch.setenv("RSM_CACHE_DIR", str(tmp_path))
     assert dk.default_kafka_version() == "3.9.2"
@@ -106,10 +107,16 @@ def fake_mvn(tmp_path: Path, *, fail: bool = False) -> Path:
     """A stand-in for Maven: logs its calls and writes the jars copy-dependencies would."""
     log = tmp_path / "mvn-calls.log"
     script = tmp_path / "mvn"
+    missing = "org.apache.kafka:kafka-tools-api:jar:9.9.9"
+    failure = f'echo "[ERROR] Failed to execute goal: Could not find artifact {missing}" ; exit 1'
     body = f"""#!/bin/sh
 echo "$@" >> {log}
-{'echo "[ERROR] Failed to execute goal: Could not find artifact org.apache.kafka:kafka-tools-api:jar:9.9.9" ; exit 1' if fail else ""}
-for a in "$@"; do case "$a" in -DoutputDirectory=*) out="${{a#-DoutputDirectory=}}";; -Dkafka.version=*) v="${{a#-Dkafka.version=}}";; -DincludeArtifactIds=*) only=1;; esac; done
+{failure if fail else ""}
+for a in "$@"; do case "$a" in
+  -DoutputDirectory=*) out="${{a#-DoutputDirectory=}}";;
+  -Dkafka.version=*) v="${{a#-Dkafka.version=}}";;
+  -DincludeArtifactIds=*) only=1;;
+esac; done
 mkdir -p "$out"
 if [ -n "$only" ]; then touch "$out/log4j-slf4j-impl-2.25.4.jar"; exit 0; fi
 touch "$out/kafka_2.13-$v.jar" "$out/kafka-clients-$v.jar" "$out/log4j-core-2.25.4.jar"
