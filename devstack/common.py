@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -348,16 +349,17 @@ def work_dir(given: str | None, prefix: str) -> Path:
 
 def wait_for_stop_signal(alive: Callable[[], bool] | None = None, poll: float = 0.5) -> None:
     """Block until SIGINT or SIGTERM arrives (both: a background job may ignore SIGINT), or
-    until ``alive()`` turns false."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    until ``alive()`` turns false. Python handlers, not a signal mask: a thread a client library
+    started cannot take the signal and die of it."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
     try:
-        if alive is None:
-            signal.sigwait(STOP_SIGNALS)
-            return
-        while alive() and signal.sigtimedwait(STOP_SIGNALS, poll) is None:
-            pass
+        while not stop.wait(None if alive is None else poll):
+            if alive is not None and not alive():
+                return
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def serve_until_stopped(
