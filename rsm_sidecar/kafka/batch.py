@@ -109,6 +109,10 @@ class BatchHeader:
     def compression_id(self) -> int:
         return self.attributes & COMPRESSION_MASK
 
+    def where(self, source: str | None = None) -> Where:
+        """This batch's location, for the errors about it."""
+        return Where(source=source, position=self.position, offset=self.base_offset)
+
     @property
     def compression(self) -> Compression:
         """The codec; raises :class:`UnsupportedFormatError` for ids 5-7."""
@@ -118,8 +122,7 @@ class BatchHeader:
             raise UnsupportedFormatError(
                 f"unknown compression codec id {self.compression_id} in batch attributes "
                 f"0x{self.attributes:04x}",
-                position=self.position,
-                offset=self.base_offset,
+                **self.where(),
             ) from None
 
     @property
@@ -251,9 +254,7 @@ def verify_batch_crc(header: BatchHeader, batch: bytes, *, source: str | None = 
             f"({header.size_in_bytes} bytes): stored 0x{header.crc:08x}, computed 0x{computed:08x}",
             stored=header.crc,
             computed=computed,
-            source=source,
-            position=header.position,
-            offset=header.base_offset,
+            **header.where(source),
         )
 
 

@@ -36,7 +36,7 @@ from .batch import (
 )
 from .compression import DEFAULT_MAX_DECOMPRESSED_SIZE, decompress
 from .control import ControlRecord, parse_control_record
-from .errors import CorruptRecordError, KafkaLogError, TruncatedError, Where
+from .errors import CorruptRecordError, KafkaLogError, TruncatedError
 from .records import Record, parse_records
 
 Source = bytes | bytearray | memoryview | BinaryIO | str | os.PathLike[str]
@@ -66,7 +66,7 @@ class RecordBatch:
             h.compression,
             self.raw_records_section,
             max_size=max_decompressed_size,
-            where=Where(source=self.source, position=h.position, offset=h.base_offset),
+            where=h.where(self.source),
         )
 
     def records(self, max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE) -> Iterator[Record]:

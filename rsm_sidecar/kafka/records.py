@@ -144,26 +144,20 @@ def parse_records(
         except KafkaLogError as exc:
             raise CorruptRecordError(
                 f"record {i} of {count} in {header.describe()}: {exc.detail}",
-                source=source,
-                position=header.position,
-                offset=header.base_offset,
+                **header.where(source),
             ) from exc
         if not 0 <= record.offset_delta <= header.last_offset_delta:
             raise CorruptRecordError(
                 f"record {i} has offset delta {record.offset_delta} outside the batch's "
                 f"[0, {header.last_offset_delta}] ({header.describe()})",
-                source=source,
-                position=header.position,
-                offset=header.base_offset,
+                **header.where(source),
             )
         yield record
     if pos != len(records_section):
         raise CorruptRecordError(
             f"{len(records_section) - pos} bytes remain after the {count} declared records "
             f"({header.describe()})",
-            source=source,
-            position=header.position,
-            offset=header.base_offset,
+            **header.where(source),
         )
 
 
