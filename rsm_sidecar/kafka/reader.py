@@ -238,10 +238,11 @@ def _walk(
     max_batch_size: int,
     read_bodies: bool,
     verify_crc: bool,
-    partial_ok: bool,
     scan: ScanResult | None,
 ) -> Iterator[tuple[BatchHeader, bytes | None]]:
-    """Yield ``(header, data_or_None)`` for each complete batch from ``start_position``."""
+    """Yield ``(header, data_or_None)`` for each complete batch from ``start_position``. With a
+    ``scan``, a batch cut off by the end is recorded there as its partial tail; without, it is a
+    :class:`TruncatedError`."""
     seekable = _seekable(f)
     size = None
     if seekable:
@@ -260,7 +261,7 @@ def _walk(
     pos = start_position
 
     def partial(available: int, declared: int | None, base_offset: int | None, what: str) -> None:
-        if partial_ok and scan is not None:
+        if scan is not None:
             scan.partial_tail = PartialBatch(pos, available, declared, base_offset)
             return
         raise TruncatedError(what, source=name, position=pos, offset=base_offset)
@@ -340,7 +341,6 @@ def read_batches(
             max_batch_size=max_batch_size,
             read_bodies=True,
             verify_crc=verify_crc,
-            partial_ok=False,
             scan=None,
         ):
             assert data is not None  # read_bodies=True
@@ -375,7 +375,6 @@ def scan_batch_headers(
             max_batch_size=max_batch_size,
             read_bodies=verify_crc,
             verify_crc=verify_crc,
-            partial_ok=True,
             scan=result,
         ):
             result.headers.append(header)
