@@ -15,10 +15,10 @@ import shutil
 import signal
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
+from devstack.common import wait_for_stop_signal
 from devstack.stack import LocalStack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,11 +59,10 @@ def up(args) -> int:
         f"    sidecar: {stack.sidecar_target}  logs: {workdir}/logs, {workdir}/kafka/logs\n"
         f"    create a tiered topic: --config remote.storage.enable=true --config local.retention.ms=60000"
     )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *a: stop.set())
-    signal.signal(signal.SIGINT, lambda *a: stop.set())
-    stop.wait()
-    stack.stop()
+    try:
+        wait_for_stop_signal()
+    finally:
+        stack.stop()
     pidfile.unlink(missing_ok=True)
     return 0
 
@@ -186,7 +185,8 @@ def demo(args) -> int:
         first_local = local[0]
 
         _say(
-            f"[4/5] consuming everything from offset 0 (offsets below {first_local} are served from remote) ..."
+            f"[4/5] consuming everything from offset 0 "
+            f"(offsets below {first_local} are served from remote) ..."
         )
         c = Consumer(
             {

@@ -1,17 +1,53 @@
 """Helpers every devstack launcher uses: where downloads go, a cross-process lock for
-set-up steps (both shared with the Iceberg jar resolver), and free loopback ports."""
+set-up steps (both shared with the Iceberg jar resolver), free loopback ports, wheels installed
+into the cache, the server process we start (:class:`ServerProcess`), stopping a process
+(:func:`terminate_process`, :func:`kill_process`) and the ``run`` command of a launcher
+(:func:`launcher_parser`, :func:`serve_until_stopped`, :func:`wait_for_stop_signal`)."""
 
 from __future__ import annotations
 
+import argparse
+import atexit
+import contextlib
+import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from rsm_sidecar.iceberg.jars import cache_dir, file_lock
 
-__all__ = ["HOST", "REPO_ROOT", "default_cache_dir", "file_lock", "free_port"]
+__all__ = [
+    "HOST",
+    "REPO_ROOT",
+    "BucketServer",
+    "ServerProcess",
+    "default_cache_dir",
+    "file_lock",
+    "free_port",
+    "free_ports",
+    "http_answers",
+    "kill_process",
+    "launcher_parser",
+    "pip_install_target",
+    "port_pair",
+    "serve_until_stopped",
+    "terminate_process",
+    "wait_for_stop_signal",
+    "work_dir",
+]
 
 HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def default_cache_dir() -> Path:
@@ -19,8 +55,328 @@ def default_cache_dir() -> Path:
     return cache_dir()
 
 
+# -- ports ----------------------------------------------------------------------------------
 def free_port(host: str = HOST) -> int:
     """A TCP port that was free a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+def free_ports(n: int, host: str = HOST) -> list[int]:
+    """``n`` distinct ports that were free a moment ago (held open together while chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_pair(offset: int, host: str = HOST) -> tuple[int, int]:
+    """A free port ``p`` such that ``p + offset`` is free too."""
+    for _ in range(200):
+        p = free_port(host)
+        if p + offset > 65535:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind((host, p + offset))
+            return p, p + offset
+        except OSError:
+            continue
+    raise RuntimeError(f"no free port pair with offset {offset}")
+
+
+def pip_install_target(requirement: str, target: Path, timeout: float = 600) -> None:
+    """``pip install --no-deps --target`` into a temp dir, then rename into place."""
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--target",
+                str(tmp),
+                requirement,
+            ],
+            check=True,
+            timeout=timeout,
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class ServerProcess:
+    """One server process we started: log file, readiness wait, stop/kill, pause/resume.
+
+    Subclasses provide :meth:`command`, :meth:`environment` and :meth:`is_ready`. The
+    process runs in its own session so a Ctrl+C of the test run does not reach it first;
+    it is stopped at interpreter exit if the owner forgot.
+    """
+
+    name = "server"
+    startup_timeout = 30.0
+
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_file = self.workdir / f"{self.name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.startup_seconds: float | None = None
+        atexit.register(self._atexit)
+
+    # to override
+    def command(self) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def environment(self) -> Mapping[str, str]:
+        return dict(os.environ)
+
+    def is_ready(self) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # lifecycle
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self):
+        if self.is_running():
+            return self
+        t0 = time.monotonic()
+        log = open(self.log_file, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                env=dict(self.environment()),
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        deadline = t0 + self.startup_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with status {self.proc.returncode} during start-up; "
+                    f"log {self.log_file}:\n{self.log_tail()}"
+                )
+            if self.is_ready():
+                break
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"{self.name} did not become ready within {self.startup_timeout:.0f}s; "
+                    f"log {self.log_file}:\n{self.log_tail()}"
+                )
+            time.sleep(0.05)
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; waits for the process to be gone."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.resume()  # a stopped process cannot handle SIGTERM
+        terminate_process(self.proc, timeout)
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            kill_process(self.proc)
+        self.proc = None
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+    def pause(self, timeout: float = 5.0) -> None:
+        """SIGSTOP, and wait until every thread has stopped: the kernel still accepts
+        connections, but nothing answers."""
+        if not self.is_running():
+            return
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while self._thread_states() - {"T", "t"}:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{self.name} (pid {self.pid}) did not stop: thread states "
+                    f"{sorted(self._thread_states())}"
+                )
+            time.sleep(0.01)
+
+    def _thread_states(self) -> set[str]:
+        states = set()
+        try:
+            for tid in os.listdir(f"/proc/{self.pid}/task"):
+                with contextlib.suppress(OSError, IndexError):
+                    with open(f"/proc/{self.pid}/task/{tid}/stat") as f:
+                        states.add(f.read().rsplit(")", 1)[1].split()[0])
+        except (OSError, TypeError):
+            pass
+        return states
+
+    def state(self) -> str | None:
+        """The process state letter from /proc (``T`` while paused), or None when gone."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, TypeError, IndexError):
+            return None
+
+    def resume(self) -> None:
+        if self.is_running():
+            os.kill(self.proc.pid, signal.SIGCONT)
+
+    def rss_bytes(self) -> int | None:
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, TypeError):
+            return None
+        return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _atexit(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop(timeout=5)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class BucketServer(ServerProcess):
+    """An object-storage server (S3, GCS): an endpoint, a data directory, buckets by name."""
+
+    kind = "object storage"  #: what the launcher's banner calls it
+    data_dir: Path
+
+    @property
+    def endpoint_url(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def banner(self) -> str:
+        return f"{self.kind} endpoint {self.endpoint_url} (data {self.data_dir}, log {self.log_file})"
+
+    def create_bucket(self, bucket: str) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def create_buckets(self, buckets: Iterable[str]) -> None:
+        for bucket in buckets:
+            self.create_bucket(bucket)
+
+
+def http_answers(url: str, timeout: float = 1.0) -> bool:
+    """True when something answers HTTP at ``url`` (any status)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+# -- processes ------------------------------------------------------------------------------
+def terminate_process(proc: subprocess.Popen[bytes], timeout: float, kill_wait: float = 10.0) -> int | None:
+    """SIGTERM, wait up to ``timeout`` s, then SIGKILL; the exit code (None if it never went)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_process(proc, kill_wait)
+    return proc.returncode
+
+
+def kill_process(proc: subprocess.Popen[bytes], wait: float = 10.0) -> int | None:
+    """SIGKILL (no clean shutdown) and wait up to ``wait`` s for the process to be gone."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(wait)
+    return proc.returncode
+
+
+# -- the command line of a launcher -----------------------------------------------------------
+def launcher_parser(
+    module: str, doc: str | None, install_help: str, run_help: str
+) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """``python -m devstack.<module> install|run [--dir DIR]``: the parser and its ``run``
+    subparser (for the launcher's own options). ``args.cmd`` is ``install`` or ``run``."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=(doc or "").split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("install", help=install_help)
+    run = sub.add_parser("run", help=run_help)
+    run.add_argument("--dir", default=None, help="work/data directory (default: a temp dir)")
+    return ap, run
+
+
+def work_dir(given: str | None, prefix: str) -> Path:
+    """The ``--dir`` given, else a new temporary directory named ``prefix...``."""
+    return Path(given or tempfile.mkdtemp(prefix=prefix))
+
+
+def wait_for_stop_signal(alive: Callable[[], bool] | None = None, poll: float = 0.5) -> None:
+    """Block until SIGINT or SIGTERM arrives (both: a background job may ignore SIGINT), or
+    until ``alive()`` turns false. Python handlers, not a signal mask: a thread a client library
+    started cannot take the signal and die of it."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+    try:
+        while not stop.wait(None if alive is None else poll):
+            if alive is not None and not alive():
+                return
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve_until_stopped(
+    server: ServerProcess, banner: Callable[[], str], prepare: Callable[[], None] | None = None
+) -> int:
+    """Start ``server``, run ``prepare`` (e.g. create buckets), print ``banner()``, and stop the
+    server when SIGINT or SIGTERM arrives. The exit status of a launcher's ``run``.
+
+    A SIGTERM that comes while the server still starts stops it as Ctrl+C does (the server
+    stops at interpreter exit then) instead of killing this process and orphaning the server."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with server:
+            if prepare is not None:
+                prepare()
+            print(banner(), flush=True)
+            wait_for_stop_signal()
+    except KeyboardInterrupt:
+        return 130
+    return 0

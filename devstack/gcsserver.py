@@ -20,11 +20,9 @@ Command line::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,8 +32,18 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from devstack.common import HOST, default_cache_dir, file_lock, free_port
-from devstack.s3server import ServerProcess, http_answers, pip_install_target
+from devstack.common import (
+    HOST,
+    BucketServer,
+    default_cache_dir,
+    file_lock,
+    free_port,
+    http_answers,
+    launcher_parser,
+    pip_install_target,
+    serve_until_stopped,
+    work_dir,
+)
 
 FAKE_GCS_VERSION = "v1.55.1"
 FAKE_GCS_MODULE = "github.com/fsouza/fake-gcs-server"
@@ -166,10 +174,11 @@ def ensure_fake_gcs_server(
         return path
 
 
-class FakeGcsServer(ServerProcess):
+class FakeGcsServer(BucketServer):
     """fake-gcs-server on loopback over HTTP; the endpoint is :attr:`endpoint_url`."""
 
     name = "fake-gcs-server"
+    kind = "GCS"
 
     def __init__(
         self,
@@ -230,30 +239,20 @@ class FakeGcsServer(ServerProcess):
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m devstack.gcsserver", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser(
-        "install", help="build/install the pinned fake-gcs-server into the cache and print its path"
+    ap, run = launcher_parser(
+        "devstack.gcsserver",
+        __doc__,
+        install_help="build/install the pinned fake-gcs-server into the cache and print its path",
+        run_help="run fake-gcs-server until interrupted",
     )
-    run = sub.add_parser("run", help="run fake-gcs-server until interrupted")
-    run.add_argument("--dir", default=None, help="work/data directory (default: a temp dir)")
     run.add_argument("--port", type=int, default=None)
     run.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
     args = ap.parse_args(argv)
     if args.cmd == "install":
         print(ensure_fake_gcs_server())
         return 0
-    workdir = Path(args.dir or tempfile.mkdtemp(prefix="fake-gcs-"))
-    server = FakeGcsServer(workdir, port=args.port)
-    with server:
-        for b in args.bucket:
-            server.create_bucket(b)
-        print(
-            f"GCS endpoint {server.endpoint_url} (data {server.data_dir}, log {server.log_file})", flush=True
-        )
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    return 0
+    server = FakeGcsServer(work_dir(args.dir, "fake-gcs-"), port=args.port)
+    return serve_until_stopped(server, server.banner, prepare=lambda: server.create_buckets(args.bucket))
 
 
 if __name__ == "__main__":

@@ -22,21 +22,26 @@ REST protocol is the same for the 1.12.0 clients.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from devstack.common import HOST, default_cache_dir, file_lock, free_port
-from devstack.s3server import ServerProcess
+from devstack.common import (
+    HOST,
+    ServerProcess,
+    default_cache_dir,
+    file_lock,
+    free_port,
+    launcher_parser,
+    serve_until_stopped,
+    work_dir,
+)
 
 FIXTURE_VERSION = "1.11.0"
 JETTY_VERSION = "12.1.14"
@@ -210,24 +215,24 @@ class IcebergRestServer(ServerProcess):
             return False
 
 
-def _main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m devstack.iceberg_rest", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("install", help="resolve the fixture's jars into the cache")
-    run = sub.add_parser("run", help="run a REST catalog until interrupted")
+def _main(argv: Sequence[str] | None = None) -> int:
+    ap, run = launcher_parser(
+        "devstack.iceberg_rest",
+        __doc__,
+        install_help="resolve the fixture's jars into the cache",
+        run_help="run a REST catalog until interrupted",
+    )
     run.add_argument("--warehouse", default=None, help="default: file:// of a temp dir")
-    run.add_argument("--dir", default=None)
     args = ap.parse_args(argv)
     if args.cmd == "install":
         print(ensure_rest_fixture())
         return 0
-    workdir = Path(args.dir or tempfile.mkdtemp(prefix="iceberg-rest-"))
+    workdir = work_dir(args.dir, "iceberg-rest-")
     warehouse = args.warehouse or (workdir / "warehouse").as_uri()
-    with IcebergRestServer(workdir, warehouse) as srv:
-        print(f"Iceberg REST catalog at {srv.uri} (warehouse {warehouse}, log {srv.log_file})", flush=True)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    return 0
+    server = IcebergRestServer(workdir, warehouse)
+    return serve_until_stopped(
+        server, lambda: f"Iceberg REST catalog at {server.uri} (warehouse {warehouse}, log {server.log_file})"
+    )
 
 
 if __name__ == "__main__":

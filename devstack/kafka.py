@@ -39,7 +39,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 import uuid
@@ -48,7 +47,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from devstack.common import REPO_ROOT, default_cache_dir, file_lock, free_port  # noqa: F401 (REPO_ROOT re-exported)
+from devstack.common import (
+    default_cache_dir,
+    file_lock,
+    free_port,
+    kill_process,
+    terminate_process,
+    wait_for_stop_signal,
+)
 
 #: The newest 4.x whose whole dependency set resolves from Maven Central. As of 2026-11-21
 #: ``kafka_2.13:4.4.0`` is listed on Central but its ``kafka-tools-api:4.4.0`` dependency (and
@@ -563,22 +569,14 @@ class KafkaBroker:
         """SIGTERM (controlled shutdown), wait up to ``timeout`` s, then SIGKILL. Returns the exit code."""
         if self._proc is None:
             return None
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(30)
+        terminate_process(self._proc, timeout, kill_wait=30)
         return self._cleanup()
 
     def kill(self) -> int | None:
         """SIGKILL, no clean shutdown (the next start recovers the logs)."""
         if self._proc is None:
             return None
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(30)
+        kill_process(self._proc, 30)
         return self._cleanup()
 
     def restart(self, timeout: float = 30.0) -> KafkaBroker:
@@ -607,11 +605,9 @@ class KafkaBroker:
         return f"KafkaBroker({self.dist.version}, {self.bootstrap_servers}, {state})"
 
 
-def _kill_quietly(proc: subprocess.Popen) -> None:
+def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(Exception):
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        kill_process(proc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -660,12 +656,8 @@ def main(argv: list[str] | None = None) -> int:
         f"logs in {broker.logs_dir}. Ctrl-C to stop.",
         flush=True,
     )
-    stop = []
-    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a background job may ignore it
-        signal.signal(sig, lambda *_: stop.append(True))
     try:
-        while not stop and broker.is_running():
-            time.sleep(0.5)
+        wait_for_stop_signal(alive=broker.is_running)
     finally:
         broker.stop()
     return 0

@@ -25,12 +25,8 @@ def kafka_distribution() -> KafkaDistribution:
 
 @pytest.fixture(scope="session")
 def kafka_broker(kafka_distribution, tmp_path_factory):
-    broker = KafkaBroker(kafka_distribution, tmp_path_factory.mktemp("kafka-broker"))
-    broker.start()
-    try:
+    with KafkaBroker(kafka_distribution, tmp_path_factory.mktemp("kafka-broker")) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.fixture

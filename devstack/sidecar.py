@@ -4,7 +4,6 @@ stack, the demo and the end-to-end tests."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from devstack.common import REPO_ROOT, kill_process, terminate_process
 
 
 class SidecarProcess:
@@ -82,15 +81,9 @@ class SidecarProcess:
             return "(no log)"
 
     def stop(self, timeout: float = 30) -> None:
-        if not self.is_running():
-            return
-        self._proc.send_signal(signal.SIGTERM)
-        try:
-            self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self._proc is not None:
+            terminate_process(self._proc, timeout)
 
     def kill(self) -> None:
-        if self.is_running():
-            self._proc.kill()
-            self._proc.wait(10)
+        if self._proc is not None:
+            kill_process(self._proc)

@@ -14,10 +14,10 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from devstack.kafka import KafkaBroker, KafkaDistribution, default_cache_dir
+from devstack.common import REPO_ROOT, default_cache_dir
+from devstack.kafka import KafkaBroker, KafkaDistribution
 from devstack.sidecar import SidecarProcess
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "config"
 SHIM_JAR = REPO_ROOT / "java-shim" / "target" / "rsm-sidecar-shim.jar"
 DEMO_KEY_ID = "demo-key-1"

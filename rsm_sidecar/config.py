@@ -21,6 +21,8 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Self
 
+from rsm_sidecar.durations import ACCEPTED as DURATION_FORMS
+from rsm_sidecar.durations import parse_duration
 from rsm_sidecar.errors import ConfigError
 
 REQUIRED = object()
@@ -47,7 +49,8 @@ class Key:
 
     ``path`` may contain one ``<name>`` placeholder segment for families of keys
     (``encryption.keys.<id>.public_key_file``). ``type`` is one of: str, int, bool,
-    float, size (bytes; an int or "4MiB"), seconds (float), list (of str), path.
+    float, size (bytes; an int or "4MiB"), seconds (float; a number or a duration string such as
+    "1h30m"), list (of str), path.
     """
 
     path: str
@@ -156,6 +159,8 @@ def _coerce(key: Key, name: str, value: Any, from_env: bool) -> Any:
             if not (from_env or isinstance(value, int)):
                 raise ValueError
             out = int(value)
+        elif t == "seconds" and isinstance(value, str):
+            out = parse_duration(value)
         elif t in ("float", "seconds"):
             if isinstance(value, bool):
                 raise ValueError
@@ -189,6 +194,18 @@ def _coerce(key: Key, name: str, value: Any, from_env: bool) -> Any:
     return out
 
 
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The configuration file's contents; a :class:`ConfigError` naming the file when it is
+    missing or not valid TOML."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {e}") from None
+
+
 def _describe_type(t: str) -> str:
     return {
         "str": "a string",
@@ -196,7 +213,7 @@ def _describe_type(t: str) -> str:
         "bool": "true or false",
         "int": "an integer",
         "float": "a number",
-        "seconds": "a number of seconds",
+        "seconds": f"a duration: {DURATION_FORMS}",
         "size": 'a size in bytes (e.g. 4194304 or "4MiB")',
         "list": "a list of strings",
     }.get(t, t)
@@ -551,14 +568,7 @@ class Config:
     def load(cls, path: str | os.PathLike | None, environ: Mapping[str, str] | None = None) -> Config:
         if path is None:
             return cls({}, environ=environ, source="<defaults>")
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"configuration file not found: {path}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"configuration file {path} is not valid TOML: {e}") from None
-        return cls(data, environ=environ, source=str(path))
+        return cls(read_toml(path), environ=environ, source=str(path))
 
     def get(self, path: str) -> Any:
         if path in self._values:

@@ -201,3 +201,18 @@ except ConfigError as e:
 """
     got = _run_python(code)
     assert got["error"] == needle
+
+
+def test_the_iceberg_job_reads_the_file_as_the_sidecar_does(tmp_path):
+    from rsm_sidecar.iceberg.job import load_config
+
+    with pytest.raises(ConfigError, match="configuration file not found: .*nope.toml"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[segment\n")
+    with pytest.raises(ConfigError, match="bad.toml is not valid TOML"):
+        load_config(bad)
+    good = tmp_path / "good.toml"
+    good.write_text('[storage.local]\nroot = "/r"\n[fetch]\nidle_timeout_seconds = "1h30m"\n')
+    cfg, _ = load_config(good, environ={})
+    assert cfg["fetch.idle_timeout_seconds"] == 5400

@@ -6,8 +6,9 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import re
 import sys
+
+from rsm_sidecar.durations import duration_argument
 
 #: command-line option -> configuration key it overrides
 OVERRIDES = {
@@ -101,14 +102,22 @@ def register(sub) -> None:
     )
     _common(m)
     m.add_argument("--expire", action="store_true", help="expire snapshots (never the marker-tagged one)")
-    m.add_argument("--expire-older-than", default="5d", help="age of snapshots to expire (default 5d)")
+    m.add_argument(
+        "--expire-older-than",
+        type=duration_argument,
+        default="5d",
+        metavar="DURATION",
+        help="age of snapshots to expire (default 5d; e.g. 12h, 1h30m)",
+    )
     m.add_argument("--retain-last", type=int, default=1, help="snapshots of main always kept (default 1)")
     m.add_argument("--compact", action="store_true", help="rewrite small data files (bin-pack)")
     m.add_argument("--min-input-files", type=int, default=2)
     m.add_argument("--remove-orphans", action="store_true", help="delete files no snapshot references")
     m.add_argument(
         "--orphan-older-than",
+        type=duration_argument,
         default="1d",
+        metavar="DURATION",
         help="only orphans older than this (default 1d; keep it above a convert run's length)",
     )
     m.add_argument(
@@ -122,14 +131,6 @@ def register(sub) -> None:
     s = isub.add_parser("status", help="what the table says has been converted (markers)")
     _common(s)
     s.set_defaults(func=_status)
-
-
-def duration(text: str) -> dt.timedelta:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 15m, 6h, 5d)")
-    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    return dt.timedelta(seconds=float(m.group(1)) * unit)
 
 
 def _load(args):
@@ -169,12 +170,12 @@ def _maintain(args) -> int:
         storage,
         args.topic,
         expire=args.expire,
-        expire_older_than=duration(args.expire_older_than),
+        expire_older_than=dt.timedelta(seconds=args.expire_older_than),
         retain_last=args.retain_last,
         compact=args.compact,
         min_input_files=args.min_input_files,
         remove_orphans=args.remove_orphans,
-        orphan_older_than=duration(args.orphan_older_than),
+        orphan_older_than=dt.timedelta(seconds=args.orphan_older_than),
         drop_deleted_offsets=args.drop_deleted_offsets,
     )
     if args.json:

@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 
+from rsm_sidecar.durations import duration_argument
 from rsm_sidecar.errors import RsmError
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -30,15 +31,6 @@ def _int_min(minimum: int):
         return v
 
     return parse
-
-
-def _duration(text: str) -> float:
-    from rsm_sidecar.inspect.duration import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register(sub) -> None:
@@ -122,7 +114,7 @@ def register(sub) -> None:
     )
     c.add_argument(
         "--older-than",
-        type=_duration,
+        type=duration_argument,
         default=3600.0,
         metavar="DURATION",
         help="age guard: only objects older than this are deleted (default 1h; e.g. 30m, 2d, 0)",

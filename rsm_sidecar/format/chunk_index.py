@@ -238,7 +238,7 @@ class ChunkIndex:
         )
 
 
-def _int(obj: dict, name: str) -> int:
+def _int(obj: dict[str, Any], name: str) -> int:
     v = obj.get(name)
     if not isinstance(v, int) or isinstance(v, bool):
         raise DataLoss(f"chunk index: {name} missing or not an integer")

@@ -5,61 +5,46 @@ string), 2 OBJECT_KEY (compact string)."""
 from __future__ import annotations
 
 from rsm_sidecar.errors import DataLoss
+from rsm_sidecar.format.varint import (
+    VarintErrors,
+    encode_unsigned_varint,
+    encode_varlong,
+    read_unsigned_varint,
+    read_varlong,
+)
 
 REMOTE_SIZE, OBJECT_PREFIX, OBJECT_KEY = 0, 1, 2
 FIELD_TAGS = {"REMOTE_SIZE": REMOTE_SIZE, "OBJECT_PREFIX": OBJECT_PREFIX, "OBJECT_KEY": OBJECT_KEY}
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+def _corrupt(message: str) -> DataLoss:
+    return DataLoss(f"custom metadata: {message}")
+
+
+_ERRORS = VarintErrors(truncated=_corrupt, overlong=_corrupt)
 
 
 def _read_uvarint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise DataLoss("custom metadata: truncated varint")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _zigzag64(n: int) -> int:
-    return (n << 1) ^ (n >> 63)
-
-
-def _unzigzag(n: int) -> int:
-    return (n >> 1) ^ -(n & 1)
+    return read_unsigned_varint(data, pos, _ERRORS)
 
 
 def encode(fields: dict[int, int | str]) -> bytes:
     """Serialise; an empty dict gives empty bytes (as Aiven does)."""
     if not fields:
         return b""
-    out = bytearray(_uvarint(len(fields)))
+    out = bytearray(encode_unsigned_varint(len(fields)))
     for tag in sorted(fields):
         value = fields[tag]
         if tag == REMOTE_SIZE:
             if not isinstance(value, int):
                 raise TypeError("REMOTE_SIZE must be an int")
-            payload = _uvarint(_zigzag64(value) & 0xFFFFFFFFFFFFFFFF)
+            payload = encode_varlong(value)
         elif tag in (OBJECT_PREFIX, OBJECT_KEY):
             raw = str(value).encode("utf-8")
-            payload = _uvarint(len(raw) + 1) + raw
+            payload = encode_unsigned_varint(len(raw) + 1) + raw
         else:
             raise ValueError(f"unknown custom metadata tag {tag}")
-        out += _uvarint(tag) + _uvarint(len(payload)) + payload
+        out += encode_unsigned_varint(tag) + encode_unsigned_varint(len(payload)) + payload
     return bytes(out)
 
 
@@ -76,8 +61,8 @@ def decode(data: bytes | None) -> dict[int, int | str]:
             raise DataLoss("custom metadata: truncated field")
         pos += size
         if tag == REMOTE_SIZE:
-            v, _ = _read_uvarint(payload, 0)
-            out[tag] = _unzigzag(v)
+            remote_size, _ = read_varlong(payload, 0, _ERRORS)
+            out[tag] = remote_size
         elif tag in (OBJECT_PREFIX, OBJECT_KEY):
             n, p = _read_uvarint(payload, 0)
             if n == 0:
@@ -102,9 +87,9 @@ def worst_case_size(fields: list[str], prefix: str, hashed_prefix_chars: int) ->
             payload = 10
         elif tag == OBJECT_PREFIX:
             n = len(prefix.encode()) + (hashed_prefix_chars + 1 if hashed_prefix_chars else 0)
-            payload = len(_uvarint(n + 1)) + n
+            payload = len(encode_unsigned_varint(n + 1)) + n
         else:
             n = 249 + 1 + 22 + 1 + 10 + 1 + 20 + 1 + 22
-            payload = len(_uvarint(n + 1)) + n
-        sizes.append(1 + len(_uvarint(payload)) + payload)
+            payload = len(encode_unsigned_varint(n + 1)) + n
+        sizes.append(1 + len(encode_unsigned_varint(payload)) + payload)
     return (1 + sum(sizes)) if sizes else 0

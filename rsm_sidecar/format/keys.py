@@ -158,7 +158,8 @@ class ParsedKey:
 
     @property
     def base(self) -> str:
-        return f"{self.prefix}{main_path_of(self.topic, self.topic_id, self.partition, self.start_offset, self.segment_id)}"
+        path = main_path_of(self.topic, self.topic_id, self.partition, self.start_offset, self.segment_id)
+        return f"{self.prefix}{path}"
 
     def key(self, suffix: str) -> str:
         return f"{self.base}.{suffix}"

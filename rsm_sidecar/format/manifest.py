@@ -21,11 +21,14 @@ import hashlib
 import json
 import re
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rsm_sidecar import __version__
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.format.chunk_index import ChunkIndex
+
+if TYPE_CHECKING:
+    from rsm_sidecar.format.keys import SegmentMetadata
 
 VERSION = "1"
 #: order of the indexes inside the ``.indexes`` object (Aiven's order)
@@ -54,7 +57,10 @@ class EncryptionInfo:
     aad: bytes
 
     def __repr__(self) -> str:  # never print key material
-        return f"EncryptionInfo(key_id={self.key_id!r}, wrapped_key=<{len(self.wrapped_key)} bytes>, aad=<{len(self.aad)} bytes>)"
+        return (
+            f"EncryptionInfo(key_id={self.key_id!r}, wrapped_key=<{len(self.wrapped_key)} bytes>, "
+            f"aad=<{len(self.aad)} bytes>)"
+        )
 
 
 @dataclasses.dataclass
@@ -147,7 +153,8 @@ class SegmentManifest:
         }
         if self.encryption is not None:
             doc["encryption"] = {
-                "dataKey": f"{self.encryption.key_id}:{base64.b64encode(self.encryption.wrapped_key).decode()}",
+                "dataKey": f"{self.encryption.key_id}:"
+                + base64.b64encode(self.encryption.wrapped_key).decode(),
                 "aad": base64.b64encode(self.encryption.aad).decode(),
             }
         segment = dict(self.segment or {})
@@ -263,7 +270,7 @@ class SegmentManifest:
         )
 
 
-def _optional_str(ext: dict, name: str, pattern: re.Pattern) -> str | None:
+def _optional_str(ext: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str | None:
     value = ext.get(name)
     if value is None:
         return None
@@ -286,7 +293,7 @@ def _parse_indexes(obj: Any) -> dict[str, IndexRange | None]:
             out[name] = None
             continue
         if not isinstance(r, dict) or not all(
-            isinstance(r.get(k), int) and r.get(k) >= 0 for k in ("position", "size")
+            isinstance(v := r.get(k), int) and v >= 0 for k in ("position", "size")
         ):
             raise DataLoss(f"segmentIndexes.{name} is not {{position, size}}")
         out[name] = IndexRange(r["position"], r["size"])
@@ -324,6 +331,8 @@ class SegmentIdentity:
     @classmethod
     def of_manifest(cls, manifest: SegmentManifest) -> SegmentIdentity | None:
         seg = manifest.segment
+        if seg is None:
+            return None
         try:
             rid = seg["remoteLogSegmentId"]
             tip = rid["topicIdPartition"]
@@ -338,7 +347,7 @@ class SegmentIdentity:
             return None
 
     @classmethod
-    def of_metadata(cls, md) -> SegmentIdentity:
+    def of_metadata(cls, md: SegmentMetadata) -> SegmentIdentity:
         """What a request's segment metadata (``format.keys.SegmentMetadata``) names."""
         return cls(md.topic_id, md.partition, md.segment_id, md.start_offset, md.end_offset)
 
@@ -352,7 +361,7 @@ class SegmentIdentity:
         return out
 
 
-def segment_debug_copy(md) -> dict[str, Any]:
+def segment_debug_copy(md: SegmentMetadata) -> dict[str, Any]:
     """Aiven's ``remoteLogSegmentMetadata`` JSON from our SegmentMetadata (format.keys)."""
     return {
         "remoteLogSegmentId": {

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from rsm_sidecar.format.varint import VarintErrors, encode_varlong, read_varlong
+
 MAGIC = 0
 _MAX_INDEXES = 64  # nesting depth; anything deeper is corrupt input, not a schema
 
@@ -25,22 +27,15 @@ class Framed(NamedTuple):
     header_len: int  # bytes of preamble; payload = data[header_len:]
 
 
+def _truncated(message: str) -> FramingError:
+    return FramingError(f"truncated varint in message indexes: {message}")
+
+
+_ERRORS = VarintErrors(truncated=_truncated, overlong=FramingError)
+
+
 def _read_zigzag(data: bytes, pos: int) -> tuple[int, int]:
-    shift = 0
-    result = 0
-    n = len(data)
-    while True:
-        if pos >= n:
-            raise FramingError("truncated varint in message indexes")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-        if shift > 63:
-            raise FramingError("varint longer than 10 bytes in message indexes")
-    return (result >> 1) ^ -(result & 1), pos
+    return read_varlong(data, pos, _ERRORS)
 
 
 def parse(data: bytes, *, protobuf: bool) -> Framed:
@@ -66,19 +61,6 @@ def parse(data: bytes, *, protobuf: bool) -> Framed:
     return Framed(schema_id, tuple(idx), pos)
 
 
-def _zigzag(v: int) -> bytes:
-    z = (v << 1) ^ (v >> 63)
-    out = bytearray()
-    while True:
-        b = z & 0x7F
-        z >>= 7
-        if z:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def encode_preamble(schema_id: int, indexes: Sequence[int] | None = None) -> bytes:
     """The preamble for ``schema_id`` (+ Protobuf ``indexes``; ``[0]`` -> single ``0x00``)."""
     head = bytes([MAGIC]) + int(schema_id).to_bytes(4, "big", signed=True)
@@ -87,4 +69,4 @@ def encode_preamble(schema_id: int, indexes: Sequence[int] | None = None) -> byt
     idx = list(indexes)
     if idx == [0]:
         return head + b"\x00"
-    return head + _zigzag(len(idx)) + b"".join(_zigzag(i) for i in idx)
+    return head + encode_varlong(len(idx)) + b"".join(encode_varlong(i) for i in idx)

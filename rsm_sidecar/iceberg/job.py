@@ -35,13 +35,12 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rsm_sidecar.config import ENV_PREFIX, Config
+from rsm_sidecar.config import ENV_PREFIX, Config, read_toml
 from rsm_sidecar.errors import ConfigError, RsmError
 from rsm_sidecar.iceberg import markers as mk
 from rsm_sidecar.iceberg.catalogs import CatalogSpec
@@ -87,15 +86,7 @@ def load_config(
     """The sidecar configuration file (+ ``RSM__`` environment, + ``overrides`` by key path)
     and the picklable storage parameters executors rebuild it from."""
     env = dict(os.environ if environ is None else environ)
-    values: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                values = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"configuration file not found: {path}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"configuration file {path} is not valid TOML: {e}") from None
+    values: dict[str, Any] = read_toml(path) if path is not None else {}
     rsm_env = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
     cfg = Config(values, environ=rsm_env, source=str(path or "<defaults>"))
     over = {k: v for k, v in (overrides or {}).items() if v is not None}

@@ -17,11 +17,11 @@ import dataclasses
 import datetime
 from typing import Any
 
+from rsm_sidecar.durations import format_duration
 from rsm_sidecar.errors import RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.duration import format_duration
 from rsm_sidecar.inspect.listing import SegmentObjects, StrayObject
 from rsm_sidecar.inspect.output import human_bytes, table
 from rsm_sidecar.storage.base import ObjectInfo

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import google_crc32c
 
-from .errors import BatchSizeError, CorruptRecordError, CrcMismatchError, UnsupportedFormatError
+from rsm_sidecar.format.varint import Buffer
+
+from .errors import BatchSizeError, CorruptRecordError, CrcMismatchError, UnsupportedFormatError, Where
 
 LOG_OVERHEAD = 12  #: baseOffset + length: the bytes not counted by ``length``
 HEADER_SIZE_UP_TO_MAGIC = 17  #: enough to read the magic byte (Kafka's ``HEADER_SIZE_UP_TO_MAGIC``)
@@ -107,6 +109,10 @@ class BatchHeader:
     def compression_id(self) -> int:
         return self.attributes & COMPRESSION_MASK
 
+    def where(self, source: str | None = None) -> Where:
+        """This batch's location, for the errors about it."""
+        return Where(source=source, position=self.position, offset=self.base_offset)
+
     @property
     def compression(self) -> Compression:
         """The codec; raises :class:`UnsupportedFormatError` for ids 5-7."""
@@ -116,8 +122,7 @@ class BatchHeader:
             raise UnsupportedFormatError(
                 f"unknown compression codec id {self.compression_id} in batch attributes "
                 f"0x{self.attributes:04x}",
-                position=self.position,
-                offset=self.base_offset,
+                **self.where(),
             ) from None
 
     @property
@@ -175,14 +180,14 @@ def increment_sequence(sequence: int, increment: int) -> int:
 
 
 def read_length_and_magic(
-    buf, position: int = 0, *, source: str | None = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    buf: Buffer, position: int = 0, *, source: str | None = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
 ) -> tuple[int, int, int]:
     """From the first 17 bytes of a batch: ``(base_offset, length, magic)``, after the cheap
     checks Kafka's ``FileLogInputStream`` makes before it allocates anything: the length is at
     least the v2 header, at most ``max_batch_size``, and the magic is 2."""
     base_offset, length = struct.unpack_from(">qi", buf, 0)
     magic = buf[MAGIC_OFFSET]
-    where = dict(source=source, position=position, offset=base_offset)
+    where = Where(source=source, position=position, offset=base_offset)
     # Same order as Kafka: the size bounds first (a zero-filled region fails here), then magic.
     if length < LEGACY_RECORD_OVERHEAD_V0:
         raise BatchSizeError(
@@ -212,7 +217,7 @@ def read_length_and_magic(
 
 
 def parse_batch_header(
-    buf, position: int = 0, *, source: str | None = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    buf: Buffer, position: int = 0, *, source: str | None = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
 ) -> BatchHeader:
     """Parse the 61-byte header at the start of ``buf`` (a bytes-like object of >= 61 bytes).
 
@@ -223,9 +228,11 @@ def parse_batch_header(
     if len(buf) < BATCH_HEADER_SIZE:
         raise ValueError(f"need {BATCH_HEADER_SIZE} bytes for a batch header, got {len(buf)}")
     read_length_and_magic(buf, position, source=source, max_batch_size=max_batch_size)
-    fields = _HEADER.unpack_from(buf, 0)
+    fields: tuple[int, int, int, int, int, int, int, int, int, int, int, int, int] = _HEADER.unpack_from(
+        buf, 0
+    )
     header = BatchHeader(*fields, position=position)
-    where = dict(source=source, position=position, offset=header.base_offset)
+    where = Where(source=source, position=position, offset=header.base_offset)
     if header.record_count < 0:
         raise CorruptRecordError(f"negative record count {header.record_count}", **where)
     if header.last_offset_delta < 0:
@@ -235,7 +242,7 @@ def parse_batch_header(
 
 def compute_batch_crc(batch: bytes) -> int:
     """CRC-32C of a whole batch's bytes from the attributes field to the end."""
-    return google_crc32c.value(bytes(batch[ATTRIBUTES_OFFSET:]))
+    return int(google_crc32c.value(bytes(batch[ATTRIBUTES_OFFSET:])))
 
 
 def verify_batch_crc(header: BatchHeader, batch: bytes, *, source: str | None = None) -> None:
@@ -247,9 +254,7 @@ def verify_batch_crc(header: BatchHeader, batch: bytes, *, source: str | None = 
             f"({header.size_in_bytes} bytes): stored 0x{header.crc:08x}, computed 0x{computed:08x}",
             stored=header.crc,
             computed=computed,
-            source=source,
-            position=header.position,
-            offset=header.base_offset,
+            **header.where(source),
         )
 
 

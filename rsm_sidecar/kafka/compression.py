@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import NoReturn
 
 import cramjam
 import zstandard
 
+from rsm_sidecar.format.varint import Buffer
+
 from .batch import Compression
-from .errors import DecompressionError, LimitExceededError, UnsupportedFormatError
+from .errors import DecompressionError, LimitExceededError, UnsupportedFormatError, Where
 
 #: Default cap on one batch's decompressed records section.
 DEFAULT_MAX_DECOMPRESSED_SIZE = 64 * 1024 * 1024
@@ -41,10 +44,10 @@ _ZSTD_MAX_RATIO = 32 * 1024
 
 def decompress(
     codec: Compression | int,
-    data: bytes,
+    data: Buffer,
     *,
     max_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
-    where: dict | None = None,
+    where: Where | None = None,
 ) -> bytes:
     """Decompress a records section compressed with ``codec``; at most ``max_size`` bytes out.
 
@@ -83,7 +86,7 @@ def decompress(
     return out
 
 
-def _too_big(codec: Compression, size: int | str, max_size: int, where: dict):
+def _too_big(codec: Compression, size: int | str, max_size: int, where: Where) -> NoReturn:
     raise LimitExceededError(
         f"{codec.name.lower()} batch decompresses to {size} bytes, more than the cap of "
         f"{max_size} bytes (max_decompressed_size)",
@@ -91,7 +94,7 @@ def _too_big(codec: Compression, size: int | str, max_size: int, where: dict):
     )
 
 
-def _gunzip(data: bytes, max_size: int, where: dict) -> bytes:
+def _gunzip(data: Buffer, max_size: int, where: Where) -> bytes:
     out = bytearray()
     remaining = bytes(data)
     while True:
@@ -116,14 +119,14 @@ def _gunzip(data: bytes, max_size: int, where: dict) -> bytes:
             raise DecompressionError(f"gzip payload has {len(remaining)} bytes of trailing garbage", **where)
 
 
-def _raw_snappy(block: bytes, max_size: int, where: dict, budget_used: int = 0) -> bytes:
+def _raw_snappy(block: bytes, max_size: int, where: Where, budget_used: int = 0) -> bytes:
     declared = cramjam.snappy.decompress_raw_len(block)
     if budget_used + declared > max_size:
         _too_big(Compression.SNAPPY, f"at least {budget_used + declared}", max_size, where)
     return bytes(cramjam.snappy.decompress_raw(block))
 
 
-def _unsnappy(data: bytes, max_size: int, where: dict) -> bytes:
+def _unsnappy(data: Buffer, max_size: int, where: Where) -> bytes:
     data = bytes(data)
     if not data.startswith(XERIAL_MAGIC):
         return _raw_snappy(data, max_size, where)
@@ -152,7 +155,7 @@ def _unsnappy(data: bytes, max_size: int, where: dict) -> bytes:
     return bytes(out)
 
 
-def _unlz4(data: bytes, max_size: int, where: dict) -> bytes:
+def _unlz4(data: Buffer, max_size: int, where: Where) -> bytes:
     data = bytes(data)
     if len(data) * _LZ4_MAX_RATIO + 65536 <= max_size:
         return bytes(cramjam.lz4.decompress(data))
@@ -169,7 +172,7 @@ def _unlz4(data: bytes, max_size: int, where: dict) -> bytes:
     return bytes(memoryview(out)[:n])
 
 
-def _unzstd(data: bytes, max_size: int, where: dict) -> bytes:
+def _unzstd(data: Buffer, max_size: int, where: Where) -> bytes:
     """Frame by frame, feeding input in steps small enough that even the most compressible
     input (RLE blocks: ~32768x) cannot overshoot the cap by more than a few MiB, and checking
     that every frame ends (a truncated frame is an error, not a short result)."""

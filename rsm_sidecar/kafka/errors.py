@@ -8,7 +8,17 @@ name, or ``<bytes>``), the byte position and, when known, the batch's base offse
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 from rsm_sidecar.errors import DataLoss, InvalidArgument, RsmError
+
+
+class Where(TypedDict, total=False):
+    """Where a problem is, as the keyword arguments of every error here take it."""
+
+    source: str | None
+    position: int | None
+    offset: int | None
 
 
 class KafkaLogError(RsmError):
@@ -49,7 +59,7 @@ class CorruptRecordError(KafkaLogError, DataLoss):
 class CrcMismatchError(CorruptRecordError):
     """A batch's stored CRC32C differs from the one computed over its bytes."""
 
-    def __init__(self, message: str, *, stored: int, computed: int, **where) -> None:
+    def __init__(self, message: str, *, stored: int, computed: int, **where: Unpack[Where]) -> None:
         self.stored = stored
         self.computed = computed
         super().__init__(message, **where)

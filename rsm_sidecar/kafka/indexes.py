@@ -24,10 +24,10 @@ import bisect
 import os
 import re
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from .errors import CorruptIndexError
+from .errors import CorruptIndexError, Where
 from .reader import Source, _open
 
 OFFSET_INDEX_ENTRY_SIZE = 8
@@ -49,7 +49,7 @@ class TimestampOffset:
     offset: int
 
 
-def base_offset_from_filename(path: str | os.PathLike) -> int:
+def base_offset_from_filename(path: str | os.PathLike[str]) -> int:
     """``.../00000000000000001234.index`` (or ``.log``, ``.timeindex``, ...) -> 1234."""
     name = os.path.basename(os.fspath(path))
     m = re.fullmatch(r"(\d{20})\.[a-z]+(\.[a-z]+)?", name)
@@ -58,7 +58,9 @@ def base_offset_from_filename(path: str | os.PathLike) -> int:
     return int(m.group(1))
 
 
-def _iter_raw_entries(source: Source, entry_size: int, name: str | None, kind: str):
+def _iter_raw_entries(
+    source: Source, entry_size: int, name: str | None, kind: str
+) -> Iterator[tuple[str, int, bytes]]:
     """Yield ``(slot, entry_bytes)`` for every whole entry; check the length multiple."""
     with _open(source, name) as (f, label):
         slot = 0
@@ -81,7 +83,7 @@ def _iter_raw_entries(source: Source, entry_size: int, name: str | None, kind: s
 
 
 def _entries(
-    source: Source, entry_size: int, name: str | None, kind: str, rel_offset_of
+    source: Source, entry_size: int, name: str | None, kind: str, rel_offset_of: Callable[[bytes], int]
 ) -> Iterator[tuple[str, int, bytes]]:
     """Whole entries up to the end-of-entries marker (see module doc), verifying the padding."""
     padding_from = None
@@ -116,7 +118,7 @@ def iter_offset_index(
         source, OFFSET_INDEX_ENTRY_SIZE, name, "offset index", lambda raw: _OFFSET_ENTRY.unpack(raw)[0]
     ):
         rel, position = _OFFSET_ENTRY.unpack(raw)
-        where = dict(source=label, position=slot * OFFSET_INDEX_ENTRY_SIZE)
+        where = Where(source=label, position=slot * OFFSET_INDEX_ENTRY_SIZE)
         if rel < 0 or position < 0:
             raise CorruptIndexError(
                 f"offset index slot {slot} has negative relative offset {rel} or position {position}", **where
@@ -146,7 +148,7 @@ def iter_time_index(
         source, TIME_INDEX_ENTRY_SIZE, name, "time index", lambda raw: _TIME_ENTRY.unpack(raw)[1]
     ):
         timestamp, rel = _TIME_ENTRY.unpack(raw)
-        where = dict(source=label, position=slot * TIME_INDEX_ENTRY_SIZE)
+        where = Where(source=label, position=slot * TIME_INDEX_ENTRY_SIZE)
         if rel < 0:
             raise CorruptIndexError(f"time index slot {slot} has negative relative offset {rel}", **where)
         entry = TimestampOffset(timestamp, base_offset + rel)

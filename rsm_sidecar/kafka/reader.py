@@ -20,7 +20,9 @@ import io
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, Union
+from typing import BinaryIO, Protocol
+
+from rsm_sidecar.format.varint import Buffer
 
 from .batch import (
     BATCH_HEADER_SIZE,
@@ -37,7 +39,7 @@ from .control import ControlRecord, parse_control_record
 from .errors import CorruptRecordError, KafkaLogError, TruncatedError
 from .records import Record, parse_records
 
-Source = Union[bytes, bytearray, memoryview, BinaryIO, str, os.PathLike]
+Source = bytes | bytearray | memoryview | BinaryIO | str | os.PathLike[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,7 @@ class RecordBatch:
             h.compression,
             self.raw_records_section,
             max_size=max_decompressed_size,
-            where=dict(source=self.source, position=h.position, offset=h.base_offset),
+            where=h.where(self.source),
         )
 
     def records(self, max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE) -> Iterator[Record]:
@@ -143,21 +145,33 @@ class ScanResult:
 # --------------------------------------------------------------------------------------------
 
 
+class _ByteStream(Protocol):
+    """What the readers need of a source: a binary file, or :class:`_BufferReader`."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET, /) -> int: ...
+
+    def tell(self) -> int: ...
+
+    def seekable(self) -> bool: ...
+
+
 class _BufferReader:
     """A minimal read/seek/tell view of an in-memory buffer that never copies it whole."""
 
-    def __init__(self, buf) -> None:
+    def __init__(self, buf: Buffer) -> None:
         self._view = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
         self._pos = 0
         self.name = "<bytes>"
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int = -1, /) -> bytes:
         end = len(self._view) if n < 0 else min(len(self._view), self._pos + n)
         out = bytes(self._view[self._pos : end])
         self._pos = max(self._pos, end)
         return out
 
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+    def seek(self, pos: int, whence: int = io.SEEK_SET, /) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
         self._pos = base + pos
         return self._pos
@@ -170,7 +184,7 @@ class _BufferReader:
 
 
 @contextlib.contextmanager
-def _open(source: Source, name: str | None):
+def _open(source: Source, name: str | None) -> Iterator[tuple[_ByteStream, str]]:
     if isinstance(source, (bytes, bytearray, memoryview)):
         yield _BufferReader(source), name or "<bytes>"
     elif isinstance(source, (str, os.PathLike)):
@@ -180,7 +194,7 @@ def _open(source: Source, name: str | None):
         yield source, name or str(getattr(source, "name", "<stream>"))
 
 
-def _read_exact(f, n: int) -> bytes:
+def _read_exact(f: _ByteStream, n: int) -> bytes:
     chunks = []
     remaining = n
     while remaining > 0:
@@ -192,14 +206,14 @@ def _read_exact(f, n: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _seekable(f) -> bool:
+def _seekable(f: _ByteStream) -> bool:
     try:
         return bool(f.seekable())
     except (AttributeError, OSError, ValueError):
         return False
 
 
-def _skip(f, n: int, seekable: bool, size: int | None) -> int:
+def _skip(f: _ByteStream, n: int, seekable: bool, size: int | None) -> int:
     """Skip ``n`` bytes; return how many were actually there."""
     if seekable and size is not None:
         here = f.tell()
@@ -216,7 +230,7 @@ def _skip(f, n: int, seekable: bool, size: int | None) -> int:
 
 
 def _walk(
-    f,
+    f: _ByteStream,
     name: str,
     *,
     start_position: int,
@@ -224,10 +238,11 @@ def _walk(
     max_batch_size: int,
     read_bodies: bool,
     verify_crc: bool,
-    partial_ok: bool,
     scan: ScanResult | None,
-):
-    """Yield ``(header, data_or_None)`` for each complete batch from ``start_position``."""
+) -> Iterator[tuple[BatchHeader, bytes | None]]:
+    """Yield ``(header, data_or_None)`` for each complete batch from ``start_position``. With a
+    ``scan``, a batch cut off by the end is recorded there as its partial tail; without, it is a
+    :class:`TruncatedError`."""
     seekable = _seekable(f)
     size = None
     if seekable:
@@ -245,8 +260,8 @@ def _walk(
         size = end_position
     pos = start_position
 
-    def partial(available: int, declared: int | None, base_offset: int | None, what: str):
-        if partial_ok:
+    def partial(available: int, declared: int | None, base_offset: int | None, what: str) -> None:
+        if scan is not None:
             scan.partial_tail = PartialBatch(pos, available, declared, base_offset)
             return
         raise TruncatedError(what, source=name, position=pos, offset=base_offset)
@@ -326,9 +341,9 @@ def read_batches(
             max_batch_size=max_batch_size,
             read_bodies=True,
             verify_crc=verify_crc,
-            partial_ok=False,
             scan=None,
         ):
+            assert data is not None  # read_bodies=True
             yield RecordBatch(header, data, label)
 
 
@@ -360,7 +375,6 @@ def scan_batch_headers(
             max_batch_size=max_batch_size,
             read_bodies=verify_crc,
             verify_crc=verify_crc,
-            partial_ok=True,
             scan=result,
         ):
             result.headers.append(header)

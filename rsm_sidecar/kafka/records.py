@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from rsm_sidecar.format.varint import Buffer
+
 from .batch import NO_SEQUENCE, BatchHeader, TimestampType, increment_sequence
 from .errors import CorruptRecordError, KafkaLogError
 from .varint import encode_varint, encode_varlong, read_varint, read_varlong
@@ -52,7 +54,7 @@ class Record:
         return self.value is None
 
 
-def _read_bytes(buf, pos: int, end: int, what: str) -> tuple[bytes | None, int]:
+def _read_bytes(buf: Buffer, pos: int, end: int, what: str) -> tuple[bytes | None, int]:
     n, pos = read_varint(buf, pos)
     if n < 0:
         return None, pos
@@ -61,7 +63,7 @@ def _read_bytes(buf, pos: int, end: int, what: str) -> tuple[bytes | None, int]:
     return bytes(buf[pos : pos + n]), pos + n
 
 
-def parse_record(buf, pos: int, header: BatchHeader) -> tuple[Record, int]:
+def parse_record(buf: Buffer, pos: int, header: BatchHeader) -> tuple[Record, int]:
     """Parse the record at ``buf[pos:]``; return it and the position after it.
 
     Raises :class:`CorruptRecordError` (without location; :func:`parse_records` adds it).
@@ -142,26 +144,20 @@ def parse_records(
         except KafkaLogError as exc:
             raise CorruptRecordError(
                 f"record {i} of {count} in {header.describe()}: {exc.detail}",
-                source=source,
-                position=header.position,
-                offset=header.base_offset,
+                **header.where(source),
             ) from exc
         if not 0 <= record.offset_delta <= header.last_offset_delta:
             raise CorruptRecordError(
                 f"record {i} has offset delta {record.offset_delta} outside the batch's "
                 f"[0, {header.last_offset_delta}] ({header.describe()})",
-                source=source,
-                position=header.position,
-                offset=header.base_offset,
+                **header.where(source),
             )
         yield record
     if pos != len(records_section):
         raise CorruptRecordError(
             f"{len(records_section) - pos} bytes remain after the {count} declared records "
             f"({header.describe()})",
-            source=source,
-            position=header.position,
-            offset=header.base_offset,
+            **header.where(source),
         )
 
 
@@ -171,7 +167,7 @@ def encode_record(
     timestamp_delta: int,
     key: bytes | None,
     value: bytes | None,
-    headers: tuple[Header, ...] | list = (),
+    headers: tuple[Header, ...] | list[Header] = (),
     attributes: int = 0,
 ) -> bytes:
     """Serialize one record (the inverse of :func:`parse_record`)."""

@@ -18,7 +18,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from .errors import CorruptIndexError, TruncatedError, UnsupportedFormatError
+from .errors import CorruptIndexError, TruncatedError, UnsupportedFormatError, Where
 from .reader import Source, _open
 
 ABORTED_TXN_SIZE = 34
@@ -58,7 +58,7 @@ def iter_txn_index(
                 raw += more
             if not raw:
                 return
-            where = dict(source=label, position=slot * ABORTED_TXN_SIZE)
+            where = Where(source=label, position=slot * ABORTED_TXN_SIZE)
             if len(raw) < ABORTED_TXN_SIZE:
                 if allow_partial_tail:
                     return

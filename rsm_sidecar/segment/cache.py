@@ -53,7 +53,8 @@ class ByteLRU(Generic[K, V]):
                 self._size -= s
                 self._on_event("eviction")
 
-    def discard_prefix(self, predicate: Callable[[K], bool]) -> None:
+    def discard_where(self, predicate: Callable[[K], bool]) -> None:
+        """Drop every entry whose key satisfies ``predicate``."""
         with self._lock:
             for k in [k for k in self._items if predicate(k)]:
                 self._size -= self._items.pop(k)[1]

@@ -241,9 +241,9 @@ class SegmentReader:
     def forget(self, base: str) -> None:
         """Drop everything cached about a segment (after a delete, around a copy)."""
         self._forgets += 1
-        self.manifests.discard_prefix(lambda k: k == base)
-        self.indexes.discard_prefix(lambda k: k[0] == base)
-        self.chunks.discard_prefix(lambda k: k[0] == base)
+        self.manifests.discard_where(lambda k: k == base)
+        self.indexes.discard_where(lambda k: k[0] == base)
+        self.chunks.discard_where(lambda k: k[0] == base)
 
     # -- indexes -----------------------------------------------------------------
     def read_index(self, seg: OpenSegment, name: str) -> bytes:

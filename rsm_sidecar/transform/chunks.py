@@ -23,12 +23,16 @@ GCM_OVERHEAD = IV_BYTES + TAG_BYTES
 CRC_PIECE_BYTES = 1024 * 1024
 
 
-def crc32c(data) -> int:
+#: what a stored chunk or index arrives as: its own bytes or a view into a downloaded run
+Buffer = bytes | bytearray | memoryview
+
+
+def crc32c(data: Buffer) -> int:
     if not isinstance(data, memoryview):
-        return google_crc32c.value(data)
+        return int(google_crc32c.value(data))
     crc = 0
     for i in range(0, len(data), CRC_PIECE_BYTES):
-        crc = google_crc32c.extend(crc, bytes(data[i : i + CRC_PIECE_BYTES]))
+        crc = int(google_crc32c.extend(crc, bytes(data[i : i + CRC_PIECE_BYTES])))
     return crc
 
 
@@ -78,13 +82,33 @@ class ChunkCodec:
         iv = os.urandom(IV_BYTES)
         return iv + self._aes.encrypt(iv, data, self.aad)
 
-    def decrypt_only(self, stored: bytes, where: str, crc: int | None = None) -> bytes:
+    def decrypt_only(self, stored: Buffer, where: str, crc: int | None = None) -> bytes:
+        """Verify and decrypt one stored index (never compressed)."""
+        return _own_bytes(self._verify_and_decrypt(stored, where, crc, "index"))
+
+    def decode(self, stored: Buffer, original_size: int, where: str, crc: int | None = None) -> bytes:
+        """Verify and undo the transforms of one stored chunk (``bytes`` or a memoryview
+        into a downloaded run; the result is always ``bytes`` of its own, never a view that
+        would keep the run alive). ``where`` names the object and chunk in errors."""
+        data = self._verify_and_decrypt(stored, where, crc, "chunk")
+        if self.compression:
+            try:
+                data = self._decompressor().decompress(data, max_output_size=original_size)
+            except zstandard.ZstdError as e:
+                raise DataLoss(f"{where}: zstd frame is corrupt: {e}") from None
+        if len(data) != original_size:
+            raise DataLoss(f"{where}: decoded to {len(data)} bytes, expected {original_size}")
+        return _own_bytes(data)
+
+    def _verify_and_decrypt(self, stored: Buffer, where: str, crc: int | None, what: str) -> Buffer:
+        """The stored bytes checked against ``crc`` (when given) and, when encrypted, against
+        the GCM tag, then decrypted. ``what`` (chunk, index) names the object in errors."""
         if crc is not None and crc32c(stored) != crc:
             raise DataLoss(f"{where}: checksum mismatch (CRC32C) - stored bytes are corrupt")
         if self._aes is None:
             return stored
         if len(stored) < GCM_OVERHEAD:
-            raise DataLoss(f"{where}: {len(stored)} bytes is too short for an encrypted index")
+            raise DataLoss(f"{where}: {len(stored)} bytes is too short for an encrypted {what}")
         try:
             view = memoryview(stored)  # no copy of the ciphertext
             return self._aes.decrypt(view[:IV_BYTES], view[IV_BYTES:], self.aad)
@@ -94,31 +118,6 @@ class ChunkCodec:
                 f"or a data key that does not belong to this segment"
             ) from None
 
-    def decode(
-        self, stored: bytes | memoryview, original_size: int, where: str, crc: int | None = None
-    ) -> bytes:
-        """Verify and undo the transforms of one stored chunk (``bytes`` or a memoryview
-        into a downloaded run; the result is always ``bytes`` of its own, never a view that
-        would keep the run alive). ``where`` names the object and chunk in errors."""
-        if crc is not None and crc32c(stored) != crc:
-            raise DataLoss(f"{where}: checksum mismatch (CRC32C) - stored bytes are corrupt")
-        data = stored
-        if self._aes is not None:
-            if len(data) < GCM_OVERHEAD:
-                raise DataLoss(f"{where}: {len(data)} bytes is too short for an encrypted chunk")
-            try:
-                view = memoryview(data)  # no copy of the ciphertext
-                data = self._aes.decrypt(view[:IV_BYTES], view[IV_BYTES:], self.aad)
-            except InvalidTag:
-                raise DataLoss(
-                    f"{where}: authentication failed (AES-GCM tag mismatch) - corrupt data "
-                    f"or a data key that does not belong to this segment"
-                ) from None
-        if self.compression:
-            try:
-                data = self._decompressor().decompress(data, max_output_size=original_size)
-            except zstandard.ZstdError as e:
-                raise DataLoss(f"{where}: zstd frame is corrupt: {e}") from None
-        if len(data) != original_size:
-            raise DataLoss(f"{where}: decoded to {len(data)} bytes, expected {original_size}")
-        return bytes(data) if isinstance(data, memoryview) else data
+
+def _own_bytes(data: Buffer) -> bytes:
+    return data if isinstance(data, bytes) else bytes(data)

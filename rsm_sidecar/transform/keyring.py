@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 from Crypto.Cipher import PKCS1_OAEP
 from Crypto.Hash import SHA3_512
@@ -19,11 +20,14 @@ from Crypto.Signature import pss
 
 from rsm_sidecar.errors import ConfigError, DataLoss, FailedPrecondition
 
+if TYPE_CHECKING:
+    from rsm_sidecar.config import Config
+
 DATA_KEY_BYTES = 32
 AAD_BYTES = 32
 
 
-def _oaep(key: RSA.RsaKey):
+def _oaep(key: RSA.RsaKey) -> PKCS1_OAEP.PKCS1OAEP_Cipher:
     return PKCS1_OAEP.new(key, hashAlgo=SHA3_512, mgfunc=lambda x, y: pss.MGF1(x, y, SHA3_512))
 
 
@@ -34,7 +38,8 @@ class KeyPair:
     private: RSA.RsaKey | None
 
     def __repr__(self) -> str:
-        return f"KeyPair({self.key_id!r}, {self.public.size_in_bits()} bits, private={'yes' if self.private else 'no'})"
+        private = "yes" if self.private else "no"
+        return f"KeyPair({self.key_id!r}, {self.public.size_in_bits()} bits, private={private})"
 
 
 def _load_pem(path: str, what: str, private: bool = False, allow_exposed: bool = False) -> RSA.RsaKey:
@@ -66,7 +71,7 @@ class Keyring:
         self.active_id = active_id
 
     @classmethod
-    def from_config(cls, cfg) -> Keyring | None:
+    def from_config(cls, cfg: Config) -> Keyring | None:
         if not cfg["encryption.enabled"]:
             return None
         family = cfg.family("encryption.keys")
@@ -92,7 +97,7 @@ class Keyring:
                     f"encryption.keys.{key_id}.private_key_file: {files['private_key_file']} "
                     f"holds a public key, not a private key"
                 )
-            if private.publickey().n != public.n:
+            if private.public_key().n != public.n:
                 raise ConfigError(
                     f"encryption.keys.{key_id}: the public and private key files are not a pair"
                 )
@@ -122,7 +127,7 @@ class Keyring:
         if pair.private is None:
             raise FailedPrecondition(f"{where}: no private key for key id {key_id!r}")
         try:
-            key = _oaep(pair.private).decrypt(wrapped)
+            key = bytes(_oaep(pair.private).decrypt(wrapped))
         except (ValueError, TypeError):
             raise DataLoss(
                 f"{where}: the wrapped data key does not decrypt under key id {key_id!r} "
@@ -136,11 +141,14 @@ class Keyring:
 def generate_key_pair(bits: int = 3072) -> tuple[bytes, bytes]:
     """(public PEM, private PKCS#8 PEM) for a new key-encryption key."""
     key = RSA.generate(bits)
-    return key.publickey().export_key("PEM"), key.export_key("PEM", pkcs=8)
+    return key.public_key().export_key("PEM"), key.export_key("PEM", pkcs=8)
 
 
 def write_key_pair(
-    public_path: str | os.PathLike, private_path: str | os.PathLike, bits: int = 3072, overwrite: bool = False
+    public_path: str | os.PathLike[str],
+    private_path: str | os.PathLike[str],
+    bits: int = 3072,
+    overwrite: bool = False,
 ) -> None:
     """Generate a key-encryption key and write it as two PEM files; the private one is
     created with mode 0600 (only the owner can read it), as ``Keyring`` requires."""

@@ -50,3 +50,11 @@ def test_full_form_of_zero_index_and_avro():
 def test_bad_preambles(data, message):
     with pytest.raises(framing.FramingError, match=message):
         framing.parse(data, protobuf=True)
+
+
+def test_framing_reports_varint_errors_as_framing_errors():
+    assert framing.parse(framing.encode_preamble(7, [1, 300]), protobuf=True).indexes == (1, 300)
+    with pytest.raises(framing.FramingError, match="truncated varint in message indexes"):
+        framing.parse(b"\x00\x00\x00\x00\x07\x04\x80", protobuf=True)
+    with pytest.raises(framing.FramingError, match="varlong at 5 is too long"):
+        framing.parse(b"\x00\x00\x00\x00\x07" + b"\xff" * 10 + b"\x01", protobuf=True)

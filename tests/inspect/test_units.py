@@ -1,6 +1,6 @@
-"""The small pure pieces of `inspect` (no stack): durations, field rendering, byte ranges,
-the streamed JSON document and the listing grouping, the last over a local-directory
-store written by the sidecar's own copier."""
+"""The small pure pieces of `inspect` (no stack): field rendering, byte ranges, the streamed
+JSON document and the listing grouping, the last over a local-directory store written by the
+sidecar's own copier."""
 
 from __future__ import annotations
 
@@ -15,35 +15,10 @@ from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.cat import byte_range
 from rsm_sidecar.inspect.context import UsageError
 from rsm_sidecar.inspect.decoders import plain, render_text
-from rsm_sidecar.inspect.duration import parse_duration
 from rsm_sidecar.inspect.output import JsonStream
 from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
 from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.local import LocalObjectStore
-
-
-@pytest.mark.parametrize(
-    "text,seconds",
-    [
-        ("0", 0),
-        ("90", 90),
-        ("90s", 90),
-        ("10m", 600),
-        ("1h", 3600),
-        ("2d", 172800),
-        ("1h30m", 5400),
-        ("1.5h", 5400),
-        ("250ms", 0.25),
-    ],
-)
-def test_durations(text, seconds):
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["", "soon", "1x", "h", "-1h", "1h 30m"])
-def test_bad_durations_say_what_is_accepted(text):
-    with pytest.raises(ValueError, match="use a number of seconds or e.g. 90s"):
-        parse_duration(text)
 
 
 def test_plain_rendering():

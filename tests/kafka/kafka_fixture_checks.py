@@ -183,7 +183,7 @@ def check_transactions(case: Case) -> None:
     exp = case.expected
     records = exp["records"]
     pid_of = {}
-    for (batch, _rec), e in zip(data_records(case), records):
+    for (batch, _record), e in zip(data_records(case), records):
         if e["transaction"] is not None:
             pid_of.setdefault(e["producer"], batch.header.producer_id)
             assert pid_of[e["producer"]] == batch.header.producer_id

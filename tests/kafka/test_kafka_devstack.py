@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from devstack import kafka as dk
+from devstack.common import REPO_ROOT
 from devstack.kafka import (
     DevstackError,
     KafkaBroker,
@@ -25,7 +26,7 @@ def test_defaults_follow_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("KAFKA_VERSION", raising=False)
     monkeypatch.delenv("RSM_CACHE_DIR", raising=False)
     assert dk.default_kafka_version() == dk.DEFAULT_KAFKA_VERSION
-    assert dk.default_cache_dir() == dk.REPO_ROOT / ".cache"
+    assert dk.default_cache_dir() == REPO_ROOT / ".cache"
     monkeypatch.setenv("KAFKA_VERSION", "3.9.2")
     monkeypatch.setenv("RSM_CACHE_DIR", str(tmp_path))
     assert dk.default_kafka_version() == "3.9.2"

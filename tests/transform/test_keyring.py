@@ -24,7 +24,8 @@ def key_files(tmp_path_factory):
     return out
 
 
-def ring(key_files, active, ids=("A", "B")) -> Keyring:
+def ring_of(keys: dict[str, tuple[str, str]], active: str) -> Keyring | None:
+    """The keyring of a configuration with these ``{id: (public file, private file)}``."""
     return Keyring.from_config(
         Config(
             {
@@ -33,13 +34,19 @@ def ring(key_files, active, ids=("A", "B")) -> Keyring:
                     "enabled": True,
                     "active_key_id": active,
                     "keys": {
-                        k: {"public_key_file": key_files[k][0], "private_key_file": key_files[k][1]}
-                        for k in ids
+                        k: {"public_key_file": pub, "private_key_file": priv}
+                        for k, (pub, priv) in keys.items()
                     },
                 },
             }
         )
     )
+
+
+def ring(key_files, active, ids=("A", "B")) -> Keyring:
+    keyring = ring_of({k: key_files[k] for k in ids}, active)
+    assert keyring is not None
+    return keyring
 
 
 def test_wrap_unwrap_roundtrip_and_rotation(key_files):
@@ -61,20 +68,8 @@ def test_unknown_key_id_is_failed_precondition_naming_it(key_files):
 
 def test_wrong_key_under_same_id_is_data_loss(key_files):
     _, wrapped = ring(key_files, "A").wrap(os.urandom(32))
-    swapped = Keyring.from_config(
-        Config(
-            {
-                "storage": {"local": {"root": "/tmp/unused"}},
-                "encryption": {
-                    "enabled": True,
-                    "active_key_id": "A",
-                    "keys": {
-                        "A": {"public_key_file": key_files["B"][0], "private_key_file": key_files["B"][1]}
-                    },
-                },
-            }
-        )
-    )
+    swapped = ring_of({"A": key_files["B"]}, "A")  # B's pair configured under id A
+    assert swapped is not None
     with pytest.raises(DataLoss, match="does not decrypt"):
         swapped.unwrap("A", wrapped)
 
@@ -85,33 +80,9 @@ def test_config_errors_name_the_key(key_files, tmp_path):
     bad = tmp_path / "bad.pem"
     bad.write_text("not a key")
     with pytest.raises(ConfigError, match="encryption.keys.A.public_key_file"):
-        Keyring.from_config(
-            Config(
-                {
-                    "storage": {"local": {"root": "/tmp/unused"}},
-                    "encryption": {
-                        "enabled": True,
-                        "active_key_id": "A",
-                        "keys": {"A": {"public_key_file": str(bad), "private_key_file": key_files["A"][1]}},
-                    },
-                }
-            )
-        )
+        ring_of({"A": (str(bad), key_files["A"][1])}, "A")
     with pytest.raises(ConfigError, match="not a pair"):
-        Keyring.from_config(
-            Config(
-                {
-                    "storage": {"local": {"root": "/tmp/unused"}},
-                    "encryption": {
-                        "enabled": True,
-                        "active_key_id": "A",
-                        "keys": {
-                            "A": {"public_key_file": key_files["A"][0], "private_key_file": key_files["B"][1]}
-                        },
-                    },
-                }
-            )
-        )
+        ring_of({"A": (key_files["A"][0], key_files["B"][1])}, "A")
     with pytest.raises(ConfigError, match="encryption.active_key_id: missing"):
         Config({"storage": {"local": {"root": "/tmp/unused"}}, "encryption": {"enabled": True}})
 

@@ -1,0 +1,89 @@
+"""The devstack launchers' ``run`` command (devstack/common.py: launcher_parser,
+serve_until_stopped, terminate_process), with the real servers: it prints where the server
+is, creates the buckets asked for, and a SIGTERM stops the server with it, also while it is
+still starting (no orphaned server process)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from devstack.common import REPO_ROOT
+
+
+def _launch(module: str, workdir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", module, "run", "--dir", str(workdir), *args],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _processes_using(workdir: Path) -> dict[int, str]:
+    """The running processes (pid: command line) that name ``workdir``: the server we started."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(workdir) in cmd and int(pid) != os.getpid() and " -m devstack." not in cmd:
+            out[int(pid)] = cmd
+    return out
+
+
+def _kill_all(proc: subprocess.Popen[str], workdir: Path) -> None:
+    """After a failure: the launcher and whatever server it left (so no test leaves one)."""
+    proc.kill()
+    proc.wait()
+    for pid in _processes_using(workdir):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_run_prints_the_endpoint_creates_buckets_and_stops_on_sigterm(tmp_path):
+    workdir = tmp_path / "gcs"
+    proc = _launch("devstack.gcsserver", workdir, "--bucket", "rsm-a", "--bucket", "rsm-b")
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        m = re.match(r"GCS endpoint (http://127\.0\.0\.1:\d+) \(data (\S+), log (\S+)\)", line)
+        assert m, line
+        assert m.group(2) == str(workdir / "data")
+        with urllib.request.urlopen(f"{m.group(1)}/storage/v1/b?project=test", timeout=10) as r:
+            names = {b["name"] for b in json.load(r).get("items", [])}
+        assert {"rsm-a", "rsm-b"} <= names
+        assert _processes_using(workdir), "the server process is not running"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not _processes_using(workdir)
+    finally:
+        _kill_all(proc, workdir)
+
+
+def test_sigterm_during_start_up_leaves_no_server_behind(tmp_path):
+    workdir = tmp_path / "s3"
+    proc = _launch("devstack.s3server", workdir, "--bucket", "rsm")
+    try:
+        deadline = time.monotonic() + 60
+        while not _processes_using(workdir):  # the server is spawned, not yet ready
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) != 0  # interrupted: no banner, a non-zero status
+        assert proc.stdout is not None and "S3 endpoint" not in proc.stdout.read()
+        assert not _processes_using(workdir)
+    finally:
+        _kill_all(proc, workdir)
