@@ -74,13 +74,14 @@ $(BCPROV):
 	mvn -q -B dependency:copy -Dartifact=org.bouncycastle:bcprov-jdk18on:1.83 -DoutputDirectory=$(CACHE)/interop
 
 # The README's test command: everything from a fresh clone.
-test: deps
+test: lint deps
 	$(BIN)/pytest
 
 # Style and types: ruff (lint + format check) and mypy, configured in pyproject.toml.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Unit and integration tests without the real broker.
 test-fast: deps

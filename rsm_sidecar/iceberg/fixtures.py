@@ -97,7 +97,7 @@ class TieredWriter:
                         aborted.append(AbortedTxn(h.producer_id, first, h.last_offset, lso))
                 elif h.is_transactional:
                     work.open_txns.setdefault(h.producer_id, h.base_offset)
-        if start is None:
+        if start is None or end is None:
             raise ValueError("a segment needs at least one batch")
         if track:
             st.open_txns, st.producers, st.next_offset = work.open_txns, work.producers, end + 1
@@ -107,7 +107,7 @@ class TieredWriter:
                 for pid, (epoch, last, ts) in sorted(work.producers.items())
             ]
         )
-        indexes = {
+        indexes: dict[str, bytes | None] = {
             "offset": encode_offset_index(offset_entries, start),
             "timestamp": encode_time_index(time_entries, start),
             "producerSnapshot": snapshot,
@@ -126,7 +126,9 @@ class TieredWriter:
             segment_size=len(data),
         ).validate()
         copier = SegmentCopier(self.store, self.layout, self.keyring, self.settings, self._pool)
-        copier.copy(md, BytesSource(data, indexes), indexes.pop("leaderEpoch"))
+        leader_epoch = indexes.pop("leaderEpoch")
+        assert leader_epoch is not None
+        copier.copy(md, BytesSource(data, indexes), leader_epoch)
         return md
 
     def base_key(self, md: SegmentMetadata) -> str:

@@ -195,7 +195,8 @@ CONFIG_KEYS = [
         "iceberg.proto.uint32_as_long",
         "bool",
         False,
-        "Map Protobuf uint32/fixed32 to long (lossless) instead of int (the seed's rule: values >= 2^31 wrap).",
+        "Map Protobuf uint32/fixed32 to long (lossless) instead of int "
+        "(the seed's rule: values >= 2^31 wrap).",
     ),
     Key(
         "iceberg.proto.well_known_types",

@@ -18,7 +18,7 @@ import decimal
 import io
 import json
 import uuid
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 NO_LIMIT = 0
 
@@ -39,6 +39,10 @@ def _utf8(data: bytes, cut_ok: bool) -> str | None:
     return None
 
 
+@overload
+def plain(data: bytes, max_bytes: int = ...) -> dict[str, Any]: ...
+@overload
+def plain(data: bytes | None, max_bytes: int = ...) -> dict[str, Any] | None: ...
 def plain(data: bytes | None, max_bytes: int = NO_LIMIT) -> dict[str, Any] | None:
     """``{"utf8": text}`` or ``{"hex": digits}``, plus ``size`` and ``truncated`` when only the
     first ``max_bytes`` bytes are shown; None for a null field."""

@@ -95,7 +95,7 @@ def run(ctx: InspectContext, topic: str | None = None, progress=None) -> DuResul
 
 
 def print_table(result: DuResult) -> None:
-    rows = []
+    rows: list[tuple[object, ...]] = []
     topics = result.topics()
     for (t, tid), tu in sorted(topics.items()):
         for (pt, ptid, p), u in sorted(result.partitions.items()):

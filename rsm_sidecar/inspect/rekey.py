@@ -74,7 +74,7 @@ def _preserved(old: SegmentManifest, new: SegmentManifest) -> list[str]:
     ]
     if old.writer is not None and old.writer != new.writer:
         diffs.append("writer")
-    if old.encryption.aad != new.encryption.aad:
+    if (old.encryption and old.encryption.aad) != (new.encryption and new.encryption.aad):
         diffs.append("encryption.aad")
     return diffs
 

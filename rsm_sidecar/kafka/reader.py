@@ -39,7 +39,8 @@ from .control import ControlRecord, parse_control_record
 from .errors import CorruptRecordError, KafkaLogError, TruncatedError
 from .records import Record, parse_records
 
-Source = bytes | bytearray | memoryview | BinaryIO | str | os.PathLike[str]
+# A segment in memory, a binary file object (an io.RawIOBase too) or a path.
+Source = bytes | bytearray | memoryview | BinaryIO | io.RawIOBase | str | os.PathLike[str]
 
 
 @dataclass(frozen=True, slots=True)
