@@ -10,57 +10,41 @@ import pytest
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError, DataLoss, FailedPrecondition
 from rsm_sidecar.transform.chunks import ChunkCodec
-from rsm_sidecar.transform.keyring import Keyring, write_key_pair
+from rsm_sidecar.transform.keyring import Keyring
 from tests.helpers import REPO, cache_dir, require_file
+from tests.keys_fixture import encryption_config
 
 
-@pytest.fixture(scope="module")
-def key_files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("keys")
-    out = {}
-    for kid in ("A", "B"):
-        write_key_pair(d / f"{kid}.pub.pem", d / f"{kid}.priv.pem", 2048)
-        out[kid] = (str(d / f"{kid}.pub.pem"), str(d / f"{kid}.priv.pem"))
-    return out
-
-
-def ring(key_files, active, ids=("A", "B")) -> Keyring:
+def ring(rsa_keys, active, ids=("A", "B")) -> Keyring:
     return Keyring.from_config(
         Config(
             {
                 "storage": {"local": {"root": "/tmp/unused"}},
-                "encryption": {
-                    "enabled": True,
-                    "active_key_id": active,
-                    "keys": {
-                        k: {"public_key_file": key_files[k][0], "private_key_file": key_files[k][1]}
-                        for k in ids
-                    },
-                },
+                "encryption": encryption_config(rsa_keys, active, ids),
             }
         )
     )
 
 
-def test_wrap_unwrap_roundtrip_and_rotation(key_files):
-    a = ring(key_files, "A")
+def test_wrap_unwrap_roundtrip_and_rotation(rsa_keys):
+    a = ring(rsa_keys, "A")
     dek, _ = a.new_data_key()
     kid, wrapped = a.wrap(dek)
     assert kid == "A" and dek not in wrapped
-    b = ring(key_files, "B")  # rotated: B active, A still in the ring
+    b = ring(rsa_keys, "B")  # rotated: B active, A still in the ring
     assert b.wrap(dek)[0] == "B"
     assert b.unwrap("A", wrapped) == dek
 
 
-def test_unknown_key_id_is_failed_precondition_naming_it(key_files):
-    only_b = ring(key_files, "B", ids=("B",))
-    _, wrapped = ring(key_files, "A").wrap(os.urandom(32))
+def test_unknown_key_id_is_failed_precondition_naming_it(rsa_keys):
+    only_b = ring(rsa_keys, "B", ids=("B",))
+    _, wrapped = ring(rsa_keys, "A").wrap(os.urandom(32))
     with pytest.raises(FailedPrecondition, match="'A'.*not in the keyring"):
         only_b.unwrap("A", wrapped, "seg.rsm-manifest")
 
 
-def test_wrong_key_under_same_id_is_data_loss(key_files):
-    _, wrapped = ring(key_files, "A").wrap(os.urandom(32))
+def test_wrong_key_under_same_id_is_data_loss(rsa_keys):
+    _, wrapped = ring(rsa_keys, "A").wrap(os.urandom(32))
     swapped = Keyring.from_config(
         Config(
             {
@@ -69,7 +53,7 @@ def test_wrong_key_under_same_id_is_data_loss(key_files):
                     "enabled": True,
                     "active_key_id": "A",
                     "keys": {
-                        "A": {"public_key_file": key_files["B"][0], "private_key_file": key_files["B"][1]}
+                        "A": {"public_key_file": rsa_keys["B"][0], "private_key_file": rsa_keys["B"][1]}
                     },
                 },
             }
@@ -79,9 +63,9 @@ def test_wrong_key_under_same_id_is_data_loss(key_files):
         swapped.unwrap("A", wrapped)
 
 
-def test_config_errors_name_the_key(key_files, tmp_path):
+def test_config_errors_name_the_key(rsa_keys, tmp_path):
     with pytest.raises(ConfigError, match="encryption.active_key_id"):
-        ring(key_files, "C")
+        ring(rsa_keys, "C")
     bad = tmp_path / "bad.pem"
     bad.write_text("not a key")
     with pytest.raises(ConfigError, match="encryption.keys.A.public_key_file"):
@@ -92,7 +76,7 @@ def test_config_errors_name_the_key(key_files, tmp_path):
                     "encryption": {
                         "enabled": True,
                         "active_key_id": "A",
-                        "keys": {"A": {"public_key_file": str(bad), "private_key_file": key_files["A"][1]}},
+                        "keys": {"A": {"public_key_file": str(bad), "private_key_file": rsa_keys["A"][1]}},
                     },
                 }
             )
@@ -106,7 +90,7 @@ def test_config_errors_name_the_key(key_files, tmp_path):
                         "enabled": True,
                         "active_key_id": "A",
                         "keys": {
-                            "A": {"public_key_file": key_files["A"][0], "private_key_file": key_files["B"][1]}
+                            "A": {"public_key_file": rsa_keys["A"][0], "private_key_file": rsa_keys["B"][1]}
                         },
                     },
                 }
@@ -116,8 +100,8 @@ def test_config_errors_name_the_key(key_files, tmp_path):
         Config({"storage": {"local": {"root": "/tmp/unused"}}, "encryption": {"enabled": True}})
 
 
-def test_keyring_repr_has_no_key_material(key_files):
-    text = repr(ring(key_files, "A").pairs)
+def test_keyring_repr_has_no_key_material(rsa_keys):
+    text = repr(ring(rsa_keys, "A").pairs)
     assert "PRIVATE" not in text and "BEGIN" not in text
 
 
@@ -134,19 +118,21 @@ def _bc(*args: str) -> str:
     return out.stdout.strip()
 
 
-def test_bouncycastle_wraps_python_unwraps_and_back(key_files):
+@pytest.mark.integration  # Java and the BouncyCastle jar (make interop-jars)
+def test_bouncycastle_wraps_python_unwraps_and_back(rsa_keys):
     """RSA/NONE/OAEPWithSHA3-512AndMGF1Padding in BC applies SHA3-512 to MGF1 too; a
     mismatch in either digest would make one direction fail."""
     import base64
 
-    keys = ring(key_files, "A")
+    keys = ring(rsa_keys, "A")
     dek = os.urandom(32)
-    wrapped_by_bc = base64.b64decode(_bc("wrap", key_files["A"][0], dek.hex()))
+    wrapped_by_bc = base64.b64decode(_bc("wrap", rsa_keys["A"][0], dek.hex()))
     assert keys.unwrap("A", wrapped_by_bc) == dek
     _, wrapped_by_py = keys.wrap(dek)
-    assert _bc("unwrap", key_files["A"][1], base64.b64encode(wrapped_by_py).decode()) == dek.hex()
+    assert _bc("unwrap", rsa_keys["A"][1], base64.b64encode(wrapped_by_py).decode()) == dek.hex()
 
 
+@pytest.mark.integration  # Java and the BouncyCastle jar (make interop-jars)
 def test_java_aes_gcm_chunks_match_ours():
     dek, aad, plain = os.urandom(32), os.urandom(32), os.urandom(1000)
     codec = ChunkCodec(False, dek, aad)
