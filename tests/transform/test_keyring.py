@@ -15,15 +15,20 @@ from tests.helpers import REPO, cache_dir, require_file
 from tests.keys_fixture import encryption_config
 
 
-def ring(rsa_keys, active, ids=("A", "B")) -> Keyring:
+def ring_of(keys: dict[str, tuple[str, str]], active: str) -> Keyring:
+    """A keyring of ``keys``: key id -> (public PEM path, private PEM path)."""
     return Keyring.from_config(
         Config(
             {
                 "storage": {"local": {"root": "/tmp/unused"}},
-                "encryption": encryption_config(rsa_keys, active, ids),
+                "encryption": encryption_config(keys, active, tuple(keys)),
             }
         )
     )
+
+
+def ring(rsa_keys, active, ids=("A", "B")) -> Keyring:
+    return ring_of({k: rsa_keys[k] for k in ids}, active)
 
 
 def test_wrap_unwrap_roundtrip_and_rotation(rsa_keys):
@@ -45,20 +50,7 @@ def test_unknown_key_id_is_failed_precondition_naming_it(rsa_keys):
 
 def test_wrong_key_under_same_id_is_data_loss(rsa_keys):
     _, wrapped = ring(rsa_keys, "A").wrap(os.urandom(32))
-    swapped = Keyring.from_config(
-        Config(
-            {
-                "storage": {"local": {"root": "/tmp/unused"}},
-                "encryption": {
-                    "enabled": True,
-                    "active_key_id": "A",
-                    "keys": {
-                        "A": {"public_key_file": rsa_keys["B"][0], "private_key_file": rsa_keys["B"][1]}
-                    },
-                },
-            }
-        )
-    )
+    swapped = ring_of({"A": rsa_keys["B"]}, "A")
     with pytest.raises(DataLoss, match="does not decrypt"):
         swapped.unwrap("A", wrapped)
 
@@ -69,33 +61,9 @@ def test_config_errors_name_the_key(rsa_keys, tmp_path):
     bad = tmp_path / "bad.pem"
     bad.write_text("not a key")
     with pytest.raises(ConfigError, match="encryption.keys.A.public_key_file"):
-        Keyring.from_config(
-            Config(
-                {
-                    "storage": {"local": {"root": "/tmp/unused"}},
-                    "encryption": {
-                        "enabled": True,
-                        "active_key_id": "A",
-                        "keys": {"A": {"public_key_file": str(bad), "private_key_file": rsa_keys["A"][1]}},
-                    },
-                }
-            )
-        )
+        ring_of({"A": (str(bad), rsa_keys["A"][1])}, "A")
     with pytest.raises(ConfigError, match="not a pair"):
-        Keyring.from_config(
-            Config(
-                {
-                    "storage": {"local": {"root": "/tmp/unused"}},
-                    "encryption": {
-                        "enabled": True,
-                        "active_key_id": "A",
-                        "keys": {
-                            "A": {"public_key_file": rsa_keys["A"][0], "private_key_file": rsa_keys["B"][1]}
-                        },
-                    },
-                }
-            )
-        )
+        ring_of({"A": (rsa_keys["A"][0], rsa_keys["B"][1])}, "A")
     with pytest.raises(ConfigError, match="encryption.active_key_id: missing"):
         Config({"storage": {"local": {"root": "/tmp/unused"}}, "encryption": {"enabled": True}})
 
