@@ -96,19 +96,19 @@ class FetchTest {
 
         @Override
         public void fetchSegment(FetchSegmentRequest req, StreamObserver<FetchSegmentResponse> observer) {
-            calls.incrementAndGet();
-            ((ServerCallStreamObserver<FetchSegmentResponse>) observer).setOnCancelHandler(cancelled::countDown);
-            if (bytes > 0) {
-                observer.onNext(FetchSegmentResponse.newBuilder().setData(ByteString.copyFrom(new byte[bytes])).build());
-            }
+            stall(observer, FetchSegmentResponse.newBuilder().setData(ByteString.copyFrom(new byte[bytes])).build());
         }
 
         @Override
         public void fetchIndex(FetchIndexRequest req, StreamObserver<FetchIndexResponse> observer) {
+            stall(observer, FetchIndexResponse.newBuilder().setData(ByteString.copyFrom(new byte[bytes])).build());
+        }
+
+        private <T> void stall(StreamObserver<T> observer, T first) {
             calls.incrementAndGet();
-            ((ServerCallStreamObserver<FetchIndexResponse>) observer).setOnCancelHandler(cancelled::countDown);
+            ((ServerCallStreamObserver<T>) observer).setOnCancelHandler(cancelled::countDown);
             if (bytes > 0) {
-                observer.onNext(FetchIndexResponse.newBuilder().setData(ByteString.copyFrom(new byte[bytes])).build());
+                observer.onNext(first);
             }
         }
     }
