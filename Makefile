@@ -18,7 +18,7 @@ ICEBERG_STAMP := $(CACHE)/.iceberg-deps
 SERVERS_STAMP := $(CACHE)/.storage-servers
 COMPOSE_TOOLS_STAMP := $(CACHE)/.compose-tools
 
-.PHONY: lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools deps test test-fast demo up down clean bench docs
+.PHONY: lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools deps test test-fast test-unit demo up down clean bench docs
 
 setup: $(VENV)/.installed $(PROTO_OUT)
 
@@ -82,6 +82,11 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The fast inner loop: unit tests only (no server, no download, no broker; tiers in tests/conftest.py).
+# Needs only `make setup`.
+test-unit: setup
+	$(BIN)/pytest -m unit
 
 # Unit and integration tests without the real broker.
 test-fast: deps

@@ -120,6 +120,30 @@ def filler(bootstrap: str, topic: str, size: int = 2 * SEGMENT_BYTES + 100_000, 
     return last["o"] + 1
 
 
+def produce_and_tier(
+    stack,
+    topics: dict[str, str],
+    n: int = 400,
+    seed: int = 0,
+    age_ms: int = 3_600_000,
+    big_every: int = 150,
+) -> dict[str, list[Rec]]:
+    """For each topic -> producer compression: create the topic, produce ``n`` records (the
+    i-th topic's drawn with random seed ``seed + i``, timestamps from ``age_ms`` ago) and roll
+    them out of the active segment with filler; then wait until all of them are tiered.
+    Returns topic -> the produced records with their offsets."""
+    t0 = int(time.time() * 1000) - age_ms
+    out = {}
+    for i, (topic, compression) in enumerate(topics.items()):
+        create_topic(stack.bootstrap_servers, topic)
+        recs = records(n, random.Random(seed + i), t0, big_every=big_every)
+        out[topic] = produce(stack.bootstrap_servers, topic, recs, compression)
+        filler(stack.bootstrap_servers, topic)
+    for topic, recs in out.items():
+        wait_tiered(stack, topic, recs[-1].offset + 1)
+    return out
+
+
 def local_segment_offsets(broker, topic: str, partition: int = 0) -> list[int]:
     d: Path = broker.partition_dir(topic, partition)
     if not d.exists():

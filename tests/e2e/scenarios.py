@@ -14,8 +14,7 @@ from tests.e2e.kafka_helpers import (
     consume_until_idle,
     create_topic,
     filler,
-    produce,
-    records,
+    produce_and_tier,
     remote_segments,
     wait_tiered,
 )
@@ -23,22 +22,14 @@ from tests.e2e.kafka_helpers import (
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
-def produce_and_tier_all_compressions(stack, prefix: str) -> dict[str, tuple[str, list[Rec]]]:
+def produce_and_tier_all_compressions(
+    stack, prefix: str, compressions: tuple[str, ...] = COMPRESSIONS, seed: int = 0
+) -> dict[str, tuple[str, list[Rec]]]:
     """One topic per producer compression with the same kinds of records; returns
     compression -> (topic, produced records with offsets) once all are tiered."""
-    out = {}
-    t0 = int(time.time() * 1000) - 3_600_000
-    for i, comp in enumerate(COMPRESSIONS):
-        topic = f"{prefix}-{comp}"
-        create_topic(stack.bootstrap_servers, topic)
-        recs = produce(
-            stack.bootstrap_servers, topic, records(400, random.Random(i), t0, big_every=150), comp
-        )
-        filler(stack.bootstrap_servers, topic)
-        out[comp] = (topic, recs)
-    for topic, recs in out.values():
-        wait_tiered(stack, topic, recs[-1].offset + 1)
-    return out
+    topics = {f"{prefix}-{comp}": comp for comp in compressions}
+    tiered = produce_and_tier(stack, topics, seed=seed)
+    return {comp: (topic, tiered[topic]) for topic, comp in topics.items()}
 
 
 def assert_same_records(got: list[Rec], expected: list[Rec]) -> None:

@@ -4,22 +4,16 @@ Together with the 4.x suites this shows one jar serves 3.x and 4.x brokers."""
 
 from __future__ import annotations
 
-import random
 import re
-import time
 
 import pytest
 
 from devstack.stack import LocalStack
 from tests.e2e import scenarios
 from tests.e2e.kafka_helpers import (
-    create_topic,
-    filler,
     local_segment_offsets,
-    produce,
-    records,
+    produce_and_tier,
     remote_segments,
-    wait_tiered,
 )
 
 KAFKA_VERSION = "3.9.2"
@@ -42,16 +36,7 @@ def stack(tmp_path_factory, request):
 @pytest.fixture(scope="module")
 def tiered(stack):
     topic = "k39-basic"
-    create_topic(stack.bootstrap_servers, topic)
-    recs = produce(
-        stack.bootstrap_servers,
-        topic,
-        records(400, random.Random(39), int(time.time() * 1000) - 3_600_000, big_every=150),
-        "lz4",
-    )
-    filler(stack.bootstrap_servers, topic)
-    wait_tiered(stack, topic, recs[-1].offset + 1)
-    return topic, recs
+    return topic, produce_and_tier(stack, {topic: "lz4"}, seed=39)[topic]
 
 
 def test_the_broker_is_kafka_3_9_running_the_shim(stack, tiered):

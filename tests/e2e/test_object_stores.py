@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
-import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -18,13 +16,9 @@ from rsm_sidecar.format.keys import KeyLayout
 from tests.e2e import scenarios
 from tests.e2e.kafka_helpers import (
     consume,
-    create_topic,
-    filler,
-    produce,
-    records,
+    produce_and_tier,
     remote_segments,
     wait_for,
-    wait_tiered,
 )
 
 
@@ -41,15 +35,7 @@ def test_offload_consume_and_delete_topic(object_stack):
     store = stack.object_store()
     assert store.name == stack.storage
     topic = f"orders-{stack.storage}"
-    create_topic(stack.bootstrap_servers, topic)
-    recs = produce(
-        stack.bootstrap_servers,
-        topic,
-        records(300, random.Random(5), int(time.time() * 1000) - 60_000, big_every=100),
-        "zstd",
-    )
-    filler(stack.bootstrap_servers, topic)
-    wait_tiered(stack, topic, recs[-1].offset + 1)
+    recs = produce_and_tier(stack, {topic: "zstd"}, n=300, seed=5, age_ms=60_000, big_every=100)[topic]
     segments = remote_segments(store, topic)
     assert segments and all(s["suffixes"] == {"log", "indexes", "rsm-manifest"} for s in segments.values())
     scenarios.assert_same_records(consume(stack.bootstrap_servers, topic, 0, len(recs)), recs)

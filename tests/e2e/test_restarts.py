@@ -28,8 +28,7 @@ from tests.e2e.kafka_helpers import (
     create_topic,
     filler,
     local_segment_offsets,
-    produce,
-    records,
+    produce_and_tier,
     remote_segments,
     wait_for,
     wait_tiered,
@@ -178,15 +177,7 @@ def check_no_partial_segment_readable(stack, store) -> tuple[list[str], list[str
 
 def test_tiered_data_served_after_a_broker_restart(stack, store):
     topic = "broker-restart"
-    create_topic(stack.bootstrap_servers, topic)
-    recs = produce(
-        stack.bootstrap_servers,
-        topic,
-        records(400, random.Random(21), int(time.time() * 1000) - 3_600_000, big_every=150),
-        "zstd",
-    )
-    filler(stack.bootstrap_servers, topic)
-    wait_tiered(stack, topic, recs[-1].offset + 1)
+    recs = produce_and_tier(stack, {topic: "zstd"}, seed=21)[topic]
     assert len(manifests(store, topic)) >= 2
 
     log_offset = stack.broker.server_log.stat().st_size

@@ -4,14 +4,11 @@ opens the broker's files)."""
 
 from __future__ import annotations
 
-import random
 import re
-import time
 
 import pytest
 
 from tests.e2e import scenarios
-from tests.e2e.kafka_helpers import create_topic, filler, produce, records, wait_tiered
 
 TRANSFER_MODE = "stream"
 COMPRESSIONS = ("zstd", "none")
@@ -19,19 +16,7 @@ COMPRESSIONS = ("zstd", "none")
 
 @pytest.fixture(scope="module")
 def tiered(stack):
-    out = {}
-    t0 = int(time.time() * 1000) - 3_600_000
-    for i, comp in enumerate(COMPRESSIONS):
-        topic = f"stream-{comp}"
-        create_topic(stack.bootstrap_servers, topic)
-        recs = produce(
-            stack.bootstrap_servers, topic, records(400, random.Random(100 + i), t0, big_every=150), comp
-        )
-        filler(stack.bootstrap_servers, topic)
-        out[comp] = (topic, recs)
-    for topic, recs in out.values():
-        wait_tiered(stack, topic, recs[-1].offset + 1)
-    return out
+    return scenarios.produce_and_tier_all_compressions(stack, "stream", COMPRESSIONS, seed=100)
 
 
 def test_the_shim_copies_in_stream_mode(stack, tiered):

@@ -24,13 +24,8 @@ PROTO_DIR = Path(__file__).parent / "protos"
 def apicurio(tmp_path_factory):
     from devstack.registry import ApicurioDistribution, ApicurioRegistry
 
-    dist = ApicurioDistribution.ensure()
-    reg = ApicurioRegistry(dist, tmp_path_factory.mktemp("apicurio"))
-    reg.start()
-    try:
-        yield reg
-    finally:
-        reg.stop()
+    with ApicurioRegistry(ApicurioDistribution.ensure(), tmp_path_factory.mktemp("apicurio")) as registry:
+        yield registry
 
 
 @pytest.fixture(scope="session")

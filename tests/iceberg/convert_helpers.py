@@ -5,6 +5,7 @@ and reading tables back."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import os
 import signal
@@ -25,6 +26,16 @@ from rsm_sidecar.transform.keyring import Keyring, write_key_pair
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000
+
+
+#: every step of ``iceberg maintain``, with no age guard
+MAINTAIN_EVERYTHING_NOW = {
+    "compact": True,
+    "expire": True,
+    "expire_older_than": dt.timedelta(0),
+    "remove_orphans": True,
+    "orphan_older_than": dt.timedelta(0),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +141,13 @@ class SyntheticTopic:
                 partition, [self.batch(partition, batch_size) for _ in range(per_segment // batch_size)]
             )
 
+    def transactional_segments(self) -> None:
+        """190 committed records: partition 0 holds a committed batch, an aborted transaction
+        and a batch after it (70 records); partition 1 two plain segments (120)."""
+        self.segment(0, [self.batch(0, 40), self.batch(0, 6, transactional_pid=3, record=False)])
+        self.segment(0, [self.marker(0, 3, commit=False), self.batch(0, 30)])
+        self.simple_segments(1, 2)
+
     def expected(self, partitions=None) -> list[tuple]:
         return sorted(
             (r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
@@ -151,6 +169,14 @@ class SyntheticTopic:
         return convert(
             self.config_file, self.topic, environ={}, overrides=overrides, spark=spark, log=lambda line: None
         )
+
+    def maintain(self, spark, overrides: dict | None = None, **options):
+        """``iceberg maintain`` on this topic's table (``options``: those of ``maintain``)."""
+        from rsm_sidecar.iceberg.job import load_config
+        from rsm_sidecar.iceberg.maintain import maintain
+
+        cfg, storage = load_config(self.config_file, {}, overrides or {})
+        return maintain(cfg, storage, self.topic, spark=spark, log=lambda line: None, **options)
 
     def table(self, **overrides):
         from rsm_sidecar.iceberg.catalogs import CatalogSpec

@@ -6,16 +6,13 @@ maintenance (compaction, expiry, orphan removal by prefix listing) on GCS."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import urllib.request
 
 import pytest
 
 from rsm_sidecar.iceberg import markers as mk
-from rsm_sidecar.iceberg.job import load_config
-from rsm_sidecar.iceberg.maintain import maintain
-from tests.iceberg.convert_helpers import SyntheticTopic, rows
+from tests.iceberg.convert_helpers import MAINTAIN_EVERYTHING_NOW, SyntheticTopic, rows
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +47,7 @@ def test_local_catalog_with_gcs_warehouse_and_gcs_segments(spark, gcs, tmp_path)
         f'credentials = "anonymous"\nproject = "test"\n'
     )
     t = SyntheticTopic(tmp_path, "clicks", catalog_name="gcslake", storage_toml=storage)
-    t.segment(0, [t.batch(0, 40), t.batch(0, 6, transactional_pid=3, record=False)])
-    t.segment(0, [t.marker(0, 3, commit=False), t.batch(0, 30)])
-    t.simple_segments(1, 2)
+    t.transactional_segments()
     ov = {
         "iceberg.warehouse": "gs://lake/warehouse",
         "iceberg.gcs.endpoint": gcs.endpoint_url,
@@ -88,19 +83,7 @@ def test_local_catalog_with_gcs_warehouse_and_gcs_segments(spark, gcs, tmp_path)
     urllib.request.urlopen(req, timeout=10).close()
     assert stray in _object_names(gcs, "lake")
 
-    cfg, store = load_config(t.config_file, {}, ov)
-    res = maintain(
-        cfg,
-        store,
-        t.topic,
-        compact=True,
-        expire=True,
-        expire_older_than=dt.timedelta(0),
-        remove_orphans=True,
-        orphan_older_than=dt.timedelta(0),
-        spark=spark,
-        log=lambda line: None,
-    )
+    res = t.maintain(spark, ov, **MAINTAIN_EVERYTHING_NOW)
     assert res.compacted["rewritten_data_files_count"] >= 2
     assert res.orphans == [f"gs://lake/{stray}"]
     assert stray not in _object_names(gcs, "lake")

@@ -9,15 +9,9 @@ from pathlib import Path
 
 from rsm_sidecar.iceberg import markers as mk
 from rsm_sidecar.iceberg.job import ConvertJob, load_config
-from rsm_sidecar.iceberg.maintain import maintain
 from tests.iceberg.convert_helpers import SyntheticTopic, kill_group, rows, wait_paused
 
 NOW = dt.timedelta(0)
-
-
-def _maintain(t: SyntheticTopic, spark, **kw):
-    cfg, storage = load_config(t.config_file, {})
-    return maintain(cfg, storage, t.topic, spark=spark, log=lambda line: None, **kw)
 
 
 def _data_files(t: SyntheticTopic) -> set[str]:
@@ -30,7 +24,7 @@ def test_expire_keeps_the_marker_snapshot_and_drops_unpublished_staged_ones(spar
     t.simple_segments(0, 3)
     t.convert(spark)
     marked = t.table().current_snapshot().snapshot_id
-    _maintain(t, spark, compact=True)  # a snapshot without marker on top
+    t.maintain(spark, compact=True)  # a snapshot without marker on top
     # a run staged by Spark but never published (what a job killed before publishing leaves)
     t.simple_segments(0, 1)
     cfg, storage = load_config(t.config_file, {})
@@ -39,7 +33,7 @@ def test_expire_keeps_the_marker_snapshot_and_drops_unpublished_staged_ones(spar
     table = t.table()
     staged = mk.staged_snapshot(table, job.job_id)
     assert staged is not None and len(table.metadata.snapshots) == 3
-    res = _maintain(t, spark, expire=True, expire_older_than=NOW, retain_last=1)
+    res = t.maintain(spark, expire=True, expire_older_than=NOW, retain_last=1)
     table = t.table()
     ids = {s.snapshot_id for s in table.metadata.snapshots}
     assert marked in ids and staged.snapshot_id not in ids
@@ -61,7 +55,7 @@ def test_compaction_reduces_the_file_count_with_identical_rows(spark, tmp_path):
     before = rows(t.table())
     files_before = t.table().inspect.files().num_rows
     assert files_before == 8  # one file per segment task
-    res = _maintain(t, spark, compact=True)
+    res = t.maintain(spark, compact=True)
     table = t.table()
     assert table.inspect.files().num_rows < files_before
     assert res.compacted["rewritten_data_files_count"] == files_before
@@ -84,7 +78,7 @@ def test_orphan_removal_deletes_the_files_a_killed_job_left(spark, tmp_path):
         str(Path(f.removeprefix("file:"))) for f in t.table().inspect.files().column("file_path").to_pylist()
     }
     assert not (left & referenced)
-    res = _maintain(t, spark, remove_orphans=True, orphan_older_than=NOW)
+    res = t.maintain(spark, remove_orphans=True, orphan_older_than=NOW)
     removed = {str(Path(f.removeprefix("file:"))) for f in res.orphans}
     assert left <= removed and not (removed & referenced)
     assert _data_files(t) == referenced
@@ -98,7 +92,7 @@ def test_drop_deleted_offsets_removes_rows_retention_took_from_kafka(spark, tmp_
     t.convert(spark)
     for path in t.objects_of(t.segments[0]):  # retention deletes partition 0's oldest segment
         path.unlink()
-    res = _maintain(t, spark, drop_deleted_offsets=True)
+    res = t.maintain(spark, drop_deleted_offsets=True)
     assert res.dropped == {0: 60, 1: 0}
     assert rows(t.table()) == [r for r in t.expected() if not (r[0] == 0 and r[1] < 60)]
     assert t.convert(spark).records == 0

@@ -364,6 +364,7 @@ def test_ambiguous_message_from_records_framed_with_the_pinned_id_or_from_the_ta
     )
 
 
+@pytest.mark.integration  # starts its own Apicurio registry
 def test_registry_down_is_a_job_level_error(tmp_path, order_pb2):
     """A registry that stops answering must fail the encode (the job), not mark records."""
     from confluent_kafka.schema_registry import SchemaRegistryClient

@@ -5,14 +5,10 @@ from PyIceberg's RestCatalog and Spark SQL, and maintenance through the REST cat
 
 from __future__ import annotations
 
-import datetime as dt
-
 import pytest
 
 from rsm_sidecar.iceberg import markers as mk
-from rsm_sidecar.iceberg.job import load_config
-from rsm_sidecar.iceberg.maintain import maintain
-from tests.iceberg.convert_helpers import SyntheticTopic, rows
+from tests.iceberg.convert_helpers import MAINTAIN_EVERYTHING_NOW, SyntheticTopic, rows
 
 ACCESS, SECRET = "iceberg-tests", "iceberg-tests-secret"
 
@@ -49,9 +45,7 @@ def test_rest_catalog_with_s3_warehouse_and_s3_segments(spark, s3, rest, tmp_pat
         f'secret_access_key = "{SECRET}"\n'
     )
     t = SyntheticTopic(tmp_path, "payments", catalog_name="lake", storage_toml=storage)
-    t.segment(0, [t.batch(0, 40), t.batch(0, 6, transactional_pid=3, record=False)])
-    t.segment(0, [t.marker(0, 3, commit=False), t.batch(0, 30)])
-    t.simple_segments(1, 2)
+    t.transactional_segments()
     ov = {
         "iceberg.catalog.type": "rest",
         "iceberg.catalog.rest.uri": rest.uri,
@@ -85,19 +79,7 @@ def test_rest_catalog_with_s3_warehouse_and_s3_segments(spark, s3, rest, tmp_pat
     # orphan removal (S3 prefix listing) finds an object no snapshot references
     stray = t.table(**ov).location().removeprefix("s3://lake/") + "/data/stray-from-a-killed-writer.parquet"
     s3.client().put_object(Bucket="lake", Key=stray, Body=b"not parquet")
-    cfg, store = load_config(t.config_file, {}, ov)
-    res = maintain(
-        cfg,
-        store,
-        t.topic,
-        compact=True,
-        expire=True,
-        expire_older_than=dt.timedelta(0),
-        remove_orphans=True,
-        orphan_older_than=dt.timedelta(0),
-        spark=spark,
-        log=lambda line: None,
-    )
+    res = t.maintain(spark, ov, **MAINTAIN_EVERYTHING_NOW)
     assert res.compacted["rewritten_data_files_count"] >= 2
     assert res.orphans == [f"s3://lake/{stray}"]
     assert stray not in [o["Key"] for o in s3.client().list_objects_v2(Bucket="lake")["Contents"]]

@@ -8,11 +8,13 @@ proves the relocated service files and the renamed epoll native library work.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -23,6 +25,22 @@ ROOT = Path(__file__).resolve().parents[2]
 JAR = ROOT / "java-shim" / "target" / "rsm-sidecar-shim.jar"
 SHADED = "io/github/rsmsidecar/shaded/"
 SHIM_CLASS = "io/github/rsmsidecar/shim/SidecarRemoteStorageManager.class"
+
+
+@contextlib.contextmanager
+def grpc_server_on_a_unix_socket(add_handlers: Callable[[grpc.Server], None], workers: int) -> Iterator[Path]:
+    """A Python gRPC server (handlers added by ``add_handlers``) on a Unix socket in a fresh
+    temporary directory; yields the socket path."""
+    with tempfile.TemporaryDirectory(prefix="rsm-shim-") as tmp:
+        sock = Path(tmp) / "rsm.sock"
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+        add_handlers(server)
+        server.add_insecure_port(f"unix://{sock}")
+        server.start()
+        try:
+            yield sock
+        finally:
+            server.stop(grace=None)
 
 
 @pytest.fixture(scope="module")
@@ -150,16 +168,8 @@ def uds_sidecar():
     handler = grpc.method_handlers_generic_handler(
         "rsm.v1.RemoteStorage", {"FetchIndex": grpc.unary_stream_rpc_method_handler(fetch_index)}
     )
-    with tempfile.TemporaryDirectory(prefix="rsm-shim-") as tmp:
-        sock = Path(tmp) / "rsm.sock"
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        server.add_generic_rpc_handlers((handler,))
-        server.add_insecure_port(f"unix://{sock}")
-        server.start()
-        try:
-            yield sock, seen
-        finally:
-            server.stop(grace=None)
+    with grpc_server_on_a_unix_socket(lambda server: server.add_generic_rpc_handlers((handler,)), 2) as sock:
+        yield sock, seen
 
 
 def test_connectivity_check_over_a_unix_socket(jar: zipfile.ZipFile, uds_sidecar) -> None:
@@ -245,16 +255,11 @@ def proto_sidecar():
             store.pop(request.metadata.segment_id, None)
             return rsm_pb2.DeleteSegmentResponse()
 
-    with tempfile.TemporaryDirectory(prefix="rsm-shim-") as tmp:
-        sock = Path(tmp) / "rsm.sock"
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    def add(server: grpc.Server) -> None:
         rsm_pb2_grpc.add_RemoteStorageServicer_to_server(Servicer(), server)
-        server.add_insecure_port(f"unix://{sock}")
-        server.start()
-        try:
-            yield sock, calls
-        finally:
-            server.stop(grace=None)
+
+    with grpc_server_on_a_unix_socket(add, 4) as sock:
+        yield sock, calls
 
 
 def test_broker_style_loading_drives_every_call(jar: zipfile.ZipFile, proto_sidecar, tmp_path: Path) -> None:

@@ -79,38 +79,24 @@ final class MetadataMapper {
 
     /** By name, so a state added by a later Kafka maps to UNSPECIFIED instead of failing. */
     static SegmentState state(String name) {
-        if (name == null) {
-            return SegmentState.SEGMENT_STATE_UNSPECIFIED;
-        }
-        switch (name) {
-            case "COPY_SEGMENT_STARTED":
-                return SegmentState.COPY_SEGMENT_STARTED;
-            case "COPY_SEGMENT_FINISHED":
-                return SegmentState.COPY_SEGMENT_FINISHED;
-            case "DELETE_SEGMENT_STARTED":
-                return SegmentState.DELETE_SEGMENT_STARTED;
-            case "DELETE_SEGMENT_FINISHED":
-                return SegmentState.DELETE_SEGMENT_FINISHED;
-            default:
-                return SegmentState.SEGMENT_STATE_UNSPECIFIED;
-        }
+        return sameName(SegmentState.class, name, SegmentState.SEGMENT_STATE_UNSPECIFIED);
     }
 
     /** By name; {@code null} for a type rsm.v1 does not know. */
     static IndexType indexType(RemoteStorageManager.IndexType type) {
-        switch (type.name()) {
-            case "OFFSET":
-                return IndexType.OFFSET;
-            case "TIMESTAMP":
-                return IndexType.TIMESTAMP;
-            case "PRODUCER_SNAPSHOT":
-                return IndexType.PRODUCER_SNAPSHOT;
-            case "TRANSACTION":
-                return IndexType.TRANSACTION;
-            case "LEADER_EPOCH":
-                return IndexType.LEADER_EPOCH;
-            default:
-                return null;
+        return sameName(IndexType.class, type.name(), null);
+    }
+
+    /** The rsm.v1 constant named like Kafka's {@code name}, or {@code unknown} when rsm.v1 has none
+     * (protobuf's own {@code UNRECOGNIZED} and {@code *_UNSPECIFIED} constants are no Kafka names). */
+    static <E extends Enum<E>> E sameName(Class<E> type, String name, E unknown) {
+        if (name == null || name.equals("UNRECOGNIZED") || name.endsWith("_UNSPECIFIED")) {
+            return unknown;
+        }
+        try {
+            return Enum.valueOf(type, name);
+        } catch (IllegalArgumentException e) {
+            return unknown;
         }
     }
 

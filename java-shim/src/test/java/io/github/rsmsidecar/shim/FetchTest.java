@@ -83,6 +83,36 @@ class FetchTest {
         return out.toByteArray();
     }
 
+    /** Answers fetchSegment and fetchIndex with one message of {@code bytes} bytes (none when 0)
+     * and then never again; counts the calls and sees the shim cancel them. */
+    static final class StallingSidecar extends RemoteStorageGrpc.RemoteStorageImplBase {
+        final CountDownLatch cancelled = new CountDownLatch(1);
+        final AtomicInteger calls = new AtomicInteger();
+        final int bytes;
+
+        StallingSidecar(int bytes) {
+            this.bytes = bytes;
+        }
+
+        @Override
+        public void fetchSegment(FetchSegmentRequest req, StreamObserver<FetchSegmentResponse> observer) {
+            stall(observer, FetchSegmentResponse.newBuilder().setData(ByteString.copyFrom(new byte[bytes])).build());
+        }
+
+        @Override
+        public void fetchIndex(FetchIndexRequest req, StreamObserver<FetchIndexResponse> observer) {
+            stall(observer, FetchIndexResponse.newBuilder().setData(ByteString.copyFrom(new byte[bytes])).build());
+        }
+
+        private <T> void stall(StreamObserver<T> observer, T first) {
+            calls.incrementAndGet();
+            ((ServerCallStreamObserver<T>) observer).setOnCancelHandler(cancelled::countDown);
+            if (bytes > 0) {
+                observer.onNext(first);
+            }
+        }
+    }
+
     @Test
     void streamsAllBytesInOrder() throws Exception {
         LazySidecar sidecar = new LazySidecar(20, CHUNK);
@@ -189,15 +219,7 @@ class FetchTest {
 
     @Test
     void openDeadlineCancelsASilentSidecar() throws Exception {
-        CountDownLatch cancelled = new CountDownLatch(1);
-        AtomicInteger calls = new AtomicInteger();
-        RemoteStorageGrpc.RemoteStorageImplBase sidecar = new RemoteStorageGrpc.RemoteStorageImplBase() {
-            @Override
-            public void fetchSegment(FetchSegmentRequest req, StreamObserver<FetchSegmentResponse> observer) {
-                calls.incrementAndGet();
-                ((ServerCallStreamObserver<FetchSegmentResponse>) observer).setOnCancelHandler(cancelled::countDown);
-            }
-        };
+        StallingSidecar sidecar = new StallingSidecar(0);
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config(ShimConfig.FETCH_DEADLINE_MS, "300"))) {
             long t0 = System.nanoTime();
             RemoteStorageException e = assertThrows(RemoteStorageException.class,
@@ -206,8 +228,8 @@ class FetchTest {
             assertTrue(ms >= 300 && ms < 3000, "took " + ms + " ms");
             assertTrue(e.getMessage().contains("DEADLINE_EXCEEDED"), e.getMessage());
             assertTrue(e.getMessage().contains("fetch.deadline.ms"), e.getMessage());
-            assertTrue(cancelled.await(5, TimeUnit.SECONDS));
-            assertEquals(1, calls.get(), "DEADLINE_EXCEEDED is not retried");
+            assertTrue(sidecar.cancelled.await(5, TimeUnit.SECONDS));
+            assertEquals(1, sidecar.calls.get(), "DEADLINE_EXCEEDED is not retried");
         }
     }
 
@@ -237,21 +259,14 @@ class FetchTest {
 
     @Test
     void readTimeoutCancelsAStalledStream() throws Exception {
-        CountDownLatch cancelled = new CountDownLatch(1);
-        RemoteStorageGrpc.RemoteStorageImplBase sidecar = new RemoteStorageGrpc.RemoteStorageImplBase() {
-            @Override
-            public void fetchSegment(FetchSegmentRequest req, StreamObserver<FetchSegmentResponse> observer) {
-                ((ServerCallStreamObserver<FetchSegmentResponse>) observer).setOnCancelHandler(cancelled::countDown);
-                observer.onNext(FetchSegmentResponse.newBuilder().setData(ByteString.copyFrom(new byte[100])).build());
-            }
-        };
+        StallingSidecar sidecar = new StallingSidecar(100);
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config(ShimConfig.FETCH_READ_TIMEOUT_MS, "300"));
              InputStream in = h.rsm.fetchLogSegment(Fixtures.metadata(), 0)) {
             assertEquals(100, in.readNBytes(100).length);
             IOException e = assertThrows(IOException.class, in::read);
             assertTrue(e.getMessage().contains("fetch.read.timeout.ms"), e.getMessage());
             assertTrue(e.getMessage().contains("after 100 bytes"), e.getMessage());
-            assertTrue(cancelled.await(5, TimeUnit.SECONDS));
+            assertTrue(sidecar.cancelled.await(5, TimeUnit.SECONDS));
         }
     }
 
@@ -372,20 +387,12 @@ class FetchTest {
 
     @Test
     void fetchIndexDeadlineCoversTheWholeCall() throws Exception {
-        CountDownLatch cancelled = new CountDownLatch(1);
-        RemoteStorageGrpc.RemoteStorageImplBase sidecar = new RemoteStorageGrpc.RemoteStorageImplBase() {
-            @Override
-            public void fetchIndex(FetchIndexRequest req, StreamObserver<FetchIndexResponse> observer) {
-                ((ServerCallStreamObserver<FetchIndexResponse>) observer).setOnCancelHandler(cancelled::countDown);
-                observer.onNext(FetchIndexResponse.newBuilder().setData(ByteString.copyFrom(new byte[10])).build());
-                // then stalls
-            }
-        };
+        StallingSidecar sidecar = new StallingSidecar(10);
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config(ShimConfig.FETCH_INDEX_DEADLINE_MS, "300"));
              InputStream in = h.rsm.fetchIndex(Fixtures.metadata(), RemoteStorageManager.IndexType.OFFSET)) {
             IOException e = assertThrows(IOException.class, in::readAllBytes);
             assertTrue(e.getMessage().contains("DEADLINE_EXCEEDED"), e.getMessage());
-            assertTrue(cancelled.await(5, TimeUnit.SECONDS));
+            assertTrue(sidecar.cancelled.await(5, TimeUnit.SECONDS));
         }
     }
 }

@@ -109,28 +109,31 @@ class InterruptTest {
         return thrown.get();
     }
 
+    /** Interrupts {@code body} once the hanging sidecar has the call: the call ends with a
+     * RemoteStorageException, the interrupt flag stays set and the sidecar sees the cancel. */
+    static Throwable assertInterruptCancelsTheCall(HangingSidecar sidecar, Body body) throws Exception {
+        AtomicBoolean flag = new AtomicBoolean();
+        Throwable e = interruptDuring(sidecar.started, body, flag);
+        assertInstanceOf(RemoteStorageException.class, e);
+        assertTrue(flag.get(), "interrupt flag lost");
+        assertTrue(sidecar.cancelled.await(5, TimeUnit.SECONDS), "sidecar did not see the cancel");
+        return e;
+    }
+
     @Test
     void interruptDuringDelete() throws Exception {
         HangingSidecar sidecar = new HangingSidecar(false);
-        AtomicBoolean flag = new AtomicBoolean();
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config())) {
-            Throwable e = interruptDuring(sidecar.started, () -> h.rsm.deleteLogSegmentData(Fixtures.metadata()), flag);
-            assertInstanceOf(RemoteStorageException.class, e);
+            Throwable e = assertInterruptCancelsTheCall(sidecar, () -> h.rsm.deleteLogSegmentData(Fixtures.metadata()));
             assertTrue(e.getMessage().contains("interrupted"), e.getMessage());
-            assertTrue(flag.get(), "interrupt flag lost");
-            assertTrue(sidecar.cancelled.await(5, TimeUnit.SECONDS), "sidecar did not see the cancel");
         }
     }
 
     @Test
     void interruptWhileOpeningAFetch() throws Exception {
         HangingSidecar sidecar = new HangingSidecar(false);
-        AtomicBoolean flag = new AtomicBoolean();
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config())) {
-            Throwable e = interruptDuring(sidecar.started, () -> h.rsm.fetchLogSegment(Fixtures.metadata(), 0), flag);
-            assertInstanceOf(RemoteStorageException.class, e);
-            assertTrue(flag.get(), "interrupt flag lost");
-            assertTrue(sidecar.cancelled.await(5, TimeUnit.SECONDS), "sidecar did not see the cancel");
+            assertInterruptCancelsTheCall(sidecar, () -> h.rsm.fetchLogSegment(Fixtures.metadata(), 0));
         }
     }
 

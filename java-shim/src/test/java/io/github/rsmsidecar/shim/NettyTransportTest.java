@@ -220,31 +220,27 @@ class NettyTransportTest {
             }
 
             // The server requires a client certificate.
-            SidecarRemoteStorageManager noClientCert = new SidecarRemoteStorageManager();
-            noClientCert.configure(Map.of("sidecar.target", target, "tls.enabled", "true", "tls.ca.file", ca,
+            assertRefused(Map.of("sidecar.target", target, "tls.enabled", "true", "tls.ca.file", ca,
                     "tls.authority.override", "sidecar.test", "retry.max.attempts", "1"));
-            try {
-                RemoteStorageException e = assertThrows(RemoteStorageException.class,
-                        () -> noClientCert.deleteLogSegmentData(Fixtures.metadata()));
-                assertTrue(e.getMessage().contains("UNAVAILABLE"), e.getMessage());
-            } finally {
-                noClientCert.close();
-            }
-
             // The certificate is for sidecar.test, not 127.0.0.1.
-            SidecarRemoteStorageManager wrongName = new SidecarRemoteStorageManager();
-            wrongName.configure(Map.of("sidecar.target", target, "tls.enabled", "true", "tls.ca.file", ca,
+            assertRefused(Map.of("sidecar.target", target, "tls.enabled", "true", "tls.ca.file", ca,
                     "tls.cert.file", dir.resolve("client.pem").toString(),
                     "tls.key.file", dir.resolve("client.key").toString(), "retry.max.attempts", "1"));
-            try {
-                RemoteStorageException e = assertThrows(RemoteStorageException.class,
-                        () -> wrongName.deleteLogSegmentData(Fixtures.metadata()));
-                assertTrue(e.getMessage().contains("UNAVAILABLE"), e.getMessage());
-            } finally {
-                wrongName.close();
-            }
         } finally {
             server.shutdownNow().awaitTermination(5, TimeUnit.SECONDS);
+        }
+    }
+
+    /** A shim configured with {@code config} cannot reach the TLS sidecar: UNAVAILABLE. */
+    private static void assertRefused(Map<String, String> config) throws Exception {
+        SidecarRemoteStorageManager rsm = new SidecarRemoteStorageManager();
+        rsm.configure(config);
+        try {
+            RemoteStorageException e = assertThrows(RemoteStorageException.class,
+                    () -> rsm.deleteLogSegmentData(Fixtures.metadata()));
+            assertTrue(e.getMessage().contains("UNAVAILABLE"), e.getMessage());
+        } finally {
+            rsm.close();
         }
     }
 }

@@ -86,35 +86,30 @@ class RetryTest {
             };
         }
 
-        @Override
-        public void fetchSegment(FetchSegmentRequest request, StreamObserver<FetchSegmentResponse> observer) {
-            callNanos.add(System.nanoTime());
-            if (fetch.incrementAndGet() <= failures) {
+        /** Fails while {@code calls} is at most {@code failures}, then answers {@code response}. */
+        private <T> void answer(AtomicInteger calls, StreamObserver<T> observer, T response) {
+            if (calls.incrementAndGet() <= failures) {
                 observer.onError(status.asRuntimeException());
                 return;
             }
-            observer.onNext(FetchSegmentResponse.newBuilder().setData(ByteString.copyFromUtf8("segment")).build());
+            observer.onNext(response);
             observer.onCompleted();
+        }
+
+        @Override
+        public void fetchSegment(FetchSegmentRequest request, StreamObserver<FetchSegmentResponse> observer) {
+            callNanos.add(System.nanoTime());
+            answer(fetch, observer, FetchSegmentResponse.newBuilder().setData(ByteString.copyFromUtf8("segment")).build());
         }
 
         @Override
         public void fetchIndex(FetchIndexRequest request, StreamObserver<FetchIndexResponse> observer) {
-            if (index.incrementAndGet() <= failures) {
-                observer.onError(status.asRuntimeException());
-                return;
-            }
-            observer.onNext(FetchIndexResponse.newBuilder().setData(ByteString.copyFromUtf8("index")).build());
-            observer.onCompleted();
+            answer(index, observer, FetchIndexResponse.newBuilder().setData(ByteString.copyFromUtf8("index")).build());
         }
 
         @Override
         public void deleteSegment(DeleteSegmentRequest request, StreamObserver<DeleteSegmentResponse> observer) {
-            if (delete.incrementAndGet() <= failures) {
-                observer.onError(status.asRuntimeException());
-                return;
-            }
-            observer.onNext(DeleteSegmentResponse.getDefaultInstance());
-            observer.onCompleted();
+            answer(delete, observer, DeleteSegmentResponse.getDefaultInstance());
         }
     }
 
