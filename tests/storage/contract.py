@@ -251,6 +251,10 @@ class RemoteStoreContract(ObjectStoreContract):
     its servers and how stores are opened on them) and sets the attributes below.
     """
 
+    # Its servers are reached through fixtures looked up by name, which tests/conftest.py's
+    # tiering cannot see: say it here.
+    pytestmark = pytest.mark.integration
+
     remote: Any
 
     @property
