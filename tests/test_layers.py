@@ -1,0 +1,91 @@
+"""The package layers of docs/design.md ("Layers, and where new code goes"), held by a test:
+a package of ``rsm_sidecar`` imports only packages below it (lazy imports inside functions
+included), so the storage core never grows a dependency on a tool built on top of it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.helpers import REPO
+
+PACKAGE = REPO / "rsm_sidecar"
+
+#: lowest first; a package may import only the ones before it
+LAYERS = (
+    "errors",
+    "durations",
+    "config",
+    "format",
+    "kafka",
+    "storage",
+    "transform",
+    "segment",
+    "service",
+    "iceberg",
+    "inspect",
+    "cli",
+)
+
+#: entry points that sit above every layer (the spark-submit script runs the CLI)
+ENTRY_POINTS = {Path("iceberg/submit/rsm_iceberg_job.py")}
+
+
+def _imported_packages(path: Path) -> set[str]:
+    """The ``rsm_sidecar`` top-level packages that a module imports."""
+    module = ("rsm_sidecar", *path.relative_to(PACKAGE).with_suffix("").parts)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                here = module if path.name == "__init__.py" else module[:-1]
+                base = here[: len(here) - (node.level - 1)]
+                names = [".".join((*base, node.module) if node.module else base)]
+            else:
+                names = [node.module or ""]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "rsm_sidecar" and len(parts) > 1 and parts[1] != "_proto":
+                found.add(parts[1])
+    return found
+
+
+def _layer_of(path: Path) -> str:
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def test_every_package_is_in_a_layer():
+    packages = {
+        _layer_of(p) for p in PACKAGE.glob("*") if p.name not in ("__init__.py", "_proto", "__pycache__")
+    }
+    packages = {p for p in packages if not p.startswith(".")}
+    assert packages == set(LAYERS), "add the new package to LAYERS and to docs/design.md"
+
+
+def test_packages_import_only_lower_layers():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if (
+            rel.parts[0] == "_proto"
+            or rel in ENTRY_POINTS
+            or rel.name == "__init__.py"
+            and len(rel.parts) == 1
+        ):
+            continue
+        me = _layer_of(path)
+        for other in _imported_packages(path):
+            if other != me and LAYERS.index(other) > LAYERS.index(me):
+                wrong.append(f"{rel} ({me}) imports {other}")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_the_design_doc_lists_the_layers_in_this_order():
+    text = (REPO / "docs" / "design.md").read_text()
+    section = text.split("## Layers, and where new code goes", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `(?:rsm_sidecar/)?([a-z_]+)(?:\.py|/)?` \|", section, flags=re.M)
+    assert tuple(listed) == LAYERS
