@@ -284,8 +284,9 @@ class _ProtoSide(_Side):
         if key in self._ids:
             return self._ids[key]
         err: str | None = None
+        assert self.registry is not None  # only registry-framed values are checked
         try:
-            res = self.registry.resolve(sid)  # type: ignore[union-attr]
+            res = self.registry.resolve(sid)
             if res.schema_type != PROTOBUF or res.proto is None:
                 err = f"schema id {sid} is {res.schema_type}, not PROTOBUF"
             else:

@@ -4,6 +4,7 @@ PyIceberg, both directions, and the row encoder running inside ``mapInArrow``.""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
 import pyarrow as pa
 import pytest
@@ -160,7 +161,7 @@ def test_download_checks_checksums(tmp_path):
     (root / "g" / "a.jar.sha1").write_text(hashlib.sha1(b"jar-bytes").hexdigest())
     (root / "g" / "b.jar").write_bytes(b"tampered")
     (root / "g" / "b.jar.sha1").write_text(hashlib.sha1(b"original").hexdigest())
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(root))  # noqa: E731
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{srv.server_address[1]}/g"
