@@ -62,8 +62,9 @@ def test_delete_records_deletes_remote_segments(stack, store):
     )
     end = filler(stack.bootstrap_servers, topic, 4 * 1024 * 1024)
     wait_tiered(stack, topic, recs[-1].offset + 1)
+    # the filler's segments are tiered one after the other (asynchronously): wait for four
+    wait_for("four segments tiered", lambda: len(remote_segments(store, topic)) >= 4)
     segments = sorted(s["start_offset"] for s in remote_segments(store, topic).values())
-    assert len(segments) >= 4
     cut = segments[2] + 5  # inside the third segment
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     for f in admin.delete_records([TopicPartition(topic, 0, cut)]).values():
