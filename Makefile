@@ -18,7 +18,7 @@ ICEBERG_STAMP := $(CACHE)/.iceberg-deps
 SERVERS_STAMP := $(CACHE)/.storage-servers
 COMPOSE_TOOLS_STAMP := $(CACHE)/.compose-tools
 
-.PHONY: lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools deps test test-fast test-unit demo up down clean bench docs
+.PHONY: compose-demo compose-down lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools deps test test-fast test-unit demo up down clean bench docs
 
 setup: $(VENV)/.installed $(PROTO_OUT)
 
@@ -64,8 +64,8 @@ $(SERVERS_STAMP): devstack/s3server.py devstack/gcsserver.py | $(VENV)/.installe
 # docker compose (built from the Go module proxy) and BuildKit's Dockerfile checks, which
 # tests/compose uses to validate docker-compose.yml without a Docker engine.
 compose-tools: $(COMPOSE_TOOLS_STAMP)
-$(COMPOSE_TOOLS_STAMP): tests/compose/tooling.py tests/compose/tools/go.mod | $(VENV)/.installed
-	$(BIN)/python -c 'from tests.compose.tooling import ensure_compose_cli, ensure_dockerfilecheck; \
+$(COMPOSE_TOOLS_STAMP): devstack/compose_tools.py tests/compose/tools/go.mod | $(VENV)/.installed
+	$(BIN)/python -c 'from devstack.compose_tools import ensure_compose_cli, ensure_dockerfilecheck; \
 	  print(ensure_compose_cli()); print(ensure_dockerfilecheck())'
 	touch $@
 
@@ -114,6 +114,15 @@ up: deps
 
 down:
 	$(BIN)/python -m devstack.cli down
+
+# docker-compose.yml on podman (installed, configured and given a debian:bookworm-slim base
+# image here when missing; devstack/containers.py): build, up, the demo's summary. The cluster
+# keeps running until `make compose-down`.
+compose-demo: setup shim compose-tools
+	$(BIN)/python -m devstack.containers demo
+
+compose-down: setup
+	$(BIN)/python -m devstack.containers down
 
 # Every benchmark, one after the other (each prints its own table; about 15 minutes).
 # Each also runs on its own: see the command in its docstring.

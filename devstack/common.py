@@ -330,13 +330,20 @@ def kill_process(proc: subprocess.Popen[bytes], wait: float = 10.0) -> int | Non
 
 # -- the command line of a launcher -----------------------------------------------------------
 def launcher_parser(
-    module: str, doc: str | None, install_help: str, run_help: str
+    module: str,
+    doc: str | None,
+    install_help: str,
+    run_help: str,
+    install_options: Callable[[argparse.ArgumentParser], object] | None = None,
 ) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """``python -m devstack.<module> install|run [--dir DIR]``: the parser and its ``run``
-    subparser (for the launcher's own options). ``args.cmd`` is ``install`` or ``run``."""
+    subparser (for the launcher's own options); ``install_options`` adds options to
+    ``install``. ``args.cmd`` is ``install`` or ``run``."""
     ap = argparse.ArgumentParser(prog=f"python -m {module}", description=(doc or "").split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("install", help=install_help)
+    install = sub.add_parser("install", help=install_help)
+    if install_options:
+        install_options(install)
     run = sub.add_parser("run", help=run_help)
     run.add_argument("--dir", default=None, help="work/data directory (default: a temp dir)")
     return ap, run

@@ -42,10 +42,12 @@ from devstack.common import (
     serve_until_stopped,
     work_dir,
 )
+from rsm_sidecar.iceberg.jars import SQLITE_JDBC
 
 FIXTURE_VERSION = "1.11.0"
 JETTY_VERSION = "12.1.14"
 SLF4J_VERSION = "2.0.17"
+HADOOP_VERSION = "3.4.2"  # the hadoop-client-api/-runtime jars of pyspark 4.1.4
 _STAMP = ".devstack-complete"
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -66,26 +68,44 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
       <version>{jetty}</version></dependency>
     <dependency><groupId>org.eclipse.jetty.compression</groupId><artifactId>jetty-compression-server</artifactId>
       <version>{jetty}</version></dependency>
-    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-simple</artifactId><version>{slf4j}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-simple</artifactId><version>{slf4j}</version></dependency>{standalone}
   </dependencies>
 </project>
 """
+
+
+#: What the tests take from pyspark and the Spark jar cache (:func:`_extra_jars`), resolved with
+#: the fixture instead for a machine without them (the ``iceberg-rest`` image of docker/Dockerfile).
+_STANDALONE_DEPENDENCIES = f"""
+    <dependency><groupId>org.apache.hadoop</groupId><artifactId>hadoop-client-api</artifactId>
+      <version>{HADOOP_VERSION}</version></dependency>
+    <dependency><groupId>org.apache.hadoop</groupId><artifactId>hadoop-client-runtime</artifactId>
+      <version>{HADOOP_VERSION}</version></dependency>
+    <dependency><groupId>org.xerial</groupId><artifactId>sqlite-jdbc</artifactId>
+      <version>{SQLITE_JDBC.version}</version></dependency>"""
 
 
 class RestFixtureError(RuntimeError):
     pass
 
 
-def fixture_home(cache: Path | None = None, version: str = FIXTURE_VERSION) -> Path:
-    return Path(cache or default_cache_dir()) / f"iceberg-rest-fixture-{version}"
+def fixture_home(cache: Path | None = None, version: str = FIXTURE_VERSION, standalone: bool = False) -> Path:
+    suffix = "-standalone" if standalone else ""
+    return Path(cache or default_cache_dir()) / f"iceberg-rest-fixture-{version}{suffix}"
 
 
 def ensure_rest_fixture(
-    cache: Path | None = None, version: str = FIXTURE_VERSION, mvn: str | None = None, timeout: float = 600
+    cache: Path | None = None,
+    version: str = FIXTURE_VERSION,
+    mvn: str | None = None,
+    timeout: float = 600,
+    standalone: bool = False,
 ) -> Path:
-    """The fixture's ``lib`` directory, resolved once with Maven (idempotent, locked)."""
+    """The fixture's ``lib`` directory, resolved once with Maven (idempotent, locked).
+    ``standalone`` adds Hadoop's client jars and sqlite-jdbc, so that ``lib`` alone runs the
+    server (the tests take those two from pyspark and the Spark jar cache instead)."""
     cache = Path(cache or default_cache_dir())
-    home = fixture_home(cache, version)
+    home = fixture_home(cache, version, standalone)
     lib = home / "lib"
     if (home / _STAMP).exists():
         return lib
@@ -97,7 +117,14 @@ def ensure_rest_fixture(
             raise RestFixtureError(f"Maven executable {mvn!r} not found on PATH (set $MVN)")
         home.mkdir(parents=True, exist_ok=True)
         pom = home / "pom.xml"
-        pom.write_text(_POM.format(v=version, jetty=JETTY_VERSION, slf4j=SLF4J_VERSION))
+        pom.write_text(
+            _POM.format(
+                v=version,
+                jetty=JETTY_VERSION,
+                slf4j=SLF4J_VERSION,
+                standalone=_STANDALONE_DEPENDENCIES if standalone else "",
+            )
+        )
         staging = home / "lib.partial"
         shutil.rmtree(staging, ignore_errors=True)
         cmd = [
@@ -221,11 +248,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
         __doc__,
         install_help="resolve the fixture's jars into the cache",
         run_help="run a REST catalog until interrupted",
+        install_options=lambda p: p.add_argument(
+            "--standalone", action="store_true", help="add Hadoop and sqlite-jdbc (lib alone runs the server)"
+        ),
     )
     run.add_argument("--warehouse", default=None, help="default: file:// of a temp dir")
     args = ap.parse_args(argv)
     if args.cmd == "install":
-        print(ensure_rest_fixture())
+        print(ensure_rest_fixture(standalone=args.standalone))
         return 0
     workdir = work_dir(args.dir, "iceberg-rest-")
     warehouse = args.warehouse or (workdir / "warehouse").as_uri()

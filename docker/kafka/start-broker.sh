@@ -2,7 +2,8 @@
 # Entrypoint of the compose broker: writes server.properties from the compose settings
 # (server.properties next to this script) plus config/broker-tiered.properties with its
 # placeholders filled from the environment (SHIM_DIR, SIDECAR_TARGET, TRANSFER_MODE),
-# formats the KRaft storage on first start and runs Kafka in the foreground.
+# formats the KRaft storage on first start and runs Kafka (the jars in $KAFKA_HOME/libs, logging
+# to the console through $KAFKA_HOME/config/log4j2.properties) in the foreground.
 set -euo pipefail
 
 here=${RSM_HOME:-/opt/rsm-sidecar}
@@ -25,6 +26,14 @@ for dir in $(sed -n 's/^log\.dirs=//p' "$out" | tr ',' ' '); do
   fi
 done
 
+java=${JAVA:-java}
+classpath="$kafka/libs/*"
+logging="-Dlog4j2.configurationFile=$kafka/config/log4j2.properties"
+
 # First start only: an already formatted log dir is left as it is.
-"$kafka/bin/kafka-storage.sh" format --ignore-formatted --cluster-id "$CLUSTER_ID" --config "$out"
-exec "$kafka/bin/kafka-server-start.sh" "$out"
+"$java" -Xmx256m "$logging" -cp "$classpath" kafka.tools.StorageTool \
+  format --ignore-formatted --cluster-id "$CLUSTER_ID" --config "$out"
+# KAFKA_HEAP_OPTS is split into words on purpose (several JVM options).
+# shellcheck disable=SC2086
+exec "$java" ${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g} -XX:+UseG1GC -Djava.awt.headless=true "$logging" \
+  -cp "$classpath" kafka.Kafka "$out"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.compose import tooling
+from devstack import compose_tools as tooling
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"

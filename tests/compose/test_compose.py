@@ -23,7 +23,6 @@ import base64
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -31,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
+from devstack import compose_tools as tooling
 from devstack.common import free_port
 from rsm_sidecar.config import Config
-from tests.compose import tooling
 from tests.compose.conftest import compose_env, tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,12 +67,19 @@ START_ORDER = {
         "registry": "service_healthy",
     },
 }
-#: the images the project's tests run too, pinned (docs: devstack, docs/storage.md, docs/iceberg.md)
-PINNED_IMAGES = {
-    "seaweedfs": "chrislusf/seaweedfs:4.48",  # devstack.s3server SEAWEEDFS_VERSION
-    "registry": "apicurio/apicurio-registry:3.3.3",  # devstack.registry DEFAULT_VERSION
+DOCKERFILE = REPO / "docker" / "Dockerfile"
+#: service -> the docker/Dockerfile target its image is built from
+BUILD_TARGETS = {
+    "seaweedfs": "seaweedfs",
+    "keys-init": "sidecar",
+    "sidecar": "sidecar",
+    "kafka": "kafka",
+    "registry": "registry",
+    "iceberg-rest": "iceberg-rest",
+    "demo-producer": "jobs",
+    "iceberg-convert": "jobs",
 }
-#: variables of the apache/kafka image that are not broker properties
+#: JVM variables of start-broker.sh that are not broker properties
 KAFKA_IMAGE_NON_PROPERTIES = {
     "KAFKA_HEAP_OPTS",
     "KAFKA_OPTS",
@@ -215,18 +221,27 @@ def test_start_order_and_health_checks(services):
         assert services[name].get("healthcheck"), f"{name} has no health check"
 
 
-def test_images_are_pinned(services, dockerfiles):
+def test_every_image_is_built_here_with_the_versions_the_tests_run(services, dockerfiles):
+    """No image is pulled but debian:bookworm-slim; each service's software is the version
+    devstack runs in the other tests."""
     from devstack.iceberg_rest import FIXTURE_VERSION
-
-    for name, image in {
-        **PINNED_IMAGES,
-        "iceberg-rest": f"apache/iceberg-rest-fixture:{FIXTURE_VERSION}",
-    }.items():
-        assert services[name]["image"] == image
-    kafka_image = services["kafka"]["build"]["args"]["KAFKA_IMAGE"]
     from devstack.kafka import DEFAULT_KAFKA_VERSION
+    from devstack.registry import DEFAULT_VERSION as APICURIO_VERSION
+    from devstack.s3server import SEAWEEDFS_VERSION
 
-    assert kafka_image == f"apache/kafka:{DEFAULT_KAFKA_VERSION}", "the local stack's Kafka version"
+    for name, target in BUILD_TARGETS.items():
+        build = services[name]["build"]
+        assert Path(build["context"]) / build["dockerfile"] == DOCKERFILE, name
+        assert build["target"] == target, name
+        assert services[name]["image"].startswith("rsm-sidecar") and services[name]["image"].endswith(":dev")
+    assert services["kafka"]["build"]["args"]["KAFKA_VERSION"] == DEFAULT_KAFKA_VERSION
+    text = DOCKERFILE.read_text()
+    assert "ARG KAFKA_VERSION=" + DEFAULT_KAFKA_VERSION in text
+    assert f"/fetch/seaweedfs-{SEAWEEDFS_VERSION}/bin/weed" in text
+    assert f"/fetch/apicurio-{APICURIO_VERSION} " in text
+    assert f"/fetch/iceberg-rest-fixture-{FIXTURE_VERSION}-standalone/lib" in text
+    (report,) = dockerfiles.values()
+    assert report["args"]["DEBIAN_IMAGE"] == "debian:bookworm-slim"
     for report in dockerfiles.values():
         for stage in report["stages"]:
             base = stage["base"]
@@ -235,8 +250,6 @@ def test_images_are_pinned(services, dockerfiles):
             assert ":" in base and not base.endswith(":latest"), (
                 f"{report['file']}: unpinned base image {base}"
             )
-    sidecar_df = next(r for p, r in dockerfiles.items() if p.endswith("docker/sidecar/Dockerfile"))
-    assert sidecar_df["args"]["PYTHON_IMAGE"].startswith("python:3.11-slim")
 
 
 def test_every_referenced_file_exists(services):
@@ -259,7 +272,7 @@ def test_every_referenced_file_exists(services):
 
 # -- the Dockerfiles -----------------------------------------------------------------------------
 def test_dockerfiles_parse_and_pass_the_buildkit_linter(dockerfiles):
-    assert len(dockerfiles) == 2
+    assert list(dockerfiles) == [str(DOCKERFILE)]
     for path, report in dockerfiles.items():
         assert not report.get("error"), f"{path}: {report.get('error')}"
         assert report["warnings"] == [], f"{path}: {report['warnings']}"
@@ -278,10 +291,13 @@ def test_dockerfiles_copy_only_what_exists_in_the_build_context(dockerfiles):
             assert src["in_context"], (
                 f"{path}:{src['line']}: {src['source']} is excluded by {report['ignore_file']}"
             )
-    kafka = next(r for p, r in dockerfiles.items() if p.endswith("docker/kafka/Dockerfile"))
-    assert "java-shim/target/rsm-sidecar-shim.jar" in {s["source"] for s in kafka["sources"]}
-    ignore = (REPO / "docker/kafka/Dockerfile.dockerignore").read_text()
+    (report,) = dockerfiles.values()
+    assert "java-shim/target/rsm-sidecar-shim.jar" in {s["source"] for s in report["sources"]}
+    ignore = (REPO / ".dockerignore").read_text()
     assert "!java-shim/target/rsm-sidecar-shim.jar" in ignore
+    assert ignore.splitlines()[[line.strip() for line in ignore.splitlines()].index("*")] == "*", (
+        "the context is an allow-list (.cache/ and .venv/ hold gigabytes)"
+    )
 
 
 def test_build_targets_exist(services, dockerfiles):
@@ -294,18 +310,20 @@ def test_build_targets_exist(services, dockerfiles):
 
 def test_image_helpers_are_installed_where_compose_calls_them(services, dockerfiles):
     """Commands the services and health checks call exist in their image."""
-    sidecar_df = next(r for p, r in dockerfiles.items() if p.endswith("docker/sidecar/Dockerfile"))
-    installed = {s["dest"]: s["source"] for s in sidecar_df["sources"]}
+    (report,) = dockerfiles.values()
+    installed = {s["dest"]: s["source"] for s in report["sources"]}
     assert installed["/usr/local/bin/rsm-healthcheck"] == "docker/sidecar/healthcheck.py"
     assert installed["/usr/local/bin/unless-exists"] == "docker/sidecar/unless-exists.sh"
     assert services["sidecar"]["healthcheck"]["test"][1] == "rsm-healthcheck"
     assert services["keys-init"]["entrypoint"][0] == "unless-exists"
-    kafka_df = next(r for p, r in dockerfiles.items() if p.endswith("docker/kafka/Dockerfile"))
-    dests = {s["source"]: s["dest"] for s in kafka_df["sources"]}
+    dests = {s["source"]: s["dest"] for s in report["sources"]}
     assert dests["docker/kafka/start-broker.sh"] == "/opt/rsm-sidecar/bin/"
-    assert "/opt/rsm-sidecar/bin/start-broker.sh" in (REPO / "docker/kafka/Dockerfile").read_text()
+    assert dests["docker/kafka/kafka-health.sh"] == "/opt/rsm-sidecar/bin/"
+    assert services["kafka"]["healthcheck"]["test"][1] == "/opt/rsm-sidecar/bin/kafka-health.sh"
+    assert "/opt/rsm-sidecar/bin/start-broker.sh" in DOCKERFILE.read_text()
     for script in (
         "docker/kafka/start-broker.sh",
+        "docker/kafka/kafka-health.sh",
         "docker/kafka/render-properties.sh",
         "docker/sidecar/unless-exists.sh",
         "docker/sidecar/healthcheck.py",
@@ -415,8 +433,8 @@ def test_broker_reaches_the_sidecar_and_shim(services, broker_properties, docker
     assert host in services and host == "sidecar"
     assert int(port) == _port(_sidecar_config(services["sidecar"])["server.listen"])
     # the shim jar is alone in SHIM_DIR inside the image
-    kafka_df = next(r for p, r in dockerfiles.items() if p.endswith("docker/kafka/Dockerfile"))
-    jar = next(s for s in kafka_df["sources"] if s["source"].endswith("rsm-sidecar-shim.jar"))
+    (report,) = dockerfiles.values()
+    jar = next(s for s in report["sources"] if s["source"].endswith("rsm-sidecar-shim.jar"))
     assert Path(jar["dest"]).parent == Path(env["SHIM_DIR"])
     assert broker_properties["remote.log.storage.manager.class.path"] == env["SHIM_DIR"] + "/*"
     # the RLMM's listener exists
@@ -515,17 +533,11 @@ def test_demo_producer_settings_match_the_services(services):
 
 
 # -- the scripts inside the images ----------------------------------------------------------------
-@pytest.fixture(params=["awk", "busybox"])
-def awk_dir(request, tmp_path):
-    """The render script under the system awk and under BusyBox awk (the apache/kafka image
-    is Alpine-based)."""
-    if request.param == "awk":
-        return None
-    busybox = shutil.which("busybox")
-    assert busybox, "busybox is missing (Debian package busybox); the broker image's awk is BusyBox's"
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "awk").symlink_to(busybox)
-    return tmp_path / "bin"
+@pytest.fixture
+def awk_dir():
+    """The render script under the system awk: Debian's mawk, the awk of the broker image
+    (debian:bookworm-slim); test_compose_cluster.py runs it inside the image itself."""
+    return None
 
 
 def test_render_properties_merges_and_fills(tmp_path, awk_dir):
@@ -551,27 +563,29 @@ def test_render_properties_refuses_unfilled_placeholders_and_bad_lines(tmp_path,
 
 def _fake_image(tmp_path: Path, log_dir: Path) -> dict[str, str]:
     """The files the kafka image has, in tmp_path: the compose base config (with its log dir
-    moved), the render script, and kafka-storage.sh / kafka-server-start.sh stand-ins that
-    record their arguments."""
+    moved), the render script, and a `java` stand-in that records its arguments."""
     home, kafka = tmp_path / "rsm", tmp_path / "kafka"
     (home / "bin").mkdir(parents=True)
-    (kafka / "bin").mkdir(parents=True)
-    (kafka / "config").mkdir()
+    (kafka / "config").mkdir(parents=True)
     shutil.copy2(RENDER, home / "bin" / RENDER.name)
     (home / "server.properties").write_text(
         KAFKA_BASE.read_text().replace("log.dirs=/var/lib/kafka/data", f"log.dirs={log_dir}")
     )
-    for name in ("kafka-storage.sh", "kafka-server-start.sh"):
-        script = kafka / "bin" / name
-        script.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/{name}.calls\n')
-        script.chmod(0o755)
-    return {"RSM_HOME": str(home), "KAFKA_HOME": str(kafka), "BROKER_TIERED_PROPERTIES": str(BROKER_TIERED)}
+    java = tmp_path / "java"
+    java.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/java.calls\n')
+    java.chmod(0o755)
+    return {
+        "RSM_HOME": str(home),
+        "KAFKA_HOME": str(kafka),
+        "BROKER_TIERED_PROPERTIES": str(BROKER_TIERED),
+        "JAVA": str(java),
+    }
 
 
 def test_start_broker_renders_formats_and_starts(services, broker_properties, tmp_path):
     """docker/kafka/start-broker.sh (the image's entrypoint) with the compose environment:
     server.properties is the rendered merge, storage is formatted idempotently with the
-    cluster id, and Kafka is exec'd on that file."""
+    cluster id, and Kafka is exec'd on that file with the compose heap options."""
     log_dir = tmp_path / "data"
     log_dir.mkdir()
     env = {"PATH": os.environ["PATH"], **_env(services["kafka"]), **_fake_image(tmp_path, log_dir)}
@@ -586,14 +600,26 @@ def test_start_broker_renders_formats_and_starts(services, broker_properties, tm
     out = tmp_path / "kafka" / "config" / "server.properties"
     assert _properties(out.read_text()) == {**broker_properties, "log.dirs": str(log_dir)}
     cid = _env(services["kafka"])["CLUSTER_ID"]
+    classpath, logging = (
+        f"{tmp_path}/kafka/libs/*",
+        f"-Dlog4j2.configurationFile={tmp_path}/kafka/config/log4j2.properties",
+    )
+    storage, server = (tmp_path / "java.calls").read_text().splitlines()
+    assert storage == (
+        f"-Xmx256m {logging} -cp {classpath} kafka.tools.StorageTool "
+        f"format --ignore-formatted --cluster-id {cid} --config {out}"
+    )
+    heap = _env(services["kafka"])["KAFKA_HEAP_OPTS"]
     assert (
-        tmp_path / "kafka-storage.sh.calls"
-    ).read_text() == f"format --ignore-formatted --cluster-id {cid} --config {out}\n"
-    assert (tmp_path / "kafka-server-start.sh.calls").read_text() == f"{out}\n"
+        server == f"{heap} -XX:+UseG1GC -Djava.awt.headless=true {logging} -cp {classpath} kafka.Kafka {out}"
+    )
     # the image runs exactly this script with these defaults
-    dockerfile = (REPO / "docker/kafka/Dockerfile").read_text()
+    dockerfile = DOCKERFILE.read_text()
     assert 'ENTRYPOINT ["/opt/rsm-sidecar/bin/start-broker.sh"]' in dockerfile
     assert "COPY --chmod=0644 docker/kafka/server.properties /opt/rsm-sidecar/server.properties" in dockerfile
+    assert (
+        "COPY --chmod=0644 docker/kafka/log4j2.properties /opt/kafka/config/log4j2.properties" in dockerfile
+    )
     assert _mounts(services["kafka"])[TIERED_MOUNT]
 
 
@@ -611,7 +637,7 @@ def test_start_broker_refuses_an_unwritable_log_dir_and_a_missing_placeholder(se
         timeout=60,
     )
     assert proc.returncode == 1 and "is not writable" in proc.stderr
-    assert not (tmp_path / "kafka-server-start.sh.calls").exists()
+    assert not (tmp_path / "java.calls").exists()
     env.pop("SIDECAR_TARGET")
     proc = subprocess.run(
         ["bash", str(REPO / "docker/kafka/start-broker.sh")],
@@ -683,54 +709,6 @@ def test_health_check_script_against_a_real_sidecar(services, tmp_path):
         [*script, f"127.0.0.1:{port}", "--timeout", "1"], capture_output=True, text=True, timeout=30
     )
     assert gone.returncode == 1 and "UNAVAILABLE" in gone.stdout
-
-
-def test_sidecar_image_build_steps_produce_a_wheel_with_the_stubs(dockerfiles, tmp_path):
-    """The build stage's commands (protoc as `make proto`, then `pip wheel .`) run on the
-    files the ignore file sends: the wheel carries the generated stubs and the entry point."""
-    import zipfile
-
-    report = next(r for p, r in dockerfiles.items() if p.endswith("docker/sidecar/Dockerfile"))
-    ctx = tmp_path / "ctx"
-    for src in report["sources"]:
-        if src["stage"] != "build":
-            continue
-        s = REPO / src["source"]
-        if s.is_dir():
-            shutil.copytree(s, ctx / src["source"], ignore=shutil.ignore_patterns("__pycache__", "_proto"))
-        else:
-            (ctx / src["source"]).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(s, ctx / src["source"])
-    text = (REPO / "docker/sidecar/Dockerfile").read_text()
-    protoc = re.search(r"python -m grpc_tools\.protoc (.*?) \\\n\s+(.*?) \\\n", text)
-    argv = shlex.split(protoc.group(1)) + shlex.split(protoc.group(2))
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", *argv], cwd=ctx, check=True, timeout=120)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(tmp_path / "wheels"),
-            ".",
-        ],
-        cwd=ctx,
-        check=True,
-        timeout=300,
-    )
-    wheel = next((tmp_path / "wheels").glob("rsm_sidecar-*.whl"))
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert {
-        "rsm_sidecar/_proto/rsm/v1/rsm_pb2.py",
-        "rsm_sidecar/_proto/rsm/v1/rsm_pb2_grpc.py",
-        "rsm_sidecar/cli/main.py",
-    } <= names
-    entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "rsm-sidecar = rsm_sidecar.cli.main:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
 
 def test_demo_producer_schemas_compile(tmp_path):
@@ -827,7 +805,7 @@ def test_seaweedfs_accepts_the_compose_command_and_creates_the_buckets(services,
     from devstack.s3server import SeaweedS3Server
 
     svc = services["seaweedfs"]
-    assert svc["entrypoint"] == ["/usr/bin/weed"] and svc["command"][0] == "mini"
+    assert 'ENTRYPOINT ["/usr/bin/weed"]' in DOCKERFILE.read_text() and svc["command"][0] == "mini"
     ident = _env(svc)
 
     class ComposeWeed(SeaweedS3Server):

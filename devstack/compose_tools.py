@@ -24,8 +24,8 @@ from pathlib import Path
 
 from devstack.common import default_cache_dir, file_lock
 
-REPO = Path(__file__).resolve().parents[2]
-TOOLS = Path(__file__).resolve().parent / "tools"
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = REPO / "tests" / "compose" / "tools"
 COMPOSE_VERSION = "v5.5.1"
 # Copied from github.com/docker/compose/v5's go.mod: a build outside that module must
 # repeat them (go install of the module itself refuses modules with exclude directives).
