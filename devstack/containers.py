@@ -467,7 +467,9 @@ def demo(cache: Path | None = None) -> int:
         if rows and rows[0].get("State") == "exited":
             break
         time.sleep(3)
-    _compose(service, "logs", "--no-color", "--no-log-prefix", "demo-producer", "iceberg-convert")
+    for job in ("demo-producer", "iceberg-convert"):
+        print(f"\n== {job} ==", flush=True)
+        _compose(service, "logs", "--no-color", "--no-log-prefix", job)
     failed = _compose(service, "ps", "-a", "--format", "{{.Service}} {{.ExitCode}}", capture=True).stdout
     bad = [line for line in failed.splitlines() if line.split()[-1] not in ("0", "")]
     compose = f"DOCKER_HOST={service.docker_host} {' '.join(_compose_argv_hint())}"
