@@ -372,6 +372,16 @@ CONFIG_KEYS = [
         min=1,
     ),
     Key(
+        "copy.upload_rate_limit",
+        "size",
+        0,
+        "Bytes per second that all copies of this sidecar together may upload (`.log` chunks and "
+        "`.indexes`), so that tiering a backlog cannot saturate the broker's network; at most one second "
+        "of budget is saved up while idle. 0: no limit. Aiven's `upload.rate.limit.bytes.per.second`; the "
+        "broker's own limit is `remote.log.manager.copy.max.bytes.per.second`.",
+        min=0,
+    ),
+    Key(
         "copy.max_index_file_bytes",
         "size",
         64 * MiB,

@@ -51,6 +51,7 @@ from rsm_sidecar.segment.objects import (
     manifest_attempt,
     object_keys,
 )
+from rsm_sidecar.segment.rate_limit import upload_limiter
 from rsm_sidecar.segment.sources import Piece, SegmentSource
 from rsm_sidecar.storage.base import ObjectNotFound, ObjectStore
 from rsm_sidecar.transform import authentication
@@ -72,6 +73,8 @@ class CopySettings:
     compression_level: int = 3
     parallelism: int = 2
     custom_metadata_fields: tuple[str, ...] = ("REMOTE_SIZE", "OBJECT_PREFIX")
+    #: bytes per second all copies of this copier together may store; 0: no limit
+    upload_rate_limit: int = 0
 
     @classmethod
     def from_config(cls, cfg: Config) -> CopySettings:
@@ -82,6 +85,7 @@ class CopySettings:
             cfg["segment.compression_level"],
             cfg["copy.parallelism"],
             tuple(cfg["segment.custom_metadata_fields"]),
+            cfg["copy.upload_rate_limit"],
         )
 
 
@@ -133,6 +137,8 @@ class SegmentCopier:
         self.locks = locks or (journal.locks if journal else SegmentLocks())
         #: called with a segment's base key when its objects are about to change (cache invalidation)
         self.on_rewrite = on_rewrite
+        #: the upload budget shared by every copy of this copier (copy.upload_rate_limit)
+        self.upload_budget = upload_limiter(settings.upload_rate_limit)
 
     def copy(
         self,
@@ -272,6 +278,9 @@ class SegmentCopier:
         # before any of its objects is replaced.
         self.store.delete(keys[fkeys.MANIFEST])
 
+        def budget(nbytes: int) -> None:
+            self.upload_budget.acquire(nbytes, is_cancelled, heartbeat=lambda: on_stored_bytes(0))
+
         sizes: list[int] = []
         crcs: list[int] = []
         tags: list[bytes] = []
@@ -281,6 +290,7 @@ class SegmentCopier:
 
             def drain_one() -> None:
                 out = in_flight.popleft().result()
+                budget(len(out))
                 writer.write(out)
                 on_stored_bytes(len(out))
                 sizes.append(len(out))
@@ -331,6 +341,7 @@ class SegmentCopier:
             stored_indexes += out
         if is_cancelled():
             raise Cancelled(f"copy of {md.describe} cancelled by the caller")
+        budget(len(stored_indexes))
         self.store.put(keys[fkeys.INDEXES], bytes(stored_indexes))
         on_stored_bytes(len(stored_indexes))
 
