@@ -28,6 +28,12 @@ INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 
 
+def zigzag_length(n: int) -> int:
+    """Bytes of Kafka's zigzag varint of ``n``: 7 bits each of (n << 1) ^ (n >> 63), at least one."""
+    zigzag = (n << 1) ^ (n >> 63)
+    return max(1, -(-zigzag.bit_length() // 7))
+
+
 @given(st.integers(0, U64), st.binary(max_size=4))
 def test_unsigned_round_trip_with_trailing_bytes(n, tail):
     enc = encode_unsigned(n)
@@ -41,17 +47,24 @@ def test_unsigned_varint_round_trip(n):
     assert read_unsigned_varint(b"\x01" + enc, 1) == (n, 1 + len(enc))
 
 
+def test_zigzag_lengths_of_known_values():
+    # Kafka's ByteUtils: 0 -> 00, -1 -> 01, 63 -> 7e, -64 -> 7f, 64 -> 80 01
+    assert [len(encode_varint(n)) for n in (0, -1, 63, -64, 64, -65)] == [1, 1, 1, 1, 2, 2]
+    assert encode_varint(64) == b"\x80\x01" and encode_varint(-1) == b"\x01"
+    assert len(encode_varint((1 << 31) - 1)) == 5 and len(encode_varlong(-(1 << 63))) == 10
+
+
 @given(INT32)
 def test_varint_round_trip(n):
     enc = encode_varint(n)
-    assert 1 <= len(enc) <= 5
+    assert len(enc) == zigzag_length(n) <= 5
     assert read_varint(enc) == (n, len(enc))
 
 
 @given(INT64)
 def test_varlong_round_trip(n):
     enc = encode_varlong(n)
-    assert 1 <= len(enc) <= 10
+    assert len(enc) == zigzag_length(n) <= 10
     assert read_varlong(enc) == (n, len(enc))
 
 
