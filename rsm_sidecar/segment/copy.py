@@ -51,7 +51,7 @@ from rsm_sidecar.segment.objects import (
     manifest_attempt,
     object_keys,
 )
-from rsm_sidecar.segment.rate_limit import upload_limiter
+from rsm_sidecar.segment.rate_limit import RateLimiter
 from rsm_sidecar.segment.sources import Piece, SegmentSource
 from rsm_sidecar.storage.base import ObjectNotFound, ObjectStore
 from rsm_sidecar.transform import authentication
@@ -137,8 +137,8 @@ class SegmentCopier:
         self.locks = locks or (journal.locks if journal else SegmentLocks())
         #: called with a segment's base key when its objects are about to change (cache invalidation)
         self.on_rewrite = on_rewrite
-        #: the upload budget shared by every copy of this copier (copy.upload_rate_limit)
-        self.upload_budget = upload_limiter(settings.upload_rate_limit)
+        #: the upload budget shared by every copy of this copier (copy.upload_rate_limit; 0: none)
+        self.upload_budget = RateLimiter(settings.upload_rate_limit) if settings.upload_rate_limit else None
 
     def copy(
         self,
@@ -279,7 +279,8 @@ class SegmentCopier:
         self.store.delete(keys[fkeys.MANIFEST])
 
         def budget(nbytes: int) -> None:
-            self.upload_budget.acquire(nbytes, is_cancelled, heartbeat=lambda: on_stored_bytes(0))
+            if self.upload_budget is not None:  # waiting for budget is progress: on_stored_bytes(0)
+                self.upload_budget.acquire(nbytes, is_cancelled, heartbeat=lambda: on_stored_bytes(0))
 
         sizes: list[int] = []
         crcs: list[int] = []

@@ -57,19 +57,3 @@ class RateLimiter:
                 raise Cancelled("cancelled while waiting for the upload budget (copy.upload_rate_limit)")
             time.sleep(min(left, _SLICE_SECONDS))
             heartbeat()
-
-
-class Unlimited:
-    """No budget (``copy.upload_rate_limit`` = 0)."""
-
-    def acquire(
-        self,
-        nbytes: int,
-        is_cancelled: Callable[[], bool] = lambda: False,
-        heartbeat: Callable[[], None] = lambda: None,
-    ) -> float:
-        return 0.0
-
-
-def upload_limiter(bytes_per_second: int) -> RateLimiter | Unlimited:
-    return RateLimiter(bytes_per_second) if bytes_per_second > 0 else Unlimited()
