@@ -365,14 +365,14 @@ class PodmanService:
                 raise EngineUnavailable(
                     f"podman system service exited {self.proc.returncode}; see {self.log}"
                 )
-            if self.socket.exists() and self._answers():
+            if self.socket.exists() and self.answers():
                 self.health_checks = HealthChecks(podman_env(self.cache)).start()
                 return self
             time.sleep(0.2)
         self.stop()
         raise EngineUnavailable(f"podman system service did not answer on {self.socket}; see {self.log}")
 
-    def _answers(self) -> bool:
+    def answers(self) -> bool:
         proc = subprocess.run(
             ["curl", "-fsS", "--unix-socket", str(self.socket), "http://d/_ping"],
             capture_output=True,
@@ -411,22 +411,48 @@ def _running_service(cache: Path) -> PodmanService | None:
         os.kill(pid, 0)
     except (OSError, ValueError):
         return None
-    return service if service.socket.exists() and service._answers() else None
+    return service if service.socket.exists() and service.answers() else None
 
 
-def _compose(service: PodmanService, *args: str, timeout: float = 1800, capture: bool = False):
-    from devstack.compose_tools import compose_command
+class ComposeError(RuntimeError):
+    """A docker compose command failed; the message has its output."""
 
-    argv = [*compose_command(), "-f", str(REPO / "docker-compose.yml"), "-p", DEMO_PROJECT, *args]
-    return subprocess.run(
-        argv,
-        cwd=REPO,
-        env=service.environment(),
-        timeout=timeout,
-        capture_output=capture,
-        text=True,
-        check=False,
-    )
+
+class ComposeProject:
+    """The compose CLI for docker-compose.yml as project ``name``, on a podman service."""
+
+    def __init__(self, service: PodmanService, name: str):
+        from devstack.compose_tools import compose_command
+
+        cli = compose_command()
+        self.argv = [*cli, "-f", str(REPO / "docker-compose.yml"), "-p", name]
+        self.env = service.environment()
+        #: the same command for a person in the repository root
+        self.hint = f"DOCKER_HOST={service.docker_host} {' '.join(cli)} -f docker-compose.yml -p {name}"
+
+    def run(
+        self, *args: str, timeout: float = 1800, check: bool = True, capture: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [*self.argv, *args], cwd=REPO, env=self.env, capture_output=capture, text=True, timeout=timeout
+        )
+        if check and proc.returncode != 0:
+            raise ComposeError(
+                f"docker compose {' '.join(args)} failed ({proc.returncode}):\n{(proc.stderr or '')[-4000:]}"
+            )
+        return proc
+
+    def containers(self) -> dict[str, dict]:
+        """Service -> its container as `ps -a --format json` describes it (State, Health, ExitCode...)."""
+        out = self.run("ps", "-a", "--format", "json").stdout.strip()
+        if out.startswith("["):
+            rows = json.loads(out)
+        else:  # one JSON object per line
+            rows = [json.loads(line) for line in out.splitlines() if line]
+        return {row["Service"]: row for row in rows}
+
+    def logs(self, service: str) -> str:
+        return self.run("logs", "--no-color", service, check=False).stdout
 
 
 def demo(cache: Path | None = None) -> int:
@@ -450,44 +476,39 @@ def demo(cache: Path | None = None) -> int:
         _service_pid_file(cache).write_text(f"{proc.pid}\n")
         service = PodmanService(cache)
         deadline = time.monotonic() + 90
-        while not (service.socket.exists() and service._answers()):
+        while not (service.socket.exists() and service.answers()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 print(f"the podman service did not start; see {log}", file=sys.stderr)
                 return 1
             time.sleep(0.5)
+    project = ComposeProject(service, DEMO_PROJECT)
     t0 = time.monotonic()
-    if _compose(service, "build").returncode != 0:
+    if project.run("build", check=False, capture=False).returncode != 0:
         return 1
     print(f"images built in {time.monotonic() - t0:.0f}s", flush=True)
-    if _compose(service, "up", "-d").returncode != 0:
+    if project.run("up", "-d", check=False, capture=False).returncode != 0:
         return 1
-    while True:
-        ps = _compose(service, "ps", "-a", "--format", "json", "iceberg-convert", capture=True).stdout.strip()
-        rows = json.loads(ps) if ps.startswith("[") else [json.loads(x) for x in ps.splitlines() if x]
-        if rows and rows[0].get("State") == "exited":
-            break
+    deadline = time.monotonic() + 1200
+    while project.containers().get("iceberg-convert", {}).get("State") != "exited":
+        if time.monotonic() > deadline:
+            print("the Iceberg job did not finish within 20 minutes", file=sys.stderr)
+            return 1
         time.sleep(3)
     for job in ("demo-producer", "iceberg-convert"):
         print(f"\n== {job} ==", flush=True)
-        _compose(service, "logs", "--no-color", "--no-log-prefix", job)
-    failed = _compose(service, "ps", "-a", "--format", "{{.Service}} {{.ExitCode}}", capture=True).stdout
-    bad = [line for line in failed.splitlines() if line.split()[-1] not in ("0", "")]
-    compose = f"DOCKER_HOST={service.docker_host} {' '.join(_compose_argv_hint())}"
+        project.run("logs", "--no-color", "--no-log-prefix", job, check=False, capture=False)
+    failed = [name for name, row in project.containers().items() if int(row.get("ExitCode") or 0) != 0]
     print(
         f"\nThe cluster keeps running (project {DEMO_PROJECT}, engine: podman at {service.socket}).\n"
-        f"  look:  {compose} ps | logs -f sidecar kafka\n"
+        f"  look:  {project.hint} ps | logs -f sidecar kafka\n"
         "  metrics: http://127.0.0.1:9096/metrics   bootstrap: localhost:29092   "
         "S3: http://127.0.0.1:8333   registry: http://127.0.0.1:8081   catalog: http://127.0.0.1:8181\n"
         "  stop:  make compose-down",
         flush=True,
     )
-    return 1 if bad else 0
-
-
-def _compose_argv_hint() -> list[str]:
-    from devstack.compose_tools import compose_command
-
-    return [*compose_command(), "-f", "docker-compose.yml", "-p", DEMO_PROJECT]
+    if failed:
+        print(f"failed: {', '.join(sorted(failed))}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def down(cache: Path | None = None) -> int:
@@ -496,7 +517,11 @@ def down(cache: Path | None = None) -> int:
     if service is None:
         print("no compose demo is running")
         return 0
-    code = _compose(service, "down", "-v", "--remove-orphans").returncode
+    code = (
+        ComposeProject(service, DEMO_PROJECT)
+        .run("down", "-v", "--remove-orphans", check=False, capture=False)
+        .returncode
+    )
     pid = int(_service_pid_file(cache).read_text())
     os.kill(pid, 15)
     _service_pid_file(cache).unlink(missing_ok=True)

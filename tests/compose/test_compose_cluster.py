@@ -29,11 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from devstack import compose_tools
-from devstack.containers import PodmanService, prepare
+from devstack.containers import ComposeProject, PodmanService, prepare
 
 REPO = Path(__file__).resolve().parents[2]
-COMPOSE_FILE = REPO / "docker-compose.yml"
 PROJECT = "rsm-compose-test"
 BOOTSTRAP = "127.0.0.1:29092"
 S3_ENDPOINT = "http://127.0.0.1:8333"
@@ -45,34 +43,11 @@ ONE_SHOTS = ("keys-init", "demo-producer", "iceberg-convert")
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2700)]
 
 
-class Compose:
+class Compose(ComposeProject):
     """The compose CLI on the podman service, for this test's project."""
 
     def __init__(self, service: PodmanService):
-        self.argv = [*compose_tools.compose_command(), "-f", str(COMPOSE_FILE), "-p", PROJECT]
-        self.env = service.environment()
-
-    def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [*self.argv, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(
-                f"docker compose {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
-            )
-        return proc
-
-    def containers(self) -> dict[str, dict]:
-        out = self.run("ps", "-a", "--format", "json").stdout.strip()
-        rows = (
-            json.loads(out)
-            if out.startswith("[")
-            else [json.loads(line) for line in out.splitlines() if line]
-        )
-        return {row["Service"]: row for row in rows}
-
-    def logs(self, service: str) -> str:
-        return self.run("logs", "--no-color", service, check=False).stdout
+        super().__init__(service, PROJECT)
 
     def exec(self, service: str, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return self.run("exec", "-T", service, *argv, timeout=timeout, check=False)
