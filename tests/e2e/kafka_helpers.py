@@ -192,6 +192,17 @@ def wait_tiered(stack, topic: str, up_to: int, partition: int = 0, timeout: floa
     )
 
 
+def wait_all_closed_tiered(stack, topic: str, partition: int = 0, timeout: float = 180) -> None:
+    """Until only the active segment is left on the broker's disk: every closed segment is in
+    remote storage, so a job reading remote storage sees the same segments until more is
+    produced (tiering is asynchronous: waiting for some offsets only can race a later copy)."""
+    wait_for(
+        f"{topic}-{partition}: every closed segment tiered and deleted locally",
+        lambda: len(local_segment_offsets(stack.broker, topic, partition)) == 1,
+        timeout,
+    )
+
+
 def consume(
     bootstrap: str,
     topic: str,
