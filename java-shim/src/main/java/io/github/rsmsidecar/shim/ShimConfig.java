@@ -1,5 +1,7 @@
 package io.github.rsmsidecar.shim;
 
+import java.net.URI;
+import java.net.URISyntaxException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -307,7 +309,13 @@ public final class ShimConfig {
                 throw new ShimConfigException(SIDECAR_TARGET, v,
                         "a Unix domain socket must be an absolute path: unix:///path/to/socket");
             }
-            return "unix://" + path;
+            // a path may hold characters a URI may not (a space, '%', '#', '?'): gRPC parses the
+            // target as a URI, so they are percent-encoded (it decodes them again)
+            try {
+                return "unix://" + new URI(null, null, path, null).getRawPath();
+            } catch (URISyntaxException e) {
+                throw new ShimConfigException(SIDECAR_TARGET, v, "not a usable socket path: " + e.getMessage());
+            }
         }
         if (v.contains("/")) {
             throw new ShimConfigException(SIDECAR_TARGET, v, "expected host:port or unix:///absolute/path");

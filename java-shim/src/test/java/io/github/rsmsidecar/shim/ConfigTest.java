@@ -74,6 +74,7 @@ class ConfigTest {
         "[::1]:9095; dns:///[::1]:9095",
         "unix:///run/rsm/rsm.sock; unix:///run/rsm/rsm.sock",
         "unix:/run/rsm/rsm.sock; unix:///run/rsm/rsm.sock",
+        "unix:///run/my rsm/%rsm#1?.sock; unix:///run/my%20rsm/%25rsm%231%3F.sock",
     })
     void validTargets(String target, String grpcTarget) {
         ShimConfig c = ShimConfig.parse(Map.of(ShimConfig.SIDECAR_TARGET, target));
