@@ -91,6 +91,14 @@ class _DynamicCollector:
             for op, n in sorted(store.requests.items()):
                 reqs.add_metric([store.name, op], n)
         yield reqs
+        received = CounterMetricFamily(
+            "rsm_storage_bytes_read",
+            "Bytes received from object storage (whole and ranged GETs) by backend.",
+            labels=["backend"],
+        )
+        for store in self.m._stores:
+            received.add_metric([store.name], store.bytes_read)
+        yield received
         if self.m._journal is not None:
             pending = GaugeMetricFamily(
                 "rsm_copy_leftovers",

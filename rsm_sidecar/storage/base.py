@@ -122,12 +122,25 @@ class ObjectStore(abc.ABC):
 
     def __init__(self) -> None:
         self._requests: collections.Counter[str] = collections.Counter()
+        self._bytes_read = 0
         self._requests_lock = threading.Lock()
 
     # -- request accounting -------------------------------------------------
     def _count(self, op: str, n: int = 1) -> None:
         with self._requests_lock:
             self._requests[op] += n
+
+    def _received(self, body: bytes) -> bytes:
+        """Count the bytes of a GET's answer (whole object or range) and return them."""
+        with self._requests_lock:
+            self._bytes_read += len(body)
+        return body
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes received from storage by ``get`` and ``get_range`` so far."""
+        with self._requests_lock:
+            return self._bytes_read
 
     @property
     def requests(self) -> dict[str, int]:

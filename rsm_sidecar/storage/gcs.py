@@ -383,7 +383,7 @@ class GcsObjectStore(base.RemoteObjectStore):
             resp = self._request(
                 "GET", "GET", self._media_url(key), key=key, headers={"Accept-Encoding": "identity"}
             )
-            body = resp.content
+            body = self._received(resp.content)
             if not self.settings.checksum or self._crc_matches(resp, body):
                 return body
             log.warning("GET gs://%s/%s: CRC32C mismatch (attempt %d)", self.bucket, key, attempt)
@@ -412,7 +412,7 @@ class GcsObjectStore(base.RemoteObjectStore):
             start=start,
             headers={"Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"},
         )
-        return self._ranged_body(key, start, end, resp.status_code, resp.content)
+        return self._ranged_body(key, start, end, resp.status_code, self._received(resp.content))
 
     def size(self, key: str) -> int:
         resp = self._request("HEAD", "GET", self._object_url(key), key=key, params={"fields": "size"})

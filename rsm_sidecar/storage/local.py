@@ -142,7 +142,7 @@ class LocalObjectStore(ObjectStore):
         self._count("GET")
         try:
             with open(path, "rb") as f:
-                return f.read()
+                return self._received(f.read())
         except OSError as e:
             raise _translate(e, key) from e
 
@@ -157,7 +157,7 @@ class LocalObjectStore(ObjectStore):
                 if start >= size:
                     raise InvalidRange(key, start, size)
                 f.seek(start)
-                return f.read(min(end, size - 1) - start + 1)
+                return self._received(f.read(min(end, size - 1) - start + 1))
         except OSError as e:
             raise _translate(e, key) from e
 

@@ -379,7 +379,7 @@ class S3ObjectStore(base.RemoteObjectStore):
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=key)
             body: bytes = resp["Body"].read()
-            return body
+            return self._received(body)
         except Exception as e:
             raise self._translate(e, "GET", key) from e
 
@@ -391,7 +391,9 @@ class S3ObjectStore(base.RemoteObjectStore):
             body = resp["Body"].read()
         except Exception as e:
             raise self._translate(e, "GET", key, start=start) from e
-        return self._ranged_body(key, start, end, resp["ResponseMetadata"]["HTTPStatusCode"], body)
+        return self._ranged_body(
+            key, start, end, resp["ResponseMetadata"]["HTTPStatusCode"], self._received(body)
+        )
 
     def size(self, key: str) -> int:
         resp = self._object_call("HEAD", self._client.head_object, key)

@@ -220,6 +220,18 @@ class ObjectStoreContract:
         after = store.requests
         assert sum(after.values()) >= before + 2
 
+    def test_bytes_received_are_counted(self, store: ObjectStore, p: str):
+        """``bytes_read`` (the rsm_storage_bytes_read metric) is what GETs brought back: a
+        ranged read counts the range, not the object; writes count nothing."""
+        data = bytes(range(256)) * 40
+        before = store.bytes_read
+        store.put(p + "b", data)
+        assert store.bytes_read == before
+        assert store.get_range(p + "b", 100, 1123) == data[100:1124]
+        assert store.bytes_read == before + 1024
+        assert store.get(p + "b") == data
+        assert store.bytes_read == before + 1024 + len(data)
+
     def test_concurrent_writers_to_different_keys(self, store: ObjectStore, p: str):
         def write(i: int) -> None:
             with store.open_writer(f"{p}conc/{i}") as w:
