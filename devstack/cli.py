@@ -1,6 +1,6 @@
 """`python -m devstack.cli up|down|demo`: the local stack by hand, and the demo.
 
-make up      # broker on 127.0.0.1:9092 with tiered storage; logs in run/stack/
+make up      # broker on 127.0.0.1:9092 with tiered storage; logs in run/stack/, Kafka's tools in run/bin/
 make down
 make demo    # start, produce, tier, consume from remote, summary, stop
 """
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from devstack.common import wait_for_stop_signal
+from devstack.kafka_tools import write_wrappers
 from devstack.stack import LocalStack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,11 +54,14 @@ def up(args) -> int:
     stack = LocalStack(workdir, storage=args.storage, transfer_mode=args.transfer_mode, broker_port=9092)
     stack.start()
     pidfile.write_text(str(os.getpid()))
+    tools = write_wrappers(stack.broker.dist, RUN / "bin")
     _say(
         f"up: Kafka {stack.broker.dist.version} on {stack.bootstrap_servers} with tiered storage "
         f"({args.storage} storage, {args.transfer_mode} transfer mode)\n"
         f"    sidecar: {stack.sidecar_target}  logs: {workdir}/logs, {workdir}/kafka/logs\n"
-        f"    create a tiered topic: --config remote.storage.enable=true --config local.retention.ms=60000"
+        f"    Kafka's tools ({len(tools)}) in {RUN / 'bin'}, e.g. create a tiered topic:\n"
+        f"    run/bin/kafka-topics.sh --bootstrap-server {stack.bootstrap_servers} --create --topic t "
+        f"--config remote.storage.enable=true --config local.retention.ms=60000"
     )
     try:
         wait_for_stop_signal()

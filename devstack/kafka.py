@@ -56,10 +56,9 @@ from devstack.common import (
     wait_for_stop_signal,
 )
 
-#: The newest 4.x whose whole dependency set resolves from Maven Central. As of 2026-11-21
-#: ``kafka_2.13:4.4.0`` is listed on Central but its ``kafka-tools-api:4.4.0`` dependency (and
-#: ``kafka-tools:4.4.0``) are not, so 4.4.0 cannot be resolved yet; bump this once it can.
-DEFAULT_KAFKA_VERSION = "4.3.1"
+#: The newest Kafka release whose whole dependency set resolves from Maven Central (4.4.0's
+#: ``kafka-tools-api`` was missing until late November 2026). 3.9.2 is tested too.
+DEFAULT_KAFKA_VERSION = "4.4.0"
 
 POM_PATH = Path(__file__).resolve().parent / "kafka-jars.pom.xml"
 _STAMP_NAME = ".devstack-complete.json"

@@ -1,4 +1,4 @@
-"""The same shaded shim jar on a Kafka **3.9.2** broker (the other tests run 4.3.1): offload,
+"""The same shaded shim jar on a Kafka **3.9.2** broker (the other tests run the default, 4.4.0): offload,
 local deletion, consume from offset zero, and read_committed over tiered transactional data.
 Together with the 4.x suites this shows one jar serves 3.x and 4.x brokers."""
 

@@ -8,6 +8,7 @@
 // Prints one "OK <step> ..." line per step; any failure is an exception (exit 1).
 
 import java.io.InputStream;
+import java.net.URLClassLoader;
 import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -16,7 +17,6 @@ import java.util.Optional;
 import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.Uuid;
-import org.apache.kafka.common.utils.ChildFirstClassLoader;
 import org.apache.kafka.server.log.remote.storage.LogSegmentData;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
@@ -24,12 +24,23 @@ import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundExceptio
 import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
 
 public class BrokerLoadSmoke {
+    /** Kafka's ChildFirstClassLoader: in common.utils up to 4.3, in common.utils.internals from 4.4. */
+    static URLClassLoader childFirstClassLoader(String classPath, ClassLoader parent) throws Exception {
+        Class<?> c;
+        try {
+            c = Class.forName("org.apache.kafka.common.utils.internals.ChildFirstClassLoader");
+        } catch (ClassNotFoundException e) {
+            c = Class.forName("org.apache.kafka.common.utils.ChildFirstClassLoader");
+        }
+        return (URLClassLoader) c.getConstructor(String.class, ClassLoader.class).newInstance(classPath, parent);
+    }
+
     public static void main(String[] args) throws Exception {
         Path jar = Path.of(args[0]);
         String target = args[1];
         Path dir = Path.of(args[2]);
         ClassLoader parent = RemoteStorageManager.class.getClassLoader();
-        try (ChildFirstClassLoader plugin = new ChildFirstClassLoader(jar.toString(), parent)) {
+        try (URLClassLoader plugin = childFirstClassLoader(jar.toString(), parent)) {
             Class<?> c = Class.forName("io.github.rsmsidecar.shim.SidecarRemoteStorageManager", true, plugin);
             if (c.getClassLoader() != plugin) {
                 throw new AssertionError("the shim came from " + c.getClassLoader());

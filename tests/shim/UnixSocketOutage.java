@@ -14,6 +14,7 @@
 import java.io.BufferedReader;
 import java.io.InputStream;
 import java.io.InputStreamReader;
+import java.net.URLClassLoader;
 import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -30,7 +31,6 @@ import java.util.logging.SimpleFormatter;
 import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.Uuid;
-import org.apache.kafka.common.utils.ChildFirstClassLoader;
 import org.apache.kafka.server.log.remote.storage.LogSegmentData;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
@@ -39,6 +39,17 @@ import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
 
 public class UnixSocketOutage {
+    /** Kafka's ChildFirstClassLoader: in common.utils up to 4.3, in common.utils.internals from 4.4. */
+    static URLClassLoader childFirstClassLoader(String classPath, ClassLoader parent) throws Exception {
+        Class<?> c;
+        try {
+            c = Class.forName("org.apache.kafka.common.utils.internals.ChildFirstClassLoader");
+        } catch (ClassNotFoundException e) {
+            c = Class.forName("org.apache.kafka.common.utils.ChildFirstClassLoader");
+        }
+        return (URLClassLoader) c.getConstructor(String.class, ClassLoader.class).newInstance(classPath, parent);
+    }
+
     private static final String NETTY_LOGGING =
             "io.github.rsmsidecar.shaded.io.grpc.netty.shaded.io.netty.util.internal.logging.";
 
@@ -73,7 +84,7 @@ public class UnixSocketOutage {
         });
 
         ClassLoader parent = RemoteStorageManager.class.getClassLoader();
-        try (ChildFirstClassLoader plugin = new ChildFirstClassLoader(jar.toString(), parent)) {
+        try (URLClassLoader plugin = childFirstClassLoader(jar.toString(), parent)) {
             // Netty picks SLF4J when a binding is present (a broker has one); here it must log
             // through java.util.logging, whatever the class path holds, so nothing escapes the handler.
             Class<?> factory = Class.forName(NETTY_LOGGING + "InternalLoggerFactory", true, plugin);
