@@ -468,8 +468,9 @@ CONFIG_KEYS = [
         "size",
         1024 * MiB,
         "Capacity of the disk chunk cache (sum of its file sizes); least recently used chunks are "
-        "evicted beyond it.",
-        min=MiB,
+        "evicted beyond it. Each sidecar bounds what it wrote or read; sidecars sharing a directory may "
+        "together use the sum of their capacities.",
+        min=1024,
     ),
     Key(
         "fetch.max_concurrent",
