@@ -185,8 +185,12 @@ def test_capacity_is_respected_and_least_recently_used_chunks_are_evicted(tmp_pa
     assert store.bytes_read[fkeys.LOG] == before  # both were kept
 
 
+@pytest.mark.parametrize("encrypted", [True, False])
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "other_chunk"])
-def test_a_damaged_cache_file_is_deleted_and_the_chunk_downloaded_again(tmp_path, keyring, damage, caplog):
+def test_a_damaged_cache_file_is_deleted_and_the_chunk_downloaded_again(
+    tmp_path, keyring, damage, encrypted, caplog
+):
+    keyring = keyring if encrypted else None  # without encryption: the CRC32C of each chunk
     store = CountingStore(tmp_path / "remote", fsync=False)
     m = md(3, CHUNKS * CHUNK)
     data = original(3)

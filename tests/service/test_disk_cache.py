@@ -99,3 +99,14 @@ def test_a_recopy_through_the_service_serves_the_new_bytes_from_then_on(start_si
     sc.client.copy(SegmentFilesOnDisk(str(tmp_path / "new"), new).path_request(md))
     assert sc.client.fetch(md) == new
     assert sc.client.fetch(md, 100_000) == new[100_000:]
+
+
+def test_an_unusable_cache_directory_leaves_fetches_working(start_sidecar, tmp_path):
+    (tmp_path / "not-a-dir").write_bytes(b"")
+    sc = start_sidecar(encryption=True, fetch__disk_cache={"path": str(tmp_path / "not-a-dir" / "cache")})
+    log = os.urandom(200 * KiB)
+    md = metadata(seg_id(3), 0, 99, size=len(log))
+    sc.client.copy(SegmentFilesOnDisk(str(tmp_path / "seg"), log).path_request(md))
+    assert sc.client.fetch(md) == log
+    assert sc.client.fetch(md, 1000) == log[1000:]
+    assert _metrics(sc)["rsm_disk_cache_enabled{}"] == 0
