@@ -456,6 +456,23 @@ CONFIG_KEYS = [
         min=1024,
     ),
     Key(
+        "fetch.disk_cache.path",
+        "path",
+        "",
+        "Directory of the disk chunk cache: stored chunks (as downloaded, still compressed and encrypted; "
+        "never plaintext) kept across restarts and verified again on every use. Created 0700, files 0600. "
+        "Empty: no disk cache. An unusable directory or a full disk turns the cache off with one warning.",
+    ),
+    Key(
+        "fetch.disk_cache.bytes",
+        "size",
+        1024 * MiB,
+        "Capacity of the disk chunk cache (sum of its file sizes); least recently used chunks are "
+        "evicted beyond it. Each sidecar bounds what it wrote or read; sidecars sharing a directory may "
+        "together use the sum of their capacities.",
+        min=1024,
+    ),
+    Key(
         "fetch.max_concurrent",
         "int",
         32,

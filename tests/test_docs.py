@@ -71,6 +71,10 @@ def _families() -> dict[str, tuple[str, set[str]]]:
 
     class Cache:
         size_bytes = 1
+        enabled = True
+
+        def __len__(self):
+            return 1
 
     class Store:
         name = "s3"
@@ -81,6 +85,7 @@ def _families() -> dict[str, tuple[str, set[str]]]:
             return []
 
     m.track_cache("chunk", Cache())
+    m.track_disk_cache(Cache())
     m.track_store(Store())
     m.track_journal(Journal())
     out = {}

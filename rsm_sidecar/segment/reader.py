@@ -31,6 +31,7 @@ from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.chunk_index import Chunk
 from rsm_sidecar.format.manifest import TAG_BYTES, SegmentIdentity, SegmentManifest
 from rsm_sidecar.segment.cache import ByteLRU, SingleFlight
+from rsm_sidecar.segment.disk_cache import DiskChunkCache
 from rsm_sidecar.storage.base import InvalidRange, ObjectNotFound, ObjectStore
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.chunks import ChunkCodec
@@ -86,6 +87,9 @@ class ReaderSettings:
     prefetch_bytes: int = 16 * 1024 * 1024
     max_range_bytes: int = 8 * 1024 * 1024
     accept_unauthenticated: bool = False
+    #: the disk chunk cache's directory; empty: no disk cache
+    disk_cache_path: str = ""
+    disk_cache_bytes: int = 1024 * 1024 * 1024
 
     @classmethod
     def from_config(cls, cfg: Config) -> ReaderSettings:
@@ -96,6 +100,8 @@ class ReaderSettings:
             cfg["cache.prefetch_bytes"],
             cfg["fetch.max_range_bytes"],
             cfg["fetch.accept_unauthenticated_segments"],
+            cfg["fetch.disk_cache.path"] or "",
+            cfg["fetch.disk_cache.bytes"],
         )
 
 
@@ -121,6 +127,14 @@ class SegmentReader:
         )
         self.chunks: ByteLRU[CacheKey, bytes] = ByteLRU(
             settings.chunk_cache_bytes, lambda e: on_cache_event("chunk", e)
+        )
+        #: stored chunks on disk (surviving restarts); None when ``disk_cache_path`` is empty
+        self.disk: DiskChunkCache | None = (
+            DiskChunkCache(
+                settings.disk_cache_path, settings.disk_cache_bytes, lambda e: on_cache_event("disk", e)
+            )
+            if settings.disk_cache_path
+            else None
         )
         self._loading: SingleFlight[CacheKey, bytes] = SingleFlight()
         self._manifest_loading: SingleFlight[str, OpenSegment] = SingleFlight()
@@ -244,6 +258,8 @@ class SegmentReader:
         self.manifests.discard_where(lambda k: k == base)
         self.indexes.discard_where(lambda k: k[0] == base)
         self.chunks.discard_where(lambda k: k[0] == base)
+        if self.disk is not None:
+            self.disk.discard_segment(base)
 
     # -- indexes -----------------------------------------------------------------
     def read_index(self, seg: OpenSegment, name: str) -> bytes:
@@ -353,48 +369,111 @@ class SegmentReader:
         return run
 
     def _load_run(self, seg: OpenSegment, run: list[Chunk]) -> Iterator[bytes]:
-        """Download contiguous chunks with one request, then verify, decode, cache and
-        yield them one by one, resolving each chunk's single-flight future. A reader that
-        stops early still decodes the rest of the run (already downloaded, at most
-        ``max_range_bytes``) so that readers waiting on those chunks get them."""
-        key = seg.key(fkeys.LOG)
-        decoded = 0
-        stored = b""  # replaced by the download before the first yield (and GeneratorExit)
+        """Verify, decode, cache and yield the claimed chunks ``run`` one by one (each from
+        the disk cache or downloaded, contiguous missing ones with one request), resolving
+        each chunk's single-flight future. A reader that stops early still loads the rest
+        of the run (at most ``max_range_bytes``) so that readers waiting on those chunks
+        get them."""
+        done = [0]  # chunks of the run decoded (and resolved) so far
+        chunks = self._produce_run(seg, run, done)
         try:
-            first, last = run[0], run[-1]
-            if last.transformed_end == first.transformed_position:
-                stored = b""
-            else:
-                try:
-                    stored = self.store.get_range(key, first.transformed_position, last.transformed_end - 1)
-                except ObjectNotFound:
-                    raise NotFound(
-                        f"segment {seg.base}: data object {key} is missing (the manifest exists)"
-                    ) from None
-                except InvalidRange:
-                    stored = b""
-            want = last.transformed_end - first.transformed_position
-            if len(stored) != want:
-                raise DataLoss(
-                    f"{key}: truncated: chunks {first.id}..{last.id} need {want} bytes at "
-                    f"{first.transformed_position}, got {len(stored)}"
-                )
-            for c in run:
-                plain = self._decode_chunk(seg, key, c, stored, first.transformed_position)
-                decoded += 1
+            for plain in chunks:
                 yield plain
                 del plain  # not held while the next chunk is decoded
         except GeneratorExit:
-            for c in run[decoded:]:
-                try:
-                    self._decode_chunk(seg, key, c, stored, run[0].transformed_position)
-                except Exception as e:
+            try:
+                collections.deque(chunks, maxlen=0)  # keeps no chunk
+            except Exception as e:
+                for c in run[done[0] :]:
                     self._loading.fail(seg.cache_key(c.id), e)
             raise
         except BaseException as e:
-            for c in run[decoded:]:
+            for c in run[done[0] :]:
                 self._loading.fail(seg.cache_key(c.id), e)
             raise
+
+    def _produce_run(self, seg: OpenSegment, run: list[Chunk], done: list[int]) -> Iterator[bytes]:
+        key = seg.key(fkeys.LOG)
+        disk = self.disk if self.disk is not None and self.disk.enabled else None
+        forgets = self._forgets
+        i = 0
+        while i < len(run):
+            entry = self._disk_entry(seg, run[i]) if disk is not None else None
+            if disk is not None and entry is not None:
+                stored = disk.get(entry, run[i].transformed_size)
+                if stored is not None:
+                    try:
+                        plain = self._decode_chunk(seg, key, run[i], stored, run[i].transformed_position)
+                    except DataLoss as e:  # the cached file is damaged: download the chunk
+                        disk.invalid(entry, str(e))
+                    else:
+                        disk.verified()
+                        del stored
+                        done[0] += 1
+                        yield plain
+                        del plain
+                        i += 1
+                        continue
+            # the longest stretch of chunks from run[i] that are not on disk: one request
+            j = i + 1
+            entries = [entry]
+            while j < len(run):
+                nxt = self._disk_entry(seg, run[j]) if disk is not None else None
+                if disk is not None and nxt is not None:
+                    if disk.contains(nxt):
+                        break
+                    disk.missed()
+                entries.append(nxt)
+                j += 1
+            stored = self._download(seg, key, run[i:j])
+            for c, entry in zip(run[i:j], entries, strict=True):
+                plain = self._decode_chunk(seg, key, c, stored, run[i].transformed_position)
+                done[0] += 1
+                yield plain
+                del plain
+                if disk is not None and entry is not None and forgets == self._forgets:
+                    # verified: keep the stored bytes (after the reader got the chunk)
+                    lo = c.transformed_position - run[i].transformed_position
+                    disk.put(entry, memoryview(stored)[lo : lo + c.transformed_size])
+            del stored
+            i = j
+
+    def _download(self, seg: OpenSegment, key: str, run: list[Chunk]) -> bytes:
+        """The stored bytes of contiguous chunks, with one ranged GET."""
+        first, last = run[0], run[-1]
+        want = last.transformed_end - first.transformed_position
+        if want == 0:
+            return b""
+        try:
+            stored = self.store.get_range(key, first.transformed_position, last.transformed_end - 1)
+        except ObjectNotFound:
+            raise NotFound(
+                f"segment {seg.base}: data object {key} is missing (the manifest exists)"
+            ) from None
+        except InvalidRange:
+            stored = b""
+        if len(stored) != want:
+            raise DataLoss(
+                f"{key}: truncated: chunks {first.id}..{last.id} need {want} bytes at "
+                f"{first.transformed_position}, got {len(stored)}"
+            )
+        return stored
+
+    def _disk_entry(self, seg: OpenSegment, c: Chunk) -> str | None:
+        """The disk cache entry of a stored chunk: named by what changes with its bytes
+        (copy attempt or manifest digest, position, sizes, GCM tag or CRC32C). None for a
+        chunk nothing verifies (plaintext without CRCs): it is never cached on disk."""
+        if seg.codec.encrypted:
+            tags = seg.manifest.chunk_tags
+            check = tags[c.id].hex() if tags is not None else "gcm"
+        elif seg.manifest.chunk_crcs is not None:
+            check = f"crc{seg.manifest.chunk_crcs[c.id]:08x}"
+        else:
+            return None
+        return DiskChunkCache.entry(
+            seg.base,
+            f"{seg.version}/{c.id}/{c.transformed_position}/{c.transformed_size}/{c.original_size}/{check}",
+        )
 
     def _decode_chunk(self, seg: OpenSegment, key: str, c: Chunk, stored: bytes, base: int) -> bytes:
         crcs = seg.manifest.chunk_crcs

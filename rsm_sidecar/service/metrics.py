@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Protocol
 
 import prometheus_client as prom
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rsm_sidecar.segment.cache import ByteLRU
+from rsm_sidecar.segment.disk_cache import DiskChunkCache
 from rsm_sidecar.segment.journal import CopyJournal
 from rsm_sidecar.storage.base import ObjectStore
+
+
+class SizedCache(Protocol):
+    """What the cache gauges read: ``ByteLRU`` and ``DiskChunkCache``."""
+
+    @property
+    def size_bytes(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -51,17 +61,23 @@ class Metrics:
         )
         self.cache_events = prom.Counter(
             "rsm_cache_events",
-            "Cache hits, misses and evictions by cache (manifest, index, chunk).",
+            "Cache hits, misses and evictions by cache (manifest, index, chunk, disk); "
+            "verification_failure of disk cache entries.",
             ["cache", "event"],
             registry=r,
         )
-        self._caches: dict[str, ByteLRU[Any, Any]] = {}
+        self._caches: dict[str, SizedCache] = {}
+        self._disk: DiskChunkCache | None = None
         self._stores: list[ObjectStore] = []
         self._journal: CopyJournal | None = None
         r.register(_DynamicCollector(self))
 
-    def track_cache(self, name: str, cache: ByteLRU[Any, Any]) -> None:
+    def track_cache(self, name: str, cache: SizedCache) -> None:
         self._caches[name] = cache
+
+    def track_disk_cache(self, cache: DiskChunkCache) -> None:
+        self.track_cache("disk", cache)
+        self._disk = cache
 
     def track_journal(self, journal: CopyJournal) -> None:
         self._journal = journal
@@ -82,6 +98,17 @@ class _DynamicCollector:
         for name, cache in self.m._caches.items():
             size.add_metric([name], cache.size_bytes)
         yield size
+        entries = GaugeMetricFamily("rsm_cache_entries", "Entries held by each cache.", labels=["cache"])
+        for name, cache in self.m._caches.items():
+            entries.add_metric([name], len(cache))
+        yield entries
+        if self.m._disk is not None:
+            on = GaugeMetricFamily(
+                "rsm_disk_cache_enabled",
+                "1 while the disk chunk cache works; 0 after an I/O error turned it off.",
+            )
+            on.add_metric([], 1 if self.m._disk.enabled else 0)
+            yield on
         reqs = CounterMetricFamily(
             "rsm_storage_requests",
             "Requests sent to object storage by backend and operation.",

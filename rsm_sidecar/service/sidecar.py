@@ -79,6 +79,8 @@ class Sidecar:
             ("chunk", reader.chunks),
         ):
             metrics.track_cache(name, cache)
+        if reader.disk is not None:
+            metrics.track_disk_cache(reader.disk)
         settings = CopySettings.from_config(cfg)
         transform_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=min(64, cfg["copy.max_concurrent"] * settings.parallelism),

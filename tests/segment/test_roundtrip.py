@@ -36,7 +36,7 @@ def env(tmp_path_factory, rsa_keys):
     keyring = Keyring.from_config(
         Config({"storage": {"local": {"root": "/unused"}}, "encryption": encryption_config(rsa_keys)})
     )
-    return store, keyring
+    return store, keyring, tmp_path_factory.mktemp("disk-cache")
 
 
 def _indexes():
@@ -81,7 +81,7 @@ counter = iter(range(10**9))
 def test_any_range_reads_back_the_original_bytes(
     env, size, compression, encryption, compressible, parallelism, data
 ):
-    store, keyring = env
+    store, keyring, disk_cache = env
     n = next(counter)
     original = segment_bytes(size, compressible, n)
     md = metadata(n, size)
@@ -106,6 +106,7 @@ def test_any_range_reads_back_the_original_bytes(
             chunk_cache_bytes=data.draw(st.sampled_from([0, 3 * CHUNK, 10**7])),
             max_range_bytes=data.draw(st.sampled_from([1024, 3000, 10**6])),
             prefetch_bytes=0,
+            disk_cache_path=data.draw(st.sampled_from(["", str(disk_cache)])),
         ),
     )
     seg = reader.open(md)
@@ -118,12 +119,15 @@ def test_any_range_reads_back_the_original_bytes(
         end = data.draw(st.integers(start, size + 100))
         assert b"".join(reader.read(seg, start, end)) == original[start : end + 1]
     assert b"".join(reader.read(seg, 0, size - 1)) == original
+    if reader.disk is not None:  # a restarted reader: its chunks come from the disk cache
+        restarted = SegmentReader(store, layout, reader.keyring, reader.settings)
+        assert b"".join(restarted.read(restarted.open(md), 0, size - 1)) == original
     for name in ("offset", "timestamp", "producerSnapshot", "leaderEpoch"):
         assert reader.read_index(seg, name) == _indexes()[name]
 
 
 def test_compressed_segment_is_smaller_and_index_is_compact(env):
-    store, keyring = env
+    store, keyring, disk_cache = env
     size = 200 * CHUNK
     original = segment_bytes(size, True, 1)
     md = metadata(999_999, size)

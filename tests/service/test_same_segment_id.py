@@ -258,6 +258,10 @@ def test_randomized_overlapping_copies_of_one_id_with_storage_faults_and_sweeps(
         encryption=encrypted,
         copy__journal_dir=str(tmp_path / "journal"),
         copy__journal_sweep_seconds=3600,
+        # the disk chunk cache on (unencrypted segments on S3: verified by CRC32C), so that
+        # rewrites of one id are also checked never to serve an earlier copy's chunks from disk
+        fetch__disk_cache={"path": str(tmp_path / "disk-cache")},
+        cache__chunk_bytes=64 * KiB,  # one chunk: most fetches read the disk cache
     )
     log: list[str] = []
     for r in range(200):
@@ -268,6 +272,16 @@ def test_randomized_overlapping_copies_of_one_id_with_storage_faults_and_sweeps(
     acked = sum(1 for line in log if not line.split(", ")[1].startswith("0 "))
     print(
         f"\n{backend_store.name}: 200 rounds, {acked} with an acknowledged copy, "
-        f"{store.injected} faults injected"
+        f"{store.injected} faults injected, disk cache events "
+        f"{_disk_events(sc)}"
     )
     assert store.injected > 100 and 20 < acked < 200
+
+
+def _disk_events(sc) -> dict[str, float]:
+    return {
+        s.labels["event"]: s.value
+        for family in sc.sidecar.metrics.registry.collect()
+        for s in family.samples
+        if s.name == "rsm_cache_events_total" and s.labels.get("cache") == "disk"
+    }
