@@ -32,6 +32,7 @@ public final class ShimConfig {
     public static final String FETCH_DEADLINE_MS = "fetch.deadline.ms";
     public static final String FETCH_READ_TIMEOUT_MS = "fetch.read.timeout.ms";
     public static final String FETCH_IDLE_TIMEOUT_MS = "fetch.idle.timeout.ms";
+    public static final String FETCH_WINDOW_BYTES = "fetch.window.bytes";
     public static final String FETCH_INDEX_DEADLINE_MS = "fetch.index.deadline.ms";
     public static final String DELETE_DEADLINE_MS = "delete.deadline.ms";
     public static final String RETRY_MAX_ATTEMPTS = "retry.max.attempts";
@@ -43,6 +44,11 @@ public final class ShimConfig {
     public static final String TLS_KEY_FILE = "tls.key.file";
     public static final String TLS_AUTHORITY_OVERRIDE = "tls.authority.override";
     public static final String CLOSE_TIMEOUT_MS = "close.timeout.ms";
+
+    /** A consumer's default fetch (1 MiB) plus room for the index lookup's skip to the offset. */
+    static final int DEFAULT_FETCH_WINDOW_BYTES = 1024 * 1024 + 64 * 1024;
+    /** Windows double up to this size. */
+    static final int MAX_FETCH_WINDOW_BYTES = 32 * 1024 * 1024;
 
     /** Keys the broker itself adds to the map; accepted silently. */
     static final Set<String> BROKER_KEYS = Set.of("broker.id", "node.id");
@@ -58,6 +64,7 @@ public final class ShimConfig {
         k.put(FETCH_DEADLINE_MS, "30000");
         k.put(FETCH_READ_TIMEOUT_MS, "30000");
         k.put(FETCH_IDLE_TIMEOUT_MS, "300000");
+        k.put(FETCH_WINDOW_BYTES, String.valueOf(DEFAULT_FETCH_WINDOW_BYTES));
         k.put(FETCH_INDEX_DEADLINE_MS, "30000");
         k.put(DELETE_DEADLINE_MS, "30000");
         k.put(RETRY_MAX_ATTEMPTS, "3");
@@ -119,6 +126,7 @@ public final class ShimConfig {
     private final long fetchDeadlineMs;
     private final long fetchReadTimeoutMs;
     private final long fetchIdleTimeoutMs;
+    private final int fetchWindowBytes;
     private final long fetchIndexDeadlineMs;
     private final long deleteDeadlineMs;
     private final int retryMaxAttempts;
@@ -156,6 +164,12 @@ public final class ShimConfig {
         this.fetchDeadlineMs = positiveMillis(raw, FETCH_DEADLINE_MS);
         this.fetchReadTimeoutMs = positiveMillis(raw, FETCH_READ_TIMEOUT_MS);
         this.fetchIdleTimeoutMs = nonNegativeMillis(raw, FETCH_IDLE_TIMEOUT_MS);
+        long windowBytes = longValue(raw, FETCH_WINDOW_BYTES);
+        if (windowBytes != 0 && (windowBytes < 4096 || windowBytes > MAX_FETCH_WINDOW_BYTES)) {
+            throw new ShimConfigException(FETCH_WINDOW_BYTES, raw.get(FETCH_WINDOW_BYTES),
+                    "must be 0 (off) or between 4096 and " + MAX_FETCH_WINDOW_BYTES);
+        }
+        this.fetchWindowBytes = (int) windowBytes;
         this.fetchIndexDeadlineMs = positiveMillis(raw, FETCH_INDEX_DEADLINE_MS);
         this.deleteDeadlineMs = positiveMillis(raw, DELETE_DEADLINE_MS);
         long attempts = longValue(raw, RETRY_MAX_ATTEMPTS);
@@ -389,6 +403,11 @@ public final class ShimConfig {
         return fetchIdleTimeoutMs;
     }
 
+    /** First window of a fetch without an end position; 0 = one open-ended call. */
+    public int fetchWindowBytes() {
+        return fetchWindowBytes;
+    }
+
     public long fetchIndexDeadlineMs() {
         return fetchIndexDeadlineMs;
     }
@@ -449,6 +468,7 @@ public final class ShimConfig {
                 + ", tls=" + (tlsEnabled ? (tlsCertFile != null ? "mtls" : "tls") : "off")
                 + ", copy.deadline.ms=" + copyDeadlineMs + ", fetch.deadline.ms=" + fetchDeadlineMs
                 + ", fetch.read.timeout.ms=" + fetchReadTimeoutMs + ", fetch.idle.timeout.ms=" + fetchIdleTimeoutMs
+                + ", fetch.window.bytes=" + fetchWindowBytes
                 + ", fetch.index.deadline.ms=" + fetchIndexDeadlineMs + ", delete.deadline.ms=" + deleteDeadlineMs
                 + ", retry.max.attempts=" + retryMaxAttempts + ", retry.initial.backoff.ms=" + retryInitialBackoffMs
                 + ", retry.max.backoff.ms=" + retryMaxBackoffMs;

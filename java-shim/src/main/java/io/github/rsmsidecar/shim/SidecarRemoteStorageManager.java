@@ -29,9 +29,11 @@ import java.util.List;
 import java.util.Map;
 import java.util.Objects;
 import java.util.Optional;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
+import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.config.ConfigException;
 import org.apache.kafka.server.log.remote.storage.LogSegmentData;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
@@ -61,6 +63,13 @@ import org.slf4j.LoggerFactory;
 public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     private static final Logger LOG = LoggerFactory.getLogger(SidecarRemoteStorageManager.class);
+    /** Room over the partition's last read for the first window of its next read. */
+    static final int FETCH_WINDOW_SLACK = 64 * 1024;
+    /** Partitions whose last read size is remembered (forgotten all at once beyond this). */
+    static final int MAX_TRACKED_PARTITIONS = 100_000;
+
+    /** Bytes the last windowed read of each partition took (see {@link WindowedFetchStream}). */
+    private final ConcurrentHashMap<TopicIdPartition, Long> lastFetchBytes = new ConcurrentHashMap<>();
 
     private final ChannelFactory channelFactory;
     private final ErrorMapper errorMapperOverride;
@@ -339,6 +348,41 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             throw new IllegalArgumentException("endPosition (" + end + ") must be >= startPosition (" + start + ")");
         }
         ShimConfig c = config();
+        String op = "fetchLogSegment(" + MetadataMapper.describe(md) + ", start=" + start
+                + (end != null ? ", end=" + end : "") + ")";
+        int window = c.fetchWindowBytes();
+        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
+        Long lastRead = lastFetchBytes.get(partition);
+        if (window > 0 && lastRead != null) {
+            // what the partition's last read took, plus room: a sequential consumer's fetches alike
+            window = (int) Math.min(Math.max(window, lastRead + FETCH_WINDOW_SLACK), ShimConfig.MAX_FETCH_WINDOW_BYTES);
+        }
+        long size = md.segmentSizeInBytes();
+        if (end != null || window == 0 || WindowedFetchStream.windowEnd(start, window, size) == null) {
+            InputStream in = openFetch(c, md, start, end, op);
+            LOG.debug("{}: stream open", op);
+            return in;
+        }
+        // no end: read in windows (see WindowedFetchStream), so the sidecar sends about what is read
+        InputStream first = openFetch(c, md, start, WindowedFetchStream.windowEnd(start, window, size), op);
+        LOG.debug("{}: stream open, first window {} bytes", op, window);
+        if (lastFetchBytes.size() > MAX_TRACKED_PARTITIONS) {
+            lastFetchBytes.clear();
+        }
+        return new WindowedFetchStream(first, start, window, ShimConfig.MAX_FETCH_WINDOW_BYTES, size,
+                (from, to) -> {
+                    try {
+                        return openFetch(c, md, from, to, op + " window at " + from);
+                    } catch (RemoteStorageException e) {
+                        throw new IOException(op + ": opening the next window at " + from + " failed: "
+                                + e.getMessage(), e);
+                    }
+                }, read -> lastFetchBytes.put(partition, read), op);
+    }
+
+    /** One {@code FetchSegment} call for {@code [start, end]} ({@code end} null: to the end), open. */
+    private InputStream openFetch(ShimConfig c, RemoteLogSegmentMetadata md, int start, Integer end, String op)
+            throws RemoteStorageException {
         FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
                 .setMetadata(MetadataMapper.toProto(md))
                 .setStartPosition(start);
@@ -346,9 +390,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             req.setEndPosition(end);
         }
         FetchSegmentRequest request = req.build();
-        String op = "fetchLogSegment(" + MetadataMapper.describe(md) + ", start=" + start
-                + (end != null ? ", end=" + end : "") + ")";
-        InputStream in = retrier.call(op, false, attempt -> {
+        return retrier.call(op, false, attempt -> {
             GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(channel(),
                     RemoteStorageGrpc.getFetchSegmentMethod(), CallOptions.DEFAULT, request,
                     FetchSegmentResponse::getData, op, c.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS);
@@ -356,8 +398,6 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             s.armIdleTimeout(scheduler, c.fetchIdleTimeoutMs());
             return s;
         });
-        LOG.debug("{}: stream open", op);
-        return in;
     }
 
     @Override

@@ -59,6 +59,8 @@ class ConfigTest {
         "retry.max.backoff.ms; 50; must be >= retry.initial.backoff.ms",
         "tls.enabled; yes; must be true or false",
         "close.timeout.ms; -1; must be >= 0",
+        "fetch.window.bytes; 100; must be 0 (off) or between 4096 and 33554432",
+        "fetch.window.bytes; 40000000; must be 0 (off) or between 4096 and 33554432",
     })
     void invalidValuesNameTheKey(String key, String value, String reason) {
         ConfigException e = configureFails(Map.of(key, value));

@@ -1,0 +1,400 @@
+"""Remote reads side by side: the local log, Kafka's own ``LocalTieredStorage``, and rsm-sidecar.
+
+Kafka's own perf tools (``kafka-producer-perf-test``, ``kafka-consumer-perf-test``, from the
+devstack distribution) write and read one partition of ``--records`` records of
+``--record-size`` bytes (JSON-like lines, as an order topic carries) in ``--segment-mib``
+segments. Each remote case gets a fresh broker (same distribution, same settings except the
+``RemoteStorageManager``), produces, waits until every closed segment is in remote storage
+and deleted locally, and then consumes everything twice:
+
+* ``local log``: a topic without tiered storage on the ``LocalTieredStorage`` broker, read
+  right after it was written (page cache): the ceiling.
+* ``LocalTieredStorage``: Kafka's in-process reference plugin (``kafka-storage`` test jar
+  from Maven Central; no transforms, plain files): what a remote read costs the broker
+  without us.
+* ``rsm-sidecar zstd+AES`` and ``rsm-sidecar plain`` (compression and encryption off):
+  ours, through the shim and the sidecar, local-directory storage.
+
+*cold*: the sidecar restarted (empty caches) and every stored object dropped from the page
+cache (``posix_fadvise(DONTNEED)``; the same for ``LocalTieredStorage``'s files); *warm*: read
+again at once. Reported per read: MB/s and records/s as ConsumerPerformance measures them
+(fetch time, without the group join), the broker's and the sidecar's CPU-seconds
+(``/proc/<pid>/stat``), bytes the sidecar sent over gRPC per byte consumed
+(``rsm_bytes{kind="fetch_served"}``) and bytes it received from object storage per byte
+consumed (``rsm_storage_bytes_read``).
+
+    .venv/bin/python benchmarks/remote_read.py [--records 2000000] [--record-size 200]
+        [--segment-mib 16] [--fetch-size 1048576] [--compression none|lz4|zstd]
+        [--cases local,lts,ours,ours-plain] [--jfr DIR]
+
+``--jfr DIR`` records a JFR profile of each broker (``-XX:StartFlightRecording``) into DIR,
+for ``jfr print --events jdk.ExecutionSample`` or JDK Mission Control.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.synthetic import value
+from devstack.common import default_cache_dir, free_port
+from devstack.kafka import KafkaBroker, KafkaDistribution
+from devstack.kafka_tools import tool_command
+from devstack.stack import CONFIG_DIR, LocalStack, read_properties
+
+MiB = 1024 * 1024
+LTS_CLASS = "org.apache.kafka.server.log.remote.storage.LocalTieredStorage"
+#: The broker version of every case. LocalTieredStorage must match the broker's version (4.3.1's
+#: does not load into 4.4.0: ``LogContext`` moved to ``common.utils.internals``), and the newest
+#: ``kafka-storage`` test jar on Maven Central is 4.3.1's (4.4.0's is not published).
+DEFAULT_VERSION = "4.3.1"
+
+
+# -- measuring ----------------------------------------------------------------------------------
+def cpu_seconds(pid: int | None) -> float:
+    """user + system CPU of a process so far."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape(url: str | None) -> dict[str, float]:
+    """The sidecar's counters this benchmark reads, by sample name with labels."""
+    if url is None:
+        return {}
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(
+            r'(rsm_bytes_total\{kind="fetch_served"\}|rsm_storage_bytes_read_total\{[^}]*\}'
+            r'|rsm_operations_total\{op="fetch",[^}]*\}) (\S+)',
+            line,
+        )
+        if m:
+            name = {"rsm_bytes": "served", "rsm_stora": "downloaded", "rsm_opera": "calls"}[m.group(1)[:9]]
+            out[name] = out.get(name, 0.0) + float(m.group(2))
+    return out
+
+
+def drop_page_cache(root: Path) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+@dataclass
+class Read:
+    case: str
+    temperature: str
+    mb_s: float
+    records_s: float
+    consumed_mb: float
+    broker_cpu: float
+    sidecar_cpu: float | None = None
+    grpc_per_byte: float | None = None
+    downloaded_per_byte: float | None = None
+    calls_per_mib: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# -- Kafka's tools --------------------------------------------------------------------------------
+def run_tool(dist: KafkaDistribution, name: str, args: list[str], timeout: float = 1800) -> str:
+    proc = subprocess.run(
+        tool_command(dist, name, args), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def create_topic(
+    dist: KafkaDistribution, bootstrap: str, topic: str, segment_bytes: int, tiered: bool
+) -> None:
+    configs = {
+        "segment.bytes": segment_bytes,
+        "retention.ms": -1,
+        "file.delete.delay.ms": 1000,
+    }
+    if tiered:
+        configs.update({"remote.storage.enable": "true", "local.retention.ms": 1000})
+    args = ["--bootstrap-server", bootstrap, "--create", "--topic", topic, "--partitions", "1"]
+    args += ["--replication-factor", "1"]
+    for k, v in configs.items():
+        args += ["--config", f"{k}={v}"]
+    run_tool(dist, "kafka-topics", args, timeout=120)
+
+
+def produce(
+    dist: KafkaDistribution, bootstrap: str, topic: str, args: argparse.Namespace, payload: Path
+) -> None:
+    run_tool(
+        dist,
+        "kafka-producer-perf-test",
+        [
+            "--topic", topic, "--num-records", str(args.records), "--throughput", "-1",
+            "--payload-file", str(payload),
+            "--producer-props", f"bootstrap.servers={bootstrap}", "acks=1", "linger.ms=20",
+            "batch.size=262144", f"compression.type={args.compression}",
+        ],
+    )  # fmt: skip
+
+
+def consume(
+    dist: KafkaDistribution, bootstrap: str, topic: str, args: argparse.Namespace
+) -> tuple[float, float, float]:
+    """(fetch MB/s, fetch records/s, MB consumed) as ConsumerPerformance reports them."""
+    count_flag = "--num-records" if dist.version_tuple >= (4, 0, 0) else "--messages"
+    out = run_tool(
+        dist,
+        "kafka-consumer-perf-test",
+        [
+            "--bootstrap-server", bootstrap, "--topic", topic, count_flag, str(args.records),
+            "--fetch-size", str(args.fetch_size), "--timeout", "120000",
+            "--group", f"bench-{uuid.uuid4().hex[:8]}",
+        ],
+    )  # fmt: skip
+    header, row = [line for line in out.splitlines() if line.strip()][-2:]
+    cols = dict(zip([h.strip() for h in header.split(",")], [c.strip() for c in row.split(",")], strict=True))
+    consumed_records = float(cols["data.consumed.in.nMsg"])
+    if consumed_records < args.records:
+        raise RuntimeError(f"{topic}: consumed {consumed_records:.0f} of {args.records} records")
+    return float(cols["fetch.MB.sec"]), float(cols["fetch.nMsg.sec"]), float(cols["data.consumed.in.MB"])
+
+
+def wait_tiered(broker: KafkaBroker, topic: str, timeout: float = 900) -> float:
+    """Until only the active segment is local; returns the seconds waited."""
+    t0 = time.monotonic()
+    d = broker.partition_dir(topic, 0)
+    while time.monotonic() - t0 < timeout:
+        if len([p for p in d.iterdir() if p.name.endswith(".log")]) == 1:
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    raise TimeoutError(f"{topic}: closed segments still local after {timeout:.0f} s")
+
+
+def measured_read(
+    case: str,
+    temperature: str,
+    dist: KafkaDistribution,
+    broker: KafkaBroker,
+    topic: str,
+    args: argparse.Namespace,
+    sidecar_pid: int | None = None,
+    metrics_url: str | None = None,
+) -> Read:
+    b0, s0, m0 = cpu_seconds(broker.pid), cpu_seconds(sidecar_pid), scrape(metrics_url)
+    mb_s, rec_s, mb = consume(dist, broker.bootstrap_servers, topic, args)
+    b1, s1, m1 = cpu_seconds(broker.pid), cpu_seconds(sidecar_pid), scrape(metrics_url)
+    r = Read(case, temperature, mb_s, rec_s, mb, b1 - b0)
+    if sidecar_pid is not None:
+        consumed = mb * MiB  # ConsumerPerformance's MB are MiB (bytes / 1024 / 1024)
+        r.sidecar_cpu = s1 - s0
+        r.grpc_per_byte = (m1.get("served", 0) - m0.get("served", 0)) / consumed
+        r.downloaded_per_byte = (m1.get("downloaded", 0) - m0.get("downloaded", 0)) / consumed
+        r.calls_per_mib = (m1.get("calls", 0) - m0.get("calls", 0)) / mb
+    return r
+
+
+# -- the cases -------------------------------------------------------------------------------------
+def lts_jar(cache: Path, version: str) -> Path:
+    """Kafka's ``kafka-storage`` test jar (it holds LocalTieredStorage), from Maven Central."""
+    out = cache / f"kafka-storage-{version}-test"
+    jar = out / f"kafka-storage-{version}-test.jar"
+    if not jar.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                os.environ.get("MVN", "mvn"), "-q", "-B", f"-Dmaven.repo.local={cache / 'm2'}",
+                "dependency:copy", f"-Dartifact=org.apache.kafka:kafka-storage:{version}:jar:test",
+                f"-DoutputDirectory={out}",
+            ],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+    return jar
+
+
+def jfr_options(args: argparse.Namespace, case: str) -> list[str]:
+    if not args.jfr:
+        return []
+    Path(args.jfr).mkdir(parents=True, exist_ok=True)
+    return [f"-XX:StartFlightRecording=filename={Path(args.jfr).resolve() / case}.jfr,settings=profile"]
+
+
+def run_lts(
+    dist: KafkaDistribution, work: Path, args: argparse.Namespace, payload: Path, cases: set[str]
+) -> list[Read]:
+    props = {
+        k: v
+        for k, v in read_properties(
+            CONFIG_DIR / "broker-tiered.properties",
+            {"SHIM_DIR": "unused", "SIDECAR_TARGET": "unused", "TRANSFER_MODE": "path"},
+        ).items()
+        if not k.startswith("rsm.config.")
+    }
+    storage = work / "lts-storage"
+    props.update(
+        {
+            "remote.log.storage.manager.class.name": LTS_CLASS,
+            "remote.log.storage.manager.class.path": str(lts_jar(default_cache_dir(), dist.version)),
+            "rsm.config.dir": str(storage),
+            "rsm.config.delete.on.close": "false",
+        }
+    )
+    out = []
+    with KafkaBroker(
+        dist, work / "lts-broker", extra_properties=props, jvm_options=jfr_options(args, "lts")
+    ) as broker:
+        bs = broker.bootstrap_servers
+        if "local" in cases:
+            create_topic(dist, bs, "bench-local", args.segment_mib * MiB, tiered=False)
+            produce(dist, bs, "bench-local", args, payload)
+            out.append(measured_read("local log", "page cache", dist, broker, "bench-local", args))
+            say(out[-1])
+        if "lts" in cases:
+            create_topic(dist, bs, "bench-lts", args.segment_mib * MiB, tiered=True)
+            produce(dist, bs, "bench-lts", args, payload)
+            print(f"  LocalTieredStorage: tiered in {wait_tiered(broker, 'bench-lts'):.1f} s", flush=True)
+            drop_page_cache(storage)
+            out.append(measured_read("LocalTieredStorage", "cold", dist, broker, "bench-lts", args))
+            say(out[-1])
+            out.append(measured_read("LocalTieredStorage", "warm", dist, broker, "bench-lts", args))
+            say(out[-1])
+    return out
+
+
+def run_ours(
+    name: str, transforms: bool, dist: KafkaDistribution, work: Path, args: argparse.Namespace, payload: Path
+) -> list[Read]:
+    port = free_port()
+    env = {"RSM__METRICS__LISTEN": f"127.0.0.1:{port}"}
+    if not transforms:
+        env["RSM__SEGMENT__COMPRESSION"] = "false"
+    stack = LocalStack(
+        work / name,
+        kafka_version=dist.version,
+        sidecar_env=env,
+        encryption=transforms,
+    )
+    out = []
+    stack.start()
+    try:
+        broker = stack.broker
+        assert broker is not None
+        if args.jfr:  # restart the broker with the recording on
+            broker.stop()
+            broker.jvm_options.extend(jfr_options(args, name.replace(" ", "-")))
+            broker.start()
+        bs = broker.bootstrap_servers
+        url = f"http://127.0.0.1:{port}/metrics"
+        create_topic(dist, bs, "bench", args.segment_mib * MiB, tiered=True)
+        produce(dist, bs, "bench", args, payload)
+        print(f"  {name}: tiered in {wait_tiered(broker, 'bench'):.1f} s", flush=True)
+        stack.restart_sidecar()
+        drop_page_cache(stack.remote_root)
+        for temperature in ("cold", "warm"):
+            assert stack.sidecar is not None
+            out.append(measured_read(name, temperature, dist, broker, "bench", args, stack.sidecar.pid, url))
+            say(out[-1])
+    finally:
+        stack.stop()
+    return out
+
+
+# -- report ---------------------------------------------------------------------------------------
+def fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def say(r: Read) -> None:
+    print(
+        f"  {r.case} ({r.temperature}): {r.mb_s:.1f} MB/s, {r.records_s:,.0f} records/s, "
+        f"broker {r.broker_cpu:.1f} CPU-s, sidecar {fmt(r.sidecar_cpu, '.1f')} CPU-s",
+        flush=True,
+    )
+
+
+def table(reads: list[Read], args: argparse.Namespace) -> str:
+    head = (
+        "| read | MB/s | records/s | broker CPU-s | sidecar CPU-s | gRPC bytes / byte consumed "
+        "| storage bytes read / byte consumed | fetch calls / MiB consumed |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+    )
+    rows = [
+        f"| {r.case} ({r.temperature}) | {r.mb_s:.1f} | {r.records_s:,.0f} | {r.broker_cpu:.1f} | "
+        f"{fmt(r.sidecar_cpu, '.1f')} | {fmt(r.grpc_per_byte, '.3f')} | "
+        f"{fmt(r.downloaded_per_byte, '.3f')} | {fmt(r.calls_per_mib, '.2f')} |"
+        for r in reads
+    ]
+    return head + "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--record-size", type=int, default=200)
+    ap.add_argument("--segment-mib", type=int, default=16)
+    ap.add_argument("--fetch-size", type=int, default=1024 * 1024, help="max.partition.fetch.bytes")
+    ap.add_argument("--compression", default="none", help="the producer's compression.type")
+    ap.add_argument("--cases", default="local,lts,ours,ours-plain")
+    ap.add_argument(
+        "--kafka-version",
+        default=DEFAULT_VERSION,
+        help=f"the broker of every case (default {DEFAULT_VERSION}: LocalTieredStorage's jar matches it)",
+    )
+    ap.add_argument("--jfr", default=None, help="write a JFR recording of each broker into this directory")
+    args = ap.parse_args(argv)
+    cases = set(args.cases.split(","))
+    unknown = cases - {"local", "lts", "ours", "ours-plain"}
+    if unknown:
+        ap.error(f"unknown cases {sorted(unknown)}")
+
+    dist = KafkaDistribution.ensure(args.kafka_version)
+    work = Path(tempfile.mkdtemp(prefix="remote-read-"))
+    rng = random.Random(405)
+    payload = work / "payload.txt"
+    payload.write_bytes(b"\n".join(value(rng, args.record_size) for _ in range(10_000)))
+    print(
+        f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
+        f"({args.records * args.record_size / MiB:.0f} MiB), {args.segment_mib} MiB segments, one partition, "
+        f"producer compression {args.compression}, consumer fetch size {args.fetch_size} B",
+        flush=True,
+    )
+    reads: list[Read] = []
+    try:
+        if cases & {"local", "lts"}:
+            reads += run_lts(dist, work, args, payload, cases)
+        if "ours" in cases:
+            reads += run_ours("rsm-sidecar zstd+AES", True, dist, work, args, payload)
+        if "ours-plain" in cases:
+            reads += run_ours("rsm-sidecar plain", False, dist, work, args, payload)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(table(reads, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

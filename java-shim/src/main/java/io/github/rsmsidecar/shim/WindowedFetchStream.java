@@ -1,0 +1,146 @@
+package io.github.rsmsidecar.shim;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.util.Objects;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * A fetch without an end position, read as a series of bounded {@code FetchSegment} calls
+ * ("windows") so that the sidecar sends little more than the broker reads.
+ *
+ * <p>The broker's remote read ({@code RemoteLogManager.read}) opens a stream at a position, reads
+ * one fetch's worth (the consumer's {@code max.partition.fetch.bytes}, 1 MiB by default) and
+ * closes it. An open-ended call makes the sidecar send ahead of the reader: the message being
+ * read, the one requested ahead and gRPC's flow-control window, about 3 bytes sent for every byte
+ * the broker read (measured in {@code benchmarks/remote_read.py}). Here the first call asks for
+ * {@code firstWindow} bytes; a read past its end opens the next call where it stopped, first
+ * {@link #CONTINUATION_WINDOW} bytes, then each window twice the last up to {@code maxWindow}; the
+ * reader sees one continuous stream. (The broker starts a read at the batch before the one it
+ * wants, because Kafka's offset index maps each batch's last offset, so it reads one fetch plus one
+ * producer batch: the caller sizes {@code firstWindow} from what the last read of the partition
+ * took, and the small first continuation keeps a miss cheap.)
+ *
+ * <ul>
+ *   <li>The last window (reaching the segment's size from its metadata) is open-ended, as a plain
+ *       fetch is, so its clean end is the end of the segment.
+ *   <li>A window that ends cleanly before its end position is a short stream: {@code read} throws
+ *       {@link IOException} instead of returning -1 (never a silent early EOF).
+ *   <li>A window that sends more than it was asked for is an {@link IOException} too.
+ *   <li>Opening a later window may fail like any call (retried as the first one is); the failure
+ *       reaches the reader as an {@link IOException} from {@code read}.
+ * </ul>
+ */
+final class WindowedFetchStream extends InputStream {
+
+    private static final Logger LOG = LoggerFactory.getLogger(WindowedFetchStream.class);
+
+    /** Opens {@code [start, endInclusive]}, or {@code [start, end of segment]} when {@code endInclusive} is null. */
+    @FunctionalInterface
+    interface Opener {
+        InputStream open(int start, Integer endInclusive) throws IOException;
+    }
+
+    /** The first window after the first one. */
+    static final int CONTINUATION_WINDOW = 256 * 1024;
+
+    private final Opener opener;
+    private final java.util.function.LongConsumer onClose;
+    private final String operation;
+    private final long segmentSize;
+    private final int maxWindow;
+    private int nextWindow;
+    private InputStream current;
+    private long windowStart;
+    /** Exclusive end of the current window; {@code segmentSize} for the open-ended last one. */
+    private long windowEnd;
+    private long position;
+    private final long start;
+    private int windows = 1;
+    private boolean closed;
+
+    /**
+     * @param first the call for {@code [start, start + firstWindow)}, already open
+     * @param onClose receives the bytes read when the reader closes the stream
+     */
+    WindowedFetchStream(InputStream first, int start, int firstWindow, int maxWindow, long segmentSize, Opener opener,
+                        java.util.function.LongConsumer onClose, String operation) {
+        this.current = Objects.requireNonNull(first);
+        this.opener = opener;
+        this.onClose = onClose;
+        this.operation = operation;
+        this.segmentSize = segmentSize;
+        this.maxWindow = Math.max(CONTINUATION_WINDOW, maxWindow);
+        this.nextWindow = CONTINUATION_WINDOW;
+        this.windowStart = start;
+        this.windowEnd = (long) start + firstWindow;
+        this.position = start;
+        this.start = start;
+    }
+
+    /** The end position (inclusive) to ask for a window of {@code size} bytes from {@code start}: null if it reaches the end. */
+    static Integer windowEnd(long start, long size, long segmentSize) {
+        return start + size >= segmentSize ? null : (int) (start + size - 1);
+    }
+
+    @Override
+    public int read() throws IOException {
+        byte[] one = new byte[1];
+        int n = read(one, 0, 1);
+        return n < 0 ? -1 : one[0] & 0xff;
+    }
+
+    @Override
+    public int read(byte[] b, int off, int len) throws IOException {
+        Objects.checkFromIndexSize(off, len, b.length);
+        if (closed) {
+            throw new IOException(operation + ": the stream is closed");
+        }
+        if (len == 0) {
+            return 0;
+        }
+        while (true) {
+            int n = current.read(b, off, len);
+            if (n > 0) {
+                position += n;
+                if (windowEnd < segmentSize && position > windowEnd) {
+                    throw new IOException(operation + ": the sidecar sent " + (position - windowStart)
+                            + " bytes for the window [" + windowStart + ", " + windowEnd + ") it was asked for");
+                }
+                return n;
+            }
+            if (windowEnd >= segmentSize) {
+                return -1; // the open-ended last window ended cleanly: the end of the segment
+            }
+            if (position < windowEnd) {
+                throw new IOException(operation + ": the sidecar ended the window [" + windowStart + ", " + windowEnd
+                        + ") after " + (position - windowStart) + " bytes; a short stream is not the end of the segment");
+            }
+            current.close();
+            int window = nextWindow;
+            nextWindow = (int) Math.min((long) window * 2, maxWindow);
+            Integer end = windowEnd(position, window, segmentSize);
+            windowStart = position;
+            windowEnd = end == null ? segmentSize : (long) end + 1;
+            current = opener.open((int) position, end);
+            windows++;
+        }
+    }
+
+    @Override
+    public int available() throws IOException {
+        return closed ? 0 : current.available();
+    }
+
+    @Override
+    public void close() throws IOException {
+        if (closed) {
+            return;
+        }
+        closed = true;
+        LOG.debug("{}: closed after {} bytes in {} window(s)", operation, position - start, windows);
+        onClose.accept(position - start);
+        current.close();
+    }
+}

@@ -1,0 +1,180 @@
+package io.github.rsmsidecar.shim;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.google.protobuf.ByteString;
+import io.github.rsmsidecar.proto.v1.FetchSegmentRequest;
+import io.github.rsmsidecar.proto.v1.FetchSegmentResponse;
+import io.github.rsmsidecar.proto.v1.RemoteStorageGrpc;
+import io.grpc.stub.StreamObserver;
+import java.io.IOException;
+import java.io.InputStream;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.kafka.common.Uuid;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentState;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/** A fetch without an end position is read in bounded windows (rsm.config.fetch.window.bytes). */
+@Timeout(value = 30, unit = TimeUnit.SECONDS)
+class WindowedFetchTest {
+
+    static final int SIZE = 3 * 1024 * 1024 + 12_345;
+    static final byte[] SEGMENT = Fixtures.content(SIZE, 7);
+    static final int WINDOW = 64 * 1024;
+
+    /** Serves [start, end] of SEGMENT in 16 KiB messages (end absent: to the end); records each request. */
+    static class RangeSidecar extends RemoteStorageGrpc.RemoteStorageImplBase {
+        final List<long[]> requests = new CopyOnWriteArrayList<>(); // {start, end or -1}
+        final AtomicLong sent = new AtomicLong();
+        /** Lies: ends every bounded window this many bytes early (0 = honest). */
+        volatile int shortBy;
+        /** Lies: ignores the end position. */
+        volatile boolean ignoreEnd;
+
+        @Override
+        public void fetchSegment(FetchSegmentRequest req, StreamObserver<FetchSegmentResponse> observer) {
+            int start = req.getStartPosition();
+            boolean bounded = req.hasEndPosition() && !ignoreEnd;
+            requests.add(new long[] {start, req.hasEndPosition() ? req.getEndPosition() : -1});
+            int end = bounded ? Math.min(req.getEndPosition() + 1 - shortBy, SIZE) : SIZE;
+            for (int p = start; p < end; p += 16 * 1024) {
+                int n = Math.min(16 * 1024, end - p);
+                sent.addAndGet(n);
+                observer.onNext(FetchSegmentResponse.newBuilder().setData(ByteString.copyFrom(SEGMENT, p, n)).build());
+            }
+            observer.onCompleted();
+        }
+    }
+
+    static RemoteLogSegmentMetadata metadata(int size) {
+        return new RemoteLogSegmentMetadata(new RemoteLogSegmentId(Fixtures.TIP, Uuid.randomUuid()), 100L, 199L,
+                1_700_000_000_000L, 7, 1_700_000_001_000L, size, Optional.empty(),
+                RemoteLogSegmentState.COPY_SEGMENT_FINISHED, Map.of(0, 100L));
+    }
+
+    static Map<String, String> config(int window) {
+        Map<String, String> c = Fixtures.config();
+        c.put(ShimConfig.FETCH_WINDOW_BYTES, String.valueOf(window));
+        return c;
+    }
+
+    @Test
+    void readsTheWholeRestInDoublingWindowsAndEndsOnlyAtTheSegmentEnd() throws Exception {
+        RangeSidecar sidecar = new RangeSidecar();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config(WINDOW));
+             InputStream in = h.rsm.fetchLogSegment(metadata(SIZE), 1000)) {
+            assertArrayEquals(Arrays.copyOfRange(SEGMENT, 1000, SIZE), in.readAllBytes());
+            assertEquals(-1, in.read());
+        }
+        long start = 1000;
+        long window = WINDOW;
+        for (int i = 0; i < sidecar.requests.size() - 1; i++) {
+            long[] r = sidecar.requests.get(i);
+            assertEquals(start, r[0], "window " + i);
+            assertEquals(start + window - 1, r[1], "window " + i);
+            start += window;
+            window = i == 0 ? WindowedFetchStream.CONTINUATION_WINDOW : window * 2;
+        }
+        long[] last = sidecar.requests.get(sidecar.requests.size() - 1);
+        assertEquals(start, last[0]);
+        assertEquals(-1, last[1], "the last window is open-ended");
+        assertEquals(SIZE - 1000, sidecar.sent.get(), "every byte sent once");
+    }
+
+    @Test
+    void aBrokerStyleReadOfOneFetchCostsOneWindow() throws Exception {
+        RangeSidecar sidecar = new RangeSidecar();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config(WINDOW))) {
+            for (int start : new int[] {0, 70_000, 2_000_000}) {
+                try (InputStream in = h.rsm.fetchLogSegment(metadata(SIZE), start)) {
+                    // RemoteLogManager.read: read up to one fetch's worth, then close
+                    assertArrayEquals(Arrays.copyOfRange(SEGMENT, start, start + WINDOW - 4096),
+                            in.readNBytes(WINDOW - 4096));
+                }
+            }
+        }
+        assertEquals(3, sidecar.requests.size(), "one call per fetch");
+        // the first read's window, then windows of what it took plus 64 KiB
+        long later = WINDOW - 4096 + SidecarRemoteStorageManager.FETCH_WINDOW_SLACK;
+        assertEquals(WINDOW + 2 * later, sidecar.sent.get(), "the sidecar sent the windows and nothing beyond");
+    }
+
+    @Test
+    void theNextReadOfAPartitionStartsWithWhatTheLastOneTook() throws Exception {
+        RangeSidecar sidecar = new RangeSidecar();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config(WINDOW))) {
+            RemoteLogSegmentMetadata md = metadata(SIZE);
+            try (InputStream in = h.rsm.fetchLogSegment(md, 0)) {
+                // one fetch plus the producer batch before it: beyond the first window
+                assertArrayEquals(Arrays.copyOfRange(SEGMENT, 0, 100_000), in.readNBytes(100_000));
+            }
+            assertEquals(2, sidecar.requests.size(), "the first window and a continuation");
+            try (InputStream in = h.rsm.fetchLogSegment(md, 100_000)) {
+                assertArrayEquals(Arrays.copyOfRange(SEGMENT, 100_000, 200_000), in.readNBytes(100_000));
+            }
+            assertEquals(3, sidecar.requests.size(), "one call: the window grew to the last read + 64 KiB");
+            assertEquals(100_000 + 100_000 + SidecarRemoteStorageManager.FETCH_WINDOW_SLACK - 1,
+                    sidecar.requests.get(2)[1]);
+        }
+    }
+
+    @Test
+    void aWindowEndedEarlyIsAnErrorNotTheEndOfTheSegment() throws Exception {
+        RangeSidecar sidecar = new RangeSidecar();
+        sidecar.shortBy = 100;
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config(WINDOW));
+             InputStream in = h.rsm.fetchLogSegment(metadata(SIZE), 0)) {
+            IOException e = assertThrows(IOException.class, in::readAllBytes);
+            assertTrue(e.getMessage().contains("short stream"), e.getMessage());
+            assertTrue(e.getMessage().contains("[0, " + WINDOW + ")"), e.getMessage());
+        }
+    }
+
+    @Test
+    void aSidecarSendingBeyondTheWindowIsAnError() throws Exception {
+        RangeSidecar sidecar = new RangeSidecar();
+        sidecar.ignoreEnd = true;
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config(WINDOW));
+             InputStream in = h.rsm.fetchLogSegment(metadata(SIZE), 0)) {
+            IOException e = assertThrows(IOException.class, in::readAllBytes);
+            assertTrue(e.getMessage().contains("for the window [0, " + WINDOW + ")"), e.getMessage());
+        }
+    }
+
+    @Test
+    void windowZeroOrAnExplicitEndOrAShortRestIsOneCall() throws Exception {
+        RangeSidecar sidecar = new RangeSidecar();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config(0));
+             InputStream in = h.rsm.fetchLogSegment(metadata(SIZE), 5)) {
+            assertArrayEquals(Arrays.copyOfRange(SEGMENT, 5, SIZE), in.readAllBytes());
+        }
+        assertEquals(1, sidecar.requests.size());
+        assertEquals(-1, sidecar.requests.get(0)[1]);
+
+        RangeSidecar s2 = new RangeSidecar();
+        try (Fixtures.Harness h = new Fixtures.Harness(s2, config(WINDOW))) {
+            try (InputStream in = h.rsm.fetchLogSegment(metadata(SIZE), 5, 500_000)) {
+                assertArrayEquals(Arrays.copyOfRange(SEGMENT, 5, 500_001), in.readAllBytes());
+            }
+            try (InputStream in = h.rsm.fetchLogSegment(metadata(SIZE), SIZE - WINDOW + 1)) {
+                assertArrayEquals(Arrays.copyOfRange(SEGMENT, SIZE - WINDOW + 1, SIZE), in.readAllBytes());
+            }
+        }
+        assertEquals(2, s2.requests.size());
+        assertEquals(500_000, s2.requests.get(0)[1]);
+        assertFalse(s2.requests.get(1)[1] >= 0, "the rest fits in a window: open-ended");
+    }
+}
