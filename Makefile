@@ -27,7 +27,7 @@ deps: setup shim kafka-jars interop-jars iceberg-deps storage-servers compose-to
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev,iceberg,s3,gcs]'
+	$(BIN)/pip install --quiet -e '.[dev,iceberg,s3,gcs,azure]'
 	touch $@
 
 proto: $(PROTO_OUT)
