@@ -10,7 +10,9 @@
   of its own, named :data:`ACCOUNT` with a random key made per server unless one is given
   (``AZURITE_ACCOUNTS``), so no well-known key is used; the endpoint is
   ``http://127.0.0.1:<port>/<account>``. Blobs live in a directory of your choice (a restart keeps
-  them: fault tests), or in memory (``in_memory=True``: faster, lost when the process ends).
+  them: fault tests), or in memory (``in_memory=True``: faster, lost when the process ends). With
+  ``tls`` (a certificate and key) it serves https, and with ``oauth`` it also accepts Entra ID
+  bearer tokens (``--oauth basic``: audience, issuer and expiry are checked, not the signature).
 
 Command line (``make demo STORAGE=azure`` and friends)::
 
@@ -23,6 +25,8 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -119,6 +123,8 @@ class AzuriteServer(BucketServer):
         port: int | None = None,
         account: str = ACCOUNT,
         account_key: str | None = None,
+        tls: tuple[Path, Path] | None = None,
+        oauth: bool = False,
     ):
         super().__init__(workdir)
         self.binary = Path(binary) if binary else ensure_azurite(cache_dir)
@@ -128,15 +134,20 @@ class AzuriteServer(BucketServer):
         self.port = port or free_port()
         self.account = account
         self.account_key = account_key or base64.b64encode(os.urandom(64)).decode()
+        self.tls = tls  # (certificate, key) PEM files: serve https
+        self.oauth = oauth  # accept Entra ID bearer tokens (Azurite checks audience, issuer, expiry)
+        if oauth and not tls:
+            raise ValueError("Azurite accepts OAuth tokens over https only: give tls=(certificate, key)")
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{HOST}:{self.port}/{self.account}"
+        return f"{'https' if self.tls else 'http'}://{HOST}:{self.port}/{self.account}"
 
     @property
     def connection_string(self) -> str:
         return (
-            f"DefaultEndpointsProtocol=http;AccountName={self.account};AccountKey={self.account_key};"
+            f"DefaultEndpointsProtocol={'https' if self.tls else 'http'};"
+            f"AccountName={self.account};AccountKey={self.account_key};"
             f"BlobEndpoint={self.endpoint_url};"
         )
 
@@ -158,6 +169,10 @@ class AzuriteServer(BucketServer):
             "--disableTelemetry",  # never phone home
             "--disableProductStyleUrl",  # the account is the first path segment, whatever the host
         ]
+        if self.tls:
+            cmd += ["--cert", str(self.tls[0]), "--key", str(self.tls[1])]
+        if self.oauth:
+            cmd += ["--oauth", "basic"]
         # (Azurite refuses --location together with --inMemoryPersistence)
         cmd += ["--inMemoryPersistence"] if self.in_memory else ["--location", str(self.data_dir)]
         return cmd
@@ -168,12 +183,22 @@ class AzuriteServer(BucketServer):
         return env
 
     def is_ready(self) -> bool:
+        if self.tls:
+            context = ssl.create_default_context(cafile=str(self.tls[0]))
+            try:
+                with socket.create_connection((HOST, self.port), timeout=0.5) as sock:
+                    with context.wrap_socket(sock, server_hostname=HOST):
+                        return True
+            except OSError:
+                return False
         return http_answers(f"http://{HOST}:{self.port}/", timeout=0.5)
 
     def service_client(self, **options: Any) -> Any:
         """An SDK client with the account key, for set-up and assertions (not the code under test)."""
         from azure.storage.blob import BlobServiceClient
 
+        if self.tls:
+            options.setdefault("connection_verify", str(self.tls[0]))
         return BlobServiceClient(
             self.endpoint_url,
             credential={"account_name": self.account, "account_key": self.account_key},

@@ -42,6 +42,7 @@ SERVER_FIXTURES = frozenset(
         "gcs_store",
         "gcs_server_factory",
         "azurite",
+        "azurite_oauth",
         "azure_store",
         "azure_server_factory",
         "apicurio",

@@ -150,6 +150,7 @@ class AzureObjectStore(base.RemoteObjectStore):
             session_owner=True,
             connection_timeout=c.connect_timeout,
             read_timeout=c.read_timeout,
+            connection_verify=c.ca_bundle if c.ca_bundle is not None else True,
         )
         options: dict[str, Any] = {
             "transport": transport,
@@ -265,6 +266,11 @@ class AzureObjectStore(base.RemoteObjectStore):
     def _blob(self, key: str) -> Any:
         return self._container.get_blob_client(self._check_name(key))
 
+    def _from_service(self, e: az.HttpResponseError) -> bool:
+        """Whether ``e`` is the Blob service's answer (not a token endpoint's)."""
+        request = getattr(e.response, "request", None)
+        return request is not None and str(getattr(request, "url", "")).startswith(self._endpoint)
+
     def _translate(
         self, e: Exception, op: str, key: str | None = None, *, start: int | None = None
     ) -> RsmError:
@@ -281,9 +287,9 @@ class AzureObjectStore(base.RemoteObjectStore):
             and inner is not e
         ):
             return self._translate(inner, op, key, start=start)  # the SDK's wrapper of a broken read
-        if isinstance(e, az.ClientAuthenticationError) and e.response is None:
+        if isinstance(e, az.ClientAuthenticationError) and not self._from_service(e):
             return base.StorageError(
-                f"{what}: could not obtain an access token ({str(e).splitlines()[0]}); "
+                f"{what}: could not obtain an access token ({' '.join(str(e).split())[:1000]}); "
                 f"credentials: {self.credential_source()}"
             )
         if isinstance(e, az.HttpResponseError) and e.status_code is not None:

@@ -125,6 +125,9 @@ class AzureSettings(Settings):
         min=1,
         max=1024,
     )
+    ca_bundle: str | None = setting(
+        "path", None, "PEM CA bundle to verify the service's certificate with (a private endpoint's own CA)."
+    )
     startup_write_check: bool = setting(
         "bool",
         True,

@@ -5,10 +5,19 @@ connection string, SAS) and how their refusals read, and faults against real ser
 
 from __future__ import annotations
 
+import base64
+import datetime
+import http.server
+import ipaddress
+import json
+import threading
+import time
 import tracemalloc
+import urllib.parse
 
 import pytest
 
+from devstack.azurite import AzuriteServer
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.azure import AzureObjectStore, _operation
@@ -352,3 +361,163 @@ def test_default_azure_credential_is_used_when_no_secret_is_configured():
 def test_secrets_stay_out_of_the_settings_repr():
     s = AzureSettings(container="c01", account_name="acct", account_key=AZURE_KEY)
     assert AZURE_KEY not in repr(s)
+
+
+# -- Entra ID tokens: DefaultAzureCredential with a managed identity ---------------------------
+
+
+class ManagedIdentityEndpoint:
+    """A local stand-in for the managed identity token endpoint of App Service and Container
+    Apps (``IDENTITY_ENDPOINT``/``IDENTITY_HEADER``), which exists only inside Azure: it records
+    the query and headers of every GET and answers each with ``status`` and ``body``."""
+
+    def __init__(self, status: int, body: dict):
+        calls: list[tuple[dict, dict]] = []
+        self.calls = calls
+        payload = json.dumps(body).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                calls.append((query, dict(self.headers)))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/msi/token"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _entra_token(tenant: str = "72f988bf-86f1-41af-91ab-2d7cd011db47") -> str:
+    """A token shaped as Entra ID issues them for Azure Storage (audience, issuer, validity).
+    Azurite's ``--oauth basic`` checks those claims, not the signature, which only Entra ID
+    could make."""
+
+    def part(obj: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+
+    now = int(time.time())
+    claims = {
+        "aud": "https://storage.azure.com",
+        "iss": f"https://sts.windows.net/{tenant}/",
+        "iat": now - 60,
+        "nbf": now - 60,
+        "exp": now + 3600,
+        "oid": "00000000-0000-0000-0000-00000000cafe",
+        "tid": tenant,
+    }
+    return f"{part({'typ': 'JWT', 'alg': 'RS256'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+@pytest.fixture(scope="module")
+def azurite_oauth(tmp_path_factory):
+    """Azurite over https (a self-signed certificate for 127.0.0.1) accepting bearer tokens."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    workdir = tmp_path_factory.mktemp("azurite-oauth")
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = workdir / "cert.pem", workdir / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    server = AzuriteServer(
+        workdir, in_memory=True, account=AZURE_ACCOUNT, tls=(cert_file, key_file), oauth=True
+    )
+    with server:
+        server.create_bucket(AZURE_CONTAINER)
+        yield server
+
+
+def _managed_identity_store(server, monkeypatch, endpoint: ManagedIdentityEndpoint, **overrides):
+    monkeypatch.setenv("IDENTITY_ENDPOINT", endpoint.url)
+    monkeypatch.setenv("IDENTITY_HEADER", "local-identity-header")
+    settings = AzureSettings(
+        container=AZURE_CONTAINER,
+        account_name=AZURE_ACCOUNT,
+        endpoint_url=server.endpoint_url,
+        ca_bundle=str(server.tls[0]),
+        **overrides,
+    )
+    return AzureObjectStore(settings)
+
+
+def test_default_azure_credential_uses_the_managed_identity(azurite_oauth, monkeypatch, p):
+    token = _entra_token()
+    identity = ManagedIdentityEndpoint(
+        200,
+        {
+            "access_token": token,
+            "expires_on": str(int(time.time()) + 3600),
+            "resource": "https://storage.azure.com",
+            "token_type": "Bearer",
+        },
+    )
+    store = _managed_identity_store(azurite_oauth, monkeypatch, identity)
+    try:
+        store.check()
+        data = blob(2 * BLOCK + 1)
+        with store.open_writer(p + "mi") as w:
+            w.write(data)
+            w.commit()
+        assert store.get_range(p + "mi", BLOCK, BLOCK + 9) == data[BLOCK : BLOCK + 10]
+        assert [o.key for o in store.list(p)] == [p + "mi"]
+        store.delete(p + "mi")
+        assert "DefaultAzureCredential" in store.credential_source()
+        assert "ManagedIdentityCredential" in store.credential_source()
+        # one token for every request: asked once, for Azure Storage, with the identity header
+        assert len(identity.calls) == 1
+        query, headers = identity.calls[0]
+        assert query["resource"] == ["https://storage.azure.com"]
+        assert headers.get("X-IDENTITY-HEADER") == "local-identity-header"
+    finally:
+        store.close()
+        identity.close()
+
+
+def test_a_refused_managed_identity_fails_check_naming_the_credential(azurite_oauth, monkeypatch):
+    identity = ManagedIdentityEndpoint(
+        400, {"error": "invalid_request", "error_description": "Identity not found for this resource"}
+    )
+    store = _managed_identity_store(azurite_oauth, monkeypatch, identity, max_attempts=1)
+    try:
+        with pytest.raises(ConfigError) as e:
+            store.check()
+        msg = str(e.value)
+        assert "could not obtain an access token" in msg and AZURE_CONTAINER in msg
+        assert "ManagedIdentityCredential: App Service managed identity" in msg  # what it tried
+        assert "credentials: DefaultAzureCredential" in msg and "\n" not in msg
+    finally:
+        store.close()
+        identity.close()
