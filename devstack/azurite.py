@@ -207,7 +207,7 @@ class AzuriteServer(BucketServer):
 
     def create_bucket(self, bucket: str) -> None:
         """Create the container ``bucket`` (fine if it exists)."""
-        from azure.core.exceptions import AzureError, ResourceExistsError
+        from azure.core.exceptions import ResourceExistsError, ServiceRequestError, ServiceResponseError
 
         deadline = time.monotonic() + 20
         with self.service_client() as client:
@@ -217,7 +217,7 @@ class AzuriteServer(BucketServer):
                     return
                 except ResourceExistsError:
                     return
-                except AzureError:
+                except (ServiceRequestError, ServiceResponseError):  # not up yet; a refusal is final
                     if time.monotonic() > deadline:
                         raise
                 time.sleep(0.2)

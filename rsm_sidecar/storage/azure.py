@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 #: largest ranged read sent as one Get Blob (the SDK splits larger ones into requests of this size)
 MAX_SINGLE_GET = 256 * 1024 * 1024
+#: pieces a response body is read in
+READ_BLOCK = 256 * 1024
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 _TRANSIENT_CODES = {"ServerBusy", "InternalError", "OperationTimedOut"}
 _NOT_FOUND_CODES = {"BlobNotFound", "ResourceNotFound"}
@@ -151,6 +153,8 @@ class AzureObjectStore(base.RemoteObjectStore):
             connection_timeout=c.connect_timeout,
             read_timeout=c.read_timeout,
             connection_verify=c.ca_bundle if c.ca_bundle is not None else True,
+            # bodies are read in pieces of this size (the SDK's 4 KiB took 4.6 ms of CPU per MiB read)
+            connection_data_block_size=READ_BLOCK,
         )
         options: dict[str, Any] = {
             "transport": transport,
