@@ -196,7 +196,14 @@ class AzureObjectStore(base.RemoteObjectStore):
                         c.sas_token
                     )
                 else:
-                    from azure.identity import DefaultAzureCredential
+                    try:
+                        from azure.identity import DefaultAzureCredential
+                    except ImportError as e:
+                        raise ConfigError(
+                            "storage.azure: no connection_string, account_key or sas_token is set, so "
+                            "DefaultAzureCredential signs the requests, and it needs azure-identity, which "
+                            f"is not installed (no module {e.name!r}): pip install 'rsm-sidecar[azure]'"
+                        ) from None
 
                     identity: dict[str, Any] = {}
                     if c.managed_identity_client_id:
@@ -213,6 +220,9 @@ class AzureObjectStore(base.RemoteObjectStore):
                         f"managed identity{mi}, Azure CLI)"
                     )
                 self._service = BlobServiceClient(url.rstrip("/"), credential=credential, **options)
+        except ConfigError:
+            transport.close()
+            raise
         except (ValueError, TypeError, az.AzureError) as e:
             transport.close()
             raise ConfigError(

@@ -10,6 +10,8 @@ import datetime
 import http.server
 import ipaddress
 import json
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -356,6 +358,40 @@ def test_default_azure_credential_is_used_when_no_secret_is_configured():
         )
     finally:
         store.close()
+
+
+def test_default_azure_credential_without_azure_identity_names_the_extra():
+    """azure-identity's absence is simulated in a fresh interpreter (a meta-path finder refuses
+    to import it); a shared key needs only azure-storage-blob."""
+    code = """
+import importlib.abc, json, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "azure.identity" or name.startswith("azure.identity."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+from rsm_sidecar.config import Config
+from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.storage.factory import open_store
+out = {}
+for name, table in [("identity", {}), ("key", {"account_key": "a2V5"})]:
+    azure = {"container": "c01", "account_name": "acct", **table}
+    cfg = Config({"storage": {"backend": "azure", "azure": azure}}, environ={})
+    try:
+        open_store(cfg).close()
+        out[name] = None
+    except ConfigError as e:
+        out[name] = str(e)
+print(json.dumps(out))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["key"] is None
+    assert (
+        "DefaultAzureCredential" in got["identity"] and "pip install 'rsm-sidecar[azure]'" in got["identity"]
+    )
+    assert "no module 'azure.identity'" in got["identity"]
 
 
 def test_secrets_stay_out_of_the_settings_repr():
