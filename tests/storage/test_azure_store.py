@@ -10,6 +10,7 @@ import datetime
 import http.server
 import ipaddress
 import json
+import ssl
 import subprocess
 import sys
 import threading
@@ -25,7 +26,14 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.azure import AzureObjectStore, _operation
 from rsm_sidecar.storage.azure_settings import AzureSettings
 from rsm_sidecar.storage.base import StorageError, StorageTimeout, StorageUnavailable
-from tests.storage.conftest import AZURE, AZURE_ACCOUNT, AZURE_CONTAINER, AZURE_KEY, make_azure_store
+from tests.storage.conftest import (
+    AZURE,
+    AZURE_ACCOUNT,
+    AZURE_CONTAINER,
+    AZURE_KEY,
+    CannedPostEndpoint,
+    make_azure_store,
+)
 from tests.storage.contract import RemoteStoreContract, blob, request_delta
 
 MiB = 1024 * 1024
@@ -557,3 +565,49 @@ def test_a_refused_managed_identity_fails_check_naming_the_credential(azurite_oa
     finally:
         store.close()
         identity.close()
+
+
+def test_default_azure_credential_uses_aks_workload_identity(azurite_oauth, monkeypatch, tmp_path, p):
+    # What the AKS workload identity webhook gives a pod: a client id, a tenant and a projected
+    # service account token, which Entra ID exchanges for an access token. The Entra ID token
+    # endpoint is a local https stand-in (AZURE_AUTHORITY_HOST; the test CA is trusted through
+    # REQUESTS_CA_BUNDLE).
+    cert, key = azurite_oauth.tls
+    tenant = "72f988bf-86f1-41af-91ab-2d7cd011db47"
+    answer = {"token_type": "Bearer", "expires_in": 3600, "access_token": _entra_token(tenant)}
+    entra = CannedPostEndpoint(200, "application/json", json.dumps(answer).encode())
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    entra.server.socket = context.wrap_socket(entra.server.socket, server_side=True)
+    sa_token = tmp_path / "azure-identity-token"
+    sa_token.write_text("projected-service-account-token")
+    for name, value in {
+        "AZURE_CLIENT_ID": "5a5e1c2d-0000-4000-8000-00000000c0de",
+        "AZURE_TENANT_ID": tenant,
+        "AZURE_FEDERATED_TOKEN_FILE": str(sa_token),
+        "AZURE_AUTHORITY_HOST": entra.url.replace("http://", "https://"),
+        "REQUESTS_CA_BUNDLE": str(cert),
+    }.items():
+        monkeypatch.setenv(name, value)
+    store = AzureObjectStore(
+        AzureSettings(
+            container=AZURE_CONTAINER,
+            account_name=AZURE_ACCOUNT,
+            endpoint_url=azurite_oauth.endpoint_url,
+            ca_bundle=str(cert),
+        )
+    )
+    try:
+        store.check()
+        store.put(p + "wi", b"via workload identity")
+        assert store.get(p + "wi") == b"via workload identity"
+        assert "token from WorkloadIdentityCredential" in store.credential_source()
+        assert len(entra.calls) == 1
+        form = entra.calls[0]
+        assert form["client_assertion"] == ["projected-service-account-token"]
+        assert form["client_id"] == ["5a5e1c2d-0000-4000-8000-00000000c0de"]
+        assert form["scope"] == ["https://storage.azure.com/.default"]
+        assert form["grant_type"] == ["client_credentials"]
+    finally:
+        store.close()
+        entra.close()
