@@ -27,7 +27,7 @@ deps: setup shim kafka-jars interop-jars iceberg-deps storage-servers compose-to
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev,iceberg,s3,gcs]'
+	$(BIN)/pip install --quiet -e '.[dev,iceberg,s3,gcs,azure]'
 	touch $@
 
 proto: $(PROTO_OUT)
@@ -54,11 +54,13 @@ $(ICEBERG_STAMP): rsm_sidecar/iceberg/jars.py devstack/registry.py | $(VENV)/.in
 	$(BIN)/python -m devstack.registry
 	touch $@
 
-# SeaweedFS (S3) and fake-gcs-server (GCS) for the tests and `make demo STORAGE=s3|gcs`.
+# SeaweedFS (S3), fake-gcs-server (GCS) and Azurite (Azure Blob, npm) for the tests and
+# `make demo STORAGE=s3|gcs|azure`.
 storage-servers: $(SERVERS_STAMP)
-$(SERVERS_STAMP): devstack/s3server.py devstack/gcsserver.py | $(VENV)/.installed
+$(SERVERS_STAMP): devstack/s3server.py devstack/gcsserver.py devstack/azurite.py | $(VENV)/.installed
 	$(BIN)/python -m devstack.s3server install
 	$(BIN)/python -m devstack.gcsserver install
+	$(BIN)/python -m devstack.azurite install
 	touch $@
 
 # docker compose (built from the Go module proxy) and BuildKit's Dockerfile checks, which
@@ -100,8 +102,8 @@ docs: setup
 	{ cat docs/configuration.md.head; echo '<!-- BEGIN GENERATED: rsm-sidecar config docs -->'; \
 	  $(BIN)/rsm-sidecar config docs; echo '<!-- END GENERATED -->'; } > docs/configuration.md
 
-# The demo on the embedded default (local-directory storage); STORAGE=s3|gcs selects a
-# local S3 (SeaweedFS) or GCS (fake-gcs-server) server instead.
+# The demo on the embedded default (local-directory storage); STORAGE=s3|gcs|azure selects a
+# local S3 (SeaweedFS), GCS (fake-gcs-server) or Azure Blob (Azurite) server instead.
 demo: deps
 	$(BIN)/python -m devstack.cli demo
 

@@ -2,13 +2,13 @@
 
     .venv/bin/python -m benchmarks.storage_backends [--size-mib 64] [--repeat 3] [--reads 40]
 
-For each backend (local directory, SeaweedFS over S3, fake-gcs-server over the GCS JSON
-API; the servers are started here on loopback and stopped at the end) it uploads an object
-of ``--size-mib`` through ``open_writer`` in 1 MiB writes (as the copy pipeline does), then
-reads ``--reads`` random ranges of 1 MiB and of 4 MiB. Raw local disk is measured in the same
-run on the same bytes: a file written in 1 MiB writes plus fsync, and ``os.pread`` of the same
-ranges. It prints throughput (median of ``--repeat`` uploads; reads over all ranges) and how
-many storage requests one upload and one 1 MiB ranged read cost.
+For each backend (local directory, SeaweedFS over S3, fake-gcs-server over the GCS JSON API,
+Azurite over the Blob API; the servers are started here on loopback and stopped at the end) it
+uploads an object of ``--size-mib`` through ``open_writer`` in 1 MiB writes (as the copy
+pipeline does), then reads ``--reads`` random ranges of 1 MiB and of 4 MiB. Raw local disk is
+measured in the same run on the same bytes: a file written in 1 MiB writes plus fsync, and
+``os.pread`` of the same ranges. It prints throughput (median of ``--repeat`` uploads; reads
+over all ranges) and how many storage requests one upload and one 1 MiB ranged read cost.
 
 The servers write to the same local disk, so the figures are an upper bound of what the
 backend code can push, not a prediction for a real bucket (where latency per request, not
@@ -29,6 +29,7 @@ from pathlib import Path
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("NO_GCE_CHECK", "true")
 
+from devstack.azurite import AzuriteServer
 from devstack.gcsserver import FakeGcsServer
 from devstack.s3server import SeaweedS3Server
 from rsm_sidecar.storage.base import ObjectStore
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size-mib", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--reads", type=int, default=40, help="ranged reads per range size")
-    ap.add_argument("--backends", default="local,s3,gcs")
+    ap.add_argument("--backends", default="local,s3,gcs,azure")
     args = ap.parse_args(argv)
     size = args.size_mib * MiB
     data = payload(size)
@@ -187,6 +188,34 @@ def main(argv: list[str] | None = None) -> int:
                     notes.append(
                         f"gcs: chunk_size {store.settings.chunk_size // MiB} MiB, CRC32C on; fake-gcs-server "
                         f"(filesystem backend) RSS after: {(server.rss_bytes() or 0) / MiB:.0f} MiB"
+                    )
+                finally:
+                    store.close()
+
+        if "azure" in wanted:
+            from rsm_sidecar.storage.azure import AzureObjectStore
+            from rsm_sidecar.storage.azure_settings import AzureSettings
+
+            with AzuriteServer(work / "azurite") as server:
+                server.create_bucket("bench")
+                store = AzureObjectStore(
+                    AzureSettings(
+                        container="bench",
+                        account_name=server.account,
+                        account_key=server.account_key,
+                        endpoint_url=server.endpoint_url,
+                    )
+                )
+                try:
+                    store.check()
+                    results["azure (Azurite)"] = measure_store(
+                        store, "bench/object", data, args.repeat, reads
+                    )
+                    c = store.settings
+                    notes.append(
+                        f"azure: block_size {c.block_size // MiB} MiB, {c.max_blocks_in_flight} blocks in "
+                        f"flight, Content-MD5 {'on' if c.checksum else 'off'}; Azurite (blobs on disk) RSS "
+                        f"after: {(server.rss_bytes() or 0) / MiB:.0f} MiB"
                     )
                 finally:
                     store.close()

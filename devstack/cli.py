@@ -266,7 +266,9 @@ def main(argv=None) -> int:
         p.set_defaults(func=fn)
         if name != "down":
             p.add_argument(
-                "--storage", default=os.environ.get("STORAGE") or "local", choices=("local", "s3", "gcs")
+                "--storage",
+                default=os.environ.get("STORAGE") or "local",
+                choices=("local", "s3", "gcs", "azure"),
             )
             p.add_argument(
                 "--transfer-mode",

@@ -1,6 +1,6 @@
 """The local stack: a real Kafka broker with tiered storage through the Java shim, the
 rsm-sidecar process, and object storage (local directory by default; SeaweedFS for
-``s3``, fake-gcs-server for ``gcs``). One launcher for ``make up``, ``make demo`` and
+``s3``, fake-gcs-server for ``gcs``, Azurite for ``azure``). One launcher for ``make up``, ``make demo`` and
 the end-to-end tests. Broker and sidecar settings come from ``config/`` (the files the
 docker-compose cluster mounts too); this module only fills in paths and addresses.
 
@@ -121,7 +121,8 @@ class LocalStack:
 
     def start_storage(self) -> None:
         """The object store: a local directory, or a local S3 (SeaweedFS with SigV4
-        credentials) or GCS (fake-gcs-server) server with the bucket created."""
+        credentials), GCS (fake-gcs-server) or Azure Blob (Azurite, with a shared key) server
+        with the bucket (container) created."""
         if self.storage == "local":
             self.remote_root.mkdir(parents=True, exist_ok=True)
         elif self.storage == "s3":
@@ -136,8 +137,13 @@ class LocalStack:
 
             self.storage_server = FakeGcsServer(self.workdir / "gcs").start()
             self.storage_server.create_bucket(BUCKET)
+        elif self.storage == "azure":
+            from devstack.azurite import AzuriteServer
+
+            self.storage_server = AzuriteServer(self.workdir / "azure").start()
+            self.storage_server.create_bucket(BUCKET)
         else:
-            raise ValueError(f"unknown storage {self.storage!r} (local, s3 or gcs)")
+            raise ValueError(f"unknown storage {self.storage!r} (local, s3, gcs or azure)")
 
     def storage_environment(self) -> dict[str, str]:
         """RSM__ settings that point the sidecar at the storage server."""
@@ -157,6 +163,14 @@ class LocalStack:
                 "RSM__STORAGE__GCS__ENDPOINT_URL": self.storage_server.endpoint_url,
                 "RSM__STORAGE__GCS__CREDENTIALS": "anonymous",
                 "RSM__STORAGE__GCS__PROJECT": "test",
+            }
+        if self.storage == "azure":
+            srv = self.storage_server
+            return {
+                "RSM__STORAGE__AZURE__CONTAINER": BUCKET,
+                "RSM__STORAGE__AZURE__ENDPOINT_URL": srv.endpoint_url,
+                "RSM__STORAGE__AZURE__ACCOUNT_NAME": srv.account,
+                "RSM__STORAGE__AZURE__ACCOUNT_KEY": srv.account_key,
             }
         return {"RSM__STORAGE__LOCAL__ROOT": str(self.remote_root)}
 

@@ -507,6 +507,7 @@ KEY_MODULES = (
     "rsm_sidecar.storage.factory",
     "rsm_sidecar.storage.s3_settings",
     "rsm_sidecar.storage.gcs_settings",
+    "rsm_sidecar.storage.azure_settings",
     "rsm_sidecar.iceberg.settings",
 )
 

@@ -5,7 +5,7 @@ Every test gets exactly one tier marker (``make test-unit`` runs ``pytest -m uni
 * ``unit``: in-process only: no server process, nothing downloaded, no broker. Runs right
   after ``make setup`` on a fresh clone.
 * ``integration``: real servers or tools other than the broker (SeaweedFS, fake-gcs-server,
-  Apicurio, the Iceberg REST fixture, Spark with its jars, a sidecar process, the shim jar,
+  Azurite, Apicurio, the Iceberg REST fixture, Spark with its jars, a sidecar process, the shim jar,
   Java with BouncyCastle, the compose tools).
 * ``e2e``: a real Kafka broker.
 
@@ -41,6 +41,10 @@ SERVER_FIXTURES = frozenset(
         "fake_gcs",
         "gcs_store",
         "gcs_server_factory",
+        "azurite",
+        "azurite_oauth",
+        "azure_store",
+        "azure_server_factory",
         "apicurio",
         "registry_url",
         "sr_client",
@@ -55,12 +59,13 @@ SERVER_FIXTURES = frozenset(
 
 #: programs a unit test must not start: the JVM (broker, Apicurio, Spark, the Iceberg REST fixture,
 #: the shim) and the storage servers
-SERVER_PROGRAMS = frozenset({"java", "weed", "fake-gcs-server"})
+SERVER_PROGRAMS = frozenset({"java", "weed", "fake-gcs-server", "azurite-blob", "node", "npm"})
 
 #: modules (path from the repository root) whose tests start servers, processes or Java in their
 #: bodies rather than through a fixture
 TIER_OF_MODULE = {
     "tests/compose/test_compose.py": "integration",  # docker compose + Dockerfile checker (downloaded)
+    "tests/test_devstack_launchers.py": "integration",  # SeaweedFS, fake-gcs-server, Azurite
     "tests/shim/test_shim_jar.py": "integration",  # the shim jar (Maven) and Java
     "tests/service/test_processes.py": "integration",  # sidecar processes, SeaweedFS
     "tests/service/test_resources.py": "integration",  # sidecar processes, 1 GiB copies

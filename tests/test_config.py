@@ -47,7 +47,7 @@ def test_shipped_sidecar_config_is_valid():
         ({"segment": {"chunk_size": "4 lots"}}, "segment.chunk_size: expected a size in bytes"),
         (
             {"storage": {"backend": "ftp", "local": {"root": "/x"}}},
-            "storage.backend: 'ftp' is not allowed; allowed: local, s3, gcs",
+            "storage.backend: 'ftp' is not allowed; allowed: local, s3, gcs, azure",
         ),
         (
             {"storage": {"local": {"rot": "/x"}}},
@@ -116,7 +116,7 @@ def _nest(path: str, value):
 
 
 # -- light settings, lazy cloud SDKs ----------------------------------------------------------
-HEAVY_MODULES = ("boto3", "botocore", "google.cloud.storage", "pyspark", "pyiceberg")
+HEAVY_MODULES = ("boto3", "botocore", "google.cloud.storage", "azure", "pyspark", "pyiceberg")
 
 
 def _run_python(code: str, *args: str) -> dict:
@@ -180,6 +180,12 @@ sys.meta_path.insert(0, Block())
             "storage.backend = 'gcs' needs google-cloud-storage, which is "
             "not installed (no module 'google.auth'): pip install 'rsm-sidecar[gcs]'",
         ),
+        (
+            "azure",
+            ("azure",),
+            "storage.backend = 'azure' needs azure-storage-blob, which is "
+            "not installed (no module 'azure'): pip install 'rsm-sidecar[azure]'",
+        ),
     ],
 )
 def test_a_missing_cloud_sdk_is_an_error_naming_the_pip_extra(backend, blocked, needle):
@@ -192,7 +198,8 @@ BLOCKED = {blocked!r}
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.factory import open_store
-cfg = Config({{"storage": {{"backend": "{backend}", "{backend}": {{"bucket": "b"}}}}}}, environ={{}})
+table = {{"container": "c01", "account_name": "acct"}} if "{backend}" == "azure" else {{"bucket": "b"}}
+cfg = Config({{"storage": {{"backend": "{backend}", "{backend}": table}}}}, environ={{}})
 try:
     open_store(cfg)
     print(json.dumps({{"error": None}}))

@@ -87,3 +87,29 @@ def test_sigterm_during_start_up_leaves_no_server_behind(tmp_path):
         assert not _processes_using(workdir)
     finally:
         _kill_all(proc, workdir)
+
+
+def test_azurite_run_prints_endpoint_and_a_working_connection_string(tmp_path):
+    workdir = tmp_path / "azure"
+    proc = _launch("devstack.azurite", workdir, "--container", "rsm-a", "--container", "rsm-b")
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        m = re.match(
+            r"Azure Blob endpoint (http://127\.0\.0\.1:\d+/rsmdev) \(account rsmdev, data (\S+), log (\S+)\)",
+            line,
+        )
+        assert m, line
+        assert m.group(2) == str(workdir / "data")
+        cs = proc.stdout.readline().removeprefix("connection string: ").strip()
+        assert f"BlobEndpoint={m.group(1)};" in cs
+        from azure.storage.blob import BlobServiceClient
+
+        with BlobServiceClient.from_connection_string(cs) as client:
+            assert {"rsm-a", "rsm-b"} <= {c.name for c in client.list_containers()}
+        assert _processes_using(workdir), "the server process is not running"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not _processes_using(workdir)
+    finally:
+        _kill_all(proc, workdir)

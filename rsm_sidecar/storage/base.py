@@ -27,12 +27,13 @@ import concurrent.futures
 import dataclasses
 import datetime
 import functools
+import io
 import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 
@@ -536,3 +537,49 @@ class UploadHandle(ObjectWriter):
                 upload.abort()
         except Exception:
             pass
+
+
+class BufferBody(io.RawIOBase):
+    """A seekable, read-only file over a part buffer, for SDKs that stream a file body without
+    copying it but copy other bytes-likes (or refuse them).
+
+    botocore streams file bodies (checksum, payload hash, send, retry rewind) without
+    copying them, whereas a ``bytearray`` body is copied into a ``BytesIO`` by the CRT
+    signer botocore switches to when ``awscrt`` is installed: one more part per part in
+    flight.
+    """
+
+    def __init__(self, buf: bytearray | bytes):
+        super().__init__()
+        self._mv = memoryview(buf).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self._mv) - self._pos))
+        b[:n] = self._mv[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            size = len(self._mv) - self._pos
+        data = self._mv[self._pos : self._pos + size].tobytes()
+        self._pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        origin = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._mv)}[whence]
+        self._pos = max(0, origin + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def __len__(self) -> int:
+        return len(self._mv)

@@ -1,7 +1,7 @@
 """Build the configured ObjectStore.
 
 A backend's module, and with it its cloud SDK, is imported only when ``storage.backend``
-chooses it; the SDKs are the pip extras ``s3`` and ``gcs`` of rsm-sidecar, and a missing
+chooses it; the SDKs are the pip extras ``s3``, ``gcs`` and ``azure`` of rsm-sidecar, and a missing
 one is a ``ConfigError`` that names the extra to install.
 """
 
@@ -19,10 +19,16 @@ BACKENDS: dict[str, tuple[str, str | None, str, tuple[str, ...]]] = {
     "local": ("rsm_sidecar.storage.local", None, "", ()),
     "s3": ("rsm_sidecar.storage.s3", "s3", "boto3", ("boto3", "botocore", "awscrt")),
     "gcs": ("rsm_sidecar.storage.gcs", "gcs", "google-cloud-storage", ("google", "requests", "urllib3")),
+    "azure": (
+        "rsm_sidecar.storage.azure",
+        "azure",
+        "azure-storage-blob",
+        ("azure", "requests", "urllib3", "msal", "isodate"),
+    ),
 }
 
 CONFIG_KEYS = [
-    Key("storage.backend", "str", "local", "Where segments are stored.", choices=("local", "s3", "gcs")),
+    Key("storage.backend", "str", "local", "Where segments are stored.", choices=tuple(BACKENDS)),
     Key(
         "storage.key_prefix",
         "str",
@@ -88,5 +94,8 @@ def open_store(cfg: Config) -> ObjectStore:
     if backend == "s3":
         store = module.S3ObjectStore.from_config(cfg)
         return store
-    store = module.GcsObjectStore.from_config(cfg)
+    if backend == "gcs":
+        store = module.GcsObjectStore.from_config(cfg)
+        return store
+    store = module.AzureObjectStore.from_config(cfg)
     return store

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import io
 import logging
 import os
 import threading
@@ -530,51 +529,6 @@ class S3ObjectStore(base.RemoteObjectStore):
         self._client.close()
 
 
-class _BufferBody(io.RawIOBase):
-    """A seekable, read-only file over a part buffer.
-
-    botocore streams file bodies (checksum, payload hash, send, retry rewind) without
-    copying them, whereas a ``bytearray`` body is copied into a ``BytesIO`` by the CRT
-    signer botocore switches to when ``awscrt`` is installed: one more part per part in
-    flight.
-    """
-
-    def __init__(self, buf: bytearray | bytes):
-        super().__init__()
-        self._mv = memoryview(buf).cast("B")
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        n = max(0, min(len(b), len(self._mv) - self._pos))
-        b[:n] = self._mv[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:
-            size = len(self._mv) - self._pos
-        data = self._mv[self._pos : self._pos + size].tobytes()
-        self._pos += len(data)
-        return data
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._mv)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def __len__(self) -> int:
-        return len(self._mv)
-
-
 class _S3Upload(base.StreamingUpload):
     """One PutObject up to ``part_size``, a multipart upload above it."""
 
@@ -601,7 +555,7 @@ class _S3Upload(base.StreamingUpload):
             "PUT",
             s._client.put_object,
             self._key,
-            Body=_BufferBody(body),
+            Body=base.BufferBody(body),
             **s._write_params(),
         )
 
@@ -626,7 +580,7 @@ class _S3Upload(base.StreamingUpload):
             self._key,
             UploadId=self._upload_id,
             PartNumber=number,
-            Body=_BufferBody(part),
+            Body=base.BufferBody(part),
             **params,
         )
         entry: dict[str, Any] = {"PartNumber": number, "ETag": resp["ETag"]}

@@ -1,5 +1,5 @@
-"""The broker scenario on S3 (SeaweedFS) and GCS (fake-gcs-server): offload, local
-deletion, consume from offset 0, and topic deletion removing every remote object."""
+"""The broker scenario on S3 (SeaweedFS), GCS (fake-gcs-server) and Azure Blob (Azurite):
+offload, local deletion, consume from offset 0, and topic deletion removing every remote object."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tests.e2e.kafka_helpers import (
 )
 
 
-@pytest.fixture(scope="module", params=["s3", "gcs"])
+@pytest.fixture(scope="module", params=["s3", "gcs", "azure"])
 def object_stack(request, tmp_path_factory):
     st = LocalStack(tmp_path_factory.mktemp(f"stack-{request.param}"), storage=request.param)
     st.start()

@@ -53,6 +53,18 @@ def _serve(tmp_path, env: dict[str, str], timeout: float = 30) -> subprocess.Com
             "private key",
         ),
         ({"RSM__SERVER__LISTEN": "0.0.0.0:0"}, "server.listen", "not a loopback address"),
+        ({"RSM__STORAGE__BACKEND": "azure"}, "storage.azure.container", "missing"),
+        (
+            {
+                "RSM__STORAGE__BACKEND": "azure",
+                "RSM__STORAGE__AZURE__CONTAINER": "tiered",
+                "RSM__STORAGE__AZURE__ACCOUNT_NAME": "acct",
+                "RSM__STORAGE__AZURE__ACCOUNT_KEY": "a2V5",
+                "RSM__STORAGE__AZURE__SAS_TOKEN": "sv=1&sig=x",
+            },
+            "storage.azure.account_key and storage.azure.sas_token",
+            "exclusive",
+        ),
     ],
 )
 def test_bad_settings_stop_the_sidecar_with_a_message_naming_the_key(tmp_path, env, key, words):

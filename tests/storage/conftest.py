@@ -3,18 +3,24 @@
 * ``seaweedfs`` (session): SeaweedFS ``weed mini`` enforcing SigV4 for one identity
   (:data:`S3_ACCESS_KEY`/:data:`S3_SECRET_KEY`), with the bucket :data:`S3_BUCKET`.
 * ``fake_gcs`` (session): fake-gcs-server with the bucket :data:`GCS_BUCKET`.
-* ``s3_store``/``gcs_store`` (function): a fresh store on those servers, closed afterwards.
-* ``s3_server_factory``/``gcs_server_factory`` (function): private servers for fault tests
-  (stopped, restarted, paused), each stopped at the end of the test.
+* ``azurite`` (session): Azurite's Blob service (blobs in memory) serving the account
+  :data:`AZURE_ACCOUNT` with the key :data:`AZURE_KEY` (random per test run), with the
+  container :data:`AZURE_CONTAINER`.
+* ``s3_store``/``gcs_store``/``azure_store`` (function): a fresh store on those servers, closed
+  afterwards.
+* ``s3_server_factory``/``gcs_server_factory``/``azure_server_factory`` (function): private
+  servers for fault tests (stopped, restarted, paused; Azurite's keep their blobs on disk), each
+  stopped at the end of the test.
 
 The servers are installed into ``$RSM_CACHE_DIR`` on first use (devstack.s3server,
-devstack.gcsserver). Cloud credentials of the machine never reach the tests: the AWS and
-Google variables are cleared and the instance-metadata lookups of both SDKs are disabled,
-so nothing here talks to anything but 127.0.0.1.
+devstack.gcsserver, devstack.azurite). Cloud credentials of the machine never reach the tests:
+the AWS, Google and Azure variables are cleared and the instance-metadata lookups of the AWS and
+Google SDKs are disabled, so nothing here talks to anything but 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import http.server
 import importlib
@@ -30,6 +36,7 @@ os.environ["NO_GCE_CHECK"] = "true"
 
 import pytest
 
+from devstack.azurite import AzuriteServer
 from devstack.gcsserver import FakeGcsServer
 from devstack.s3server import SeaweedS3Server
 from rsm_sidecar.storage.factory import backend_module
@@ -38,6 +45,9 @@ S3_BUCKET = "rsm-test"
 S3_ACCESS_KEY = "rsm-test-access-key"
 S3_SECRET_KEY = "rsm-test-secret-key-123456"
 GCS_BUCKET = "rsm-test"
+AZURE_CONTAINER = "rsm-test"
+AZURE_ACCOUNT = "rsmtest"
+AZURE_KEY = base64.b64encode(os.urandom(64)).decode()  # the emulator's account key, made per test run
 MiB = 1024 * 1024
 
 
@@ -46,6 +56,9 @@ def _isolated_cloud_environment(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     for name in list(os.environ):
         if name.startswith("AWS_") and name != "AWS_EC2_METADATA_DISABLED":
+            mp.delenv(name)
+    for name in list(os.environ):
+        if name.startswith(("AZURE_", "IDENTITY_", "MSI_", "AZURITE_")):
             mp.delenv(name)
     for name in (
         "GOOGLE_APPLICATION_CREDENTIALS",
@@ -114,9 +127,12 @@ class RemoteBackend:
     server_options: dict[str, Any]
     store_options: dict[str, Any]  # besides the endpoint
     part_setting: str  # the setting that sizes upload parts
-    cancel_request: str  # the request that cancels an upload session
+    # the request that cancels an upload session; None: the service has none (Azure drops staged
+    # blocks by itself), the backend's test checks what an abort leaves instead
+    cancel_request: str | None
     check_requests: dict[str, int]  # what check() sends with the start-up write check
     credentials: str  # how errors name the credentials of the test stores
+    bucket_setting: str = "bucket"  # the setting that names the bucket (Azure: container)
 
     @property
     def part_size(self) -> int:
@@ -136,7 +152,7 @@ class RemoteBackend:
         meant to succeed)."""
         endpoint = server.endpoint_url if server is not None else "http://127.0.0.1:9"  # discard port
         options = {**self.store_options, "endpoint_url": endpoint, **overrides}
-        settings = self.settings_type()(bucket=bucket or self.bucket, **options)
+        settings = self.settings_type()(**{self.bucket_setting: bucket or self.bucket}, **options)
         return store_type(settings, probe_prefix=probe_prefix)
 
 
@@ -187,6 +203,31 @@ GCS = RemoteBackend(
     "anonymous",
 )
 
+AZURE = RemoteBackend(
+    "azure",
+    "azurite",
+    "AzureObjectStore",
+    "AzureSettings",
+    AzuriteServer,
+    AZURE_CONTAINER,
+    {"account": AZURE_ACCOUNT, "account_key": AZURE_KEY},
+    {
+        "account_name": AZURE_ACCOUNT,
+        "account_key": AZURE_KEY,
+        "block_size": 1 * MiB,
+        "max_blocks_in_flight": 2,
+        "upload_threads": 4,
+        "connect_timeout": 2.0,
+        "read_timeout": 20.0,
+        "max_attempts": 3,
+    },
+    "block_size",
+    None,
+    {"LIST": 1, "PUT": 1, "DELETE": 1},
+    f"shared key of account {AZURE_ACCOUNT}",
+    bucket_setting="container",
+)
+
 
 def make_s3_store(server: SeaweedS3Server, bucket: str = S3_BUCKET, **overrides):
     return S3.make_store(server, bucket, **overrides)
@@ -194,6 +235,10 @@ def make_s3_store(server: SeaweedS3Server, bucket: str = S3_BUCKET, **overrides)
 
 def make_gcs_store(server: FakeGcsServer, bucket: str = GCS_BUCKET, **overrides):
     return GCS.make_store(server, bucket, **overrides)
+
+
+def make_azure_store(server: AzuriteServer, container: str = AZURE_CONTAINER, **overrides):
+    return AZURE.make_store(server, container, **overrides)
 
 
 def _shared_server(remote: RemoteBackend, directory, **options):
@@ -230,6 +275,12 @@ def fake_gcs(tmp_path_factory):
     yield from _shared_server(GCS, tmp_path_factory.mktemp("fake-gcs"), backend="memory")
 
 
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    # blobs in memory: faster; the private servers of the fault tests keep theirs on disk
+    yield from _shared_server(AZURE, tmp_path_factory.mktemp("azurite"), in_memory=True)
+
+
 @pytest.fixture
 def s3_server_factory(tmp_path_factory):
     yield from _server_factory(S3, tmp_path_factory)
@@ -250,5 +301,17 @@ def s3_store(seaweedfs):
 @pytest.fixture
 def gcs_store(fake_gcs):
     store = make_gcs_store(fake_gcs)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def azure_server_factory(tmp_path_factory):
+    yield from _server_factory(AZURE, tmp_path_factory)
+
+
+@pytest.fixture
+def azure_store(azurite):
+    store = make_azure_store(azurite)
     yield store
     store.close()

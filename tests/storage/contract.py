@@ -389,7 +389,8 @@ class RemoteStoreContract(ObjectStoreContract):
                 store.check()
             msg = str(e.value)
             assert "no-such-bucket-here" in msg and "does not exist" in msg and server.endpoint_url in msg
-            assert f"storage.{self.name}.bucket" in msg and self.remote.credentials in msg
+            assert f"storage.{self.name}.{self.remote.bucket_setting}" in msg
+            assert self.remote.credentials in msg
         finally:
             store.close()
 
@@ -398,7 +399,8 @@ class RemoteStoreContract(ObjectStoreContract):
         w.write(blob(2 * self.part_size + 10))
         del w
         gc.collect()
-        assert store.requests.get(self.remote.cancel_request, 0) == 1
+        if self.remote.cancel_request is not None:  # else the backend's test checks what is left
+            assert store.requests.get(self.remote.cancel_request, 0) == 1
         assert not store.exists(p + "gc")
 
     def test_delete_many_reports_per_key_errors_after_deleting_the_rest(self, store, p: str):
