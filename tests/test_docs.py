@@ -79,6 +79,7 @@ def _families() -> dict[str, tuple[str, set[str]]]:
     class Store:
         name = "s3"
         requests = {"GET": 1}
+        bytes_read = 1
 
     class Journal:
         def pending(self):

@@ -37,14 +37,14 @@ class CountingStore(LocalObjectStore):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.bytes_read: collections.Counter[str] = collections.Counter()
+        self.downloaded: collections.Counter[str] = collections.Counter()
         self.gets: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
 
     def get_range(self, key, start, end):
         data = super().get_range(key, start, end)
         with self._lock:
-            self.bytes_read[key.rsplit(".", 1)[1]] += len(data)
+            self.downloaded[key.rsplit(".", 1)[1]] += len(data)
             self.gets[key.rsplit(".", 1)[1]] += 1
         return data
 
@@ -130,7 +130,7 @@ def test_a_restarted_reader_downloads_no_chunk_again(tmp_path, keyring, encrypte
     data = original(1)
     copy(store, keys, m, data)
     assert read_all(reader(store, keys, tmp_path / "disk"), m) == data
-    cold = store.bytes_read[fkeys.LOG]
+    cold = store.downloaded[fkeys.LOG]
     files = cache_files(tmp_path / "disk")
     assert len(files) == CHUNKS and sum(files.values()) == cold  # the stored bytes, as downloaded
     if encrypted:  # never plaintext on disk
@@ -142,11 +142,11 @@ def test_a_restarted_reader_downloads_no_chunk_again(tmp_path, keyring, encrypte
     r = reader(restarted, keys, tmp_path / "disk", events=events)
     assert len(r.disk) == CHUNKS and r.disk.size_bytes == cold
     assert read_all(r, m) == data
-    assert restarted.bytes_read[fkeys.LOG] == 0 and restarted.gets[fkeys.LOG] == 0
+    assert restarted.downloaded[fkeys.LOG] == 0 and restarted.gets[fkeys.LOG] == 0
     assert events[("disk", "hit")] == CHUNKS and events[("disk", "miss")] == 0
     # a range in the middle, from the memory cache now, still nothing downloaded
     assert b"".join(r.read(r.open(m), 5 * CHUNK + 7, 9 * CHUNK)) == data[5 * CHUNK + 7 : 9 * CHUNK + 1]
-    assert restarted.bytes_read[fkeys.LOG] == 0
+    assert restarted.downloaded[fkeys.LOG] == 0
 
 
 def test_capacity_is_respected_and_least_recently_used_chunks_are_evicted(tmp_path, keyring):
@@ -163,26 +163,26 @@ def test_capacity_is_respected_and_least_recently_used_chunks_are_evicted(tmp_pa
     assert sum(files.values()) <= capacity and r.disk.size_bytes == sum(files.values())
     assert len(files) == 6 and events[("disk", "eviction")] == CHUNKS - 6
     # the first chunk was evicted: reading it downloads it again and evicts another
-    before = store.bytes_read[fkeys.LOG]
+    before = store.downloaded[fkeys.LOG]
     assert b"".join(r.read(r.open(m), 0, 10)) == data[:11]
-    assert store.bytes_read[fkeys.LOG] - before == sizes[0]
+    assert store.downloaded[fkeys.LOG] - before == sizes[0]
     assert sum(cache_files(tmp_path / "disk").values()) <= capacity
 
     # across a restart the order is the files' mtimes: touch the oldest surviving chunk
     # by reading it, restart with room for three chunks: it survives, and the two newest
     r2 = reader(store, keyring, tmp_path / "disk", capacity=capacity, chunk_cache=0)
     survivor = 15
-    before = store.bytes_read[fkeys.LOG]
+    before = store.downloaded[fkeys.LOG]
     assert b"".join(r2.read(r2.open(m), survivor * CHUNK, survivor * CHUNK)) == data[survivor * CHUNK :][:1]
-    assert store.bytes_read[fkeys.LOG] == before
+    assert store.downloaded[fkeys.LOG] == before
     small = sizes[0] + sizes[survivor] + max(sizes[16:]) * 2
     events3 = Events()
     r3 = reader(store, keyring, tmp_path / "disk", capacity=small, events=events3, chunk_cache=0)
     assert r3.disk.size_bytes <= small and sum(cache_files(tmp_path / "disk").values()) <= small
-    before = store.bytes_read[fkeys.LOG]
+    before = store.downloaded[fkeys.LOG]
     for cid in (0, survivor):
         assert b"".join(r3.read(r3.open(m), cid * CHUNK, cid * CHUNK + 99)) == data[cid * CHUNK :][:100]
-    assert store.bytes_read[fkeys.LOG] == before  # both were kept
+    assert store.downloaded[fkeys.LOG] == before  # both were kept
 
 
 @pytest.mark.parametrize("encrypted", [True, False])
@@ -214,10 +214,10 @@ def test_a_damaged_cache_file_is_deleted_and_the_chunk_downloaded_again(
 
     events = Events()
     r = reader(store, keyring, tmp_path / "disk", events=events, chunk_cache=0)
-    before = store.bytes_read[fkeys.LOG]
+    before = store.downloaded[fkeys.LOG]
     with caplog.at_level(logging.WARNING):
         assert read_all(r, m) == data
-    assert store.bytes_read[fkeys.LOG] - before == chunks[4].transformed_size  # that chunk only
+    assert store.downloaded[fkeys.LOG] - before == chunks[4].transformed_size  # that chunk only
     assert events[("disk", "verification_failure")] == 1 and events[("disk", "hit")] == CHUNKS - 1
     assert path.read_bytes() == good  # written again from the download
     assert any("damaged" in rec.getMessage() for rec in caplog.records)
@@ -241,9 +241,9 @@ def test_a_recopy_of_the_same_segment_id_with_other_bytes_is_served_new(tmp_path
         copy(store, keys, m, new)
         events = Events()
         r = reader(store, keys, cache, events=events)
-        before = store.bytes_read[fkeys.LOG]
+        before = store.downloaded[fkeys.LOG]
         assert read_all(r, m) == new
-        assert store.bytes_read[fkeys.LOG] - before == store.size(LAYOUT.base(m) + "." + fkeys.LOG)
+        assert store.downloaded[fkeys.LOG] - before == store.size(LAYOUT.base(m) + "." + fkeys.LOG)
         assert events[("disk", "hit")] == 0 and events[("disk", "verification_failure")] == 0
 
 

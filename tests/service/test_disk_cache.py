@@ -20,13 +20,13 @@ class CountingStore(LocalObjectStore):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.bytes_read = 0
+        self.downloaded = 0
         self._lock = threading.Lock()
 
     def get_range(self, key, start, end):
         data = super().get_range(key, start, end)
         with self._lock:
-            self.bytes_read += len(data)
+            self.downloaded += len(data)
         return data
 
 
@@ -54,7 +54,7 @@ def test_fetch_after_restart_reads_chunks_from_disk_and_delete_removes_them(star
     first = start_sidecar(store=CountingStore(tmp_path / "remote", fsync=False), encryption=True, **settings)
     first.client.copy(files.path_request(md))
     assert first.client.fetch(md) == log
-    cold = first.store.bytes_read
+    cold = first.store.downloaded
     stored_log = [o for o in first.store.list("") if o.key.endswith(".log")][0].size
     assert cold >= stored_log  # the whole .log object was downloaded once
     chunks = -(-len(log) // chunk)
@@ -68,7 +68,7 @@ def test_fetch_after_restart_reads_chunks_from_disk_and_delete_removes_them(star
     again = start_sidecar(store=store, encryption=True, **settings)
     assert again.client.fetch(md) == log
     assert again.client.fetch(md, 300_000, 400_000) == log[300_000:400_001]
-    assert store.bytes_read == 0  # no ranged GET: every chunk came from the disk cache
+    assert store.downloaded == 0  # no ranged GET: every chunk came from the disk cache
     assert store.requests == {"GET": 1}  # the manifest (the commit marker and the cache keys)
     m = _metrics(again)
     assert m["rsm_cache_events_total{cache=disk,event=hit}"] == chunks

@@ -21,13 +21,13 @@ class CountingStore(LocalObjectStore):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.bytes_read = 0
+        self.downloaded = 0
         self._lock = threading.Lock()
 
     def get_range(self, key, start, end):
         data = super().get_range(key, start, end)
         with self._lock:
-            self.bytes_read += len(data)
+            self.downloaded += len(data)
         return data
 
 
@@ -45,13 +45,13 @@ def test_cancelled_fetch_reads_at_most_the_run_in_flight_plus_the_prefetch_windo
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=64 * MiB)
     md = metadata(seg_id(1), size=files.log_size)
     sc.client.copy(files.path_request(md))
-    store.bytes_read = 0
+    store.downloaded = 0
     stream = sc.client.fetch_stream(md)
     first = next(stream)
     assert len(first.data) == MiB
     stream.cancel()
     time.sleep(2)  # prefetches already submitted finish
-    read = store.bytes_read
+    read = store.downloaded
     overhead = 28 * (64 * MiB // chunk)
     bound = max_range + prefetch + overhead
     print(
@@ -60,7 +60,7 @@ def test_cancelled_fetch_reads_at_most_the_run_in_flight_plus_the_prefetch_windo
     )
     assert read <= bound
     time.sleep(1)
-    assert store.bytes_read == read, "storage reads continued after the cancel"
+    assert store.downloaded == read, "storage reads continued after the cancel"
     full = sc.client.fetch(md)  # the rest still reads correctly
     assert len(full) == 64 * MiB
 

@@ -337,7 +337,18 @@ class RemoteStoreContract(ObjectStoreContract):
                 w.commit()
             assert key in str(e.value) and server.endpoint_url in str(e.value)
             server.start()
-            assert store.get(key) == b"previous version"  # nothing partial was published
+            # a restarted server may answer 5xx until it has loaded its data (SeaweedFS's volume
+            # server after its S3 port is up): it is back when it serves reads again
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    previous = store.get(key)
+                    break
+                except StorageUnavailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+            assert previous == b"previous version"  # nothing partial was published
             data = blob(3 * part + 3, seed=6)
             with store.open_writer(key) as w2:
                 w2.write(data)
