@@ -392,7 +392,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         FetchSegmentRequest request = req.build();
         return retrier.call(op, false, attempt -> {
             GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(channel(),
-                    RemoteStorageGrpc.getFetchSegmentMethod(), CallOptions.DEFAULT, request,
+                    FetchResponseMarshaller.FETCH_SEGMENT, CallOptions.DEFAULT, request,
                     FetchSegmentResponse::getData, op, c.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS);
             s.awaitFirst(c.fetchDeadlineMs(), ShimConfig.FETCH_DEADLINE_MS);
             s.armIdleTimeout(scheduler, c.fetchIdleTimeoutMs());
