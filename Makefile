@@ -14,24 +14,35 @@ SHIM_JAR := java-shim/target/rsm-sidecar-shim.jar
 SHIM_SRC := java-shim/pom.xml $(PROTO_SRC) docs/shim.md $(shell find java-shim/src -type f 2>/dev/null)
 BCPROV := $(CACHE)/interop/bcprov-jdk18on-1.83.jar
 KAFKA_STAMP := $(CACHE)/.kafka-jars-$(or $(KAFKA_VERSION),default)
+KAFKA39_STAMP := $(CACHE)/.kafka-jars-3.9.2
+RUNTIME_STAMP := $(VENV)/.installed-runtime
 ICEBERG_STAMP := $(CACHE)/.iceberg-deps
 SERVERS_STAMP := $(CACHE)/.storage-servers
 COMPOSE_TOOLS_STAMP := $(CACHE)/.compose-tools
 
-.PHONY: compose-demo compose-down lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools deps test test-fast test-unit demo up down clean bench docs
+.PHONY: compose-demo compose-down lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools deps demo-deps test test-fast test-unit demo up down clean bench docs
 
 setup: $(VENV)/.installed $(PROTO_OUT)
 
-# Everything the tests and the demo need, downloaded into $(CACHE) or built.
-deps: setup shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools
+# Everything the tests need, downloaded into $(CACHE) or built.
+deps: setup shim kafka-jars $(KAFKA39_STAMP) interop-jars iceberg-deps storage-servers compose-tools
+
+# What `make demo` and `make up` use, and nothing more: the sidecar's runtime (no Spark, no dev
+# tools), the shim and Kafka's jars. STORAGE=s3|gcs|azure installs its server when first started.
+demo-deps: $(RUNTIME_STAMP) $(PROTO_OUT) shim kafka-jars
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev,iceberg,s3,gcs,azure]'
+	$(BIN)/pip install --quiet -e '.[dev,demo,iceberg,s3,gcs,azure]'
+	touch $@ $(RUNTIME_STAMP)
+
+$(RUNTIME_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[demo,s3,gcs,azure]'
 	touch $@
 
 proto: $(PROTO_OUT)
-$(PROTO_OUT): $(PROTO_SRC) $(VENV)/.installed
+$(PROTO_OUT): $(PROTO_SRC) $(RUNTIME_STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Irsm_sidecar/_proto=proto \
 	  --python_out=. --grpc_python_out=. --pyi_out=. $(PROTO_SRC)
 
@@ -42,9 +53,12 @@ $(SHIM_JAR): $(SHIM_SRC)
 	touch $@
 
 kafka-jars: $(KAFKA_STAMP)
-$(KAFKA_STAMP): devstack/kafka-jars.pom.xml | $(VENV)/.installed
+$(KAFKA_STAMP): devstack/kafka-jars.pom.xml | $(RUNTIME_STAMP)
 	$(BIN)/python -m devstack.kafka jars
-	KAFKA_VERSION=3.9.2 $(BIN)/python -m devstack.kafka jars  # the 3.x compatibility tests
+	touch $@
+# the 3.x compatibility tests
+$(KAFKA39_STAMP): devstack/kafka-jars.pom.xml | $(RUNTIME_STAMP)
+	KAFKA_VERSION=3.9.2 $(BIN)/python -m devstack.kafka jars
 	touch $@
 
 # Iceberg Spark runtime, SQLite JDBC, AWS/GCP bundles, and the Apicurio schema registry.
@@ -104,11 +118,11 @@ docs: setup
 
 # The demo on the embedded default (local-directory storage); STORAGE=s3|gcs|azure selects a
 # local S3 (SeaweedFS), GCS (fake-gcs-server) or Azure Blob (Azurite) server instead.
-demo: deps
+demo: demo-deps
 	$(BIN)/python -m devstack.cli demo
 
 # A tiered-storage broker on 127.0.0.1:9092 for manual use, in the background; logs in run/stack/.
-up: deps
+up: demo-deps
 	mkdir -p run
 	nohup $(BIN)/python -m devstack.cli up > run/stack.out 2>&1 < /dev/null &
 	for i in $$(seq 1 120); do grep -q '^up:' run/stack.out 2>/dev/null && break; \
