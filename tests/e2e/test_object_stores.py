@@ -18,6 +18,7 @@ from tests.e2e.kafka_helpers import (
     consume,
     produce_and_tier,
     remote_segments,
+    wait_all_closed_tiered,
     wait_for,
 )
 
@@ -36,6 +37,8 @@ def test_offload_consume_and_delete_topic(object_stack):
     assert store.name == stack.storage
     topic = f"orders-{stack.storage}"
     recs = produce_and_tier(stack, {topic: "zstd"}, n=300, seed=5, age_ms=60_000, big_every=100)[topic]
+    # the listings below are compared: no segment may be tiered between them
+    wait_all_closed_tiered(stack, topic)
     segments = remote_segments(store, topic)
     assert segments and all(s["suffixes"] == {"log", "indexes", "rsm-manifest"} for s in segments.values())
     scenarios.assert_same_records(consume(stack.bootstrap_servers, topic, 0, len(recs)), recs)
