@@ -53,6 +53,10 @@ from rsm_sidecar.storage import base
 from rsm_sidecar.storage.azure_settings import MAX_BLOCKS, AzureSettings
 
 log = logging.getLogger(__name__)
+#: the SDK logs every request and response with its headers at INFO: at the sidecar's default
+#: level that is several lines per chunk read; its warnings and errors still come through
+HTTP_LOGGER = "azure.core.pipeline.policies.http_logging_policy"
+logging.getLogger(HTTP_LOGGER).setLevel(logging.WARNING)
 
 #: largest ranged read sent as one Get Blob (the SDK splits larger ones into requests of this size)
 MAX_SINGLE_GET = 256 * 1024 * 1024

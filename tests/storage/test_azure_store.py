@@ -10,6 +10,7 @@ import datetime
 import http.server
 import ipaddress
 import json
+import logging
 import ssl
 import subprocess
 import sys
@@ -107,6 +108,14 @@ class TestAzureContract(RemoteStoreContract):
 
 
 # -- upload paths ---------------------------------------------------------------------------
+
+
+def test_requests_are_not_logged_at_the_sidecars_default_level(azure_store, p, caplog):
+    """The SDK's per-request INFO lines (headers included) would flood the sidecar's log."""
+    caplog.set_level(logging.INFO)
+    azure_store.put(p + "quiet", b"x")
+    assert azure_store.get(p + "quiet") == b"x"
+    assert not [r for r in caplog.records if r.name.startswith("azure.core")]
 
 
 def test_blob_above_the_block_size_is_staged_blocks_and_one_commit(azure_store, azurite, p):
