@@ -29,7 +29,6 @@ and more between attempts).
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime
 import logging
 import random
@@ -415,29 +414,7 @@ class AzureObjectStore(base.RemoteObjectStore):
             raise err from e
 
     def delete_many(self, keys: Iterable[str]) -> None:
-        unique = list(dict.fromkeys(keys))
-        failures: list[tuple[str, str, bool]] = []
-        lock = threading.Lock()
-        sem = threading.Semaphore(self.settings.delete_concurrency)
-
-        def one(key: str) -> None:
-            try:
-                self.delete(key)
-            except RsmError as e:
-                with lock:
-                    failures.append((key, str(e), e.retriable))
-            finally:
-                sem.release()
-
-        futures = []
-        pool = self._executor()
-        for key in unique:
-            sem.acquire()
-            futures.append(pool.submit(one, key))
-        concurrent.futures.wait(futures)
-        order = {k: i for i, k in enumerate(unique)}
-        failures.sort(key=lambda f: order[f[0]])
-        self._raise_delete_failures(failures, len(unique))
+        self._delete_each(keys, self.settings.delete_concurrency)
 
     def list(self, prefix: str = "") -> Iterator[base.ObjectInfo]:
         pages = self._container.list_blobs(name_starts_with=prefix or None, results_per_page=5000).by_page()

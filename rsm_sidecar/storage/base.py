@@ -288,6 +288,34 @@ class RemoteObjectStore(ObjectStore):
             )
         return body
 
+    def _delete_each(self, keys: Iterable[str], concurrency: int) -> None:
+        """``delete_many`` for services without a batch delete: one ``delete`` per key, at most
+        ``concurrency`` at once on the store's pool; every key is tried, then the failures are
+        raised together (in the order of ``keys``) by :meth:`_raise_delete_failures`."""
+        unique = list(dict.fromkeys(keys))
+        failures: list[tuple[str, str, bool]] = []
+        lock = threading.Lock()
+        sem = threading.Semaphore(concurrency)
+
+        def one(key: str) -> None:
+            try:
+                self.delete(key)
+            except RsmError as e:
+                with lock:
+                    failures.append((key, str(e), e.retriable))
+            finally:
+                sem.release()
+
+        futures = []
+        pool = self._executor()
+        for key in unique:
+            sem.acquire()
+            futures.append(pool.submit(one, key))
+        concurrent.futures.wait(futures)
+        order = {k: i for i, k in enumerate(unique)}
+        failures.sort(key=lambda f: order[f[0]])
+        self._raise_delete_failures(failures, len(unique))
+
     def _raise_delete_failures(self, failures: list[tuple[str, str, bool]], total: int) -> None:
         """Raise for the keys ``delete_many`` could not delete, given as (key, reason, transient):
         ``StorageUnavailable`` if every failure is transient, else ``StorageError``; the keys

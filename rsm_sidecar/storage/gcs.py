@@ -22,13 +22,11 @@ metadata request. Operations and their requests:
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import datetime
 import json
 import logging
 import os
 import random
-import threading
 import time
 import urllib.parse
 import uuid
@@ -422,28 +420,7 @@ class GcsObjectStore(base.RemoteObjectStore):
         self._request("DELETE", "DELETE", self._object_url(key), key=key, ok=(200, 204), allow_404=True)
 
     def delete_many(self, keys: Iterable[str]) -> None:
-        unique = list(dict.fromkeys(keys))
-        failures: list[tuple[str, str, bool]] = []
-        lock = threading.Lock()
-        sem = threading.Semaphore(self.settings.delete_concurrency)
-
-        def one(key: str) -> None:
-            try:
-                self.delete(key)
-            except RsmError as e:
-                with lock:
-                    failures.append((key, str(e), e.retriable))
-            finally:
-                sem.release()
-
-        futures = []
-        pool = self._executor()
-        for key in unique:
-            sem.acquire()
-            futures.append(pool.submit(one, key))
-        concurrent.futures.wait(futures)
-        failures.sort(key=lambda f: unique.index(f[0]) if len(unique) < 5000 else 0)
-        self._raise_delete_failures(failures, len(unique))
+        self._delete_each(keys, self.settings.delete_concurrency)
 
     def list(self, prefix: str = "") -> Iterator[base.ObjectInfo]:
         token: str | None = None

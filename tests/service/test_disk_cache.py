@@ -6,28 +6,11 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 
-from rsm_sidecar.storage.local import LocalObjectStore
 from tests.service.rsm_client import SegmentFilesOnDisk, metadata, seg_id
+from tests.service.test_resources import CountingStore
 
 KiB = 1024
-
-
-class CountingStore(LocalObjectStore):
-    """A real local store that counts the bytes ranged reads return (what a remote store
-    would transfer)."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.downloaded = 0
-        self._lock = threading.Lock()
-
-    def get_range(self, key, start, end):
-        data = super().get_range(key, start, end)
-        with self._lock:
-            self.downloaded += len(data)
-        return data
 
 
 def _metrics(sc) -> dict[str, float]:
