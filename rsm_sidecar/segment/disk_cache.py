@@ -74,6 +74,7 @@ class DiskChunkCache:
         self.capacity = capacity
         self._on_event = on_event
         self._lock = threading.Lock()
+        self._last_ns = 0
         #: relative path -> size, least recently used first
         self._items: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._size = 0
@@ -129,7 +130,7 @@ class DiskChunkCache:
                         st = e.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
-                    found.append((st.st_mtime, f"{d.name}/{e.name}", st.st_size))
+                    found.append((st.st_mtime_ns, f"{d.name}/{e.name}", st.st_size))
             if empty:
                 self._rmdir(d.path)
         found.sort()
@@ -194,7 +195,7 @@ class DiskChunkCache:
                     break
                 data += more
             if found == size and len(data) == size:
-                os.utime(fd)  # most recently used, also for the next start-up
+                os.utime(fd, ns=self._stamp())  # most recently used, also for the next start-up
         except OSError as e:
             self._disable("cannot read", e)
             return None
@@ -223,6 +224,13 @@ class DiskChunkCache:
         if self.enabled:
             self._on_event("miss")
 
+    def _stamp(self) -> tuple[int, int]:
+        """(atime, mtime) in ns for a file just used: strictly increasing within this process,
+        so the start-up scan sees the use order even when uses fall in one clock tick."""
+        with self._lock:
+            self._last_ns = max(time.time_ns(), self._last_ns + 1)
+            return self._last_ns, self._last_ns
+
     def put(self, entry: str, data: Buffer) -> None:
         """Store ``data`` as ``entry`` (atomically: temp file, then rename)."""
         size = len(data)
@@ -235,6 +243,7 @@ class DiskChunkCache:
             try:
                 os.fchmod(fd, FILE_MODE)
                 _write_all(fd, data)
+                os.utime(fd, ns=self._stamp())
             finally:
                 os.close(fd)
             for attempt in (1, 2):
