@@ -13,19 +13,22 @@ and deleted locally, and then consumes everything twice:
   from Maven Central; no transforms, plain files): what a remote read costs the broker
   without us.
 * ``rsm-sidecar zstd+AES`` and ``rsm-sidecar plain`` (compression and encryption off):
-  ours, through the shim and the sidecar, local-directory storage.
+  ours, through the shim and the sidecar, local-directory storage, default settings (fetch
+  hand-off over the Unix socket); ``rsm-sidecar zstd+AES, no hand-off`` (case ``ours-grpc``):
+  the same with ``fetch.handoff_max_bytes = 0``, every byte over gRPC.
 
 *cold*: the sidecar restarted (empty caches) and every stored object dropped from the page
 cache (``posix_fadvise(DONTNEED)``; the same for ``LocalTieredStorage``'s files); *warm*: read
 again at once. Reported per read: MB/s and records/s as ConsumerPerformance measures them
 (fetch time, without the group join), the broker's and the sidecar's CPU-seconds
-(``/proc/<pid>/stat``), bytes the sidecar sent over gRPC per byte consumed
-(``rsm_bytes{kind="fetch_served"}``) and bytes it received from object storage per byte
-consumed (``rsm_storage_bytes_read``).
+(``/proc/<pid>/stat``), bytes the sidecar served per byte consumed
+(``rsm_bytes{kind="fetch_served"}``) and the share of them handed off in files
+(``kind="fetch_handoff"``; the rest went over gRPC), and bytes it received from object storage
+per byte consumed (``rsm_storage_bytes_read``).
 
     .venv/bin/python benchmarks/remote_read.py [--records 2000000] [--record-size 200]
         [--segment-mib 16] [--fetch-size 1048576] [--compression none|lz4|zstd]
-        [--cases local,lts,ours,ours-plain] [--jfr DIR]
+        [--cases local,lts,ours,ours-plain,ours-grpc] [--jfr DIR]
 
 ``--jfr DIR`` records a JFR profile of each broker (``-XX:StartFlightRecording``) into DIR,
 for ``jfr print --events jdk.ExecutionSample`` or JDK Mission Control.
@@ -80,12 +83,15 @@ def scrape(url: str | None) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         m = re.match(
-            r'(rsm_bytes_total\{kind="fetch_served"\}|rsm_storage_bytes_read_total\{[^}]*\}'
+            r'(rsm_bytes_total\{kind="fetch_(?:served|handoff)"\}|rsm_storage_bytes_read_total\{[^}]*\}'
             r'|rsm_operations_total\{op="fetch",[^}]*\}) (\S+)',
             line,
         )
         if m:
-            name = {"rsm_bytes": "served", "rsm_stora": "downloaded", "rsm_opera": "calls"}[m.group(1)[:9]]
+            name = {
+                'rsm_bytes_total{kind="fetch_served"}': "served",
+                'rsm_bytes_total{kind="fetch_handoff"}': "handoff",
+            }.get(m.group(1)) or {"rsm_stora": "downloaded", "rsm_opera": "calls"}[m.group(1)[:9]]
             out[name] = out.get(name, 0.0) + float(m.group(2))
     return out
 
@@ -112,7 +118,8 @@ class Read:
     consumed_mb: float
     broker_cpu: float
     sidecar_cpu: float | None = None
-    grpc_per_byte: float | None = None
+    served_per_byte: float | None = None
+    handoff_share: float | None = None
     downloaded_per_byte: float | None = None
     calls_per_mib: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -210,7 +217,9 @@ def measured_read(
     if sidecar_pid is not None:
         consumed = mb * MiB  # ConsumerPerformance's MB are MiB (bytes / 1024 / 1024)
         r.sidecar_cpu = s1 - s0
-        r.grpc_per_byte = (m1.get("served", 0) - m0.get("served", 0)) / consumed
+        served = m1.get("served", 0) - m0.get("served", 0)
+        r.served_per_byte = served / consumed
+        r.handoff_share = (m1.get("handoff", 0) - m0.get("handoff", 0)) / served if served else None
         r.downloaded_per_byte = (m1.get("downloaded", 0) - m0.get("downloaded", 0)) / consumed
         r.calls_per_mib = (m1.get("calls", 0) - m0.get("calls", 0)) / mb
     return r
@@ -285,12 +294,20 @@ def run_lts(
 
 
 def run_ours(
-    name: str, transforms: bool, dist: KafkaDistribution, work: Path, args: argparse.Namespace, payload: Path
+    name: str,
+    transforms: bool,
+    dist: KafkaDistribution,
+    work: Path,
+    args: argparse.Namespace,
+    payload: Path,
+    handoff: bool = True,
 ) -> list[Read]:
     port = free_port()
     env = {"RSM__METRICS__LISTEN": f"127.0.0.1:{port}"}
     if not transforms:
         env["RSM__SEGMENT__COMPRESSION"] = "false"
+    if not handoff:
+        env["RSM__FETCH__HANDOFF_MAX_BYTES"] = "0"
     stack = LocalStack(
         work / name,
         kafka_version=dist.version,
@@ -337,13 +354,13 @@ def say(r: Read) -> None:
 
 def table(reads: list[Read], args: argparse.Namespace) -> str:
     head = (
-        "| read | MB/s | records/s | broker CPU-s | sidecar CPU-s | gRPC bytes / byte consumed "
-        "| storage bytes read / byte consumed | fetch calls / MiB consumed |\n"
-        "|---|---|---|---|---|---|---|---|\n"
+        "| read | MB/s | records/s | broker CPU-s | sidecar CPU-s | bytes served / byte consumed "
+        "| of which handed off | storage bytes read / byte consumed | fetch calls / MiB consumed |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = [
         f"| {r.case} ({r.temperature}) | {r.mb_s:.1f} | {r.records_s:,.0f} | {r.broker_cpu:.1f} | "
-        f"{fmt(r.sidecar_cpu, '.1f')} | {fmt(r.grpc_per_byte, '.3f')} | "
+        f"{fmt(r.sidecar_cpu, '.1f')} | {fmt(r.served_per_byte, '.3f')} | {fmt(r.handoff_share, '.0%')} | "
         f"{fmt(r.downloaded_per_byte, '.3f')} | {fmt(r.calls_per_mib, '.2f')} |"
         for r in reads
     ]
@@ -357,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment-mib", type=int, default=16)
     ap.add_argument("--fetch-size", type=int, default=1024 * 1024, help="max.partition.fetch.bytes")
     ap.add_argument("--compression", default="none", help="the producer's compression.type")
-    ap.add_argument("--cases", default="local,lts,ours,ours-plain")
+    ap.add_argument("--cases", default="local,lts,ours,ours-plain,ours-grpc")
     ap.add_argument(
         "--kafka-version",
         default=DEFAULT_VERSION,
@@ -366,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jfr", default=None, help="write a JFR recording of each broker into this directory")
     args = ap.parse_args(argv)
     cases = set(args.cases.split(","))
-    unknown = cases - {"local", "lts", "ours", "ours-plain"}
+    unknown = cases - {"local", "lts", "ours", "ours-plain", "ours-grpc"}
     if unknown:
         ap.error(f"unknown cases {sorted(unknown)}")
 
@@ -389,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
             reads += run_ours("rsm-sidecar zstd+AES", True, dist, work, args, payload)
         if "ours-plain" in cases:
             reads += run_ours("rsm-sidecar plain", False, dist, work, args, payload)
+        if "ours-grpc" in cases:
+            reads += run_ours(
+                "rsm-sidecar zstd+AES, no hand-off", True, dist, work, args, payload, handoff=False
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()

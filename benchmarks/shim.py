@@ -228,7 +228,8 @@ def main() -> None:
     size = log_path.stat().st_size
 
     extra_env = dict(kv.split("=", 1) for kv in args.sidecar_env)
-    extra_env.setdefault("RSM__COPY__ALLOWED_DIRS", str(seg_dir))  # path mode reads the segment from here
+    # path mode reads the segment (and the warm-up segment) from the work directory
+    extra_env.setdefault("RSM__COPY__ALLOWED_DIRS", str(work))
     stack = LocalStack(work / "stack", sidecar_env=extra_env)
     stack.start_storage()
     cfg_path, env = stack.sidecar_config_env()

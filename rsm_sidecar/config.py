@@ -473,6 +473,18 @@ CONFIG_KEYS = [
         min=1024,
     ),
     Key(
+        "fetch.handoff_max_bytes",
+        "size",
+        8 * MiB,
+        "Fetch hand-off (only on a Unix socket, for a client that accepts it, as the shim does): a fetch "
+        "of up to this many bytes is written to a file in `<socket path>.handoff/` (created 0700, files "
+        "0600) that the client reads and deletes, instead of being sent over gRPC; larger fetches stream "
+        "(docs/operations.md, Remote reads, has what it saves). 0 disables. A "
+        "directory that is a symlink, another user's, or group/other-writable turns it off with a warning.",
+        min=0,
+        max=64 * MiB,
+    ),
+    Key(
         "fetch.max_concurrent",
         "int",
         32,

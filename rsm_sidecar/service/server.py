@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.segment.journal import lock_exclusively
+from rsm_sidecar.service.handoff import HandoffDir
 from rsm_sidecar.service.servicer import RemoteStorageServicer
 from rsm_sidecar.service.sidecar import Sidecar
 
@@ -107,6 +108,8 @@ class SidecarServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._socket_lock: int | None = None
         self.address = self._bind(cfg["server.listen"])
+        # after _bind: the socket's lock is ours, so the hand-off directory is too
+        self.servicer.handoff = HandoffDir.open(cfg["server.listen"], cfg["fetch.handoff_max_bytes"])
         self._metrics_server: WSGIServer | None = None
         self._stopped = threading.Event()
 

@@ -33,6 +33,7 @@ from rsm_sidecar.segment import sources
 from rsm_sidecar.segment.objects import delete_segment_objects
 from rsm_sidecar.segment.reader import INDEX_BY_TYPE
 from rsm_sidecar.service.admission import IdleWatchdog, Slots, Watch
+from rsm_sidecar.service.handoff import HandoffDir, HandoffError
 from rsm_sidecar.service.metrics import Metrics
 from rsm_sidecar.service.sidecar import Sidecar
 
@@ -205,6 +206,14 @@ def _fetch_messages(piece: bytes | memoryview, served: Counter, watch: Watch) ->
         watch.touch()
 
 
+def encode_handoff_response(name: str, length: int) -> bytes:
+    """A serialized ``FetchSegmentResponse{handoff}``."""
+    encoded: bytes = pb.FetchSegmentResponse(
+        handoff=pb.HandoffFile(name=name, length=length)
+    ).SerializeToString()
+    return encoded
+
+
 def _pre_encoded(message: bytes) -> bytes:
     return message
 
@@ -220,6 +229,8 @@ class RemoteStorageServicer:
         self.fetch_idle = cfg["fetch.idle_timeout_seconds"]
         self.allowed_dirs = sources.allowed_dirs(cfg["copy.allowed_dirs"])
         self.max_index_bytes = cfg["copy.max_index_file_bytes"]
+        #: Set by the server once it holds the socket (handoff.py); None: fetches stream over gRPC.
+        self.handoff: HandoffDir | None = None
 
     def handlers(self) -> grpc.GenericRpcHandler:
         """The service's method handlers, with lenient request parsing."""
@@ -384,9 +395,30 @@ class RemoteStorageServicer:
                 raise OutOfRange(
                     f"start position {start} is beyond the end of segment {md.describe} ({size} bytes)"
                 )
-            end = request.end_position if request.HasField("end_position") else size - 1
+            end = min(request.end_position if request.HasField("end_position") else size - 1, size - 1)
             served = self.sidecar.metrics.bytes.labels("fetch_served")
-            for piece in reader.read(seg, start, min(end, size - 1), views=True):
+            handoff = self.handoff
+            length = end - start + 1
+            if (
+                request.accept_handoff
+                and handoff is not None
+                and handoff.accepts(length)
+                and context.peer().startswith("unix:")
+            ):
+                try:
+                    name = handoff.write(reader.read(seg, start, end, views=True), length)
+                except HandoffError as e:
+                    handoff.warn_once(str(e))
+                else:
+                    served.inc(length)
+                    self.sidecar.metrics.bytes.labels("fetch_handoff").inc(length)
+                    try:
+                        yield encode_handoff_response(name, length)
+                    except GeneratorExit:  # cancelled before the client could open it
+                        handoff.discard(name)
+                        raise
+                    return
+            for piece in reader.read(seg, start, end, views=True):
                 yield from _fetch_messages(piece, served, watch)
                 del piece  # not held while the reader fetches the next chunk
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from devstack.common import free_port
 from devstack.stack import LocalStack
 
 
@@ -17,7 +18,14 @@ def pytest_collection_modifyitems(items):
 def stack(tmp_path_factory, request):
     mode = getattr(request.module, "TRANSFER_MODE", "path")
     storage = getattr(request.module, "STORAGE", "local")
-    st = LocalStack(tmp_path_factory.mktemp("stack"), storage=storage, transfer_mode=mode)
+    port = free_port()
+    st = LocalStack(
+        tmp_path_factory.mktemp("stack"),
+        storage=storage,
+        transfer_mode=mode,
+        sidecar_env={"RSM__METRICS__LISTEN": f"127.0.0.1:{port}"},
+    )
+    st.metrics_url = f"http://127.0.0.1:{port}/metrics"
     st.start()
     yield st
     st.stop()

@@ -36,6 +36,11 @@ def test_offload_and_consume_from_offset_zero(stack, store, tiered, compression)
     scenarios.check_consume_from_zero(stack, store, topic, recs)
 
 
+def test_remote_reads_come_through_hand_off_files(stack, store, tiered):
+    topic, recs = tiered["lz4"]
+    scenarios.check_remote_reads_use_hand_off(stack, store, topic, recs)
+
+
 def test_reads_at_random_offsets_inside_and_across_batches(stack, tiered):
     scenarios.check_random_offsets(stack, *tiered["zstd"])
     scenarios.check_random_offsets(stack, *tiered["none"])

@@ -194,9 +194,20 @@ final class GrpcInputStream<RespT> extends InputStream {
         }
     }
 
+    /**
+     * Takes {@code message} as the current buffer. The data function may read a file (fetch
+     * hand-off) and throw {@link java.io.UncheckedIOException}; the call is then cancelled and the
+     * exception rethrown.
+     */
     @SuppressWarnings("unchecked")
     private void accept(Object message) {
-        current = data.apply((RespT) message).asReadOnlyByteBuffer();
+        try {
+            current = data.apply((RespT) message).asReadOnlyByteBuffer();
+        } catch (RuntimeException e) {
+            cancel("the response could not be read: " + e.getMessage(), e);
+            end = Status.CANCELLED.withDescription(e.getMessage());
+            throw e;
+        }
         call.request(1);
     }
 
@@ -238,7 +249,11 @@ final class GrpcInputStream<RespT> extends InputStream {
                 end = ((End) next).status;
                 continue;
             }
-            accept(next);
+            try {
+                accept(next);
+            } catch (java.io.UncheckedIOException e) {
+                throw new IOException(operation + ": " + e.getMessage(), e.getCause());
+            }
         }
         return true;
     }

@@ -33,6 +33,7 @@ public final class ShimConfig {
     public static final String FETCH_READ_TIMEOUT_MS = "fetch.read.timeout.ms";
     public static final String FETCH_IDLE_TIMEOUT_MS = "fetch.idle.timeout.ms";
     public static final String FETCH_WINDOW_BYTES = "fetch.window.bytes";
+    public static final String FETCH_HANDOFF = "fetch.handoff";
     public static final String FETCH_INDEX_DEADLINE_MS = "fetch.index.deadline.ms";
     public static final String DELETE_DEADLINE_MS = "delete.deadline.ms";
     public static final String RETRY_MAX_ATTEMPTS = "retry.max.attempts";
@@ -65,6 +66,7 @@ public final class ShimConfig {
         k.put(FETCH_READ_TIMEOUT_MS, "30000");
         k.put(FETCH_IDLE_TIMEOUT_MS, "300000");
         k.put(FETCH_WINDOW_BYTES, String.valueOf(DEFAULT_FETCH_WINDOW_BYTES));
+        k.put(FETCH_HANDOFF, "true");
         k.put(FETCH_INDEX_DEADLINE_MS, "30000");
         k.put(DELETE_DEADLINE_MS, "30000");
         k.put(RETRY_MAX_ATTEMPTS, "3");
@@ -127,6 +129,7 @@ public final class ShimConfig {
     private final long fetchReadTimeoutMs;
     private final long fetchIdleTimeoutMs;
     private final int fetchWindowBytes;
+    private final boolean fetchHandoff;
     private final long fetchIndexDeadlineMs;
     private final long deleteDeadlineMs;
     private final int retryMaxAttempts;
@@ -170,6 +173,7 @@ public final class ShimConfig {
                     "must be 0 (off) or between 4096 and " + MAX_FETCH_WINDOW_BYTES);
         }
         this.fetchWindowBytes = (int) windowBytes;
+        this.fetchHandoff = bool(raw, FETCH_HANDOFF);
         this.fetchIndexDeadlineMs = positiveMillis(raw, FETCH_INDEX_DEADLINE_MS);
         this.deleteDeadlineMs = positiveMillis(raw, DELETE_DEADLINE_MS);
         long attempts = longValue(raw, RETRY_MAX_ATTEMPTS);
@@ -408,6 +412,18 @@ public final class ShimConfig {
         return fetchWindowBytes;
     }
 
+    /**
+     * The sidecar's hand-off directory ({@code <socket path>.handoff}) when fetch hand-off is on and
+     * the target is a Unix socket; null otherwise (the sidecar never hands off over TCP).
+     */
+    public Path handoffDir() {
+        if (!fetchHandoff || !isUnixSocket()) {
+            return null;
+        }
+        String socket = URI.create(grpcTarget).getPath();
+        return Path.of(socket + ".handoff");
+    }
+
     public long fetchIndexDeadlineMs() {
         return fetchIndexDeadlineMs;
     }
@@ -468,7 +484,7 @@ public final class ShimConfig {
                 + ", tls=" + (tlsEnabled ? (tlsCertFile != null ? "mtls" : "tls") : "off")
                 + ", copy.deadline.ms=" + copyDeadlineMs + ", fetch.deadline.ms=" + fetchDeadlineMs
                 + ", fetch.read.timeout.ms=" + fetchReadTimeoutMs + ", fetch.idle.timeout.ms=" + fetchIdleTimeoutMs
-                + ", fetch.window.bytes=" + fetchWindowBytes
+                + ", fetch.window.bytes=" + fetchWindowBytes + ", fetch.handoff=" + fetchHandoff
                 + ", fetch.index.deadline.ms=" + fetchIndexDeadlineMs + ", delete.deadline.ms=" + deleteDeadlineMs
                 + ", retry.max.attempts=" + retryMaxAttempts + ", retry.initial.backoff.ms=" + retryInitialBackoffMs
                 + ", retry.max.backoff.ms=" + retryMaxBackoffMs;

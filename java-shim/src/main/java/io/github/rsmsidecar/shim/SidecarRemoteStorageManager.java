@@ -22,6 +22,7 @@ import io.grpc.Status;
 import io.grpc.stub.ClientCalls;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.UncheckedIOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -33,6 +34,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Function;
 import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.config.ConfigException;
 import org.apache.kafka.server.log.remote.storage.LogSegmentData;
@@ -75,6 +77,8 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private final ErrorMapper errorMapperOverride;
 
     private volatile ShimConfig config;
+    /** Null when fetch hand-off is off or the sidecar is reached over TCP. */
+    private volatile FetchHandoff handoff;
     private volatile Retrier retrier;
     private volatile ScheduledThreadPoolExecutor scheduler;
     private ManagedChannel channel; // guarded by this
@@ -129,6 +133,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 this.scheduler = s;
             }
             this.config = c;
+            this.handoff = c.handoffDir() == null ? null : new FetchHandoff(c.handoffDir());
             if (channel != null) {
                 // Reconfigured (the broker configures once; tests may not): the next call uses the new target.
                 channel.shutdown();
@@ -380,7 +385,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 }, read -> lastFetchBytes.put(partition, read), op);
     }
 
-    /** One {@code FetchSegment} call for {@code [start, end]} ({@code end} null: to the end), open. */
+    /**
+     * One {@code FetchSegment} call for {@code [start, end]} ({@code end} null: to the end), open.
+     * Offers fetch hand-off when it is on (see {@link FetchHandoff}); if reading the handed-off
+     * file fails, asks again without.
+     */
     private InputStream openFetch(ShimConfig c, RemoteLogSegmentMetadata md, int start, Integer end, String op)
             throws RemoteStorageException {
         FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
@@ -389,15 +398,44 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         if (end != null) {
             req.setEndPosition(end);
         }
-        FetchSegmentRequest request = req.build();
-        return retrier.call(op, false, attempt -> {
-            GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(channel(),
-                    FetchResponseMarshaller.FETCH_SEGMENT, CallOptions.DEFAULT, request,
-                    FetchSegmentResponse::getData, op, c.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS);
-            s.awaitFirst(c.fetchDeadlineMs(), ShimConfig.FETCH_DEADLINE_MS);
-            s.armIdleTimeout(scheduler, c.fetchIdleTimeoutMs());
-            return s;
-        });
+        FetchHandoff handoff = this.handoff;
+        if (handoff != null && handoff.active()) {
+            try {
+                return openFetch(c, req.setAcceptHandoff(true).build(), handoff, op);
+            } catch (FetchHandoff.HandoffException e) {
+                handoff.turnOff(op, e);
+                req.setAcceptHandoff(false);
+            }
+        }
+        return openFetch(c, req.build(), null, op);
+    }
+
+    private InputStream openFetch(ShimConfig c, FetchSegmentRequest request, FetchHandoff handoff, String op)
+            throws RemoteStorageException {
+        Function<FetchSegmentResponse, ByteString> data = response -> {
+            if (!response.hasHandoff()) {
+                return response.getData();
+            }
+            if (handoff == null) {
+                throw new UncheckedIOException(new IOException(
+                        "the sidecar answered with a hand-off file that was not asked for"));
+            }
+            return handoff.read(response.getHandoff());
+        };
+        try {
+            return retrier.call(op, false, attempt -> {
+                GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(channel(),
+                        FetchResponseMarshaller.FETCH_SEGMENT, CallOptions.DEFAULT, request,
+                        data, op, c.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS);
+                s.awaitFirst(c.fetchDeadlineMs(), ShimConfig.FETCH_DEADLINE_MS);
+                s.armIdleTimeout(scheduler, c.fetchIdleTimeoutMs());
+                return s;
+            });
+        } catch (FetchHandoff.HandoffException e) {
+            throw e; // the caller asks again without hand-off
+        } catch (UncheckedIOException e) {
+            throw new RemoteStorageException(op + ": " + e.getCause().getMessage(), e.getCause());
+        }
     }
 
     @Override

@@ -1,0 +1,180 @@
+"""Fetch hand-off: the bytes of a fetch window written to a file beside the Unix socket, for a
+client on the same host to read, instead of sent over gRPC.
+
+Python's gRPC moves about 250-400 MB/s through one stream on a 2-core machine, a few ms per MiB
+on both ends, and that was most of what a remote read cost the broker (benchmarks/remote_read.py,
+docs/operations.md "Remote reads"). A client that connected over the Unix socket sets
+``accept_handoff``; the sidecar then writes the requested range (at most
+``fetch.handoff_max_bytes``) into ``<socket path>.handoff/<random name>`` and answers with one
+``HandoffFile{name, length}`` message. The client opens the file, deletes it and reads it.
+
+Who can see the files: the directory is created 0700 and the files 0600, by the sidecar's user;
+the socket itself is 0600, so whoever can read a hand-off file could fetch the same bytes over
+the socket. A directory that is a symlink, owned by another user, or writable by group or others
+(where someone else could swap a file between the write and the client's open) turns hand-off off
+with one warning. A file lives from the write until the client opens it (milliseconds); files a
+client never opened (it was cancelled, or died) are removed after ``STALE_SECONDS``, and every
+file is removed at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: A file no client opened for this long is deleted.
+STALE_SECONDS = 60.0
+#: How often writes look for stale files (one directory scan; normally a handful of entries).
+SWEEP_INTERVAL_SECONDS = 10.0
+
+
+class HandoffError(Exception):
+    """Writing a hand-off file failed; the fetch streams its bytes over gRPC instead."""
+
+
+def handoff_dir_for(listen: str) -> Path | None:
+    """The hand-off directory of a ``unix://`` listen address; None for TCP."""
+    if not listen.startswith("unix:"):
+        return None
+    path = listen[len("unix://") :] if listen.startswith("unix://") else listen[len("unix:") :]
+    return Path(path + ".handoff")
+
+
+class HandoffDir:
+    """The sidecar's hand-off directory (one sidecar per socket: the socket's lock file)."""
+
+    def __init__(self, path: Path, max_bytes: int):
+        self.path = path
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._next_sweep = 0.0
+        self._warned = False
+
+    @classmethod
+    def open(cls, listen: str, max_bytes: int) -> HandoffDir | None:
+        """The prepared directory, or None when hand-off is off (TCP, ``max_bytes`` 0, or an
+        unsafe or unusable directory: one warning says why)."""
+        path = handoff_dir_for(listen)
+        if path is None or max_bytes <= 0:
+            return None
+        try:
+            problem = _prepare(path)
+        except OSError as e:
+            problem = f"cannot prepare it: {e.strerror or e}"
+        if problem:
+            log.warning("fetch hand-off is off: %s %s; fetches stream over gRPC", path, problem)
+            return None
+        return cls(path, max_bytes)
+
+    def accepts(self, length: int) -> bool:
+        return 0 < length <= self.max_bytes
+
+    def write(self, pieces: Iterable[bytes | memoryview], length: int) -> str:
+        """Writes ``pieces`` (``length`` bytes in all) to a new file; returns its name.
+
+        :raises HandoffError: the write failed (a full tmpfs, ...) or the pieces were not
+            ``length`` bytes; no file is left behind.
+        """
+        self._sweep_now_and_then()
+        name = secrets.token_hex(16)
+        target = self.path / name
+        written = 0
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise HandoffError(f"cannot create {target}: {e.strerror or e}") from e
+        try:
+            try:
+                for piece in pieces:
+                    view = memoryview(piece)
+                    while view:
+                        n = os.write(fd, view)
+                        written += n
+                        view = view[n:]
+            finally:
+                os.close(fd)
+            if written != length:
+                raise HandoffError(f"{target}: the range gave {written} bytes, {length} expected")
+        except OSError as e:
+            _unlink(target)
+            raise HandoffError(f"cannot write {target}: {e.strerror or e}") from e
+        except BaseException:
+            _unlink(target)
+            raise
+        return name
+
+    def discard(self, name: str) -> None:
+        """Deletes a file whose client will not open it (its call was cancelled)."""
+        _unlink(self.path / name)
+
+    def warn_once(self, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("fetch hand-off failed, streaming over gRPC instead (said once): %s", why)
+
+    def _sweep_now_and_then(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next_sweep:
+                return
+            self._next_sweep = now + SWEEP_INTERVAL_SECONDS
+        removed = remove_files(self.path, older_than=time.time() - STALE_SECONDS)
+        if removed:
+            log.info("removed %d hand-off files no client opened within %.0f s", removed, STALE_SECONDS)
+
+
+def _prepare(path: Path) -> str | None:
+    """Creates the directory 0700 (or checks the existing one) and empties it; a problem or None."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by the sidecar's uid {os.geteuid()}"
+    if st.st_mode & 0o022:
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); make it 0700"
+    remove_files(path, older_than=None)
+    return None
+
+
+def remove_files(path: Path, older_than: float | None) -> int:
+    """Deletes the regular files in ``path`` (only those last modified before ``older_than``, a
+    ``time.time()``, when given); returns how many."""
+    removed = 0
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return 0
+    for e in entries:
+        try:
+            if not e.is_file(follow_symlinks=False):
+                continue
+            if older_than is not None and e.stat(follow_symlinks=False).st_mtime >= older_than:
+                continue
+            os.unlink(e.path)
+            removed += 1
+        except FileNotFoundError:  # the client opened and deleted it meanwhile
+            continue
+        except OSError as err:
+            log.debug("cannot remove hand-off file %s: %s", e.path, err)
+    return removed
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

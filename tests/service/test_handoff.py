@@ -1,0 +1,150 @@
+"""Fetch hand-off against the real gRPC server on a real Unix socket: a fetch that accepts it
+gets one ``HandoffFile`` naming a file in ``<socket>.handoff/`` with exactly the requested
+bytes; TCP, old clients and large ranges stream as before; an unsafe directory turns it off;
+a failed write falls back to streaming; nothing is left behind."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+
+import grpc
+import pytest
+
+from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
+from rsm_sidecar.service import handoff as handoff_module
+from tests.service.rsm_client import Client, SegmentFilesOnDisk, metadata, seg_id
+
+KiB, MiB = 1024, 1024 * 1024
+
+
+def _copy(running, tmp_path, n: int = 1, size: int = 3 * MiB + 4321):
+    seg = SegmentFilesOnDisk(str(tmp_path / f"seg{n}"), log_size=size)
+    md = metadata(seg_id(n), size=seg.log_size)
+    running.client.copy(seg.path_request(md))
+    md.state = pb.COPY_SEGMENT_FINISHED
+    with open(seg.log_path, "rb") as f:
+        return md, f.read()
+
+
+def _fetch(client: Client, md, start: int, end: int | None, accept: bool) -> list[pb.FetchSegmentResponse]:
+    req = pb.FetchSegmentRequest(metadata=md, start_position=start, accept_handoff=accept)
+    if end is not None:
+        req.end_position = end
+    return list(client.stub.FetchSegment(req, timeout=30))
+
+
+def _counter(running, kind: str) -> float:
+    return running.sidecar.metrics.bytes.labels(kind)._value.get()
+
+
+@pytest.fixture
+def unix_sidecar(start_sidecar, tmp_path):
+    def start(**overrides):
+        sock = tmp_path / "run" / "rsm.sock"
+        return start_sidecar(encryption=True, server__listen=f"unix://{sock}", **overrides), sock
+
+    return start
+
+
+def test_a_fetch_that_accepts_hand_off_gets_one_file_with_exactly_the_range(unix_sidecar, tmp_path):
+    running, sock = unix_sidecar()
+    md, data = _copy(running, tmp_path)
+    d = sock.parent / "rsm.sock.handoff"
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    for start, end in ((0, MiB - 1), (123_457, 123_457 + 1_114_111), (len(data) - 999, None), (5, 5)):
+        msgs = _fetch(running.client, md, start, end, accept=True)
+        assert len(msgs) == 1 and msgs[0].HasField("handoff") and not msgs[0].data
+        h = msgs[0].handoff
+        path = d / h.name
+        assert "/" not in h.name and stat.S_IMODE(path.stat().st_mode) == 0o600
+        want = data[start : (end + 1 if end is not None else len(data))]
+        assert h.length == len(want) and path.read_bytes() == want
+        path.unlink()  # as the shim does once it has the file open
+    assert list(d.iterdir()) == []
+    assert _counter(running, "fetch_handoff") == _counter(running, "fetch_served") > 2 * MiB
+
+
+def test_old_clients_tcp_and_ranges_beyond_the_limit_stream_as_before(start_sidecar, unix_sidecar, tmp_path):
+    running, sock = unix_sidecar(fetch__handoff_max_bytes=512 * KiB)
+    md, data = _copy(running, tmp_path)
+    # an old client (no accept_handoff), and a range beyond fetch.handoff_max_bytes
+    for start, end, accept in ((0, 400_000, False), (0, 600_000, True)):
+        msgs = _fetch(running.client, md, start, end, accept)
+        assert not any(m.HasField("handoff") for m in msgs)
+        assert b"".join(m.data for m in msgs) == data[start : end + 1]
+    assert list((sock.parent / "rsm.sock.handoff").iterdir()) == []
+    # over TCP there is no hand-off directory and a client asking for hand-off gets data
+    tcp = start_sidecar(encryption=True, storage__local={"root": str(running.root), "fsync": False})
+    msgs = _fetch(tcp.client, md, 0, 300_000, accept=True)
+    assert not any(m.HasField("handoff") for m in msgs)
+    assert b"".join(m.data for m in msgs) == data[:300_001]
+    assert tcp.server.servicer.handoff is None
+
+
+@pytest.mark.parametrize("unsafe", ["group_writable", "symlink", "file"])
+def test_an_unsafe_hand_off_directory_turns_it_off_with_a_warning(unix_sidecar, tmp_path, caplog, unsafe):
+    d = tmp_path / "run" / "rsm.sock.handoff"
+    d.parent.mkdir(parents=True)
+    if unsafe == "group_writable":
+        d.mkdir()
+        os.chmod(d, 0o770)
+    elif unsafe == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        d.symlink_to(tmp_path / "elsewhere")
+    else:
+        d.write_bytes(b"not a directory")
+    with caplog.at_level(logging.WARNING, logger="rsm_sidecar.service.handoff"):
+        running, _ = unix_sidecar()
+    assert running.server.servicer.handoff is None
+    assert "fetch hand-off is off" in caplog.text and str(d) in caplog.text
+    md, data = _copy(running, tmp_path)
+    msgs = _fetch(running.client, md, 0, MiB, accept=True)
+    assert b"".join(m.data for m in msgs) == data[: MiB + 1]
+
+
+def test_leftovers_are_removed_at_start_up_and_stale_files_while_serving(unix_sidecar, tmp_path, monkeypatch):
+    d = tmp_path / "run" / "rsm.sock.handoff"
+    d.mkdir(parents=True, mode=0o700)
+    (d / "left-by-a-killed-sidecar").write_bytes(b"x" * 1000)
+    running, _ = unix_sidecar()
+    assert list(d.iterdir()) == []
+    md, _ = _copy(running, tmp_path)
+    # a client that never opens its file (cancelled, died): removed after STALE_SECONDS
+    name = _fetch(running.client, md, 0, 1000, accept=True)[0].handoff.name
+    old = time.time() - handoff_module.STALE_SECONDS - 5
+    os.utime(d / name, (old, old))
+    monkeypatch.setattr(running.server.servicer.handoff, "_next_sweep", 0.0)
+    fresh = _fetch(running.client, md, 0, 1000, accept=True)[0].handoff.name
+    assert sorted(p.name for p in d.iterdir()) == [fresh]
+
+
+def test_a_failed_hand_off_write_streams_the_bytes_instead(unix_sidecar, tmp_path, caplog):
+    running, sock = unix_sidecar()
+    md, data = _copy(running, tmp_path)
+    d = sock.parent / "rsm.sock.handoff"
+    os.rmdir(d)  # someone removed the directory while the sidecar runs: every create fails
+    with caplog.at_level(logging.WARNING, logger="rsm_sidecar.service.handoff"):
+        for _ in range(2):
+            msgs = _fetch(running.client, md, 1000, 1000 + MiB, accept=True)
+            assert not any(m.HasField("handoff") for m in msgs)
+            assert b"".join(m.data for m in msgs) == data[1000 : 1001 + MiB]
+    assert caplog.text.count("fetch hand-off failed") == 1  # said once
+    assert not d.exists()
+
+
+def test_a_fetch_error_is_reported_not_handed_off(unix_sidecar, tmp_path):
+    running, sock = unix_sidecar()
+    md, _ = _copy(running, tmp_path)
+    for key in running.objects():
+        if key.endswith(".log"):
+            p = running.root / key
+            stored = bytearray(p.read_bytes())
+            stored[1000] ^= 1  # a flipped bit in the first chunk: its GCM tag no longer matches
+            p.write_bytes(bytes(stored))
+    with pytest.raises(grpc.RpcError) as e:
+        _fetch(running.client, md, 0, 2 * MiB, accept=True)
+    assert e.value.code() == grpc.StatusCode.DATA_LOSS
+    assert list((sock.parent / "rsm.sock.handoff").iterdir()) == []
