@@ -14,7 +14,7 @@ and deleted locally, and then consumes everything twice:
   without us.
 * ``rsm-sidecar zstd+AES`` and ``rsm-sidecar plain`` (compression and encryption off):
   ours, through the shim and the sidecar, local-directory storage, default settings (fetch
-  hand-off over the Unix socket); ``rsm-sidecar zstd+AES, no hand-off`` (case ``ours-grpc``):
+  hand-off over the Unix socket); ``rsm-sidecar zstd+AES no-handoff`` (case ``ours-grpc``):
   the same with ``fetch.handoff_max_bytes = 0``, every byte over gRPC.
 
 *cold*: the sidecar restarted (empty caches) and every stored object dropped from the page
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             reads += run_ours("rsm-sidecar plain", False, dist, work, args, payload)
         if "ours-grpc" in cases:
             reads += run_ours(
-                "rsm-sidecar zstd+AES, no hand-off", True, dist, work, args, payload, handoff=False
+                "rsm-sidecar zstd+AES no-handoff", True, dist, work, args, payload, handoff=False
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)

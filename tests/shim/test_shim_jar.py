@@ -9,6 +9,7 @@ proves the relocated service files and the renamed epoll native library work.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import subprocess
@@ -180,6 +181,20 @@ def test_connectivity_check_over_a_unix_socket(jar: zipfile.ZipFile, uds_sidecar
     assert run.returncode == 0, run.stdout + run.stderr
     assert "ended with NOT_FOUND: no such segment (pytest sidecar)" in run.stdout, run.stdout + run.stderr
     assert len(seen) == 1 and b"rsm-sidecar-shim-diagnose" in seen[0]
+    # this pytest sidecar made no hand-off directory beside its socket
+    assert f"fetch hand-off: {sock}.handoff does not exist" in run.stdout, run.stdout
+    os.mkdir(f"{sock}.handoff", 0o700)
+    run = subprocess.run(
+        [_java(), "-jar", str(JAR), f"unix://{sock}"], capture_output=True, text=True, timeout=120
+    )
+    assert f"fetch hand-off: ready ({sock}.handoff)" in run.stdout, run.stdout + run.stderr
+    run = subprocess.run(
+        [_java(), "-jar", str(JAR), f"unix://{sock}", "fetch.handoff=false"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "fetch hand-off: off (fetch.handoff=false)" in run.stdout, run.stdout + run.stderr
 
 
 def test_connectivity_check_reports_an_absent_sidecar(jar: zipfile.ZipFile, tmp_path: Path) -> None:

@@ -38,6 +38,25 @@ public final class Diagnose {
         System.exit(run(args, System.out, System.err));
     }
 
+    /** Whether this user can take fetch hand-offs from the sidecar (see {@link FetchHandoff}). */
+    static String handoffReport(ShimConfig config) {
+        java.nio.file.Path dir = config.handoffDir();
+        if (dir == null) {
+            return "fetch hand-off: off (" + (config.isUnixSocket() ? ShimConfig.FETCH_HANDOFF + "=false"
+                    : "the sidecar is reached over TCP") + "); fetches stream over gRPC";
+        }
+        if (!java.nio.file.Files.isDirectory(dir, java.nio.file.LinkOption.NOFOLLOW_LINKS)) {
+            return "fetch hand-off: " + dir + " does not exist (the sidecar has fetch.handoff_max_bytes = 0 "
+                    + "or refused the directory: see its log); fetches stream over gRPC";
+        }
+        if (!java.nio.file.Files.isReadable(dir) || !java.nio.file.Files.isWritable(dir)
+                || !java.nio.file.Files.isExecutable(dir)) {
+            return "fetch hand-off: " + dir + " exists but this user cannot read and delete files in it; "
+                    + "fetches will stream over gRPC (run the broker as the sidecar's user)";
+        }
+        return "fetch hand-off: ready (" + dir + ")";
+    }
+
     static int run(String[] args, PrintStream out, PrintStream err) {
         if (args.length < 1 || args[0].startsWith("-")) {
             err.println("usage: java -jar rsm-sidecar-shim.jar <sidecar.target> [key=value ...]");
@@ -95,6 +114,9 @@ public final class Diagnose {
                     + (status.getCause() != null ? " (cause: " + status.getCause() + ")" : ""));
             boolean unreachable = status.getCode() == Status.Code.UNAVAILABLE
                     || status.getCode() == Status.Code.DEADLINE_EXCEEDED;
+            if (!unreachable) {
+                out.println(handoffReport(config));
+            }
             return unreachable ? 2 : 0;
         } finally {
             channel.shutdownNow();

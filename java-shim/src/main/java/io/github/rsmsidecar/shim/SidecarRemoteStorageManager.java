@@ -1,6 +1,7 @@
 package io.github.rsmsidecar.shim;
 
 import com.google.common.util.concurrent.ListenableFuture;
+import com.google.common.util.concurrent.MoreExecutors;
 import com.google.protobuf.ByteString;
 import io.github.rsmsidecar.proto.v1.CopyBegin;
 import io.github.rsmsidecar.proto.v1.CopySegmentResponse;
@@ -212,6 +213,13 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             channel.resetConnectBackoff();
         }
     }
+
+    /**
+     * Fetch and index calls: their listener ({@link GrpcInputStream}) only queues what arrives, so it
+     * runs on the transport's thread instead of a hop to gRPC's default executor per message and
+     * per call end (the reader thread takes the message from the queue either way).
+     */
+    private static final CallOptions STREAM_CALL = CallOptions.DEFAULT.withExecutor(MoreExecutors.directExecutor());
 
     private static CallOptions deadline(long ms) {
         return CallOptions.DEFAULT.withDeadlineAfter(ms, TimeUnit.MILLISECONDS);
@@ -425,7 +433,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         try {
             return retrier.call(op, false, attempt -> {
                 GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(channel(),
-                        FetchResponseMarshaller.FETCH_SEGMENT, CallOptions.DEFAULT, request,
+                        FetchResponseMarshaller.FETCH_SEGMENT, STREAM_CALL, request,
                         data, op, c.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS);
                 s.awaitFirst(c.fetchDeadlineMs(), ShimConfig.FETCH_DEADLINE_MS);
                 s.armIdleTimeout(scheduler, c.fetchIdleTimeoutMs());
@@ -454,7 +462,8 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 .build();
         return retrier.call(op, false, attempt -> {
             GrpcInputStream<FetchIndexResponse> s = GrpcInputStream.start(channel(),
-                    RemoteStorageGrpc.getFetchIndexMethod(), deadline(c.fetchIndexDeadlineMs()), request,
+                    RemoteStorageGrpc.getFetchIndexMethod(),
+                    STREAM_CALL.withDeadlineAfter(c.fetchIndexDeadlineMs(), TimeUnit.MILLISECONDS), request,
                     FetchIndexResponse::getData, op, 0, ShimConfig.FETCH_INDEX_DEADLINE_MS);
             s.awaitFirst(0, ShimConfig.FETCH_INDEX_DEADLINE_MS);
             return s;
