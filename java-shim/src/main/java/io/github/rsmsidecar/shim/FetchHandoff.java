@@ -1,9 +1,8 @@
 package io.github.rsmsidecar.shim;
 
-import com.google.protobuf.ByteString;
-import com.google.protobuf.UnsafeByteOperations;
 import io.github.rsmsidecar.proto.v1.HandoffFile;
 import java.io.IOException;
+import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
@@ -27,9 +26,8 @@ import org.slf4j.LoggerFactory;
  *   <li>Only a plain file name inside the directory the shim derives from its own socket path is
  *       read (no directory part, no symbolic link, a regular file of exactly the announced size):
  *       a sidecar cannot make the broker read anything else.
- *   <li>The file is deleted as soon as it is open; the bytes are read into one array of the
- *       window's size (at most the sidecar's {@code fetch.handoff_max_bytes}, 8 MiB by default;
- *       about 1.1 MiB for a consumer's default fetch).
+ *   <li>The file is deleted as soon as it is open; the broker reads it through the open channel
+ *       (nothing of the window's size is held in the heap).
  *   <li>A failure (the directory is not readable by the broker's user, the file vanished, ...)
  *       turns hand-off off for {@link #RETRY_AFTER_MS} with one warning; the fetch is asked again
  *       without hand-off, so it costs the reader nothing but time.
@@ -74,12 +72,14 @@ final class FetchHandoff {
     }
 
     /**
-     * The bytes of {@code file}; the file is deleted.
+     * An open stream of exactly the bytes of {@code file}; the file is already deleted (the open
+     * channel keeps it readable). The broker's reads copy straight from the page cache into its
+     * buffer, as {@code LocalTieredStorage}'s file reads do: no window-sized array in between.
      *
      * @throws HandoffException the name is not a plain file name, the file is missing, not a
-     *                          regular file, not of the announced size, or cannot be read
+     *                          regular file, not of the announced size, or cannot be opened
      */
-    ByteString read(HandoffFile file) {
+    InputStream open(HandoffFile file) {
         String name = file.getName();
         long length = file.getLength();
         if (name.isEmpty() || name.equals(".") || name.equals("..") || name.indexOf('/') >= 0
@@ -91,28 +91,79 @@ final class FetchHandoff {
                     + MAX_FILE_BYTES + ")", null);
         }
         Path path = dir.resolve(name);
+        FileChannel ch = null;
         try {
             BasicFileAttributes attrs = Files.readAttributes(path, BasicFileAttributes.class, LinkOption.NOFOLLOW_LINKS);
             if (!attrs.isRegularFile()) {
                 throw failure(path + " is not a regular file", null);
             }
-            try (FileChannel ch = FileChannel.open(path, StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS)) {
-                Files.deleteIfExists(path); // open: the bytes stay readable, nothing is left behind
-                long size = ch.size();
-                if (size != length) {
-                    throw failure(path + " has " + size + " bytes, the sidecar announced " + length, null);
-                }
-                byte[] bytes = new byte[(int) length];
-                ByteBuffer buf = ByteBuffer.wrap(bytes);
-                while (buf.hasRemaining()) {
-                    if (ch.read(buf) < 0) {
-                        throw failure(path + " ended after " + buf.position() + " of " + length + " bytes", null);
-                    }
-                }
-                return UnsafeByteOperations.unsafeWrap(bytes);
+            ch = FileChannel.open(path, StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS);
+            Files.deleteIfExists(path); // open: the bytes stay readable, nothing is left behind
+            long size = ch.size();
+            if (size != length) {
+                throw failure(path + " has " + size + " bytes, the sidecar announced " + length, null);
             }
+            InputStream in = new FileStream(ch, length, path);
+            ch = null;
+            return in;
         } catch (IOException e) {
-            throw failure("cannot read hand-off file " + path + ": " + e, e);
+            throw failure("cannot open hand-off file " + path + ": " + e, e);
+        } finally {
+            if (ch != null) {
+                try {
+                    ch.close();
+                } catch (IOException ignored) {
+                    // the failure above is what matters
+                }
+            }
+        }
+    }
+
+    /** Exactly {@code length} bytes of an open (deleted) hand-off file; ending early is an error. */
+    private static final class FileStream extends InputStream {
+        private final FileChannel ch;
+        private final long length;
+        private final Path path;
+        private long position;
+
+        FileStream(FileChannel ch, long length, Path path) {
+            this.ch = ch;
+            this.length = length;
+            this.path = path;
+        }
+
+        @Override
+        public int read() throws IOException {
+            byte[] one = new byte[1];
+            int n = read(one, 0, 1);
+            return n < 0 ? -1 : one[0] & 0xff;
+        }
+
+        @Override
+        public int read(byte[] b, int off, int len) throws IOException {
+            java.util.Objects.checkFromIndexSize(off, len, b.length);
+            if (position >= length) {
+                return -1;
+            }
+            if (len == 0) {
+                return 0;
+            }
+            int n = ch.read(ByteBuffer.wrap(b, off, (int) Math.min(len, length - position)), position);
+            if (n < 0) {
+                throw new IOException("hand-off file " + path + " ended after " + position + " of " + length + " bytes");
+            }
+            position += n;
+            return n;
+        }
+
+        @Override
+        public int available() {
+            return (int) Math.min(Integer.MAX_VALUE, length - position);
+        }
+
+        @Override
+        public void close() throws IOException {
+            ch.close();
         }
     }
 

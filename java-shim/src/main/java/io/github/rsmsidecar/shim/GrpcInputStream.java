@@ -65,6 +65,10 @@ final class GrpcInputStream<RespT> extends InputStream {
     private final LinkedBlockingQueue<Object> queue = new LinkedBlockingQueue<>();
 
     private ByteBuffer current = EMPTY;
+    /** Maps the first message to a stream that replaces the call's messages, or null (see {@link #substitutingFirst}). */
+    private Function<RespT, InputStream> substitute;
+    /** The stream read instead of the call's messages (fetch hand-off); null while messages are read. */
+    private InputStream substituted;
     private Status end;
     private long bytesDelivered;
 
@@ -114,6 +118,18 @@ final class GrpcInputStream<RespT> extends InputStream {
         call.sendMessage(request);
         call.halfClose();
         return stream;
+    }
+
+    /**
+     * Lets the first message stand for the whole stream: if {@code f} returns a stream for it, that
+     * stream is read instead of the call's messages (the call is left to end on its own, and
+     * cancelled by {@link #close()} if it has not). Call before {@link #awaitFirst}. {@code f} may
+     * throw {@link java.io.UncheckedIOException}: {@code awaitFirst} then cancels the call and
+     * rethrows it.
+     */
+    GrpcInputStream<RespT> substitutingFirst(Function<RespT, InputStream> f) {
+        this.substitute = f;
+        return this;
     }
 
     /**
@@ -202,6 +218,14 @@ final class GrpcInputStream<RespT> extends InputStream {
     @SuppressWarnings("unchecked")
     private void accept(Object message) {
         try {
+            if (substitute != null) {
+                InputStream in = substitute.apply((RespT) message);
+                substitute = null; // only the first message may
+                if (in != null) {
+                    substituted = in;
+                    return;
+                }
+            }
             current = data.apply((RespT) message).asReadOnlyByteBuffer();
         } catch (RuntimeException e) {
             cancel("the response could not be read: " + e.getMessage(), e);
@@ -265,6 +289,11 @@ final class GrpcInputStream<RespT> extends InputStream {
 
     @Override
     public int read() throws IOException {
+        if (substituted != null) {
+            byte[] one = new byte[1];
+            int n = read(one, 0, 1);
+            return n < 0 ? -1 : one[0] & 0xff;
+        }
         inRead = true;
         try {
             if (!fill()) {
@@ -284,6 +313,17 @@ final class GrpcInputStream<RespT> extends InputStream {
         if (len == 0) {
             return 0;
         }
+        if (substituted != null) {
+            if (closed) {
+                throw new IOException(operation + ": the stream is closed");
+            }
+            int n = substituted.read(b, off, len);
+            if (n > 0) {
+                bytesDelivered += n;
+            }
+            lastReadNanos = System.nanoTime();
+            return n;
+        }
         inRead = true;
         try {
             if (!fill()) {
@@ -300,8 +340,11 @@ final class GrpcInputStream<RespT> extends InputStream {
     }
 
     @Override
-    public int available() {
-        return closed ? 0 : current.remaining();
+    public int available() throws IOException {
+        if (closed) {
+            return 0;
+        }
+        return substituted != null ? substituted.available() : current.remaining();
     }
 
     /** Bytes handed to the reader so far. */
@@ -318,6 +361,13 @@ final class GrpcInputStream<RespT> extends InputStream {
         cancelIdleTask();
         if (!finished) {
             call.cancel("closed by the broker", null);
+        }
+        if (substituted != null) {
+            try {
+                substituted.close();
+            } catch (IOException e) {
+                LOG.debug("{}: closing the hand-off file: {}", operation, e.toString());
+            }
         }
     }
 }

@@ -421,20 +421,21 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private InputStream openFetch(ShimConfig c, FetchSegmentRequest request, FetchHandoff handoff, String op)
             throws RemoteStorageException {
         Function<FetchSegmentResponse, ByteString> data = response -> {
-            if (!response.hasHandoff()) {
-                return response.getData();
+            if (response.hasHandoff()) {
+                throw new UncheckedIOException(new IOException(handoff == null
+                        ? "the sidecar answered with a hand-off file that was not asked for"
+                        : "the sidecar sent a hand-off file after other messages"));
             }
-            if (handoff == null) {
-                throw new UncheckedIOException(new IOException(
-                        "the sidecar answered with a hand-off file that was not asked for"));
-            }
-            return handoff.read(response.getHandoff());
+            return response.getData();
         };
+        Function<FetchSegmentResponse, InputStream> handedOff = handoff == null ? null
+                : response -> response.hasHandoff() ? handoff.open(response.getHandoff()) : null;
         try {
             return retrier.call(op, false, attempt -> {
                 GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(channel(),
                         FetchResponseMarshaller.FETCH_SEGMENT, STREAM_CALL, request,
-                        data, op, c.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS);
+                        data, op, c.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS)
+                        .substitutingFirst(handedOff);
                 s.awaitFirst(c.fetchDeadlineMs(), ShimConfig.FETCH_DEADLINE_MS);
                 s.armIdleTimeout(scheduler, c.fetchIdleTimeoutMs());
                 return s;
