@@ -14,7 +14,10 @@ the socket. A directory that is a symlink, owned by another user, or writable by
 (where someone else could swap a file between the write and the client's open) turns hand-off off
 with one warning. A file lives from the write until the client opens it (milliseconds); files a
 client never opened (it was cancelled, or died) are removed after ``STALE_SECONDS``, and every
-file is removed at start-up.
+file is removed at start-up. The files waiting in the directory are bounded: at most
+``max_pending_files`` files and ``max_pending_bytes`` (``fetch.max_concurrent`` times
+``fetch.handoff_max_bytes``, 256 MiB by default); beyond that a fetch streams over gRPC, so a
+client that never deletes its files cannot fill the host's memory or disk.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import logging
 import os
 import secrets
 import stat
-import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -32,8 +34,6 @@ log = logging.getLogger(__name__)
 
 #: A file no client opened for this long is deleted.
 STALE_SECONDS = 60.0
-#: How often writes look for stale files (one directory scan; normally a handful of entries).
-SWEEP_INTERVAL_SECONDS = 10.0
 
 
 class HandoffError(Exception):
@@ -51,15 +51,15 @@ def handoff_dir_for(listen: str) -> Path | None:
 class HandoffDir:
     """The sidecar's hand-off directory (one sidecar per socket: the socket's lock file)."""
 
-    def __init__(self, path: Path, max_bytes: int):
+    def __init__(self, path: Path, max_bytes: int, max_concurrent: int = 32):
         self.path = path
         self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-        self._next_sweep = 0.0
+        self.max_pending_bytes = max_concurrent * max_bytes
+        self.max_pending_files = 2 * max_concurrent
         self._warned = False
 
     @classmethod
-    def open(cls, listen: str, max_bytes: int) -> HandoffDir | None:
+    def open(cls, listen: str, max_bytes: int, max_concurrent: int = 32) -> HandoffDir | None:
         """The prepared directory, or None when hand-off is off (TCP, ``max_bytes`` 0, or an
         unsafe or unusable directory: one warning says why)."""
         path = handoff_dir_for(listen)
@@ -72,10 +72,40 @@ class HandoffDir:
         if problem:
             log.warning("fetch hand-off is off: %s %s; fetches stream over gRPC", path, problem)
             return None
-        return cls(path, max_bytes)
+        return cls(path, max_bytes, max_concurrent)
 
     def accepts(self, length: int) -> bool:
-        return 0 < length <= self.max_bytes
+        """Whether a fetch of ``length`` bytes may be handed off now: not empty, at most
+        ``max_bytes``, and room among the files waiting for their clients (one directory scan,
+        which also deletes files older than ``STALE_SECONDS``; normally a handful of entries)."""
+        if not 0 < length <= self.max_bytes:
+            return False
+        files, pending = 0, 0
+        stale_before = time.time() - STALE_SECONDS
+        try:
+            entries = list(os.scandir(self.path))
+        except OSError:
+            return True  # the write reports what is wrong and the fetch streams
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+                if st.st_mtime < stale_before:
+                    os.unlink(e.path)
+                    log.info(
+                        "removed hand-off file %s that no client opened within %.0f s", e.name, STALE_SECONDS
+                    )
+                    continue
+            except OSError:  # the client opened and deleted it meanwhile
+                continue
+            files += 1
+            pending += st.st_size
+        if files >= self.max_pending_files or pending + length > self.max_pending_bytes:
+            self.warn_once(
+                f"{files} files of {pending} bytes wait in {self.path} for their clients "
+                f"(at most {self.max_pending_files} files, {self.max_pending_bytes} bytes)"
+            )
+            return False
+        return True
 
     def write(self, pieces: Iterable[bytes | memoryview], length: int) -> str:
         """Writes ``pieces`` (``length`` bytes in all) to a new file; returns its name.
@@ -83,7 +113,6 @@ class HandoffDir:
         :raises HandoffError: the write failed (a full tmpfs, ...) or the pieces were not
             ``length`` bytes; no file is left behind.
         """
-        self._sweep_now_and_then()
         name = secrets.token_hex(16)
         target = self.path / name
         written = 0
@@ -119,16 +148,6 @@ class HandoffDir:
         if not self._warned:
             self._warned = True
             log.warning("fetch hand-off failed, streaming over gRPC instead (said once): %s", why)
-
-    def _sweep_now_and_then(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now < self._next_sweep:
-                return
-            self._next_sweep = now + SWEEP_INTERVAL_SECONDS
-        removed = remove_files(self.path, older_than=time.time() - STALE_SECONDS)
-        if removed:
-            log.info("removed %d hand-off files no client opened within %.0f s", removed, STALE_SECONDS)
 
 
 def _prepare(path: Path) -> str | None:

@@ -109,7 +109,9 @@ class SidecarServer:
         self._socket_lock: int | None = None
         self.address = self._bind(cfg["server.listen"])
         # after _bind: the socket's lock is ours, so the hand-off directory is too
-        self.servicer.handoff = HandoffDir.open(cfg["server.listen"], cfg["fetch.handoff_max_bytes"])
+        self.servicer.handoff = HandoffDir.open(
+            cfg["server.listen"], cfg["fetch.handoff_max_bytes"], cfg["fetch.max_concurrent"]
+        )
         self._metrics_server: WSGIServer | None = None
         self._stopped = threading.Event()
 

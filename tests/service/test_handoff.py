@@ -105,7 +105,7 @@ def test_an_unsafe_hand_off_directory_turns_it_off_with_a_warning(unix_sidecar, 
     assert b"".join(m.data for m in msgs) == data[: MiB + 1]
 
 
-def test_leftovers_are_removed_at_start_up_and_stale_files_while_serving(unix_sidecar, tmp_path, monkeypatch):
+def test_leftovers_are_removed_at_start_up_and_stale_files_while_serving(unix_sidecar, tmp_path):
     d = tmp_path / "run" / "rsm.sock.handoff"
     d.mkdir(parents=True, mode=0o700)
     (d / "left-by-a-killed-sidecar").write_bytes(b"x" * 1000)
@@ -116,7 +116,6 @@ def test_leftovers_are_removed_at_start_up_and_stale_files_while_serving(unix_si
     name = _fetch(running.client, md, 0, 1000, accept=True)[0].handoff.name
     old = time.time() - handoff_module.STALE_SECONDS - 5
     os.utime(d / name, (old, old))
-    monkeypatch.setattr(running.server.servicer.handoff, "_next_sweep", 0.0)
     fresh = _fetch(running.client, md, 0, 1000, accept=True)[0].handoff.name
     assert sorted(p.name for p in d.iterdir()) == [fresh]
 
@@ -148,3 +147,25 @@ def test_a_fetch_error_is_reported_not_handed_off(unix_sidecar, tmp_path):
         _fetch(running.client, md, 0, 2 * MiB, accept=True)
     assert e.value.code() == grpc.StatusCode.DATA_LOSS
     assert list((sock.parent / "rsm.sock.handoff").iterdir()) == []
+
+
+def test_a_client_that_never_deletes_its_files_cannot_fill_the_host(unix_sidecar, tmp_path, caplog):
+    # 4 concurrent fetches of at most 256 KiB: at most 1 MiB and 8 files may wait for clients
+    running, sock = unix_sidecar(fetch__max_concurrent=4, fetch__handoff_max_bytes=256 * KiB)
+    md, data = _copy(running, tmp_path)
+    d = sock.parent / "rsm.sock.handoff"
+    handed = 0
+    with caplog.at_level(logging.WARNING, logger="rsm_sidecar.service.handoff"):
+        for i in range(20):
+            start = i * 100_000
+            msgs = _fetch(running.client, md, start, start + 200_000 - 1, accept=True)
+            if msgs[0].HasField("handoff"):
+                handed += 1
+            else:  # no room: the bytes stream over gRPC, still exactly the range
+                assert b"".join(m.data for m in msgs) == data[start : start + 200_000]
+    assert handed == 5  # 5 x 200,000 bytes fit in 1 MiB, the 6th would not
+    assert sum(p.stat().st_size for p in d.iterdir()) <= 1 * MiB and len(list(d.iterdir())) == 5
+    assert "wait in" in caplog.text
+    for p in d.iterdir():  # the client finally opens them: hand-off resumes
+        p.unlink()
+    assert _fetch(running.client, md, 0, 199_999, accept=True)[0].HasField("handoff")
