@@ -147,6 +147,9 @@ bench: deps
 	$(BIN)/python benchmarks/heuristic.py
 	$(BIN)/python -m benchmarks.storage_backends
 	$(BIN)/python benchmarks/shim.py
+	$(BIN)/python benchmarks/remote_read.py
+	$(BIN)/python benchmarks/disk_cache.py
+	$(BIN)/python -m benchmarks.inspect_startup
 	$(BIN)/python benchmarks/iceberg_decode.py
 	$(BIN)/python benchmarks/iceberg_convert.py
 	$(BIN)/python benchmarks/soak.py

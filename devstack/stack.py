@@ -9,6 +9,7 @@ Logs: ``<workdir>/logs/`` (sidecar.log) and ``<workdir>/kafka/logs/`` (server.lo
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Iterable, Mapping
@@ -67,8 +68,19 @@ class LocalStack:
 
     # -- paths ------------------------------------------------------------------------
     @property
+    def runtime_dir(self) -> Path:
+        """The sidecar's socket and its fetch hand-off directory: on the tmpfs ``/dev/shm``
+        when there is one (as production puts them in ``/run``: hand-off files then never
+        meet a disk's writeback), else ``<workdir>/run``."""
+        shm = Path("/dev/shm")
+        if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+            digest = hashlib.sha256(str(self.workdir).encode()).hexdigest()[:12]
+            return shm / f"rsm-sidecar-{os.getuid()}-{digest}"
+        return self.workdir / "run"
+
+    @property
     def socket_path(self) -> Path:
-        return self.workdir / "run" / "rsm.sock"
+        return self.runtime_dir / "rsm.sock"
 
     @property
     def remote_root(self) -> Path:
@@ -175,7 +187,7 @@ class LocalStack:
         return {"RSM__STORAGE__LOCAL__ROOT": str(self.remote_root)}
 
     def start_sidecar(self) -> SidecarProcess:
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        self.socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.sidecar is None:
             self.sidecar = SidecarProcess(
                 CONFIG_DIR / "sidecar.toml", self.workdir, self.sidecar_environment(), self.sidecar_target
@@ -254,6 +266,8 @@ class LocalStack:
             self.sidecar.stop()
         if self.storage_server is not None:
             self.storage_server.stop()
+        if self.runtime_dir.parent == Path("/dev/shm"):
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalStack:
         return self.start()
