@@ -52,7 +52,8 @@ class Metrics:
         self.bytes = prom.Counter(
             "rsm_bytes",
             "Bytes moved: copy_original (segment bytes received), copy_stored "
-            "(bytes written to storage), fetch_served (original bytes sent), index_served.",
+            "(bytes written to storage), fetch_served (original bytes sent), fetch_handoff (the part of "
+            "fetch_served handed off in files), index_served.",
             ["kind"],
             registry=r,
         )
