@@ -165,31 +165,15 @@ def _prepare(path: Path) -> str | None:
         return f"is owned by uid {st.st_uid}, not by the sidecar's uid {os.geteuid()}"
     if st.st_mode & 0o022:
         return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); make it 0700"
-    remove_files(path, older_than=None)
+    _remove_files(path)
     return None
 
 
-def remove_files(path: Path, older_than: float | None) -> int:
-    """Deletes the regular files in ``path`` (only those last modified before ``older_than``, a
-    ``time.time()``, when given); returns how many."""
-    removed = 0
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return 0
-    for e in entries:
-        try:
-            if not e.is_file(follow_symlinks=False):
-                continue
-            if older_than is not None and e.stat(follow_symlinks=False).st_mtime >= older_than:
-                continue
-            os.unlink(e.path)
-            removed += 1
-        except FileNotFoundError:  # the client opened and deleted it meanwhile
-            continue
-        except OSError as err:
-            log.debug("cannot remove hand-off file %s: %s", e.path, err)
-    return removed
+def _remove_files(path: Path) -> None:
+    """Deletes the regular files in ``path`` (what a killed sidecar left; start-up only)."""
+    for e in os.scandir(path):
+        if e.is_file(follow_symlinks=False):
+            _unlink(Path(e.path))
 
 
 def _unlink(path: Path) -> None:

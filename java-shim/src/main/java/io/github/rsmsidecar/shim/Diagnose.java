@@ -10,6 +10,9 @@ import io.grpc.ManagedChannel;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.io.PrintStream;
+import java.nio.file.Files;
+import java.nio.file.LinkOption;
+import java.nio.file.Path;
 import java.security.SecureRandom;
 import java.util.Base64;
 import java.util.Iterator;
@@ -40,17 +43,17 @@ public final class Diagnose {
 
     /** Whether this user can take fetch hand-offs from the sidecar (see {@link FetchHandoff}). */
     static String handoffReport(ShimConfig config) {
-        java.nio.file.Path dir = config.handoffDir();
+        Path dir = config.handoffDir();
         if (dir == null) {
             return "fetch hand-off: off (" + (config.isUnixSocket() ? ShimConfig.FETCH_HANDOFF + "=false"
                     : "the sidecar is reached over TCP") + "); fetches stream over gRPC";
         }
-        if (!java.nio.file.Files.isDirectory(dir, java.nio.file.LinkOption.NOFOLLOW_LINKS)) {
+        if (!Files.isDirectory(dir, LinkOption.NOFOLLOW_LINKS)) {
             return "fetch hand-off: " + dir + " does not exist (the sidecar has fetch.handoff_max_bytes = 0 "
                     + "or refused the directory: see its log); fetches stream over gRPC";
         }
-        if (!java.nio.file.Files.isReadable(dir) || !java.nio.file.Files.isWritable(dir)
-                || !java.nio.file.Files.isExecutable(dir)) {
+        if (!Files.isReadable(dir) || !Files.isWritable(dir)
+                || !Files.isExecutable(dir)) {
             return "fetch hand-off: " + dir + " exists but this user cannot read and delete files in it; "
                     + "fetches will stream over gRPC (run the broker as the sidecar's user)";
         }

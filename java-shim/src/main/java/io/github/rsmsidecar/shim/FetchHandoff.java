@@ -19,8 +19,8 @@ import org.slf4j.LoggerFactory;
  * Reads the files of fetch hand-off: over a Unix socket the sidecar may answer a fetch with the
  * name of a file in its hand-off directory ({@code <socket path>.handoff}) holding the whole
  * requested range, instead of streaming the bytes over gRPC (rsm.proto {@code HandoffFile};
- * {@code rsm_sidecar/service/handoff.py}). Moving a MiB through gRPC and Netty cost the broker
- * several times the CPU of reading it from a file, and most of a remote read's time.
+ * {@code rsm_sidecar/service/handoff.py}). Streaming a window through gRPC and Netty cost the
+ * broker more CPU than the data itself (docs/operations.md, remote reads).
  *
  * <ul>
  *   <li>Only a plain file name inside the directory the shim derives from its own socket path is
@@ -50,8 +50,8 @@ final class FetchHandoff {
     }
 
     private final Path dir;
-    private volatile long offUntilNanos;
-    private volatile boolean everOff;
+    /** Hand-off is offered again from this {@link System#nanoTime()} on (now: from the start). */
+    private volatile long offUntilNanos = System.nanoTime();
 
     FetchHandoff(Path dir) {
         this.dir = dir;
@@ -59,13 +59,12 @@ final class FetchHandoff {
 
     /** True when fetches should offer hand-off now. */
     boolean active() {
-        return !everOff || System.nanoTime() - offUntilNanos >= 0;
+        return System.nanoTime() - offUntilNanos >= 0;
     }
 
     /** Turns hand-off off for {@link #RETRY_AFTER_MS} after {@code failure}, with a warning. */
     void turnOff(String operation, RuntimeException failure) {
         offUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(RETRY_AFTER_MS);
-        everOff = true;
         LOG.warn("{}: fetch hand-off failed ({}); fetches stream over gRPC for the next {} s "
                         + "(rsm.config.{}=false turns hand-off off)", operation, failure.getMessage(),
                 RETRY_AFTER_MS / 1000, ShimConfig.FETCH_HANDOFF);

@@ -211,9 +211,9 @@ final class GrpcInputStream<RespT> extends InputStream {
     }
 
     /**
-     * Takes {@code message} as the current buffer. The data function may read a file (fetch
-     * hand-off) and throw {@link java.io.UncheckedIOException}; the call is then cancelled and the
-     * exception rethrown.
+     * Takes {@code message} as the current buffer, or its substitute stream (see
+     * {@link #substitutingFirst}). The substitute or the data function may throw
+     * {@link java.io.UncheckedIOException}; the call is then cancelled and the exception rethrown.
      */
     @SuppressWarnings("unchecked")
     private void accept(Object message) {
