@@ -27,6 +27,11 @@ import pytest
 
 from tests.keys_fixture import rsa_keys
 
+# Processes the tests start (Spark's Python workers, CLIs) import this checkout, whichever
+# checkout the virtualenv's editable install points at.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, os.environ.get("PYTHONPATH")) if p)
+
 TIERS = ("unit", "integration", "e2e")
 
 #: fixtures that start a Kafka broker (devstack.pytest_plugin, the LocalStack of tests/e2e and tests/inspect)

@@ -36,12 +36,17 @@ def test_spark_submit_with_the_package_as_py_files(tmp_path):
         f'exec {os.path.realpath(os.sys.executable)} -S "$@"\n'
     )
     python.chmod(0o755)
+    # tests/conftest.py puts the checkout on PYTHONPATH for the processes tests start: not here
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RSM__", "PYSPARK", "SPARK_")) and k != "PYTHONPATH"
+    }
     check = subprocess.run(
-        [str(python), "-c", "import rsm_sidecar"], cwd=tmp_path, capture_output=True, text=True
+        [str(python), "-c", "import rsm_sidecar"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert "No module named 'rsm_sidecar'" in check.stderr  # really not importable without the zip
     spark_jars = ",".join(str(p) for p in jars.spark_jars())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RSM__", "PYSPARK", "SPARK_"))}
     env.update(PYSPARK_PYTHON=str(python), PYSPARK_DRIVER_PYTHON=str(python))
     spark_submit = Path(os.sys.executable).parent / "spark-submit"
     proc = subprocess.run(
