@@ -170,24 +170,28 @@ def main() -> None:
         )
         env = {}
 
-        def job(topic: str, table: str) -> ConvertJob:
-            cfg, storage = load_config(cfg_file, env, {"iceberg.table": table})
+        def job(topic: str, table: str, writer: str = "arrow") -> ConvertJob:
+            cfg, storage = load_config(cfg_file, env, {"iceberg.table": table, "iceberg.writer": writer})
             return ConvertJob(cfg, storage, topic, spark=spark, log=lambda line: None)
 
         cfg, _ = load_config(cfg_file, env)
         spark = spark_session(LocalCatalog(workdir / "catalog"), app_name="iceberg-convert-bench")
         job("warmup", "warmup").run()  # JVM/JIT and Python worker warm-up
+        job("warmup", "warmup_spark", "spark").run()
 
-        convert = decode = write = 0.0
+        convert = {"arrow": 0.0, "spark": 0.0}
+        decode = write = 0.0
         for r in range(args.repeat):
-            t0 = time.perf_counter()
-            res = job(TOPIC, f"events_{r}").run()
-            dt = time.perf_counter() - t0
-            assert res.records == args.records, (res.records, args.records)
-            convert = max(convert, args.records / dt)
-            print(
-                f"  run {r}: convert {dt:.2f}s = {args.records / dt:,.0f} records/s ({res.segments} segments)"
-            )
+            for writer in ("arrow", "spark"):
+                t0 = time.perf_counter()
+                res = job(TOPIC, f"events_{writer}_{r}", writer).run()
+                dt = time.perf_counter() - t0
+                assert res.records == args.records, (res.records, args.records)
+                convert[writer] = max(convert[writer], args.records / dt)
+                print(
+                    f"  run {r}: convert (iceberg.writer={writer}) {dt:.2f}s = "
+                    f"{args.records / dt:,.0f} records/s ({res.segments} segments)"
+                )
 
             j = job(TOPIC, f"noop_{r}")
             prepared = j.prepare()
@@ -197,11 +201,12 @@ def main() -> None:
             decode = max(decode, args.records / dt)
             print(f"  run {r}: read+decode (noop sink) {dt:.2f}s = {args.records / dt:,.0f} records/s")
 
-            src = spark.table(f"rsm.kafka.events_{r}").cache()
+            src = spark.table(f"rsm.kafka.events_arrow_{r}").cache()
             assert src.count() == args.records
             spark.sql(
                 f"CREATE TABLE rsm.kafka.write_{r} USING iceberg "
-                f"PARTITIONED BY (days(kafka.ingest_timestamp)) AS SELECT * FROM rsm.kafka.events_{r} LIMIT 0"
+                f"PARTITIONED BY (days(kafka.ingest_timestamp)) "
+                f"AS SELECT * FROM rsm.kafka.events_arrow_{r} LIMIT 0"
             )
             t0 = time.perf_counter()
             (
@@ -217,10 +222,11 @@ def main() -> None:
                 f"  run {r}: write-only (cached decoded rows -> Iceberg) {dt:.2f}s = "
                 f"{args.records / dt:,.0f} records/s"
             )
-        print(
-            f"convert:      {convert:,.0f} records/s (best of {args.repeat}, local[2], "
-            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})"
-        )
+        for writer, rate in convert.items():
+            print(
+                f"convert ({writer:5}): {rate:,.0f} records/s (best of {args.repeat}, local[2], "
+                f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})"
+            )
         print(f"read+decode:  {decode:,.0f} records/s (noop sink)")
         print(f"write-only:   {write:,.0f} records/s (same rows, already decoded)")
     finally:

@@ -9,11 +9,15 @@ Flow of one run (docs/iceberg.md "The convert job"):
    done, the table is not touched.
 3. Resolve the key/value schemas (registry, descriptor set or raw), create or evolve the table.
 4. Spark: a DataFrame with one row per segment task, one task per Spark partition;
-   ``mapInArrow`` fetches, verifies, decrypts and decodes each segment on the executors and
-   emits Arrow batches of the table schema; ``writeTo(...).append()`` with the markers as
-   snapshot properties, under ``spark.wap.id`` so the snapshot is *staged*, not published.
-5. Publish: one conditional catalog commit moves ``main`` (and the ``rsm-marker`` tag) to the
-   staged snapshot if ``main`` is still what step 1 read.
+   ``mapInArrow`` fetches, verifies, decrypts and decodes each segment on the executors into
+   Arrow batches of the table schema. With ``iceberg.writer = arrow`` (the default) the same
+   Python worker writes them as Parquet data files (:mod:`.data_files`) and returns only the
+   files' descriptions; with ``spark`` the rows go back to the JVM and
+   ``writeTo(...).append()`` writes them under ``spark.wap.id``, so the snapshot is *staged*.
+5. Commit: one conditional catalog commit, only if ``main`` is still what step 1 read: it adds
+   the files as a snapshot carrying the markers (arrow; :func:`.markers.commit_files`) or moves
+   ``main`` to the staged snapshot (spark; :func:`.markers.publish`), and moves the
+   ``rsm-marker`` tag with it.
 
 A run killed anywhere leaves no partial commit: before step 5 only unreferenced data files
 (``maintain --remove-orphans`` deletes them) or an unreferenced staged snapshot (expired by
@@ -22,8 +26,8 @@ A run killed anywhere leaves no partial commit: before step 5 only unreferenced 
 Test hook: ``RSM_ICEBERG_PAUSE_AT=<point>[,<point>...]`` makes the job wait at named points until
 ``$RSM_ICEBERG_PAUSE_DIR/<point>.resume`` exists, after creating ``<point>.paused`` (so a test can
 kill it there): ``planned`` (before the Spark write), ``write`` (an executor, at the start of
-the last segment task), ``staged`` (after Spark committed the staged snapshot, before
-publishing), ``published`` (after publishing).
+the last segment task), ``staged`` (every data file written - and, with the ``spark`` writer,
+the staged snapshot committed - before the commit of step 5), ``published`` (after it).
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ class ExecutorParams:
     batch_records: int
     batch_bytes: int
     last_task_index: int
+    files: Any = None  # data_files.FileTarget: the executors write Parquet (iceberg.writer = arrow)
 
 
 def convert_fn(params: ExecutorParams, accumulator) -> Callable[[Iterator], Iterator]:
@@ -136,6 +141,60 @@ def convert_fn(params: ExecutorParams, accumulator) -> Callable[[Iterator], Iter
                     ) from exc
                 if accumulator is not None:
                     accumulator.add({task.partition: [1, records]})
+
+    return fn
+
+
+FILES_DDL = "task INT, partition INT, records LONG, files ARRAY<BINARY>"
+
+
+def write_files_fn(params: ExecutorParams) -> Callable[[Iterator], Iterator]:
+    """The ``mapInArrow`` function of ``iceberg.writer = arrow``: segment task rows in, one row
+    per task out with the data files it wrote (:class:`~.data_files.WrittenFile`, pickled)."""
+
+    def fn(batches):
+        import pickle
+
+        import pyarrow as pa
+
+        from rsm_sidecar.iceberg.data_files import TaskFileWriter
+        from rsm_sidecar.iceberg.rows import encoder_for
+
+        for b in batches:
+            for text in b.column("task").to_pylist():
+                task = SegmentTask.from_json(text)
+                if task.index == params.last_task_index:
+                    pause_point("write")
+                writer = TaskFileWriter(params.files, task.index)
+                try:
+                    ctx = executor_context(params.storage)
+                    enc = encoder_for(params.encoder)
+                    for raw in read_task(
+                        ctx, task, max_records=params.batch_records, max_bytes=params.batch_bytes
+                    ):
+                        writer.write(enc.encode(raw))
+                    written = writer.close()
+                except Exception as exc:
+                    writer.abort()
+                    raise RuntimeError(
+                        f"RSM_TASK_ERROR<<{type(exc).__name__}|{describe_error(task, exc)}>>"
+                    ) from exc
+                yield pa.RecordBatch.from_pydict(
+                    {
+                        "task": [task.index],
+                        "partition": [task.partition],
+                        "records": [sum(w.records for w in written)],
+                        "files": [[pickle.dumps(w) for w in written]],
+                    },
+                    schema=pa.schema(
+                        [
+                            ("task", pa.int32()),
+                            ("partition", pa.int32()),
+                            ("records", pa.int64()),
+                            ("files", pa.list_(pa.binary())),
+                        ]
+                    ),
+                )
 
     return fn
 
@@ -533,9 +592,20 @@ class ConvertJob:
         """Steps 4-5: the Spark write (staged) and the conditional publish."""
         result = prepared.result
         pause_point("planned")
-        counts = self._write(prepared)
-        pause_point("staged")
-        snap = mk.publish(prepared.catalog, self.identifier, self.job_id, prepared.state.main_snapshot_id)
+        if self.settings.writer == "arrow":
+            counts, files = self._write_files(prepared)
+            pause_point("staged")
+            snap = mk.commit_files(
+                prepared.catalog,
+                self.identifier,
+                prepared.state.main_snapshot_id,
+                files,
+                prepared.marker,
+            )
+        else:
+            counts = self._write(prepared)
+            pause_point("staged")
+            snap = mk.publish(prepared.catalog, self.identifier, self.job_id, prepared.state.main_snapshot_id)
         pause_point("published")
         result.committed = True
         result.snapshot_id = snap.snapshot_id
@@ -586,6 +656,59 @@ class ConvertJob:
             spark.sparkContext.parallelize(rows, len(rows)), "idx INT, partition INT, task STRING"
         )
         return df.mapInArrow(convert_fn(params, accumulator), prepared.ddl)
+
+    def _write_files(self, prepared: Prepared) -> tuple[dict[int, list[int]], list]:
+        """``iceberg.writer = arrow``: the executors write the data files; returns the per
+        partition ``[segments, records]`` and the files' ``DataFile``s (nothing committed)."""
+        import pickle
+
+        from rsm_sidecar.iceberg.data_files import FileTarget
+
+        spark, own = self._spark()
+        try:
+            table = prepared.catalog.load_table(self.identifier)
+            params = ExecutorParams(
+                self.storage,
+                prepared.spec,
+                self.settings.batch_records,
+                self.settings.batch_bytes,
+                prepared.tasks[-1].index,
+                FileTarget.for_table(
+                    table,
+                    target_file_size=self.settings.target_file_size,
+                    write_id=self.job_id,
+                ),
+            )
+            rows = [(t.index, t.partition, t.to_json()) for t in prepared.tasks]
+            df = spark.createDataFrame(
+                spark.sparkContext.parallelize(rows, len(rows)), "idx INT, partition INT, task STRING"
+            ).mapInArrow(write_files_fn(params), FILES_DDL)
+            stop = threading.Event()
+            progress = threading.Thread(
+                target=self._progress, args=(spark, len(prepared.tasks), stop), daemon=True
+            )
+            progress.start()
+            try:
+                results = df.collect()
+            except Exception as exc:
+                err = _task_error(exc)
+                if err is not None:
+                    raise err from None
+                raise
+            finally:
+                stop.set()
+                progress.join(5)
+            counts: dict[int, list[int]] = {}
+            files: list[Any] = []
+            for r in results:
+                c = counts.setdefault(r["partition"], [0, 0])
+                c[0] += 1
+                c[1] += r["records"]
+                files.extend(pickle.loads(w).load() for w in r["files"])
+            return counts, files
+        finally:
+            if own:
+                spark.stop()
 
     def _write(self, prepared: Prepared) -> dict[int, list[int]]:
         spark, own = self._spark()

@@ -12,7 +12,7 @@ Every snapshot a convert job publishes carries, in its summary (``snapshot-prope
 ``rsm.segments``            JSON ``{"<partition>": [segment ids converted by this commit]}``
 ``rsm.skipped``             JSON ``{"<partition>": [[from, to], ...]}`` offsets that retention
                             removed before they were converted (only when there were some)
-``rsm.job-id``              the run's id (also Spark's ``wap.id`` of the staged snapshot)
+``rsm.job-id``              the run's id (with the ``spark`` writer also the staged snapshot's ``wap.id``)
 ==========================  ==============================================================
 
 The state is read from the newest snapshot with a marker among the *ancestors of ``main``*
@@ -22,10 +22,13 @@ publish also moves the tag :data:`MARKER_TAG` to the marker snapshot: tagged sna
 expired (the walk then ends without a marker and the tag's snapshot is used). To start a table
 over, drop the table (or at least remove the tag together with the rows).
 
-Publishing is a single catalog commit that moves ``main`` to the snapshot Spark staged (write-
-audit-publish) and the tag with it, *conditional on ``main`` still being the snapshot whose
-markers the run read* (``assert-ref-snapshot-id``), so two runs racing on a table can never
-both commit the same offsets: the second one's publish fails and commits nothing.
+Committing a run is a single catalog commit, *conditional on ``main`` still being the snapshot
+whose markers the run read* (``assert-ref-snapshot-id``), so two runs racing on a table can
+never both commit the same offsets: the second one's commit fails and commits nothing. It
+either adds the data files the executors wrote as a new snapshot with the markers
+(:func:`commit_files`, ``iceberg.writer = arrow``) or moves ``main`` to the snapshot Spark
+staged with write-audit-publish (:func:`publish`, ``iceberg.writer = spark``); in both cases it
+moves the tag with it.
 """
 
 from __future__ import annotations
@@ -197,6 +200,40 @@ def publish(catalog, identifier, job_id: str, expected_main: int | None):
             f"the job again"
         ) from None
     return snap
+
+
+def commit_files(catalog, identifier, expected_main: int | None, data_files, properties: dict[str, str]):
+    """Add ``data_files`` (written by the executors, :mod:`.data_files`) to ``main`` as one
+    snapshot carrying the markers ``properties``, and move :data:`MARKER_TAG` to it - one
+    catalog commit, only if ``main`` is still ``expected_main``. Raises :class:`CommitConflict`."""
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.table.refs import SnapshotRefType
+
+    table = catalog.load_table(identifier)
+    name = ".".join(table.name())
+    main = table.metadata.refs.get("main")
+    current = main.snapshot_id if main else None
+    if current != expected_main:
+        raise CommitConflict(
+            f"table {name}: main moved from {expected_main} to {current} since this run read its "
+            f"markers (another convert job or maintenance committed); nothing was committed - run "
+            f"the job again"
+        )
+    tx = table.transaction()
+    # fast_append asserts that main is still the snapshot it was loaded at (= expected_main)
+    with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+        for f in data_files:
+            append.append_data_file(f)
+    snapshot_id = append.snapshot_id
+    tx._apply((_set_ref(MARKER_TAG, SnapshotRefType.TAG, snapshot_id),), ())
+    try:
+        tx.commit_transaction()
+    except CommitFailedException as exc:
+        raise CommitConflict(
+            f"table {name}: the commit failed its condition (main must still be {expected_main}): "
+            f"{exc}; nothing was committed - run the job again"
+        ) from None
+    return catalog.load_table(identifier).metadata.snapshot_by_id(snapshot_id)
 
 
 def _set_ref(name: str, kind: SnapshotRefType, snapshot_id: int) -> SetSnapshotRefUpdate:

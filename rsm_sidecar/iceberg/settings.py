@@ -158,6 +158,15 @@ CONFIG_KEYS = [
         choices=PARTITIONINGS,
     ),
     Key("iceberg.target_file_size", "size", 512 * MiB, "Target size of the Parquet data files."),
+    Key(
+        "iceberg.writer",
+        "str",
+        "arrow",
+        "Who writes the Parquet data files: `arrow` (each executor's Python worker writes them with "
+        "PyArrow, the driver commits them; see docs/iceberg.md \"Performance\") or `spark` "
+        "(Spark's Iceberg writer; the rows go back into the JVM).",
+        choices=("arrow", "spark"),
+    ),
     # -- registry -------------------------------------------------------------------------
     Key(
         "iceberg.registry.url",
@@ -284,6 +293,7 @@ class JobSettings:
     table: str | None = None
     partitioning: str = "day"
     target_file_size: int = 512 * MiB
+    writer: str = "arrow"
     registry: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
     key: SideSettings = SideSettings()
     value: SideSettings = SideSettings()
@@ -359,6 +369,7 @@ class JobSettings:
             table=cfg["iceberg.table"],
             partitioning=cfg["iceberg.partitioning"],
             target_file_size=cfg["iceberg.target_file_size"],
+            writer=cfg["iceberg.writer"],
             registry=registry,
             key=sides["key"],
             value=sides["value"],

@@ -27,9 +27,9 @@ def test_expire_keeps_the_marker_snapshot_and_drops_unpublished_staged_ones(spar
     t.maintain(spark, compact=True)  # a snapshot without marker on top
     # a run staged by Spark but never published (what a job killed before publishing leaves)
     t.simple_segments(0, 1)
-    cfg, storage = load_config(t.config_file, {})
+    cfg, storage = load_config(t.config_file, {}, {"iceberg.writer": "spark"})
     job = ConvertJob(cfg, storage, t.topic, spark=spark, log=lambda line: None)
-    job._write(job.prepare())
+    job._write(job.prepare())  # Spark's write-audit-publish staging (iceberg.writer = spark)
     table = t.table()
     staged = mk.staged_snapshot(table, job.job_id)
     assert staged is not None and len(table.metadata.snapshots) == 3

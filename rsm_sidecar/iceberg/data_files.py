@@ -1,0 +1,278 @@
+"""Executors write the table's Parquet data files themselves; the driver commits them.
+
+The rows a convert task decodes are already Arrow batches of the table's schema. Writing them
+with PyArrow's Parquet writer on the executor (columnar, field ids from the table's schema,
+one file per partition value) avoids shipping every row back into the JVM, turning columns
+into rows there and writing them again with Iceberg's row-based writer - which cost more than
+the whole decode (docs/iceberg.md "Performance"). Spark still schedules the tasks; each task
+returns the descriptions of the files it wrote (:class:`WrittenFile`), and the driver adds them
+to the table in one conditional commit (:func:`rsm_sidecar.iceberg.markers.commit_files`).
+
+Memory per task (bounded, whatever the segment size): for each open partition value, the
+batches not yet written, at most :attr:`FileTarget.row_group_bytes` of Arrow data (then they
+become one Parquet row group), plus PyArrow's writer buffers for that row group. A task opens
+one file per partition value it meets (``day(kafka.ingest_timestamp)`` by default: one or two
+per segment); a file is closed once it reaches ``iceberg.target_file_size`` on disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyiceberg.io import FileIO, OutputStream
+    from pyiceberg.manifest import DataFile
+    from pyiceberg.partitioning import PartitionKey
+    from pyiceberg.schema import Schema
+    from pyiceberg.table.metadata import TableMetadata
+
+
+@dataclasses.dataclass(frozen=True)
+class FileTarget:
+    """Where and how a task writes (picklable: sent to every executor)."""
+
+    metadata_json: str  # the table's metadata as loaded by the driver after schema evolution
+    io_properties: Mapping[str, str] = dataclasses.field(repr=False)
+    target_file_size: int = 512 * 1024 * 1024
+    row_group_bytes: int = 32 * 1024 * 1024
+    write_id: str = ""  # names the files: <write_id>-<task>-<n>.parquet
+
+    @classmethod
+    def for_table(cls, table, *, target_file_size: int, write_id: str) -> FileTarget:
+        return cls(
+            metadata_json=table.metadata.model_dump_json(),
+            io_properties=dict(table.io.properties),
+            target_file_size=target_file_size,
+            write_id=write_id,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenFile:
+    """One data file a task wrote, as the driver commits it (pickled ``DataFile``)."""
+
+    path: str
+    records: int
+    data_file: bytes = dataclasses.field(repr=False)
+
+    def load(self) -> DataFile:
+        return pickle.loads(self.data_file)  # produced by our own executors
+
+
+class _OpenFile:
+    """One Parquet file being written for one partition value."""
+
+    def __init__(
+        self,
+        values: tuple,
+        path: str,
+        stream: OutputStream,
+        writer: pq.ParquetWriter,
+        key: PartitionKey | None,
+    ):
+        self.values = values  # the partition values (the task's key for this file)
+        self.path = path
+        self.stream = stream
+        self.writer = writer
+        self.key = key
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_bytes = 0
+        self.records = 0
+
+    def size(self) -> int:
+        """Bytes written so far (whole row groups)."""
+        return self.stream.tell()
+
+
+class TaskFileWriter:
+    """The data files of one task: :meth:`write` batches of the table's Arrow schema, then
+    :meth:`close` for their descriptions (or :meth:`abort` to delete what was written)."""
+
+    def __init__(self, target: FileTarget, task_index: int):
+        from pyiceberg.io import load_file_io
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+        from pyiceberg.table.locations import load_location_provider
+        from pyiceberg.table.metadata import TableMetadataUtil
+
+        self.target = target
+        self.task_index = task_index
+        self.metadata: TableMetadata = TableMetadataUtil.parse_raw(target.metadata_json)
+        self.schema: Schema = self.metadata.schema()
+        self.spec = self.metadata.spec()
+        self.io: FileIO = load_file_io(dict(target.io_properties), self.metadata.location)
+        self.locations = load_location_provider(self.metadata.location, self.metadata.properties)
+        self.arrow_schema = schema_to_pyarrow(self.schema, include_field_ids=True)
+        self._partition_sources = [
+            (f, self.schema.find_field(f.source_id), self.schema.find_column_name(f.source_id) or "")
+            for f in self.spec.fields
+        ]
+        self._open: dict[tuple, _OpenFile] = {}
+        self._done: list[WrittenFile] = []
+        self._written_paths: list[str] = []
+        self._seq = 0
+
+    # ------------------------------------------------------------------ writing
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.arrow_schema)
+        for key_values, part in self._split(batch):
+            f = self._open.get(key_values)
+            if f is None:
+                f = self._open[key_values] = self._new_file(key_values)
+            f.pending.append(part)
+            f.pending_bytes += part.nbytes
+            f.records += part.num_rows
+            if f.pending_bytes >= self.target.row_group_bytes:
+                self._flush(f)
+
+    def close(self) -> list[WrittenFile]:
+        for f in list(self._open.values()):
+            self._finish(f)
+        return list(self._done)
+
+    def abort(self) -> None:
+        """Delete every file this task wrote (best effort: an orphan is harmless, see
+        ``maintain --remove-orphans``)."""
+        for f in self._open.values():
+            try:
+                f.writer.close()
+                f.stream.close()
+            except Exception:  # aborting anyway
+                pass
+        self._open.clear()
+        for path in self._written_paths:
+            try:
+                self.io.delete(path)
+            except Exception:  # orphans are removed by maintenance
+                pass
+
+    # ------------------------------------------------------------------ internals
+    def _split(self, batch: pa.RecordBatch) -> Iterable[tuple[tuple, pa.RecordBatch]]:
+        """``(partition values, rows)`` pairs: the whole batch when it holds one value."""
+        if not self._partition_sources:
+            yield (), batch
+            return
+        import pyarrow.compute as pc
+
+        table = pa.Table.from_batches([batch])
+        columns = []
+        for field, source, name in self._partition_sources:
+            values = _column(table, name)
+            columns.append(field.transform.pyarrow_transform(source.field_type)(values))
+        if len(columns) == 1:
+            uniques = pc.unique(columns[0]).to_pylist()
+            if len(uniques) == 1:
+                yield (uniques[0],), batch
+                return
+        keys = pa.table({str(i): c for i, c in enumerate(columns)})
+        for row in keys.group_by(list(keys.column_names)).aggregate([]).to_pylist():
+            mask = None
+            for i, c in enumerate(columns):
+                v = row[str(i)]
+                m = pc.is_null(c) if v is None else pc.equal(c, v)
+                mask = m if mask is None else pc.and_(mask, m)
+            yield tuple(row[str(i)] for i in range(len(columns))), batch.filter(mask)
+
+    def _new_file(self, key_values: tuple) -> _OpenFile:
+        from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs
+
+        key = self._partition_key(key_values)
+        name = f"{self.target.write_id}-{self.task_index:05d}-{self._seq:05d}.parquet"
+        self._seq += 1
+        path = self.locations.new_data_location(data_file_name=name, partition_key=key)
+        self._written_paths.append(path)
+        stream = self.io.new_output(path).create(overwrite=True)
+        try:
+            writer = pq.ParquetWriter(
+                stream,
+                schema=self.arrow_schema,
+                store_decimal_as_integer=True,
+                **_get_parquet_writer_kwargs(self.metadata.properties),
+            )
+        except Exception:
+            stream.close()
+            raise
+        return _OpenFile(key_values, path, stream, writer, key)
+
+    def _partition_key(self, key_values: tuple) -> PartitionKey | None:
+        if not self._partition_sources:
+            return None
+        from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
+
+        return PartitionKey(
+            field_values=[
+                PartitionFieldValue(field=field, value=v)
+                for (field, _, _), v in zip(self._partition_sources, key_values, strict=True)
+            ],
+            partition_spec=self.spec,
+            schema=self.schema,
+        )
+
+    def _flush(self, f: _OpenFile) -> None:
+        """The pending batches of ``f`` become one row group; the file is finished once it has
+        reached the target size."""
+        self._write_row_group(f)
+        if f.size() >= self.target.target_file_size:
+            self._finish(f)
+
+    def _write_row_group(self, f: _OpenFile) -> None:
+        if f.pending:
+            table = pa.Table.from_batches(f.pending, schema=self.arrow_schema)
+            f.pending, f.pending_bytes = [], 0
+            f.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+
+    def _finish(self, f: _OpenFile) -> None:
+        from pyiceberg.io.pyarrow import (
+            compute_statistics_plan,
+            data_file_statistics_from_parquet_metadata,
+            parquet_path_to_id_mapping,
+        )
+        from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+        from pyiceberg.typedef import Record
+
+        del self._open[f.values]
+        self._write_row_group(f)
+        f.writer.close()
+        size = f.size()
+        f.stream.close()
+        stats = data_file_statistics_from_parquet_metadata(
+            parquet_metadata=f.writer.writer.metadata,
+            stats_columns=compute_statistics_plan(self.schema, self.metadata.properties),
+            parquet_column_mapping=parquet_path_to_id_mapping(self.schema),
+        )
+        data_file = DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=f.path,
+            file_format=FileFormat.PARQUET,
+            partition=f.key.partition if f.key else Record(),
+            file_size_in_bytes=size,
+            sort_order_id=None,
+            spec_id=self.metadata.default_spec_id,
+            equality_ids=None,
+            key_metadata=None,
+            **stats.to_serialized_dict(),
+        )
+        self._done.append(WrittenFile(f.path, f.records, pickle.dumps(data_file)))
+
+
+def _column(table: pa.Table, dotted: str) -> pa.Array:
+    """A (possibly nested, ``a.b``) column of ``table`` as one array."""
+    import pyarrow.compute as pc
+
+    head, *rest = dotted.split(".")
+    arr: Any = table.column(head).combine_chunks()
+    for name in rest:
+        arr = pc.struct_field(arr, name)
+    return arr
+
+
+def new_write_id() -> str:
+    return uuid.uuid4().hex
