@@ -398,6 +398,10 @@ def test_extension_values_land_in_unrecognized():
     assert p == {"id": "p", "base": None, "__unrecognized__": None}
     # the original pool is untouched: it still parses them as extensions
     assert schema.pool.FindAllExtensions(desc)
+    # standard options survive the rebuild (map entries stay maps)
+    src = 'syntax = "proto2"; package mx; message M { map<string, int32> m = 1; extensions 9 to 9; }'
+    mx = ProtoDecoder(ProtoSchema.from_sources("mx.proto", {"mx.proto": src}).message_by_name("mx.M"))
+    assert isinstance(field_types(mx.iceberg_type)["m"], MapType)
     # messages that cannot be extended keep their descriptor (nothing rebuilt)
     order = order_schema().message_by_name("shop.v1.Order")
     assert ProtoDecoder(order).desc is order
