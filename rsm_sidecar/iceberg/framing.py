@@ -14,6 +14,9 @@ from typing import NamedTuple
 from rsm_sidecar.format.varint import VarintErrors, encode_varlong, read_varlong
 
 MAGIC = 0
+#: Marker of Kafka-on-Pulsar's schema-version header (+ 8-byte big-endian Pulsar schema version):
+#: recognised only to say so in the error, never decoded (docs/iceberg.md).
+KOP_MARKER = b"\x03\x04"
 _MAX_INDEXES = 64  # nesting depth; anything deeper is corrupt input, not a schema
 
 
@@ -43,6 +46,12 @@ def parse(data: bytes, *, protobuf: bool) -> Framed:
     if len(data) < 5:
         raise FramingError(f"too short for a schema-registry preamble ({len(data)} bytes)")
     if data[0] != MAGIC:
+        if data[:2] == KOP_MARKER and len(data) >= 10:
+            version = int.from_bytes(data[2:10], "big", signed=True)
+            raise FramingError(
+                f"KoP schema-version marker 0x03 0x04 (Pulsar schema version {version}) is not "
+                "supported: only the Confluent preamble (0x00 + 4-byte schema id) is decoded"
+            )
         raise FramingError(f"missing magic byte: first byte is 0x{data[0]:02x}, expected 0x00")
     schema_id = int.from_bytes(data[1:5], "big", signed=True)
     if not protobuf:

@@ -17,6 +17,7 @@ message, group                              struct + ``__unrecognized__`` binary
 repeated T / map<K, V>                      list<T> / map<K, V>
 field that closes a recursion               struct<__unrecognized__ binary> holding the
                                             field's encoded message bytes
+unknown fields and extension values         the message's ``__unrecognized__`` (re-encoded)
 google.protobuf.Timestamp (WKT option)      timestamptz (micro-seconds, nanos truncated)
 google.protobuf.Duration (WKT option)       long micro-seconds
 wrappers (Int32Value ...) (WKT option)      the wrapped primitive, null when unset
@@ -40,8 +41,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from google.protobuf import json_format, message_factory, unknown_fields
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, unknown_fields
+from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescriptor
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -55,9 +56,17 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg.types import IdCounter, list_of, map_of, opt, to_arrow
 
 UNRECOGNIZED = "__unrecognized__"
+#: The columns rows.py puts next to the top-level message's fields in ``key``/``val``.
+SIDE_COLUMNS = ("__raw__", "__prefix__", "__err__")
+
+
+class ReservedFieldName(ConfigError):
+    """A Protobuf field has the name of a column the mapping synthesizes at that level."""
+
 
 _chain = itertools.chain.from_iterable
 
@@ -257,15 +266,32 @@ class _Field:
         self.has = methodcaller("HasField", name)
 
 
+def _reserved(fd: FieldDescriptor, desc: Descriptor, top: bool) -> ReservedFieldName:
+    where = (
+        f"the top-level message's struct already has {', '.join((*SIDE_COLUMNS, UNRECOGNIZED))}"
+        if top
+        else f"every message struct already has {UNRECOGNIZED}"
+    )
+    return ReservedFieldName(
+        f"Protobuf field {fd.name!r} (number {fd.number}) of message {desc.full_name} in "
+        f"{desc.file.name} cannot become a column: {where}. Rename the field in the schema "
+        f"(the mapping names its synthesized columns __like_this__: avoid such field names)"
+    )
+
+
 class _Message(_Conv):
     ice: StructType
 
     def __init__(self, desc: Descriptor, ids: IdCounter, opts: ProtoOptions, stack: tuple[str, ...]):
         self.desc = desc
+        top = not stack  # the side's message: rows.py adds SIDE_COLUMNS next to its fields
         stack = stack + (desc.full_name,)
         self.fields: list[_Field] = []
         nested = []
+        reserved = (*SIDE_COLUMNS, UNRECOGNIZED) if top else (UNRECOGNIZED,)
         for fd in desc.fields:
+            if fd.name in reserved:
+                raise _reserved(fd, desc, top)
             conv = _field_conv(fd, ids, opts, stack)
             presence = (not fd.is_repeated) and fd.has_presence
             self.fields.append(_Field(fd.name, conv, presence))
@@ -373,13 +399,70 @@ def _field_conv(fd: FieldDescriptor, ids: IdCounter, opts: ProtoOptions, stack: 
 # ----------------------------------------------------------------------------- public API
 
 
+def _has_extension_ranges(desc: Descriptor) -> bool:
+    """Whether ``desc`` or a message reachable through its fields declares ``extensions``
+    (the only messages an ``extend`` can target)."""
+    seen: set[str] = set()
+    todo = [desc]
+    while todo:
+        d = todo.pop()
+        if d.full_name in seen:
+            continue
+        seen.add(d.full_name)
+        if d.extension_ranges:
+            return True
+        todo.extend(fd.message_type for fd in d.fields if fd.message_type is not None)
+    return False
+
+
+def _strip_extensions(msg: descriptor_pb2.DescriptorProto) -> None:
+    del msg.extension[:]
+    for nested in msg.nested_type:
+        _strip_extensions(nested)
+
+
+def without_extensions(desc: Descriptor) -> Descriptor:
+    """``desc`` rebuilt in a private pool holding its file and the files it imports with every
+    ``extend`` removed: extension values then parse as unknown fields (and land in
+    ``__unrecognized__``, as the seed says) instead of as extensions, which are no column.
+
+    Done once per decoder; the message and its fields are otherwise identical."""
+    files: dict[str, descriptor_pb2.FileDescriptorProto] = {}
+    order: list[str] = []
+
+    def visit(f: FileDescriptor) -> None:
+        if f.name in files:
+            return
+        fdp = descriptor_pb2.FileDescriptorProto()
+        f.CopyToProto(fdp)
+        files[f.name] = fdp
+        for dep in f.dependencies:
+            visit(dep)
+        order.append(f.name)  # dependencies first
+
+    visit(desc.file)
+    pool = descriptor_pool.DescriptorPool()
+    for name in order:
+        fdp = files[name]
+        del fdp.extension[:]
+        for msg in fdp.message_type:
+            _strip_extensions(msg)
+        pool.Add(fdp)
+    return pool.FindMessageTypeByName(desc.full_name)
+
+
 class ProtoDecoder:
     """Decoder for one message type: Iceberg struct type + columnar bytes -> Arrow children.
 
     ``iceberg_type`` lists the message's fields then ``__unrecognized__`` (placeholder ids).
+    When the message, or one it contains, can be extended, it is first rebuilt without the
+    ``extend`` declarations (:func:`without_extensions`) so that extension values are unknown
+    fields: the per-record decoding is the same either way.
     """
 
     def __init__(self, desc: Descriptor, options: ProtoOptions | None = None):
+        if _has_extension_ranges(desc):
+            desc = without_extensions(desc)
         self.desc = desc
         self.options = options or ProtoOptions()
         self._root = _Message(desc, IdCounter(), self.options, ())

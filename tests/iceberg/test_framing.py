@@ -58,3 +58,16 @@ def test_framing_reports_varint_errors_as_framing_errors():
         framing.parse(b"\x00\x00\x00\x00\x07\x04\x80", protobuf=True)
     with pytest.raises(framing.FramingError, match="varlong at 5 is too long"):
         framing.parse(b"\x00\x00\x00\x00\x07" + b"\xff" * 10 + b"\x01", protobuf=True)
+
+
+def test_kop_schema_version_marker_is_named_not_decoded():
+    """Kafka-on-Pulsar's 0x03 0x04 + 8-byte Pulsar schema version: unsupported, said so."""
+    kop = b"\x03\x04" + (7).to_bytes(8, "big") + b"\x0a\x01x"
+    for protobuf in (True, False):
+        with pytest.raises(
+            framing.FramingError,
+            match=r"KoP schema-version marker 0x03 0x04 \(Pulsar schema version 7\) is not supported",
+        ):
+            framing.parse(kop, protobuf=protobuf)
+    with pytest.raises(framing.FramingError, match="missing magic byte: first byte is 0x03"):
+        framing.parse(b"\x03\x04\x00\x00\x00", protobuf=True)  # too short for a version

@@ -244,3 +244,202 @@ def test_descriptor_form_schema_strings(order_pb2):
     assert t.message_by_name("t.T").fields_by_name["m"].message_type.full_name == "common.v1.Money"
     assert decode_schema_string("x", 'syntax = "proto3";') is None
     assert decode_schema_string("x", "bm90IGEgZGVzY3JpcHRvcg==") is None  # "not a descriptor"
+
+
+# ----------------------------------------------------------------------------- issue 14 §2 rows
+
+NUMS = """
+syntax = "proto2";
+package n;
+message Nums {
+  optional sint32 s32 = 1;
+  optional sfixed32 sf32 = 2;
+  optional sfixed64 sf64 = 3;
+  optional fixed64 f64 = 4;
+  repeated sint32 packed_s32 = 5 [packed = true];
+  repeated fixed64 many_f64 = 6;
+}
+"""
+
+
+def test_signed_and_fixed_width_integers():
+    """sint32/sfixed32 -> int, sfixed64 -> long, fixed64 -> long wrapping above 2^63-1."""
+    desc = ProtoSchema.from_sources("n.proto", {"n.proto": NUMS}).message_by_name("n.Nums")
+    dec = ProtoDecoder(desc)
+    t = field_types(dec.iceberg_type)
+    assert isinstance(t["s32"], IntegerType) and isinstance(t["sf32"], IntegerType)
+    assert isinstance(t["sf64"], LongType) and isinstance(t["f64"], LongType)
+    assert isinstance(t["packed_s32"].element_type, IntegerType)
+    assert isinstance(t["many_f64"].element_type, LongType)
+    cls = ProtoSchema.message_class(desc)
+    low = cls(s32=-(2**31), sf32=-7, sf64=-(2**63), f64=2**64 - 1, packed_s32=[-1, 2**31 - 1])
+    low.many_f64.extend([0, 2**63 - 1, 2**63, 2**64 - 1])
+    high = cls(s32=2**31 - 1, sf32=2**31 - 1, sf64=2**63 - 1, f64=2**63)
+    wire = low.SerializeToString()
+    assert wire.startswith(b"\x08\xff\xff\xff\xff\x0f")  # sint32 -2^31 is zig-zag 2^32-1
+    r1, r2, r3 = rows(dec, [wire, high.SerializeToString(), b""])
+    assert (r1["s32"], r1["sf32"], r1["sf64"], r1["f64"]) == (-(2**31), -7, -(2**63), -1)
+    assert r1["packed_s32"] == [-1, 2**31 - 1]
+    assert r1["many_f64"] == [0, 2**63 - 1, -(2**63), -1]  # two's complement, as the seed
+    assert (r2["s32"], r2["sf32"], r2["sf64"], r2["f64"]) == (2**31 - 1, 2**31 - 1, 2**63 - 1, -(2**63))
+    assert (r3["s32"], r3["f64"], r3["many_f64"]) == (None, None, [])  # proto2: unset is null
+
+
+GROUPS = """
+syntax = "proto2";
+package g;
+message Search {
+  optional string q = 1;
+  optional group Paging = 2 { optional int32 page = 3; optional int32 size = 4; }
+  repeated group Hit = 5 { optional string url = 6; optional sint64 rank = 7; }
+}
+"""
+
+
+def test_proto2_groups_are_structs():
+    desc = ProtoSchema.from_sources("g.proto", {"g.proto": GROUPS}).message_by_name("g.Search")
+    dec = ProtoDecoder(desc)
+    t = field_types(dec.iceberg_type)
+    assert list(t) == ["q", "paging", "hit", "__unrecognized__"]  # a group's field is lower-cased
+    assert [f.name for f in t["paging"].fields] == ["page", "size", "__unrecognized__"]
+    assert [f.name for f in t["hit"].element_type.fields] == ["url", "rank", "__unrecognized__"]
+    cls = ProtoSchema.message_class(desc)
+    m = cls(q="x")
+    m.paging.page = 2
+    m.hit.add(url="a", rank=-1)
+    m.hit.add(url="b")
+    wire = m.SerializeToString()
+    assert b"\x13" in wire and b"\x2b" in wire  # start-group tags of fields 2 and 5
+    # field 9 inside the Paging group is unknown to the schema: the group's __unrecognized__
+    paging_with_unknown = b"\x13" + b"\x18\x01" + b"\x48\x05" + b"\x14"
+    r1, r2, r3 = rows(dec, [wire, paging_with_unknown, b"\x0a\x01y"])
+    assert r1["q"] == "x" and r1["paging"] == {"page": 2, "size": None, "__unrecognized__": None}
+    assert r1["hit"] == [
+        {"url": "a", "rank": -1, "__unrecognized__": None},
+        {"url": "b", "rank": None, "__unrecognized__": None},
+    ]
+    assert r2["paging"] == {"page": 1, "size": None, "__unrecognized__": b"\x48\x05"}
+    assert r3["paging"] is None and r3["hit"] == []
+
+
+EXT_BASE = """
+syntax = "proto2";
+package ext;
+import "google/protobuf/descriptor.proto";
+extend google.protobuf.FieldOptions { optional string doc = 50001; }
+message Base {
+  optional string name = 1 [(doc) = "custom options keep compiling"];
+  optional Inner inner = 2;
+  extensions 100 to 199;
+}
+message Inner { optional int32 n = 1; extensions 100 to 199; }
+extend Base { optional string origin = 150; }
+"""
+EXT_MAIN = """
+syntax = "proto2";
+package app;
+import "ext/base.proto";
+message Event {
+  optional string id = 1;
+  optional ext.Base base = 2;
+  extensions 50 to 60;
+  extend ext.Inner { optional bool flag = 101; }
+}
+extend Event { optional string tag = 50; repeated int32 codes = 51; }
+extend ext.Base { optional int64 seen_at = 100; }
+"""
+
+
+def ext_schema() -> ProtoSchema:
+    return ProtoSchema.from_sources("app.proto", {"app.proto": EXT_MAIN, "ext/base.proto": EXT_BASE})
+
+
+def ext_event(schema: ProtoSchema, i: int = 1):
+    """An app.Event with extensions at three levels (declared in both files) + the expected
+    ``__unrecognized__`` bytes of each level (the same extension values serialized alone)."""
+    find = schema.pool.FindExtensionByName
+    cls = ProtoSchema.message_class(schema.message_by_name("app.Event"))
+    m = cls(id=f"e{i}")
+    m.base.name = "b"
+    m.base.inner.n = i
+    m.Extensions[find("app.tag")] = "t"
+    m.Extensions[find("app.codes")].extend([1, 2])
+    m.base.Extensions[find("app.seen_at")] = 1_700_000_000 + i
+    m.base.Extensions[find("ext.origin")] = "o"
+    m.base.inner.Extensions[find("app.Event.flag")] = True
+    top = cls()
+    top.Extensions[find("app.tag")] = "t"
+    top.Extensions[find("app.codes")].extend([1, 2])
+    base = type(m.base)()
+    base.Extensions[find("app.seen_at")] = 1_700_000_000 + i
+    base.Extensions[find("ext.origin")] = "o"
+    inner = type(m.base.inner)()
+    inner.Extensions[find("app.Event.flag")] = True
+    expected = (top.SerializeToString(), base.SerializeToString(), inner.SerializeToString())
+    return m, expected
+
+
+def test_extension_values_land_in_unrecognized():
+    """Seed: extension values populate __unrecognized__ (no column), at every message level,
+    whether the ``extend`` is in the message's file, another file, or nested in a message."""
+    schema = ext_schema()
+    desc = schema.message_by_name("app.Event")
+    dec = ProtoDecoder(desc)
+    assert dec.desc is not desc and dec.full_name == "app.Event"  # rebuilt without the extends
+    t = field_types(dec.iceberg_type)
+    assert list(t) == ["id", "base", "__unrecognized__"]
+    assert [f.name for f in t["base"].fields] == ["name", "inner", "__unrecognized__"]
+    m, (top, base, inner) = ext_event(schema)
+    plain = type(m)(id="p")
+    (r, p) = rows(dec, [m.SerializeToString(), plain.SerializeToString()])
+    assert r["id"] == "e1" and r["__unrecognized__"] == top
+    assert r["base"]["name"] == "b" and r["base"]["__unrecognized__"] == base
+    assert r["base"]["inner"] == {"n": 1, "__unrecognized__": inner}
+    assert p == {"id": "p", "base": None, "__unrecognized__": None}
+    # the original pool is untouched: it still parses them as extensions
+    assert schema.pool.FindAllExtensions(desc)
+    # standard options survive the rebuild (map entries stay maps)
+    src = 'syntax = "proto2"; package mx; message M { map<string, int32> m = 1; extensions 9 to 9; }'
+    mx = ProtoDecoder(ProtoSchema.from_sources("mx.proto", {"mx.proto": src}).message_by_name("mx.M"))
+    assert isinstance(field_types(mx.iceberg_type)["m"], MapType)
+    # messages that cannot be extended keep their descriptor (nothing rebuilt)
+    order = order_schema().message_by_name("shop.v1.Order")
+    assert ProtoDecoder(order).desc is order
+
+
+@pytest.mark.parametrize(
+    "proto, field, message, rule",
+    [
+        ("message M { string __err__ = 3; }", "'__err__' (number 3)", "r.M", "top-level message"),
+        ("message M { bytes __raw__ = 1; }", "'__raw__' (number 1)", "r.M", "top-level message"),
+        ("message M { bytes __prefix__ = 2; }", "'__prefix__' (number 2)", "r.M", "top-level message"),
+        ("message M { bytes __unrecognized__ = 4; }", "'__unrecognized__' (number 4)", "r.M", "top-level"),
+        (
+            "message M { N n = 1; } message N { bytes __unrecognized__ = 7; }",
+            "'__unrecognized__' (number 7)",
+            "r.N",
+            "every message struct already has __unrecognized__",
+        ),
+    ],
+)
+def test_fields_named_like_synthesized_columns_are_rejected_clearly(proto, field, message, rule):
+    from rsm_sidecar.errors import ConfigError
+    from rsm_sidecar.iceberg.proto_mapping import ReservedFieldName
+
+    src = f'syntax = "proto3"; package r; {proto}'
+    desc = ProtoSchema.from_sources("r.proto", {"r.proto": src}).message_by_name("r.M")
+    with pytest.raises(ReservedFieldName) as info:
+        ProtoDecoder(desc)
+    text = str(info.value)
+    assert field in text and f"of message {message} in r.proto" in text and rule in text
+    assert "Rename the field" in text and isinstance(info.value, ConfigError)
+
+
+def test_side_column_names_below_the_top_level_are_plain_fields():
+    from rsm_sidecar.iceberg import rows as rows_mod
+    from rsm_sidecar.iceberg.proto_mapping import SIDE_COLUMNS
+
+    assert SIDE_COLUMNS == (rows_mod.RAW, rows_mod.PREFIX, rows_mod.ERR)
+    src = 'syntax = "proto3"; package r; message M { N n = 1; } message N { string __err__ = 1; }'
+    dec = ProtoDecoder(ProtoSchema.from_sources("r.proto", {"r.proto": src}).message_by_name("r.M"))
+    assert [f.name for f in field_types(dec.iceberg_type)["n"].fields] == ["__err__", "__unrecognized__"]
