@@ -261,3 +261,25 @@ def test_avro_union_members_take_only_values_they_hold_exactly():
     ]
     assert got[0]["f"]["float"] == 0.5 and got[1]["f"]["double"] == 0.1 and got[3]["f"]["double"] == 1e300
     assert got[2]["f"]["float"] != got[2]["f"]["float"]  # NaN stays in the float member
+
+
+def test_an_avro_schema_the_loss_check_cannot_read_keeps_raw(monkeypatch):
+    """If the schema comparison itself fails, the record keeps ``__raw__`` (the job goes on)."""
+    from rsm_sidecar.iceberg import rows as rows_mod
+    from rsm_sidecar.iceberg.framing import encode_preamble
+    from rsm_sidecar.iceberg.schema_registry import AVRO, ResolvedSchema, SchemaRegistry
+
+    conf = {"url": "http://127.0.0.1:9/unused-loss-check"}
+    reg = SchemaRegistry.shared(conf)
+    text = '{"type": "record", "name": "E", "fields": [{"name": "a", "type": "int"}]}'
+    named: dict = {}
+    reg.add_resolved(ResolvedSchema(7, AVRO, text, avro=_avro([("a", "int")]), avro_named=named))
+
+    def broken(w, r):
+        raise KeyError("type")
+
+    monkeypatch.setattr(rows_mod, "resolution_loss", broken)
+    enc = RowEncoder(EncoderSpec(val=rows_mod.SideSpec("avro", conf, 7)))
+    value = encode_preamble(7) + b"\x0a"
+    (row,) = enc.encode(raw_batch([KafkaRecord(0, 0, 0, 1, 1, None, value)])).to_pylist()
+    assert row["val"]["a"] == 5 and row["val"]["__err__"] is None and row["val"]["__raw__"] == value
