@@ -16,6 +16,8 @@ date                                   date
 time-millis / time-micros              time
 timestamp-millis / timestamp-micros    timestamptz
 local-timestamp-millis / -micros       timestamp (without zone)
+(local-)timestamp-nanos                long (nanoseconds as written; fastavro returns ints)
+duration (fixed 12)                    binary (the 12 bytes)
 decimal (bytes or fixed)               decimal(precision, scale)
 uuid                                   string
 a named type used inside itself        string holding the JSON of that value (Iceberg has no
@@ -25,6 +27,9 @@ a named type used inside itself        string holding the JSON of that value (Ic
 Records are decoded with the writer's schema (the record's schema id) resolved against the
 table's (latest) schema by fastavro, so promotions and added fields with defaults follow the
 Avro resolution rules; a datum that cannot be resolved becomes a record-level ``__err__``.
+:func:`resolution_loss` says, once per writer schema, whether a row cannot give back what was
+written (fields the table's schema lacks, narrowing promotions, ...): such records also keep
+their bytes in ``__raw__``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import datetime
 import decimal
 import io
 import json
+import struct
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -232,9 +238,10 @@ def _matches(r: Any, v: Any) -> bool:
     if isinstance(r, str):
         return {
             "boolean": lambda: isinstance(v, bool),
-            "int": lambda: isinstance(v, int) and not isinstance(v, bool),
+            # a value the narrower member cannot hold goes to a later (long/double) member
+            "int": lambda: isinstance(v, int) and not isinstance(v, bool) and -(2**31) <= v < 2**31,
             "long": lambda: isinstance(v, int) and not isinstance(v, bool),
-            "float": lambda: isinstance(v, float),
+            "float": lambda: isinstance(v, float) and _fits_float32(v),
             "double": lambda: isinstance(v, float),
             "string": lambda: isinstance(v, str),
             "bytes": lambda: isinstance(v, (bytes, bytearray)),
@@ -270,6 +277,13 @@ def _matches(r: Any, v: Any) -> bool:
     return False
 
 
+def _fits_float32(v: float) -> bool:
+    try:
+        return v != v or struct.unpack("<f", struct.pack("<f", v))[0] == v  # NaN fits
+    except OverflowError:
+        return False
+
+
 def read_datum(payload: bytes, writer: Any, reader: Any | None) -> Any:
     """fastavro ``schemaless_reader`` with record names for multi-record unions."""
     import fastavro
@@ -277,3 +291,187 @@ def read_datum(payload: bytes, writer: Any, reader: Any | None) -> Any:
     return fastavro.schemaless_reader(
         io.BytesIO(payload), writer, reader, return_record_name=True, return_record_name_override=True
     )
+
+
+# ============================================================================ loss
+
+#: Promotions that can change the value (a long above 2**53 as double, an int as float).
+_NARROWING = {("int", "float"), ("long", "float"), ("long", "double")}
+_NAMED = ("record", "error", "enum", "fixed")
+
+
+def resolution_loss(writer: Any, reader: Any) -> str | None:
+    """Why a datum written with ``writer`` cannot be rebuilt from its row when decoded as
+    ``reader`` (both fastavro-parsed schemas, possibly the same), or None when it can.
+
+    Depends on the two schemas only, so callers compute it once per writer schema id. Loss:
+
+    * a writer record field the reader's record lacks (by name or reader alias): dropped;
+    * an enum symbol the reader lacks when the reader has a default (it becomes the default);
+    * a narrowing promotion: int -> float, long -> float, long -> double;
+    * a different logical type (or decimal precision/scale) on both sides: the number is
+      reinterpreted (e.g. timestamp-micros read as timestamp-millis);
+    * a writer union with two branches a row cannot tell apart (both int-like, both
+      float-like, string/enum/uuid, bytes/fixed, two of one date/time kind): which branch was
+      written is not in the row.
+
+    Writer branches or symbols the reader cannot take at all are not loss: decoding them fails
+    and the record becomes a record-level ``__err__`` with ``__raw__``.
+    """
+    wn = writer.get("__named_schemas", {}) if isinstance(writer, dict) else {}
+    rn = reader.get("__named_schemas", {}) if isinstance(reader, dict) else {}
+    return _Resolution(wn, rn).loss(writer, reader, "", set())
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _kind(s: Any) -> str:
+    """The Avro type name of a resolved (non-union) schema."""
+    if isinstance(s, dict):
+        t = s["type"]
+        return t if isinstance(t, str) else _kind(t)
+    return str(s)
+
+
+def _row_class(s: Any) -> str:
+    """What a row can tell about a value of resolved branch ``s`` (see the union rule)."""
+    kind = _kind(s)
+    logical = s.get("logicalType") if isinstance(s, dict) else None
+    if logical in ("date",):
+        return "date"
+    if logical in ("time-millis", "time-micros"):
+        return "time"
+    if logical in (
+        "timestamp-millis",
+        "timestamp-micros",
+        "local-timestamp-millis",
+        "local-timestamp-micros",
+    ):
+        return "datetime"
+    if logical == "decimal":
+        return "decimal"
+    if logical == "uuid" or kind in ("string", "enum"):
+        return "string"
+    if kind in ("bytes", "fixed"):
+        return "bytes"
+    if kind in ("int", "long"):
+        return "integer"
+    if kind in ("float", "double"):
+        return "float"
+    if kind in ("record", "error"):
+        return "record " + s["name"]  # fastavro names the record of a multi-record union
+    return kind
+
+
+class _Resolution:
+    def __init__(self, writer_named: dict[str, Any], reader_named: dict[str, Any]):
+        self.wn, self.rn = writer_named, reader_named
+
+    @staticmethod
+    def _deref(s: Any, named: dict[str, Any]) -> Any:
+        while isinstance(s, str) and s in named:
+            s = named[s]
+        if isinstance(s, dict) and not s.get("logicalType"):
+            t = s.get("type")
+            if isinstance(t, (dict, list)) or (isinstance(t, str) and t in named):
+                return _Resolution._deref(t, named)
+        return s
+
+    def _matches(self, w: Any, r: Any) -> bool:
+        """Does resolved non-union writer ``w`` resolve to resolved non-union reader ``r``?"""
+        kw, kr = _kind(w), _kind(r)
+        if kw in _NAMED or kr in _NAMED:
+            if kw != kr and not (kw in ("record", "error") and kr in ("record", "error")):
+                return False
+            if kw == "fixed" and w["size"] != r["size"]:
+                return False
+            wname = w["name"].rsplit(".", 1)[-1]
+            aliases = r.get("aliases", [])
+            return wname == r["name"].rsplit(".", 1)[-1] or w["name"] in aliases or wname in aliases
+        if kw == kr:
+            if kw == "array":
+                return self._matches_any(w["items"], r["items"])
+            if kw == "map":
+                return self._matches_any(w["values"], r["values"])
+            return True
+        return (kw, kr) in _NARROWING or (kw, kr) in {
+            ("int", "long"),
+            ("int", "double"),
+            ("float", "double"),
+            ("string", "bytes"),
+            ("bytes", "string"),
+        }
+
+    def _matches_any(self, w: Any, r: Any) -> bool:
+        w, r = self._deref(w, self.wn), self._deref(r, self.rn)
+        if isinstance(w, list) or isinstance(r, list):
+            return True
+        return self._matches(w, r)
+
+    def _branch(self, w: Any, r: list) -> Any | None:
+        for b in r:
+            rb = self._deref(b, self.rn)
+            if not isinstance(rb, list) and self._matches(w, rb):
+                return rb
+        return None
+
+    def loss(self, w: Any, r: Any, path: str, seen: set[tuple[str, str]]) -> str | None:
+        w, r = self._deref(w, self.wn), self._deref(r, self.rn)
+        if isinstance(w, list):
+            branches = [self._deref(b, self.wn) for b in w if b != "null"]
+            classes: dict[str, str] = {}
+            for b in branches:
+                c = _row_class(b)
+                if c in classes:
+                    return (
+                        f"{path or 'the value'}: union branches {classes[c]} and {_kind(b)} "
+                        f"are not told apart in the row"
+                    )
+                classes[c] = _kind(b)
+            for b in branches:
+                rb = self._branch(b, r) if isinstance(r, list) else (r if self._matches(b, r) else None)
+                if rb is not None and (why := self.loss(b, rb, path, seen)):
+                    return why
+            return None
+        if isinstance(r, list):
+            if w == "null":
+                return None
+            rb = self._branch(w, r)
+            return None if rb is None else self.loss(w, rb, path, seen)
+        if w == "null" or r == "null":
+            return None
+        kw, kr = _kind(w), _kind(r)
+        wl = (w.get("logicalType"), w.get("precision"), w.get("scale")) if isinstance(w, dict) else None
+        rl = (r.get("logicalType"), r.get("precision"), r.get("scale")) if isinstance(r, dict) else None
+        if wl and rl and wl[0] and rl[0] and wl != rl:
+            return f"{path or 'the value'}: {wl[0]} read as {rl[0]}"
+        if (kw, kr) in _NARROWING:
+            return f"{path or 'the value'}: {kw} read as {kr}"
+        if kw in ("record", "error") and kr in ("record", "error"):
+            key = (w["name"], r["name"])
+            if key in seen:
+                return None
+            seen = seen | {key}
+            by_name = {f["name"]: f for f in r["fields"]}
+            for f in r["fields"]:
+                for a in f.get("aliases", []):
+                    by_name.setdefault(a, f)
+            for f in w["fields"]:
+                rf = by_name.get(f["name"])
+                if rf is None:
+                    return f"field {_join(path, f['name'])} is not in the table's schema"
+                if why := self.loss(f["type"], rf["type"], _join(path, f["name"]), seen):
+                    return why
+            return None
+        if kw == kr == "enum":
+            missing = [x for x in w["symbols"] if x not in r["symbols"]]
+            if missing and r.get("default") is not None:
+                return f"{path or 'the value'}: enum symbols {missing} become {r['default']!r}"
+            return None
+        if kw == kr == "array":
+            return self.loss(w["items"], r["items"], _join(path, "[]"), seen)
+        if kw == kr == "map":
+            return self.loss(w["values"], r["values"], _join(path, "{}"), seen)
+        return None

@@ -67,10 +67,17 @@ class TieredWriter:
         self._pool.shutdown()
 
     def write_segment(
-        self, partition: int, batches: Iterable[bytes], *, segment_id: str | None = None, track: bool = True
+        self,
+        partition: int,
+        batches: Iterable[bytes],
+        *,
+        segment_id: str | None = None,
+        track: bool = True,
+        event_timestamp_ms: int = -1,
     ) -> SegmentMetadata:
         """Copy one segment made of ``batches`` (consecutive offsets). ``track=False`` writes a
-        re-upload of already written offsets (the transaction state is not advanced)."""
+        re-upload of already written offsets (the transaction state is not advanced).
+        ``event_timestamp_ms``: the broker's copy time recorded in the manifest (-1: none)."""
         data = b"".join(batches)
         st = self._parts.setdefault(partition, _PartitionState())
         work = _PartitionState(dict(st.open_txns), dict(st.producers))
@@ -123,6 +130,7 @@ class TieredWriter:
             end,
             max_timestamp_ms=max_ts,
             broker_id=1,
+            event_timestamp_ms=event_timestamp_ms,
             segment_size=len(data),
         ).validate()
         copier = SegmentCopier(self.store, self.layout, self.keyring, self.settings, self._pool)

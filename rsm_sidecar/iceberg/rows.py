@@ -9,8 +9,10 @@ Row schema (Bufstream layout, docs/iceberg.md)::
                     ingest_timestamp timestamptz, batch_start long>
 
 For Protobuf the decoded fields end with the message's ``__unrecognized__``. ``key.__raw__`` is
-always set; ``val.__raw__`` only when there is no schema or decoding failed. ``__prefix__`` is
-the schema-registry preamble (magic, id, message indexes). A null key/value (tombstone) gives a
+always set; ``val.__raw__`` only when there is no schema, decoding failed, or (Avro) the
+record's writer schema loses data in the table's
+(:func:`~rsm_sidecar.iceberg.avro_mapping.resolution_loss`). ``__prefix__`` is the schema-registry
+preamble (magic, id, message indexes). A null key/value (tombstone) gives a
 null ``key``/``val`` struct. Record-level problems (no magic byte, unknown schema id, bytes
 that do not decode) set ``__err__`` and ``__raw__`` and leave the decoded fields null; a
 registry that is down raises :class:`~rsm_sidecar.iceberg.schema_registry.RegistryUnavailable`
@@ -48,7 +50,7 @@ from pyiceberg.types import (
 
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg import framing
-from rsm_sidecar.iceberg.avro_mapping import AvroMapper, read_datum
+from rsm_sidecar.iceberg.avro_mapping import AvroMapper, read_datum, resolution_loss
 from rsm_sidecar.iceberg.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
 from rsm_sidecar.iceberg.schema_registry import (
@@ -229,6 +231,13 @@ class _Side:
     def decode(self, datas: list) -> tuple[list[pa.Array], list[bytes | None], list[str | None]]:
         """-> (decoded children, prefixes, errors); rows with an error get null children."""
         raise NotImplementedError
+
+    def decode_keeping(
+        self, datas: list
+    ) -> tuple[list[pa.Array], list[bytes | None], list[str | None], Sequence[int]]:
+        """:meth:`decode` plus the rows without an error whose bytes ``__raw__`` keeps anyway
+        (the decoded fields cannot give back everything that was written)."""
+        return (*self.decode(datas), ())
 
     def decode_arrow(self, col: pa.Array) -> tuple[list[pa.Array], pa.Array, pa.Array] | None:
         """Optional vectorised fast path over the Arrow column; None = use :meth:`decode`."""
@@ -447,25 +456,38 @@ class _AvroSide(_Side):
             else StructType(NestedField(1, "value", decoded, required=False))
         )
         self._fields = list(to_arrow(self.decoded_type))
-        self._writers: dict[int, Any] = {}
+        #: schema id -> (writer schema or why it cannot be used, why its rows lose data or None)
+        self._writers: dict[int, tuple[Any, str | None]] = {}
 
-    def _writer(self, sid: int) -> Any:
+    def _writer(self, sid: int) -> tuple[Any, str | None]:
         if sid in self._writers:
             return self._writers[sid]
+        loss = None
         try:
             res = self.registry.resolve(sid)
-            w = res.avro if res.schema_type == AVRO else f"schema id {sid} is {res.schema_type}, not AVRO"
+            if res.schema_type == AVRO:
+                w = res.avro
+                try:
+                    loss = resolution_loss(w, self.reader)
+                except Exception as exc:  # a schema shape the check does not know: keep the bytes
+                    loss = f"cannot compare schema id {sid} with the table's: {type(exc).__name__}: {exc}"
+            else:
+                w = f"schema id {sid} is {res.schema_type}, not AVRO"
         except (RegistryUnavailable, RegistryAuthError):
             raise
         except UnknownSchema:
             w = f"unknown schema id {sid}"
         except SchemaUnusable as exc:
             w = str(exc)
-        self._writers[sid] = w
-        return w
+        self._writers[sid] = (w, loss)
+        return w, loss
 
     def decode(self, datas):
+        return self.decode_keeping(datas)[:3]
+
+    def decode_keeping(self, datas):
         datums, prefixes, errs, bad = [], [], [], []
+        lossy: list[int] = []  # rows whose writer schema loses data in the table's
         for d in datas:
             if d is None:
                 datums.append(None)
@@ -482,7 +504,7 @@ class _AvroSide(_Side):
                 bad.append(True)
                 continue
             prefix = d[:5]
-            w = self._writer(fr.schema_id)
+            w, loss = self._writer(fr.schema_id)
             if isinstance(w, str):
                 datums.append(None)
                 prefixes.append(prefix)
@@ -494,6 +516,8 @@ class _AvroSide(_Side):
                 datum = self.mapper.normalize(datum)
                 if self._wrap:
                     datum = {"value": datum}
+                if loss is not None:
+                    lossy.append(len(datums))
                 datums.append(datum)
                 prefixes.append(prefix)
                 errs.append(None)
@@ -512,7 +536,7 @@ class _AvroSide(_Side):
                 children = pa.StructArray.from_arrays(
                     children, fields=self._fields, mask=arr.is_null()
                 ).flatten()
-        return children, prefixes, errs
+        return children, prefixes, errs, lossy
 
     def _to_arrow(self, datums: list, errs: list, bad: list) -> pa.Array:
         """Arrow for the datums; rows Arrow rejects become record-level errors."""
@@ -629,11 +653,14 @@ class RowEncoder:
             raw = col if keep else pa.nulls(len(col), pa.binary())
         else:
             datas = col.to_pylist()
-            children, prefixes, errs = side.decode(datas)
+            children, prefixes, errs, lossy = side.decode_keeping(datas)
             if always_raw or isinstance(side, _RawSide):
                 raw = col
             else:
-                raw = pa.array([d if e is not None else None for d, e in zip(datas, errs)], pa.binary())
+                raws = [d if e is not None else None for d, e in zip(datas, errs)]
+                for i in lossy:
+                    raws[i] = datas[i]
+                raw = pa.array(raws, pa.binary())
             prefixes, errs = pa.array(prefixes, pa.binary()), pa.array(errs, pa.string())
         arrays = [raw.cast(pa.binary()), prefixes, errs, *children]
         mask = col.is_null() if col.null_count else None

@@ -21,8 +21,10 @@ What a row gets (docs/iceberg.md "ingest_timestamp"):
 * ``ingest_timestamp``: the partition's running maximum, in offset order, of the time the
   broker took the record as: CreateTime -> the record timestamp; LogAppendTime -> the batch's
   append time (``maxTimestamp``). Control batches and aborted transactional batches emit no
-  rows but still advance the maximum with their ``maxTimestamp``, so the value at a segment's
-  end is ``max(state before, segment maxTimestampMs)`` whatever the run boundaries are.
+  rows but still advance the maximum with their ``maxTimestamp``. Every time is first capped at
+  the segment's *ingest bound* (when the broker began copying the segment to remote storage), so
+  one far-future producer timestamp cannot pin the maximum; the value at a segment's end is
+  ``max(state before, min(segment maxTimestampMs, bound))`` whatever the run boundaries are.
 
 Memory: one Kafka batch (bounded by ``max_batch_size``) plus one window of at most
 ``max_records`` records / ``max_bytes`` bytes and its Arrow arrays.
@@ -147,6 +149,8 @@ class SegmentRowReader:
     move the ingest maximum). ``aborted``: the aborted transactions overlapping the range (what
     :func:`~rsm_sidecar.kafka.collect_aborted_txns` returns for it: every transaction whose ABORT
     marker is at or after ``lo``). ``ingest_state``: the running maximum (ms) before ``lo``.
+    ``ingest_bound``: no record of the segment was ingested after this time (ms); record and
+    batch times above it count as it (-1: no bound).
     """
 
     def __init__(
@@ -157,6 +161,7 @@ class SegmentRowReader:
         aborted: Iterable[AbortedTxn] = (),
         ingest_state: int = -1,
         *,
+        ingest_bound: int = -1,
         max_records: int = DEFAULT_MAX_RECORDS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         source: str | None = None,
@@ -165,6 +170,7 @@ class SegmentRowReader:
         self.lo, self.hi = lo, hi
         self.filter = ReadCommittedFilter(aborted)
         self.state = ingest_state
+        self.bound = ingest_bound if ingest_bound >= 0 else 2**63 - 1
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.source = source
@@ -185,7 +191,7 @@ class SegmentRowReader:
                 self.stats.skipped_batches += 1
                 if not h.is_control:
                     self.stats.aborted_records += h.record_count
-                window.bump(h.max_timestamp)
+                window.bump(min(h.max_timestamp, self.bound))
                 continue
             if h.record_count == 0:
                 continue
@@ -326,6 +332,7 @@ class SegmentRowReader:
             cand = np.where(np.repeat(log_append, counts), max_ts, ts)
         else:
             cand = ts
+        cand = np.minimum(cand, self.bound)
         n_all = len(cand)
         keep = (offsets >= self.lo) & (offsets <= self.hi)
         bump = np.full(n_all, -1, np.int64)

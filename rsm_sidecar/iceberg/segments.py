@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -59,6 +60,9 @@ class RemoteSegment:
     segment_id: str
     end_offset: int = -1
     max_timestamp_ms: int = -1
+    #: ``eventTimestampMs`` of the manifest: the broker's clock when it began copying the
+    #: segment, after every record of it was appended (-1: not recorded)
+    copied_ms: int = -1
 
     @property
     def describe(self) -> str:
@@ -113,7 +117,9 @@ def with_manifest_info(reader: SegmentReader, segments: Iterable[RemoteSegment])
                 f"segment {seg.describe}: manifest {seg.base}.{MANIFEST} has no "
                 f"remoteLogSegmentMetadata.maxTimestampMs"
             )
-        return dataclasses.replace(seg, end_offset=end, max_timestamp_ms=max_ts)
+        copied = info.get("eventTimestampMs")
+        copied = copied if isinstance(copied, int) and copied > 0 else -1
+        return dataclasses.replace(seg, end_offset=end, max_timestamp_ms=max_ts, copied_ms=copied)
 
     if len(segments) <= 1:
         results = [one(s) for s in segments]
@@ -141,6 +147,7 @@ class SegmentTask:
     ingest_state: int
     aborted: tuple[tuple[int, int, int, int], ...] = ()  # (pid, first, last, lso)
     describe: str = ""
+    ingest_bound: int = -1  # no record of the segment was ingested later (ms; -1: no bound)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
@@ -165,6 +172,18 @@ class PartitionPlan:
     skipped: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # lost to retention
     waiting: str | None = None  # why the plan stops where it stops
     aborted: list[AbortedTxn] = dataclasses.field(default_factory=list)
+    #: the wall clock (ms) when the plan was made: the ingest bound of segments whose
+    #: manifest has no copy time
+    planned_ms: int = dataclasses.field(default_factory=lambda: int(time.time() * 1000))
+
+    def ingest_bound(self, seg: RemoteSegment) -> int:
+        """The latest time a record of ``seg`` can have been ingested: when the broker began
+        copying it (``eventTimestampMs``), else when this plan was made (the segment was
+        complete in storage by then)."""
+        return seg.copied_ms if seg.copied_ms > 0 else self.planned_ms
+
+    def _state_after(self, state: int, seg: RemoteSegment) -> int:
+        return max(state, min(seg.max_timestamp_ms, self.ingest_bound(seg)))
 
     @property
     def new_next_offset(self) -> int:
@@ -178,7 +197,7 @@ class PartitionPlan:
     def new_ingest_state(self) -> int:
         state = self.ingest_state
         for seg in self.chain:
-            state = max(state, seg.max_timestamp_ms)
+            state = self._state_after(state, seg)
         return state
 
     def tasks(self, first_index: int) -> list[SegmentTask]:
@@ -203,9 +222,10 @@ class PartitionPlan:
                     state,
                     aborted,
                     seg.describe,
+                    self.ingest_bound(seg),
                 )
             )
-            state = max(state, seg.max_timestamp_ms)
+            state = self._state_after(state, seg)
         return out
 
 
@@ -423,6 +443,7 @@ def read_task(
         task.hi,
         task.aborted_txns(),
         task.ingest_state,
+        ingest_bound=task.ingest_bound,
         max_records=max_records,
         max_bytes=max_bytes,
         source=f"{task.base}.log",

@@ -147,3 +147,39 @@ def test_time_partitioning_of_ingest_timestamp(spark, tmp_path, granularity):
     assert table.schema().find_column_name(field.source_id) == "kafka.ingest_timestamp"
     parts = table.inspect.partitions().num_rows
     assert parts == (3 if granularity == "hour" else 1)
+
+
+def test_a_far_future_timestamp_does_not_pin_later_rows_to_a_future_partition(spark, tmp_path):
+    import datetime as dt
+
+    from tests.iceberg.convert_helpers import T0
+
+    day = 86_400_000
+    t = SyntheticTopic(tmp_path / "future", "future")
+    copied = T0 + 60_000
+    # offset 3: a producer clock ten years ahead, between normal records
+    t.segment(0, [t.batch(0, 3), t.batch(0, 1, ts=T0 + 3650 * day), t.batch(0, 2)], event_timestamp_ms=copied)
+    t.convert(spark)
+    assert mk.read_state(t.table()).ingest_ms == {0: copied}  # the marker is not pinned either
+    # the next run: records a day later, copied a day later
+    t.segment(0, [t.batch(0, 4, ts=T0 + day)], event_timestamp_ms=T0 + day + 60_000)
+    t.convert(spark)
+    table = t.table()
+    assert rows(table) == t.expected()  # event_timestamp keeps the far-future time as produced
+    ingest = {
+        k["offset"]: int(k["ingest_timestamp"].timestamp() * 1000 + 0.5)
+        for k in table.scan(selected_fields=("kafka",)).to_arrow().column("kafka").to_pylist()
+    }
+    assert ingest == {0: T0, 1: T0 + 1, 2: T0 + 2, 3: copied, 4: copied, 5: copied} | {
+        6 + i: T0 + day + i for i in range(4)
+    }
+    # two day partitions: T0's day and the next; none in the future
+    epoch_day = dt.date(1970, 1, 1)
+    days = sorted(
+        epoch_day + dt.timedelta(days=p["ingest_day"])
+        if isinstance(p["ingest_day"], int)
+        else p["ingest_day"]
+        for p in table.inspect.partitions().column("partition").to_pylist()
+    )
+    t0_day = dt.datetime.fromtimestamp(T0 / 1000, dt.UTC).date()
+    assert days == [t0_day, t0_day + dt.timedelta(days=1)]

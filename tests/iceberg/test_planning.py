@@ -102,3 +102,40 @@ def test_markers_from_the_ancestry_or_from_the_tag_after_expiry(tmp_path):
     table = catalog.load_table("ns.t")
     state = mk.read_state(table)
     assert (state.source, state.marker_snapshot_id, state.next_offsets) == ("tag", marked, {0: 10, 1: 3})
+
+
+def test_one_far_future_timestamp_does_not_pin_the_ingest_maximum(tmp_path):
+    from rsm_sidecar.config import read_toml
+    from rsm_sidecar.iceberg.segments import ExecutorContext, StorageParams, read_task
+    from tests.iceberg.convert_helpers import T0
+
+    day = 86_400_000
+    future = T0 + 3650 * day  # a producer clock ten years ahead
+    t = SyntheticTopic(tmp_path)
+    copied = T0 + 60_000  # the broker began copying segment 0 a minute after T0
+    # 0..2 normal, 3 far in the future, 4..7 normal again
+    t.segment(0, [t.batch(0, 3), t.batch(0, 1, ts=future), t.batch(0, 4)], event_timestamp_ms=copied)
+    # a day later, copied a day later
+    t.segment(0, [t.batch(0, 5, ts=T0 + day)], event_timestamp_ms=T0 + day + 60_000)
+    # no copy time in the manifest: bounded by the planning clock
+    t.segment(0, [t.batch(0, 2, ts=future + 1)])
+    plan = _plan(t)
+    tasks = plan.tasks(0)
+    assert [x.ingest_bound for x in tasks] == [copied, T0 + day + 60_000, plan.planned_ms]
+    assert [x.ingest_state for x in tasks] == [-1, copied, T0 + day + 4]
+    assert plan.new_ingest_state == plan.planned_ms < future
+
+    ctx = ExecutorContext(StorageParams(read_toml(t.config_file), {}))
+    got = {}
+    for task in tasks:
+        for b in read_task(ctx, task, max_records=100, max_bytes=1 << 20):
+            for o, ev, ing in zip(
+                b["offset"].to_pylist(), b["timestamp"].to_pylist(), b["ingest_timestamp"].to_pylist()
+            ):
+                got[o] = (ev, ing)
+    # the event time is kept as produced; the ingest time is capped at the copy time
+    assert got[3] == (future, copied)
+    assert [got[o][1] for o in range(8)] == [T0, T0 + 1, T0 + 2, copied, copied, copied, copied, copied]
+    # the next segment's rows are back at their own (day later) times: the right day partition
+    assert [got[o][1] for o in range(8, 13)] == [T0 + day + i for i in range(5)]
+    assert [got[o] for o in (13, 14)] == [(future + 1 + i, plan.planned_ms) for i in range(2)]

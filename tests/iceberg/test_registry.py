@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import io
 import json
 import uuid
 
+import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference
 from confluent_kafka.schema_registry.avro import AvroSerializer
@@ -387,3 +389,143 @@ def test_registry_down_is_a_job_level_error(tmp_path, order_pb2):
     # ... and a job cannot even start.
     with pytest.raises(RegistryUnavailable, match=url.split("//")[1]):
         resolve_side(SchemaRegistry({"url": url, "max.retries": 0}), topic, False, samples=[first])
+
+
+def _avro_bytes(schema_id: int, schema: dict, datum: dict) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), datum)
+    return framing.encode_preamble(schema_id) + buf.getvalue()
+
+
+def test_avro_writer_data_the_table_schema_cannot_hold_keeps_raw(registry_url, sr_client, topic):
+    """Rows that cannot give back what the writer wrote keep its bytes in ``__raw__`` (no
+    ``__err__``; the decoded fields are still filled); rows that can do not."""
+    sub = {
+        "type": "record",
+        "name": "S",
+        "fields": [{"name": "x", "type": "long"}, {"name": "y", "type": "int"}],
+    }
+    kind = {"type": "enum", "name": "K", "symbols": ["A", "B", "C"]}
+    old = {  # fields the table's schema drops, an enum symbol it lacks, a long it reads as double
+        "type": "record",
+        "name": "E",
+        "fields": [
+            {"name": "a", "type": "int"},
+            {"name": "gone", "type": "string"},
+            {"name": "sub", "type": sub},
+            {"name": "kind", "type": kind},
+            {"name": "big", "type": "long"},
+        ],
+    }
+    mid = {  # only the enum symbol C is lost
+        "type": "record",
+        "name": "E",
+        "fields": [
+            {"name": "a", "type": "int"},
+            {"name": "sub", "type": dict(sub, fields=sub["fields"][:1])},
+            {"name": "kind", "type": kind},
+            {"name": "big", "type": "double"},
+        ],
+    }
+    table = {
+        "type": "record",
+        "name": "E",
+        "fields": [
+            {"name": "a", "type": "long"},  # int -> long: lossless
+            {"name": "sub", "type": dict(sub, fields=sub["fields"][:1])},
+            {"name": "kind", "type": dict(kind, symbols=["A", "B"], default="A")},
+            {"name": "big", "type": "double"},
+            {"name": "added", "type": "string", "default": "d"},
+        ],
+    }
+    subject = topic_subject(topic, False)
+    sr_client.set_compatibility(subject, "NONE")
+    ids = [sr_client.register_schema(subject, Schema(json.dumps(s), "AVRO")) for s in (old, mid, table)]
+    full = {"a": 1, "gone": "kept only in __raw__", "sub": {"x": 2, "y": 3}, "kind": "B", "big": 2**60 + 1}
+    values = [
+        _avro_bytes(ids[0], old, full),
+        _avro_bytes(ids[1], mid, {"a": 1, "sub": {"x": 2}, "kind": "B", "big": 0.5}),  # nothing lost...
+        _avro_bytes(ids[1], mid, {"a": 1, "sub": {"x": 2}, "kind": "C", "big": 0.5}),  # ...but the schema can
+        _avro_bytes(ids[2], table, {"a": 1, "sub": {"x": 2}, "kind": "B", "big": 0.5, "added": "z"}),
+    ]
+    enc, rows = encode(registry_url, topic, [rec(i, None, v) for i, v in enumerate(values)])
+    vals = [r["val"] for r in rows]
+    assert [v["__err__"] for v in vals] == [None] * 4
+    assert [v["__raw__"] for v in vals] == values[:3] + [None]
+    assert [v["__prefix__"] for v in vals] == [v[:5] for v in values]
+    assert vals[0]["a"] == 1 and vals[0]["sub"] == {"x": 2} and vals[0]["kind"] == "B"
+    assert vals[0]["big"] == float(2**60) and vals[0]["added"] == "d"
+    assert vals[2]["kind"] == "A" and vals[3]["added"] == "z"
+    # what the table cannot hold comes back from __raw__ with the writer schema its id names
+    back = fastavro.schemaless_reader(io.BytesIO(vals[0]["__raw__"][5:]), fastavro.parse_schema(old), None)
+    assert back == full
+
+
+def test_avro_ambiguous_unions_keep_raw_and_values_keep_their_precision(registry_url, sr_client, topic):
+    table = {
+        "type": "record",
+        "name": "U",
+        "fields": [
+            {"name": "n", "type": ["null", "int", "long"]},
+            {"name": "f", "type": ["null", "float", "double"]},
+        ],
+    }
+    plain = {"type": "record", "name": "P", "fields": [{"name": "s", "type": ["null", "string", "long"]}]}
+    subject = topic_subject(topic, False)
+    tid = sr_client.register_schema(subject, Schema(json.dumps(table), "AVRO"))
+    values = [
+        _avro_bytes(tid, table, {"n": 5, "f": 0.5}),
+        _avro_bytes(tid, table, {"n": 2**40, "f": 0.1}),  # only long holds 2**40, only double 0.1
+    ]
+    _, rows = encode(registry_url, topic, [rec(i, None, v) for i, v in enumerate(values)])
+    v1, v2 = (r["val"] for r in rows)
+    assert v1["n"] == {"int": 5, "long": None} and v1["f"] == {"float": 0.5, "double": None}
+    assert v2["n"] == {"int": None, "long": 2**40} and v2["f"] == {"float": None, "double": 0.1}
+    # which branch was written (5 as int or as long?) is not in the row: the bytes are kept
+    assert [v["__raw__"] for v in (v1, v2)] == values and v2["__err__"] is None
+    # a union whose branches the row tells apart keeps nothing extra
+    topic2 = topic + "-plain"
+    pid = sr_client.register_schema(topic_subject(topic2, False), Schema(json.dumps(plain), "AVRO"))
+    _, rows = encode(registry_url, topic2, [rec(0, None, _avro_bytes(pid, plain, {"s": 7}))])
+    assert rows[0]["val"]["s"] == {"string": None, "long": 7} and rows[0]["val"]["__raw__"] is None
+
+
+def test_avro_time_types_keep_their_precision(registry_url, sr_client, topic):
+    """Nothing below a microsecond exists in the µs types, and the nanosecond types stay longs."""
+    from pyiceberg.types import LongType, TimestampType, TimestamptzType, TimeType
+
+    def lt(t, logical):
+        return {"type": t, "logicalType": logical}
+
+    schema = {
+        "type": "record",
+        "name": "T",
+        "fields": [
+            {"name": "ts_ns", "type": lt("long", "timestamp-nanos")},
+            {"name": "lts_ns", "type": lt("long", "local-timestamp-nanos")},
+            {"name": "ts_us", "type": lt("long", "timestamp-micros")},
+            {"name": "lts_us", "type": lt("long", "local-timestamp-micros")},
+            {"name": "t_us", "type": lt("long", "time-micros")},
+            {"name": "t_ms", "type": lt("int", "time-millis")},
+            {"name": "dur", "type": {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}},
+        ],
+    }
+    sid = sr_client.register_schema(topic_subject(topic, False), Schema(json.dumps(schema), "AVRO"))
+    ns = 1_700_000_000_123_456_789
+    datum = {
+        "ts_ns": ns,
+        "lts_ns": ns + 1,
+        "ts_us": dt.datetime(2023, 11, 14, 22, 13, 20, 123457, tzinfo=UTC),
+        "lts_us": dt.datetime(2023, 11, 14, 22, 13, 20, 123457),
+        "t_us": dt.time(23, 59, 59, 999999),
+        "t_ms": dt.time(1, 2, 3, 4000),
+        "dur": (1).to_bytes(4, "little") + (2).to_bytes(4, "little") + (3).to_bytes(4, "little"),
+    }
+    enc, rows = encode(registry_url, topic, [rec(0, None, _avro_bytes(sid, schema, datum))])
+    t = {f.name: f.field_type for f in enc.schema.find_field("val").field_type.fields}
+    assert isinstance(t["ts_ns"], LongType) and isinstance(t["lts_ns"], LongType)
+    assert isinstance(t["ts_us"], TimestamptzType) and isinstance(t["lts_us"], TimestampType)
+    assert isinstance(t["t_us"], TimeType) and isinstance(t["t_ms"], TimeType)
+    v = rows[0]["val"]
+    assert v["__raw__"] is None and v["__err__"] is None
+    assert {k: v[k] for k in datum} == datum

@@ -166,3 +166,120 @@ def test_values_arrow_rejects_become_record_errors(tmp_path):
     assert rows[0]["val"]["s"] == "ok" and rows[0]["val"]["__err__"] is None
     assert rows[1]["val"]["s"] is None and rows[1]["val"]["__raw__"] == b"\x0a\x02\xff\xfe"
     assert rows[1]["val"]["__err__"].startswith("cannot convert p.M to the table types")
+
+
+def _avro(fields_or_schema) -> object:
+    import json
+
+    from rsm_sidecar.iceberg.schema_registry import parse_avro
+
+    schema = fields_or_schema
+    if isinstance(fields_or_schema, list):
+        schema = {
+            "type": "record",
+            "name": "E",
+            "fields": [{"name": n, "type": t} for n, t in fields_or_schema],
+        }
+    return parse_avro(json.dumps(schema), {})
+
+
+def test_avro_resolution_loss_rules():
+    from rsm_sidecar.iceberg.avro_mapping import resolution_loss
+
+    def loss(w, r):
+        return resolution_loss(_avro(w), _avro(r))
+
+    sub = {
+        "type": "record",
+        "name": "S",
+        "fields": [{"name": "x", "type": "int"}, {"name": "y", "type": "int"}],
+    }
+    sub_x = dict(sub, fields=sub["fields"][:1])
+    # lossless: the same schema, int -> long/double, float -> double, string <-> bytes, added fields
+    assert loss([("a", "int")], [("a", "int")]) is None
+    assert (
+        loss([("a", "int"), ("b", "float")], [("a", "long"), ("b", "double"), ("c", ["null", "int"])]) is None
+    )
+    assert loss([("s", "string")], [("s", "bytes")]) is None
+    # a field the table lacks, at any depth, through unions, arrays and maps; aliases match
+    assert loss([("a", "int"), ("gone", "int")], [("a", "int")]) == "field gone is not in the table's schema"
+    assert loss([("s", sub)], [("s", sub_x)]) == "field s.y is not in the table's schema"
+    assert loss([("s", ["null", sub])], [("s", ["null", sub_x])]) == "field s.y is not in the table's schema"
+    assert loss([("l", {"type": "array", "items": sub})], [("l", {"type": "array", "items": sub_x})]) == (
+        "field l.[].y is not in the table's schema"
+    )
+    assert loss([("m", {"type": "map", "values": sub})], [("m", {"type": "map", "values": sub_x})]) == (
+        "field m.{}.y is not in the table's schema"
+    )
+    renamed = {"type": "record", "name": "E", "fields": [{"name": "b", "type": "int", "aliases": ["a"]}]}
+    assert loss([("a", "int")], renamed) is None
+    # narrowing promotions, a changed logical type, an enum symbol that becomes the default
+    assert loss([("a", "long")], [("a", "double")]) == "a: long read as double"
+    assert loss([("a", "int")], [("a", "float")]) == "a: int read as float"
+    us, ms = ({"type": "long", "logicalType": f"timestamp-{u}"} for u in ("micros", "millis"))
+    assert loss([("t", us)], [("t", ms)]) == "t: timestamp-micros read as timestamp-millis"
+    assert loss([("t", us)], [("t", "long")]) is None  # the number itself is kept
+    k = {"type": "enum", "name": "K", "symbols": ["A", "B"]}
+    assert (
+        loss([("k", k)], [("k", dict(k, symbols=["A"], default="A"))]) == "k: enum symbols ['B'] become 'A'"
+    )
+    assert loss([("k", k)], [("k", dict(k, symbols=["A"]))]) is None  # no default: B is a decode error
+    # union branches a row cannot tell apart; records are told apart by name
+    assert loss([("u", ["null", "int", "long"])], [("u", ["null", "int", "long"])]) == (
+        "u: union branches int and long are not told apart in the row"
+    )
+    assert loss([("u", ["string", k])], [("u", ["string", k])]) == (
+        "u: union branches string and enum are not told apart in the row"
+    )
+    two = ["null", sub, dict(sub_x, name="T")]
+    assert loss([("u", two)], [("u", two)]) is None
+    # a recursive type terminates
+    node = {
+        "type": "record",
+        "name": "N",
+        "fields": [{"name": "next", "type": ["null", "N"]}, {"name": "v", "type": "int"}],
+    }
+    assert loss(node, node) is None
+
+
+def test_avro_union_members_take_only_values_they_hold_exactly():
+    from rsm_sidecar.iceberg.avro_mapping import AvroMapper
+
+    m = AvroMapper(_avro([("n", ["null", "int", "long"]), ("f", ["null", "float", "double", "string"])]))
+    rows = [
+        {"n": 5, "f": 0.5},
+        {"n": 2**31, "f": 0.1},
+        {"n": -(2**31), "f": float("nan")},
+        {"n": None, "f": 1e300},
+    ]
+    got = m.to_arrow(rows).to_pylist()
+    assert [r["n"] for r in got] == [
+        {"int": 5, "long": None},
+        {"int": None, "long": 2**31},
+        {"int": -(2**31), "long": None},
+        None,
+    ]
+    assert got[0]["f"]["float"] == 0.5 and got[1]["f"]["double"] == 0.1 and got[3]["f"]["double"] == 1e300
+    assert got[2]["f"]["float"] != got[2]["f"]["float"]  # NaN stays in the float member
+
+
+def test_an_avro_schema_the_loss_check_cannot_read_keeps_raw(monkeypatch):
+    """If the schema comparison itself fails, the record keeps ``__raw__`` (the job goes on)."""
+    from rsm_sidecar.iceberg import rows as rows_mod
+    from rsm_sidecar.iceberg.framing import encode_preamble
+    from rsm_sidecar.iceberg.schema_registry import AVRO, ResolvedSchema, SchemaRegistry
+
+    conf = {"url": "http://127.0.0.1:9/unused-loss-check"}
+    reg = SchemaRegistry.shared(conf)
+    text = '{"type": "record", "name": "E", "fields": [{"name": "a", "type": "int"}]}'
+    named: dict = {}
+    reg.add_resolved(ResolvedSchema(7, AVRO, text, avro=_avro([("a", "int")]), avro_named=named))
+
+    def broken(w, r):
+        raise KeyError("type")
+
+    monkeypatch.setattr(rows_mod, "resolution_loss", broken)
+    enc = RowEncoder(EncoderSpec(val=rows_mod.SideSpec("avro", conf, 7)))
+    value = encode_preamble(7) + b"\x0a"
+    (row,) = enc.encode(raw_batch([KafkaRecord(0, 0, 0, 1, 1, None, value)])).to_pylist()
+    assert row["val"]["a"] == 5 and row["val"]["__err__"] is None and row["val"]["__raw__"] == value
