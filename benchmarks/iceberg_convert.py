@@ -140,6 +140,28 @@ url = "{registry_url}"
     return cfg_file, value_bytes / max(1, per_part * partitions)
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of this driver, Spark's JVM (a child) and its Python workers (the
+    JVM's descendants, including those that have exited: counted by the OS in their parent)."""
+    import psutil
+
+    me = psutil.Process()
+    out = {"driver": sum(me.cpu_times()[:2]), "jvm": 0.0, "workers": 0.0}
+    for child in me.children():
+        try:
+            if "java" not in child.name():
+                continue
+            t = child.cpu_times()
+            out["jvm"] += t.user + t.system
+            out["workers"] += t.children_user + t.children_system
+            for w in child.children(recursive=True):
+                wt = w.cpu_times()
+                out["workers"] += wt.user + wt.system
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -183,14 +205,22 @@ def main() -> None:
         decode = write = 0.0
         for r in range(args.repeat):
             for writer in ("arrow", "spark"):
+                cpu0 = cpu_seconds()
                 t0 = time.perf_counter()
-                res = job(TOPIC, f"events_{writer}_{r}", writer).run()
+                j = job(TOPIC, f"events_{writer}_{r}", writer)
+                prepared = j.prepare()
+                t1 = time.perf_counter()
+                res = j.execute(prepared)
                 dt = time.perf_counter() - t0
+                cpu = {k: v - cpu0[k] for k, v in cpu_seconds().items()}
                 assert res.records == args.records, (res.records, args.records)
                 convert[writer] = max(convert[writer], args.records / dt)
                 print(
                     f"  run {r}: convert (iceberg.writer={writer}) {dt:.2f}s = "
-                    f"{args.records / dt:,.0f} records/s ({res.segments} segments)"
+                    f"{args.records / dt:,.0f} records/s ({res.segments} segments; planning "
+                    f"{t1 - t0:.2f}s, write + commit {time.perf_counter() - t1:.2f}s; CPU per record: "
+                    + ", ".join(f"{k} {v / args.records * 1e6:.1f} us" for k, v in cpu.items())
+                    + ")"
                 )
 
             j = job(TOPIC, f"noop_{r}")

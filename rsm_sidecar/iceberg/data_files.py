@@ -109,6 +109,7 @@ class TaskFileWriter:
         self.io: FileIO = load_file_io(dict(target.io_properties), self.metadata.location)
         self.locations = load_location_provider(self.metadata.location, self.metadata.properties)
         self.arrow_schema = schema_to_pyarrow(self.schema, include_field_ids=True)
+        self._dictionary_columns = dictionary_columns(self.arrow_schema)
         self._partition_sources = [
             (f, self.schema.find_field(f.source_id), self.schema.find_column_name(f.source_id) or "")
             for f in self.spec.fields
@@ -195,6 +196,7 @@ class TaskFileWriter:
                 stream,
                 schema=self.arrow_schema,
                 store_decimal_as_integer=True,
+                use_dictionary=self._dictionary_columns,
                 **_get_parquet_writer_kwargs(self.metadata.properties),
             )
         except Exception:
@@ -261,6 +263,33 @@ class TaskFileWriter:
             **stats.to_serialized_dict(),
         )
         self._done.append(WrittenFile(f.path, f.records, pickle.dumps(data_file)))
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The Parquet columns worth dictionary-encoding: strings (enum names, header keys,
+    ``__err__`` messages repeat) and ``kafka.partition``. Offsets, timestamps, ids and bytes are
+    mostly distinct: on the benchmark's rows, dictionary-encoding every column cost 1.0 µs per
+    record against 0.65 without, and made the file 39 % larger (the dictionary pages are
+    written before PyArrow falls back to plain encoding)."""
+    out: list[str] = []
+
+    def walk(path: list[str], typ: pa.DataType) -> None:
+        if pa.types.is_struct(typ):
+            for f in typ:
+                walk([*path, f.name], f.type)
+        elif pa.types.is_list(typ) or pa.types.is_large_list(typ):
+            walk([*path, "list", "element"], typ.value_type)
+        elif pa.types.is_map(typ):
+            walk([*path, "key_value", "key"], typ.key_type)
+            walk([*path, "key_value", "value"], typ.item_type)
+        elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
+            out.append(".".join(path))
+
+    for field in schema:
+        walk([field.name], field.type)
+    if "kafka" in schema.names and "partition" in [f.name for f in schema.field("kafka").type]:
+        out.append("kafka.partition")
+    return out
 
 
 def _column(table: pa.Table, dotted: str) -> pa.Array:
