@@ -42,7 +42,7 @@ class FileTarget:
     io_properties: Mapping[str, str] = dataclasses.field(repr=False)
     target_file_size: int = 512 * 1024 * 1024
     row_group_bytes: int = 32 * 1024 * 1024
-    write_id: str = ""  # names the files: <write_id>-<task>-<n>.parquet
+    write_id: str = ""  # names the files: <write_id>-<task>-<attempt>-<n>.parquet
 
     @classmethod
     def for_table(cls, table, *, target_file_size: int, write_id: str) -> FileTarget:
@@ -118,6 +118,10 @@ class TaskFileWriter:
         self._done: list[WrittenFile] = []
         self._written_paths: list[str] = []
         self._seq = 0
+        # Spark may run a task twice (a retry, a speculative copy, an executor thought lost but
+        # still running): each attempt writes its own files, so one can never overwrite the
+        # files another attempt reported (only the reported attempt's files are committed).
+        self._attempt = uuid.uuid4().hex[:12]
 
     # ------------------------------------------------------------------ writing
     def write(self, batch: pa.RecordBatch) -> None:
@@ -186,7 +190,7 @@ class TaskFileWriter:
         from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs
 
         key = self._partition_key(key_values)
-        name = f"{self.target.write_id}-{self.task_index:05d}-{self._seq:05d}.parquet"
+        name = f"{self.target.write_id}-{self.task_index:05d}-{self._attempt}-{self._seq:05d}.parquet"
         self._seq += 1
         path = self.locations.new_data_location(data_file_name=name, partition_key=key)
         self._written_paths.append(path)

@@ -64,7 +64,7 @@ def test_one_file_per_day_with_field_ids_committed_once_and_read_by_spark(local_
     days = sorted(f.partition[0] for f in files)
     assert days == [T0 // DAY_MS + d for d in range(3)]
     for w in written:
-        assert "/data/ingest_day=" in w.path and "w1-00007-" in w.path
+        assert "/data/ingest_day=" in w.path and "/w1-00007-" in w.path
         fields = pq.read_schema(w.path.removeprefix("file://"))
         assert (
             fields.field("kafka").metadata[b"PARQUET:field_id"]
@@ -115,6 +115,22 @@ def test_an_aborted_task_deletes_its_files(local_catalog):
     assert len(paths) == 2 and all(Path(p).exists() for p in paths)
     writer.abort()
     assert not any(Path(p).exists() for p in paths)
+
+
+def test_two_attempts_of_one_task_never_write_the_same_file(local_catalog):
+    """A retried or speculative attempt of a task must not overwrite the files of the attempt
+    whose descriptions the driver commits."""
+    catalog, ident, table, enc = _table(local_catalog)
+    target = FileTarget.for_table(table, target_file_size=1 << 30, write_id="twice")
+    first, second = TaskFileWriter(target, 3), TaskFileWriter(target, 3)
+    first.write(enc.encode(raw_batch(_records(0, 10, 0))))
+    second.write(enc.encode(raw_batch(_records(0, 10, 0))))
+    a, b = first.close(), second.close()
+    assert {w.path for w in a}.isdisjoint({w.path for w in b})
+    second.abort()  # the losing attempt cleans up its own files only
+    assert all(Path(w.path.removeprefix("file://")).exists() for w in a)
+    mk.commit_files(catalog, ident, None, [w.load() for w in a], _marker("t", 10))
+    assert catalog.load_table(ident).scan().to_arrow().num_rows == 10
 
 
 def test_a_commit_after_main_moved_commits_nothing(local_catalog):
