@@ -56,17 +56,20 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from rsm_sidecar.errors import ConfigError
-from rsm_sidecar.iceberg.types import IdCounter, list_of, map_of, opt, to_arrow
+from rsm_sidecar.iceberg.types import (
+    SIDE_COLUMNS,
+    IdCounter,
+    check_reserved,
+    list_of,
+    map_of,
+    opt,
+    to_arrow,
+)
+from rsm_sidecar.iceberg.types import (
+    ReservedFieldName as ReservedFieldName,  # re-exported (the Protobuf rule had it first)
+)
 
 UNRECOGNIZED = "__unrecognized__"
-#: The columns rows.py puts next to the top-level message's fields in ``key``/``val``.
-SIDE_COLUMNS = ("__raw__", "__prefix__", "__err__")
-
-
-class ReservedFieldName(ConfigError):
-    """A Protobuf field has the name of a column the mapping synthesizes at that level."""
-
 
 _chain = itertools.chain.from_iterable
 
@@ -266,19 +269,6 @@ class _Field:
         self.has = methodcaller("HasField", name)
 
 
-def _reserved(fd: FieldDescriptor, desc: Descriptor, top: bool) -> ReservedFieldName:
-    where = (
-        f"the top-level message's struct already has {', '.join((*SIDE_COLUMNS, UNRECOGNIZED))}"
-        if top
-        else f"every message struct already has {UNRECOGNIZED}"
-    )
-    return ReservedFieldName(
-        f"Protobuf field {fd.name!r} (number {fd.number}) of message {desc.full_name} in "
-        f"{desc.file.name} cannot become a column: {where}. Rename the field in the schema "
-        f"(the mapping names its synthesized columns __like_this__: avoid such field names)"
-    )
-
-
 class _Message(_Conv):
     ice: StructType
 
@@ -289,9 +279,15 @@ class _Message(_Conv):
         self.fields: list[_Field] = []
         nested = []
         reserved = (*SIDE_COLUMNS, UNRECOGNIZED) if top else (UNRECOGNIZED,)
+        level = "the top-level message's struct" if top else "every message struct"
         for fd in desc.fields:
-            if fd.name in reserved:
-                raise _reserved(fd, desc, top)
+            check_reserved(
+                fd.name,
+                reserved,
+                level,
+                f"Protobuf field {fd.name!r} (number {fd.number}) of message {desc.full_name} "
+                f"in {desc.file.name}",
+            )
             conv = _field_conv(fd, ids, opts, stack)
             presence = (not fd.is_repeated) and fd.has_presence
             self.fields.append(_Field(fd.name, conv, presence))

@@ -529,3 +529,21 @@ def test_avro_time_types_keep_their_precision(registry_url, sr_client, topic):
     v = rows[0]["val"]
     assert v["__raw__"] is None and v["__err__"] is None
     assert {k: v[k] for k in datum} == datum
+
+
+def test_avro_top_level_field_named_like_a_side_column_fails_the_job_clearly(registry_url, sr_client, topic):
+    """Same rule and message as for Protobuf: the encoder is not built, naming field and record."""
+    from rsm_sidecar.iceberg.proto_mapping import ReservedFieldName
+
+    schema = {
+        "type": "record",
+        "name": "Event",
+        "namespace": "app",
+        "fields": [{"name": "id", "type": "string"}, {"name": "__raw__", "type": "bytes"}],
+    }
+    sr_client.register_schema(topic_subject(topic, True), Schema(json.dumps(schema), "AVRO"))
+    reg = SchemaRegistry(registry_url)
+    spec = EncoderSpec(key=resolve_side(reg, topic, True))
+    assert spec.key.kind == "avro"
+    with pytest.raises(ReservedFieldName, match=r"^Avro field '__raw__' of record app.Event cannot become"):
+        RowEncoder(spec)

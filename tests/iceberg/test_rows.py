@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import json
 
 import pyarrow as pa
+import pytest
 
 from rsm_sidecar.iceberg.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.rows import (
@@ -169,8 +171,6 @@ def test_values_arrow_rejects_become_record_errors(tmp_path):
 
 
 def _avro(fields_or_schema) -> object:
-    import json
-
     from rsm_sidecar.iceberg.schema_registry import parse_avro
 
     schema = fields_or_schema
@@ -283,3 +283,60 @@ def test_an_avro_schema_the_loss_check_cannot_read_keeps_raw(monkeypatch):
     value = encode_preamble(7) + b"\x0a"
     (row,) = enc.encode(raw_batch([KafkaRecord(0, 0, 0, 1, 1, None, value)])).to_pylist()
     assert row["val"]["a"] == 5 and row["val"]["__err__"] is None and row["val"]["__raw__"] == value
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        (
+            {
+                "type": "record",
+                "name": "r.E",
+                "fields": [{"name": "a", "type": "int"}, {"name": "__err__", "type": "string"}],
+            },
+            "Avro field '__err__' of record r.E",
+        ),
+        (
+            [
+                "null",
+                {
+                    "type": "record",
+                    "name": "E",
+                    "namespace": "r",
+                    "fields": [{"name": "__raw__", "type": "bytes"}],
+                },
+            ],
+            "Avro field '__raw__' of record r.E",
+        ),
+        (
+            {"type": "record", "name": "E", "fields": [{"name": "__prefix__", "type": "int"}]},
+            "Avro field '__prefix__' of record E",
+        ),
+        (
+            ["int", {"type": "record", "name": "__raw__", "fields": [{"name": "a", "type": "int"}]}],
+            "Avro union branch '__raw__'",
+        ),
+    ],
+)
+def test_avro_fields_named_like_side_columns_are_rejected_clearly(schema, message):
+    """As for Protobuf: a top-level field called like a synthesized column is a ConfigError."""
+    from rsm_sidecar.errors import ConfigError
+    from rsm_sidecar.iceberg.avro_mapping import AvroMapper
+    from rsm_sidecar.iceberg.proto_mapping import ReservedFieldName
+    from rsm_sidecar.iceberg.schema_registry import parse_avro
+
+    with pytest.raises(ReservedFieldName) as info:
+        AvroMapper(parse_avro(json.dumps(schema), {}))
+    text = str(info.value)
+    assert text.startswith(message) and isinstance(info.value, ConfigError)
+    assert "the top-level record's struct already has __raw__, __prefix__, __err__" in text
+    assert "Rename the field" in text
+
+
+def test_avro_side_column_names_below_the_top_level_are_plain_fields():
+    from rsm_sidecar.iceberg.avro_mapping import AvroMapper
+
+    inner = {"type": "record", "name": "N", "fields": [{"name": "__err__", "type": "string"}]}
+    m = AvroMapper(_avro([("n", inner), ("l", {"type": "array", "items": "N"})]))
+    assert [f.name for f in m.iceberg_type.fields] == ["n", "l"]
+    assert [f.name for f in m.iceberg_type.fields[0].field_type.fields] == ["__err__"]
