@@ -163,7 +163,7 @@ CONFIG_KEYS = [
         "str",
         "arrow",
         "Who writes the Parquet data files: `arrow` (each executor's Python worker writes them with "
-        "PyArrow, the driver commits them; see docs/iceberg.md \"Performance\") or `spark` "
+        'PyArrow, the driver commits them; see docs/iceberg.md "Performance") or `spark` '
         "(Spark's Iceberg writer; the rows go back into the JVM).",
         choices=("arrow", "spark"),
     ),
