@@ -61,7 +61,7 @@ from pyiceberg.types import (
     TimeType,
 )
 
-from rsm_sidecar.iceberg.types import IdCounter, list_of, map_of, opt, to_arrow
+from rsm_sidecar.iceberg.types import SIDE_COLUMNS, IdCounter, check_reserved, list_of, map_of, opt, to_arrow
 
 _Norm = Callable[[Any], Any] | None  # None: the fastavro value is already what Arrow takes
 
@@ -96,9 +96,35 @@ class AvroMapper:
         self.named: dict[str, Any] = dict(named or {})
         if isinstance(schema, dict):
             self.named.update(schema.get("__named_schemas", {}))
+        self._check_top_names(schema)
         ids = IdCounter()
         self.iceberg_type, self._norm = self._map(schema, ids, ())
         self.arrow_type = to_arrow(self.iceberg_type)
+
+    def _check_top_names(self, s: Any) -> None:
+        """The fields of the top-level struct sit next to rows.py's ``SIDE_COLUMNS``: one with
+        such a name raises :class:`~rsm_sidecar.iceberg.types.ReservedFieldName` (the same rule
+        as for Protobuf's top-level message)."""
+        level = "the top-level record's struct"
+        s = self._resolve(s)
+        if isinstance(s, list):
+            non_null = [b for b in s if b != "null"]
+            if len(non_null) == 1:
+                self._check_top_names(non_null[0])
+                return
+            for b in non_null:  # several branches: one member per branch, named by it
+                name = self._branch_name(b)
+                check_reserved(name, SIDE_COLUMNS, level, f"Avro union branch {name!r}")
+            return
+        if not isinstance(s, dict) or s.get("logicalType"):
+            return
+        t = s["type"]
+        if t in ("record", "error"):
+            rec = s["name"]
+            for f in s["fields"]:
+                check_reserved(f["name"], SIDE_COLUMNS, level, f"Avro field {f['name']!r} of record {rec}")
+        elif isinstance(t, (dict, list)) or (isinstance(t, str) and t in self.named):
+            self._check_top_names(t)
 
     # ------------------------------------------------------------------ mapping
     def _resolve(self, s: Any) -> Any:

@@ -18,8 +18,9 @@ repeated T / map<K, V>                      list<T> / map<K, V>
 field that closes a recursion               struct<__unrecognized__ binary> holding the
                                             field's encoded message bytes
 unknown fields and extension values         the message's ``__unrecognized__`` (re-encoded)
-google.protobuf.Timestamp (WKT option)      timestamptz (micro-seconds, nanos truncated)
-google.protobuf.Duration (WKT option)       long micro-seconds
+google.protobuf.Timestamp (WKT option)      timestamptz (micro-seconds, nanos truncated; a
+                                            record with sub-µs nanos keeps ``__raw__``)
+google.protobuf.Duration (WKT option)       long micro-seconds (same rule)
 wrappers (Int32Value ...) (WKT option)      the wrapped primitive, null when unset
 Struct / Value / ListValue (WKT option)     string holding JSON
 ==========================================  ==================================================
@@ -32,12 +33,13 @@ value; fields with presence (messages, ``optional``, oneof members, proto2) are 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, methodcaller
-from typing import Any
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -56,17 +58,20 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from rsm_sidecar.errors import ConfigError
-from rsm_sidecar.iceberg.types import IdCounter, list_of, map_of, opt, to_arrow
+from rsm_sidecar.iceberg.types import (
+    SIDE_COLUMNS,
+    IdCounter,
+    check_reserved,
+    list_of,
+    map_of,
+    opt,
+    to_arrow,
+)
+from rsm_sidecar.iceberg.types import (
+    ReservedFieldName as ReservedFieldName,  # re-exported (the Protobuf rule had it first)
+)
 
 UNRECOGNIZED = "__unrecognized__"
-#: The columns rows.py puts next to the top-level message's fields in ``key``/``val``.
-SIDE_COLUMNS = ("__raw__", "__prefix__", "__err__")
-
-
-class ReservedFieldName(ConfigError):
-    """A Protobuf field has the name of a column the mapping synthesizes at that level."""
-
 
 _chain = itertools.chain.from_iterable
 
@@ -85,14 +90,29 @@ class ProtoOptions:
 # ----------------------------------------------------------------------------- converters
 
 
+#: Per input value, whether its row loses something (see :meth:`_Conv.convert_lossy`); None
+#: when no value does (the usual case, and the only one without Timestamp/Duration).
+Lossy: TypeAlias = pa.BooleanArray | None
+
+
+def _or(a: Lossy, b: Lossy) -> Lossy:
+    return b if a is None else a if b is None else pc.or_(a, b)
+
+
 class _Conv:
     """Converts a list of Python values (as read from a message attribute) to an Arrow array."""
 
     ice: IcebergType
     arrow: pa.DataType
+    #: Whether a value can hold something the column cuts (a Timestamp/Duration below it).
+    loses: bool = False
 
     def convert(self, vals: list, present: list[bool] | None) -> pa.Array:  # pragma: no cover
         raise NotImplementedError
+
+    def convert_lossy(self, vals: list, present: list[bool] | None) -> tuple[pa.Array, Lossy]:
+        """:meth:`convert`, plus which of ``vals`` lose data in the column (None: none)."""
+        return self.convert(vals, present), None
 
 
 _SECONDS, _NANOS, _VALUE = attrgetter("seconds"), attrgetter("nanos"), attrgetter("value")
@@ -135,26 +155,45 @@ class _Enum(_Conv):
         return pa.array(_apply_presence(out, present), pa.string())
 
 
+def _micros(vals: list) -> tuple[pa.Array, Lossy]:
+    """µs of Timestamps/Durations, and which of them have nanos the µs cut (``nanos % 1000``).
+
+    seconds and nanos share their sign in a valid Duration (Timestamp nanos are >= 0), and
+    ``divide`` truncates toward zero, so ``q * 1000 != nanos`` exactly when digits are cut."""
+    secs = pa.array(list(map(_SECONDS, vals)), pa.int64())
+    nanos = pa.array(list(map(_NANOS, vals)), pa.int64())
+    q = pc.divide(nanos, 1000)
+    cut = pc.not_equal(pc.multiply(q, 1000), nanos)
+    return pc.add(pc.multiply(secs, 1_000_000), q), (cut if pc.any(cut).as_py() else None)
+
+
 class _Timestamp(_Conv):
+    loses = True
+
     def __init__(self) -> None:
         self.ice, self.arrow = TimestamptzType(), pa.timestamp("us", tz="UTC")
 
+    def convert_lossy(self, vals, present):
+        # an unset field reads as the default (0 s, 0 nanos): it never counts as lossy
+        us, lossy = _micros(vals)
+        return _masked(us, present).cast(self.arrow), lossy
+
     def convert(self, vals, present):
-        secs = pa.array(list(map(_SECONDS, vals)), pa.int64())
-        nanos = pa.array(list(map(_NANOS, vals)), pa.int64())
-        us = pc.add(pc.multiply(secs, 1_000_000), pc.divide(nanos, 1000))  # nanos >= 0
-        return _masked(us, present).cast(self.arrow)
+        return self.convert_lossy(vals, present)[0]
 
 
 class _Duration(_Conv):
+    loses = True
+
     def __init__(self) -> None:
         self.ice, self.arrow = LongType(), pa.int64()
 
+    def convert_lossy(self, vals, present):
+        us, lossy = _micros(vals)
+        return _masked(us, present), lossy
+
     def convert(self, vals, present):
-        # seconds and nanos share their sign in a valid Duration; divide truncates toward zero.
-        secs = pa.array(list(map(_SECONDS, vals)), pa.int64())
-        nanos = pa.array(list(map(_NANOS, vals)), pa.int64())
-        return _masked(pc.add(pc.multiply(secs, 1_000_000), pc.divide(nanos, 1000)), present)
+        return self.convert_lossy(vals, present)[0]
 
 
 class _Wrapper(_Conv):
@@ -192,33 +231,53 @@ class _Recursive(_Conv):
         return pa.StructArray.from_arrays([pa.array(raw, pa.binary())], fields=list(self.arrow), mask=mask)
 
 
+def _lossy_parents(offsets: list[int], elem_lossy: Lossy) -> Lossy:
+    """Flags of a list's (or map's) elements -> flags of the rows holding them (``offsets``:
+    the list offsets, one more than rows)."""
+    if elem_lossy is None:
+        return None
+    elems = pc.indices_nonzero(elem_lossy).to_pylist()
+    hit = {bisect.bisect_right(offsets, e) - 1 for e in elems}
+    return pa.array([i in hit for i in range(len(offsets) - 1)], pa.bool_())
+
+
 class _List(_Conv):
     def __init__(self, ids: IdCounter, elem: _Conv):
         self.elem = elem
+        self.loses = elem.loses
         self.ice = list_of(ids, elem.ice)
         self.arrow = to_arrow(self.ice)
 
-    def convert(self, vals, present):
+    def convert_lossy(self, vals, present):
         offsets = [0, *itertools.accumulate(map(len, vals))]
         flat = list(_chain(vals))
-        values = self.elem.convert(flat, None)
+        values, lossy = self.elem.convert_lossy(flat, None)
         # Repeated fields have no presence: ``present`` is always None here.
-        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, type=self.arrow)
+        arr = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, type=self.arrow)
+        return arr, _lossy_parents(offsets, lossy)
+
+    def convert(self, vals, present):
+        return self.convert_lossy(vals, present)[0]
 
 
 class _Map(_Conv):
     def __init__(self, ids: IdCounter, key: _Conv, value: _Conv):
         self.key, self.value = key, value
+        self.loses = value.loses  # keys are scalars
         self.ice = map_of(ids, key.ice, value.ice)
         self.arrow = to_arrow(self.ice)
 
-    def convert(self, vals, present):
+    def convert_lossy(self, vals, present):
         offsets = [0, *itertools.accumulate(map(len, vals))]
         items = list(_chain(m.items() for m in vals))
         keys = self.key.convert([k for k, _ in items], None)
-        values = self.value.convert([v for _, v in items], None)
+        values, lossy = self.value.convert_lossy([v for _, v in items], None)
         # Repeated fields have no presence: ``present`` is always None here.
-        return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, values, type=self.arrow)
+        arr = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, values, type=self.arrow)
+        return arr, _lossy_parents(offsets, lossy)
+
+    def convert(self, vals, present):
+        return self.convert_lossy(vals, present)[0]
 
 
 def _encode_varint(v: int, out: bytearray) -> None:
@@ -266,19 +325,6 @@ class _Field:
         self.has = methodcaller("HasField", name)
 
 
-def _reserved(fd: FieldDescriptor, desc: Descriptor, top: bool) -> ReservedFieldName:
-    where = (
-        f"the top-level message's struct already has {', '.join((*SIDE_COLUMNS, UNRECOGNIZED))}"
-        if top
-        else f"every message struct already has {UNRECOGNIZED}"
-    )
-    return ReservedFieldName(
-        f"Protobuf field {fd.name!r} (number {fd.number}) of message {desc.full_name} in "
-        f"{desc.file.name} cannot become a column: {where}. Rename the field in the schema "
-        f"(the mapping names its synthesized columns __like_this__: avoid such field names)"
-    )
-
-
 class _Message(_Conv):
     ice: StructType
 
@@ -289,20 +335,28 @@ class _Message(_Conv):
         self.fields: list[_Field] = []
         nested = []
         reserved = (*SIDE_COLUMNS, UNRECOGNIZED) if top else (UNRECOGNIZED,)
+        level = "the top-level message's struct" if top else "every message struct"
         for fd in desc.fields:
-            if fd.name in reserved:
-                raise _reserved(fd, desc, top)
+            check_reserved(
+                fd.name,
+                reserved,
+                level,
+                f"Protobuf field {fd.name!r} (number {fd.number}) of message {desc.full_name} "
+                f"in {desc.file.name}",
+            )
             conv = _field_conv(fd, ids, opts, stack)
             presence = (not fd.is_repeated) and fd.has_presence
             self.fields.append(_Field(fd.name, conv, presence))
             nested.append(opt(ids, fd.name, conv.ice))
         nested.append(opt(ids, UNRECOGNIZED, BinaryType()))
+        self.loses = any(f.conv.loses for f in self.fields)
         self.ice = StructType(*nested)
         self.arrow = to_arrow(self.ice)
         self.arrow_fields = list(self.arrow)
 
-    def children(self, msgs: list) -> list[pa.Array]:
+    def children_lossy(self, msgs: list) -> tuple[list[pa.Array], Lossy]:
         cols = []
+        lossy: Lossy = None
         for f in self.fields:
             vals = list(map(f.getter, msgs))
             present = None
@@ -310,17 +364,30 @@ class _Message(_Conv):
                 present = list(map(f.has, msgs))
                 if all(present):
                     present = None
-            cols.append(f.conv.convert(vals, present))
+            if f.conv.loses:
+                col, cut = f.conv.convert_lossy(vals, present)
+                lossy = _or(lossy, cut)
+                cols.append(col)
+            else:
+                cols.append(f.conv.convert(vals, present))
         ufs = list(map(unknown_fields.UnknownFieldSet, msgs))
         if any(map(len, ufs)):
             cols.append(pa.array([encode_unknown(u) if len(u) else None for u in ufs], pa.binary()))
         else:
             cols.append(pa.nulls(len(msgs), pa.binary()))
-        return cols
+        return cols, lossy
+
+    def children(self, msgs: list) -> list[pa.Array]:
+        return self.children_lossy(msgs)[0]
+
+    def convert_lossy(self, vals, present):
+        # an unset message field reads as the empty message: it never counts as lossy
+        mask = None if present is None else pa.array([not p for p in present], pa.bool_())
+        children, lossy = self.children_lossy(vals)
+        return pa.StructArray.from_arrays(children, fields=self.arrow_fields, mask=mask), lossy
 
     def convert(self, vals, present):
-        mask = None if present is None else pa.array([not p for p in present], pa.bool_())
-        return pa.StructArray.from_arrays(self.children(vals), fields=self.arrow_fields, mask=mask)
+        return self.convert_lossy(vals, present)[0]
 
 
 _T = FieldDescriptor
@@ -487,6 +554,18 @@ class ProtoDecoder:
     def children(self, msgs: Sequence[Any]) -> list[pa.Array]:
         """Arrow arrays for the message fields + ``__unrecognized__``, one row per message."""
         return self._root.children(list(msgs))
+
+    @property
+    def may_lose(self) -> bool:
+        """Whether the message has a field the columns can cut (a ``Timestamp``/``Duration``
+        with the well-known-type mapping, at any depth)."""
+        return self._root.loses
+
+    def children_lossy(self, msgs: Sequence[Any]) -> tuple[list[pa.Array], pa.BooleanArray | None]:
+        """:meth:`children`, plus per message whether its row loses data: a ``Timestamp`` or
+        ``Duration`` anywhere in it whose ``nanos`` are not whole microseconds (None when no
+        message does)."""
+        return self._root.children_lossy(list(msgs))
 
 
 def message_iceberg_type(desc: Descriptor, options: ProtoOptions | None = None) -> StructType:

@@ -9,11 +9,13 @@ Row schema (Bufstream layout, docs/iceberg.md)::
                     ingest_timestamp timestamptz, batch_start long>
 
 For Protobuf the decoded fields end with the message's ``__unrecognized__``. ``key.__raw__`` is
-always set; ``val.__raw__`` only when there is no schema, decoding failed, or (Avro) the
+always set; ``val.__raw__`` only when there is no schema, decoding failed, (Avro) the
 record's writer schema loses data in the table's
-(:func:`~rsm_sidecar.iceberg.avro_mapping.resolution_loss`). ``__prefix__`` is the schema-registry
-preamble (magic, id, message indexes). A null key/value (tombstone) gives a
-null ``key``/``val`` struct. Record-level problems (no magic byte, unknown schema id, bytes
+(:func:`~rsm_sidecar.iceberg.avro_mapping.resolution_loss`), or (Protobuf) a Timestamp or
+Duration in the record has nanos the µs columns cut
+(:meth:`~rsm_sidecar.iceberg.proto_mapping.ProtoDecoder.children_lossy`). ``__prefix__``
+is the schema-registry preamble (magic, id, message indexes). A null key/value (tombstone)
+gives a null ``key``/``val`` struct. Record-level problems (no magic byte, unknown schema id, bytes
 that do not decode) set ``__err__`` and ``__raw__`` and leave the decoded fields null; a
 registry that is down raises :class:`~rsm_sidecar.iceberg.schema_registry.RegistryUnavailable`
 out of :meth:`RowEncoder.encode` so the job fails.
@@ -239,8 +241,12 @@ class _Side:
         (the decoded fields cannot give back everything that was written)."""
         return (*self.decode(datas), ())
 
-    def decode_arrow(self, col: pa.Array) -> tuple[list[pa.Array], pa.Array, pa.Array] | None:
-        """Optional vectorised fast path over the Arrow column; None = use :meth:`decode`."""
+    def decode_arrow(
+        self, col: pa.Array
+    ) -> tuple[list[pa.Array], pa.Array, pa.Array, pa.BooleanArray | None] | None:
+        """Optional vectorised fast path over the Arrow column; None = use :meth:`decode`.
+        -> (decoded children, prefixes, errors, per row whether ``__raw__`` keeps the bytes
+        although nothing failed, or None for no row)."""
         return None
 
 
@@ -254,7 +260,7 @@ class _RawSide(_Side):
 
     def decode_arrow(self, col):
         n = len(col)
-        return [], pa.nulls(n, pa.binary()), pa.nulls(n, pa.string())
+        return [], pa.nulls(n, pa.binary()), pa.nulls(n, pa.string()), None
 
 
 def _null_rows(children: list[pa.Array], bad: list[bool], arrow_fields: list[pa.Field]) -> list[pa.Array]:
@@ -345,11 +351,11 @@ class _ProtoSide(_Side):
                 msgs = [default if p is None else parse(p) for p in payloads]
             else:
                 msgs = list(map(parse, payloads))
-            children = self.decoder.children(msgs)
+            children, lossy = self.decoder.children_lossy(msgs)
         except Exception:  # DecodeError, or a value Arrow rejects: isolate rows in decode()
             return None
         prefixes = pc.binary_slice(col, 0, 6)
-        return children, prefixes, pa.nulls(len(col), pa.string())
+        return children, prefixes, pa.nulls(len(col), pa.string()), lossy
 
     def _decode_unframed(self, col: pa.Array):
         parse = self.decoder.cls.FromString
@@ -360,13 +366,16 @@ class _ProtoSide(_Side):
                 msgs = [default if p is None else parse(p) for p in payloads]
             else:
                 msgs = list(map(parse, payloads))
-            children = self.decoder.children(msgs)
+            children, lossy = self.decoder.children_lossy(msgs)
         except Exception:  # DecodeError, or a value Arrow rejects: isolate rows in decode()
             return None
         n = len(col)
-        return children, pa.nulls(n, pa.binary()), pa.nulls(n, pa.string())
+        return children, pa.nulls(n, pa.binary()), pa.nulls(n, pa.string()), lossy
 
     def decode(self, datas):
+        return self.decode_keeping(datas)[:3]
+
+    def decode_keeping(self, datas):
         parse = self.decoder.cls.FromString
         default = self.decoder.default_message
         msgs: list = []
@@ -414,14 +423,20 @@ class _ProtoSide(_Side):
             prefixes.append(prefix)
             errs.append(err)
             bad.append(True)
-        children = _null_rows(self._children_isolating(msgs, errs, bad), bad, self._fields)
-        return children, prefixes, errs
+        children, lossy = self._children_isolating(msgs, errs, bad)
+        children = _null_rows(children, bad, self._fields)
+        # rows whose Timestamp/Duration nanos the µs columns cut (failed rows hold the default)
+        keep = [] if lossy is None else [i for i, cut in enumerate(lossy.to_pylist()) if cut]
+        return children, prefixes, errs, keep
 
-    def _children_isolating(self, msgs: list, errs: list, bad: list) -> list[pa.Array]:
-        """Columns for ``msgs``; a message whose values Arrow rejects (e.g. a proto2 string
-        with invalid UTF-8, which upb hands out as bytes) becomes a record-level error."""
+    def _children_isolating(
+        self, msgs: list, errs: list, bad: list
+    ) -> tuple[list[pa.Array], pa.BooleanArray | None]:
+        """Columns for ``msgs`` (and which rows lose data); a message whose values Arrow
+        rejects (e.g. a proto2 string with invalid UTF-8, which upb hands out as bytes) becomes
+        a record-level error."""
         try:
-            return self.decoder.children(msgs)
+            return self.decoder.children_lossy(msgs)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             default = self.decoder.default_message
             for i, m in enumerate(msgs):
@@ -436,7 +451,7 @@ class _ProtoSide(_Side):
                     )
                     bad[i] = True
                     msgs[i] = default
-            return self.decoder.children(msgs)
+            return self.decoder.children_lossy(msgs)
 
 
 class _AvroSide(_Side):
@@ -648,9 +663,14 @@ class RowEncoder:
     def _side(self, side: _Side, col: pa.Array, fields: list[pa.Field], always_raw: bool) -> pa.Array:
         fast = side.decode_arrow(col)
         if fast is not None:
-            children, prefixes, errs = fast
+            children, prefixes, errs, lossy = fast
             keep = always_raw or isinstance(side, _RawSide)  # no schema: the bytes are the value
-            raw = col if keep else pa.nulls(len(col), pa.binary())
+            if keep:
+                raw = col
+            elif lossy is not None:  # the decoded fields cannot give back all of these rows
+                raw = pc.if_else(lossy, col.cast(pa.binary()), pa.scalar(None, pa.binary()))
+            else:
+                raw = pa.nulls(len(col), pa.binary())
         else:
             datas = col.to_pylist()
             children, prefixes, errs, lossy = side.decode_keeping(datas)

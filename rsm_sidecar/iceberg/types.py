@@ -35,7 +35,29 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+from rsm_sidecar.errors import ConfigError
+
 UTC_US = pa.timestamp("us", tz="UTC")
+
+#: The columns rows.py puts next to the fields of a side's top-level message or record in
+#: ``key``/``val``.
+SIDE_COLUMNS = ("__raw__", "__prefix__", "__err__")
+
+
+class ReservedFieldName(ConfigError):
+    """A schema field has the name of a column the mapping synthesizes at that level."""
+
+
+def check_reserved(name: str, reserved: tuple[str, ...], level: str, field: str) -> None:
+    """Raise :class:`ReservedFieldName` when a field called ``name`` would sit in ``level`` (e.g.
+    "the top-level record's struct") next to the synthesized columns ``reserved``; ``field``
+    describes the field for the message (format, name, where it is declared)."""
+    if name in reserved:
+        raise ReservedFieldName(
+            f"{field} cannot become a column: {level} already has {', '.join(reserved)}. "
+            f"Rename the field in the schema (the mapping names its synthesized columns "
+            f"__like_this__: avoid such field names)"
+        )
 
 
 class IdCounter:

@@ -443,3 +443,97 @@ def test_side_column_names_below_the_top_level_are_plain_fields():
     src = 'syntax = "proto3"; package r; message M { N n = 1; } message N { string __err__ = 1; }'
     dec = ProtoDecoder(ProtoSchema.from_sources("r.proto", {"r.proto": src}).message_by_name("r.M"))
     assert [f.name for f in field_types(dec.iceberg_type)["n"].fields] == ["__err__", "__unrecognized__"]
+
+
+TIMES = """
+syntax = "proto3";
+package tm;
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/duration.proto";
+message Times {
+  string id = 1;
+  google.protobuf.Timestamp at = 2;
+  google.protobuf.Duration took = 3;
+  Inner inner = 4;
+  repeated google.protobuf.Timestamp history = 5;
+  map<string, google.protobuf.Duration> spans = 6;
+  repeated Inner inners = 7;
+}
+message Inner { google.protobuf.Timestamp at = 1; }
+"""
+
+
+def times_schema() -> ProtoSchema:
+    return ProtoSchema.from_sources("tm.proto", {"tm.proto": TIMES})
+
+
+def times_cases(schema: ProtoSchema) -> list[tuple[str, object, bool]]:
+    """(what, message, whether sub-µs nanos are in it) for the ``tm.Times`` message."""
+    cls = ProtoSchema.message_class(schema.message_by_name("tm.Times"))
+    cases: list[tuple[str, object, bool]] = [("empty", cls(id="empty"), False)]
+
+    def case(what: str, lossy: bool, fill) -> None:
+        m = cls(id=what)
+        fill(m)
+        cases.append((what, m, lossy))
+
+    def at(ns):
+        return lambda m: (setattr(m.at, "seconds", 1_700_000_000), setattr(m.at, "nanos", ns))
+
+    case("at whole µs", False, at(1_000_000))
+    case("at sub-µs", True, at(1_000_001))
+    case("took whole µs", False, lambda m: (setattr(m.took, "seconds", -1), setattr(m.took, "nanos", -2000)))
+    case("took sub-µs", True, lambda m: (setattr(m.took, "seconds", -1), setattr(m.took, "nanos", -1999)))
+    case("inner sub-µs", True, lambda m: setattr(m.inner.at, "nanos", 5))
+    case("inner whole µs", False, lambda m: setattr(m.inner.at, "nanos", 5000))
+    case(
+        "history, last sub-µs",
+        True,
+        lambda m: [m.history.add(seconds=s, nanos=n) for s, n in ((1, 0), (2, 3000), (3, 999))],
+    )
+    case("history whole µs", False, lambda m: [m.history.add(seconds=s, nanos=1000 * s) for s in (1, 2)])
+    case("spans sub-µs", True, lambda m: m.spans["b"].MergeFrom(type(m.took)(seconds=2, nanos=1)))
+    case("spans whole µs", False, lambda m: m.spans["a"].MergeFrom(type(m.took)(nanos=7000)))
+    case("inners sub-µs", True, lambda m: [m.inners.add().at.MergeFrom(type(m.at)(nanos=n)) for n in (0, 7)])
+    return cases
+
+
+def test_sub_microsecond_nanos_mark_the_row_as_lossy():
+    """A Timestamp/Duration whose nanos are not whole µs, at any depth (nested, repeated, map
+    values), flags its row; the columns still hold the value cut to µs."""
+    schema = times_schema()
+    dec = ProtoDecoder(schema.message_by_name("tm.Times"))
+    assert dec.may_lose
+    cases = times_cases(schema)
+    msgs = [dec.parse(m.SerializeToString()) for _, m, _ in cases]
+    children, lossy = dec.children_lossy(msgs)
+    assert lossy is not None
+    assert dict(zip([w for w, _, _ in cases], lossy.to_pylist())) == {w: x for w, _, x in cases}
+    got = pa.StructArray.from_arrays(children, fields=list(dec.arrow_type)).to_pylist()
+    by = {r["id"]: r for r in got}
+    assert by["at sub-µs"]["at"] == dt.datetime.fromtimestamp(1_700_000_000, UTC) + dt.timedelta(
+        microseconds=1000
+    )
+    assert by["took sub-µs"]["took"] == -1_000_001 and by["took whole µs"]["took"] == -1_000_002
+    assert by["history, last sub-µs"]["history"][2] == dt.datetime.fromtimestamp(3, UTC)
+    assert by["spans sub-µs"]["spans"] == [("b", 2_000_000)]
+    # only rows without sub-µs nanos: no mask at all (what the encoder's fast path relies on)
+    clean = [m for (_, _, x), m in zip(cases, msgs) if not x]
+    assert dec.children_lossy(clean)[1] is None
+
+
+def test_nothing_is_lossy_without_timestamps_or_with_the_seed_only_mapping():
+    schema = times_schema()
+    plain = ProtoDecoder(schema.message_by_name("tm.Times"), ProtoOptions(well_known_types=False))
+    assert not plain.may_lose
+    cases = times_cases(schema)
+    msgs = [plain.parse(m.SerializeToString()) for _, m, _ in cases]
+    children, lossy = plain.children_lossy(msgs)
+    assert lossy is None
+    rows = pa.StructArray.from_arrays(children, fields=list(plain.arrow_type)).to_pylist()
+    assert rows[2]["at"] == {"seconds": 1_700_000_000, "nanos": 1_000_001, "__unrecognized__": None}
+    assert not ProtoDecoder(schema.message_by_name("tm.Inner"), ProtoOptions(well_known_types=False)).may_lose
+    src = 'syntax = "proto3"; package nt; message M { string s = 1; repeated int64 n = 2; }'
+    assert not ProtoDecoder(
+        ProtoSchema.from_sources("nt.proto", {"nt.proto": src}).message_by_name("nt.M")
+    ).may_lose

@@ -529,3 +529,45 @@ def test_avro_time_types_keep_their_precision(registry_url, sr_client, topic):
     v = rows[0]["val"]
     assert v["__raw__"] is None and v["__err__"] is None
     assert {k: v[k] for k in datum} == datum
+
+
+def test_avro_top_level_field_named_like_a_side_column_fails_the_job_clearly(registry_url, sr_client, topic):
+    """Same rule and message as for Protobuf: the encoder is not built, naming field and record."""
+    from rsm_sidecar.iceberg.proto_mapping import ReservedFieldName
+
+    schema = {
+        "type": "record",
+        "name": "Event",
+        "namespace": "app",
+        "fields": [{"name": "id", "type": "string"}, {"name": "__raw__", "type": "bytes"}],
+    }
+    sr_client.register_schema(topic_subject(topic, True), Schema(json.dumps(schema), "AVRO"))
+    reg = SchemaRegistry(registry_url)
+    spec = EncoderSpec(key=resolve_side(reg, topic, True))
+    assert spec.key.kind == "avro"
+    with pytest.raises(ReservedFieldName, match=r"^Avro field '__raw__' of record app.Event cannot become"):
+        RowEncoder(spec)
+
+
+def test_protobuf_sub_microsecond_nanos_keep_the_value_bytes(registry_url, sr_client, topic):
+    """A registry-framed value whose Timestamp (here inside a map value) has nanos below a µs
+    keeps its framed bytes in ``__raw__``; the record with whole µs keeps none."""
+    from tests.iceberg.test_proto_mapping import TIMES, times_schema
+
+    sid = sr_client.register_schema(topic_subject(topic, False), Schema(TIMES, "PROTOBUF"))
+    schema = times_schema()
+    cls = schema.message_class(schema.message_by_name("tm.Times"))
+    whole, cut = cls(id="whole"), cls(id="cut")
+    whole.at.seconds, whole.at.nanos = 1_700_000_000, 250_000
+    cut.at.seconds, cut.at.nanos = 1_700_000_000, 250_000
+    whole.spans["x"].nanos, cut.spans["x"].nanos = 3000, 3001
+    values = [framing.encode_preamble(sid, [0]) + m.SerializeToString() for m in (whole, cut)]
+    enc, rows = encode(registry_url, topic, [rec(i, b"k", v) for i, v in enumerate(values)])
+    assert enc.spec.val.kind == "protobuf" and enc.spec.val.message == "tm.Times"
+    vals = [r["val"] for r in rows]
+    assert [v["__raw__"] for v in vals] == [None, values[1]]
+    assert [v["__err__"] for v in vals] == [None, None]
+    assert vals[1]["spans"] == [("x", 3)] and vals[1]["at"] == vals[0]["at"]
+    assert [r["key"]["__raw__"] for r in rows] == [b"k", b"k"]
+    # the sub-µs digits come back from __raw__
+    assert cls.FromString(vals[1]["__raw__"][len(vals[1]["__prefix__"]) :]).spans["x"].nanos == 3001

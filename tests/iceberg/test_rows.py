@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import json
 
 import pyarrow as pa
+import pytest
 
 from rsm_sidecar.iceberg.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.rows import (
@@ -169,8 +171,6 @@ def test_values_arrow_rejects_become_record_errors(tmp_path):
 
 
 def _avro(fields_or_schema) -> object:
-    import json
-
     from rsm_sidecar.iceberg.schema_registry import parse_avro
 
     schema = fields_or_schema
@@ -283,3 +283,135 @@ def test_an_avro_schema_the_loss_check_cannot_read_keeps_raw(monkeypatch):
     value = encode_preamble(7) + b"\x0a"
     (row,) = enc.encode(raw_batch([KafkaRecord(0, 0, 0, 1, 1, None, value)])).to_pylist()
     assert row["val"]["a"] == 5 and row["val"]["__err__"] is None and row["val"]["__raw__"] == value
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        (
+            {
+                "type": "record",
+                "name": "r.E",
+                "fields": [{"name": "a", "type": "int"}, {"name": "__err__", "type": "string"}],
+            },
+            "Avro field '__err__' of record r.E",
+        ),
+        (
+            [
+                "null",
+                {
+                    "type": "record",
+                    "name": "E",
+                    "namespace": "r",
+                    "fields": [{"name": "__raw__", "type": "bytes"}],
+                },
+            ],
+            "Avro field '__raw__' of record r.E",
+        ),
+        (
+            {"type": "record", "name": "E", "fields": [{"name": "__prefix__", "type": "int"}]},
+            "Avro field '__prefix__' of record E",
+        ),
+        (
+            ["int", {"type": "record", "name": "__raw__", "fields": [{"name": "a", "type": "int"}]}],
+            "Avro union branch '__raw__'",
+        ),
+    ],
+)
+def test_avro_fields_named_like_side_columns_are_rejected_clearly(schema, message):
+    """As for Protobuf: a top-level field called like a synthesized column is a ConfigError."""
+    from rsm_sidecar.errors import ConfigError
+    from rsm_sidecar.iceberg.avro_mapping import AvroMapper
+    from rsm_sidecar.iceberg.proto_mapping import ReservedFieldName
+    from rsm_sidecar.iceberg.schema_registry import parse_avro
+
+    with pytest.raises(ReservedFieldName) as info:
+        AvroMapper(parse_avro(json.dumps(schema), {}))
+    text = str(info.value)
+    assert text.startswith(message) and isinstance(info.value, ConfigError)
+    assert "the top-level record's struct already has __raw__, __prefix__, __err__" in text
+    assert "Rename the field" in text
+
+
+def test_avro_side_column_names_below_the_top_level_are_plain_fields():
+    from rsm_sidecar.iceberg.avro_mapping import AvroMapper
+
+    inner = {"type": "record", "name": "N", "fields": [{"name": "__err__", "type": "string"}]}
+    m = AvroMapper(_avro([("n", inner), ("l", {"type": "array", "items": "N"})]))
+    assert [f.name for f in m.iceberg_type.fields] == ["n", "l"]
+    assert [f.name for f in m.iceberg_type.fields[0].field_type.fields] == ["__err__"]
+
+
+def _times_encoder(url: str, **opts) -> RowEncoder:
+    """A RowEncoder whose value side is ``tm.Times`` framed with schema id 3 (held in the
+    registry client's cache: no server)."""
+    from rsm_sidecar.iceberg.rows import SideSpec
+    from rsm_sidecar.iceberg.schema_registry import PROTOBUF, ResolvedSchema, SchemaRegistry
+    from tests.iceberg.test_proto_mapping import TIMES, times_schema
+
+    conf = {"url": url}
+    SchemaRegistry.shared(conf).add_resolved(ResolvedSchema(3, PROTOBUF, TIMES, proto=times_schema()))
+    return RowEncoder(
+        EncoderSpec(val=SideSpec("protobuf", conf, 3, "tm.Times", proto_options=ProtoOptions(**opts)))
+    )
+
+
+def test_sub_microsecond_nanos_keep_the_value_bytes():
+    """A record with a Timestamp/Duration the µs columns cut keeps its value bytes in
+    ``val.__raw__`` (no ``__err__``, decoded fields filled), on the vectorised path and on the
+    per-record one; the other records keep none."""
+    from rsm_sidecar.iceberg.framing import encode_preamble
+    from tests.iceberg.test_proto_mapping import times_cases, times_schema
+
+    enc = _times_encoder("http://127.0.0.1:9/unused-sub-micros")
+    cases = times_cases(times_schema())
+    values = [encode_preamble(3, [0]) + m.SerializeToString() for _, m, _ in cases]
+    recs = [KafkaRecord(0, i, 0, 1, 1, b"k%d" % i, v) for i, v in enumerate(values)]
+    assert enc.val_side.decode_arrow(raw_batch(recs).column("value")) is not None  # vectorised
+    fast = enc.encode(raw_batch(recs)).to_pylist()
+    # a value without the magic byte sends the batch through the per-record path
+    slow = enc.encode(raw_batch([*recs, KafkaRecord(0, 99, 0, 1, 1, b"x", b"\x05bad-magic")])).to_pylist()
+    assert slow[-1]["val"]["__err__"].startswith("missing magic byte")
+    for rows in (fast, slow):
+        for (what, _, lossy), value, row in zip(cases, values, rows):
+            val = row["val"]
+            assert val["__raw__"] == (value if lossy else None), what
+            assert val["__err__"] is None and val["id"] == what and val["__prefix__"] == value[:6]
+            assert row["key"]["__raw__"] == b"k%d" % row["kafka"]["offset"]
+        assert rows[2]["val"]["at"] == dt.datetime(2023, 11, 14, 22, 13, 20, 1000, tzinfo=dt.UTC)
+    # only whole microseconds (the usual batch): no __raw__ at all
+    whole = [r for (_, _, lossy), r in zip(cases, recs) if not lossy]
+    assert [r["val"]["__raw__"] for r in enc.encode(raw_batch(whole)).to_pylist()] == [None] * len(whole)
+    # the seed-only mapping (well_known_types=False) keeps seconds and nanos: nothing is lost
+    plain = _times_encoder("http://127.0.0.1:9/unused-sub-micros-plain", well_known_types=False)
+    rows = plain.encode(raw_batch(recs)).to_pylist()
+    assert [r["val"]["__raw__"] for r in rows] == [None] * len(recs)
+    assert rows[2]["val"]["at"]["nanos"] == 1_000_001
+
+
+def test_sub_microsecond_nanos_unframed(tmp_path):
+    """Unframed values (descriptor-set side): ``__raw__`` is the payload itself."""
+    from google.protobuf import descriptor_pb2
+
+    from rsm_sidecar.iceberg.rows import descriptor_set_side
+    from tests.iceberg.test_proto_mapping import times_cases, times_schema
+
+    schema = times_schema()
+    fds = descriptor_pb2.FileDescriptorSet()
+    main = schema.message_by_name("tm.Times").file
+    for f in (*main.dependencies, main):
+        f.CopyToProto(fds.file.add())
+    (tmp_path / "tm.binpb").write_bytes(fds.SerializeToString())
+    enc = RowEncoder(EncoderSpec(val=descriptor_set_side(tmp_path / "tm.binpb", "tm.Times")))
+    cases = times_cases(schema)
+    payloads = [m.SerializeToString() for _, m, _ in cases]
+    rows = enc.encode(
+        raw_batch([KafkaRecord(0, i, 0, 1, 1, None, p) for i, p in enumerate(payloads)])
+    ).to_pylist()
+    assert [r["val"]["__raw__"] for r in rows] == [
+        p if lossy else None for (_, _, lossy), p in zip(cases, payloads)
+    ]
+    assert [r["val"]["__err__"] for r in rows] == [None] * len(cases)
+    assert (
+        rows[1]["val"]["__raw__"] is None and rows[2]["val"]["__raw__"] == payloads[2]
+    )  # 1_000_000 / 1_000_001
