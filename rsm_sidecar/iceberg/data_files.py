@@ -8,11 +8,12 @@ the whole decode (docs/iceberg.md "Performance"). Spark still schedules the task
 returns the descriptions of the files it wrote (:class:`WrittenFile`), and the driver adds them
 to the table in one conditional commit (:func:`rsm_sidecar.iceberg.markers.commit_files`).
 
-Memory per task (bounded, whatever the segment size): for each open partition value, the
-batches not yet written, at most :attr:`FileTarget.row_group_bytes` of Arrow data (then they
-become one Parquet row group), plus PyArrow's writer buffers for that row group. A task opens
-one file per partition value it meets (``day(kafka.ingest_timestamp)`` by default: one or two
-per segment); a file is closed once it reaches ``iceberg.target_file_size`` on disk.
+Memory per task (bounded, whatever the segment size): for each open file (at most
+:data:`MAX_OPEN_FILES`, one per partition value), the batches not yet written, at most
+:attr:`FileTarget.row_group_bytes` of Arrow data (then they become one Parquet row group), plus
+PyArrow's writer buffers for that row group: ≤ 2 × 32 MiB of Arrow data. A task writes one file
+per partition value it meets (``day(kafka.ingest_timestamp)`` by default: one or two per
+segment); a file is closed once it reaches ``iceberg.target_file_size`` on disk.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyiceberg.partitioning import PartitionKey
     from pyiceberg.schema import Schema
     from pyiceberg.table.metadata import TableMetadata
+
+
+#: Files one task keeps open. ``kafka.ingest_timestamp`` never decreases within a partition,
+#: so a task meets its time partitions one after the other: a file is finished when the task
+#: moves on (anything else would still be written, to a further file for the same partition).
+MAX_OPEN_FILES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,9 +136,12 @@ class TaskFileWriter:
             return
         batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.arrow_schema)
         for key_values, part in self._split(batch):
-            f = self._open.get(key_values)
+            f = self._open.pop(key_values, None)
             if f is None:
-                f = self._open[key_values] = self._new_file(key_values)
+                if len(self._open) >= MAX_OPEN_FILES:  # the least recently written one
+                    self._finish(next(iter(self._open.values())))
+                f = self._new_file(key_values)
+            self._open[key_values] = f  # dict order = least recently written first
             f.pending.append(part)
             f.pending_bytes += part.nbytes
             f.records += part.num_rows

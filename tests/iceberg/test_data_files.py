@@ -89,6 +89,23 @@ def test_one_file_per_day_with_field_ids_committed_once_and_read_by_spark(local_
     assert [(r.o, r.v) for r in day1] == [(o, f"v{o}") for o in range(50, 80)]
 
 
+def test_a_task_keeps_at_most_two_files_open_and_loses_no_row(local_catalog):
+    """Memory stays bounded when rows jump between many time partitions: a third partition
+    finishes the least recently written file (a later row for it goes to a further file)."""
+    catalog, ident, table, enc = _table(local_catalog)
+    target = FileTarget.for_table(table, target_file_size=1 << 30, write_id="many")
+    writer = TaskFileWriter(target, 0)
+    days = [0, 1, 2, 0, 3, 1]
+    for i, day in enumerate(days):
+        writer.write(enc.encode(raw_batch(_records(i * 10, 10, day))))
+        assert len(writer._open) <= 2
+    written = writer.close()
+    assert sum(w.records for w in written) == 60 and len(written) == 6
+    mk.commit_files(catalog, ident, None, [w.load() for w in written], _marker("m", 60))
+    got = catalog.load_table(ident).scan().to_arrow().column("kafka").to_pylist()
+    assert sorted(r["offset"] for r in got) == list(range(60))
+
+
 def test_files_roll_at_the_target_size_and_all_rows_are_committed(local_catalog):
     catalog, ident, table, enc = _table(local_catalog, partition=None)
     target = FileTarget.for_table(table, target_file_size=1, write_id="roll")
