@@ -7,6 +7,7 @@ conversion with and without splitting gives the same rows, ``ingest_timestamp`` 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -14,13 +15,16 @@ import pytest
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.iceberg.job import load_config
 from rsm_sidecar.iceberg.segments import (
+    RemoteSegment,
     SegmentTask,
     executor_context,
     list_topic_segments,
     plan_partition,
     read_task,
+    split_points,
     split_segments,
 )
+from rsm_sidecar.kafka.indexes import OffsetPosition, TimestampOffset
 from rsm_sidecar.segment.reader import SegmentReader
 from tests.iceberg.convert_helpers import T0, SyntheticTopic, rows
 
@@ -64,15 +68,23 @@ class TimedTopic(SyntheticTopic):
 
 def out_of_order_segment(t: TimedTopic, rng: random.Random, batches: int, *, spikes: bool = False, **kw):
     """One segment of ``batches`` batches whose timestamps go forward with jumps back (and,
-    with ``spikes``, a few far ahead), with an aborted transaction whose records and marker
-    are ahead of the records around them (they move the maximum without giving rows)."""
+    with ``spikes``, a few far ahead), with an aborted and a committed transaction."""
     out = []
     clock = t.clock
     for i in range(batches):
         clock += rng.randrange(5_000, 60_000)
+        # transactions spanning several tasks: an aborted one whose records and marker are
+        # ahead of the records around them (they move the maximum without giving rows), and a
+        # committed one
+        if i == batches // 4:
+            out.append(t.batch(0, 6, ts=clock - 60_000, transactional_pid=10))
         if i == batches // 3:
             out.append(t.batch(0, 4, ts=clock + 600_000, transactional_pid=9, record=False))
+        if i == batches // 2:
+            out.append(t.batch(0, 3, ts=clock + 900_000, transactional_pid=9, record=False))
+        if i == 2 * batches // 3:
             out.append(t.marker(0, 9, commit=False, ts=clock + 700_000))
+            out.append(t.marker(0, 10, commit=True, ts=clock - 120_000))
         ts = clock - rng.randrange(0, 1_800_000)  # up to 30 min late
         if spikes and rng.random() < 0.03:
             ts = clock + 10 * HOUR
@@ -131,12 +143,29 @@ def test_split_tasks_start_from_the_exact_running_maximum(tmp_path):
     assert len({x.ingest_state for x in mid}) >= 3
     for x, nxt in zip(tasks, tasks[1:]):
         assert x.end_state == (nxt.ingest_state if nxt.segment_id == x.segment_id else None)
+    # an aborted transaction spans split points: the tasks in its middle drop its records too
+    assert sum(any(a[1] < x.lo and x.hi < a[2] for a in x.aborted) for x in tasks) >= 1
     # the executors' rows: each offset once, ingest_timestamp = max(before, own time) capped
     got = [row for x in tasks for row in _read(t, x)]
     committed = sorted(r.offset for r in t.records)
     assert [o for o, _ in got] == committed
     assert got == [(o, expected[o + 1]) for o in committed]
     assert plan.new_ingest_state == expected[t.segments[-1].end_offset + 1]
+
+
+def test_split_points_only_after_offset_index_entries_and_not_in_a_straddling_range():
+    seg = RemoteSegment("b", "t", "X" * 22, 0, 100, "S" * 22, 999, 50, size=10_000)
+    index = [OffsetPosition(100 + 10 * k, 1000 * k) for k in range(10)]  # one append per 1000 B
+    times = [TimestampOffset(10, 105), TimestampOffset(30, 123), TimestampOffset(50, 160)]
+    assert split_points(index, times, seg, 100, 999, 2500) == [(131, 30), (161, 50)]
+    # the segment's range starts after its first offset (a re-upload straddling the previous
+    # chain segment): the records before the range do not count there, so no split
+    assert split_points(index, times, seg, 101, 999, 2500) == []
+    assert split_points(index, times, seg, 100, 999, 0) == []
+    assert split_points(index, times, seg, 100, 999, 10_000) == []
+    # not at or after the range's last offset, nor leaving less than half a task
+    assert split_points(index, times, seg, 100, 150, 2500) == [(131, 30)]
+    assert split_points(index, times, dataclasses.replace(seg, size=7000), 100, 999, 2500) == [(131, 30)]
 
 
 def test_task_bytes_zero_or_a_small_segment_is_one_task(tmp_path):
