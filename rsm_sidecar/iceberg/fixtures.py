@@ -74,25 +74,42 @@ class TieredWriter:
         segment_id: str | None = None,
         track: bool = True,
         event_timestamp_ms: int = -1,
+        time_index: bool | int = True,
     ) -> SegmentMetadata:
         """Copy one segment made of ``batches`` (consecutive offsets). ``track=False`` writes a
         re-upload of already written offsets (the transaction state is not advanced).
-        ``event_timestamp_ms``: the broker's copy time recorded in the manifest (-1: none)."""
+        ``event_timestamp_ms``: the broker's copy time recorded in the manifest (-1: none).
+
+        Each batch is one append of ``LogSegment.append``: an offset-index entry (last offset,
+        first byte) every ``INDEX_INTERVAL`` bytes and with it ``TimeIndex.maybeAppend(max
+        timestamp so far, last offset of the batch holding it)`` - only when the timestamp is
+        above the last entry's - plus that entry once more at the end, as when the segment
+        rolls. ``time_index``: False stores an empty time index (the sidecar needs one), an int
+        keeps only that many entries (a short index, for tests)."""
         data = b"".join(batches)
         st = self._parts.setdefault(partition, _PartitionState())
         work = _PartitionState(dict(st.open_txns), dict(st.producers))
-        offset_entries, time_entries, aborted = [], [], []
+        offset_entries: list[OffsetPosition] = []
+        time_entries: list[TimestampOffset] = []
+        aborted: list[AbortedTxn] = []
         start = end = None
         max_ts = -1
+        max_ts_offset = -1
         last_indexed = -INDEX_INTERVAL
+
+        def maybe_append_time() -> None:
+            if max_ts > (time_entries[-1].timestamp if time_entries else -1):
+                time_entries.append(TimestampOffset(max_ts, max_ts_offset))
+
         for b in read_batches(data):
             h = b.header
             start = h.base_offset if start is None else start
             end = h.last_offset
-            max_ts = max(max_ts, h.max_timestamp)
+            if h.max_timestamp > max_ts:
+                max_ts, max_ts_offset = h.max_timestamp, h.last_offset
             if h.position - last_indexed >= INDEX_INTERVAL:
                 offset_entries.append(OffsetPosition(h.last_offset, h.position))
-                time_entries.append(TimestampOffset(max_ts, h.last_offset))
+                maybe_append_time()
                 last_indexed = h.position
             if h.has_producer_id:
                 work.producers[h.producer_id] = (h.producer_epoch, h.last_offset, h.max_timestamp)
@@ -106,6 +123,9 @@ class TieredWriter:
                     work.open_txns.setdefault(h.producer_id, h.base_offset)
         if start is None or end is None:
             raise ValueError("a segment needs at least one batch")
+        maybe_append_time()  # LogSegment.onBecomeInactiveSegment: the roll
+        if time_index is not True:
+            time_entries = time_entries[: int(time_index)] if time_index is not False else []
         if track:
             st.open_txns, st.producers, st.next_offset = work.open_txns, work.producers, end + 1
         snapshot = encode_producer_snapshot(

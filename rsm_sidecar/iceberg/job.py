@@ -5,8 +5,10 @@ Flow of one run (docs/iceberg.md "The convert job"):
 1. Read the table's markers (:mod:`.markers`): per partition the next offset to convert and the
    running maximum of ``ingest_timestamp``; remember ``main``.
 2. List the topic's segments in object storage and plan per partition (:mod:`.segments`): the
-   chain of new segments, the offset range of each, the aborted transactions. Nothing new ->
-   done, the table is not touched.
+   chain of new segments, the offset range of each, the aborted transactions; segments larger
+   than ``iceberg.task_bytes`` split into several tasks at offset-index entries, each with the
+   exact ``ingest_timestamp`` maximum before it from the time index
+   (:func:`.segments.split_segments`). Nothing new -> done, the table is not touched.
 3. Resolve the key/value schemas (registry, descriptor set or raw), create or evolve the table.
 4. Spark: a DataFrame with one row per segment task, one task per Spark partition;
    ``mapInArrow`` fetches, verifies, decrypts and decodes each segment on the executors into
@@ -58,6 +60,7 @@ from rsm_sidecar.iceberg.segments import (
     list_topic_segments,
     plan_partition,
     read_task,
+    split_segments,
 )
 from rsm_sidecar.iceberg.settings import JobSettings
 
@@ -303,6 +306,8 @@ class ConvertResult:
     partitions: list[PartitionResult] = dataclasses.field(default_factory=list)
     schema_changes: str = "no change"
     seconds: float = 0.0
+    #: executor tasks of the run (segments, or pieces of segments larger than iceberg.task_bytes)
+    tasks: int = 0
 
     @property
     def records(self) -> int:
@@ -411,6 +416,8 @@ class ConvertJob:
                 state.ingest_state(p),
                 limit=remaining if self.settings.max_segments else 0,
             )
+            for note in split_segments(reader, plan, self.settings.task_bytes):
+                self.log(f"[convert] partition {p}: {note}")
             plans.append(plan)
             if self.settings.max_segments:
                 remaining -= len(plan.chain)
@@ -510,7 +517,7 @@ class ConvertJob:
         return self.execute(prepared)
 
     def prepare(self) -> Prepared:
-        """Steps 1-3: markers, plan, schemas and table (no Spark yet)."""
+        """Steps 1-3: markers, plan (split tasks included), schemas and table (no Spark yet)."""
         t0 = time.monotonic()
         result = ConvertResult(self.table_name, self.job_id)
         catalog = self.catalog_spec.prepare().pyiceberg()
@@ -535,6 +542,7 @@ class ConvertJob:
         tasks: list[SegmentTask] = []
         for plan in plans:
             tasks.extend(plan.tasks(len(tasks)))
+        result.tasks = len(tasks)
         prepared = Prepared(result, catalog, state, plans, tasks, t0=t0)
         if not tasks:
             self.log(f"[convert] {self.topic} -> {self.table_name}: nothing new to convert")
@@ -634,6 +642,12 @@ class ConvertJob:
             self.log(
                 f"[convert] partition {plan.partition}: {len(plan.chain)} segment(s) to convert, "
                 f"offsets {plan.ranges[0][0]}..{plan.ranges[-1][1]}"
+                + (
+                    f", {len(plan.chain) + sum(map(len, plan.splits.values()))} tasks "
+                    f"({len(plan.splits)} segment(s) split)"
+                    if plan.splits
+                    else ""
+                )
             )
         if plan.waiting:
             self.log(
@@ -757,7 +771,7 @@ class ConvertJob:
                     if info is not None and info.numTasks == total:
                         done = info.numCompletedTasks
                 if done != last:
-                    self.log(f"[convert] {self.table_name}: {done}/{total} segment(s) converted")
+                    self.log(f"[convert] {self.table_name}: {done}/{total} task(s) done")
                     last = done
             except Exception:  # progress is best effort (session stopping)
                 return

@@ -39,7 +39,9 @@ from rsm_sidecar.config import Config
 from rsm_sidecar.errors import DataLoss, NotFound, RsmError
 from rsm_sidecar.format.keys import MANIFEST, KeyLayout, topic_component
 from rsm_sidecar.iceberg.segment_rows import SegmentRowReader
-from rsm_sidecar.kafka import AbortedTxn, read_batches
+from rsm_sidecar.kafka import AbortedTxn, read_batches, read_offset_index, read_time_index
+from rsm_sidecar.kafka.errors import CorruptIndexError
+from rsm_sidecar.kafka.indexes import OffsetPosition, TimestampOffset
 from rsm_sidecar.kafka.snapshot import parse_producer_snapshot
 from rsm_sidecar.kafka.txnindex import read_txn_index
 from rsm_sidecar.segment.access import SegmentAccess
@@ -63,6 +65,8 @@ class RemoteSegment:
     #: ``eventTimestampMs`` of the manifest: the broker's clock when it began copying the
     #: segment, after every record of it was appended (-1: not recorded)
     copied_ms: int = -1
+    #: bytes of the original ``.log`` (-1: not known)
+    size: int = -1
 
     @property
     def describe(self) -> str:
@@ -119,7 +123,13 @@ def with_manifest_info(reader: SegmentReader, segments: Iterable[RemoteSegment])
             )
         copied = info.get("eventTimestampMs")
         copied = copied if isinstance(copied, int) and copied > 0 else -1
-        return dataclasses.replace(seg, end_offset=end, max_timestamp_ms=max_ts, copied_ms=copied)
+        return dataclasses.replace(
+            seg,
+            end_offset=end,
+            max_timestamp_ms=max_ts,
+            copied_ms=copied,
+            size=opened.manifest.original_size,
+        )
 
     if len(segments) <= 1:
         results = [one(s) for s in segments]
@@ -148,6 +158,9 @@ class SegmentTask:
     aborted: tuple[tuple[int, int, int, int], ...] = ()  # (pid, first, last, lso)
     describe: str = ""
     ingest_bound: int = -1  # no record of the segment was ingested later (ms; -1: no bound)
+    #: a task that ends where the next task of the same segment starts: the running maximum the
+    #: driver gave that task, which this task must reach at ``hi`` (None: not split there)
+    end_state: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
@@ -175,6 +188,10 @@ class PartitionPlan:
     #: the wall clock (ms) when the plan was made: the ingest bound of segments whose
     #: manifest has no copy time
     planned_ms: int = dataclasses.field(default_factory=lambda: int(time.time() * 1000))
+    #: chain index -> split points of that segment: (first offset of a task after the first,
+    #: maximum time of the segment's batches before it, uncapped; -1: none) - see
+    #: :func:`split_segments`
+    splits: dict[int, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
 
     def ingest_bound(self, seg: RemoteSegment) -> int:
         """The latest time a record of ``seg`` can have been ingested: when the broker began
@@ -201,30 +218,41 @@ class PartitionPlan:
         return state
 
     def tasks(self, first_index: int) -> list[SegmentTask]:
-        out = []
+        """The executor tasks: one per chain segment, or several for a split segment (each
+        piece's starting maximum: the segment's, raised by the capped maximum of the segment's
+        batches before the piece)."""
+        out: list[SegmentTask] = []
         state = self.ingest_state
         for i, (seg, (lo, hi)) in enumerate(zip(self.chain, self.ranges)):
-            aborted = tuple(
-                (t.producer_id, t.first_offset, t.last_offset, t.last_stable_offset)
-                for t in self.aborted
-                if t.last_offset >= lo and t.first_offset <= hi
-            )
-            out.append(
-                SegmentTask(
-                    first_index + i,
-                    self.partition,
-                    seg.base,
-                    seg.segment_id,
-                    seg.start_offset,
-                    seg.end_offset,
-                    lo,
-                    hi,
-                    state,
-                    aborted,
-                    seg.describe,
-                    self.ingest_bound(seg),
+            bound = self.ingest_bound(seg)
+            pieces = [(lo, state)] + [
+                (at, max(state, min(prefix, bound))) for at, prefix in self.splits.get(i, [])
+            ]
+            for k, (p_lo, p_state) in enumerate(pieces):
+                last = k == len(pieces) - 1
+                p_hi = hi if last else pieces[k + 1][0] - 1
+                aborted = tuple(
+                    (t.producer_id, t.first_offset, t.last_offset, t.last_stable_offset)
+                    for t in self.aborted
+                    if t.last_offset >= p_lo and t.first_offset <= p_hi
                 )
-            )
+                out.append(
+                    SegmentTask(
+                        first_index + len(out),
+                        self.partition,
+                        seg.base,
+                        seg.segment_id,
+                        seg.start_offset,
+                        seg.end_offset,
+                        p_lo,
+                        p_hi,
+                        p_state,
+                        aborted,
+                        seg.describe,
+                        bound,
+                        None if last else pieces[k + 1][1],
+                    )
+                )
             state = self._state_after(state, seg)
         return out
 
@@ -375,6 +403,90 @@ def finish_transactions(reader: SegmentReader, plan: PartitionPlan) -> None:
         plan.ranges = plan.ranges[:keep]
 
 
+# ============================================================================ splitting
+
+
+def split_points(
+    offset_index: list[OffsetPosition],
+    time_index: list[TimestampOffset],
+    seg: RemoteSegment,
+    lo: int,
+    hi: int,
+    task_bytes: int,
+) -> list[tuple[int, int]]:
+    """Where to split one segment's range ``[lo, hi]`` into tasks of about ``task_bytes``
+    bytes: ``(first offset of the next task, maximum time of the segment's batches before it)``.
+
+    Kafka's ``LogSegment.append`` writes an offset-index entry ``(O, P)`` - ``O`` the last
+    offset of the append, ``P`` its first byte - together with ``timeIndex.maybeAppend(max time
+    so far, offset of the batch holding it)``, where "so far" includes that append. Every
+    time-index entry names a batch at or before its offset, and the entry written at ``O`` (or
+    an equal one before it) holds the maximum up to ``O``; so the largest time-index timestamp
+    among the entries with offset ``<= O`` is exactly the maximum time of the segment's batches
+    up to ``O``, and a task may start at ``O + 1``. Only offset-index entries are split points.
+    """
+    if task_bytes <= 0 or seg.size <= task_bytes or lo != seg.start_offset:
+        return []
+    out: list[tuple[int, int]] = []
+    t = 0
+    prefix = -1
+    last_cut = 0
+    for e in offset_index:
+        while t < len(time_index) and time_index[t].offset <= e.offset:
+            prefix = max(prefix, time_index[t].timestamp)
+            t += 1
+        if e.offset < lo or e.offset >= hi:
+            continue
+        if e.position - last_cut >= task_bytes and seg.size - e.position >= task_bytes // 2:
+            out.append((e.offset + 1, prefix))
+            last_cut = e.position
+    return out
+
+
+def split_segments(reader: SegmentReader, plan: PartitionPlan, task_bytes: int) -> list[str]:
+    """Fill ``plan.splits`` for the chain segments larger than ``task_bytes`` (their offset and
+    time indexes are read: two small ranged GETs each). A segment is left whole when its range
+    does not start at its first offset (a straddling re-upload: the records before the range do
+    not count for the maximum there), or when its indexes cannot give an exact maximum: no or
+    an empty time index, or one whose last entry is not the segment's ``maxTimestampMs`` (a
+    broker appends that entry when the segment rolls; without it the index is short). Returns
+    why segments were left whole (for the log)."""
+    notes: list[str] = []
+    if task_bytes <= 0:
+        return notes
+    for i, (seg, (lo, hi)) in enumerate(zip(plan.chain, plan.ranges)):
+        if seg.size <= task_bytes or lo != seg.start_offset:
+            continue
+        why = None
+        try:
+            opened = reader.open_base(seg.base, seg.describe)
+            offsets = read_offset_index(
+                reader.read_index(opened, "offset"), seg.start_offset, name=f"{seg.base} (offset index)"
+            )
+            times = read_time_index(
+                reader.read_index(opened, "timestamp"), seg.start_offset, name=f"{seg.base} (time index)"
+            )
+        except NotFound as exc:
+            why = str(exc)
+        except CorruptIndexError as exc:
+            why = f"damaged index: {exc}"
+        else:
+            if not times:
+                why = "its time index is empty"
+            elif times[-1].timestamp != seg.max_timestamp_ms or times[-1].offset > seg.end_offset:
+                why = (
+                    f"its time index ends at {times[-1].timestamp} -> {times[-1].offset}, not at the "
+                    f"segment's maxTimestampMs {seg.max_timestamp_ms} (short index)"
+                )
+            else:
+                points = split_points(offsets, times, seg, lo, hi, task_bytes)
+                if points:
+                    plan.splits[i] = points
+        if why is not None:
+            notes.append(f"{seg.describe} is not split: {why}")
+    return notes
+
+
 # ============================================================================ executors
 
 
@@ -453,6 +565,15 @@ def read_task(
     pos = offset_position(ctx.reader, seg, task.start_offset, task.lo)
     with StoredLogFile(ctx.reader, seg) as log_file:
         yield from rows.batches(read_batches(log_file, start_position=pos, name=log_file.name))
+    if task.end_state is not None and rows.state != task.end_state:
+        # the next task of this segment started from the maximum the driver took from the time
+        # index; the records disagree: fail the run (nothing is committed) rather than write
+        # rows with a wrong ingest_timestamp
+        raise DataLoss(
+            f"{task.base}: the running maximum of the record times at offset {task.hi} is "
+            f"{rows.state}, but the segment's time index gave {task.end_state} to the task "
+            f"starting at {task.hi + 1}; convert with iceberg.task_bytes = 0 (no split segments)"
+        )
 
 
 def describe_error(task: SegmentTask, exc: BaseException) -> str:

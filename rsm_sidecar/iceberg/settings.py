@@ -259,6 +259,15 @@ CONFIG_KEYS = [
         "At most this many segments per run (0: no limit); the next run continues.",
         min=0,
     ),
+    Key(
+        "iceberg.task_bytes",
+        "size",
+        128 * MiB,
+        "Segments larger than this (bytes of the `.log`) are split into tasks of about this size "
+        "at entries of their offset index, so that executors scale with the data, not with the "
+        'number of segments (docs/iceberg.md "Flow of a run"); 0: one task per segment.',
+        min=0,
+    ),
 ]
 
 _TABLE_RE = re.compile(r"[^A-Za-z0-9_]")
@@ -305,6 +314,7 @@ class JobSettings:
     chunk_cache_bytes: int = 24 * MiB
     prefetch_bytes: int = 8 * MiB
     max_segments: int = 0
+    task_bytes: int = 128 * MiB
 
     @classmethod
     def from_config(cls, cfg: Config) -> JobSettings:
@@ -381,6 +391,7 @@ class JobSettings:
             chunk_cache_bytes=cfg["iceberg.read.chunk_cache_bytes"],
             prefetch_bytes=cfg["iceberg.read.prefetch_bytes"],
             max_segments=cfg["iceberg.max_segments"],
+            task_bytes=cfg["iceberg.task_bytes"],
         )
 
     def table_name(self, topic: str) -> str:

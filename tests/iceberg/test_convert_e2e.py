@@ -66,11 +66,9 @@ def lake(tmp_path_factory):
     }
 
 
-def run(stack, spark, lake, topic, **overrides):
+def run(stack, spark, lake, topic, log=lambda line: None, **overrides):
     cfg_file, env = stack.sidecar_config_env()
-    return convert(
-        cfg_file, topic, environ=env, overrides={**lake, **overrides}, spark=spark, log=lambda line: None
-    )
+    return convert(cfg_file, topic, environ=env, overrides={**lake, **overrides}, spark=spark, log=log)
 
 
 def table(stack, lake, topic, **overrides):
@@ -483,3 +481,55 @@ def test_schema_evolution_across_two_runs_keeps_field_ids(stack, spark, lake, ap
             f"{i}@x",
         )
     assert mk.read_state(t).next_offsets[0] > r2[-1].offset
+
+
+def test_split_segments_give_the_same_ingest_timestamps_as_whole_ones(stack, spark, lake):
+    """The broker's own offset and time indexes: 1 MiB segments of records with out-of-order
+    timestamps converted with
+    ``iceberg.task_bytes`` = 64 KiB and with 0 into two tables: the same rows and
+    ``ingest_timestamp``s (each split task also checks the maximum it reaches against the one
+    the time index gave the next task), with many more tasks than segments."""
+    bs = stack.bootstrap_servers
+    topic = f"split-{uuid.uuid4().hex[:6]}"
+    create_topic(bs, topic)
+    rng = random.Random(14)
+    # all in the past: a timestamp ahead of the clock would keep its segment on the broker's
+    # disk (local.retention.ms counts from the largest timestamp) until that time
+    recs = []
+    for i in range(900):
+        ts = T0 + i * 1_000 - rng.randrange(0, 300_000)
+        recs.append(Rec(b"k%d" % (i % 17), rng.randbytes(rng.randrange(500, 3_000)), (), ts))
+    # small batches: many appends, so the broker writes offset- and time-index entries
+    recs = produce(bs, topic, recs, **{"batch.size": 8192, "linger.ms": 0})
+    filler(bs, topic)
+    wait_all_closed_tiered(stack, topic)
+    whole = run(stack, spark, lake, topic, **{"iceberg.task_bytes": 0, "iceberg.table": f"{topic}_whole"})
+    lines: list[str] = []
+    split = run(
+        stack,
+        spark,
+        lake,
+        topic,
+        log=lines.append,
+        **{"iceberg.task_bytes": 64 * 1024, "iceberg.table": f"{topic}_split"},
+    )
+    assert not [line for line in lines if "not split" in line]
+    assert whole.committed and split.committed and whole.records == split.records
+    assert whole.tasks == whole.segments >= 2 and split.tasks >= 4 * split.segments
+
+    def ingest(name):
+        kafka = table(stack, lake, topic, **{"iceberg.table": name}).scan(selected_fields=("kafka",))
+        return sorted(
+            (k["offset"], ms(k["ingest_timestamp"]), ms(k["event_timestamp"]))
+            for k in kafka.to_arrow().column("kafka").to_pylist()
+        )
+
+    got = ingest(f"{topic}_split")
+    assert got == ingest(f"{topic}_whole")
+    assert len({o for o, _, _ in got}) == len(got) == split.records
+    # the running maximum of the produced timestamps
+    assert [o for o, _, _ in got[: len(recs)]] == [r.offset for r in recs] == list(range(len(recs)))
+    state = -1
+    for r in recs:
+        state = max(state, r.timestamp)
+        assert got[r.offset][1:] == (state, r.timestamp)
