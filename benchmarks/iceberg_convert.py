@@ -10,14 +10,17 @@ them. One ``local[2]`` SparkSession is started and warmed up on a small topic fi
 
 Timed, each ``--repeat`` times on fresh tables (best reported):
 
-1. **convert**: the whole job (``ConvertJob.run()``: markers, listing, planning, schema, Spark
-   write of segments -> ``mapInArrow`` (fetch, verify, decrypt, decompress, parse, decode) ->
-   Iceberg/Parquet, conditional publish);
+1. **convert**: the whole job (``prepare()`` + ``execute()``: markers, listing, planning, schema,
+   Spark tasks -> ``mapInArrow`` (fetch, verify, decrypt, decompress, parse, decode, and with
+   ``iceberg.writer = arrow`` the Parquet files) -> conditional commit), once per writer
+   (``arrow``, ``spark``), with the CPU seconds per record of the Python workers, Spark's JVM and
+   the driver; with ``--task-mb`` also with whole segments (``iceberg.task_bytes = 0``);
 2. **read+decode** only: the job's DataFrame written to Spark's ``noop`` sink (no Parquet);
 3. **write-only**: the same decoded rows, cached in Spark memory beforehand, written to an
    Iceberg table with the same partitioning and write options (the Parquet/Iceberg cost alone).
 
     .venv/bin/python benchmarks/iceberg_convert.py [--records 1000000] [--partitions 2]
+        [--segment-mb 32] [--task-mb N] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -168,6 +171,13 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--segment-mb", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--task-mb",
+        type=int,
+        default=None,
+        help="iceberg.task_bytes in MiB (default: the setting's default); also converts once more "
+        "with whole segments (iceberg.task_bytes = 0) to show what splitting gives",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
 
@@ -192,38 +202,50 @@ def main() -> None:
         )
         env = {}
 
-        def job(topic: str, table: str, writer: str = "arrow") -> ConvertJob:
-            cfg, storage = load_config(cfg_file, env, {"iceberg.table": table, "iceberg.writer": writer})
+        def job(topic: str, table: str, writer: str = "arrow", task_bytes: int | None = None) -> ConvertJob:
+            overrides: dict = {"iceberg.table": table, "iceberg.writer": writer}
+            if task_bytes is not None:
+                overrides["iceberg.task_bytes"] = task_bytes
+            cfg, storage = load_config(cfg_file, env, overrides)
             return ConvertJob(cfg, storage, topic, spark=spark, log=lambda line: None)
+
+        task_bytes = None if args.task_mb is None else args.task_mb << 20
+        cases = [("arrow", task_bytes), ("spark", task_bytes)]
+        if task_bytes is not None:
+            cases.append(("arrow", 0))
 
         cfg, _ = load_config(cfg_file, env)
         spark = spark_session(LocalCatalog(workdir / "catalog"), app_name="iceberg-convert-bench")
         job("warmup", "warmup").run()  # JVM/JIT and Python worker warm-up
         job("warmup", "warmup_spark", "spark").run()
 
-        convert = {"arrow": 0.0, "spark": 0.0}
+        def label(writer: str, task_bytes: int | None) -> str:
+            return f"iceberg.writer={writer}" + ("" if task_bytes != 0 else ", whole segments")
+
+        convert = {label(*c): 0.0 for c in cases}
         decode = write = 0.0
         for r in range(args.repeat):
-            for writer in ("arrow", "spark"):
+            for n, (writer, tb) in enumerate(cases):
                 cpu0 = cpu_seconds()
                 t0 = time.perf_counter()
-                j = job(TOPIC, f"events_{writer}_{r}", writer)
+                j = job(TOPIC, f"events_{writer}_{r}" if n < 2 else f"events_whole_{r}", writer, tb)
                 prepared = j.prepare()
                 t1 = time.perf_counter()
                 res = j.execute(prepared)
                 dt = time.perf_counter() - t0
                 cpu = {k: v - cpu0[k] for k, v in cpu_seconds().items()}
                 assert res.records == args.records, (res.records, args.records)
-                convert[writer] = max(convert[writer], args.records / dt)
+                convert[label(writer, tb)] = max(convert[label(writer, tb)], args.records / dt)
                 print(
-                    f"  run {r}: convert (iceberg.writer={writer}) {dt:.2f}s = "
-                    f"{args.records / dt:,.0f} records/s ({res.segments} segments; planning "
-                    f"{t1 - t0:.2f}s, write + commit {time.perf_counter() - t1:.2f}s; CPU per record: "
+                    f"  run {r}: convert ({label(writer, tb)}) {dt:.2f}s = "
+                    f"{args.records / dt:,.0f} records/s ({res.segments} segments, {res.tasks} tasks; "
+                    f"planning {t1 - t0:.2f}s, write + commit {time.perf_counter() - t1:.2f}s; "
+                    "CPU per record: "
                     + ", ".join(f"{k} {v / args.records * 1e6:.1f} us" for k, v in cpu.items())
                     + ")"
                 )
 
-            j = job(TOPIC, f"noop_{r}")
+            j = job(TOPIC, f"noop_{r}", task_bytes=task_bytes)
             prepared = j.prepare()
             t0 = time.perf_counter()
             j.dataframe(spark, prepared).write.format("noop").mode("overwrite").save()
@@ -252,9 +274,9 @@ def main() -> None:
                 f"  run {r}: write-only (cached decoded rows -> Iceberg) {dt:.2f}s = "
                 f"{args.records / dt:,.0f} records/s"
             )
-        for writer, rate in convert.items():
+        for name, rate in convert.items():
             print(
-                f"convert ({writer:5}): {rate:,.0f} records/s (best of {args.repeat}, local[2], "
+                f"convert ({name}): {rate:,.0f} records/s (best of {args.repeat}, local[2], "
                 f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})"
             )
         print(f"read+decode:  {decode:,.0f} records/s (noop sink)")

@@ -162,6 +162,10 @@ class ServerProcess:
             return self
         t0 = time.monotonic()
         log = open(self.log_file, "ab")
+        # A stop signal must not interrupt Popen between the child's exec and the assignment:
+        # the server would run on with nobody holding its pid. Blocked here, the signal is
+        # delivered once ``self.proc`` is set (the child gets the usual mask back before exec).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             self.proc = subprocess.Popen(
                 self.command(),
@@ -171,9 +175,11 @@ class ServerProcess:
                 cwd=self.workdir,
                 env=dict(self.environment()),
                 start_new_session=True,
+                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, mask),
             )
         finally:
             log.close()
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         deadline = t0 + self.startup_timeout
         while True:
             if self.proc.poll() is not None:
