@@ -19,7 +19,6 @@ segment); a file is closed once it reaches ``iceberg.target_file_size`` on disk.
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -63,14 +62,11 @@ class FileTarget:
 
 @dataclasses.dataclass(frozen=True)
 class WrittenFile:
-    """One data file a task wrote, as the driver commits it (pickled ``DataFile``)."""
+    """One data file a task wrote, as the driver commits it."""
 
     path: str
     records: int
-    data_file: bytes = dataclasses.field(repr=False)
-
-    def load(self) -> DataFile:
-        return pickle.loads(self.data_file)  # produced by our own executors
+    data_file: DataFile = dataclasses.field(repr=False)
 
 
 class _OpenFile:
@@ -177,10 +173,9 @@ class TaskFileWriter:
             return
         import pyarrow.compute as pc
 
-        table = pa.Table.from_batches([batch])
         columns = []
         for field, source, name in self._partition_sources:
-            values = _column(table, name)
+            values = _column(batch, name)
             columns.append(field.transform.pyarrow_transform(source.field_type)(values))
         if len(columns) == 1:
             uniques = pc.unique(columns[0]).to_pylist()
@@ -276,7 +271,7 @@ class TaskFileWriter:
             key_metadata=None,
             **stats.to_serialized_dict(),
         )
-        self._done.append(WrittenFile(f.path, f.records, pickle.dumps(data_file)))
+        self._done.append(WrittenFile(f.path, f.records, data_file))
 
 
 def dictionary_columns(schema: pa.Schema) -> list[str]:
@@ -306,16 +301,12 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     return out
 
 
-def _column(table: pa.Table, dotted: str) -> pa.Array:
-    """A (possibly nested, ``a.b``) column of ``table`` as one array."""
+def _column(batch: pa.RecordBatch, dotted: str) -> pa.Array:
+    """A (possibly nested, ``a.b``) column of ``batch``."""
     import pyarrow.compute as pc
 
     head, *rest = dotted.split(".")
-    arr: Any = table.column(head).combine_chunks()
+    arr: Any = batch.column(head)
     for name in rest:
         arr = pc.struct_field(arr, name)
     return arr
-
-
-def new_write_id() -> str:
-    return uuid.uuid4().hex

@@ -34,6 +34,7 @@ the staged snapshot committed - before the commit of step 5), ``published`` (aft
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -117,33 +118,45 @@ class ExecutorParams:
     files: Any = None  # data_files.FileTarget: the executors write Parquet (iceberg.writer = arrow)
 
 
+def _tasks(batches: Iterator, params: ExecutorParams) -> Iterator[SegmentTask]:
+    """The segment tasks of one ``mapInArrow`` input (the test hook pauses at the last one)."""
+    for b in batches:
+        for text in b.column("task").to_pylist():
+            task = SegmentTask.from_json(text)
+            if task.index == params.last_task_index:
+                pause_point("write")
+            yield task
+
+
+def _encoded(params: ExecutorParams, task: SegmentTask) -> Iterator[Any]:
+    """Arrow batches of the table's schema: one task's records, read and decoded."""
+    from rsm_sidecar.iceberg.rows import encoder_for
+
+    ctx = executor_context(params.storage)
+    enc = encoder_for(params.encoder)
+    for raw in read_task(ctx, task, max_records=params.batch_records, max_bytes=params.batch_bytes):
+        yield enc.encode(raw)
+
+
+def _executor_error(task: SegmentTask, exc: BaseException) -> RuntimeError:
+    """A task's failure in the form :func:`_task_error` finds again on the driver."""
+    return RuntimeError(f"RSM_TASK_ERROR<<{type(exc).__name__}|{describe_error(task, exc)}>>")
+
+
 def convert_fn(params: ExecutorParams, accumulator) -> Callable[[Iterator], Iterator]:
     """The ``mapInArrow`` function: segment task rows in, table rows out."""
 
     def fn(batches):
-        from rsm_sidecar.iceberg.rows import encoder_for
-
-        for b in batches:
-            for text in b.column("task").to_pylist():
-                task = SegmentTask.from_json(text)
-                if task.index == params.last_task_index:
-                    pause_point("write")
-                records = 0
-                try:
-                    ctx = executor_context(params.storage)
-                    enc = encoder_for(params.encoder)
-                    for raw in read_task(
-                        ctx, task, max_records=params.batch_records, max_bytes=params.batch_bytes
-                    ):
-                        out = enc.encode(raw)
-                        records += out.num_rows
-                        yield out
-                except Exception as exc:
-                    raise RuntimeError(
-                        f"RSM_TASK_ERROR<<{type(exc).__name__}|{describe_error(task, exc)}>>"
-                    ) from exc
-                if accumulator is not None:
-                    accumulator.add({task.partition: [1, records]})
+        for task in _tasks(batches, params):
+            records = 0
+            try:
+                for out in _encoded(params, task):
+                    records += out.num_rows
+                    yield out
+            except Exception as exc:
+                raise _executor_error(task, exc) from exc
+            if accumulator is not None:
+                accumulator.add({task.partition: [1, records]})
 
     return fn
 
@@ -161,43 +174,33 @@ def write_files_fn(params: ExecutorParams) -> Callable[[Iterator], Iterator]:
         import pyarrow as pa
 
         from rsm_sidecar.iceberg.data_files import TaskFileWriter
-        from rsm_sidecar.iceberg.rows import encoder_for
 
-        for b in batches:
-            for text in b.column("task").to_pylist():
-                task = SegmentTask.from_json(text)
-                if task.index == params.last_task_index:
-                    pause_point("write")
-                writer = TaskFileWriter(params.files, task.index)
-                try:
-                    ctx = executor_context(params.storage)
-                    enc = encoder_for(params.encoder)
-                    for raw in read_task(
-                        ctx, task, max_records=params.batch_records, max_bytes=params.batch_bytes
-                    ):
-                        writer.write(enc.encode(raw))
-                    written = writer.close()
-                except Exception as exc:
-                    writer.abort()
-                    raise RuntimeError(
-                        f"RSM_TASK_ERROR<<{type(exc).__name__}|{describe_error(task, exc)}>>"
-                    ) from exc
-                yield pa.RecordBatch.from_pydict(
-                    {
-                        "task": [task.index],
-                        "partition": [task.partition],
-                        "records": [sum(w.records for w in written)],
-                        "files": [[pickle.dumps(w) for w in written]],
-                    },
-                    schema=pa.schema(
-                        [
-                            ("task", pa.int32()),
-                            ("partition", pa.int32()),
-                            ("records", pa.int64()),
-                            ("files", pa.list_(pa.binary())),
-                        ]
-                    ),
-                )
+        schema = pa.schema(
+            [
+                ("task", pa.int32()),
+                ("partition", pa.int32()),
+                ("records", pa.int64()),
+                ("files", pa.list_(pa.binary())),
+            ]
+        )
+        for task in _tasks(batches, params):
+            writer = TaskFileWriter(params.files, task.index)
+            try:
+                for out in _encoded(params, task):
+                    writer.write(out)
+                written = writer.close()
+            except Exception as exc:
+                writer.abort()
+                raise _executor_error(task, exc) from exc
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "task": [task.index],
+                    "partition": [task.partition],
+                    "records": [sum(w.records for w in written)],
+                    "files": [[pickle.dumps(w) for w in written]],
+                },
+                schema=schema,
+            )
 
     return fn
 
@@ -655,21 +658,49 @@ class ConvertJob:
                 f" {plan.new_next_offset}: {plan.waiting}"
             )
 
-    def dataframe(self, spark, prepared: Prepared, accumulator=None):
-        """The rows of the table for the prepared tasks: a DataFrame of segment tasks (one per
-        Spark partition) through ``mapInArrow``."""
-        params = ExecutorParams(
+    def _executor_params(self, prepared: Prepared, files: Any = None) -> ExecutorParams:
+        return ExecutorParams(
             self.storage,
             prepared.spec,
             self.settings.batch_records,
             self.settings.batch_bytes,
             prepared.tasks[-1].index,
+            files,
         )
+
+    @staticmethod
+    def _task_frame(spark, prepared: Prepared):
+        """A DataFrame of the prepared segment tasks, one per Spark partition."""
         rows = [(t.index, t.partition, t.to_json()) for t in prepared.tasks]
-        df = spark.createDataFrame(
+        return spark.createDataFrame(
             spark.sparkContext.parallelize(rows, len(rows)), "idx INT, partition INT, task STRING"
         )
-        return df.mapInArrow(convert_fn(params, accumulator), prepared.ddl)
+
+    @contextlib.contextmanager
+    def _stage(self, spark, prepared: Prepared) -> Iterator[None]:
+        """Run a Spark stage over the tasks: progress in the log, and an executor's error
+        raised again on the driver with its own class where it is ours."""
+        stop = threading.Event()
+        progress = threading.Thread(
+            target=self._progress, args=(spark, len(prepared.tasks), stop), daemon=True
+        )
+        progress.start()
+        try:
+            yield
+        except Exception as exc:
+            err = _task_error(exc)
+            if err is not None:
+                raise err from None
+            raise
+        finally:
+            stop.set()
+            progress.join(5)
+
+    def dataframe(self, spark, prepared: Prepared, accumulator=None):
+        """The rows of the table for the prepared tasks: a DataFrame of segment tasks (one per
+        Spark partition) through ``mapInArrow``."""
+        params = self._executor_params(prepared)
+        return self._task_frame(spark, prepared).mapInArrow(convert_fn(params, accumulator), prepared.ddl)
 
     def _write_files(self, prepared: Prepared) -> tuple[dict[int, list[int]], list]:
         """``iceberg.writer = arrow``: the executors write the data files; returns the per
@@ -681,44 +712,21 @@ class ConvertJob:
         spark, own = self._spark()
         try:
             table = prepared.catalog.load_table(self.identifier)
-            params = ExecutorParams(
-                self.storage,
-                prepared.spec,
-                self.settings.batch_records,
-                self.settings.batch_bytes,
-                prepared.tasks[-1].index,
-                FileTarget.for_table(
-                    table,
-                    target_file_size=self.settings.target_file_size,
-                    write_id=self.job_id,
-                ),
+            target = FileTarget.for_table(
+                table, target_file_size=self.settings.target_file_size, write_id=self.job_id
             )
-            rows = [(t.index, t.partition, t.to_json()) for t in prepared.tasks]
-            df = spark.createDataFrame(
-                spark.sparkContext.parallelize(rows, len(rows)), "idx INT, partition INT, task STRING"
-            ).mapInArrow(write_files_fn(params), FILES_DDL)
-            stop = threading.Event()
-            progress = threading.Thread(
-                target=self._progress, args=(spark, len(prepared.tasks), stop), daemon=True
+            df = self._task_frame(spark, prepared).mapInArrow(
+                write_files_fn(self._executor_params(prepared, target)), FILES_DDL
             )
-            progress.start()
-            try:
+            with self._stage(spark, prepared):
                 results = df.collect()
-            except Exception as exc:
-                err = _task_error(exc)
-                if err is not None:
-                    raise err from None
-                raise
-            finally:
-                stop.set()
-                progress.join(5)
             counts: dict[int, list[int]] = {}
             files: list[Any] = []
             for r in results:
                 c = counts.setdefault(r["partition"], [0, 0])
                 c[0] += 1
                 c[1] += r["records"]
-                files.extend(pickle.loads(w).load() for w in r["files"])
+                files.extend(pickle.loads(w).data_file for w in r["files"])
             return counts, files
         finally:
             if own:
@@ -738,23 +746,12 @@ class ConvertJob:
                 .option("fanout-enabled", "true")
                 .option("target-file-size-bytes", str(self.settings.target_file_size))
             )
-            stop = threading.Event()
-            progress = threading.Thread(
-                target=self._progress, args=(spark, len(prepared.tasks), stop), daemon=True
-            )
             spark.conf.set("spark.wap.id", self.job_id)
-            progress.start()
             try:
-                writer.append()
-            except Exception as exc:
-                err = _task_error(exc)
-                if err is not None:
-                    raise err from None
-                raise
+                with self._stage(spark, prepared):
+                    writer.append()
             finally:
-                stop.set()
                 spark.conf.unset("spark.wap.id")
-                progress.join(5)
             return dict(acc.value)
         finally:
             if own:

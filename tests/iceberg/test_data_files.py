@@ -60,7 +60,7 @@ def test_one_file_per_day_with_field_ids_committed_once_and_read_by_spark(local_
     writer.write(enc.encode(raw_batch(_records(80, 20, 2))))
     written = writer.close()
     assert sorted(w.records for w in written) == [20, 30, 50]
-    files = [w.load() for w in written]
+    files = [w.data_file for w in written]
     days = sorted(f.partition[0] for f in files)
     assert days == [T0 // DAY_MS + d for d in range(3)]
     for w in written:
@@ -101,7 +101,7 @@ def test_a_task_keeps_at_most_two_files_open_and_loses_no_row(local_catalog):
         assert len(writer._open) <= 2
     written = writer.close()
     assert sum(w.records for w in written) == 60 and len(written) == 6
-    mk.commit_files(catalog, ident, None, [w.load() for w in written], _marker("m", 60))
+    mk.commit_files(catalog, ident, None, [w.data_file for w in written], _marker("m", 60))
     got = catalog.load_table(ident).scan().to_arrow().column("kafka").to_pylist()
     assert sorted(r["offset"] for r in got) == list(range(60))
 
@@ -115,7 +115,7 @@ def test_files_roll_at_the_target_size_and_all_rows_are_committed(local_catalog)
         writer.write(enc.encode(raw_batch(_records(i * 10, 10, 0))))
     written = writer.close()
     assert len(written) == 5 and all(w.records == 10 for w in written)
-    mk.commit_files(catalog, ident, None, [w.load() for w in written], _marker("job-r", 50))
+    mk.commit_files(catalog, ident, None, [w.data_file for w in written], _marker("job-r", 50))
     table = catalog.load_table(ident)
     assert table.scan().to_arrow().num_rows == 50
     assert table.inspect.files().num_rows == 5
@@ -146,7 +146,7 @@ def test_two_attempts_of_one_task_never_write_the_same_file(local_catalog):
     assert {w.path for w in a}.isdisjoint({w.path for w in b})
     second.abort()  # the losing attempt cleans up its own files only
     assert all(Path(w.path.removeprefix("file://")).exists() for w in a)
-    mk.commit_files(catalog, ident, None, [w.load() for w in a], _marker("t", 10))
+    mk.commit_files(catalog, ident, None, [w.data_file for w in a], _marker("t", 10))
     assert catalog.load_table(ident).scan().to_arrow().num_rows == 10
 
 
@@ -156,7 +156,7 @@ def test_a_commit_after_main_moved_commits_nothing(local_catalog):
     def files(job):
         w = TaskFileWriter(FileTarget.for_table(table, target_file_size=1 << 30, write_id=job), 0)
         w.write(enc.encode(raw_batch(_records(0, 10, 0))))
-        return [x.load() for x in w.close()]
+        return [x.data_file for x in w.close()]
 
     first = mk.commit_files(catalog, ident, None, files("a"), _marker("a", 10))
     with pytest.raises(mk.CommitConflict, match="main moved from None to"):
