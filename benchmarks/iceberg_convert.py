@@ -57,9 +57,9 @@ def make_topic(
 
     from rsm_sidecar.config import Config
     from rsm_sidecar.format.keys import KeyLayout
-    from rsm_sidecar.iceberg import framing
+    from rsm_sidecar.iceberg.decoding import framing
+    from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
     from rsm_sidecar.iceberg.fixtures import TieredWriter
-    from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
     from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
     from rsm_sidecar.kafka.records import Header
     from rsm_sidecar.storage.factory import open_store
@@ -183,7 +183,7 @@ def main() -> None:
 
     from devstack.registry import ApicurioDistribution, ApicurioRegistry
     from rsm_sidecar.iceberg.job import ConvertJob, load_config
-    from rsm_sidecar.iceberg.spark import LocalCatalog, spark_session
+    from rsm_sidecar.iceberg.session.spark import LocalCatalog, spark_session
 
     workdir = Path(tempfile.mkdtemp(prefix="iceberg-convert-bench-"))
     reg = ApicurioRegistry(ApicurioDistribution.ensure(), workdir / "apicurio").start()

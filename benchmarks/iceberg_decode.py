@@ -1,9 +1,9 @@
 """Decode + Arrow-build throughput of the Iceberg row encoder for ~100-byte Protobuf values.
 
-Measures :meth:`rsm_sidecar.iceberg.rows.RowEncoder.encode` on one core: Confluent-framed
+Measures :meth:`rsm_sidecar.iceberg.mapping.rows.RowEncoder.encode` on one core: Confluent-framed
 Protobuf values (magic, schema id, ``[0]`` index) of about 100 bytes, 16-byte keys without a
 schema, two headers, in batches of 10 000 (Spark's ``arrow.maxRecordsPerBatch`` in
-:func:`rsm_sidecar.iceberg.spark.spark_session`). The schema is compiled with protoc and put
+:func:`rsm_sidecar.iceberg.session.spark.spark_session`). The schema is compiled with protoc and put
 into the registry client's id cache, so no registry server is involved: this is the pure
 per-record cost that runs inside ``mapInArrow``.
 
@@ -22,10 +22,12 @@ import argparse
 import random
 import time
 
-from rsm_sidecar.iceberg import framing
-from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
-from rsm_sidecar.iceberg.rows import EncoderSpec, KafkaRecord, RowEncoder, SideSpec, raw_batch
-from rsm_sidecar.iceberg.schema_registry import PROTOBUF, ResolvedSchema, SchemaRegistry
+from rsm_sidecar.iceberg.decoding import framing
+from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
+from rsm_sidecar.iceberg.decoding.schema_registry import PROTOBUF, ResolvedSchema, SchemaRegistry
+from rsm_sidecar.iceberg.decoding.sides import SideSpec
+from rsm_sidecar.iceberg.mapping.rows import EncoderSpec, RowEncoder
+from rsm_sidecar.iceberg.reading.raw_records import KafkaRecord, raw_batch
 
 PROTO = """
 syntax = "proto3";
@@ -78,7 +80,7 @@ def _seed_worker_registry(batches):
                 1, PROTOBUF, PROTO, proto=ProtoSchema.from_sources("bench.proto", {"bench.proto": PROTO})
             )
         )
-    from rsm_sidecar.iceberg.rows import map_in_arrow_fn
+    from rsm_sidecar.iceberg.mapping.rows import map_in_arrow_fn
 
     yield from map_in_arrow_fn(SPEC)(batches)
 
@@ -92,7 +94,7 @@ def run_spark(args, batch) -> None:
 
     import pyarrow as pa
 
-    from rsm_sidecar.iceberg.spark import LocalCatalog, spark_session
+    from rsm_sidecar.iceberg.session.spark import LocalCatalog, spark_session
     from rsm_sidecar.iceberg.types import spark_ddl
 
     enc = RowEncoder(SPEC)

@@ -162,7 +162,7 @@ def _convert(args) -> int:
 
 
 def _maintain(args) -> int:
-    from rsm_sidecar.iceberg.maintain import maintain
+    from rsm_sidecar.iceberg.maintenance import maintain
 
     cfg, storage = _load(args)
     result = maintain(
@@ -187,8 +187,8 @@ def _maintain(args) -> int:
 def _status(args) -> int:
     from pyiceberg.exceptions import NoSuchTableError
 
-    from rsm_sidecar.iceberg import markers as mk
-    from rsm_sidecar.iceberg.catalogs import CatalogSpec
+    from rsm_sidecar.iceberg.committing import markers as mk
+    from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
     from rsm_sidecar.iceberg.settings import JobSettings
 
     cfg, _ = _load(args)

@@ -1,18 +1,19 @@
-"""Kafka records -> Arrow/Iceberg with the Bufstream-style table schema.
+"""Tiered segments -> Iceberg tables with the Bufstream-style schema (docs/iceberg.md).
 
-Modules:
+One concept per module, grouped by the step of a run it serves, in the order the data goes:
 
-* :mod:`~rsm_sidecar.iceberg.jars` - Maven Central jars for Spark (set-up time only).
-* :mod:`~rsm_sidecar.iceberg.spark` - local SparkSession + the embedded JDBC/SQLite catalog
-  shared with PyIceberg's SqlCatalog.
-* :mod:`~rsm_sidecar.iceberg.framing` - Confluent wire-format preamble (magic, id, indexes).
-* :mod:`~rsm_sidecar.iceberg.schema_registry` - registry client, subject strategies, schema
-  resolution (Protobuf with references/WKTs compiled by protoc, Avro via fastavro).
-* :mod:`~rsm_sidecar.iceberg.proto_mapping`, :mod:`~rsm_sidecar.iceberg.avro_mapping` - source
-  schema -> Iceberg types.
-* :mod:`~rsm_sidecar.iceberg.rows` - the row schema and the record -> ``pyarrow.RecordBatch``
-  encoder used inside ``mapInArrow``.
-* :mod:`~rsm_sidecar.iceberg.evolution` - schema evolution with stable field ids.
-
-See docs/iceberg.md.
+* :mod:`.settings` - the ``[iceberg]`` configuration keys.
+* :mod:`.job` - one run of ``iceberg convert`` top to bottom (markers, plan, schema, the Spark
+  stage, commit).
+* :mod:`.planning` (driver) - which segments, or pieces of them, a run converts: ``listing``,
+  ``chains``, ``transactions``, ``splitting``; ``tasks`` is what an executor is handed.
+* :mod:`.stages` - the run's Spark stage as executors run it, and its errors on the driver.
+* :mod:`.reading` (executors) - a task's segment from storage into raw record batches.
+* :mod:`.decoding` - key/value bytes -> columns: framing, registry, Protobuf and Avro mapping,
+  and the ``sides`` that choose between them.
+* :mod:`.mapping` - the table: its row schema, its evolution, raw records -> rows of it.
+* :mod:`.committing` - data files written by executors; markers and the conditional commit.
+* :mod:`.maintenance` - ``iceberg maintain``.
+* :mod:`.session` - the SparkSession and the catalog.
+* :mod:`.types` (type helpers), :mod:`.jars` (set-up time only), :mod:`.fixtures` (tests).
 """

@@ -1,25 +1,26 @@
 """``rsm-sidecar iceberg convert``: tiered segments of a topic -> an Iceberg table, exactly once.
 
-Flow of one run (docs/iceberg.md "The convert job"):
+Flow of one run (docs/iceberg.md "The convert job"); each step names the package that does it:
 
-1. Read the table's markers (:mod:`.markers`): per partition the next offset to convert and the
-   running maximum of ``ingest_timestamp``; remember ``main``.
-2. List the topic's segments in object storage and plan per partition (:mod:`.segments`): the
-   chain of new segments, the offset range of each, the aborted transactions; segments larger
-   than ``iceberg.task_bytes`` split into several tasks at offset-index entries, each with the
-   exact ``ingest_timestamp`` maximum before it from the time index
-   (:func:`.segments.split_segments`). Nothing new -> done, the table is not touched.
-3. Resolve the key/value schemas (registry, descriptor set or raw), create or evolve the table.
-4. Spark: a DataFrame with one row per segment task, one task per Spark partition;
-   ``mapInArrow`` fetches, verifies, decrypts and decodes each segment on the executors into
-   Arrow batches of the table schema. With ``iceberg.writer = arrow`` (the default) the same
-   Python worker writes them as Parquet data files (:mod:`.data_files`) and returns only the
-   files' descriptions; with ``spark`` the rows go back to the JVM and
+1. Read the table's markers (:mod:`.committing.markers`): per partition the next offset to
+   convert and the running maximum of ``ingest_timestamp``; remember ``main``.
+2. Plan (:mod:`.planning`): list the topic's segments in object storage, choose per partition
+   the chain of new segments and the offset range of each, settle the aborted transactions, and
+   split segments larger than ``iceberg.task_bytes`` into several tasks at offset-index entries,
+   each with the exact ``ingest_timestamp`` maximum before it from the time index. Nothing new ->
+   done, the table is not touched.
+3. Resolve the key/value schemas (:mod:`.decoding.sides`: registry, descriptor set or raw),
+   create or evolve the table (:mod:`.mapping.evolution`).
+4. One Spark stage (:mod:`.stages`) over a DataFrame with one row per segment task: each task
+   reads its segment (:mod:`.reading`: fetched, verified, decrypted), decodes it into Arrow
+   batches of the table schema (:mod:`.mapping.rows`) and, with ``iceberg.writer = arrow`` (the
+   default), writes them as Parquet data files (:mod:`.committing.data_files`) and returns only
+   the files' descriptions; with ``spark`` the rows go back to the JVM and
    ``writeTo(...).append()`` writes them under ``spark.wap.id``, so the snapshot is *staged*.
 5. Commit: one conditional catalog commit, only if ``main`` is still what step 1 read: it adds
-   the files as a snapshot carrying the markers (arrow; :func:`.markers.commit_files`) or moves
-   ``main`` to the staged snapshot (spark; :func:`.markers.publish`), and moves the
-   ``rsm-marker`` tag with it.
+   the files as a snapshot carrying the markers (arrow; :func:`.committing.markers.commit_files`)
+   or moves ``main`` to the staged snapshot (spark; :func:`.committing.markers.publish`), and
+   moves the ``rsm-marker`` tag with it.
 
 A run killed anywhere leaves no partial commit: before step 5 only unreferenced data files
 (``maintain --remove-orphans`` deletes them) or an unreferenced staged snapshot (expired by
@@ -37,53 +38,37 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from rsm_sidecar.config import ENV_PREFIX, Config, read_toml
-from rsm_sidecar.errors import ConfigError, RsmError
-from rsm_sidecar.iceberg import markers as mk
-from rsm_sidecar.iceberg.catalogs import CatalogSpec
-from rsm_sidecar.iceberg.segments import (
-    PartitionPlan,
-    SegmentFailed,
-    SegmentTask,
+from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.iceberg.committing import markers as mk
+from rsm_sidecar.iceberg.planning.chains import PartitionPlan, plan_partition
+from rsm_sidecar.iceberg.planning.listing import list_topic_segments
+from rsm_sidecar.iceberg.planning.splitting import split_segments
+from rsm_sidecar.iceberg.planning.tasks import SegmentTask
+from rsm_sidecar.iceberg.reading.segment_tasks import (
     StorageParams,
-    describe_error,
     executor_context,
-    list_topic_segments,
-    plan_partition,
     read_task,
-    split_segments,
 )
+from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
+from rsm_sidecar.iceberg.session.spark import open_session
 from rsm_sidecar.iceberg.settings import JobSettings
-
-PAUSE_ENV = "RSM_ICEBERG_PAUSE_AT"
-PAUSE_DIR_ENV = "RSM_ICEBERG_PAUSE_DIR"
-TASK_ERROR = re.compile(r"RSM_TASK_ERROR<<(?P<cls>[A-Za-z_]+)\|(?P<msg>.*?)>>", re.S)
-
-
-def pause_point(name: str) -> None:
-    """Test hook (see the module docstring). Does nothing unless ``$RSM_ICEBERG_PAUSE_AT``
-    names ``name``."""
-    points = [p.strip() for p in os.environ.get(PAUSE_ENV, "").split(",") if p.strip()]
-    if name not in points:
-        return
-    d = Path(os.environ.get(PAUSE_DIR_ENV) or tempfile.gettempdir())
-    d.mkdir(parents=True, exist_ok=True)
-    (d / f"{name}.paused").write_text(str(os.getpid()))
-    while not (d / f"{name}.resume").exists():
-        time.sleep(0.05)
-
-
-# ============================================================================ configuration
+from rsm_sidecar.iceberg.stages import (
+    FILES_DDL,
+    ExecutorParams,
+    convert_fn,
+    counts_param,
+    pause_point,
+    task_error,
+    write_files_fn,
+)
 
 
 def load_config(
@@ -103,190 +88,6 @@ def load_config(
     settings = JobSettings.from_config(cfg)
     params = StorageParams(values, rsm_env, settings.chunk_cache_bytes, settings.prefetch_bytes)
     return cfg, params
-
-
-# ============================================================================ executors
-
-
-@dataclasses.dataclass(frozen=True)
-class ExecutorParams:
-    storage: StorageParams
-    encoder: Any  # rows.EncoderSpec
-    batch_records: int
-    batch_bytes: int
-    last_task_index: int
-    files: Any = None  # data_files.FileTarget: the executors write Parquet (iceberg.writer = arrow)
-
-
-def _tasks(batches: Iterator, params: ExecutorParams) -> Iterator[SegmentTask]:
-    """The segment tasks of one ``mapInArrow`` input (the test hook pauses at the last one)."""
-    for b in batches:
-        for text in b.column("task").to_pylist():
-            task = SegmentTask.from_json(text)
-            if task.index == params.last_task_index:
-                pause_point("write")
-            yield task
-
-
-def _encoded(params: ExecutorParams, task: SegmentTask) -> Iterator[Any]:
-    """Arrow batches of the table's schema: one task's records, read and decoded."""
-    from rsm_sidecar.iceberg.rows import encoder_for
-
-    ctx = executor_context(params.storage)
-    enc = encoder_for(params.encoder)
-    for raw in read_task(ctx, task, max_records=params.batch_records, max_bytes=params.batch_bytes):
-        yield enc.encode(raw)
-
-
-def _executor_error(task: SegmentTask, exc: BaseException) -> RuntimeError:
-    """A task's failure in the form :func:`_task_error` finds again on the driver."""
-    return RuntimeError(f"RSM_TASK_ERROR<<{type(exc).__name__}|{describe_error(task, exc)}>>")
-
-
-def convert_fn(params: ExecutorParams, accumulator) -> Callable[[Iterator], Iterator]:
-    """The ``mapInArrow`` function: segment task rows in, table rows out."""
-
-    def fn(batches):
-        for task in _tasks(batches, params):
-            records = 0
-            try:
-                for out in _encoded(params, task):
-                    records += out.num_rows
-                    yield out
-            except Exception as exc:
-                raise _executor_error(task, exc) from exc
-            if accumulator is not None:
-                accumulator.add({task.partition: [1, records]})
-
-    return fn
-
-
-FILES_DDL = "task INT, partition INT, records LONG, files ARRAY<BINARY>"
-
-
-def write_files_fn(params: ExecutorParams) -> Callable[[Iterator], Iterator]:
-    """The ``mapInArrow`` function of ``iceberg.writer = arrow``: segment task rows in, one row
-    per task out with the data files it wrote (:class:`~.data_files.WrittenFile`, pickled)."""
-
-    def fn(batches):
-        import pickle
-
-        import pyarrow as pa
-
-        from rsm_sidecar.iceberg.data_files import TaskFileWriter
-
-        schema = pa.schema(
-            [
-                ("task", pa.int32()),
-                ("partition", pa.int32()),
-                ("records", pa.int64()),
-                ("files", pa.list_(pa.binary())),
-            ]
-        )
-        for task in _tasks(batches, params):
-            writer = TaskFileWriter(params.files, task.index)
-            try:
-                for out in _encoded(params, task):
-                    writer.write(out)
-                written = writer.close()
-            except Exception as exc:
-                writer.abort()
-                raise _executor_error(task, exc) from exc
-            yield pa.RecordBatch.from_pydict(
-                {
-                    "task": [task.index],
-                    "partition": [task.partition],
-                    "records": [sum(w.records for w in written)],
-                    "files": [[pickle.dumps(w) for w in written]],
-                },
-                schema=schema,
-            )
-
-    return fn
-
-
-def _counts_param():
-    """Accumulator of ``{partition: [segments, records]}`` (progress; Spark retries may count a
-    segment twice - the committed snapshot's ``added-records`` is the exact total)."""
-    from pyspark import AccumulatorParam
-
-    class CountsParam(AccumulatorParam):
-        def zero(self, value):
-            return {}
-
-        def addInPlace(self, a, b):
-            for k, (segs, recs) in b.items():
-                cur = a.setdefault(k, [0, 0])
-                cur[0] += segs
-                cur[1] += recs
-            return a
-
-    return CountsParam()
-
-
-def _task_error(exc: BaseException) -> RsmError | None:
-    """The executor's error, re-raised on the driver with its own class where it is ours."""
-    m = TASK_ERROR.search(str(exc))
-    if not m:
-        return None
-    cls, msg = m.group("cls"), m.group("msg")
-    from rsm_sidecar import errors
-    from rsm_sidecar.iceberg.schema_registry import RegistryAuthError, RegistryUnavailable
-
-    known = {"RegistryUnavailable": RegistryUnavailable, "RegistryAuthError": RegistryAuthError}
-    for name in (
-        "DataLoss",
-        "NotFound",
-        "Unavailable",
-        "FailedPrecondition",
-        "ConfigError",
-        "DeadlineExceeded",
-        "InvalidArgument",
-    ):
-        known[name] = getattr(errors, name)
-    target = known.get(cls)
-    if target is None:
-        from rsm_sidecar.kafka import errors as kerrors
-
-        kcls = getattr(kerrors, cls, None)
-        target = (
-            errors.DataLoss if (kcls is not None and issubclass(kcls, errors.DataLoss)) else SegmentFailed
-        )
-    return target(f"converting {msg}")
-
-
-# ============================================================================ Spark session
-
-
-def under_spark_submit() -> bool:
-    """True when this driver was started by ``spark-submit`` (its JVM is already running)."""
-    return "PYSPARK_GATEWAY_PORT" in os.environ
-
-
-def open_session(
-    spec: CatalogSpec, settings: JobSettings, app_name: str, extra: Mapping[str, str] | None = None
-):
-    """The job's SparkSession. Standalone: a session of its own (``iceberg.spark.master``, jars
-    from the local cache, the job's catalog). Under ``spark-submit``: the submitted
-    application's session, given only the Iceberg extensions and the job's catalog - master,
-    jars, Python and resources are what ``spark-submit`` was told (docs/iceberg.md)."""
-    if not under_spark_submit():
-        from rsm_sidecar.iceberg.spark import spark_session
-
-        return spark_session(spec, master=settings.master, app_name=app_name, cloud=spec.cloud(), extra=extra)
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
-        .config("spark.sql.session.timeZone", "UTC")
-    )
-    for k, v in {**spec.prepare().spark_conf(), **(extra or {})}.items():
-        builder = builder.config(k, v)
-    return builder.getOrCreate()
-
-
-# ============================================================================ results
 
 
 @dataclasses.dataclass
@@ -433,16 +234,16 @@ class ConvertJob:
 
         A Protobuf subject with several top-level messages keeps the message recorded in the
         table's ``rsm.<side>.message`` property; a new table takes it from the first new record
-        framed with the pinned schema id (see :func:`~rsm_sidecar.iceberg.rows.resolve_side`)."""
-        from rsm_sidecar.iceberg.proto_mapping import ProtoOptions
-        from rsm_sidecar.iceberg.rows import (
-            EncoderSpec,
+        framed with the pinned schema id (see :func:`~rsm_sidecar.iceberg.decoding.sides.resolve_side`)."""
+        from rsm_sidecar.iceberg.decoding.proto_mapping import ProtoOptions
+        from rsm_sidecar.iceberg.decoding.schema_registry import SchemaRegistry, SubjectSpec
+        from rsm_sidecar.iceberg.decoding.sides import (
             SideSpec,
             descriptor_set_side,
             message_property,
             resolve_side,
         )
-        from rsm_sidecar.iceberg.schema_registry import SchemaRegistry, SubjectSpec
+        from rsm_sidecar.iceberg.mapping.rows import EncoderSpec
 
         s = self.settings
         opts = ProtoOptions(uint32_as_long=s.uint32_as_long, well_known_types=s.well_known_types)
@@ -552,8 +353,9 @@ class ConvertJob:
             result.seconds = time.monotonic() - t0
             return prepared
 
-        from rsm_sidecar.iceberg.evolution import describe, ensure_table, plan_update
-        from rsm_sidecar.iceberg.rows import RowEncoder, message_property
+        from rsm_sidecar.iceberg.decoding.sides import message_property
+        from rsm_sidecar.iceberg.mapping.evolution import describe, ensure_table, plan_update
+        from rsm_sidecar.iceberg.mapping.rows import RowEncoder
         from rsm_sidecar.iceberg.types import schema_to_arrow, spark_ddl
 
         spec = self._sides(plans, table.properties if table is not None else {})
@@ -688,7 +490,7 @@ class ConvertJob:
         try:
             yield
         except Exception as exc:
-            err = _task_error(exc)
+            err = task_error(exc)
             if err is not None:
                 raise err from None
             raise
@@ -707,7 +509,7 @@ class ConvertJob:
         partition ``[segments, records]`` and the files' ``DataFile``s (nothing committed)."""
         import pickle
 
-        from rsm_sidecar.iceberg.data_files import FileTarget
+        from rsm_sidecar.iceberg.committing.data_files import FileTarget
 
         spark, own = self._spark()
         try:
@@ -735,7 +537,7 @@ class ConvertJob:
     def _write(self, prepared: Prepared) -> dict[int, list[int]]:
         spark, own = self._spark()
         try:
-            acc = spark.sparkContext.accumulator({}, _counts_param())
+            acc = spark.sparkContext.accumulator({}, counts_param())
             writer = self.dataframe(spark, prepared, acc).writeTo(
                 f"{self.catalog_spec.name}.{self.table_name}"
             )

@@ -1,7 +1,7 @@
 """Iceberg <-> Arrow <-> Spark type helpers shared by the mappings, the encoder and evolution.
 
 We build Iceberg types with *placeholder* field ids (a running counter); the table assigns
-the real ids (see :mod:`rsm_sidecar.iceberg.evolution`). Arrow types are our own conversion
+the real ids (see :mod:`rsm_sidecar.iceberg.mapping.evolution`). Arrow types are our own conversion
 (not PyIceberg's) so that the encoder, Spark's ``mapInArrow`` schema and PyIceberg appends all
 see plain ``string``/``binary``/``list`` (not the ``large_*`` variants) and UTC timestamps.
 """
@@ -42,6 +42,7 @@ UTC_US = pa.timestamp("us", tz="UTC")
 #: The columns rows.py puts next to the fields of a side's top-level message or record in
 #: ``key``/``val``.
 SIDE_COLUMNS = ("__raw__", "__prefix__", "__err__")
+RAW, PREFIX, ERR = SIDE_COLUMNS
 
 
 class ReservedFieldName(ConfigError):

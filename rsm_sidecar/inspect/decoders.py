@@ -111,7 +111,7 @@ class RegistryDecoder:
 
     def __init__(self, registry_conf: str | dict[str, Any], max_bytes: int = NO_LIMIT):
         try:
-            from rsm_sidecar.iceberg import framing, schema_registry
+            from rsm_sidecar.iceberg.decoding import framing, schema_registry
         except ImportError as e:
             raise DecoderUnavailable(f"schema-registry decoding needs rsm_sidecar.iceberg ({e})") from None
         self._framing = framing

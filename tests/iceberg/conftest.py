@@ -74,7 +74,7 @@ def order_pb2(proto_modules):
 
 @pytest.fixture(scope="session")
 def local_catalog(tmp_path_factory):
-    from rsm_sidecar.iceberg.spark import LocalCatalog
+    from rsm_sidecar.iceberg.session.spark import LocalCatalog
 
     return LocalCatalog(tmp_path_factory.mktemp("iceberg")).prepare()
 
@@ -82,7 +82,7 @@ def local_catalog(tmp_path_factory):
 @pytest.fixture(scope="session")
 def spark(local_catalog):
     from rsm_sidecar.iceberg.jars import ensure_spark_jars
-    from rsm_sidecar.iceberg.spark import spark_session
+    from rsm_sidecar.iceberg.session.spark import spark_session
 
     cloud = ("aws", "gcp")
     ensure_spark_jars(cloud=cloud)  # test set-up: a no-op when `make` already fetched them

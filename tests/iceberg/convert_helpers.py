@@ -173,14 +173,14 @@ class SyntheticTopic:
     def maintain(self, spark, overrides: dict | None = None, **options):
         """``iceberg maintain`` on this topic's table (``options``: those of ``maintain``)."""
         from rsm_sidecar.iceberg.job import load_config
-        from rsm_sidecar.iceberg.maintain import maintain
+        from rsm_sidecar.iceberg.maintenance import maintain
 
         cfg, storage = load_config(self.config_file, {}, overrides or {})
         return maintain(cfg, storage, self.topic, spark=spark, log=lambda line: None, **options)
 
     def table(self, **overrides):
-        from rsm_sidecar.iceberg.catalogs import CatalogSpec
         from rsm_sidecar.iceberg.job import load_config
+        from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
         from rsm_sidecar.iceberg.settings import JobSettings
 
         cfg, _ = load_config(self.config_file, {}, overrides)

@@ -20,14 +20,14 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.exceptions import NoSuchTableError
 
 from rsm_sidecar.format.manifest import SegmentManifest
-from rsm_sidecar.iceberg import framing
-from rsm_sidecar.iceberg import markers as mk
-from rsm_sidecar.iceberg.catalogs import CatalogSpec
-from rsm_sidecar.iceberg.evolution import field_ids
+from rsm_sidecar.iceberg.committing import markers as mk
+from rsm_sidecar.iceberg.decoding import framing
+from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
+from rsm_sidecar.iceberg.decoding.schema_registry import RegistryUnavailable
 from rsm_sidecar.iceberg.fixtures import new_uuid
 from rsm_sidecar.iceberg.job import convert, load_config
-from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
-from rsm_sidecar.iceberg.schema_registry import RegistryUnavailable
+from rsm_sidecar.iceberg.mapping.evolution import field_ids
+from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.settings import JobSettings
 from tests.e2e.kafka_helpers import (
     Rec,

@@ -10,7 +10,7 @@ import json
 from grpc_tools import protoc
 
 from rsm_sidecar.cli.main import main
-from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
+from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
 from tests.iceberg.convert_helpers import T0, SyntheticTopic
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from rsm_sidecar.iceberg import markers as mk
-from rsm_sidecar.iceberg.data_files import FileTarget, TaskFileWriter
-from rsm_sidecar.iceberg.evolution import ensure_table
-from rsm_sidecar.iceberg.rows import EncoderSpec, KafkaRecord, RowEncoder, raw_batch
+from rsm_sidecar.iceberg.committing import markers as mk
+from rsm_sidecar.iceberg.committing.data_files import FileTarget, TaskFileWriter
+from rsm_sidecar.iceberg.mapping.evolution import ensure_table
+from rsm_sidecar.iceberg.mapping.rows import EncoderSpec, RowEncoder
+from rsm_sidecar.iceberg.reading.raw_records import KafkaRecord, raw_batch
 from rsm_sidecar.iceberg.types import schema_to_arrow
 
 pytestmark = pytest.mark.integration

@@ -6,11 +6,13 @@ from __future__ import annotations
 from confluent_kafka.schema_registry import Schema
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType
 
-from rsm_sidecar.iceberg import framing
-from rsm_sidecar.iceberg.evolution import ensure_table, field_ids, plan_update
-from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
-from rsm_sidecar.iceberg.rows import EncoderSpec, KafkaRecord, RowEncoder, raw_batch, resolve_side
-from rsm_sidecar.iceberg.schema_registry import SchemaRegistry, topic_subject
+from rsm_sidecar.iceberg.decoding import framing
+from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
+from rsm_sidecar.iceberg.decoding.schema_registry import SchemaRegistry, topic_subject
+from rsm_sidecar.iceberg.decoding.sides import resolve_side
+from rsm_sidecar.iceberg.mapping.evolution import ensure_table, field_ids, plan_update
+from rsm_sidecar.iceberg.mapping.rows import EncoderSpec, RowEncoder
+from rsm_sidecar.iceberg.reading.raw_records import KafkaRecord, raw_batch
 from rsm_sidecar.iceberg.types import schema_to_arrow
 
 V1 = """syntax = "proto3";

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from rsm_sidecar.errors import DataLoss
-from rsm_sidecar.iceberg import markers as mk
+from rsm_sidecar.iceberg.committing import markers as mk
 from tests.iceberg.convert_helpers import SyntheticTopic, kill_group, offsets, result_json, rows, wait_paused
 
 

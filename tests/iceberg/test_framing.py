@@ -2,7 +2,7 @@
 
 import pytest
 
-from rsm_sidecar.iceberg import framing
+from rsm_sidecar.iceberg.decoding import framing
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from rsm_sidecar.iceberg import markers as mk
+from rsm_sidecar.iceberg.committing import markers as mk
 from tests.iceberg.convert_helpers import MAINTAIN_EVERYTHING_NOW, SyntheticTopic, rows
 
 

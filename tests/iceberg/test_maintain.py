@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from rsm_sidecar.iceberg import markers as mk
+from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.job import ConvertJob, load_config
 from tests.iceberg.convert_helpers import SyntheticTopic, kill_group, rows, wait_paused
 

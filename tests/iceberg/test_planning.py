@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from rsm_sidecar.iceberg import markers as mk
-from rsm_sidecar.iceberg.segments import RemoteSegment, choose_chain, list_topic_segments, plan_partition
-from rsm_sidecar.iceberg.spark import LocalCatalog
+from rsm_sidecar.iceberg.committing import markers as mk
+from rsm_sidecar.iceberg.planning.chains import choose_chain, plan_partition
+from rsm_sidecar.iceberg.planning.listing import RemoteSegment, list_topic_segments
+from rsm_sidecar.iceberg.session.spark import LocalCatalog
 from rsm_sidecar.segment.reader import SegmentReader
 from tests.iceberg.convert_helpers import SyntheticTopic
 
@@ -106,7 +107,7 @@ def test_markers_from_the_ancestry_or_from_the_tag_after_expiry(tmp_path):
 
 def test_one_far_future_timestamp_does_not_pin_the_ingest_maximum(tmp_path):
     from rsm_sidecar.config import read_toml
-    from rsm_sidecar.iceberg.segments import ExecutorContext, StorageParams, read_task
+    from rsm_sidecar.iceberg.reading.segment_tasks import ExecutorContext, StorageParams, read_task
     from tests.iceberg.convert_helpers import T0
 
     day = 86_400_000

@@ -20,8 +20,8 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from rsm_sidecar.iceberg.proto_mapping import ProtoDecoder, ProtoOptions, encode_unknown
-from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema, SchemaCompileError
+from rsm_sidecar.iceberg.decoding.proto_mapping import ProtoDecoder, ProtoOptions, encode_unknown
+from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema, SchemaCompileError
 from tests.iceberg.conftest import PROTO_DIR
 
 UTC = dt.UTC
@@ -217,7 +217,7 @@ def test_descriptor_form_schema_strings(order_pb2):
 
     from google.protobuf import descriptor_pb2
 
-    from rsm_sidecar.iceberg.protobuf_schema import decode_schema_string
+    from rsm_sidecar.iceberg.decoding.protobuf_schema import decode_schema_string
 
     def b64(fd) -> str:
         return base64.b64encode(fd.serialized_pb).decode()
@@ -424,7 +424,7 @@ def test_extension_values_land_in_unrecognized():
 )
 def test_fields_named_like_synthesized_columns_are_rejected_clearly(proto, field, message, rule):
     from rsm_sidecar.errors import ConfigError
-    from rsm_sidecar.iceberg.proto_mapping import ReservedFieldName
+    from rsm_sidecar.iceberg.decoding.proto_mapping import ReservedFieldName
 
     src = f'syntax = "proto3"; package r; {proto}'
     desc = ProtoSchema.from_sources("r.proto", {"r.proto": src}).message_by_name("r.M")
@@ -436,10 +436,10 @@ def test_fields_named_like_synthesized_columns_are_rejected_clearly(proto, field
 
 
 def test_side_column_names_below_the_top_level_are_plain_fields():
-    from rsm_sidecar.iceberg import rows as rows_mod
-    from rsm_sidecar.iceberg.proto_mapping import SIDE_COLUMNS
+    from rsm_sidecar.iceberg import types
+    from rsm_sidecar.iceberg.decoding.proto_mapping import SIDE_COLUMNS
 
-    assert SIDE_COLUMNS == (rows_mod.RAW, rows_mod.PREFIX, rows_mod.ERR)
+    assert SIDE_COLUMNS == (types.RAW, types.PREFIX, types.ERR)
     src = 'syntax = "proto3"; package r; message M { N n = 1; } message N { string __err__ = 1; }'
     dec = ProtoDecoder(ProtoSchema.from_sources("r.proto", {"r.proto": src}).message_by_name("r.M"))
     assert [f.name for f in field_types(dec.iceberg_type)["n"].fields] == ["__err__", "__unrecognized__"]

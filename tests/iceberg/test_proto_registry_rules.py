@@ -17,17 +17,12 @@ from contextlib import contextmanager
 from confluent_kafka.schema_registry import Schema, SchemaReference
 from google.protobuf import descriptor_pb2
 
-from rsm_sidecar.iceberg import framing
-from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
-from rsm_sidecar.iceberg.rows import (
-    EncoderSpec,
-    KafkaRecord,
-    RowEncoder,
-    descriptor_set_side,
-    raw_batch,
-    resolve_side,
-)
-from rsm_sidecar.iceberg.schema_registry import SchemaRegistry, topic_subject
+from rsm_sidecar.iceberg.decoding import framing
+from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
+from rsm_sidecar.iceberg.decoding.schema_registry import SchemaRegistry, topic_subject
+from rsm_sidecar.iceberg.decoding.sides import descriptor_set_side, resolve_side
+from rsm_sidecar.iceberg.mapping.rows import EncoderSpec, RowEncoder
+from rsm_sidecar.iceberg.reading.raw_records import KafkaRecord, raw_batch
 from tests.iceberg.test_proto_mapping import EXT_BASE, EXT_MAIN, ext_event
 
 

@@ -16,23 +16,17 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from rsm_sidecar.iceberg import framing
-from rsm_sidecar.iceberg.rows import (
-    EncoderSpec,
-    KafkaRecord,
-    RowEncoder,
-    SideSpec,
-    descriptor_set_side,
-    raw_batch,
-    resolve_side,
-)
-from rsm_sidecar.iceberg.schema_registry import (
+from rsm_sidecar.iceberg.decoding import framing
+from rsm_sidecar.iceberg.decoding.schema_registry import (
     RegistryUnavailable,
     SchemaRegistry,
     SubjectSpec,
     UnknownSchema,
     topic_subject,
 )
+from rsm_sidecar.iceberg.decoding.sides import SideSpec, descriptor_set_side, resolve_side
+from rsm_sidecar.iceberg.mapping.rows import EncoderSpec, RowEncoder
+from rsm_sidecar.iceberg.reading.raw_records import KafkaRecord, raw_batch
 
 UTC = dt.UTC
 # confluent-kafka 2.16 defaults to the ASSOCIATED strategy, which Apicurio does not serve.
@@ -533,7 +527,7 @@ def test_avro_time_types_keep_their_precision(registry_url, sr_client, topic):
 
 def test_avro_top_level_field_named_like_a_side_column_fails_the_job_clearly(registry_url, sr_client, topic):
     """Same rule and message as for Protobuf: the encoder is not built, naming field and record."""
-    from rsm_sidecar.iceberg.proto_mapping import ReservedFieldName
+    from rsm_sidecar.iceberg.decoding.proto_mapping import ReservedFieldName
 
     schema = {
         "type": "record",

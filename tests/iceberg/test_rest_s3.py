@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rsm_sidecar.iceberg import markers as mk
+from rsm_sidecar.iceberg.committing import markers as mk
 from tests.iceberg.convert_helpers import MAINTAIN_EVERYTHING_NOW, SyntheticTopic, rows
 
 ACCESS, SECRET = "iceberg-tests", "iceberg-tests-secret"

@@ -10,15 +10,9 @@ import json
 import pyarrow as pa
 import pytest
 
-from rsm_sidecar.iceberg.proto_mapping import ProtoDecoder, ProtoOptions
-from rsm_sidecar.iceberg.rows import (
-    RAW_RECORD_SCHEMA,
-    EncoderSpec,
-    KafkaRecord,
-    RowEncoder,
-    align,
-    raw_batch,
-)
+from rsm_sidecar.iceberg.decoding.proto_mapping import ProtoDecoder, ProtoOptions
+from rsm_sidecar.iceberg.mapping.rows import EncoderSpec, RowEncoder, align
+from rsm_sidecar.iceberg.reading.raw_records import RAW_RECORD_SCHEMA, KafkaRecord, raw_batch
 from rsm_sidecar.iceberg.types import schema_to_arrow, spark_ddl
 from tests.iceberg.test_proto_mapping import order_schema
 
@@ -154,7 +148,7 @@ def test_values_arrow_rejects_become_record_errors(tmp_path):
     (tmp_path / "p2.proto").write_text('syntax = "proto2"; package p; message M { optional string s = 1; }')
     out = tmp_path / "p2.binpb"
     assert protoc.main(["protoc", f"-I{tmp_path}", f"--descriptor_set_out={out}", "p2.proto"]) == 0
-    from rsm_sidecar.iceberg.rows import descriptor_set_side
+    from rsm_sidecar.iceberg.decoding.sides import descriptor_set_side
 
     enc = RowEncoder(EncoderSpec(val=descriptor_set_side(out, "p.M")))
     rows = enc.encode(
@@ -171,7 +165,7 @@ def test_values_arrow_rejects_become_record_errors(tmp_path):
 
 
 def _avro(fields_or_schema) -> object:
-    from rsm_sidecar.iceberg.schema_registry import parse_avro
+    from rsm_sidecar.iceberg.decoding.schema_registry import parse_avro
 
     schema = fields_or_schema
     if isinstance(fields_or_schema, list):
@@ -184,7 +178,7 @@ def _avro(fields_or_schema) -> object:
 
 
 def test_avro_resolution_loss_rules():
-    from rsm_sidecar.iceberg.avro_mapping import resolution_loss
+    from rsm_sidecar.iceberg.decoding.avro_mapping import resolution_loss
 
     def loss(w, r):
         return resolution_loss(_avro(w), _avro(r))
@@ -243,7 +237,7 @@ def test_avro_resolution_loss_rules():
 
 
 def test_avro_union_members_take_only_values_they_hold_exactly():
-    from rsm_sidecar.iceberg.avro_mapping import AvroMapper
+    from rsm_sidecar.iceberg.decoding.avro_mapping import AvroMapper
 
     m = AvroMapper(_avro([("n", ["null", "int", "long"]), ("f", ["null", "float", "double", "string"])]))
     rows = [
@@ -265,9 +259,9 @@ def test_avro_union_members_take_only_values_they_hold_exactly():
 
 def test_an_avro_schema_the_loss_check_cannot_read_keeps_raw(monkeypatch):
     """If the schema comparison itself fails, the record keeps ``__raw__`` (the job goes on)."""
-    from rsm_sidecar.iceberg import rows as rows_mod
-    from rsm_sidecar.iceberg.framing import encode_preamble
-    from rsm_sidecar.iceberg.schema_registry import AVRO, ResolvedSchema, SchemaRegistry
+    from rsm_sidecar.iceberg.decoding import sides as sides_mod
+    from rsm_sidecar.iceberg.decoding.framing import encode_preamble
+    from rsm_sidecar.iceberg.decoding.schema_registry import AVRO, ResolvedSchema, SchemaRegistry
 
     conf = {"url": "http://127.0.0.1:9/unused-loss-check"}
     reg = SchemaRegistry.shared(conf)
@@ -278,8 +272,8 @@ def test_an_avro_schema_the_loss_check_cannot_read_keeps_raw(monkeypatch):
     def broken(w, r):
         raise KeyError("type")
 
-    monkeypatch.setattr(rows_mod, "resolution_loss", broken)
-    enc = RowEncoder(EncoderSpec(val=rows_mod.SideSpec("avro", conf, 7)))
+    monkeypatch.setattr(sides_mod, "resolution_loss", broken)
+    enc = RowEncoder(EncoderSpec(val=sides_mod.SideSpec("avro", conf, 7)))
     value = encode_preamble(7) + b"\x0a"
     (row,) = enc.encode(raw_batch([KafkaRecord(0, 0, 0, 1, 1, None, value)])).to_pylist()
     assert row["val"]["a"] == 5 and row["val"]["__err__"] is None and row["val"]["__raw__"] == value
@@ -321,9 +315,9 @@ def test_an_avro_schema_the_loss_check_cannot_read_keeps_raw(monkeypatch):
 def test_avro_fields_named_like_side_columns_are_rejected_clearly(schema, message):
     """As for Protobuf: a top-level field called like a synthesized column is a ConfigError."""
     from rsm_sidecar.errors import ConfigError
-    from rsm_sidecar.iceberg.avro_mapping import AvroMapper
-    from rsm_sidecar.iceberg.proto_mapping import ReservedFieldName
-    from rsm_sidecar.iceberg.schema_registry import parse_avro
+    from rsm_sidecar.iceberg.decoding.avro_mapping import AvroMapper
+    from rsm_sidecar.iceberg.decoding.proto_mapping import ReservedFieldName
+    from rsm_sidecar.iceberg.decoding.schema_registry import parse_avro
 
     with pytest.raises(ReservedFieldName) as info:
         AvroMapper(parse_avro(json.dumps(schema), {}))
@@ -334,7 +328,7 @@ def test_avro_fields_named_like_side_columns_are_rejected_clearly(schema, messag
 
 
 def test_avro_side_column_names_below_the_top_level_are_plain_fields():
-    from rsm_sidecar.iceberg.avro_mapping import AvroMapper
+    from rsm_sidecar.iceberg.decoding.avro_mapping import AvroMapper
 
     inner = {"type": "record", "name": "N", "fields": [{"name": "__err__", "type": "string"}]}
     m = AvroMapper(_avro([("n", inner), ("l", {"type": "array", "items": "N"})]))
@@ -345,8 +339,8 @@ def test_avro_side_column_names_below_the_top_level_are_plain_fields():
 def _times_encoder(url: str, **opts) -> RowEncoder:
     """A RowEncoder whose value side is ``tm.Times`` framed with schema id 3 (held in the
     registry client's cache: no server)."""
-    from rsm_sidecar.iceberg.rows import SideSpec
-    from rsm_sidecar.iceberg.schema_registry import PROTOBUF, ResolvedSchema, SchemaRegistry
+    from rsm_sidecar.iceberg.decoding.schema_registry import PROTOBUF, ResolvedSchema, SchemaRegistry
+    from rsm_sidecar.iceberg.decoding.sides import SideSpec
     from tests.iceberg.test_proto_mapping import TIMES, times_schema
 
     conf = {"url": url}
@@ -360,7 +354,7 @@ def test_sub_microsecond_nanos_keep_the_value_bytes():
     """A record with a Timestamp/Duration the µs columns cut keeps its value bytes in
     ``val.__raw__`` (no ``__err__``, decoded fields filled), on the vectorised path and on the
     per-record one; the other records keep none."""
-    from rsm_sidecar.iceberg.framing import encode_preamble
+    from rsm_sidecar.iceberg.decoding.framing import encode_preamble
     from tests.iceberg.test_proto_mapping import times_cases, times_schema
 
     enc = _times_encoder("http://127.0.0.1:9/unused-sub-micros")
@@ -393,7 +387,7 @@ def test_sub_microsecond_nanos_unframed(tmp_path):
     """Unframed values (descriptor-set side): ``__raw__`` is the payload itself."""
     from google.protobuf import descriptor_pb2
 
-    from rsm_sidecar.iceberg.rows import descriptor_set_side
+    from rsm_sidecar.iceberg.decoding.sides import descriptor_set_side
     from tests.iceberg.test_proto_mapping import times_cases, times_schema
 
     schema = times_schema()

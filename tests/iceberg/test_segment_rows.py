@@ -8,8 +8,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from rsm_sidecar.iceberg.rows import RAW_RECORD_SCHEMA
-from rsm_sidecar.iceberg.segment_rows import SegmentRowReader
+from rsm_sidecar.iceberg.reading.raw_records import RAW_RECORD_SCHEMA, SegmentRowReader
 from rsm_sidecar.kafka import (
     AbortedTxn,
     Compression,

@@ -11,17 +11,11 @@ import pytest
 
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg import jars
-from rsm_sidecar.iceberg.evolution import ensure_table
-from rsm_sidecar.iceberg.rows import (
-    RAW_RECORD_SCHEMA,
-    EncoderSpec,
-    KafkaRecord,
-    RowEncoder,
-    map_in_arrow_fn,
-    raw_batch,
-    resolve_side,
-)
-from rsm_sidecar.iceberg.schema_registry import SchemaRegistry
+from rsm_sidecar.iceberg.decoding.schema_registry import SchemaRegistry
+from rsm_sidecar.iceberg.decoding.sides import resolve_side
+from rsm_sidecar.iceberg.mapping.evolution import ensure_table
+from rsm_sidecar.iceberg.mapping.rows import EncoderSpec, RowEncoder, map_in_arrow_fn
+from rsm_sidecar.iceberg.reading.raw_records import RAW_RECORD_SCHEMA, KafkaRecord, raw_batch
 from rsm_sidecar.iceberg.types import schema_to_arrow, spark_ddl
 
 UTC = dt.UTC

@@ -14,16 +14,11 @@ import pytest
 
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.iceberg.job import load_config
-from rsm_sidecar.iceberg.segments import (
-    RemoteSegment,
-    SegmentTask,
-    executor_context,
-    list_topic_segments,
-    plan_partition,
-    read_task,
-    split_points,
-    split_segments,
-)
+from rsm_sidecar.iceberg.planning.chains import plan_partition
+from rsm_sidecar.iceberg.planning.listing import RemoteSegment, list_topic_segments
+from rsm_sidecar.iceberg.planning.splitting import split_points, split_segments
+from rsm_sidecar.iceberg.planning.tasks import SegmentTask
+from rsm_sidecar.iceberg.reading.segment_tasks import executor_context, read_task
 from rsm_sidecar.kafka.indexes import OffsetPosition, TimestampOffset
 from rsm_sidecar.segment.reader import SegmentReader
 from tests.iceberg.convert_helpers import T0, SyntheticTopic, rows

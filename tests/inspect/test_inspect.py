@@ -569,7 +569,7 @@ def test_dump_decodes_avro_values_through_the_schema_registry(inspect_cli, stack
     import fastavro
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-    from rsm_sidecar.iceberg.framing import encode_preamble
+    from rsm_sidecar.iceberg.decoding.framing import encode_preamble
 
     schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(
         "orders-value", Schema(json.dumps(ORDER_SCHEMA), "AVRO")

@@ -1,61 +1,37 @@
-"""The table's row schema and the raw-record -> ``pyarrow.RecordBatch`` encoder.
+"""Key and value bytes -> the decoded columns of one side (``key`` or ``val``) of the table.
 
-Row schema (Bufstream layout, docs/iceberg.md)::
-
-    key      struct<__raw__ binary, __prefix__ binary, __err__ string, <decoded fields>...>
-    val      struct<__raw__ binary, __prefix__ binary, __err__ string, <decoded fields>...>
-    headers  list<struct<key string, value binary>>
-    kafka    struct<partition int, offset long, event_timestamp timestamptz,
-                    ingest_timestamp timestamptz, batch_start long>
-
-For Protobuf the decoded fields end with the message's ``__unrecognized__``. ``key.__raw__`` is
-always set; ``val.__raw__`` only when there is no schema, decoding failed, (Avro) the
-record's writer schema loses data in the table's
-(:func:`~rsm_sidecar.iceberg.avro_mapping.resolution_loss`), or (Protobuf) a Timestamp or
-Duration in the record has nanos the µs columns cut
-(:meth:`~rsm_sidecar.iceberg.proto_mapping.ProtoDecoder.children_lossy`). ``__prefix__``
-is the schema-registry preamble (magic, id, message indexes). A null key/value (tombstone)
-gives a null ``key``/``val`` struct. Record-level problems (no magic byte, unknown schema id, bytes
-that do not decode) set ``__err__`` and ``__raw__`` and leave the decoded fields null; a
-registry that is down raises :class:`~rsm_sidecar.iceberg.schema_registry.RegistryUnavailable`
-out of :meth:`RowEncoder.encode` so the job fails.
-
-Input is a *raw record batch* (:data:`RAW_RECORD_SCHEMA`, one row per Kafka record) so that
-``headers`` and the ``kafka`` columns pass through as Arrow arrays without Python objects;
-:func:`raw_batch` builds one from Python tuples.
+:func:`resolve_side` / :func:`descriptor_set_side` decide, on the driver, how a side is decoded
+(raw, Protobuf through the registry or a descriptor set, Avro through the registry) and give a
+picklable :class:`SideSpec`; :func:`build_side` rebuilds it on an executor as a :class:`Side`,
+whose ``decode`` turns a column of framed values into ``__raw__``, ``__prefix__``, ``__err__``
+and the decoded fields (:mod:`~rsm_sidecar.iceberg.decoding.proto_mapping`,
+:mod:`~rsm_sidecar.iceberg.decoding.avro_mapping`). Record-level problems (no magic byte,
+unknown schema id, bytes that do not decode) set ``__err__`` and ``__raw__``; a registry that is
+down raises :class:`~rsm_sidecar.iceberg.decoding.schema_registry.RegistryUnavailable`.
 """
 
 from __future__ import annotations
 
-import gc
 import itertools
 import os
-import pickle
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf.message import DecodeError
-from pyiceberg.schema import Schema
 from pyiceberg.types import (
-    BinaryType,
-    IntegerType,
-    LongType,
     NestedField,
-    StringType,
     StructType,
-    TimestamptzType,
 )
 
 from rsm_sidecar.errors import ConfigError
-from rsm_sidecar.iceberg import framing
-from rsm_sidecar.iceberg.avro_mapping import AvroMapper, read_datum, resolution_loss
-from rsm_sidecar.iceberg.proto_mapping import ProtoDecoder, ProtoOptions
-from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema
-from rsm_sidecar.iceberg.schema_registry import (
+from rsm_sidecar.iceberg.decoding import framing
+from rsm_sidecar.iceberg.decoding.avro_mapping import AvroMapper, read_datum, resolution_loss
+from rsm_sidecar.iceberg.decoding.proto_mapping import ProtoDecoder, ProtoOptions
+from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
+from rsm_sidecar.iceberg.decoding.schema_registry import (
     AVRO,
     PROTOBUF,
     RegistryAuthError,
@@ -66,55 +42,7 @@ from rsm_sidecar.iceberg.schema_registry import (
     SubjectSpec,
     UnknownSchema,
 )
-from rsm_sidecar.iceberg.types import IdCounter, list_of, opt, renumber, schema_to_arrow, to_arrow
-
-RAW, PREFIX, ERR = "__raw__", "__prefix__", "__err__"
-
-HEADER_TYPE = pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))
-
-#: One row per Kafka record; timestamps are epoch milliseconds (null or negative: none).
-RAW_RECORD_SCHEMA = pa.schema(
-    [
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("batch_start", pa.int64()),
-        ("timestamp", pa.int64()),
-        ("ingest_timestamp", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("headers", HEADER_TYPE),
-    ]
-)
-
-
-class KafkaRecord(NamedTuple):
-    partition: int
-    offset: int
-    batch_start: int
-    timestamp: int | None
-    ingest_timestamp: int | None
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes | None]] = ()
-
-
-def raw_batch(records: Iterable[KafkaRecord | tuple]) -> pa.RecordBatch:
-    """A :data:`RAW_RECORD_SCHEMA` batch from Python records (tests, small producers)."""
-    cols: list[list] = [[] for _ in range(8)]
-    for r in records:
-        for i, v in enumerate(r):
-            cols[i].append(v)
-        if len(r) == 7:
-            cols[7].append(())
-    hdrs = [
-        [(k if isinstance(k, str) else bytes(k).decode("utf-8", "replace"), v) for k, v in h] for h in cols[7]
-    ]
-    arrays = [pa.array(c, f.type) for c, f in zip(cols[:7], RAW_RECORD_SCHEMA)]
-    arrays.append(pa.array(hdrs, HEADER_TYPE))
-    return pa.RecordBatch.from_arrays(arrays, schema=RAW_RECORD_SCHEMA)
-
-
-# ============================================================================ sides
+from rsm_sidecar.iceberg.types import to_arrow
 
 
 @dataclass(frozen=True)
@@ -225,7 +153,7 @@ def descriptor_set_side(
     )
 
 
-class _Side:
+class Side:
     """Decodes one column of key or value bytes into the side's struct children."""
 
     decoded_type: StructType  # decoded fields only (placeholder ids)
@@ -250,7 +178,7 @@ class _Side:
         return None
 
 
-class _RawSide(_Side):
+class RawSide(Side):
     def __init__(self) -> None:
         self.decoded_type = StructType()
 
@@ -271,7 +199,7 @@ def _null_rows(children: list[pa.Array], bad: list[bool], arrow_fields: list[pa.
     return tmp.flatten()
 
 
-class _ProtoSide(_Side):
+class ProtoSide(Side):
     def __init__(self, spec: SideSpec, registry: SchemaRegistry | None):
         self.registry = registry
         self.framed = spec.kind == "protobuf"
@@ -454,7 +382,7 @@ class _ProtoSide(_Side):
             return self.decoder.children_lossy(msgs)
 
 
-class _AvroSide(_Side):
+class AvroSide(Side):
     def __init__(self, spec: SideSpec, registry: SchemaRegistry):
         assert spec.schema_id is not None
         self.registry = registry
@@ -572,221 +500,13 @@ class _AvroSide(_Side):
             return pa.concat_arrays(out)
 
 
-def build_side(spec: SideSpec) -> _Side:
+def build_side(spec: SideSpec) -> Side:
     registry = SchemaRegistry.shared(spec.registry) if spec.registry else None
     if spec.kind == "raw":
-        return _RawSide()
+        return RawSide()
     if spec.kind in ("protobuf", "protobuf-unframed"):
-        return _ProtoSide(spec, registry)
+        return ProtoSide(spec, registry)
     if spec.kind == "avro":
         assert registry is not None
-        return _AvroSide(spec, registry)
+        return AvroSide(spec, registry)
     raise ValueError(f"unknown side kind {spec.kind!r}")
-
-
-# ============================================================================ row schema
-
-
-def side_type(decoded: StructType, ids: IdCounter) -> StructType:
-    meta = [opt(ids, RAW, BinaryType()), opt(ids, PREFIX, BinaryType()), opt(ids, ERR, StringType())]
-    rest = renumber(decoded, ids)
-    assert isinstance(rest, StructType)  # renumber keeps the kind of type
-    return StructType(*meta, *rest.fields)
-
-
-def kafka_type(ids: IdCounter) -> StructType:
-    return StructType(
-        opt(ids, "partition", IntegerType()),
-        opt(ids, "offset", LongType()),
-        opt(ids, "event_timestamp", TimestamptzType()),
-        opt(ids, "ingest_timestamp", TimestamptzType()),
-        opt(ids, "batch_start", LongType()),
-    )
-
-
-def headers_type(ids: IdCounter):
-    return list_of(ids, StructType(opt(ids, "key", StringType()), opt(ids, "value", BinaryType())))
-
-
-def row_schema(key_decoded: StructType, val_decoded: StructType) -> Schema:
-    """The full table schema (placeholder ids) for the given decoded key/value types."""
-    ids = IdCounter(1)
-    top_ids = [next(ids) for _ in range(4)]
-    return Schema(
-        NestedField(top_ids[0], "key", side_type(key_decoded, ids), required=False),
-        NestedField(top_ids[1], "val", side_type(val_decoded, ids), required=False),
-        NestedField(top_ids[2], "headers", headers_type(ids), required=False),
-        NestedField(top_ids[3], "kafka", kafka_type(ids), required=False),
-    )
-
-
-# ============================================================================ encoder
-
-
-@dataclass(frozen=True)
-class EncoderSpec:
-    """Picklable: everything a Spark Python worker needs to rebuild the :class:`RowEncoder`."""
-
-    key: SideSpec = field(default_factory=SideSpec)
-    val: SideSpec = field(default_factory=SideSpec)
-    #: The table's Arrow schema to align to (None: the mapping's own schema).
-    table_arrow_schema: bytes | None = None
-
-    def with_table(self, arrow_schema: pa.Schema) -> EncoderSpec:
-        return EncoderSpec(self.key, self.val, arrow_schema.serialize().to_pybytes())
-
-
-def _ms_to_ts(arr: pa.Array) -> pa.Array:
-    arr = arr.cast(pa.int64())
-    valid = pc.and_(pc.is_valid(arr), pc.greater_equal(arr, 0))
-    us = pc.multiply(arr, 1000)
-    return pc.if_else(valid, us, pa.scalar(None, pa.int64())).cast(pa.timestamp("us", tz="UTC"))
-
-
-class RowEncoder:
-    """Raw record batches -> row batches of the table schema."""
-
-    def __init__(self, spec: EncoderSpec):
-        self.spec = spec
-        self.key_side = build_side(spec.key)
-        self.val_side = build_side(spec.val)
-        self.schema = row_schema(self.key_side.decoded_type, self.val_side.decoded_type)
-        self.mapped_arrow_schema = schema_to_arrow(self.schema)
-        self.arrow_schema = (
-            pa.ipc.read_schema(pa.py_buffer(spec.table_arrow_schema))
-            if spec.table_arrow_schema
-            else self.mapped_arrow_schema
-        )
-        self._key_fields = list(self.mapped_arrow_schema.field("key").type)
-        self._val_fields = list(self.mapped_arrow_schema.field("val").type)
-
-    def _side(self, side: _Side, col: pa.Array, fields: list[pa.Field], always_raw: bool) -> pa.Array:
-        fast = side.decode_arrow(col)
-        if fast is not None:
-            children, prefixes, errs, lossy = fast
-            keep = always_raw or isinstance(side, _RawSide)  # no schema: the bytes are the value
-            if keep:
-                raw = col
-            elif lossy is not None:  # the decoded fields cannot give back all of these rows
-                raw = pc.if_else(lossy, col.cast(pa.binary()), pa.scalar(None, pa.binary()))
-            else:
-                raw = pa.nulls(len(col), pa.binary())
-        else:
-            datas = col.to_pylist()
-            children, prefixes, errs, lossy = side.decode_keeping(datas)
-            if always_raw or isinstance(side, _RawSide):
-                raw = col
-            else:
-                raws = [d if e is not None else None for d, e in zip(datas, errs)]
-                for i in lossy:
-                    raws[i] = datas[i]
-                raw = pa.array(raws, pa.binary())
-            prefixes, errs = pa.array(prefixes, pa.binary()), pa.array(errs, pa.string())
-        arrays = [raw.cast(pa.binary()), prefixes, errs, *children]
-        mask = col.is_null() if col.null_count else None
-        return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask)
-
-    def encode(self, raw: pa.RecordBatch) -> pa.RecordBatch:
-        """Encode one :data:`RAW_RECORD_SCHEMA` batch into a batch of :attr:`arrow_schema`.
-
-        The cyclic garbage collector is paused for the batch: decoding allocates ~10 objects
-        per record, none of them in reference cycles, and gen-0 collections scanning the
-        batch's lists otherwise halve the throughput.
-        """
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return self._encode(raw)
-        finally:
-            if was_enabled:
-                gc.enable()
-
-    def _encode(self, raw: pa.RecordBatch) -> pa.RecordBatch:
-        key = self._side(self.key_side, raw.column("key"), self._key_fields, True)
-        val = self._side(self.val_side, raw.column("value"), self._val_fields, False)
-        kafka = pa.StructArray.from_arrays(
-            [
-                raw.column("partition").cast(pa.int32()),
-                raw.column("offset").cast(pa.int64()),
-                _ms_to_ts(raw.column("timestamp")),
-                _ms_to_ts(raw.column("ingest_timestamp")),
-                raw.column("batch_start").cast(pa.int64()),
-            ],
-            fields=list(self.mapped_arrow_schema.field("kafka").type),
-        )
-        headers = raw.column("headers")
-        if headers.type != self.mapped_arrow_schema.field("headers").type:
-            headers = headers.cast(self.mapped_arrow_schema.field("headers").type)
-        cols = [key, val, headers, kafka]
-        if self.arrow_schema is not self.mapped_arrow_schema:
-            cols = [
-                align(c, self.arrow_schema.field(f.name).type) for c, f in zip(cols, self.mapped_arrow_schema)
-            ]
-        return pa.RecordBatch.from_arrays(cols, schema=self.arrow_schema)
-
-
-# ============================================================================ alignment
-
-
-def _null_offsets(arr: pa.Array) -> pa.Array:
-    """Offsets with a null where the list/map slot is null (how ``from_arrays`` takes nulls)."""
-    if not arr.null_count:
-        return arr.offsets
-    valid = pa.concat_arrays([arr.is_valid(), pa.array([True])])
-    return pc.if_else(valid, arr.offsets, pa.scalar(None, pa.int32()))
-
-
-def align(arr: pa.Array, target: pa.DataType) -> pa.Array:
-    """Make ``arr`` have type ``target``: struct children matched by name (missing -> null,
-    extra dropped), lists/maps recursively, primitives cast (int->long, float->double)."""
-    if arr.type == target:
-        return arr
-    if pa.types.is_struct(target) and pa.types.is_struct(arr.type):
-        have = {arr.type.field(i).name: i for i in range(arr.type.num_fields)}
-        children = []
-        for f in target:
-            if f.name in have:
-                children.append(align(arr.field(have[f.name]), f.type))
-            else:
-                children.append(pa.nulls(len(arr), f.type))
-        mask = arr.is_null() if arr.null_count else None
-        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
-    if pa.types.is_list(target) and pa.types.is_list(arr.type):
-        values = align(arr.values, target.value_type)
-        return pa.ListArray.from_arrays(_null_offsets(arr), values, type=target)
-    if pa.types.is_map(target) and pa.types.is_map(arr.type):
-        keys = align(arr.keys, target.key_type)
-        items = align(arr.items, target.item_type)
-        return pa.MapArray.from_arrays(_null_offsets(arr), keys, items, type=target)
-    try:
-        return arr.cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return pa.nulls(len(arr), target)
-
-
-# ============================================================================ mapInArrow
-
-_ENCODERS: dict[bytes, RowEncoder] = {}
-_ENC_LOCK = threading.Lock()
-
-
-def encoder_for(spec: EncoderSpec) -> RowEncoder:
-    """One :class:`RowEncoder` per spec per process (Spark reuses Python workers)."""
-    key = pickle.dumps(spec)
-    with _ENC_LOCK:
-        enc = _ENCODERS.get(key)
-        if enc is None:
-            enc = _ENCODERS[key] = RowEncoder(spec)
-        return enc
-
-
-def map_in_arrow_fn(spec: EncoderSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A function for ``df.mapInArrow(fn, schema)`` turning raw record batches into rows."""
-
-    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        enc = encoder_for(spec)
-        for b in batches:
-            if b.num_rows:
-                yield enc.encode(b)
-
-    return fn

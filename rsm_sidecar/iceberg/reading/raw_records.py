@@ -34,13 +34,61 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from rsm_sidecar.iceberg.rows import HEADER_TYPE, RAW_RECORD_SCHEMA
 from rsm_sidecar.kafka import AbortedTxn, ReadCommittedFilter, RecordBatch, TimestampType
 from rsm_sidecar.kafka.records import parse_records
+
+# ============================================================================ raw record batches
+
+HEADER_TYPE = pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))
+
+#: One row per Kafka record; timestamps are epoch milliseconds (null or negative: none).
+RAW_RECORD_SCHEMA = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("batch_start", pa.int64()),
+        ("timestamp", pa.int64()),
+        ("ingest_timestamp", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", HEADER_TYPE),
+    ]
+)
+
+
+class KafkaRecord(NamedTuple):
+    partition: int
+    offset: int
+    batch_start: int
+    timestamp: int | None
+    ingest_timestamp: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes | None]] = ()
+
+
+def raw_batch(records: Iterable[KafkaRecord | tuple]) -> pa.RecordBatch:
+    """A :data:`RAW_RECORD_SCHEMA` batch from Python records (tests, small producers)."""
+    cols: list[list] = [[] for _ in range(8)]
+    for r in records:
+        for i, v in enumerate(r):
+            cols[i].append(v)
+        if len(r) == 7:
+            cols[7].append(())
+    hdrs = [
+        [(k if isinstance(k, str) else bytes(k).decode("utf-8", "replace"), v) for k, v in h] for h in cols[7]
+    ]
+    arrays = [pa.array(c, f.type) for c, f in zip(cols[:7], RAW_RECORD_SCHEMA)]
+    arrays.append(pa.array(hdrs, HEADER_TYPE))
+    return pa.RecordBatch.from_arrays(arrays, schema=RAW_RECORD_SCHEMA)
+
+
+# ============================================================================ segment -> raw record batches
 
 DEFAULT_MAX_RECORDS = 10_000
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024

@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyiceberg.catalog.sql import SqlCatalog
     from pyspark.sql import SparkSession
 
-    from rsm_sidecar.iceberg.catalogs import CatalogSpec
+    from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
+    from rsm_sidecar.iceberg.settings import JobSettings
 
 DEFAULT_CATALOG_NAME = "rsm"
 
@@ -162,3 +163,34 @@ def spark_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def under_spark_submit() -> bool:
+    """True when this driver was started by ``spark-submit`` (its JVM is already running)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def open_session(
+    spec: CatalogSpec, settings: JobSettings, app_name: str, extra: Mapping[str, str] | None = None
+):
+    """The job's SparkSession. Standalone: a session of its own (``iceberg.spark.master``, jars
+    from the local cache, the job's catalog). Under ``spark-submit``: the submitted
+    application's session, given only the Iceberg extensions and the job's catalog - master,
+    jars, Python and resources are what ``spark-submit`` was told (docs/iceberg.md)."""
+    if not under_spark_submit():
+        from rsm_sidecar.iceberg.session.spark import spark_session
+
+        return spark_session(spec, master=settings.master, app_name=app_name, cloud=spec.cloud(), extra=extra)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for k, v in {**spec.prepare().spark_conf(), **(extra or {})}.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
+# ============================================================================ results

@@ -1,7 +1,7 @@
 """The catalogs a job writes to, configured identically on the Spark and PyIceberg sides.
 
 * ``local`` (the embedded default): Iceberg's ``JdbcCatalog`` on a SQLite file (WAL) for Spark
-  and PyIceberg's ``SqlCatalog`` on the same file (:class:`~rsm_sidecar.iceberg.spark.LocalCatalog`).
+  and PyIceberg's ``SqlCatalog`` on the same file (:class:`~rsm_sidecar.iceberg.session.spark.LocalCatalog`).
 * ``rest``: an Iceberg REST catalog (Spark ``type=rest``, PyIceberg ``RestCatalog``).
 
 Either can have an ``s3://`` warehouse; then both sides get ``S3FileIO`` / PyArrow S3 settings
@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.iceberg.session.spark import LocalCatalog, default_catalog
 from rsm_sidecar.iceberg.settings import JobSettings
-from rsm_sidecar.iceberg.spark import LocalCatalog, default_catalog
 
 
 @dataclasses.dataclass(frozen=True)
 class CatalogSpec:
-    """Duck-types :class:`LocalCatalog` for :func:`rsm_sidecar.iceberg.spark.spark_conf`
+    """Duck-types :class:`LocalCatalog` for :func:`rsm_sidecar.iceberg.session.spark.spark_conf`
     (``name``, ``prepare()``, ``spark_conf()``, ``pyiceberg()``)."""
 
     type: str

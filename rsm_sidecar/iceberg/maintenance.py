@@ -30,9 +30,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rsm_sidecar.iceberg import markers as mk
-from rsm_sidecar.iceberg.catalogs import CatalogSpec
-from rsm_sidecar.iceberg.segments import StorageParams, executor_context, list_topic_segments
+from rsm_sidecar.iceberg.committing import markers as mk
+from rsm_sidecar.iceberg.planning.listing import list_topic_segments
+from rsm_sidecar.iceberg.reading.segment_tasks import StorageParams, executor_context
+from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.settings import JobSettings
 
 
@@ -77,7 +78,7 @@ def maintain(
     result = MaintainResult(ident)
     own = spark is None
     if own:
-        from rsm_sidecar.iceberg.job import open_session
+        from rsm_sidecar.iceberg.session.spark import open_session
 
         spark = open_session(spec, settings, f"rsm-iceberg-maintain-{topic}")
     else:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rsm_sidecar.errors import ConfigError, Unavailable
-from rsm_sidecar.iceberg.protobuf_schema import ProtoSchema, SchemaCompileError
+from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema, SchemaCompileError
 
 PROTOBUF = "PROTOBUF"
 AVRO = "AVRO"

@@ -6,7 +6,7 @@ one file per partition value) avoids shipping every row back into the JVM, turni
 into rows there and writing them again with Iceberg's row-based writer - which cost more than
 the whole decode (docs/iceberg.md "Performance"). Spark still schedules the tasks; each task
 returns the descriptions of the files it wrote (:class:`WrittenFile`), and the driver adds them
-to the table in one conditional commit (:func:`rsm_sidecar.iceberg.markers.commit_files`).
+to the table in one conditional commit (:func:`rsm_sidecar.iceberg.committing.markers.commit_files`).
 
 Memory per task (bounded, whatever the segment size): for each open file (at most
 :data:`MAX_OPEN_FILES`, one per partition value), the batches not yet written, at most

@@ -1,0 +1,180 @@
+"""Driver, step 2 of planning: which segments of a partition a run converts.
+
+:class:`PartitionPlan` picks, per partition, the chain of segments that covers the offsets from
+the table's next offset upwards without overlap (re-uploaded segments - the same offsets under a
+new segment id after a failed copy or a leader change - are alternatives for the same offsets,
+never converted twice), and the offset range ``[lo, hi]`` each task emits. The plan's tasks are
+cut further by :mod:`~rsm_sidecar.iceberg.planning.splitting`; its transactions are settled by
+:mod:`~rsm_sidecar.iceberg.planning.transactions`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment, with_manifest_info
+from rsm_sidecar.iceberg.planning.tasks import SegmentTask
+from rsm_sidecar.iceberg.planning.transactions import finish_transactions
+from rsm_sidecar.kafka import AbortedTxn
+from rsm_sidecar.segment.reader import SegmentReader
+
+
+@dataclasses.dataclass
+class PartitionPlan:
+    partition: int
+    next_offset: int  # from the table's marker
+    ingest_state: int
+    chain: list[RemoteSegment] = dataclasses.field(default_factory=list)
+    ranges: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    skipped: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # lost to retention
+    waiting: str | None = None  # why the plan stops where it stops
+    aborted: list[AbortedTxn] = dataclasses.field(default_factory=list)
+    #: the wall clock (ms) when the plan was made: the ingest bound of segments whose
+    #: manifest has no copy time
+    planned_ms: int = dataclasses.field(default_factory=lambda: int(time.time() * 1000))
+    #: chain index -> split points of that segment: (first offset of a task after the first,
+    #: maximum time of the segment's batches before it, uncapped; -1: none) - see
+    #: :func:`split_segments`
+    splits: dict[int, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+
+    def ingest_bound(self, seg: RemoteSegment) -> int:
+        """The latest time a record of ``seg`` can have been ingested: when the broker began
+        copying it (``eventTimestampMs``), else when this plan was made (the segment was
+        complete in storage by then)."""
+        return seg.copied_ms if seg.copied_ms > 0 else self.planned_ms
+
+    def _state_after(self, state: int, seg: RemoteSegment) -> int:
+        return max(state, min(seg.max_timestamp_ms, self.ingest_bound(seg)))
+
+    @property
+    def new_next_offset(self) -> int:
+        return (
+            self.ranges[-1][1] + 1
+            if self.ranges
+            else (self.skipped[-1][1] + 1 if self.skipped else self.next_offset)
+        )
+
+    @property
+    def new_ingest_state(self) -> int:
+        state = self.ingest_state
+        for seg in self.chain:
+            state = self._state_after(state, seg)
+        return state
+
+    def tasks(self, first_index: int) -> list[SegmentTask]:
+        """The executor tasks: one per chain segment, or several for a split segment (each
+        piece's starting maximum: the segment's, raised by the capped maximum of the segment's
+        batches before the piece)."""
+        out: list[SegmentTask] = []
+        state = self.ingest_state
+        for i, (seg, (lo, hi)) in enumerate(zip(self.chain, self.ranges)):
+            bound = self.ingest_bound(seg)
+            pieces = [(lo, state)] + [
+                (at, max(state, min(prefix, bound))) for at, prefix in self.splits.get(i, [])
+            ]
+            for k, (p_lo, p_state) in enumerate(pieces):
+                last = k == len(pieces) - 1
+                p_hi = hi if last else pieces[k + 1][0] - 1
+                aborted = tuple(
+                    (t.producer_id, t.first_offset, t.last_offset, t.last_stable_offset)
+                    for t in self.aborted
+                    if t.last_offset >= p_lo and t.first_offset <= p_hi
+                )
+                out.append(
+                    SegmentTask(
+                        first_index + len(out),
+                        self.partition,
+                        seg.base,
+                        seg.segment_id,
+                        seg.start_offset,
+                        seg.end_offset,
+                        p_lo,
+                        p_hi,
+                        p_state,
+                        aborted,
+                        seg.describe,
+                        bound,
+                        None if last else pieces[k + 1][1],
+                    )
+                )
+            state = self._state_after(state, seg)
+        return out
+
+
+def choose_chain(
+    segments: list[RemoteSegment], next_offset: int, limit: int = 0, earliest: int | None = None
+) -> tuple[list[RemoteSegment], list[tuple[int, int]], list[tuple[int, int]], str | None]:
+    """Non-overlapping cover of the offsets from ``next_offset`` up.
+
+    Returns ``(chain, ranges, skipped, waiting)``. At each step the segment covering the current
+    offset with the highest end offset is taken (ties: the lowest segment id, deterministic);
+    its range starts at the current offset. Offsets below the earliest segment in storage
+    (``earliest``, default: the earliest of ``segments``) were removed by retention before they
+    were converted: they are skipped (reported). A hole above the earliest segment stops the
+    plan (the segment is not tiered yet, e.g. a copy being retried): ``waiting`` says so.
+    """
+    chain: list[RemoteSegment] = []
+    ranges: list[tuple[int, int]] = []
+    skipped: list[tuple[int, int]] = []
+    if not segments:
+        return chain, ranges, skipped, None
+    if earliest is None:
+        earliest = min(s.start_offset for s in segments)
+    cur = next_offset
+    waiting = None
+    while not limit or len(chain) < limit:
+        covering = [s for s in segments if s.start_offset <= cur <= s.end_offset]
+        if not covering:
+            later = [s for s in segments if s.start_offset > cur]
+            if not later:
+                break
+            nxt = min(s.start_offset for s in later)
+            if cur < earliest:
+                skipped.append((cur, nxt - 1))
+                cur = nxt
+                continue
+            waiting = f"offsets {cur}..{nxt - 1} are not in remote storage (yet)"
+            break
+        best = max(covering, key=lambda s: (s.end_offset, [-ord(c) for c in s.segment_id]))
+        chain.append(best)
+        ranges.append((cur, best.end_offset))
+        cur = best.end_offset + 1
+    return chain, ranges, skipped, waiting
+
+
+def plan_partition(
+    reader: SegmentReader, segments: list[RemoteSegment], next_offset: int, ingest_state: int, limit: int = 0
+) -> PartitionPlan:
+    """The plan of one partition from its listed segments (sorted by start offset).
+
+    Manifests (end offsets, max timestamps) are read for the segments starting at or after
+    ``next_offset`` - the new ones. Only when none of them starts exactly at ``next_offset``
+    (a re-upload straddling it, or nothing new) are older segments' manifests read, newest
+    first, until one covering ``next_offset`` is found. Then the transaction indexes and producer
+    snapshots of the chain are read (:func:`finish_transactions`).
+    """
+    partition = segments[0].partition if segments else -1
+    plan = PartitionPlan(partition, next_offset, ingest_state)
+    if not segments:
+        return plan
+    earliest = segments[0].start_offset
+    later = [s for s in segments if s.start_offset >= next_offset]
+    if limit:
+        later = later[: 2 * limit + 8]
+    known = with_manifest_info(reader, later)
+    if not any(s.start_offset == next_offset for s in known) and next_offset > earliest:
+        older = [s for s in segments if s.start_offset < next_offset][::-1]
+        for i in range(0, len(older), LIST_THREADS):
+            page = [
+                s
+                for s in with_manifest_info(reader, older[i : i + LIST_THREADS])
+                if s.end_offset >= next_offset
+            ]
+            if page:
+                known.append(max(page, key=lambda s: s.end_offset))
+                break
+    chain, ranges, skipped, waiting = choose_chain(known, next_offset, limit, earliest=earliest)
+    plan.chain, plan.ranges, plan.skipped, plan.waiting = chain, ranges, skipped, waiting
+    finish_transactions(reader, plan)
+    return plan

@@ -1,0 +1,95 @@
+"""Driver, step 3 of planning: aborted transactions, and segments that must wait for theirs.
+
+A segment's transaction index lists only the aborts whose marker is in that segment, so the
+driver reads the transaction indexes of every segment of the chain and hands each task the
+aborted transactions overlapping its range. A segment is converted only once every transaction
+with data in it is known to be finished *within the tiered segments*: the producer snapshot
+stored with a later chain segment (the producer state at that segment's end) must show no
+transaction that started at or before the segment's end still open. Otherwise the segment waits
+for the next run (its markers are not tiered yet).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment
+
+if TYPE_CHECKING:
+    from rsm_sidecar.iceberg.planning.chains import PartitionPlan
+
+import concurrent.futures
+
+from rsm_sidecar.errors import NotFound
+from rsm_sidecar.kafka import AbortedTxn
+from rsm_sidecar.kafka.snapshot import parse_producer_snapshot
+from rsm_sidecar.kafka.txnindex import read_txn_index
+from rsm_sidecar.segment.reader import SegmentReader
+
+
+def read_aborted_and_open(
+    reader: SegmentReader, seg: RemoteSegment
+) -> tuple[list[AbortedTxn], list[int] | None]:
+    """(aborted transactions listed in the segment's transaction index, first offsets of the
+    transactions open at its end per its producer snapshot - None when it has no snapshot)."""
+    opened = reader.open_base(seg.base, seg.describe)
+    try:
+        aborted = read_txn_index(
+            reader.read_index(opened, "transaction"), name=f"{seg.base} (transaction index)"
+        )
+    except NotFound:
+        aborted = []
+    try:
+        snap = parse_producer_snapshot(
+            reader.read_index(opened, "producerSnapshot"), name=f"{seg.base} (producer snapshot)"
+        )
+        open_first = [e.current_txn_first_offset for e in snap.entries if e.has_open_transaction]
+    except NotFound:
+        open_first = None
+    return aborted, open_first
+
+
+def finish_transactions(reader: SegmentReader, plan: PartitionPlan) -> None:
+    """Read the chain's transaction indexes and producer snapshots; drop the tail of the chain
+    whose transactions are not all finished within the chain (they wait for the next run)."""
+    if not plan.chain:
+        return
+    chain = plan.chain
+    if len(chain) == 1:
+        infos = [read_aborted_and_open(reader, chain[0])]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(min(LIST_THREADS, len(chain))) as pool:
+            infos = list(pool.map(lambda s: read_aborted_and_open(reader, s), chain))
+    seen = set()
+    aborted = []
+    for txns, _ in infos:
+        for t in txns:
+            key = (t.producer_id, t.first_offset, t.last_offset)
+            if key not in seen:
+                seen.add(key)
+                aborted.append(t)
+    aborted.sort(key=lambda t: (t.last_offset, t.first_offset))
+    plan.aborted = aborted
+    # threshold[j]: every transaction open at chain[j]'s end started after this offset
+    thresholds = []
+    for _, open_first in infos:
+        if open_first is None:
+            thresholds.append(-1)  # unknown: proves nothing
+        else:
+            thresholds.append(min(open_first) - 1 if open_first else 2**63 - 1)
+    # chain[i] is complete iff max(thresholds[i:]) >= its end offset; that is a prefix
+    suffix = -1
+    keep = 0
+    for j in range(len(chain) - 1, -1, -1):
+        suffix = max(suffix, thresholds[j])
+        if suffix >= chain[j].end_offset:
+            keep = j + 1
+            break
+    if keep < len(chain):
+        first_open = chain[keep]
+        plan.waiting = (
+            f"transactions with data in {first_open.describe} or before are still open at "
+            f"the end of the tiered segments; converting it once their markers are tiered"
+        )
+        plan.chain = chain[:keep]
+        plan.ranges = plan.ranges[:keep]

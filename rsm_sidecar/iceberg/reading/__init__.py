@@ -1,0 +1,1 @@
+"""Executors: stored segments -> raw record batches (one row per Kafka record)."""
