@@ -89,3 +89,40 @@ def test_the_design_doc_lists_the_layers_in_this_order():
     section = text.split("## Layers, and where new code goes", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^\| `(?:rsm_sidecar/)?([a-z_]+)(?:\.py|/)?` \|", section, flags=re.M)
     assert tuple(listed) == LAYERS
+
+
+#: inside ``rsm_sidecar/iceberg`` (docs/iceberg.md "The package, in the order the data goes"): what
+#: each sub-package may import of its siblings; job.py, stages.py and maintenance.py tie them together
+ICEBERG = PACKAGE / "iceberg"
+ICEBERG_ALLOWED = {
+    "planning": set(),
+    "reading": {"planning"},
+    "decoding": {"types"},
+    "mapping": {"decoding", "types"},
+    "committing": set(),
+    "session": {"jars", "settings"},
+}
+
+
+def _iceberg_siblings(path: Path) -> set[str]:
+    """The ``rsm_sidecar.iceberg`` modules and sub-packages that a module imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            parts = node.module.split(".")
+            if parts[:2] == ["rsm_sidecar", "iceberg"]:
+                found.add(parts[2] if len(parts) > 2 else node.names[0].name)
+    return found
+
+
+def test_iceberg_sub_packages_import_one_way():
+    wrong = []
+    for sub, allowed in ICEBERG_ALLOWED.items():
+        for path in sorted((ICEBERG / sub).glob("*.py")):
+            extra = _iceberg_siblings(path) - allowed - {sub}
+            if extra:
+                wrong.append(f"{path.relative_to(REPO)} imports {sorted(extra)}")
+    assert not wrong, "\n".join(wrong)
+    assert {p.name for p in ICEBERG.iterdir() if (p / "__init__.py").exists()} - {"submit"} == set(
+        ICEBERG_ALLOWED
+    )
