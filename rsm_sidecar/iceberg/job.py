@@ -67,6 +67,7 @@ from rsm_sidecar.iceberg.stages import (
     counts_param,
     pause_point,
     task_error,
+    with_static_archive_imports,
     write_files_fn,
 )
 
@@ -474,9 +475,9 @@ class ConvertJob:
     def _task_frame(spark, prepared: Prepared):
         """A DataFrame of the prepared segment tasks, one per Spark partition."""
         rows = [(t.index, t.partition, t.to_json()) for t in prepared.tasks]
-        return spark.createDataFrame(
-            spark.sparkContext.parallelize(rows, len(rows)), "idx INT, partition INT, task STRING"
-        )
+        # the Python workers that turn these rows into a DataFrame get static archives too
+        rdd = spark.sparkContext.parallelize(rows, len(rows)).mapPartitions(with_static_archive_imports)
+        return spark.createDataFrame(rdd, "idx INT, partition INT, task STRING")
 
     @contextlib.contextmanager
     def _stage(self, spark, prepared: Prepared) -> Iterator[None]:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import tempfile
 import time
+import zipimport
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,37 @@ def pause_point(name: str) -> None:
         time.sleep(0.05)
 
 
+def static_archive_imports() -> int:
+    """Stop the zip archives on this Python worker's ``sys.path`` from being re-read before
+    every task; returns how many importers were changed.
+
+    PySpark's worker calls ``importlib.invalidate_caches()`` before each task (for files added
+    with ``addPyFile``). Its ``sys.path`` holds ``pyspark.zip``, py4j's zip and Spark's core jar,
+    and an invalidated ``zipimporter`` re-reads its archive's whole directory in pure Python:
+    measured 0.1-0.25 s of CPU per task here, about 1.4 µs per record of a million-record run
+    in six tasks. Those archives do not change while a worker lives, so their importers keep
+    the directory they read; directories, and archives added later, are untouched (an archive
+    appearing later is read when its importer is made, and made static at the next task).
+    """
+    changed = 0
+    for finder in list(sys.path_importer_cache.values()):
+        if isinstance(finder, zipimport.zipimporter) and "invalidate_caches" not in vars(finder):
+            finder.invalidate_caches = _keep_directory  # type: ignore[method-assign]
+            changed += 1
+    return changed
+
+
+def with_static_archive_imports(rows: Iterator[Any]) -> Iterator[Any]:
+    """An RDD partition's rows, unchanged, after :func:`static_archive_imports` (for the Python
+    workers of the task DataFrame, which run none of the job's own functions)."""
+    static_archive_imports()
+    return rows
+
+
+def _keep_directory() -> None:
+    """A static archive's ``invalidate_caches``: its directory stays as read."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ExecutorParams:
     storage: StorageParams
@@ -63,6 +96,7 @@ class ExecutorParams:
 
 def _tasks(batches: Iterator, params: ExecutorParams) -> Iterator[SegmentTask]:
     """The segment tasks of one ``mapInArrow`` input (the test hook pauses at the last one)."""
+    static_archive_imports()
     for b in batches:
         for text in b.column("task").to_pylist():
             task = SegmentTask.from_json(text)
