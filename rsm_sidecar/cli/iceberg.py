@@ -35,6 +35,8 @@ OVERRIDES = {
     "value_raw": "iceberg.value.raw",
     "master": "iceberg.spark.master",
     "max_segments": "iceberg.max_segments",
+    "interval": "iceberg.follow.interval",
+    "metrics_listen": "iceberg.follow.metrics_listen",
 }
 
 
@@ -95,6 +97,14 @@ def register(sub) -> None:
         r.add_argument(f"--{side}-descriptor-set", help=f"descriptor-set file for unframed Protobuf {side}s")
         r.add_argument(f"--{side}-raw", action="store_const", const=True, help=f"keep {side}s raw")
     c.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    f = c.add_argument_group('follow mode (docs/iceberg.md "Follow mode")')
+    f.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep converting in rounds until SIGTERM/SIGINT (exactly once across restarts)",
+    )
+    f.add_argument("--interval", type=float, help="seconds between rounds (iceberg.follow.interval)")
+    f.add_argument("--metrics-listen", help="Prometheus metrics host:port (iceberg.follow.metrics_listen)")
     c.set_defaults(func=_convert)
 
     m = isub.add_parser(
@@ -154,10 +164,44 @@ def _convert(args) -> int:
     from rsm_sidecar.iceberg.job import ConvertJob
 
     cfg, storage = _load(args)
+    if args.follow:
+        return _follow(args, cfg, storage)
     result = ConvertJob(cfg, storage, args.topic, topic_id=args.topic_id, spark_conf=_spark_conf(args)).run()
     if args.json:
         json.dump(dataclasses.asdict(result), sys.stdout, default=str)
         print()
+    return 0
+
+
+def _follow(args, cfg, storage) -> int:
+    import signal
+    import threading
+
+    import prometheus_client
+
+    from rsm_sidecar.errors import ConfigError
+    from rsm_sidecar.iceberg.follow import Follower
+    from rsm_sidecar.service.server import split_listen
+
+    follower = Follower(cfg, storage, args.topic, topic_id=args.topic_id, spark_conf=_spark_conf(args))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    listen = follower.settings.follow_metrics_listen
+    if listen:
+        host, port = split_listen(listen, "iceberg.follow.metrics_listen")
+        try:
+            prometheus_client.start_http_server(
+                port, addr=host or "127.0.0.1", registry=follower.metrics.registry
+            )
+        except (OSError, ValueError) as e:
+            raise ConfigError(
+                f"iceberg.follow.metrics_listen: cannot serve metrics on {listen}: {e}"
+            ) from None
+    every = follower.settings.follow_interval
+    follower.log(f"[follow] {args.topic}: converting every {every:g}s until stopped")
+    follower.run(stop)
+    follower.log(f"[follow] {args.topic}: stopped")
     return 0
 
 

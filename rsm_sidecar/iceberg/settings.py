@@ -268,6 +268,32 @@ CONFIG_KEYS = [
         'number of segments (docs/iceberg.md "Flow of a run"); 0: one task per segment.',
         min=0,
     ),
+    # -- convert --follow -------------------------------------------------------------------
+    Key(
+        "iceberg.follow.interval",
+        "seconds",
+        10.0,
+        "`convert --follow`: pause between two rounds (a round lists the topic's segments and "
+        "converts what is new). A round that lost its commit to another writer plans again at once; "
+        "a failed round waits twice as long each time, up to 30 times this.",
+        min=0.1,
+    ),
+    Key(
+        "iceberg.follow.maintain_interval",
+        "seconds",
+        3600.0,
+        "`convert --follow`: every this many seconds, expire snapshots older than 5 days (the "
+        "marker-tagged one is kept) and delete files no snapshot references that are older than "
+        "1 day (the orphans of killed or out-raced rounds); 0: never.",
+        min=0,
+    ),
+    Key(
+        "iceberg.follow.metrics_listen",
+        "str",
+        "",
+        "`convert --follow`: Prometheus metrics HTTP address `host:port` (path `/metrics`; "
+        "`:port` alone listens on 127.0.0.1); empty disables.",
+    ),
 ]
 
 _TABLE_RE = re.compile(r"[^A-Za-z0-9_]")
@@ -315,6 +341,9 @@ class JobSettings:
     prefetch_bytes: int = 8 * MiB
     max_segments: int = 0
     task_bytes: int = 128 * MiB
+    follow_interval: float = 10.0
+    follow_maintain_interval: float = 3600.0
+    follow_metrics_listen: str = ""
 
     @classmethod
     def from_config(cls, cfg: Config) -> JobSettings:
@@ -392,6 +421,9 @@ class JobSettings:
             prefetch_bytes=cfg["iceberg.read.prefetch_bytes"],
             max_segments=cfg["iceberg.max_segments"],
             task_bytes=cfg["iceberg.task_bytes"],
+            follow_interval=cfg["iceberg.follow.interval"],
+            follow_maintain_interval=cfg["iceberg.follow.maintain_interval"],
+            follow_metrics_listen=cfg["iceberg.follow.metrics_listen"],
         )
 
     def table_name(self, topic: str) -> str:

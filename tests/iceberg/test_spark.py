@@ -201,3 +201,32 @@ def test_registry_down_fails_the_spark_job_and_commits_nothing(spark, local_cata
     with pytest.raises(Exception, match="RegistryUnavailable"):
         out.writeTo("rsm.share.spark_down").append()
     assert catalog.load_table("share.spark_down").current_snapshot() is None
+
+
+def test_several_opening_a_new_embedded_catalog_at_once_all_get_it(tmp_path):
+    """PyIceberg's SqlCatalog checks for its tables, then creates them: on a new catalog file,
+    six openers at once (a follower starting while ``iceberg status`` runs) made some fail with
+    "table ... already exists" (77 of 120 in 20 rounds before the retry)."""
+    import threading
+
+    from rsm_sidecar.iceberg.session.spark import LocalCatalog
+
+    failures = []
+    for i in range(10):
+        root = tmp_path / f"c{i}"
+        LocalCatalog(root).prepare()
+        barrier = threading.Barrier(6)
+
+        def open_catalog(root=root, barrier=barrier):
+            barrier.wait()
+            try:
+                LocalCatalog(root).pyiceberg().list_namespaces()
+            except Exception as exc:  # collected: the assertion names them
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+        threads = [threading.Thread(target=open_catalog) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert failures == []

@@ -37,6 +37,21 @@ class PartitionPlan:
     #: maximum time of the segment's batches before it, uncapped; -1: none) - see
     #: :func:`split_segments`
     splits: dict[int, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    #: the complete segments whose manifest the plan read (those at or above ``next_offset``):
+    #: what is tiered and not yet converted, for :meth:`lag`
+    listed: list[RemoteSegment] = dataclasses.field(default_factory=list)
+
+    def lag(self, next_offset: int, now_ms: int) -> tuple[int, float]:
+        """``(offsets, seconds)`` the table is behind remote storage once it holds the offsets
+        below ``next_offset``: offsets of complete segments at or above it, and the age of the
+        oldest such segment (since the broker began copying it; 0 when unknown or none)."""
+        pending = [s for s in self.listed if s.end_offset >= next_offset]
+        if not pending:
+            return 0, 0.0
+        first = max(next_offset, min(s.start_offset for s in pending))
+        behind = max(s.end_offset for s in pending) + 1 - first
+        copied = [s.copied_ms for s in pending if s.copied_ms > 0]
+        return behind, max(0.0, (now_ms - min(copied)) / 1000) if copied else 0.0
 
     def ingest_bound(self, seg: RemoteSegment) -> int:
         """The latest time a record of ``seg`` can have been ingested: when the broker began
@@ -176,5 +191,6 @@ def plan_partition(
                 break
     chain, ranges, skipped, waiting = choose_chain(known, next_offset, limit, earliest=earliest)
     plan.chain, plan.ranges, plan.skipped, plan.waiting = chain, ranges, skipped, waiting
+    plan.listed = known
     finish_transactions(reader, plan)
     return plan

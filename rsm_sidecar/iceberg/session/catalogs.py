@@ -160,10 +160,7 @@ class CatalogSpec:
     def pyiceberg(self):
         props = self.pyiceberg_properties()
         if self.local is not None:
-            from pyiceberg.catalog.sql import SqlCatalog
-
-            self.local.prepare()
-            return SqlCatalog(self.name, uri=self.local.sqlalchemy_uri, warehouse=self.warehouse_uri, **props)
+            return self.local.pyiceberg(warehouse=self.warehouse_uri, **props)
         from pyiceberg.catalog.rest import RestCatalog
 
         if self.warehouse:

@@ -88,12 +88,25 @@ class LocalCatalog:
             "spark.sql.defaultCatalog": self.name,
         }
 
-    def pyiceberg(self, **properties: str) -> SqlCatalog:
-        """PyIceberg's ``SqlCatalog`` on the same DB file and warehouse, same catalog name."""
+    def pyiceberg(self, warehouse: str | None = None, **properties: str) -> SqlCatalog:
+        """PyIceberg's ``SqlCatalog`` on the same DB file and warehouse, same catalog name.
+
+        A new catalog file gets its tables from the first ``SqlCatalog``, which checks for them
+        and then creates them: two processes doing so at once (a follower starting while
+        ``iceberg status`` runs, two jobs on a fresh catalog) make one fail with "table ...
+        already exists". That one tries again and finds the tables."""
         from pyiceberg.catalog.sql import SqlCatalog
+        from sqlalchemy.exc import OperationalError
 
         self.prepare()
-        return SqlCatalog(self.name, uri=self.sqlalchemy_uri, warehouse=self.warehouse_uri, **properties)
+        for attempt in range(3):
+            try:
+                uri = self.sqlalchemy_uri
+                return SqlCatalog(self.name, uri=uri, warehouse=warehouse or self.warehouse_uri, **properties)
+            except OperationalError as exc:
+                if "already exists" not in str(exc) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
 
 def default_catalog() -> LocalCatalog:

@@ -1,0 +1,252 @@
+"""``rsm-sidecar iceberg convert --follow``: the convert job in rounds, so that a table stays
+fresh without anyone scheduling it (docs/iceberg.md "Follow mode").
+
+A round is one ordinary run of :class:`~rsm_sidecar.iceberg.job.ConvertJob` on one Spark
+session kept for the follower's life: read the markers, list and plan, write, one conditional
+commit. Exactly once comes from the table's markers, not from the follower, so:
+
+* a follower killed at any point (SIGKILL included) starts again from what the table says;
+  nothing of an interrupted round is committed (its data files are orphans that maintenance
+  removes);
+* two followers on one table both plan from the same markers; the first commit wins and the
+  other's fails with :class:`~rsm_sidecar.iceberg.committing.markers.CommitConflict` (nothing of
+  it is committed). That round counts as ``conflict`` and the loser plans again at once, from
+  the new markers. A second follower is safe, but it repeats the winner's work: run one per
+  table, and a second only as a standby.
+
+Between rounds the follower waits ``iceberg.follow.interval``; after a failed round twice as
+long each time (up to 30 intervals), with a fresh Spark session when it started its own. A
+configuration error (:class:`~rsm_sidecar.errors.ConfigError`: a wrong table, a field named like
+a synthesized column, registry credentials refused) stops it: no later round could succeed.
+Every ``iceberg.follow.maintain_interval`` it expires old snapshots and removes old orphans
+(:func:`~rsm_sidecar.iceberg.maintenance.maintain`).
+
+Metrics (``iceberg.follow.metrics_listen``, :class:`FollowMetrics`): rounds by outcome, records
+and segments committed, failures by error class, per-partition lag in offsets and seconds, and
+the freshness of every committed segment: the time from the broker beginning to copy it to its
+rows being committed.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+import prometheus_client as prom
+
+from rsm_sidecar.config import Config
+from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.iceberg.committing.markers import CommitConflict
+from rsm_sidecar.iceberg.job import ConvertJob, ConvertResult, Prepared
+from rsm_sidecar.iceberg.reading.segment_tasks import StorageParams
+from rsm_sidecar.iceberg.settings import JobSettings
+
+#: rounds that failed in a row multiply the pause up to this many intervals
+MAX_BACKOFF_INTERVALS = 30
+#: buckets of the freshness histogram (seconds)
+FRESHNESS_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600, 1800, 3600)
+
+COMMITTED, NOTHING_NEW, CONFLICT, FAILED = "committed", "nothing_new", "conflict", "failed"
+
+
+class FollowMetrics:
+    """The follower's Prometheus metrics, in a registry of their own."""
+
+    def __init__(self, registry: prom.CollectorRegistry | None = None):
+        self.registry = registry or prom.CollectorRegistry()
+        r = self.registry
+        self.rounds = prom.Counter("rsm_iceberg_follow_rounds", "Rounds by outcome.", ["outcome"], registry=r)
+        self.records = prom.Counter(
+            "rsm_iceberg_follow_records", "Records committed to the table.", registry=r
+        )
+        self.segments = prom.Counter(
+            "rsm_iceberg_follow_segments", "Segments committed to the table.", registry=r
+        )
+        self.failures = prom.Counter(
+            "rsm_iceberg_follow_failures", "Failed rounds by error class.", ["error"], registry=r
+        )
+        self.lag_offsets = prom.Gauge(
+            "rsm_iceberg_follow_lag_offsets",
+            "Offsets of complete tiered segments not in the table yet (after the last round).",
+            ["partition"],
+            registry=r,
+        )
+        self.lag_seconds = prom.Gauge(
+            "rsm_iceberg_follow_lag_seconds",
+            "Age of the oldest tiered segment not in the table yet, since the broker began "
+            "copying it (after the last round; 0: none).",
+            ["partition"],
+            registry=r,
+        )
+        self.freshness = prom.Histogram(
+            "rsm_iceberg_follow_freshness_seconds",
+            "Per committed segment: from the broker beginning to copy it to its rows committed.",
+            buckets=FRESHNESS_BUCKETS,
+            registry=r,
+        )
+        self.last_commit = prom.Gauge(
+            "rsm_iceberg_follow_last_commit_timestamp_seconds",
+            "Wall clock of the last commit.",
+            registry=r,
+        )
+        self.maintenance = prom.Counter(
+            "rsm_iceberg_follow_maintenance", "Maintenance runs by outcome.", ["outcome"], registry=r
+        )
+        for outcome in (COMMITTED, NOTHING_NEW, CONFLICT, FAILED):
+            self.rounds.labels(outcome)
+        for outcome in ("ok", "failed"):
+            self.maintenance.labels(outcome)
+
+
+class Follower:
+    """Converts ``topic`` in rounds until :meth:`run`'s ``stop`` is set (module docstring)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        storage: StorageParams,
+        topic: str,
+        *,
+        topic_id: str | None = None,
+        spark=None,
+        spark_conf: Mapping[str, str] | None = None,
+        metrics: FollowMetrics | None = None,
+        log: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.cfg, self.storage, self.topic, self.topic_id = cfg, storage, topic, topic_id
+        self.settings = JobSettings.from_config(cfg)
+        self.spark, self._own_spark = spark, spark is None
+        self.spark_conf = dict(spark_conf or {})
+        self.metrics = metrics or FollowMetrics()
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.clock = clock
+        self.failures_in_a_row = 0
+        self._last_maintenance = clock()
+
+    # ------------------------------------------------------------------ one round
+    def _session(self):
+        if self.spark is None:
+            from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
+            from rsm_sidecar.iceberg.session.spark import open_session
+
+            self.spark = open_session(
+                CatalogSpec.from_settings(self.settings),
+                self.settings,
+                f"rsm-iceberg-follow-{self.topic}",
+                self.spark_conf,
+            )
+        return self.spark
+
+    def _job(self) -> ConvertJob:
+        return ConvertJob(
+            self.cfg, self.storage, self.topic, topic_id=self.topic_id, spark=self._session(), log=self.log
+        )
+
+    def round(self) -> str:
+        """One run of the job; returns its outcome (``committed``, ``nothing_new``,
+        ``conflict`` or ``failed``). A :class:`ConfigError` is raised: no round can succeed."""
+        try:
+            job = self._job()
+            prepared = job.prepare()
+            if not prepared.tasks:
+                self._record_lag(prepared, None)
+                outcome = NOTHING_NEW
+            else:
+                result = job.execute(prepared)
+                self._record_commit(prepared, result)
+                outcome = COMMITTED
+        except CommitConflict as exc:
+            self.log(f"[follow] {self.topic}: another writer committed first ({exc}); planning again")
+            outcome = CONFLICT
+        except ConfigError:
+            self.metrics.rounds.labels(FAILED).inc()
+            self.metrics.failures.labels("ConfigError").inc()
+            raise
+        except Exception as exc:  # a round that fails is retried; the markers make it safe
+            self.metrics.failures.labels(type(exc).__name__).inc()
+            self.log(f"[follow] {self.topic}: round failed: {type(exc).__name__}: {exc}")
+            self._reset_session()
+            outcome = FAILED
+        self.metrics.rounds.labels(outcome).inc()
+        self.failures_in_a_row = self.failures_in_a_row + 1 if outcome == FAILED else 0
+        return outcome
+
+    def _record_commit(self, prepared: Prepared, result: ConvertResult) -> None:
+        now = self.clock()
+        self.metrics.records.inc(result.records)
+        self.metrics.segments.inc(result.segments)
+        self.metrics.last_commit.set(now)
+        for plan in prepared.plans:
+            for seg in plan.chain:
+                if seg.copied_ms > 0:
+                    self.metrics.freshness.observe(max(0.0, now - seg.copied_ms / 1000))
+        self._record_lag(prepared, result)
+
+    def _record_lag(self, prepared: Prepared, result: ConvertResult | None) -> None:
+        now_ms = int(self.clock() * 1000)
+        for plan in prepared.plans:
+            upto = plan.new_next_offset if result is not None else plan.next_offset
+            offsets, seconds = plan.lag(upto, now_ms)
+            self.metrics.lag_offsets.labels(str(plan.partition)).set(offsets)
+            self.metrics.lag_seconds.labels(str(plan.partition)).set(seconds)
+
+    def _reset_session(self) -> None:
+        """After a failure, a session the follower started is started afresh next round (a
+        dead JVM would otherwise fail every later round)."""
+        if self._own_spark and self.spark is not None:
+            try:
+                self.spark.stop()
+            except Exception:  # stopping a broken session is best effort
+                pass
+            self.spark = None
+
+    # ------------------------------------------------------------------ the loop
+    def pause_after(self, outcome: str) -> float:
+        """Seconds to wait before the next round."""
+        interval = self.settings.follow_interval
+        if outcome == CONFLICT:
+            return 0.0
+        if outcome == FAILED:
+            return interval * min(2**self.failures_in_a_row, MAX_BACKOFF_INTERVALS)
+        return interval
+
+    def maintain_if_due(self) -> bool:
+        every = self.settings.follow_maintain_interval
+        if not every or self.clock() - self._last_maintenance < every:
+            return False
+        self._last_maintenance = self.clock()
+        from rsm_sidecar.iceberg.maintenance import maintain
+
+        try:
+            maintain(
+                self.cfg,
+                self.storage,
+                self.topic,
+                expire=True,
+                remove_orphans=True,
+                spark=self._session(),
+                log=self.log,
+            )
+        except Exception as exc:  # maintenance is retried at its next time; conversion goes on
+            self.metrics.maintenance.labels("failed").inc()
+            self.log(f"[follow] {self.topic}: maintenance failed: {type(exc).__name__}: {exc}")
+            return False
+        self.metrics.maintenance.labels("ok").inc()
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        """Rounds until ``stop`` is set (a round in progress finishes first)."""
+        try:
+            while not stop.is_set():
+                outcome = self.round()
+                if stop.is_set():
+                    break
+                self.maintain_if_due()
+                stop.wait(self.pause_after(outcome))
+        finally:
+            if self._own_spark and self.spark is not None:
+                self.spark.stop()
+                self.spark = None
