@@ -141,9 +141,16 @@ class Follower:
         return self.spark
 
     def _job(self) -> ConvertJob:
+        spark = self._session()
         return ConvertJob(
-            self.cfg, self.storage, self.topic, topic_id=self.topic_id, spark=self._session(), log=self.log
+            self.cfg, self.storage, self.topic, topic_id=self.topic_id, spark=spark, log=self._job_log
         )
+
+    def _job_log(self, line: str) -> None:
+        """The job's log, without its "nothing new" line (a quiet topic would log it at every
+        round; ``rsm_iceberg_follow_rounds_total{outcome="nothing_new"}`` counts them)."""
+        if "nothing new to convert" not in line:
+            self.log(line)
 
     def round(self) -> str:
         """One run of the job; returns its outcome (``committed``, ``nothing_new``,

@@ -1,0 +1,148 @@
+"""Freshness of ``rsm-sidecar iceberg convert --follow`` on the real stack: how long after a
+segment reaches remote storage its rows are committed to the table.
+
+Set-up: the local stack (a Kafka broker tiering through the shim and the sidecar into a local
+directory, zstd + AES-GCM; ``devstack.stack.LocalStack``), one topic with 1 MiB segments and
+``local.retention.ms = 1000``, a producer writing ``--mb-per-s`` of ~200-byte records
+continuously (a segment rolls about every 1 / mb-per-s seconds), and a follower in this process
+at the default settings (``iceberg.follow.interval`` 10 s, ``local[2]`` Spark, the embedded
+catalog). The producer starts once the follower's first round (Spark session started)
+has found nothing; it runs until ``--segments`` segments are committed.
+
+Per committed segment two figures, as percentiles:
+
+* **manifest → committed**: from the segment's manifest being written (the object's mtime: the
+  last object of a copy, so the segment is complete in storage from then on) to the commit that
+  made its rows visible;
+* **copy start → committed**: from the broker beginning to copy it (``eventTimestampMs``) - what
+  the follower's ``rsm_iceberg_follow_freshness_seconds`` histogram observes.
+
+    .venv/bin/python benchmarks/iceberg_freshness.py [--segments 50] [--mb-per-s 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--segments", type=int, default=50)
+    ap.add_argument("--mb-per-s", type=float, default=0.5)
+    ap.add_argument("--timeout", type=float, default=1200)
+    args = ap.parse_args()
+
+    from confluent_kafka import Producer
+
+    from devstack.stack import LocalStack
+    from rsm_sidecar.iceberg.follow import Follower, FollowMetrics
+    from rsm_sidecar.iceberg.job import load_config
+    from tests.e2e.kafka_helpers import create_topic
+
+    workdir = Path(tempfile.mkdtemp(prefix="iceberg-freshness-"))
+    stack = LocalStack(workdir / "stack", storage="local").start()
+    topic = f"fresh-{uuid.uuid4().hex[:6]}"
+    stop = threading.Event()
+    try:
+        create_topic(stack.bootstrap_servers, topic)
+        cfg_file, env = stack.sidecar_config_env()
+        cfg, storage = load_config(
+            cfg_file,
+            env,
+            {
+                "iceberg.catalog.local.root": str(workdir / "lake"),
+                "iceberg.key.raw": True,
+                "iceberg.value.raw": True,
+            },
+        )
+        remote_root = Path(cfg["storage.local.root"])
+
+        def produce() -> None:
+            p = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20})
+            value = os.urandom(100).hex().encode()  # 200 bytes
+            per_tick = max(1, int(args.mb_per_s * 1e6 / 200 / 10))
+            n = 0
+            while not stop.is_set():
+                for _ in range(per_tick):
+                    p.produce(topic, key=b"k-%d" % n, value=value)
+                    n += 1
+                p.poll(0)
+                stop.wait(0.1)
+            p.flush(30)
+
+        commits: list[tuple[float, list]] = []  # (commit wall clock, committed segments)
+        metrics = FollowMetrics()
+        follower = Follower(cfg, storage, topic, metrics=metrics, log=lambda line: None)
+        record_commit = follower._record_commit
+
+        def observe(prepared, result):
+            commits.append((time.time(), [s for plan in prepared.plans for s in plan.chain]))
+            record_commit(prepared, result)
+
+        follower._record_commit = observe  # type: ignore[method-assign]
+        runner = threading.Thread(target=follower.run, args=(stop,), daemon=True)
+        runner.start()
+        # the producer starts once the follower's session is up (its first round found nothing)
+        while not metrics.registry.get_sample_value(
+            "rsm_iceberg_follow_rounds_total", {"outcome": "nothing_new"}
+        ):
+            if not runner.is_alive():
+                raise SystemExit("the follower stopped before its first round")
+            time.sleep(0.5)
+        producer = threading.Thread(target=produce, daemon=True)
+        t0 = time.monotonic()
+        producer.start()
+        while sum(len(segs) for _, segs in commits) < args.segments:
+            if time.monotonic() - t0 > args.timeout:
+                raise SystemExit(f"only {sum(len(s) for _, s in commits)} segments in {args.timeout:.0f}s")
+            time.sleep(1)
+        stop.set()
+        runner.join(300)
+        producer.join(60)
+
+        from_manifest, from_copy = [], []
+        for committed_at, segs in commits:
+            for seg in segs:
+                manifest = next(remote_root.rglob(f"*{seg.segment_id}*.rsm-manifest"), None)
+                if manifest is not None:
+                    from_manifest.append(committed_at - manifest.stat().st_mtime)
+                if seg.copied_ms > 0:
+                    from_copy.append(committed_at - seg.copied_ms / 1000)
+        rounds = {
+            o: int(metrics.registry.get_sample_value("rsm_iceberg_follow_rounds_total", {"outcome": o}) or 0)
+            for o in ("committed", "nothing_new", "conflict", "failed")
+        }
+        print(
+            f"{len(from_manifest)} segments committed in {len(commits)} commits over "
+            f"{time.monotonic() - t0:.0f}s (producer {args.mb_per_s} MB/s, 1 MiB segments, "
+            f"iceberg.follow.interval {follower.settings.follow_interval:g}s; rounds {rounds})"
+        )
+        for name, vals in (("manifest -> committed", from_manifest), ("copy start -> committed", from_copy)):
+            if vals:
+                p50, p90, p99 = (percentile(vals, q) for q in (50, 90, 99))
+                print(
+                    f"{name:24s} p50 {p50:5.1f}s  p90 {p90:5.1f}s  p99 {p99:5.1f}s  "
+                    f"max {max(vals):5.1f}s  mean {statistics.mean(vals):5.1f}s"
+                )
+    finally:
+        stop.set()
+        stack.stop()
+
+
+if __name__ == "__main__":
+    main()
