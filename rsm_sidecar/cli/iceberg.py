@@ -177,11 +177,8 @@ def _follow(args, cfg, storage) -> int:
     import signal
     import threading
 
-    import prometheus_client
-
-    from rsm_sidecar.errors import ConfigError
     from rsm_sidecar.iceberg.follow import Follower
-    from rsm_sidecar.service.server import split_listen
+    from rsm_sidecar.service.server import serve_metrics
 
     follower = Follower(cfg, storage, args.topic, topic_id=args.topic_id, spark_conf=_spark_conf(args))
     stop = threading.Event()
@@ -189,15 +186,7 @@ def _follow(args, cfg, storage) -> int:
         signal.signal(sig, lambda *_: stop.set())
     listen = follower.settings.follow_metrics_listen
     if listen:
-        host, port = split_listen(listen, "iceberg.follow.metrics_listen")
-        try:
-            prometheus_client.start_http_server(
-                port, addr=host or "127.0.0.1", registry=follower.metrics.registry
-            )
-        except (OSError, ValueError) as e:
-            raise ConfigError(
-                f"iceberg.follow.metrics_listen: cannot serve metrics on {listen}: {e}"
-            ) from None
+        serve_metrics(listen, "iceberg.follow.metrics_listen", follower.metrics.registry)
     every = follower.settings.follow_interval
     follower.log(f"[follow] {args.topic}: converting every {every:g}s until stopped")
     follower.run(stop)

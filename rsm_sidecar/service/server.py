@@ -68,6 +68,17 @@ def split_listen(listen: str, key: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def serve_metrics(listen: str, key: str, registry: prometheus_client.CollectorRegistry) -> WSGIServer:
+    """Serve ``registry`` at ``http://<listen>/metrics`` (``:port`` alone: 127.0.0.1); returns
+    the HTTP server. Raises ``ConfigError`` naming ``key`` when the address is bad or taken."""
+    host, port = split_listen(listen, key)
+    try:
+        server, _ = prometheus_client.start_http_server(port, addr=host or "127.0.0.1", registry=registry)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{key}: cannot serve metrics on {listen}: {e}") from None
+    return server
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -207,13 +218,7 @@ class SidecarServer:
         threading.Thread(target=self._sweep_periodically, name="leftover-sweep", daemon=True).start()
         listen = self.cfg["metrics.listen"]
         if listen:
-            host, port = split_listen(listen, "metrics.listen")
-            try:
-                self._metrics_server, _ = prometheus_client.start_http_server(
-                    port, addr=host or "127.0.0.1", registry=self.sidecar.metrics.registry
-                )
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"metrics.listen: cannot serve metrics on {listen}: {e}") from None
+            self._metrics_server = serve_metrics(listen, "metrics.listen", self.sidecar.metrics.registry)
         self.server.start()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
