@@ -206,14 +206,18 @@ class ConvertJob:
         return ids[0] if ids else None
 
     # ------------------------------------------------------------------ planning
-    def plan(self, state: mk.MarkerState) -> tuple[str | None, list[PartitionPlan]]:
+    def plan(
+        self, state: mk.MarkerState, wanted: Callable[[int], bool] = lambda partition: True
+    ) -> tuple[str | None, list[PartitionPlan]]:
+        """The topic id and one plan per partition (those ``wanted``) from the offsets and
+        ``ingest_timestamp`` states of ``state``."""
         reader, store, layout = self._reader()
         listing = list_topic_segments(store, layout, self.topic)
         topic_id = self._choose_topic_id(listing, state)
         partitions = listing.get(topic_id, {}) if topic_id else {}
         plans = []
         remaining = self.settings.max_segments
-        for p in sorted(partitions):
+        for p in sorted(filter(wanted, partitions)):
             plan = plan_partition(
                 reader,
                 partitions[p],
@@ -230,7 +234,7 @@ class ConvertJob:
                     break
         return topic_id, plans
 
-    def _sides(self, plans: list[PartitionPlan], table_properties: Mapping[str, str]):
+    def encoder_spec(self, plans: list[PartitionPlan], table_properties: Mapping[str, str]):
         """EncoderSpec for the key and the value (registry / descriptor set / raw).
 
         A Protobuf subject with several top-level messages keeps the message recorded in the
@@ -359,7 +363,7 @@ class ConvertJob:
         from rsm_sidecar.iceberg.mapping.rows import RowEncoder
         from rsm_sidecar.iceberg.types import schema_to_arrow, spark_ddl
 
-        spec = self._sides(plans, table.properties if table is not None else {})
+        spec = self.encoder_spec(plans, table.properties if table is not None else {})
         target = RowEncoder(spec).schema
         props = {"write.wap.enabled": "true", "rsm.topic": self.topic}
         for is_key, side in ((True, spec.key), (False, spec.val)):

@@ -105,7 +105,7 @@ def _tasks(batches: Iterator, params: ExecutorParams) -> Iterator[SegmentTask]:
             yield task
 
 
-def _encoded(params: ExecutorParams, task: SegmentTask) -> Iterator[Any]:
+def encoded_batches(params: ExecutorParams, task: SegmentTask) -> Iterator[Any]:
     """Arrow batches of the table's schema: one task's records, read and decoded."""
     from rsm_sidecar.iceberg.mapping.rows import encoder_for
 
@@ -127,7 +127,7 @@ def convert_fn(params: ExecutorParams, accumulator) -> Callable[[Iterator], Iter
         for task in _tasks(batches, params):
             records = 0
             try:
-                for out in _encoded(params, task):
+                for out in encoded_batches(params, task):
                     records += out.num_rows
                     yield out
             except Exception as exc:
@@ -163,7 +163,7 @@ def write_files_fn(params: ExecutorParams) -> Callable[[Iterator], Iterator]:
         for task in _tasks(batches, params):
             writer = TaskFileWriter(params.files, task.index)
             try:
-                for out in _encoded(params, task):
+                for out in encoded_batches(params, task):
                     writer.write(out)
                 written = writer.close()
             except Exception as exc:

@@ -19,6 +19,21 @@ from rsm_sidecar.kafka.indexes import OffsetPosition, TimestampOffset
 from rsm_sidecar.segment.reader import SegmentReader
 
 
+def entry_maxima(offset_index: list[OffsetPosition], time_index: list[TimestampOffset]) -> list[int]:
+    """For each offset-index entry ``O``: the maximum time of the segment's batches up to ``O``
+    (-1: none), the largest time-index timestamp among the entries at or before ``O`` (why that
+    is exact: :func:`split_points`)."""
+    out: list[int] = []
+    t = 0
+    prefix = -1
+    for e in offset_index:
+        while t < len(time_index) and time_index[t].offset <= e.offset:
+            prefix = max(prefix, time_index[t].timestamp)
+            t += 1
+        out.append(prefix)
+    return out
+
+
 def split_points(
     offset_index: list[OffsetPosition],
     time_index: list[TimestampOffset],
@@ -41,13 +56,8 @@ def split_points(
     if task_bytes <= 0 or seg.size <= task_bytes or lo != seg.start_offset:
         return []
     out: list[tuple[int, int]] = []
-    t = 0
-    prefix = -1
     last_cut = 0
-    for e in offset_index:
-        while t < len(time_index) and time_index[t].offset <= e.offset:
-            prefix = max(prefix, time_index[t].timestamp)
-            t += 1
+    for e, prefix in zip(offset_index, entry_maxima(offset_index, time_index)):
         if e.offset < lo or e.offset >= hi:
             continue
         if e.position - last_cut >= task_bytes and seg.size - e.position >= task_bytes // 2:
@@ -56,45 +66,53 @@ def split_points(
     return out
 
 
+def exact_indexes(
+    reader: SegmentReader, seg: RemoteSegment
+) -> tuple[list[OffsetPosition], list[TimestampOffset]] | str:
+    """The segment's offset and time indexes (two small ranged GETs) when they give the exact
+    running maximum of its record times at every offset-index entry (see :func:`split_points`),
+    else why not: no index, a damaged one, an empty time index, or one whose last entry is not
+    the segment's ``maxTimestampMs`` (a broker appends that entry when the segment rolls;
+    without it the index is short)."""
+    try:
+        opened = reader.open_base(seg.base, seg.describe)
+        offsets = read_offset_index(
+            reader.read_index(opened, "offset"), seg.start_offset, name=f"{seg.base} (offset index)"
+        )
+        times = read_time_index(
+            reader.read_index(opened, "timestamp"), seg.start_offset, name=f"{seg.base} (time index)"
+        )
+    except NotFound as exc:
+        return str(exc)
+    except CorruptIndexError as exc:
+        return f"damaged index: {exc}"
+    if not times:
+        return "its time index is empty"
+    if times[-1].timestamp != seg.max_timestamp_ms or times[-1].offset > seg.end_offset:
+        return (
+            f"its time index ends at {times[-1].timestamp} -> {times[-1].offset}, not at the "
+            f"segment's maxTimestampMs {seg.max_timestamp_ms} (short index)"
+        )
+    return offsets, times
+
+
 def split_segments(reader: SegmentReader, plan: PartitionPlan, task_bytes: int) -> list[str]:
-    """Fill ``plan.splits`` for the chain segments larger than ``task_bytes`` (their offset and
-    time indexes are read: two small ranged GETs each). A segment is left whole when its range
-    does not start at its first offset (a straddling re-upload: the records before the range do
-    not count for the maximum there), or when its indexes cannot give an exact maximum: no or
-    an empty time index, or one whose last entry is not the segment's ``maxTimestampMs`` (a
-    broker appends that entry when the segment rolls; without it the index is short). Returns
-    why segments were left whole (for the log)."""
+    """Fill ``plan.splits`` for the chain segments larger than ``task_bytes``. A segment is left
+    whole when its range does not start at its first offset (a straddling re-upload: the
+    records before the range do not count for the maximum there), or when its indexes cannot
+    give an exact maximum (:func:`exact_indexes`). Returns why segments were left whole (for
+    the log)."""
     notes: list[str] = []
     if task_bytes <= 0:
         return notes
     for i, (seg, (lo, hi)) in enumerate(zip(plan.chain, plan.ranges)):
         if seg.size <= task_bytes or lo != seg.start_offset:
             continue
-        why = None
-        try:
-            opened = reader.open_base(seg.base, seg.describe)
-            offsets = read_offset_index(
-                reader.read_index(opened, "offset"), seg.start_offset, name=f"{seg.base} (offset index)"
-            )
-            times = read_time_index(
-                reader.read_index(opened, "timestamp"), seg.start_offset, name=f"{seg.base} (time index)"
-            )
-        except NotFound as exc:
-            why = str(exc)
-        except CorruptIndexError as exc:
-            why = f"damaged index: {exc}"
-        else:
-            if not times:
-                why = "its time index is empty"
-            elif times[-1].timestamp != seg.max_timestamp_ms or times[-1].offset > seg.end_offset:
-                why = (
-                    f"its time index ends at {times[-1].timestamp} -> {times[-1].offset}, not at the "
-                    f"segment's maxTimestampMs {seg.max_timestamp_ms} (short index)"
-                )
-            else:
-                points = split_points(offsets, times, seg, lo, hi, task_bytes)
-                if points:
-                    plan.splits[i] = points
-        if why is not None:
-            notes.append(f"{seg.describe} is not split: {why}")
+        indexes = exact_indexes(reader, seg)
+        if isinstance(indexes, str):
+            notes.append(f"{seg.describe} is not split: {indexes}")
+            continue
+        points = split_points(*indexes, seg, lo, hi, task_bytes)
+        if points:
+            plan.splits[i] = points
     return notes
