@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.errors import ConfigError, DataLoss
 from rsm_sidecar.segment.copy import CopySettings
 from tests.iceberg.convert_helpers import REPO, SyntheticTopic
 
@@ -62,6 +62,11 @@ def test_batch_read_gives_the_rows_a_conversion_writes(tmp_path, spark):
     df = _source(spark, t)
     rows = _rows(df)
     assert [(r[0], r[1], r[5], r[6]) for r in rows] == [(e[0], e[1], e[2], e[3]) for e in t.expected()]
+    # a cut inside the segment with the aborted transaction keeps its records out
+    from rsm_sidecar.iceberg.source import read_topic
+
+    late = _rows(read_topic(spark, t.topic, t.config_file).where("kafka.offset >= 42"))
+    assert late == [r for r in rows if r[1] >= 42]
     result = t.convert(spark)
     assert result.committed
     assert rows == _rows(spark.table(f"{t.catalog_name}.{result.table}"))  # all the columns
@@ -272,6 +277,94 @@ def test_read_stream_into_iceberg_killed_and_resumed_lands_each_offset_once(tmp_
         assert got == want, f"{len(got)} rows for {len(want)} offsets ({before} before the kill)"
     finally:
         _kill(proc, signal.SIGTERM)
+
+
+def _stream_reader(t: SyntheticTopic, **options: str):
+    from rsm_sidecar.iceberg.source import TieredTopicSource
+
+    return TieredTopicSource({"config": str(t.config_file), "topic": t.topic, **options}).streamReader(None)
+
+
+def _read_rows(reader, partitions) -> dict[tuple[int, int], int]:
+    """``(partition, offset) -> ingest_timestamp`` (µs) of the rows of ``partitions``, read in
+    this process by the reader's own read function."""
+    out: dict[tuple[int, int], int] = {}
+    for part in partitions:
+        for batch in reader.read(part):
+            kafka = batch.column("kafka")
+            for p, o, it in zip(
+                kafka.field("partition").to_pylist(),
+                kafka.field("offset").to_pylist(),
+                kafka.field("ingest_timestamp").cast("int64").to_pylist(),
+            ):
+                assert (p, o) not in out, f"{(p, o)} read twice"
+                out[(p, o)] = it
+    return out
+
+
+def test_stream_offsets_cap_micro_batches_and_replay_the_same_rows(tmp_path):
+    from rsm_sidecar.iceberg.source import TieredTopicSource
+
+    t = SyntheticTopic(tmp_path)
+    t.simple_segments(0, 2)
+    t.simple_segments(1, 1)
+    reader = _stream_reader(t, maxSegmentsPerTrigger="1")
+    end1 = reader.latestOffset()  # Spark asks before it says where the query starts: no cap
+    assert reader.initialOffset() == {}
+    assert {p: v["next"] for p, v in end1.items()} == {"0": 120, "1": 60}
+    rows = _read_rows(reader, reader.partitions({}, end1))
+    reader.commit(end1)
+    t.simple_segments(0, 1)
+    t.simple_segments(1, 2)
+    ends = [end1]
+    for want in ({"0": 180, "1": 60}, {"0": 180, "1": 120}, {"0": 180, "1": 180}, {"0": 180, "1": 180}):
+        end = reader.latestOffset()  # one segment per micro-batch, partition 0 first
+        assert {p: v["next"] for p, v in end.items()} == want
+        if end != ends[-1]:
+            batch = _read_rows(reader, reader.partitions(ends[-1], end))
+            assert not batch.keys() & rows.keys()
+            rows.update(batch)
+            reader.commit(end)
+            ends.append(end)
+    assert sorted(rows) == sorted((e[0], e[1]) for e in t.expected())
+    # a micro-batch planned again by a new reader (a restarted query) gives the same rows
+    again = _stream_reader(t, maxSegmentsPerTrigger="1")
+    replay = _read_rows(again, again.partitions(ends[1], ends[2]))
+    assert replay == {k: v for k, v in rows.items() if k[0] == 1 and 60 <= k[1] < 120}
+    # ... and ingest_timestamp carries across micro-batches as in one batch read of the topic
+    batch_reader = TieredTopicSource({"config": str(t.config_file), "topic": t.topic}).reader(None)
+    assert _read_rows(batch_reader, batch_reader.partitions()) == rows
+
+
+def test_stream_starting_at_latest_reads_only_what_is_tiered_later(tmp_path):
+    t = SyntheticTopic(tmp_path)
+    t.simple_segments(0, 2)
+    reader = _stream_reader(t, startingOffsets="latest")
+    start = reader.initialOffset()
+    assert {p: v["next"] for p, v in start.items()} == {"0": 120}
+    assert reader.latestOffset() == start  # nothing new
+    reader.commit(start)
+    t.simple_segments(0, 1)
+    t.simple_segments(1, 1)
+    end = reader.latestOffset()
+    assert sorted(_read_rows(reader, reader.partitions(start, end))) == sorted(
+        [(0, o) for o in range(120, 180)] + [(1, o) for o in range(60)]
+    )
+
+
+def test_stream_batch_whose_segment_vanished_fails_naming_the_offsets(tmp_path):
+    t = SyntheticTopic(tmp_path)
+    t.simple_segments(0, 3)
+    reader = _stream_reader(t)
+    end = reader.latestOffset()
+    for obj in t.objects_of(t.segments[1]):  # someone deletes a segment above the earliest
+        obj.unlink()
+    with pytest.raises(
+        DataLoss,
+        match=r"orders-0: this micro-batch covers offsets up to 179, but remote storage now holds "
+        r"them only up to 59",
+    ):
+        reader.partitions({}, end)
 
 
 def test_read_bounds_from_filters():

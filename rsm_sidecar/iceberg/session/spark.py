@@ -101,12 +101,36 @@ class LocalCatalog:
         self.prepare()
         for attempt in range(3):
             try:
-                uri = self.sqlalchemy_uri
-                return SqlCatalog(self.name, uri=uri, warehouse=warehouse or self.warehouse_uri, **properties)
+                where = warehouse or self.warehouse_uri
+                catalog = SqlCatalog(self.name, uri=self.sqlalchemy_uri, warehouse=where, **properties)
             except OperationalError as exc:
                 if "already exists" not in str(exc) or attempt == 2:
                     raise
+            else:
+                _write_transactions_wait(catalog.engine)
+                return catalog
         raise AssertionError("unreachable")
+
+
+def _write_transactions_wait(engine) -> None:
+    """Make every transaction of ``engine`` on the SQLite file take the write lock when it
+    begins (``BEGIN IMMEDIATE``) and wait up to 30 s for it. With SQLite's default, a
+    transaction that read first and then writes fails at once with "database is locked" when
+    another connection (Spark's JDBC catalog, another job's commit) wrote meanwhile: a follower
+    round failed that way in a test. The connections opened while the catalog checked its tables
+    are dropped so that every connection gets the settings."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # the driver's own BEGIN off: the one below
+        dbapi_connection.execute("PRAGMA busy_timeout = 30000")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()
 
 
 def default_catalog() -> LocalCatalog:
