@@ -584,6 +584,10 @@ class Config:
                     )
                     raise ConfigError(f"{key.path}: missing{cond}; {key.doc}")
 
+    def env_path(self, name: str) -> str:
+        """The key path an ``RSM__`` environment variable sets."""
+        return self._env_to_path(name)
+
     def _env_to_path(self, name: str) -> str:
         parts = name[len(ENV_PREFIX) :].split("__")
         for key in self._keys:

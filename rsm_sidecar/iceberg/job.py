@@ -77,14 +77,17 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> tuple[Config, StorageParams]:
-    """The sidecar configuration file (+ ``RSM__`` environment, + ``overrides`` by key path)
-    and the picklable storage parameters executors rebuild it from."""
+    """The sidecar configuration file (+ ``RSM__`` environment, + ``overrides`` by key path,
+    which win over both) and the picklable storage parameters executors rebuild it from (the
+    same values: an override of ``storage.*`` or ``encryption.*`` reaches them too)."""
     env = dict(os.environ if environ is None else environ)
     values: dict[str, Any] = read_toml(path) if path is not None else {}
     rsm_env = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
     cfg = Config(values, environ=rsm_env, source=str(path or "<defaults>"))
-    over = {k: v for k, v in (overrides or {}).items() if v is not None}
+    over = {k.replace("__", "."): v for k, v in (overrides or {}).items() if v is not None}
     if over:
+        rsm_env = {k: v for k, v in rsm_env.items() if cfg.env_path(k) not in over}
+        values = {**values, **over}
         cfg = cfg.with_overrides(**over)
     settings = JobSettings.from_config(cfg)
     params = StorageParams(values, rsm_env, settings.chunk_cache_bytes, settings.prefetch_bytes)

@@ -29,6 +29,7 @@ from rsm_sidecar.iceberg.job import convert, load_config
 from rsm_sidecar.iceberg.mapping.evolution import field_ids
 from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.settings import JobSettings
+from rsm_sidecar.iceberg.source import read_topic
 from tests.e2e.kafka_helpers import (
     Rec,
     consume,
@@ -281,6 +282,21 @@ def test_protobuf_topic_round_trip_transactions_tombstones(stack, spark, lake, t
         if not (r["val"] and r["val"]["__err__"])
     )
     assert [(x.o, x.k, x.v, x.h) for x in sql] == expected
+    # the rsm-tiered data source reads the same rows from the broker's tiered segments, decoded
+    # through the registry in Spark's Python workers, without the table
+    cfg_file, env = stack.sidecar_config_env()
+    options = {
+        "iceberg.registry.url": registry_url,
+        "iceberg.key.message": "shop.v1.OrderKey",
+        **{  # the sidecar's storage and keys, given as options (the workers have no RSM__ env)
+            k[len("RSM__") :].lower().replace("__", "."): v
+            for k, v in env.items()
+            if k.startswith(("RSM__STORAGE__", "RSM__ENCRYPTION__"))
+        },
+    }
+    tiered = read_topic(spark, topic, cfg_file, **options).where("kafka.offset >= 0")
+    table_rows = spark.table(f"{n}.kafka.{t.name()[-1]}")
+    assert sorted(map(repr, tiered.collect())) == sorted(map(repr, table_rows.collect()))
     # a re-run adds nothing
     assert (
         run(
