@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -70,7 +71,7 @@ def register(spark) -> None:
 GUARD = "kafka IS NOT NULL"
 
 
-def read_topic(spark, topic: str, config: str | None = None, **options: str):
+def read_topic(spark, topic: str, config: str | os.PathLike | None = None, **options: str):
     """A DataFrame of ``topic``'s tiered rows whose queries skip the segments and chunks their
     filters on ``kafka.partition``, ``kafka.offset`` and ``kafka.ingest_timestamp`` exclude
     (``options``: those of :class:`SourceOptions`). Use it, or :func:`create_view`, rather than
@@ -84,7 +85,9 @@ def read_topic(spark, topic: str, config: str | None = None, **options: str):
     return reader.load().where(GUARD)
 
 
-def create_view(spark, name: str, topic: str, config: str | None = None, **options: str) -> None:
+def create_view(
+    spark, name: str, topic: str, config: str | os.PathLike | None = None, **options: str
+) -> None:
     """A temporary view ``name`` of :func:`read_topic` (for Spark SQL)."""
     read_topic(spark, topic, config, **options).createOrReplaceTempView(name)
 
