@@ -179,6 +179,11 @@ class ConvertJob:
         ctx = executor_context(self.storage)
         return ctx.reader, ctx.store, ctx.layout
 
+    @property
+    def segment_reader(self):
+        """The reader of the topic's stored segments (the planning's, cached per process)."""
+        return executor_context(self.storage).reader
+
     def _load_table(self, catalog):
         from pyiceberg.exceptions import NoSuchTableError
 

@@ -237,7 +237,7 @@ def _offsets(base: Mapping[str, Any], plans: list[PartitionPlan]) -> dict[str, A
 
 
 def _pruned(job: ConvertJob, plans: list[PartitionPlan], bounds: ReadBounds) -> list[SegmentTask]:
-    reader = job._reader()[0]
+    reader = job.segment_reader
     tasks: list[SegmentTask] = []
     stats = PruneStats()
     for plan in plans:
@@ -373,7 +373,7 @@ class TieredStreamReader(DataSourceStreamReader):
                     f"{last}, but remote storage now holds them only up to {reached}"
                     + (f" ({plan.waiting})" if plan.waiting else "")
                 )
-            kept, _ = prune_tasks(job._reader()[0], plan, ReadBounds(offset_max=last), len(tasks))
+            kept, _ = prune_tasks(job.segment_reader, plan, ReadBounds(offset_max=last), len(tasks))
             tasks.extend(kept)
         return [InputPartition(t.to_json()) for t in tasks]
 
