@@ -169,12 +169,18 @@ def cpu_seconds(registry_pid: int | None = None) -> dict[str, float]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def topic_arguments(description: str) -> argparse.ArgumentParser:
+    """The command line of the benchmarks on :func:`make_topic`'s topic."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--segment-mb", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2)
+    return ap
+
+
+def main() -> None:
+    ap = topic_arguments(__doc__.split("\n\n")[0])
     ap.add_argument(
         "--task-mb",
         type=int,

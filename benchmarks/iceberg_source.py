@@ -20,7 +20,6 @@ Timed, each ``--repeat`` times (best reported), every query written to Spark's `
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -30,16 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devstack
 
-from iceberg_convert import TOPIC, make_topic
+from iceberg_convert import TOPIC, make_topic, topic_arguments
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--records", type=int, default=1_000_000)
-    ap.add_argument("--partitions", type=int, default=2)
-    ap.add_argument("--segment-mb", type=int, default=32)
-    ap.add_argument("--repeat", type=int, default=2)
-    args = ap.parse_args()
+    args = topic_arguments(__doc__.split("\n\n")[0]).parse_args()
 
     from devstack.registry import ApicurioDistribution, ApicurioRegistry
     from rsm_sidecar.iceberg.job import ConvertJob, load_config

@@ -291,7 +291,6 @@ class TieredTopicSource(DataSource):
 class TieredBatchReader(DataSourceReader):
     def __init__(self, opts: SourceOptions, spec: Any):
         self.opts = opts
-        self.spec = spec
         self.bounds = ReadBounds()
         self.params = _executor_params(opts.job(), spec)  # pickled with read() before partitions()
 
@@ -327,7 +326,6 @@ class TieredStreamReader(DataSourceStreamReader):
 
     def __init__(self, opts: SourceOptions, spec: Any):
         self.opts = opts
-        self.spec = spec
         self.params = _executor_params(opts.job(), spec)
         #: the end of the last batch Spark planned or committed (None: not known yet)
         self._frontier: dict[str, Any] | None = None

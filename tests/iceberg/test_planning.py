@@ -140,3 +140,37 @@ def test_one_far_future_timestamp_does_not_pin_the_ingest_maximum(tmp_path):
     # the next segment's rows are back at their own (day later) times: the right day partition
     assert [got[o][1] for o in range(8, 13)] == [T0 + day + i for i in range(5)]
     assert [got[o] for o in (13, 14)] == [(future + 1 + i, plan.planned_ms) for i in range(2)]
+
+
+def test_embedded_catalog_transactions_wait_for_a_writer_instead_of_failing(tmp_path):
+    """A PyIceberg transaction that reads, then writes after another connection (Spark's JDBC
+    catalog, another job) has written, waits for the write lock: with SQLite's deferred BEGIN it
+    failed at once with "database is locked" (a follower round failed so)."""
+    import sqlite3
+    import threading
+
+    local = LocalCatalog(tmp_path, name="w")
+    catalog = local.pyiceberg()
+    row = "INSERT INTO iceberg_namespace_properties VALUES ('w', ?, 'k', 'v')"
+    other_done = threading.Event()
+
+    def other_writer() -> None:
+        con = sqlite3.connect(local.db_file, timeout=20)
+        with con:
+            con.execute(row, ("other",))
+        con.close()
+        other_done.set()
+
+    with catalog.engine.connect() as conn:
+        tx = conn.begin()
+        conn.exec_driver_sql("SELECT count(*) FROM iceberg_tables").fetchall()
+        writer = threading.Thread(target=other_writer)
+        writer.start()
+        # the other connection waits for this transaction's write lock instead of writing now
+        assert not other_done.wait(1.0)
+        conn.exec_driver_sql(row, ("ours",))
+        tx.commit()
+    writer.join(30)
+    with sqlite3.connect(local.db_file) as con:
+        got = sorted(r[0] for r in con.execute("SELECT namespace FROM iceberg_namespace_properties"))
+    assert got == ["other", "ours"]
