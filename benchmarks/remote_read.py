@@ -14,8 +14,11 @@ and deleted locally, and then consumes everything twice:
   without us.
 * ``rsm-sidecar zstd+AES`` and ``rsm-sidecar plain`` (compression and encryption off):
   ours, through the shim and the sidecar, local-directory storage, default settings (fetch
-  hand-off over the Unix socket); ``rsm-sidecar zstd+AES no-handoff`` (case ``ours-grpc``):
-  the same with ``fetch.handoff_max_bytes = 0``, every byte over gRPC.
+  hand-off over the Unix socket, the shim's read-ahead); ``rsm-sidecar zstd+AES
+  no-readahead`` (case ``ours-no-readahead``): the same with the shim's
+  ``rsm.config.fetch.readahead.bytes = 0``, one call per fetch; ``rsm-sidecar zstd+AES
+  no-handoff`` (case ``ours-grpc``): the same with ``fetch.handoff_max_bytes = 0``, every
+  byte over gRPC (read-ahead needs hand-off).
 
 Every broker reads a local (untiered) topic of the same size before its remote reads (the
 ``local log`` case on the ``LocalTieredStorage`` broker, an unreported warm-up on ours), so no
@@ -35,7 +38,7 @@ per byte consumed (``rsm_storage_bytes_read``).
 
     .venv/bin/python benchmarks/remote_read.py [--records 2000000] [--record-size 200]
         [--segment-mib 16] [--fetch-size 1048576] [--compression none|lz4|zstd]
-        [--cases local,lts,ours,ours-plain,ours-grpc] [--jfr DIR]
+        [--cases local,lts,ours,ours-plain,ours-no-readahead,ours-grpc] [--jfr DIR]
 
 ``--jfr DIR`` records a JFR profile of each broker (``-XX:StartFlightRecording``) into DIR,
 for ``jfr print --events jdk.ExecutionSample`` or JDK Mission Control.
@@ -321,6 +324,7 @@ def run_ours(
     args: argparse.Namespace,
     payload: Path,
     handoff: bool = True,
+    readahead: bool = True,
 ) -> list[Read]:
     port = free_port()
     env = {"RSM__METRICS__LISTEN": f"127.0.0.1:{port}"}
@@ -333,6 +337,7 @@ def run_ours(
         kafka_version=dist.version,
         sidecar_env=env,
         encryption=transforms,
+        broker_properties=None if readahead else {"rsm.config.fetch.readahead.bytes": "0"},
     )
     out = []
     stack.start()
@@ -403,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment-mib", type=int, default=16)
     ap.add_argument("--fetch-size", type=int, default=1024 * 1024, help="max.partition.fetch.bytes")
     ap.add_argument("--compression", default="none", help="the producer's compression.type")
-    ap.add_argument("--cases", default="local,lts,ours,ours-plain,ours-grpc")
+    ap.add_argument("--cases", default="local,lts,ours,ours-plain,ours-no-readahead,ours-grpc")
     ap.add_argument(
         "--kafka-version",
         default=DEFAULT_VERSION,
@@ -412,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jfr", default=None, help="write a JFR recording of each broker into this directory")
     args = ap.parse_args(argv)
     cases = set(args.cases.split(","))
-    unknown = cases - {"local", "lts", "ours", "ours-plain", "ours-grpc"}
+    unknown = cases - {"local", "lts", "ours", "ours-plain", "ours-no-readahead", "ours-grpc"}
     if unknown:
         ap.error(f"unknown cases {sorted(unknown)}")
 
@@ -435,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
             reads += run_ours("rsm-sidecar zstd+AES", True, dist, work, args, payload)
         if "ours-plain" in cases:
             reads += run_ours("rsm-sidecar plain", False, dist, work, args, payload)
+        if "ours-no-readahead" in cases:
+            reads += run_ours(
+                "rsm-sidecar zstd+AES no-readahead", True, dist, work, args, payload, readahead=False
+            )
         if "ours-grpc" in cases:
             reads += run_ours(
                 "rsm-sidecar zstd+AES no-handoff", True, dist, work, args, payload, handoff=False

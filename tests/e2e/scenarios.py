@@ -72,6 +72,16 @@ def sidecar_bytes(stack) -> dict[str, float]:
     return out
 
 
+def sidecar_fetch_calls(stack) -> float:
+    """``FetchSegment`` calls the stack's sidecar handled, whatever their outcome (one scrape)."""
+    text = urllib.request.urlopen(stack.metrics_url, timeout=10).read().decode()
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith('rsm_operations_total{op="fetch",')
+    )
+
+
 def check_remote_reads_use_hand_off(stack, store, topic: str, recs: list[Rec]) -> None:
     """A consumer's remote reads arrive through hand-off files (Unix socket, the default), every
     byte, and no file is left behind; the broker logged no hand-off failure."""

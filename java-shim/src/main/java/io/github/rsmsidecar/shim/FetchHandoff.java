@@ -12,6 +12,7 @@ import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.nio.file.attribute.BasicFileAttributes;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -71,14 +72,15 @@ final class FetchHandoff {
     }
 
     /**
-     * An open stream of exactly the bytes of {@code file}; the file is already deleted (the open
-     * channel keeps it readable). The broker's reads copy straight from the page cache into its
-     * buffer, as {@code LocalTieredStorage}'s file reads do: no window-sized array in between.
+     * The handed-off {@code file}, open and already deleted (the open channel keeps it readable),
+     * holding one reference for the caller (see {@link OpenFile}). The broker's reads copy straight
+     * from the page cache into its buffer, as {@code LocalTieredStorage}'s file reads do: no
+     * window-sized array in between.
      *
      * @throws HandoffException the name is not a plain file name, the file is missing, not a
      *                          regular file, not of the announced size, or cannot be opened
      */
-    InputStream open(HandoffFile file) {
+    OpenFile open(HandoffFile file) {
         String name = file.getName();
         long length = file.getLength();
         if (name.isEmpty() || name.equals(".") || name.equals("..") || name.indexOf('/') >= 0
@@ -102,9 +104,9 @@ final class FetchHandoff {
             if (size != length) {
                 throw failure(path + " has " + size + " bytes, the sidecar announced " + length, null);
             }
-            InputStream in = new FileStream(ch, length, path);
+            OpenFile open = new OpenFile(ch, length, path);
             ch = null;
-            return in;
+            return open;
         } catch (IOException e) {
             throw failure("cannot open hand-off file " + path + ": " + e, e);
         } finally {
@@ -118,17 +120,75 @@ final class FetchHandoff {
         }
     }
 
-    /** Exactly {@code length} bytes of an open (deleted) hand-off file; ending early is an error. */
-    private static final class FileStream extends InputStream {
+    /**
+     * An open, deleted hand-off file, shared by reference count: the one who opened it holds one
+     * reference, every {@link #stream} holds one until it is closed, and the channel closes with
+     * the last. (The read-ahead keeps a file for later fetches while a stream still reads it.)
+     */
+    static final class OpenFile {
         private final FileChannel ch;
         private final long length;
         private final Path path;
-        private long position;
+        private final AtomicInteger refs = new AtomicInteger(1);
 
-        FileStream(FileChannel ch, long length, Path path) {
+        OpenFile(FileChannel ch, long length, Path path) {
             this.ch = ch;
             this.length = length;
             this.path = path;
+        }
+
+        long length() {
+            return length;
+        }
+
+        /**
+         * Bytes {@code [from, to)} of the file as a stream that holds a reference until closed;
+         * null if the file was already released by everyone.
+         */
+        InputStream stream(long from, long to) {
+            if (from < 0 || to < from || to > length) {
+                throw new IllegalArgumentException("[" + from + ", " + to + ") is not within the " + length
+                        + " bytes of " + path);
+            }
+            return retain() ? new FileStream(this, from, to) : null;
+        }
+
+        /** Takes one more reference; false (and none taken) if the file was already released by everyone. */
+        boolean retain() {
+            while (true) {
+                int r = refs.get();
+                if (r == 0) {
+                    return false;
+                }
+                if (refs.compareAndSet(r, r + 1)) {
+                    return true;
+                }
+            }
+        }
+
+        /** Drops one reference; the last one closes the channel. */
+        void release() {
+            if (refs.decrementAndGet() == 0) {
+                try {
+                    ch.close();
+                } catch (IOException ignored) {
+                    // nothing was written; the descriptor is gone either way
+                }
+            }
+        }
+    }
+
+    /** Exactly {@code [from, to)} of an open (deleted) hand-off file; ending early is an error. */
+    private static final class FileStream extends InputStream {
+        private final OpenFile file;
+        private final long end;
+        private long position;
+        private boolean closed;
+
+        FileStream(OpenFile file, long from, long to) {
+            this.file = file;
+            this.position = from;
+            this.end = to;
         }
 
         @Override
@@ -141,15 +201,19 @@ final class FetchHandoff {
         @Override
         public int read(byte[] b, int off, int len) throws IOException {
             java.util.Objects.checkFromIndexSize(off, len, b.length);
-            if (position >= length) {
+            if (closed) {
+                throw new IOException("hand-off file " + file.path + ": the stream is closed");
+            }
+            if (position >= end) {
                 return -1;
             }
             if (len == 0) {
                 return 0;
             }
-            int n = ch.read(ByteBuffer.wrap(b, off, (int) Math.min(len, length - position)), position);
+            int n = file.ch.read(ByteBuffer.wrap(b, off, (int) Math.min(len, end - position)), position);
             if (n < 0) {
-                throw new IOException("hand-off file " + path + " ended after " + position + " of " + length + " bytes");
+                throw new IOException("hand-off file " + file.path + " ended after " + position + " of "
+                        + file.length + " bytes");
             }
             position += n;
             return n;
@@ -157,12 +221,15 @@ final class FetchHandoff {
 
         @Override
         public int available() {
-            return (int) Math.min(Integer.MAX_VALUE, length - position);
+            return closed ? 0 : (int) Math.min(Integer.MAX_VALUE, end - position);
         }
 
         @Override
-        public void close() throws IOException {
-            ch.close();
+        public void close() {
+            if (!closed) {
+                closed = true;
+                file.release();
+            }
         }
     }
 

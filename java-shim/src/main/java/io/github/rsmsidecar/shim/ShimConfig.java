@@ -34,6 +34,8 @@ public final class ShimConfig {
     public static final String FETCH_IDLE_TIMEOUT_MS = "fetch.idle.timeout.ms";
     public static final String FETCH_WINDOW_BYTES = "fetch.window.bytes";
     public static final String FETCH_HANDOFF = "fetch.handoff";
+    public static final String FETCH_READAHEAD_BYTES = "fetch.readahead.bytes";
+    public static final String FETCH_READAHEAD_MAX_BYTES = "fetch.readahead.max.bytes";
     public static final String FETCH_INDEX_DEADLINE_MS = "fetch.index.deadline.ms";
     public static final String DELETE_DEADLINE_MS = "delete.deadline.ms";
     public static final String RETRY_MAX_ATTEMPTS = "retry.max.attempts";
@@ -50,6 +52,10 @@ public final class ShimConfig {
     static final int DEFAULT_FETCH_WINDOW_BYTES = 1024 * 1024 + 64 * 1024;
     /** Windows double up to this size. */
     static final int MAX_FETCH_WINDOW_BYTES = 32 * 1024 * 1024;
+    /** A read-ahead window: the sidecar's default {@code fetch.handoff_max_bytes}. */
+    static final int DEFAULT_FETCH_READAHEAD_BYTES = 8 * 1024 * 1024;
+    /** Read-ahead windows kept open in all: eight partitions read sequentially at once. */
+    static final long DEFAULT_FETCH_READAHEAD_MAX_BYTES = 64L * 1024 * 1024;
 
     /** Keys the broker itself adds to the map; accepted silently. */
     static final Set<String> BROKER_KEYS = Set.of("broker.id", "node.id");
@@ -67,6 +73,8 @@ public final class ShimConfig {
         k.put(FETCH_IDLE_TIMEOUT_MS, "300000");
         k.put(FETCH_WINDOW_BYTES, String.valueOf(DEFAULT_FETCH_WINDOW_BYTES));
         k.put(FETCH_HANDOFF, "true");
+        k.put(FETCH_READAHEAD_BYTES, String.valueOf(DEFAULT_FETCH_READAHEAD_BYTES));
+        k.put(FETCH_READAHEAD_MAX_BYTES, String.valueOf(DEFAULT_FETCH_READAHEAD_MAX_BYTES));
         k.put(FETCH_INDEX_DEADLINE_MS, "30000");
         k.put(DELETE_DEADLINE_MS, "30000");
         k.put(RETRY_MAX_ATTEMPTS, "3");
@@ -130,6 +138,8 @@ public final class ShimConfig {
     private final long fetchIdleTimeoutMs;
     private final int fetchWindowBytes;
     private final boolean fetchHandoff;
+    private final int fetchReadaheadBytes;
+    private final long fetchReadaheadMaxBytes;
     private final long fetchIndexDeadlineMs;
     private final long deleteDeadlineMs;
     private final int retryMaxAttempts;
@@ -174,6 +184,18 @@ public final class ShimConfig {
         }
         this.fetchWindowBytes = (int) windowBytes;
         this.fetchHandoff = bool(raw, FETCH_HANDOFF);
+        long readahead = longValue(raw, FETCH_READAHEAD_BYTES);
+        if (readahead != 0 && (readahead < 65536 || readahead > FetchHandoff.MAX_FILE_BYTES)) {
+            throw new ShimConfigException(FETCH_READAHEAD_BYTES, raw.get(FETCH_READAHEAD_BYTES),
+                    "must be 0 (off) or between 65536 and " + FetchHandoff.MAX_FILE_BYTES
+                            + " (and at most the sidecar's fetch.handoff_max_bytes)");
+        }
+        this.fetchReadaheadBytes = (int) readahead;
+        this.fetchReadaheadMaxBytes = longValue(raw, FETCH_READAHEAD_MAX_BYTES);
+        if (readahead != 0 && fetchReadaheadMaxBytes < readahead) {
+            throw new ShimConfigException(FETCH_READAHEAD_MAX_BYTES, raw.get(FETCH_READAHEAD_MAX_BYTES),
+                    "must be at least " + FETCH_READAHEAD_BYTES + " (" + readahead + ")");
+        }
         this.fetchIndexDeadlineMs = positiveMillis(raw, FETCH_INDEX_DEADLINE_MS);
         this.deleteDeadlineMs = positiveMillis(raw, DELETE_DEADLINE_MS);
         long attempts = longValue(raw, RETRY_MAX_ATTEMPTS);
@@ -424,6 +446,16 @@ public final class ShimConfig {
         return Path.of(socket + ".handoff");
     }
 
+    /** A sequential read's window, kept open for the fetches that follow (see ReadAhead); 0 = off. */
+    public int fetchReadaheadBytes() {
+        return fetchReadaheadBytes;
+    }
+
+    /** Read-ahead windows kept open in all. */
+    public long fetchReadaheadMaxBytes() {
+        return fetchReadaheadMaxBytes;
+    }
+
     public long fetchIndexDeadlineMs() {
         return fetchIndexDeadlineMs;
     }
@@ -485,6 +517,7 @@ public final class ShimConfig {
                 + ", copy.deadline.ms=" + copyDeadlineMs + ", fetch.deadline.ms=" + fetchDeadlineMs
                 + ", fetch.read.timeout.ms=" + fetchReadTimeoutMs + ", fetch.idle.timeout.ms=" + fetchIdleTimeoutMs
                 + ", fetch.window.bytes=" + fetchWindowBytes + ", fetch.handoff=" + fetchHandoff
+                + ", fetch.readahead.bytes=" + fetchReadaheadBytes + ", fetch.readahead.max.bytes=" + fetchReadaheadMaxBytes
                 + ", fetch.index.deadline.ms=" + fetchIndexDeadlineMs + ", delete.deadline.ms=" + deleteDeadlineMs
                 + ", retry.max.attempts=" + retryMaxAttempts + ", retry.initial.backoff.ms=" + retryInitialBackoffMs
                 + ", retry.max.backoff.ms=" + retryMaxBackoffMs;

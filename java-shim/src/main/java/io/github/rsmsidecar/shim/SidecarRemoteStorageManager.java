@@ -17,6 +17,7 @@ import io.github.rsmsidecar.proto.v1.SegmentFiles;
 import io.github.rsmsidecar.proto.v1.SegmentMetadata;
 import io.github.rsmsidecar.proto.v1.TransferMode;
 import io.grpc.CallOptions;
+import io.grpc.ClientCall;
 import io.grpc.Channel;
 import io.grpc.ManagedChannel;
 import io.grpc.Status;
@@ -35,6 +36,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Consumer;
 import java.util.function.Function;
 import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.config.ConfigException;
@@ -80,6 +82,10 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private volatile ShimConfig config;
     /** Null when fetch hand-off is off or the sidecar is reached over TCP. */
     private volatile FetchHandoff handoff;
+    /** Null when read-ahead is off (or hand-off is: it reads ahead in hand-off files). */
+    private volatile ReadAhead readAhead;
+    /** Read-ahead is used again from this {@link System#nanoTime()} on (see {@link #readAheadRests}). */
+    private volatile long readAheadOffUntilNanos = System.nanoTime();
     private volatile Retrier retrier;
     private volatile ScheduledThreadPoolExecutor scheduler;
     private ManagedChannel channel; // guarded by this
@@ -135,6 +141,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             }
             this.config = c;
             this.handoff = c.handoffDir() == null ? null : new FetchHandoff(c.handoffDir());
+            ReadAhead previous = this.readAhead;
+            this.readAhead = handoff == null || c.fetchReadaheadBytes() == 0 ? null
+                    : new ReadAhead(c.fetchReadaheadBytes(), c.fetchReadaheadMaxBytes());
+            if (previous != null) {
+                previous.close();
+            }
             if (channel != null) {
                 // Reconfigured (the broker configures once; tests may not): the next call uses the new target.
                 channel.shutdown();
@@ -157,6 +169,10 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             closed = true;
             ch = channel;
             channel = null;
+        }
+        ReadAhead ra = readAhead;
+        if (ra != null) {
+            ra.close();
         }
         ScheduledThreadPoolExecutor s = scheduler;
         if (s != null) {
@@ -363,34 +379,205 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         ShimConfig c = config();
         String op = "fetchLogSegment(" + MetadataMapper.describe(md) + ", start=" + start
                 + (end != null ? ", end=" + end : "") + ")";
-        int window = c.fetchWindowBytes();
         TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
+        long size = md.segmentSizeInBytes();
+        ReadAhead ra = readAhead();
+        if (end == null && ra != null) {
+            WindowedFetchStream.Window kept = ra.find(partition, md.remoteLogSegmentId(), start);
+            if (kept != null) {
+                LOG.debug("{}: read from the read-ahead window up to {}", op, kept.end());
+                readAheadNext(c, md, start, kept.end(), ra);
+                return windowed(c, md, start, kept, true, op);
+            }
+        }
+        int window = c.fetchWindowBytes();
         Long lastRead = lastFetchBytes.get(partition);
         if (window > 0 && lastRead != null) {
             // what the partition's last read took, plus room: a sequential consumer's fetches alike
             window = (int) Math.min(Math.max(window, lastRead + FETCH_WINDOW_SLACK), ShimConfig.MAX_FETCH_WINDOW_BYTES);
         }
-        long size = md.segmentSizeInBytes();
-        if (end != null || window == 0 || WindowedFetchStream.windowEnd(start, window, size) == null) {
+        if (end != null || window == 0 || (ra == null && WindowedFetchStream.windowEnd(start, window, size) == null)) {
             InputStream in = openFetch(c, md, start, end, op);
             LOG.debug("{}: stream open", op);
             return in;
         }
-        // no end: read in windows (see WindowedFetchStream), so the sidecar sends about what is read
-        InputStream first = openFetch(c, md, start, WindowedFetchStream.windowEnd(start, window, size), op);
-        LOG.debug("{}: stream open, first window {} bytes", op, window);
+        // no end: read in windows (see WindowedFetchStream), so the sidecar sends about what is read;
+        // with read-ahead also when the first window reaches the segment's end, so the read is seen
+        boolean sequential = ra != null && ra.sequential(partition, md.remoteLogSegmentId(), start);
+        WindowedFetchStream.Window first = sequential ? keptOrReadAhead(c, md, start, window, ra, op)
+                : plainWindow(c, md, start, window, op);
+        LOG.debug("{}: stream open, first window up to {}{}", op, first.end(), sequential ? " (read-ahead)" : "");
         if (lastFetchBytes.size() > MAX_TRACKED_PARTITIONS) {
             lastFetchBytes.clear();
         }
-        return new WindowedFetchStream(first, start, window, ShimConfig.MAX_FETCH_WINDOW_BYTES, size,
-                (from, to) -> {
+        return windowed(c, md, start, first, sequential, op);
+    }
+
+    /** The read-ahead, or null while it is off or resting, or while hand-off is. */
+    private ReadAhead readAhead() {
+        ReadAhead ra = readAhead;
+        FetchHandoff h = handoff;
+        if (ra == null || h == null || !h.active() || System.nanoTime() - readAheadOffUntilNanos < 0) {
+            return null;
+        }
+        return ra;
+    }
+
+    /**
+     * A read of segment {@code md} from {@code start} in windows, the first one open; later windows
+     * come from the read-ahead when it holds them, as read-ahead windows when the read is
+     * {@code sequential}, and otherwise as plain continuations (see {@link WindowedFetchStream}).
+     */
+    private InputStream windowed(ShimConfig c, RemoteLogSegmentMetadata md, long start, WindowedFetchStream.Window first,
+                                 boolean sequential, String op) {
+        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
+        long size = md.segmentSizeInBytes();
+        return new WindowedFetchStream(first, start, ShimConfig.MAX_FETCH_WINDOW_BYTES, size,
+                (from, suggested) -> {
+                    String windowOp = op + " window at " + from;
                     try {
-                        return openFetch(c, md, from, to, op + " window at " + from);
+                        ReadAhead ra = readAhead();
+                        if (ra != null) {
+                            if (sequential) {
+                                return keptOrReadAhead(c, md, from, suggested, ra, windowOp);
+                            }
+                            WindowedFetchStream.Window kept = ra.find(partition, md.remoteLogSegmentId(), from);
+                            if (kept != null) {
+                                return kept;
+                            }
+                        }
+                        return plainWindow(c, md, from, suggested, windowOp);
                     } catch (RemoteStorageException e) {
                         throw new IOException(op + ": opening the next window at " + from + " failed: "
                                 + e.getMessage(), e);
                     }
-                }, read -> lastFetchBytes.put(partition, read), op);
+                }, reached -> {
+                    lastFetchBytes.put(partition, reached - start);
+                    ReadAhead ra = readAhead;
+                    if (ra != null) {
+                        ra.readEnded(partition, md.remoteLogSegmentId(), reached, size);
+                    }
+                }, op);
+    }
+
+    /** One {@code FetchSegment} call for {@code size} bytes from {@code start} (to the end if they reach it). */
+    private WindowedFetchStream.Window plainWindow(ShimConfig c, RemoteLogSegmentMetadata md, long start, int size,
+                                                   String op) throws RemoteStorageException {
+        return plainWindow(c, md, start, size, op, null);
+    }
+
+    /** As above; a handed-off window of the right size is kept by {@code ra} (when not null) too. */
+    private WindowedFetchStream.Window plainWindow(ShimConfig c, RemoteLogSegmentMetadata md, long start, int size,
+                                                   String op, ReadAhead ra) throws RemoteStorageException {
+        Integer to = WindowedFetchStream.windowEnd(start, size, md.segmentSizeInBytes());
+        long end = to == null ? md.segmentSizeInBytes() : (long) to + 1;
+        return new WindowedFetchStream.Window(openFetch(c, md, (int) start, to, op, ra == null ? null : file -> {
+            if (file.length() == end - start) { // anything else fails the read; never kept
+                ra.keep(md.remoteLogSegmentId().topicIdPartition(), md.remoteLogSegmentId(), start, file);
+            }
+        }), end);
+    }
+
+    /**
+     * The window from {@code start} of a sequential read: a kept one (waiting for the background
+     * read-ahead of it if one is under way); else a plain window of {@code size} bytes, kept too,
+     * whose end is read ahead in the background at once (the reader waits for no more than one fetch's
+     * bytes). Once the read is in the second half of a kept window, the next one is read ahead.
+     */
+    private WindowedFetchStream.Window keptOrReadAhead(ShimConfig c, RemoteLogSegmentMetadata md, long start,
+                                                      int size, ReadAhead ra, String op) throws RemoteStorageException {
+        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
+        WindowedFetchStream.Window w = ra.find(partition, md.remoteLogSegmentId(), start);
+        if (w == null) {
+            try {
+                ra.awaitPending(partition, md.remoteLogSegmentId(), start, c.fetchDeadlineMs());
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new RemoteStorageException(op + ": interrupted while waiting for the read-ahead", e);
+            }
+            w = ra.find(partition, md.remoteLogSegmentId(), start);
+        }
+        if (w == null) {
+            w = plainWindow(c, md, start, size, op, ra); // kept: the next reads may start inside it
+            readAheadNext(c, md, w.end(), w.end(), ra);
+        } else {
+            readAheadNext(c, md, start, w.end(), ra);
+        }
+        return w;
+    }
+
+    /**
+     * Starts the background read-ahead of the window from {@code windowEnd} when {@code ra} says a
+     * read at {@code position} of the window ending there calls for it ({@link ReadAhead#claimNext}).
+     * The call runs on gRPC's executor; its hand-off file is opened and kept there. Any failure
+     * only means the reader asks for the window itself when it gets there.
+     */
+    private void readAheadNext(ShimConfig c, RemoteLogSegmentMetadata md, long position, long windowEnd, ReadAhead ra) {
+        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
+        long size = md.segmentSizeInBytes();
+        FetchHandoff h = handoff;
+        if (h == null || !ra.claimNext(partition, md.remoteLogSegmentId(), position, windowEnd, size)) {
+            return;
+        }
+        Integer to = WindowedFetchStream.windowEnd(windowEnd, ra.windowBytes(), size);
+        long length = (to == null ? size : (long) to + 1) - windowEnd;
+        FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
+                .setMetadata(MetadataMapper.toProto(md))
+                .setStartPosition((int) windowEnd)
+                .setAcceptHandoff(true);
+        if (to != null) {
+            req.setEndPosition(to);
+        }
+        ClientCall<FetchSegmentRequest, FetchSegmentResponse> call;
+        try {
+            call = channel().newCall(FetchResponseMarshaller.FETCH_SEGMENT,
+                    CallOptions.DEFAULT.withDeadlineAfter(c.fetchDeadlineMs(), TimeUnit.MILLISECONDS));
+        } catch (RemoteStorageException e) {
+            ra.pendingDone(partition);
+            return;
+        }
+        String op = "read-ahead of " + MetadataMapper.describe(md) + " at " + windowEnd;
+        call.start(new ClientCall.Listener<>() {
+            @Override
+            public void onMessage(FetchSegmentResponse response) {
+                if (!response.hasHandoff()) {
+                    call.cancel("the sidecar streamed the read-ahead window instead of handing it off", null);
+                    readAheadRests(op);
+                    return;
+                }
+                try {
+                    FetchHandoff.OpenFile file = h.open(response.getHandoff());
+                    try {
+                        if (file.length() == length) {
+                            ra.keep(partition, md.remoteLogSegmentId(), windowEnd, file);
+                        }
+                    } finally {
+                        file.release();
+                    }
+                } catch (FetchHandoff.HandoffException e) {
+                    LOG.debug("{}: {}", op, e.getMessage()); // the reader asks for the window itself
+                }
+            }
+
+            @Override
+            public void onClose(Status status, io.grpc.Metadata trailers) {
+                if (!status.isOk() && status.getCode() != Status.Code.CANCELLED) {
+                    LOG.debug("{}: {}", op, status);
+                }
+                ra.pendingDone(partition);
+            }
+        }, new io.grpc.Metadata());
+        call.request(1);
+        call.sendMessage(req.build());
+        call.halfClose();
+    }
+
+    private void readAheadRests(String op) {
+        readAheadOffUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(FetchHandoff.RETRY_AFTER_MS);
+        LOG.warn("{}: the sidecar did not hand off a read-ahead window of {} bytes (its fetch.handoff_max_bytes "
+                        + "is smaller, or its hand-off files are at their bound); read-ahead rests for {} s "
+                        + "(rsm.config.{}=0 turns it off)", op, readAhead.windowBytes(),
+                FetchHandoff.RETRY_AFTER_MS / 1000, ShimConfig.FETCH_READAHEAD_BYTES);
     }
 
     /**
@@ -400,6 +587,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
      */
     private InputStream openFetch(ShimConfig c, RemoteLogSegmentMetadata md, int start, Integer end, String op)
             throws RemoteStorageException {
+        return openFetch(c, md, start, end, op, null);
+    }
+
+    /** As above; {@code keep} (nullable) sees a handed-off file before the stream reads it. */
+    private InputStream openFetch(ShimConfig c, RemoteLogSegmentMetadata md, int start, Integer end, String op,
+                                  Consumer<FetchHandoff.OpenFile> keep) throws RemoteStorageException {
         FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
                 .setMetadata(MetadataMapper.toProto(md))
                 .setStartPosition(start);
@@ -409,17 +602,17 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         FetchHandoff handoff = this.handoff;
         if (handoff != null && handoff.active()) {
             try {
-                return openFetch(c, req.setAcceptHandoff(true).build(), handoff, op);
+                return openFetch(c, req.setAcceptHandoff(true).build(), handoff, keep, op);
             } catch (FetchHandoff.HandoffException e) {
                 handoff.turnOff(op, e);
                 req.setAcceptHandoff(false);
             }
         }
-        return openFetch(c, req.build(), null, op);
+        return openFetch(c, req.build(), null, null, op);
     }
 
-    private InputStream openFetch(ShimConfig c, FetchSegmentRequest request, FetchHandoff handoff, String op)
-            throws RemoteStorageException {
+    private InputStream openFetch(ShimConfig c, FetchSegmentRequest request, FetchHandoff handoff,
+                                  Consumer<FetchHandoff.OpenFile> keep, String op) throws RemoteStorageException {
         Function<FetchSegmentResponse, ByteString> data = response -> {
             if (response.hasHandoff()) {
                 throw new UncheckedIOException(new IOException(handoff == null
@@ -429,7 +622,20 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             return response.getData();
         };
         Function<FetchSegmentResponse, InputStream> handedOff = handoff == null ? null
-                : response -> response.hasHandoff() ? handoff.open(response.getHandoff()) : null;
+                : response -> {
+                    if (!response.hasHandoff()) {
+                        return null;
+                    }
+                    FetchHandoff.OpenFile file = handoff.open(response.getHandoff());
+                    try {
+                        if (keep != null) {
+                            keep.accept(file);
+                        }
+                        return file.stream(0, file.length());
+                    } finally {
+                        file.release();
+                    }
+                };
         try {
             return retrier.call(op, false, attempt -> {
                 GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(channel(),
@@ -482,6 +688,10 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         Objects.requireNonNull(md, "remoteLogSegmentMetadata");
         ShimConfig c = config();
         String op = "deleteLogSegmentData(" + MetadataMapper.describe(md) + ")";
+        ReadAhead ra = readAhead;
+        if (ra != null) {
+            ra.forget(md.remoteLogSegmentId()); // nothing of a deleted segment is served again
+        }
         DeleteSegmentRequest request = DeleteSegmentRequest.newBuilder().setMetadata(MetadataMapper.toProto(md)).build();
         long started = System.nanoTime();
         retrier.call(op, true, attempt -> {

@@ -36,10 +36,25 @@ final class WindowedFetchStream extends InputStream {
 
     private static final Logger LOG = LoggerFactory.getLogger(WindowedFetchStream.class);
 
-    /** Opens {@code [start, endInclusive]}, or {@code [start, end of segment]} when {@code endInclusive} is null. */
+    /**
+     * An open window: a stream of exactly the bytes {@code [its start, end)} of the segment, or to
+     * the end of the segment when {@code end} is the segment's size (the open-ended last window).
+     */
+    record Window(InputStream in, long end) {
+        Window {
+            Objects.requireNonNull(in);
+        }
+    }
+
+    /**
+     * Opens the window at {@code start}. {@code suggestedSize} is what a plain continuation asks
+     * for; the opener may return another size (a window kept by {@link ReadAhead} ends where it
+     * ends, a read-ahead window is larger), and the stream checks the bytes against the end it
+     * returns.
+     */
     @FunctionalInterface
     interface Opener {
-        InputStream open(int start, Integer endInclusive) throws IOException;
+        Window open(long start, int suggestedSize) throws IOException;
     }
 
     /** The first window after the first one. */
@@ -61,12 +76,12 @@ final class WindowedFetchStream extends InputStream {
     private boolean closed;
 
     /**
-     * @param first the call for {@code [start, start + firstWindow)}, already open
-     * @param onClose receives the bytes read when the reader closes the stream
+     * @param first the first window, from {@code start}, already open
+     * @param onClose receives the position the reader reached when it closes the stream
      */
-    WindowedFetchStream(InputStream first, int start, int firstWindow, int maxWindow, long segmentSize, Opener opener,
+    WindowedFetchStream(Window first, long start, int maxWindow, long segmentSize, Opener opener,
                         java.util.function.LongConsumer onClose, String operation) {
-        this.current = Objects.requireNonNull(first);
+        this.current = first.in();
         this.opener = opener;
         this.onClose = onClose;
         this.operation = operation;
@@ -74,7 +89,7 @@ final class WindowedFetchStream extends InputStream {
         this.maxWindow = Math.max(CONTINUATION_WINDOW, maxWindow);
         this.nextWindow = CONTINUATION_WINDOW;
         this.windowStart = start;
-        this.windowEnd = (long) start + firstWindow;
+        this.windowEnd = Math.min(first.end(), segmentSize);
         this.position = start;
         this.start = start;
     }
@@ -120,10 +135,14 @@ final class WindowedFetchStream extends InputStream {
             current.close();
             int window = nextWindow;
             nextWindow = (int) Math.min((long) window * 2, maxWindow);
-            Integer end = windowEnd(position, window, segmentSize);
+            Window next = opener.open(position, window);
+            if (next.end() <= position) {
+                next.in().close();
+                throw new IOException(operation + ": the window opened at " + position + " ends at " + next.end());
+            }
             windowStart = position;
-            windowEnd = end == null ? segmentSize : (long) end + 1;
-            current = opener.open((int) position, end);
+            windowEnd = Math.min(next.end(), segmentSize);
+            current = next.in();
             windows++;
         }
     }
@@ -140,7 +159,7 @@ final class WindowedFetchStream extends InputStream {
         }
         closed = true;
         LOG.debug("{}: closed after {} bytes in {} window(s)", operation, position - start, windows);
-        onClose.accept(position - start);
+        onClose.accept(position);
         current.close();
     }
 }

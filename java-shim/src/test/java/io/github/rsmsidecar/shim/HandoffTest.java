@@ -8,6 +8,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.google.protobuf.ByteString;
+import io.github.rsmsidecar.proto.v1.DeleteSegmentRequest;
+import io.github.rsmsidecar.proto.v1.DeleteSegmentResponse;
 import io.github.rsmsidecar.proto.v1.FetchSegmentRequest;
 import io.github.rsmsidecar.proto.v1.FetchSegmentResponse;
 import io.github.rsmsidecar.proto.v1.HandoffFile;
@@ -24,7 +26,12 @@ import java.util.Map;
 import java.util.UUID;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
+import java.util.Optional;
+import org.apache.kafka.common.TopicIdPartition;
+import org.apache.kafka.common.Uuid;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentState;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
@@ -49,6 +56,10 @@ class HandoffTest {
         final Path dir;
         final List<FetchSegmentRequest> requests = new CopyOnWriteArrayList<>();
         volatile Behaviour behaviour = Behaviour.HONEST;
+        /** Larger fetches are streamed, as the sidecar's fetch.handoff_max_bytes does. */
+        volatile int handoffMaxBytes = Integer.MAX_VALUE;
+        /** Lies: hands off (and announces) this many bytes less than asked for. */
+        volatile int shortBy;
 
         HandoffSidecar(Path dir) {
             this.dir = dir;
@@ -59,8 +70,8 @@ class HandoffTest {
             requests.add(req);
             int start = req.getStartPosition();
             int end = req.hasEndPosition() ? Math.min(req.getEndPosition() + 1, SIZE) : SIZE;
-            byte[] range = Arrays.copyOfRange(SEGMENT, start, end);
-            if (req.getAcceptHandoff() || behaviour == Behaviour.UNASKED) {
+            byte[] range = Arrays.copyOfRange(SEGMENT, start, end - (req.getAcceptHandoff() ? shortBy : 0));
+            if ((req.getAcceptHandoff() && range.length <= handoffMaxBytes) || behaviour == Behaviour.UNASKED) {
                 try {
                     String name = UUID.randomUUID().toString().replace("-", "");
                     Path file = dir.resolve(name);
@@ -92,6 +103,16 @@ class HandoffTest {
                     throw new UncheckedIOException(e);
                 }
             }
+            streamData(range, observer);
+        }
+
+        @Override
+        public void deleteSegment(DeleteSegmentRequest req, StreamObserver<DeleteSegmentResponse> observer) {
+            observer.onNext(DeleteSegmentResponse.getDefaultInstance());
+            observer.onCompleted();
+        }
+
+        private static void streamData(byte[] range, StreamObserver<FetchSegmentResponse> observer) {
             for (int p = 0; p < range.length; p += 64 * 1024) {
                 int n = Math.min(64 * 1024, range.length - p);
                 observer.onNext(FetchSegmentResponse.newBuilder().setData(ByteString.copyFrom(range, p, n)).build());
@@ -100,7 +121,7 @@ class HandoffTest {
         }
     }
 
-    static RemoteLogSegmentMetadata md() {
+    static RemoteLogSegmentMetadata md() { // a new segment id each time
         return WindowedFetchTest.metadata(SIZE);
     }
 
@@ -204,6 +225,241 @@ class HandoffTest {
             RemoteStorageException e = assertThrows(RemoteStorageException.class,
                     () -> h.rsm.fetchLogSegment(md(), 0, 999).close());
             assertTrue(e.getMessage().contains("hand-off file that was not asked for"), e.getMessage());
+        }
+    }
+
+    // ---- read-ahead (rsm.config.fetch.readahead.bytes) ----------------------------------------
+
+    static final int MIB = 1024 * 1024;
+
+    static Map<String, String> readAheadConfig(Path tmp, String... more) {
+        Map<String, String> c = config(tmp.resolve("rsm.sock"), ShimConfig.FETCH_WINDOW_BYTES, "262144",
+                ShimConfig.FETCH_READAHEAD_BYTES, String.valueOf(MIB));
+        for (int i = 0; i < more.length; i += 2) {
+            c.put(more[i], more[i + 1]);
+        }
+        return c;
+    }
+
+    /** Reads {@code n} bytes from {@code start} as the broker does (open-ended fetch, read, close); where it stopped. */
+    static int brokerRead(Fixtures.Harness h, RemoteLogSegmentMetadata md, int start, int n) throws Exception {
+        try (InputStream in = h.rsm.fetchLogSegment(md, start)) {
+            assertArrayEquals(range(start, n), in.readNBytes(n), "bytes at " + start);
+        }
+        return start + n;
+    }
+
+    static long asked(FetchSegmentRequest r) {
+        return (r.hasEndPosition() ? r.getEndPosition() + 1 : SIZE) - r.getStartPosition();
+    }
+
+    static boolean isReadAhead(FetchSegmentRequest r) {
+        return asked(r) == MIB || (!r.hasEndPosition() && asked(r) < MIB);
+    }
+
+    /** Each of {@code requests} asked for one plain window (well under a read-ahead window). */
+    static void assertPlainWindows(List<FetchSegmentRequest> requests) {
+        for (FetchSegmentRequest r : requests) {
+            assertTrue(asked(r) < MIB / 2, "a plain window, not a read-ahead: " + r);
+        }
+    }
+
+    /** Waits until the sidecar has had {@code n} requests (background read-ahead is asynchronous). */
+    static void awaitRequests(HandoffSidecar sidecar, int n) throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+        while (sidecar.requests.size() < n && System.nanoTime() < deadline) {
+            Thread.sleep(5);
+        }
+        assertEquals(n, sidecar.requests.size(), "requests");
+    }
+
+    @Test
+    void aSequentialReaderIsServedFromReadAheadFilesAskedForInTheBackground(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata md = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            // the broker's way: each fetch starts one "batch" (10,000 bytes here) before where the last one stopped
+            int position = brokerRead(h, md, 0, 200_000);
+            assertEquals(1, sidecar.requests.size(), "the first read of a partition: one plain window");
+            assertEquals(262_143, sidecar.requests.get(0).getEndPosition());
+            position = brokerRead(h, md, position - 10_000, 200_000);
+            // the second continues the first: one plain window, and the read-ahead from its end at once
+            awaitRequests(sidecar, 3);
+            assertFalse(isReadAhead(sidecar.requests.get(1)), "the reader waits for one window only");
+            assertEquals(sidecar.requests.get(1).getEndPosition() + 1, sidecar.requests.get(2).getStartPosition());
+            assertTrue(isReadAhead(sidecar.requests.get(2)));
+            while (position < SIZE - 250_000) {
+                position = brokerRead(h, md, position - 10_000, 200_000);
+            }
+            // 3 MiB in 200 kB fetches: every later window was read ahead, none waited for
+            assertTrue(sidecar.requests.size() <= 2 + 3, "calls: " + sidecar.requests.size());
+            for (FetchSegmentRequest r : sidecar.requests.subList(2, sidecar.requests.size())) {
+                assertTrue(isReadAhead(r), "a read-ahead window: " + r);
+                assertTrue(r.getAcceptHandoff());
+            }
+            // reads crossing a kept window's end continue seamlessly into the next
+            brokerRead(h, md, (int) sidecar.requests.get(2).getStartPosition() + MIB - 100, 300_000);
+            brokerRead(h, md, 0, SIZE);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+            while (handoffFilesWaiting(sidecar.dir) > 0 && System.nanoTime() < deadline) {
+                Thread.sleep(5); // the last read's read-ahead may still be under way
+            }
+            assertEquals(0, handoffFilesWaiting(sidecar.dir), "every handed-off file was deleted once open");
+        }
+        assertEquals(0, openHandoffFiles(sidecar.dir), "close() released every kept file");
+    }
+
+    @Test
+    void aSequentialReadAtASegmentsTailKeepsTheWindowToItsEnd(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata md = md();
+        // the default first window (1 MiB + 64 KiB) reaches the end of the segment from here on
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config(tmp.resolve("rsm.sock"),
+                ShimConfig.FETCH_READAHEAD_BYTES, String.valueOf(MIB)))) {
+            int position = brokerRead(h, md, SIZE - 900_000, 100_000);
+            position = brokerRead(h, md, position - 1000, 100_000); // sequential: its window is kept
+            assertEquals(2, sidecar.requests.size());
+            assertFalse(sidecar.requests.get(1).hasEndPosition(), "open-ended to the segment's end");
+            while (position < SIZE - 100_000) {
+                position = brokerRead(h, md, position - 1000, 100_000);
+            }
+            brokerRead(h, md, SIZE - 500, 500);
+            assertEquals(2, sidecar.requests.size(), "the rest of the segment came from the kept window");
+        }
+    }
+
+    @Test
+    void aReaderThatSeeksAsksForOneWindowNotARead_ahead(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata md = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            brokerRead(h, md, 3 * MIB - 200_000, 100_000); // the segment's tail
+            brokerRead(h, md, 10_000, 100_000);            // far back: a seek
+            brokerRead(h, md, 5 * MIB / 2, 100_000);       // far ahead: a seek
+            Thread.sleep(100); // a read-ahead, if one were started, would have been asked for by now
+        }
+        assertEquals(3, sidecar.requests.size());
+        assertFalse(sidecar.requests.get(0).hasEndPosition(), "the tail: open-ended to the segment's end");
+        assertPlainWindows(sidecar.requests.subList(1, 3));
+    }
+
+    @Test
+    void aDeletedSegmentIsNeverServedFromItsReadAheadFile(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata md = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            brokerRead(h, md, brokerRead(h, md, 0, 100_000), 100_000); // the second read reads ahead
+            awaitRequests(sidecar, 3);
+            long ahead = sidecar.requests.get(2).getStartPosition();
+            brokerRead(h, md, (int) ahead + 1000, 100_000);
+            assertEquals(3, sidecar.requests.size(), "inside the read-ahead window: no call");
+            h.rsm.deleteLogSegmentData(md);
+            assertEquals(0, openHandoffFiles(sidecar.dir), "the deleted segment's kept file is closed");
+            try (InputStream in = h.rsm.fetchLogSegment(md, (int) ahead + 200_000)) {
+                in.readNBytes(1000);
+            }
+            assertTrue(sidecar.requests.size() > 3, "after the delete the fetch asks the sidecar");
+            assertEquals(ahead + 200_000, sidecar.requests.get(3).getStartPosition());
+        }
+    }
+
+    @Test
+    void readAheadWindowsKeptAreBoundedAndDroppedLeastRecentlyUsedFirst(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar,
+                readAheadConfig(tmp, ShimConfig.FETCH_READAHEAD_MAX_BYTES, String.valueOf(3 * MIB)))) {
+            List<RemoteLogSegmentMetadata> partitions = List.of(partitionSegment(0), partitionSegment(1),
+                    partitionSegment(2));
+            // three partitions, each with two kept windows: the plain one of its second read (256 KiB)
+            // and the read-ahead from its end (1 MiB)
+            for (RemoteLogSegmentMetadata p : partitions) {
+                brokerRead(h, p, brokerRead(h, p, 0, 100_000), 100_000);
+                awaitRequests(sidecar, 3 * (partitions.indexOf(p) + 1));
+            }
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+            while (openHandoffFiles(sidecar.dir) != 4 && System.nanoTime() < deadline) {
+                Thread.sleep(5);
+            }
+            assertEquals(4, openHandoffFiles(sidecar.dir), "two partitions' windows kept under a 3 MiB bound");
+            brokerRead(h, partitions.get(2), 400_000, 100_000); // kept
+            brokerRead(h, partitions.get(1), 400_000, 100_000); // kept
+            assertEquals(9, sidecar.requests.size());
+            brokerRead(h, partitions.get(0), 400_000, 100_000); // dropped: asked for again, and read ahead
+            awaitRequests(sidecar, 11);
+        }
+        assertEquals(0, openHandoffFiles(sidecar.dir), "close() released every kept file");
+    }
+
+    /** A segment of partition {@code p} of the fixtures' topic. */
+    static RemoteLogSegmentMetadata partitionSegment(int p) {
+        TopicIdPartition tip = new TopicIdPartition(Fixtures.TIP.topicId(), p, Fixtures.TIP.topic());
+        return new RemoteLogSegmentMetadata(new RemoteLogSegmentId(tip, Uuid.randomUuid()), 100L, 199L,
+                1_700_000_000_000L, 7, 1_700_000_001_000L, SIZE, Optional.empty(),
+                RemoteLogSegmentState.COPY_SEGMENT_FINISHED, Map.of(0, 100L));
+    }
+
+    static long handoffFilesWaiting(Path dir) throws IOException {
+        try (var files = Files.list(dir)) {
+            return files.count();
+        }
+    }
+
+    /** Files of {@code dir} this process holds open (deleted or not), from /proc/self/fd. */
+    static long openHandoffFiles(Path dir) throws IOException {
+        long n = 0;
+        try (var fds = Files.list(Path.of("/proc/self/fd"))) {
+            for (Path fd : (Iterable<Path>) fds::iterator) {
+                try {
+                    if (Files.readSymbolicLink(fd).toString().startsWith(dir.toString() + "/")) {
+                        n++;
+                    }
+                } catch (IOException ignored) {
+                    // closed meanwhile
+                }
+            }
+        }
+        return n;
+    }
+
+    @Test
+    void aSidecarThatStreamsTheReadAheadWindowMakesReadAheadRestButServesTheRightBytes(@TempDir Path tmp)
+            throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        sidecar.handoffMaxBytes = 512 * 1024; // smaller than the read-ahead window: streamed
+        RemoteLogSegmentMetadata md = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            int position = brokerRead(h, md, 0, 200_000);
+            position = brokerRead(h, md, position - 10_000, 200_000);
+            awaitRequests(sidecar, 3); // the read-ahead: streamed, so cancelled
+            Thread.sleep(100);
+            for (int i = 0; i < 4; i++) {
+                position = brokerRead(h, md, position - 10_000, 200_000);
+            }
+        }
+        // reads 1 and 2: plain windows, then the read-ahead; reads 3-6: plain windows (read-ahead rests)
+        assertEquals(7, sidecar.requests.size());
+        assertTrue(isReadAhead(sidecar.requests.get(2)));
+        assertPlainWindows(sidecar.requests.subList(3, 7)); // resting
+    }
+
+    @Test
+    void aHandedOffReadAheadFileOfAnotherLengthIsNotKept(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata md = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            int position = brokerRead(h, md, 0, 100_000);
+            sidecar.shortBy = 1000; // lies: hands off (and announces) 1000 bytes less than asked for
+            try (InputStream in = h.rsm.fetchLogSegment(md, position)) {
+                IOException e = assertThrows(IOException.class, () -> in.readNBytes(MIB));
+                assertTrue(e.getMessage().contains("short stream"), e.getMessage());
+            }
+            awaitRequests(sidecar, 3);
+            long ahead = sidecar.requests.get(2).getStartPosition();
+            sidecar.shortBy = 0;
+            Thread.sleep(100);
+            assertEquals(0, openHandoffFiles(sidecar.dir), "the short read-ahead file was not kept");
+            brokerRead(h, md, (int) ahead + 1000, 100_000);
+            assertTrue(sidecar.requests.size() > 3, "asked again, not served from the short file");
         }
     }
 }

@@ -1,0 +1,262 @@
+package io.github.rsmsidecar.shim;
+
+import java.io.InputStream;
+import java.util.ArrayDeque;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import org.apache.kafka.common.TopicIdPartition;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
+
+/**
+ * Read-ahead for sequential remote reads, over fetch hand-off ({@link FetchHandoff}).
+ *
+ * <p>The broker reads a tiered partition one consumer fetch at a time (1 MiB by default), each a
+ * new {@code fetchLogSegment} call, and each of those cost a {@code FetchSegment} call to the
+ * sidecar: gRPC's per-call work on both sides and a round trip through two processes' threads,
+ * about twice what the read itself cost the broker ({@code benchmarks/remote_read.py}). A reader
+ * that continues where the partition's last read ended is sequential; its next window is asked for
+ * as one larger hand-off file ({@code rsm.config.fetch.readahead.bytes}, 8 MiB by default) which
+ * is kept open here after the read that asked for it, and the following fetches inside it read the
+ * file with no call at all. Once a read is in the second half of a kept window, the next window is
+ * asked for in the background ({@link #claimNext}), so a sequential reader does not wait for the
+ * sidecar at the window's end either (only at the start of each segment: the next segment's
+ * metadata comes with the broker's next call). A read that is not sequential (the first of a
+ * partition, a consumer that seeks) asks for one window as before, so a random read costs no more
+ * than it did.
+ *
+ * <ul>
+ *   <li>At most {@link #WINDOWS_PER_PARTITION} kept windows per partition (the one being read and
+ *       the next; a sequential reader leaves the older ones behind), and at most
+ *       {@code rsm.config.fetch.readahead.max.bytes} in all: the least recently used partition's
+ *       windows are dropped beyond it. A dropped window that a fetch still reads stays open until
+ *       that fetch closes its stream (reference counts in {@link FetchHandoff.OpenFile}), so the
+ *       files open at once are bounded by the kept bytes plus one window per fetch in progress.
+ *   <li>The files are hand-off files: deleted as soon as they are open, held only by this
+ *       process's descriptors, of exactly the size the sidecar announced (checked at open). They
+ *       live in the hand-off directory's file system (tmpfs under {@code /run} in the packaged
+ *       set-ups), so the kept bytes are memory of the host, not of the broker's heap.
+ *   <li>Segments are immutable: a kept window is never stale. {@code deleteLogSegmentData} drops
+ *       the segment's windows anyway, so nothing deleted is served.
+ * </ul>
+ */
+final class ReadAhead {
+
+    /** A read starting this close to where the partition's last read ended continues it. */
+    static final long SEQUENTIAL_SLACK = 2L * 1024 * 1024;
+
+    /** Bytes {@code [start, end)} of segment {@code id}, in {@code file} from its offset 0. */
+    private record Kept(RemoteLogSegmentId id, long start, long end, FetchHandoff.OpenFile file) {
+        long bytes() {
+            return end - start;
+        }
+    }
+
+    /** Where a partition's last read ended, and whether that was the end of its segment. */
+    private record LastRead(RemoteLogSegmentId id, long end, boolean atSegmentEnd) {
+    }
+
+    /** Windows kept per partition: the one being read and the next one, read ahead in the background. */
+    static final int WINDOWS_PER_PARTITION = 2;
+
+    private final int windowBytes;
+    private final long maxBytes;
+    /** Oldest first; access order over partitions: the first is the least recently used. Guarded by this. */
+    private final LinkedHashMap<TopicIdPartition, ArrayDeque<Kept>> kept = new LinkedHashMap<>(16, 0.75f, true);
+    private long keptBytes; // guarded by this
+    private boolean closed; // guarded by this
+    /** The window being read ahead in the background, per partition: its segment and start. Guarded by this. */
+    private final Map<TopicIdPartition, Pending> pending = new HashMap<>();
+
+    /** A background read-ahead of the window of {@code id} from {@code start}, done when {@code done} completes. */
+    private record Pending(RemoteLogSegmentId id, long start, CompletableFuture<Void> done) {
+    }
+    private final Map<TopicIdPartition, LastRead> lastReads = new ConcurrentHashMap<>();
+    /** Segments deleted lately: a background read-ahead that ends after the delete keeps nothing. Guarded by this. */
+    private final LinkedHashMap<RemoteLogSegmentId, Boolean> deleted = new LinkedHashMap<>() {
+        @Override
+        protected boolean removeEldestEntry(Map.Entry<RemoteLogSegmentId, Boolean> eldest) {
+            return size() > 1024;
+        }
+    };
+
+    ReadAhead(int windowBytes, long maxBytes) {
+        if (windowBytes <= 0 || maxBytes < windowBytes) {
+            throw new IllegalArgumentException("window " + windowBytes + ", at most " + maxBytes);
+        }
+        this.windowBytes = windowBytes;
+        this.maxBytes = maxBytes;
+    }
+
+    /** The size of a read-ahead window. */
+    int windowBytes() {
+        return windowBytes;
+    }
+
+    /**
+     * The kept window of {@code partition} that holds {@code start} of segment {@code id}, as a
+     * stream from {@code start} to the window's end; null when there is none.
+     */
+    synchronized WindowedFetchStream.Window find(TopicIdPartition partition, RemoteLogSegmentId id, long start) {
+        ArrayDeque<Kept> windows = kept.get(partition);
+        if (windows == null) {
+            return null;
+        }
+        for (Kept k : windows) {
+            if (k.id().equals(id) && start >= k.start() && start < k.end()) {
+                InputStream in = k.file().stream(start - k.start(), k.bytes());
+                return in == null ? null : new WindowedFetchStream.Window(in, k.end());
+            }
+        }
+        return null;
+    }
+
+    /**
+     * Claims the background read-ahead of the window after one that a read of {@code partition}
+     * found ending at {@code windowEnd}, when the read starts in its second half ({@code position}),
+     * the window is not the segment's last, and the next one is neither kept nor already claimed.
+     * The caller starts the read-ahead and calls {@link #pendingDone} when it ends, kept or not.
+     */
+    synchronized boolean claimNext(TopicIdPartition partition, RemoteLogSegmentId id, long position, long windowEnd,
+                                   long segmentSize) {
+        if (windowEnd >= segmentSize || windowEnd - position > windowBytes / 2 || pending.containsKey(partition)) {
+            return false;
+        }
+        ArrayDeque<Kept> windows = kept.get(partition);
+        if (windows != null) {
+            for (Kept k : windows) {
+                if (k.id().equals(id) && k.start() <= windowEnd && windowEnd < k.end()) {
+                    return false;
+                }
+            }
+        }
+        pending.put(partition, new Pending(id, windowEnd, new CompletableFuture<>()));
+        return true;
+    }
+
+    /** The background read-ahead claimed for {@code partition} ended (its window kept or not). */
+    void pendingDone(TopicIdPartition partition) {
+        Pending p;
+        synchronized (this) {
+            p = pending.remove(partition);
+        }
+        if (p != null) {
+            p.done().complete(null);
+        }
+    }
+
+    /**
+     * Waits at most {@code timeoutMs} for a background read-ahead of the window of {@code id} from
+     * {@code start}, if one is under way (a reader that caught up with it takes its window instead
+     * of asking for the same bytes again).
+     */
+    void awaitPending(TopicIdPartition partition, RemoteLogSegmentId id, long start, long timeoutMs)
+            throws InterruptedException {
+        Pending p;
+        synchronized (this) {
+            p = pending.get(partition);
+        }
+        if (p == null || !p.id().equals(id) || start < p.start() || start >= p.start() + windowBytes) {
+            return;
+        }
+        try {
+            p.done().get(timeoutMs, TimeUnit.MILLISECONDS);
+        } catch (ExecutionException | TimeoutException e) {
+            // the reader asks for the window itself
+        }
+    }
+
+    /**
+     * Keeps {@code file} (bytes {@code [start, start + its length)} of segment {@code id}) as the
+     * window of {@code partition}, taking a reference of its own; the partition's previous window
+     * and, beyond the bound, the least recently used ones are dropped.
+     */
+    synchronized void keep(TopicIdPartition partition, RemoteLogSegmentId id, long start, FetchHandoff.OpenFile file) {
+        if (closed || deleted.containsKey(id) || !file.retain()) {
+            return; // closed, a deleted segment, or a file already released: nothing to keep
+        }
+        ArrayDeque<Kept> windows = kept.computeIfAbsent(partition, p -> new ArrayDeque<>());
+        windows.addLast(new Kept(id, start, start + file.length(), file));
+        keptBytes += file.length();
+        while (windows.size() > WINDOWS_PER_PARTITION || (!windows.isEmpty() && windows.size() > 1
+                && !windows.peekFirst().id().equals(id))) {
+            drop(windows.removeFirst()); // behind the reader, or of a segment it left
+        }
+        Iterator<ArrayDeque<Kept>> lru = kept.values().iterator();
+        while (keptBytes > maxBytes && lru.hasNext()) {
+            ArrayDeque<Kept> oldest = lru.next();
+            while (keptBytes > maxBytes && !oldest.isEmpty()) {
+                drop(oldest.removeFirst());
+            }
+            if (oldest.isEmpty()) {
+                lru.remove();
+            }
+        }
+    }
+
+    /**
+     * Whether a read of {@code partition} from {@code start} of segment {@code id} continues the
+     * partition's last read: it starts near where that one ended in the same segment, or near the
+     * start of the next segment after a read that reached the end of its own.
+     */
+    boolean sequential(TopicIdPartition partition, RemoteLogSegmentId id, long start) {
+        LastRead last = lastReads.get(partition);
+        if (last == null) {
+            return false;
+        }
+        if (last.id().equals(id)) {
+            return Math.abs(start - last.end()) <= SEQUENTIAL_SLACK;
+        }
+        return last.atSegmentEnd() && start <= SEQUENTIAL_SLACK;
+    }
+
+    /** Records where a read of {@code partition} ended (the stream was closed at {@code end}). */
+    void readEnded(TopicIdPartition partition, RemoteLogSegmentId id, long end, long segmentSize) {
+        if (lastReads.size() > SidecarRemoteStorageManager.MAX_TRACKED_PARTITIONS) {
+            lastReads.clear();
+        }
+        lastReads.put(partition, new LastRead(id, end, end >= segmentSize));
+    }
+
+    /** Drops the windows of segment {@code id} (it was deleted). */
+    synchronized void forget(RemoteLogSegmentId id) {
+        deleted.put(id, Boolean.TRUE);
+        Iterator<ArrayDeque<Kept>> it = kept.values().iterator();
+        while (it.hasNext()) {
+            ArrayDeque<Kept> windows = it.next();
+            windows.removeIf(k -> {
+                if (k.id().equals(id)) {
+                    drop(k);
+                    return true;
+                }
+                return false;
+            });
+            if (windows.isEmpty()) {
+                it.remove();
+            }
+        }
+    }
+
+    /** Drops every window and keeps none from now on (a background read-ahead may still end). */
+    synchronized void close() {
+        closed = true;
+        kept.values().forEach(windows -> windows.forEach(this::drop));
+        kept.clear();
+    }
+
+    /** Bytes of the windows kept now. */
+    synchronized long keptBytes() {
+        return keptBytes;
+    }
+
+    private void drop(Kept k) {
+        keptBytes -= k.bytes();
+        k.file().release();
+    }
+}
