@@ -40,8 +40,9 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
  *       files open at once are bounded by the kept bytes plus one window per fetch in progress.
  *   <li>The files are hand-off files: deleted as soon as they are open, held only by this
  *       process's descriptors, of exactly the size the sidecar announced (checked at open). They
- *       live in the hand-off directory's file system (tmpfs under {@code /run} in the packaged
- *       set-ups), so the kept bytes are memory of the host, not of the broker's heap.
+ *       live in the hand-off directory's file system (a tmpfs such as {@code /run}, as
+ *       docs/operations.md advises for the socket), so the kept bytes are memory of the host, not
+ *       of the broker's heap.
  *   <li>Segments are immutable: a kept window is never stale. {@code deleteLogSegmentData} drops
  *       the segment's windows anyway, so nothing deleted is served.
  * </ul>
