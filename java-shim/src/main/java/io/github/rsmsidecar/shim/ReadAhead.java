@@ -121,12 +121,16 @@ final class ReadAhead {
     /**
      * Claims the background read-ahead of the window after one that a read of {@code partition}
      * found ending at {@code windowEnd}, when the read starts in its second half ({@code position}),
-     * the window is not the segment's last, and the next one is neither kept nor already claimed.
+     * the window is not the segment's last, the next one is neither kept nor already claimed, and
+     * it fits under the bound beside the windows kept and those being read ahead: a read-ahead
+     * never pushes out another partition's window, which would waste both (with more partitions
+     * read at once than the bound holds, the others read in plain windows).
      * The caller starts the read-ahead and calls {@link #pendingDone} when it ends, kept or not.
      */
     synchronized boolean claimNext(TopicIdPartition partition, RemoteLogSegmentId id, long position, long windowEnd,
                                    long segmentSize) {
-        if (windowEnd >= segmentSize || windowEnd - position > windowBytes / 2 || pending.containsKey(partition)) {
+        if (windowEnd >= segmentSize || windowEnd - position > windowBytes / 2 || pending.containsKey(partition)
+                || keptBytes + (pending.size() + 1L) * windowBytes > maxBytes) {
             return false;
         }
         ArrayDeque<Kept> windows = kept.get(partition);

@@ -298,7 +298,7 @@ class HandoffTest {
                 assertTrue(r.getAcceptHandoff());
             }
             // reads crossing a kept window's end continue seamlessly into the next
-            brokerRead(h, md, (int) sidecar.requests.get(2).getStartPosition() + MIB - 100, 300_000);
+            brokerRead(h, md, sidecar.requests.get(2).getStartPosition() + MIB - 100, 300_000);
             brokerRead(h, md, 0, SIZE);
             long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
             while (handoffFilesWaiting(sidecar.dir) > 0 && System.nanoTime() < deadline) {
@@ -370,22 +370,34 @@ class HandoffTest {
                 readAheadConfig(tmp, ShimConfig.FETCH_READAHEAD_MAX_BYTES, String.valueOf(3 * MIB)))) {
             List<RemoteLogSegmentMetadata> partitions = List.of(partitionSegment(0), partitionSegment(1),
                     partitionSegment(2));
-            // three partitions, each with two kept windows: the plain one of its second read (256 KiB)
-            // and the read-ahead from its end (1 MiB)
-            for (RemoteLogSegmentMetadata p : partitions) {
+            // each partition's second read keeps its plain window (256 KiB) and reads ahead from its
+            // end (1 MiB), while that fits: the third partition's read-ahead would not
+            int[] requests = {3, 6, 8};
+            for (int i = 0; i < 3; i++) {
+                RemoteLogSegmentMetadata p = partitions.get(i);
                 brokerRead(h, p, brokerRead(h, p, 0, 100_000), 100_000);
-                awaitRequests(sidecar, 3 * (partitions.indexOf(p) + 1));
+                awaitRequests(sidecar, requests[i]);
             }
-            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-            while (openHandoffFiles(sidecar.dir) != 4 && System.nanoTime() < deadline) {
-                Thread.sleep(5);
-            }
-            assertEquals(4, openHandoffFiles(sidecar.dir), "two partitions' windows kept under a 3 MiB bound");
-            brokerRead(h, partitions.get(2), 400_000, 100_000); // kept
-            brokerRead(h, partitions.get(1), 400_000, 100_000); // kept
+            Thread.sleep(100);
+            assertEquals(8, sidecar.requests.size(), "no read-ahead beyond the bound");
+            assertPlainWindows(sidecar.requests.subList(6, 8));
+            assertEquals(5, openHandoffFiles(sidecar.dir), "2 + 2 + 1 windows kept");
+            brokerRead(h, partitions.get(0), 400_000, 100_000); // inside kept windows: no call
+            brokerRead(h, partitions.get(1), 400_000, 100_000);
+            assertEquals(8, sidecar.requests.size());
+            // partition 2 reads on: a second plain window, 3 MiB kept in all
+            brokerRead(h, partitions.get(2), 400_000, 100_000);
             assertEquals(9, sidecar.requests.size());
-            brokerRead(h, partitions.get(0), 400_000, 100_000); // dropped: asked for again, and read ahead
-            awaitRequests(sidecar, 11);
+            // a fourth partition's first kept window overflows the bound: the least recently read
+            // partition (0) loses its oldest window, and only that
+            RemoteLogSegmentMetadata p3 = partitionSegment(3);
+            brokerRead(h, p3, brokerRead(h, p3, 0, 100_000), 100_000);
+            assertEquals(11, sidecar.requests.size());
+            brokerRead(h, partitions.get(1), 150_000, 100_000);
+            brokerRead(h, partitions.get(0), 1_000_000, 100_000);
+            assertEquals(11, sidecar.requests.size(), "partition 1's windows and 0's read-ahead were kept");
+            brokerRead(h, partitions.get(0), 150_000, 100_000);
+            assertEquals(12, sidecar.requests.size(), "partition 0's plain window was dropped");
         }
         assertEquals(0, openHandoffFiles(sidecar.dir), "close() released every kept file");
     }
