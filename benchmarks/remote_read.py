@@ -14,7 +14,8 @@ and deleted locally, and then consumes everything twice:
   without us.
 * ``rsm-sidecar zstd+AES`` and ``rsm-sidecar plain`` (compression and encryption off):
   ours, through the shim and the sidecar, local-directory storage, default settings (fetch
-  hand-off over the Unix socket, the shim's read-ahead); ``rsm-sidecar zstd+AES
+  hand-off over the Unix socket) plus the shim's read-ahead of 8 MiB (off by default);
+  ``rsm-sidecar zstd+AES
   no-readahead`` (case ``ours-no-readahead``): the same with the shim's
   ``rsm.config.fetch.readahead.bytes = 0``, one call per fetch; ``rsm-sidecar zstd+AES
   no-handoff`` (case ``ours-grpc``): the same with ``fetch.handoff_max_bytes = 0``, every
@@ -337,7 +338,8 @@ def run_ours(
         kafka_version=dist.version,
         sidecar_env=env,
         encryption=transforms,
-        broker_properties=None if readahead else {"rsm.config.fetch.readahead.bytes": "0"},
+        # read-ahead is off by default (docs/shim.md); the measured setting is 8 MiB
+        broker_properties={"rsm.config.fetch.readahead.bytes": str(8 * MiB) if readahead else "0"},
     )
     out = []
     stack.start()

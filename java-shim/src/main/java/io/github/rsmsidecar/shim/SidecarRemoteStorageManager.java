@@ -542,7 +542,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             public void onMessage(FetchSegmentResponse response) {
                 if (!response.hasHandoff()) {
                     call.cancel("the sidecar streamed the read-ahead window instead of handing it off", null);
-                    readAheadRests(op);
+                    readAheadRests(op, ra.windowBytes());
                     return;
                 }
                 try {
@@ -572,11 +572,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         call.halfClose();
     }
 
-    private void readAheadRests(String op) {
+    private void readAheadRests(String op, int windowBytes) {
         readAheadOffUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(FetchHandoff.RETRY_AFTER_MS);
         LOG.warn("{}: the sidecar did not hand off a read-ahead window of {} bytes (its fetch.handoff_max_bytes "
                         + "is smaller, or its hand-off files are at their bound); read-ahead rests for {} s "
-                        + "(rsm.config.{}=0 turns it off)", op, readAhead.windowBytes(),
+                        + "(rsm.config.{}=0 turns it off)", op, windowBytes,
                 FetchHandoff.RETRY_AFTER_MS / 1000, ShimConfig.FETCH_READAHEAD_BYTES);
     }
 
