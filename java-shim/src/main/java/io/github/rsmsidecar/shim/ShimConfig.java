@@ -54,7 +54,7 @@ public final class ShimConfig {
     static final int MAX_FETCH_WINDOW_BYTES = 32 * 1024 * 1024;
     /**
      * Off by default: with it on, one offsetsForTimes lookup in the broker e2e returned no offset
-     * on a loaded machine (2 of 5 runs, not yet explained; docs/shim.md). 8 MiB (the sidecar's
+     * on a loaded machine (2 of 6 runs, not yet explained; docs/shim.md). 8 MiB (the sidecar's
      * default {@code fetch.handoff_max_bytes}) is the measured setting.
      */
     static final int DEFAULT_FETCH_READAHEAD_BYTES = 0;
