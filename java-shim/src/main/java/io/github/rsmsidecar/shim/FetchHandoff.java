@@ -5,12 +5,16 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
+import java.nio.channels.AsynchronousFileChannel;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
 import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.nio.file.attribute.BasicFileAttributes;
+import java.util.Set;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.slf4j.Logger;
@@ -77,10 +81,16 @@ final class FetchHandoff {
      * from the page cache into its buffer, as {@code LocalTieredStorage}'s file reads do: no
      * window-sized array in between.
      *
+     * <p>{@code shared}: the file may be kept for other readers (read-ahead). It is then read
+     * through an {@link AsynchronousFileChannel}, which a reader's interrupt cannot close: Kafka
+     * cancels remote reads with {@code Future.cancel(true)}, and an interrupted thread inside
+     * {@link FileChannel#read} closes that channel for every reader of the file. A file read by
+     * one fetch only keeps the plain channel (its interrupt ends only the read being cancelled).
+     *
      * @throws HandoffException the name is not a plain file name, the file is missing, not a
      *                          regular file, not of the announced size, or cannot be opened
      */
-    OpenFile open(HandoffFile file) {
+    OpenFile open(HandoffFile file, boolean shared) {
         String name = file.getName();
         long length = file.getLength();
         if (name.isEmpty() || name.equals(".") || name.equals("..") || name.indexOf('/') >= 0
@@ -92,19 +102,26 @@ final class FetchHandoff {
                     + MAX_FILE_BYTES + ")", null);
         }
         Path path = dir.resolve(name);
-        FileChannel ch = null;
+        java.io.Closeable ch = null;
         try {
             BasicFileAttributes attrs = Files.readAttributes(path, BasicFileAttributes.class, LinkOption.NOFOLLOW_LINKS);
             if (!attrs.isRegularFile()) {
                 throw failure(path + " is not a regular file", null);
             }
-            ch = FileChannel.open(path, StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS);
+            FileChannel plain = null;
+            AsynchronousFileChannel async = null;
+            if (shared) {
+                ch = async = AsynchronousFileChannel.open(path,
+                        Set.of(StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS), null);
+            } else {
+                ch = plain = FileChannel.open(path, StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS);
+            }
             Files.deleteIfExists(path); // open: the bytes stay readable, nothing is left behind
-            long size = ch.size();
+            long size = shared ? async.size() : plain.size();
             if (size != length) {
                 throw failure(path + " has " + size + " bytes, the sidecar announced " + length, null);
             }
-            OpenFile open = new OpenFile(ch, length, path);
+            OpenFile open = new OpenFile(plain, async, length, path);
             ch = null;
             return open;
         } catch (IOException e) {
@@ -126,15 +143,46 @@ final class FetchHandoff {
      * the last. (The read-ahead keeps a file for later fetches while a stream still reads it.)
      */
     static final class OpenFile {
-        private final FileChannel ch;
+        /** One of the two is set (see {@link FetchHandoff#open}). */
+        private final FileChannel plain;
+        private final AsynchronousFileChannel shared;
         private final long length;
         private final Path path;
         private final AtomicInteger refs = new AtomicInteger(1);
 
-        OpenFile(FileChannel ch, long length, Path path) {
-            this.ch = ch;
+        OpenFile(FileChannel plain, AsynchronousFileChannel shared, long length, Path path) {
+            this.plain = plain;
+            this.shared = shared;
             this.length = length;
             this.path = path;
+        }
+
+        /**
+         * Reads into {@code dst} from {@code position}. On the shared channel the calling thread
+         * waits for the read even if interrupted (the read writes into the caller's buffer), then
+         * keeps its interrupt status; the channel stays open for the other readers.
+         */
+        int read(ByteBuffer dst, long position) throws IOException {
+            if (shared == null) {
+                return plain.read(dst, position);
+            }
+            Future<Integer> f = shared.read(dst, position);
+            boolean interrupted = false;
+            try {
+                while (true) {
+                    try {
+                        return f.get();
+                    } catch (InterruptedException e) {
+                        interrupted = true;
+                    } catch (ExecutionException e) {
+                        throw e.getCause() instanceof IOException io ? io : new IOException(e.getCause());
+                    }
+                }
+            } finally {
+                if (interrupted) {
+                    Thread.currentThread().interrupt();
+                }
+            }
         }
 
         long length() {
@@ -170,7 +218,11 @@ final class FetchHandoff {
         void release() {
             if (refs.decrementAndGet() == 0) {
                 try {
-                    ch.close();
+                    if (shared != null) {
+                        shared.close();
+                    } else {
+                        plain.close();
+                    }
                 } catch (IOException ignored) {
                     // nothing was written; the descriptor is gone either way
                 }
@@ -210,7 +262,7 @@ final class FetchHandoff {
             if (len == 0) {
                 return 0;
             }
-            int n = file.ch.read(ByteBuffer.wrap(b, off, (int) Math.min(len, end - position)), position);
+            int n = file.read(ByteBuffer.wrap(b, off, (int) Math.min(len, end - position)), position);
             if (n < 0) {
                 throw new IOException("hand-off file " + file.path + " ended after " + position + " of "
                         + file.length + " bytes");

@@ -329,6 +329,28 @@ class HandoffTest {
     }
 
     @Test
+    void aReaderInterruptedInsideAKeptWindowDoesNotBreakItForTheNextReader(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata md = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            brokerRead(h, md, brokerRead(h, md, 0, 100_000), 100_000); // the second read's window is kept
+            awaitRequests(sidecar, 3); // and the window after it is read ahead
+            int calls = sidecar.requests.size();
+            // Kafka cancels remote reads with Future.cancel(true): the reader thread is interrupted
+            Thread.currentThread().interrupt();
+            try (InputStream in = h.rsm.fetchLogSegment(md, 150_000)) {
+                assertArrayEquals(range(150_000, 1000), in.readNBytes(1000));
+                assertTrue(Thread.currentThread().isInterrupted(), "the reader keeps its interrupt status");
+            } finally {
+                Thread.interrupted();
+            }
+            assertEquals(calls, sidecar.requests.size(), "served from the kept window");
+            brokerRead(h, md, 160_000, 100_000); // failed with ClosedChannelException before the fix
+            assertEquals(calls, sidecar.requests.size(), "still served from the kept window");
+        }
+    }
+
+    @Test
     void aReaderThatSeeksAsksForOneWindowNotARead_ahead(@TempDir Path tmp) throws Exception {
         HandoffSidecar sidecar = sidecar(tmp);
         RemoteLogSegmentMetadata md = md();
