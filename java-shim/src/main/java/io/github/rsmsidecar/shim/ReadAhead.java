@@ -255,11 +255,6 @@ final class ReadAhead {
         kept.clear();
     }
 
-    /** Bytes of the windows kept now. */
-    synchronized long keptBytes() {
-        return keptBytes;
-    }
-
     private void drop(Kept k) {
         keptBytes -= k.bytes();
         k.file().release();
