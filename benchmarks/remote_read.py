@@ -14,7 +14,7 @@ and deleted locally, and then consumes everything twice:
   without us.
 * ``rsm-sidecar zstd+AES`` and ``rsm-sidecar plain`` (compression and encryption off):
   ours, through the shim and the sidecar, local-directory storage, default settings (fetch
-  hand-off over the Unix socket) plus the shim's read-ahead of 8 MiB (off by default);
+  hand-off over the Unix socket) (the shim reads ahead 8 MiB);
   ``rsm-sidecar zstd+AES
   no-readahead`` (case ``ours-no-readahead``): the same with the shim's
   ``rsm.config.fetch.readahead.bytes = 0``, one call per fetch; ``rsm-sidecar zstd+AES
@@ -338,7 +338,6 @@ def run_ours(
         kafka_version=dist.version,
         sidecar_env=env,
         encryption=transforms,
-        # read-ahead is off by default (docs/shim.md); the measured setting is 8 MiB
         broker_properties={"rsm.config.fetch.readahead.bytes": str(8 * MiB) if readahead else "0"},
     )
     out = []

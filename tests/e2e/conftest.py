@@ -24,7 +24,6 @@ def stack(tmp_path_factory, request):
         storage=storage,
         transfer_mode=mode,
         sidecar_env={"RSM__METRICS__LISTEN": f"127.0.0.1:{port}"},
-        broker_properties=getattr(request.module, "BROKER_PROPERTIES", None),
     )
     st.metrics_url = f"http://127.0.0.1:{port}/metrics"
     st.start()

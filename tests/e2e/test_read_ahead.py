@@ -1,5 +1,5 @@
-"""The shim's read-ahead (rsm.config.fetch.readahead.bytes, off by default: docs/shim.md) on a
-real broker: its own stack, with read-ahead on."""
+"""The shim's read-ahead (rsm.config.fetch.readahead.bytes, 8 MiB by default: docs/shim.md) on a
+real broker with its default settings."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.e2e import scenarios
 from tests.e2e.kafka_helpers import create_topic, filler, remote_segments, wait_tiered
-
-BROKER_PROPERTIES = {"rsm.config.fetch.readahead.bytes": str(8 * 1024 * 1024)}
 
 
 def test_a_sequential_remote_read_makes_about_one_call_per_segment(stack, store):

@@ -53,12 +53,10 @@ public final class ShimConfig {
     /** Windows double up to this size. */
     static final int MAX_FETCH_WINDOW_BYTES = 32 * 1024 * 1024;
     /**
-     * Off by default until a full CI round has run with it on: its first version failed one
-     * offsetsForTimes lookup under load (a shared channel closed when Kafka's cancel(true)
-     * interrupted one of its readers; fixed, docs/shim.md). 8 MiB (the sidecar's default
-     * {@code fetch.handoff_max_bytes}) is the measured setting.
+     * 8 MiB, the sidecar's default {@code fetch.handoff_max_bytes} (a larger window would be
+     * streamed, not handed off): the measured setting (docs/operations.md, remote read path).
      */
-    static final int DEFAULT_FETCH_READAHEAD_BYTES = 0;
+    static final int DEFAULT_FETCH_READAHEAD_BYTES = 8 * 1024 * 1024;
     /** Read-ahead windows kept open in all: eight partitions read sequentially at once. */
     static final long DEFAULT_FETCH_READAHEAD_MAX_BYTES = 64L * 1024 * 1024;
 
