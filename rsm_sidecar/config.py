@@ -443,7 +443,11 @@ CONFIG_KEYS = [
         "size",
         16 * MiB,
         "Sequential prefetch: after a fetch reads a chunk, the next chunks up to this many original bytes "
-        "are loaded into the chunk cache in the background; 0 disables.",
+        "are loaded into the chunk cache in the background; 0 disables. Near a segment's end the window "
+        "reaches into the partition's next segment (the one starting at this one's end offset + 1, "
+        "found with one LIST when exactly one is stored): its manifest, its offset, time and "
+        "transaction indexes and its first chunks, so the broker's first reads of it do not wait for "
+        "the object store.",
         min=0,
     ),
     Key(

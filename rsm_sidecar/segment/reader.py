@@ -11,7 +11,12 @@ A range read is lazy: it maps [start, end] to chunks, takes them from the chunk 
 downloads runs of contiguous missing chunks with one ranged GET each
 (at most ``max_range_bytes``), verifies and decodes them, and yields the original bytes.
 Sequential prefetch loads the chunks after the last one served into the cache in the
-background, so a consumer reading a whole segment pays each chunk once. Stopping the
+background, so a consumer reading a whole segment pays each chunk once. It reaches across
+the segment's end: when fewer than ``prefetch_bytes`` are left, the next segment of the
+partition (the one starting at this one's end offset + 1, found with one LIST) is opened
+and its first chunks and its offset, time and transaction indexes are loaded too, so the
+broker's first reads of that segment (``fetchIndex``, then a fetch from position 0) do
+not wait for the object store, the data key's unwrap and the decoding. Stopping the
 iteration (a cancelled fetch) stops further downloads except prefetches in flight.
 """
 
@@ -52,6 +57,10 @@ INDEX_BY_TYPE = {
 }
 
 
+#: indexes the broker loads for every segment it reads (RemoteIndexCache), prefetched
+#: with the next segment's first chunks
+INDEXES_PREFETCHED = ("offset", "timestamp", "transaction")
+
 #: (base key, segment version, index name or chunk id)
 CacheKey = tuple[str, str, str | int]
 
@@ -65,6 +74,10 @@ class OpenSegment:
     codec: ChunkCodec
     cost: int  # bytes accounted in the manifest cache
     prefetched_to: int = -1  # highest chunk id scheduled for prefetch
+    #: bytes of the next segment of the partition scheduled for prefetch (see ``read``)
+    next_prefetched_bytes: int = 0
+    #: that next segment, found once (a LIST) by the first prefetch that reaches it
+    next_segment: concurrent.futures.Future[OpenSegment | None] | None = None
     #: distinguishes versions of one segment id in the caches (the manifest's attempt, or its digest)
     version: str = ""
 
@@ -90,6 +103,9 @@ class ReaderSettings:
     #: the disk chunk cache's directory; empty: no disk cache
     disk_cache_path: str = ""
     disk_cache_bytes: int = 1024 * 1024 * 1024
+    #: whether prefetch continues into the partition's next segment: yes for the broker's
+    #: reads (the sidecar); no for a Spark executor, whose next task may read another segment
+    prefetch_next_segment: bool = False
 
     @classmethod
     def from_config(cls, cfg: Config) -> ReaderSettings:
@@ -102,6 +118,7 @@ class ReaderSettings:
             cfg["fetch.accept_unauthenticated_segments"],
             cfg["fetch.disk_cache.path"] or "",
             cfg["fetch.disk_cache.bytes"],
+            prefetch_next_segment=True,
         )
 
 
@@ -502,21 +519,40 @@ class SegmentReader:
         index = seg.manifest.chunk_index
         n = max(1, self.settings.prefetch_bytes // index.original_chunk_size)
         last = min(chunk_id + n, index.chunk_count - 1)
+        chunk = index.chunk(chunk_id)
+        # what the prefetch window reaches beyond this segment's end
+        left = index.original_file_size - chunk.original_position - chunk.original_size
+        beyond = self.settings.prefetch_bytes - left
         with self._prefetch_lock:
+            next_bytes = 0
+            find_next = None
+            if self.settings.prefetch_next_segment and beyond > seg.next_prefetched_bytes:
+                next_bytes = seg.next_prefetched_bytes = beyond
+                if seg.next_segment is None:
+                    find_next = seg.next_segment = concurrent.futures.Future()
             if last <= seg.prefetched_to:
-                return
-            first = max(chunk_id + 1, seg.prefetched_to + 1)
-            seg.prefetched_to = last
-        todo = [
-            index.chunk(j)
+                todo: list[Chunk] = []
+            else:
+                first = max(chunk_id + 1, seg.prefetched_to + 1)
+                seg.prefetched_to = last
+                todo = self._not_loaded(seg, first, last)
+        try:
+            if todo:
+                self._prefetch.submit(self._prefetch_run, seg, todo)
+            if find_next is not None:  # first, so no prefetch thread waits for it to be picked up
+                self._prefetch.submit(self._find_next_segment, seg, find_next)
+            if next_bytes:
+                self._prefetch.submit(self._prefetch_next_segment, seg, next_bytes)
+        except RuntimeError:  # executor shut down
+            pass
+
+    def _not_loaded(self, seg: OpenSegment, first: int, last: int) -> list[Chunk]:
+        """Chunks ``first..last`` of ``seg`` neither cached nor being loaded."""
+        return [
+            seg.manifest.chunk_index.chunk(j)
             for j in range(first, last + 1)
             if not self.chunks.contains(seg.cache_key(j)) and not self._loading.in_flight(seg.cache_key(j))
         ]
-        if todo:
-            try:
-                self._prefetch.submit(self._prefetch_run, seg, todo)
-            except RuntimeError:  # executor shut down
-                pass
 
     def _prefetch_run(self, seg: OpenSegment, chunks: list[Chunk]) -> None:
         i = 0
@@ -530,3 +566,56 @@ class SegmentReader:
                     log.debug("prefetch of %s failed: %s", seg.base, e)
                     return
             i += max(len(claimed), 1)
+
+    def _prefetch_next_segment(self, seg: OpenSegment, nbytes: int) -> None:
+        """Opens the segment after ``seg`` and loads its indexes and first ``nbytes``. A guess:
+        nothing is served from it before a request names that segment, whose open checks
+        the manifest against the request as always; any failure is left to that request."""
+        try:
+            assert seg.next_segment is not None
+            nxt = seg.next_segment.result()
+            if nxt is None:
+                return
+            for name in INDEXES_PREFETCHED:
+                if name in nxt.manifest.indexes:
+                    self.read_index(nxt, name)
+            index = nxt.manifest.chunk_index
+            if index.chunk_count == 0:
+                return
+            last = index.chunks_for_range(0, min(nbytes, index.original_file_size) - 1)[-1].id
+            with self._prefetch_lock:
+                first = nxt.prefetched_to + 1
+                nxt.prefetched_to = max(nxt.prefetched_to, last)
+            todo = self._not_loaded(nxt, first, last)
+        except Exception as e:
+            log.debug("prefetch of the segment after %s failed: %s", seg.base, e)
+            return
+        if todo:
+            self._prefetch_run(nxt, todo)
+
+    def _find_next_segment(
+        self, seg: OpenSegment, found: concurrent.futures.Future[OpenSegment | None]
+    ) -> None:
+        try:
+            found.set_result(self._next_segment(seg))
+        except Exception as e:
+            log.debug("no prefetch of the segment after %s: %s", seg.base, e)
+            found.set_result(None)
+
+    def _next_segment(self, seg: OpenSegment) -> OpenSegment | None:
+        """The partition's segment that starts right after ``seg`` ends, if exactly one is
+        stored under the same prefix (a LIST of that offset's keys); None otherwise."""
+        found = SegmentIdentity.of_manifest(seg.manifest)
+        parsed = self.layout.parse(seg.key(fkeys.MANIFEST))
+        if found is None or found.end_offset is None or parsed is None:
+            return None
+        directory = seg.base[: seg.base.rindex("/") + 1]
+        suffix = f".{fkeys.MANIFEST}"
+        bases = [
+            o.key[: -len(suffix)]
+            for o in self.store.list(f"{directory}{found.end_offset + 1:020d}-")
+            if o.key.endswith(suffix)
+        ]
+        if len(bases) != 1:
+            return None
+        return self.open_base(bases[0])
