@@ -126,6 +126,8 @@ final class ReadAhead {
      * never pushes out another partition's window, which would waste both (with more partitions
      * read at once than the bound holds, the others read in plain windows).
      * The caller starts the read-ahead and calls {@link #pendingDone} when it ends, kept or not.
+     * ({@code position = windowEnd = 0}: the first window of a segment the broker is about to read,
+     * claimed when it loads the segment's offset index after a read that reached the previous end.)
      */
     synchronized boolean claimNext(TopicIdPartition partition, RemoteLogSegmentId id, long position, long windowEnd,
                                    long segmentSize) {

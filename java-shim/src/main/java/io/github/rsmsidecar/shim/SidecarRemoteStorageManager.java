@@ -663,6 +663,14 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         if (type == null) {
             throw new RemoteStorageException(op + ": index type " + indexType + " is not known to rsm.v1");
         }
+        ReadAhead ra = readAhead();
+        if (ra != null && indexType == IndexType.OFFSET
+                && ra.sequential(md.remoteLogSegmentId().topicIdPartition(), md.remoteLogSegmentId(), 0)) {
+            // The broker loads a segment's indexes (offset, time, transaction: three calls) right
+            // before its first read of it; a sequential reader that reached the end of the previous
+            // segment reads this one from 0, so its first window is read ahead now, beside those calls.
+            readAheadNext(c, md, 0, 0, ra);
+        }
         FetchIndexRequest request = FetchIndexRequest.newBuilder()
                 .setMetadata(MetadataMapper.toProto(md))
                 .setIndexType(type)

@@ -10,6 +10,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import com.google.protobuf.ByteString;
 import io.github.rsmsidecar.proto.v1.DeleteSegmentRequest;
 import io.github.rsmsidecar.proto.v1.DeleteSegmentResponse;
+import io.github.rsmsidecar.proto.v1.FetchIndexRequest;
+import io.github.rsmsidecar.proto.v1.FetchIndexResponse;
 import io.github.rsmsidecar.proto.v1.FetchSegmentRequest;
 import io.github.rsmsidecar.proto.v1.FetchSegmentResponse;
 import io.github.rsmsidecar.proto.v1.HandoffFile;
@@ -33,6 +35,7 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentState;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageManager.IndexType;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
 import org.junit.jupiter.api.io.TempDir;
@@ -104,6 +107,15 @@ class HandoffTest {
                 }
             }
             streamData(range, observer);
+        }
+
+        /** Every index is these bytes. */
+        static final byte[] INDEX = {1, 2, 3, 4, 5, 6, 7, 8};
+
+        @Override
+        public void fetchIndex(FetchIndexRequest req, StreamObserver<FetchIndexResponse> observer) {
+            observer.onNext(FetchIndexResponse.newBuilder().setData(ByteString.copyFrom(INDEX)).build());
+            observer.onCompleted();
         }
 
         @Override
@@ -325,6 +337,49 @@ class HandoffTest {
             }
             brokerRead(h, md, SIZE - 500, 500);
             assertEquals(2, sidecar.requests.size(), "the rest of the segment came from the kept window");
+        }
+    }
+
+    @Test
+    void theNextSegmentsFirstWindowIsReadAheadWhileTheBrokerLoadsItsIndexes(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata first = md();
+        RemoteLogSegmentMetadata next = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            brokerRead(h, first, SIZE - 100_000, 100_000); // a read that reaches its segment's end
+            int calls = sidecar.requests.size();
+            // the broker's first use of the next segment: its indexes (offset first), then a read from 0
+            try (InputStream in = h.rsm.fetchIndex(next, IndexType.OFFSET)) {
+                assertArrayEquals(HandoffSidecar.INDEX, in.readAllBytes());
+            }
+            awaitRequests(sidecar, calls + 1);
+            FetchSegmentRequest ahead = sidecar.requests.get(calls);
+            assertEquals(next.remoteLogSegmentId().id().toString(), ahead.getMetadata().getSegmentId());
+            assertEquals(0, ahead.getStartPosition());
+            assertTrue(isReadAhead(ahead) && ahead.getAcceptHandoff(), "a read-ahead window: " + ahead);
+            try (InputStream in = h.rsm.fetchIndex(next, IndexType.TIMESTAMP)) {
+                assertArrayEquals(HandoffSidecar.INDEX, in.readAllBytes());
+            }
+            int position = brokerRead(h, next, 0, 200_000);
+            brokerRead(h, next, position - 10_000, 200_000);
+            assertEquals(calls + 1, sidecar.requests.size(), "the reads came from the window read ahead");
+        }
+    }
+
+    @Test
+    void loadingASegmentsIndexesReadsNothingAheadUnlessTheLastReadReachedItsSegmentsEnd(@TempDir Path tmp)
+            throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata first = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            h.rsm.fetchIndex(md(), IndexType.OFFSET).close(); // no read of the partition yet
+            brokerRead(h, first, 100_000, 100_000); // stops in the middle of its segment
+            int calls = sidecar.requests.size();
+            h.rsm.fetchIndex(md(), IndexType.OFFSET).close(); // e.g. a timestamp lookup elsewhere
+            brokerRead(h, first, SIZE - 100_000, 100_000); // a seek to the end
+            h.rsm.fetchIndex(md(), IndexType.TIMESTAMP).close(); // only the offset index starts it
+            Thread.sleep(100); // a read-ahead, if one were started, would have been asked for by now
+            assertEquals(calls + 1, sidecar.requests.size(), "only the seek's own window: " + sidecar.requests);
         }
     }
 
