@@ -59,8 +59,8 @@ final class ReadAhead {
         }
     }
 
-    /** Where a partition's last read ended, and whether that was the end of its segment. */
-    private record LastRead(RemoteLogSegmentId id, long end, boolean atSegmentEnd) {
+    /** Where a partition's last read started and ended, and whether that was the end of its segment. */
+    private record LastRead(RemoteLogSegmentId id, long start, long end, boolean atSegmentEnd) {
     }
 
     /** Windows kept per partition: the one being read and the next one, read ahead in the background. */
@@ -209,8 +209,10 @@ final class ReadAhead {
 
     /**
      * Whether a read of {@code partition} from {@code start} of segment {@code id} continues the
-     * partition's last read: it starts near where that one ended in the same segment, or near the
-     * start of the next segment after a read that reached the end of its own.
+     * partition's last read: it starts after that one's start and near where it ended in the same
+     * segment (a broker's next fetch starts at the batch holding the next offset, at most one batch
+     * back), or near the start of the next segment after a read that reached the end of its own.
+     * A read from the same position again (a retry, a second consumer) is not: it reads nothing ahead.
      */
     boolean sequential(TopicIdPartition partition, RemoteLogSegmentId id, long start) {
         LastRead last = lastReads.get(partition);
@@ -218,17 +220,17 @@ final class ReadAhead {
             return false;
         }
         if (last.id().equals(id)) {
-            return Math.abs(start - last.end()) <= SEQUENTIAL_SLACK;
+            return start > last.start() && Math.abs(start - last.end()) <= SEQUENTIAL_SLACK;
         }
         return last.atSegmentEnd() && start <= SEQUENTIAL_SLACK;
     }
 
-    /** Records where a read of {@code partition} ended (the stream was closed at {@code end}). */
-    void readEnded(TopicIdPartition partition, RemoteLogSegmentId id, long end, long segmentSize) {
+    /** Records a read of {@code partition} from {@code start} that ended (its stream closed) at {@code end}. */
+    void readEnded(TopicIdPartition partition, RemoteLogSegmentId id, long start, long end, long segmentSize) {
         if (lastReads.size() > SidecarRemoteStorageManager.MAX_TRACKED_PARTITIONS) {
             lastReads.clear();
         }
-        lastReads.put(partition, new LastRead(id, end, end >= segmentSize));
+        lastReads.put(partition, new LastRead(id, start, end, end >= segmentSize));
     }
 
     /** Drops the windows of segment {@code id} (it was deleted). */

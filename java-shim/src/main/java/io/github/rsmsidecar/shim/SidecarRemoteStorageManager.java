@@ -455,7 +455,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     lastFetchBytes.put(partition, reached - start);
                     ReadAhead ra = readAhead;
                     if (ra != null) {
-                        ra.readEnded(partition, md.remoteLogSegmentId(), reached, size);
+                        ra.readEnded(partition, md.remoteLogSegmentId(), start, reached, size);
                     }
                 }, op);
     }

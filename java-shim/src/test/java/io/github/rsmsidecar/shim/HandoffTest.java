@@ -421,6 +421,24 @@ class HandoffTest {
     }
 
     @Test
+    void readingTheSamePositionAgainReadsNothingAhead(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata md = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            // a retry, or a second consumer at the same offset: it ends near where the last read
+            // ended, but does not continue it
+            for (int i = 0; i < 3; i++) {
+                brokerRead(h, md, 500_000, 200_000);
+            }
+            brokerRead(h, md, 400_000, 200_000); // before the last read's start: not forward either
+            brokerRead(h, md, 400_000, 200_000);
+            Thread.sleep(100); // a read-ahead, if one were started, would have been asked for by now
+        }
+        assertEquals(5, sidecar.requests.size());
+        assertPlainWindows(sidecar.requests);
+    }
+
+    @Test
     void aDeletedSegmentIsNeverServedFromItsReadAheadFile(@TempDir Path tmp) throws Exception {
         HandoffSidecar sidecar = sidecar(tmp);
         RemoteLogSegmentMetadata md = md();
