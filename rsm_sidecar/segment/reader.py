@@ -76,8 +76,10 @@ class OpenSegment:
     prefetched_to: int = -1  # highest chunk id scheduled for prefetch
     #: bytes of the next segment of the partition scheduled for prefetch (see ``read``)
     next_prefetched_bytes: int = 0
-    #: that next segment, found once (a LIST) by the first prefetch that reaches it
-    next_segment: concurrent.futures.Future[OpenSegment | None] | None = None
+    #: that next segment's base key, found once (a LIST) by the first prefetch that reaches it
+    #: (a key, not the open segment: segments must not keep their successors out of the cache's
+    #: accounting)
+    next_segment: concurrent.futures.Future[str | None] | None = None
     #: distinguishes versions of one segment id in the caches (the manifest's attempt, or its digest)
     version: str = ""
 
@@ -573,9 +575,10 @@ class SegmentReader:
         the manifest against the request as always; any failure is left to that request."""
         try:
             assert seg.next_segment is not None
-            nxt = seg.next_segment.result()
-            if nxt is None:
+            base = seg.next_segment.result()
+            if base is None:
                 return
+            nxt = self.open_base(base)
             for name in INDEXES_PREFETCHED:
                 if name in nxt.manifest.indexes:
                     self.read_index(nxt, name)
@@ -593,18 +596,17 @@ class SegmentReader:
         if todo:
             self._prefetch_run(nxt, todo)
 
-    def _find_next_segment(
-        self, seg: OpenSegment, found: concurrent.futures.Future[OpenSegment | None]
-    ) -> None:
+    def _find_next_segment(self, seg: OpenSegment, found: concurrent.futures.Future[str | None]) -> None:
         try:
             found.set_result(self._next_segment(seg))
         except Exception as e:
             log.debug("no prefetch of the segment after %s: %s", seg.base, e)
             found.set_result(None)
 
-    def _next_segment(self, seg: OpenSegment) -> OpenSegment | None:
-        """The partition's segment that starts right after ``seg`` ends, if exactly one is
-        stored under the same prefix (a LIST of that offset's keys); None otherwise."""
+    def _next_segment(self, seg: OpenSegment) -> str | None:
+        """The base key of the partition's segment that starts right after ``seg`` ends, if
+        exactly one is stored under the same prefix (a LIST of that offset's keys); None
+        otherwise."""
         found = SegmentIdentity.of_manifest(seg.manifest)
         parsed = self.layout.parse(seg.key(fkeys.MANIFEST))
         if found is None or found.end_offset is None or parsed is None:
@@ -616,6 +618,4 @@ class SegmentReader:
             for o in self.store.list(f"{directory}{found.end_offset + 1:020d}-")
             if o.key.endswith(suffix)
         ]
-        if len(bases) != 1:
-            return None
-        return self.open_base(bases[0])
+        return bases[0] if len(bases) == 1 else None
