@@ -39,7 +39,8 @@ per byte consumed (``rsm_storage_bytes_read``).
 
     .venv/bin/python benchmarks/remote_read.py [--records 2000000] [--record-size 200]
         [--segment-mib 16] [--fetch-size 1048576] [--compression none|lz4|zstd]
-        [--cases local,lts,ours,ours-plain,ours-no-readahead,ours-grpc] [--jfr DIR]
+        [--cases local,lts,ours,ours-plain,ours-no-readahead,ours-grpc] [--readahead-mib 8]
+        [--jfr DIR]
 
 ``--jfr DIR`` records a JFR profile of each broker (``-XX:StartFlightRecording``) into DIR,
 for ``jfr print --events jdk.ExecutionSample`` or JDK Mission Control.
@@ -333,12 +334,16 @@ def run_ours(
         env["RSM__SEGMENT__COMPRESSION"] = "false"
     if not handoff:
         env["RSM__FETCH__HANDOFF_MAX_BYTES"] = "0"
+    elif args.readahead_mib > 8:  # a window larger than the sidecar's default hand-off bound
+        env["RSM__FETCH__HANDOFF_MAX_BYTES"] = f"{args.readahead_mib}MiB"
     stack = LocalStack(
         work / name,
         kafka_version=dist.version,
         sidecar_env=env,
         encryption=transforms,
-        broker_properties={"rsm.config.fetch.readahead.bytes": str(8 * MiB) if readahead else "0"},
+        broker_properties={
+            "rsm.config.fetch.readahead.bytes": str(args.readahead_mib * MiB) if readahead else "0"
+        },
     )
     out = []
     stack.start()
@@ -414,6 +419,13 @@ def main(argv: list[str] | None = None) -> int:
         "--kafka-version",
         default=DEFAULT_VERSION,
         help=f"the broker of every case (default {DEFAULT_VERSION}: LocalTieredStorage's jar matches it)",
+    )
+    ap.add_argument(
+        "--readahead-mib",
+        type=int,
+        default=8,
+        help="the shim's read-ahead window (rsm.config.fetch.readahead.bytes) for the ours cases; "
+        "above 8 the sidecar's fetch.handoff_max_bytes is raised to match",
     )
     ap.add_argument("--jfr", default=None, help="write a JFR recording of each broker into this directory")
     args = ap.parse_args(argv)
