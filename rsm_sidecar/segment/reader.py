@@ -532,6 +532,7 @@ class SegmentReader:
                 next_bytes = seg.next_prefetched_bytes = beyond
                 if seg.next_segment is None:
                     find_next = seg.next_segment = concurrent.futures.Future()
+            next_segment = seg.next_segment
             if last <= seg.prefetched_to:
                 todo: list[Chunk] = []
             else:
@@ -543,8 +544,8 @@ class SegmentReader:
                 self._prefetch.submit(self._prefetch_run, seg, todo)
             if find_next is not None:  # first, so no prefetch thread waits for it to be picked up
                 self._prefetch.submit(self._find_next_segment, seg, find_next)
-            if next_bytes:
-                self._prefetch.submit(self._prefetch_next_segment, seg, next_bytes)
+            if next_bytes and next_segment is not None:
+                self._prefetch.submit(self._prefetch_next_segment, seg, next_segment, next_bytes)
         except RuntimeError:  # executor shut down
             pass
 
@@ -569,13 +570,15 @@ class SegmentReader:
                     return
             i += max(len(claimed), 1)
 
-    def _prefetch_next_segment(self, seg: OpenSegment, nbytes: int) -> None:
-        """Opens the segment after ``seg`` and loads its indexes and first ``nbytes``. A guess:
-        nothing is served from it before a request names that segment, whose open checks
-        the manifest against the request as always; any failure is left to that request."""
+    def _prefetch_next_segment(
+        self, seg: OpenSegment, next_segment: concurrent.futures.Future[str | None], nbytes: int
+    ) -> None:
+        """Opens the segment after ``seg`` (its base key, once ``_find_next_segment`` found it)
+        and loads its indexes and first ``nbytes``. A guess: nothing is served from it before
+        a request names that segment, whose open checks the manifest against the request as
+        always; any failure is left to that request."""
         try:
-            assert seg.next_segment is not None
-            base = seg.next_segment.result()
+            base = next_segment.result()
             if base is None:
                 return
             nxt = self.open_base(base)
