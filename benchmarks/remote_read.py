@@ -135,6 +135,8 @@ class Read:
     handoff_share: float | None = None
     downloaded_per_byte: float | None = None
     calls_per_mib: float | None = None
+    fetch_latency_ms: float | None = None
+    fetches: float | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -182,8 +184,9 @@ def produce(
 
 def consume(
     dist: KafkaDistribution, bootstrap: str, topic: str, args: argparse.Namespace
-) -> tuple[float, float, float]:
-    """(fetch MB/s, fetch records/s, MB consumed) as ConsumerPerformance reports them."""
+) -> tuple[float, float, float, dict[str, float]]:
+    """(fetch MB/s, fetch records/s, MB consumed) as ConsumerPerformance reports them, and its
+    consumer's fetch metrics (``--print-metrics``: ``fetch-latency-avg``, ``fetch-total``, ...)."""
     count_flag = "--num-records" if dist.version_tuple >= (4, 0, 0) else "--messages"
     out = run_tool(
         dist,
@@ -191,15 +194,33 @@ def consume(
         [
             "--bootstrap-server", bootstrap, "--topic", topic, count_flag, str(args.records),
             "--fetch-size", str(args.fetch_size), "--timeout", "120000",
-            "--group", f"bench-{uuid.uuid4().hex[:8]}",
+            "--group", f"bench-{uuid.uuid4().hex[:8]}", "--print-metrics",
         ],
     )  # fmt: skip
-    header, row = [line for line in out.splitlines() if line.strip()][-2:]
+    lines = [line for line in out.splitlines() if line.strip()]
+    at = next(i for i, line in enumerate(lines) if line.startswith("start.time"))
+    header, row = lines[at], lines[at + 1]
+    metrics = fetch_metrics(lines[at + 2 :])
     cols = dict(zip([h.strip() for h in header.split(",")], [c.strip() for c in row.split(",")], strict=True))
     consumed_records = float(cols["data.consumed.in.nMsg"])
     if consumed_records < args.records:
         raise RuntimeError(f"{topic}: consumed {consumed_records:.0f} of {args.records} records")
-    return float(cols["fetch.MB.sec"]), float(cols["fetch.nMsg.sec"]), float(cols["data.consumed.in.MB"])
+    mb_s, rec_s, mb = (float(cols[c]) for c in ("fetch.MB.sec", "fetch.nMsg.sec", "data.consumed.in.MB"))
+    return mb_s, rec_s, mb, metrics
+
+
+def fetch_metrics(lines: list[str]) -> dict[str, float]:
+    """The consumer-wide ``consumer-fetch-manager-metrics`` of ``--print-metrics`` output
+    (lines ``group:name:{tags} : value``), by name; per-topic and per-partition ones skipped."""
+    out: dict[str, float] = {}
+    for line in lines:
+        m = re.match(r"consumer-fetch-manager-metrics:([a-z-]+):\{client-id=[^,}]*\}\s*:\s*(\S+)", line)
+        if m:
+            try:
+                out[m.group(1)] = float(m.group(2))
+            except ValueError:
+                pass
+    return out
 
 
 def wait_tiered(broker: KafkaBroker, topic: str, timeout: float = 900) -> float:
@@ -234,10 +255,12 @@ def measured_read(
     idle = idle_cpu_rate(broker)
     b0, s0, m0 = cpu_seconds(broker.pid), cpu_seconds(sidecar_pid), scrape(metrics_url)
     t0 = time.monotonic()
-    mb_s, rec_s, mb = consume(dist, broker.bootstrap_servers, topic, args)
+    mb_s, rec_s, mb, fetch = consume(dist, broker.bootstrap_servers, topic, args)
     wall = time.monotonic() - t0
     b1, s1, m1 = cpu_seconds(broker.pid), cpu_seconds(sidecar_pid), scrape(metrics_url)
     r = Read(case, temperature, mb_s, rec_s, mb, b1 - b0)
+    r.fetch_latency_ms = fetch.get("fetch-latency-avg")
+    r.fetches = fetch.get("fetch-total")
     r.broker_cpu_above_idle = r.broker_cpu - idle * wall
     if sidecar_pid is not None:
         consumed = mb * MiB  # ConsumerPerformance's MB are MiB (bytes / 1024 / 1024)
@@ -394,14 +417,15 @@ def table(reads: list[Read], args: argparse.Namespace) -> str:
     head = (
         "| read | MB/s | records/s | broker CPU-s | broker CPU-s above idle | sidecar CPU-s "
         "| bytes served / byte consumed | of which handed off | storage bytes read / byte consumed "
-        "| fetch calls / MiB consumed |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "| fetch calls / MiB consumed | consumer fetches | consumer fetch latency avg ms |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = [
         f"| {r.case} ({r.temperature}) | {r.mb_s:.1f} | {r.records_s:,.0f} | {r.broker_cpu:.1f} | "
         f"{r.broker_cpu_above_idle:.1f} | "
         f"{fmt(r.sidecar_cpu, '.1f')} | {fmt(r.served_per_byte, '.3f')} | {fmt(r.handoff_share, '.0%')} | "
-        f"{fmt(r.downloaded_per_byte, '.3f')} | {fmt(r.calls_per_mib, '.2f')} |"
+        f"{fmt(r.downloaded_per_byte, '.3f')} | {fmt(r.calls_per_mib, '.2f')} | "
+        f"{fmt(r.fetches, '.0f')} | {fmt(r.fetch_latency_ms, '.2f')} |"
         for r in reads
     ]
     return head + "\n".join(rows)

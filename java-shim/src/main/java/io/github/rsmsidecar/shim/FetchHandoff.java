@@ -5,16 +5,12 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
-import java.nio.channels.AsynchronousFileChannel;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
 import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.nio.file.attribute.BasicFileAttributes;
-import java.util.Set;
-import java.util.concurrent.ExecutionException;
-import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.slf4j.Logger;
@@ -76,21 +72,21 @@ final class FetchHandoff {
     }
 
     /**
-     * The handed-off {@code file}, open and already deleted (the open channel keeps it readable),
-     * holding one reference for the caller (see {@link OpenFile}). The broker's reads copy straight
-     * from the page cache into its buffer, as {@code LocalTieredStorage}'s file reads do: no
-     * window-sized array in between.
+     * The handed-off {@code file}, mapped into memory and already deleted (the mapping keeps the
+     * bytes readable; no descriptor stays open), holding one reference for the caller (see
+     * {@link OpenFile}). The broker's reads copy straight from the mapped pages into its buffer:
+     * no system call per read, no window-sized array in between.
      *
-     * <p>{@code shared}: the file may be kept for other readers (read-ahead). It is then read
-     * through an {@link AsynchronousFileChannel}, which a reader's interrupt cannot close: Kafka
-     * cancels remote reads with {@code Future.cancel(true)}, and an interrupted thread inside
-     * {@link FileChannel#read} closes that channel for every reader of the file. A file read by
-     * one fetch only keeps the plain channel (its interrupt ends only the read being cancelled).
+     * <p>A mapping is read with plain memory copies, which neither an interrupt nor another reader
+     * can disturb: Kafka cancels remote reads with {@code Future.cancel(true)}, and a thread
+     * interrupted inside {@link FileChannel#read} would close a shared channel for every reader of
+     * a kept window. The file has no name and no open descriptor once this returns, so nobody
+     * (the sidecar included) can change or truncate what is mapped.
      *
      * @throws HandoffException the name is not a plain file name, the file is missing, not a
-     *                          regular file, not of the announced size, or cannot be opened
+     *                          regular file, not of the announced size, or cannot be mapped
      */
-    OpenFile open(HandoffFile file, boolean shared) {
+    OpenFile open(HandoffFile file) {
         String name = file.getName();
         long length = file.getLength();
         if (name.isEmpty() || name.equals(".") || name.equals("..") || name.indexOf('/') >= 0
@@ -102,86 +98,54 @@ final class FetchHandoff {
                     + MAX_FILE_BYTES + ")", null);
         }
         Path path = dir.resolve(name);
-        java.io.Closeable ch = null;
         try {
             BasicFileAttributes attrs = Files.readAttributes(path, BasicFileAttributes.class, LinkOption.NOFOLLOW_LINKS);
             if (!attrs.isRegularFile()) {
                 throw failure(path + " is not a regular file", null);
             }
-            FileChannel plain = null;
-            AsynchronousFileChannel async = null;
-            if (shared) {
-                ch = async = AsynchronousFileChannel.open(path,
-                        Set.of(StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS), null);
-            } else {
-                ch = plain = FileChannel.open(path, StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS);
+            try (FileChannel ch = FileChannel.open(path, StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS)) {
+                Files.deleteIfExists(path); // open: the bytes stay readable, nothing is left behind
+                long size = ch.size();
+                if (size != length) {
+                    throw failure(path + " has " + size + " bytes, the sidecar announced " + length, null);
+                }
+                return new OpenFile(ch.map(FileChannel.MapMode.READ_ONLY, 0, length), length, path);
             }
-            Files.deleteIfExists(path); // open: the bytes stay readable, nothing is left behind
-            long size = shared ? async.size() : plain.size();
-            if (size != length) {
-                throw failure(path + " has " + size + " bytes, the sidecar announced " + length, null);
-            }
-            OpenFile open = new OpenFile(plain, async, length, path);
-            ch = null;
-            return open;
         } catch (IOException e) {
             throw failure("cannot open hand-off file " + path + ": " + e, e);
-        } finally {
-            if (ch != null) {
-                try {
-                    ch.close();
-                } catch (IOException ignored) {
-                    // the failure above is what matters
-                }
-            }
         }
     }
 
     /**
-     * An open, deleted hand-off file, shared by reference count: the one who opened it holds one
-     * reference, every {@link #stream} holds one until it is closed, and the channel closes with
-     * the last. (The read-ahead keeps a file for later fetches while a stream still reads it.)
+     * A mapped, deleted hand-off file, shared by reference count: the one who opened it holds one
+     * reference, every {@link #stream} holds one until it is closed, and the mapping is released
+     * with the last (the read-ahead keeps a file for later fetches while a stream still reads
+     * it). Released means unmapped at once ({@link Unmapper}), so a file's pages go back to the
+     * host when its last reader is done, not at some later garbage collection; a stream reads
+     * only while it holds its reference (its reads and its close exclude each other), so no read
+     * ever touches an unmapped page.
      */
     static final class OpenFile {
-        /** One of the two is set (see {@link FetchHandoff#open}). */
-        private final FileChannel plain;
-        private final AsynchronousFileChannel shared;
+        private final ByteBuffer mapped;
         private final long length;
         private final Path path;
         private final AtomicInteger refs = new AtomicInteger(1);
 
-        OpenFile(FileChannel plain, AsynchronousFileChannel shared, long length, Path path) {
-            this.plain = plain;
-            this.shared = shared;
+        OpenFile(ByteBuffer mapped, long length, Path path) {
+            this.mapped = mapped;
             this.length = length;
             this.path = path;
         }
 
-        /**
-         * Reads into {@code dst} from {@code position}. On the shared channel the calling thread
-         * waits for the read even if interrupted (the read writes into the caller's buffer), then
-         * keeps its interrupt status; the channel stays open for the other readers.
-         */
-        int read(ByteBuffer dst, long position) throws IOException {
-            if (shared == null) {
-                return plain.read(dst, position);
-            }
-            Future<Integer> f = shared.read(dst, position);
-            boolean interrupted = false;
+        /** Copies {@code len} bytes from {@code position} into {@code b}; the caller holds a reference. */
+        void read(long position, byte[] b, int off, int len) throws IOException {
             try {
-                while (true) {
-                    try {
-                        return f.get();
-                    } catch (InterruptedException e) {
-                        interrupted = true;
-                    } catch (ExecutionException e) {
-                        throw e.getCause() instanceof IOException io ? io : new IOException(e.getCause());
-                    }
-                }
-            } finally {
-                if (interrupted) {
-                    Thread.currentThread().interrupt();
-                }
+                mapped.get((int) position, b, off, len);
+            } catch (InternalError e) {
+                // the JVM's answer to SIGBUS: the pages behind the mapping are gone (the file was
+                // truncated through a descriptor this process does not hold)
+                throw new IOException("hand-off file " + path + ": reading " + len + " bytes at " + position
+                        + " failed: " + e.getMessage(), e);
             }
         }
 
@@ -214,23 +178,22 @@ final class FetchHandoff {
             }
         }
 
-        /** Drops one reference; the last one closes the channel. */
+        /** Drops one reference; the last one unmaps the file. */
         void release() {
-            if (refs.decrementAndGet() == 0) {
-                try {
-                    if (shared != null) {
-                        shared.close();
-                    } else {
-                        plain.close();
-                    }
-                } catch (IOException ignored) {
-                    // nothing was written; the descriptor is gone either way
-                }
+            int r = refs.decrementAndGet();
+            if (r == 0) {
+                Unmapper.unmap(mapped);
+            } else if (r < 0) {
+                throw new IllegalStateException("hand-off file " + path + " released once more than it was held");
             }
         }
     }
 
-    /** Exactly {@code [from, to)} of an open (deleted) hand-off file; ending early is an error. */
+    /**
+     * Exactly {@code [from, to)} of a mapped hand-off file; ending early is an error. Reads and
+     * {@link #close} are synchronized: a close from another thread waits for a read in progress,
+     * and no read starts after it (the mapping may be gone then).
+     */
     private static final class FileStream extends InputStream {
         private final OpenFile file;
         private final long end;
@@ -251,7 +214,7 @@ final class FetchHandoff {
         }
 
         @Override
-        public int read(byte[] b, int off, int len) throws IOException {
+        public synchronized int read(byte[] b, int off, int len) throws IOException {
             java.util.Objects.checkFromIndexSize(off, len, b.length);
             if (closed) {
                 throw new IOException("hand-off file " + file.path + ": the stream is closed");
@@ -262,22 +225,29 @@ final class FetchHandoff {
             if (len == 0) {
                 return 0;
             }
-            int n = file.read(ByteBuffer.wrap(b, off, (int) Math.min(len, end - position)), position);
-            if (n < 0) {
-                throw new IOException("hand-off file " + file.path + " ended after " + position + " of "
-                        + file.length + " bytes");
-            }
+            int n = (int) Math.min(len, end - position);
+            file.read(position, b, off, n);
             position += n;
             return n;
         }
 
         @Override
-        public int available() {
+        public synchronized long skip(long n) {
+            if (closed || n <= 0) {
+                return 0;
+            }
+            long skipped = Math.min(n, end - position);
+            position += skipped;
+            return skipped;
+        }
+
+        @Override
+        public synchronized int available() {
             return closed ? 0 : (int) Math.min(Integer.MAX_VALUE, end - position);
         }
 
         @Override
-        public void close() {
+        public synchronized void close() {
             if (!closed) {
                 closed = true;
                 file.release();

@@ -38,8 +38,8 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
  *       windows are dropped beyond it. A dropped window that a fetch still reads stays open until
  *       that fetch closes its stream (reference counts in {@link FetchHandoff.OpenFile}), so the
  *       files open at once are bounded by the kept bytes plus one window per fetch in progress.
- *   <li>The files are hand-off files: deleted as soon as they are open, held only by this
- *       process's descriptors, of exactly the size the sidecar announced (checked at open). They
+ *   <li>The files are hand-off files: mapped, deleted and closed as soon as they are open, held
+ *       only by this process's mappings, of exactly the size the sidecar announced (checked at open). They
  *       live in the hand-off directory's file system (a tmpfs such as {@code /run}, as
  *       docs/operations.md advises for the socket), so the kept bytes are memory of the host, not
  *       of the broker's heap.

@@ -546,7 +546,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     return;
                 }
                 try {
-                    FetchHandoff.OpenFile file = h.open(response.getHandoff(), true);
+                    FetchHandoff.OpenFile file = h.open(response.getHandoff());
                     try {
                         if (file.length() == length) {
                             ra.keep(partition, md.remoteLogSegmentId(), windowEnd, file);
@@ -626,7 +626,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     if (!response.hasHandoff()) {
                         return null;
                     }
-                    FetchHandoff.OpenFile file = handoff.open(response.getHandoff(), keep != null);
+                    FetchHandoff.OpenFile file = handoff.open(response.getHandoff());
                     try {
                         if (keep != null) {
                             keep.accept(file);
