@@ -87,6 +87,14 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> tuple[int, int, int]:
+    """(busy, iowait, total) clock ticks of all cores so far (``/proc/stat``)."""
+    ticks = Path("/proc/stat").read_text().split()[1:9]
+    user, nice, system, idle, iowait, irq, softirq, steal = map(int, ticks)
+    busy = user + nice + system + irq + softirq + steal
+    return busy, iowait, busy + idle + iowait
+
+
 def scrape(url: str | None) -> dict[str, float]:
     """The sidecar's counters this benchmark reads, by sample name with labels."""
     if url is None:
@@ -137,6 +145,8 @@ class Read:
     calls_per_mib: float | None = None
     fetch_latency_ms: float | None = None
     fetches: float | None = None
+    machine_busy: float = 0.0
+    machine_iowait: float = 0.0
     notes: list[str] = field(default_factory=list)
 
 
@@ -254,11 +264,15 @@ def measured_read(
 ) -> Read:
     idle = idle_cpu_rate(broker)
     b0, s0, m0 = cpu_seconds(broker.pid), cpu_seconds(sidecar_pid), scrape(metrics_url)
+    k0 = machine_ticks()
     t0 = time.monotonic()
     mb_s, rec_s, mb, fetch = consume(dist, broker.bootstrap_servers, topic, args)
     wall = time.monotonic() - t0
+    k1 = machine_ticks()
     b1, s1, m1 = cpu_seconds(broker.pid), cpu_seconds(sidecar_pid), scrape(metrics_url)
     r = Read(case, temperature, mb_s, rec_s, mb, b1 - b0)
+    total = max(1, k1[2] - k0[2])
+    r.machine_busy, r.machine_iowait = (k1[0] - k0[0]) / total, (k1[1] - k0[1]) / total
     r.fetch_latency_ms = fetch.get("fetch-latency-avg")
     r.fetches = fetch.get("fetch-total")
     r.broker_cpu_above_idle = r.broker_cpu - idle * wall
@@ -417,15 +431,17 @@ def table(reads: list[Read], args: argparse.Namespace) -> str:
     head = (
         "| read | MB/s | records/s | broker CPU-s | broker CPU-s above idle | sidecar CPU-s "
         "| bytes served / byte consumed | of which handed off | storage bytes read / byte consumed "
-        "| fetch calls / MiB consumed | consumer fetches | consumer fetch latency avg ms |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| fetch calls / MiB consumed | consumer fetches | consumer fetch latency avg ms "
+        "| machine busy (iowait) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = [
         f"| {r.case} ({r.temperature}) | {r.mb_s:.1f} | {r.records_s:,.0f} | {r.broker_cpu:.1f} | "
         f"{r.broker_cpu_above_idle:.1f} | "
         f"{fmt(r.sidecar_cpu, '.1f')} | {fmt(r.served_per_byte, '.3f')} | {fmt(r.handoff_share, '.0%')} | "
         f"{fmt(r.downloaded_per_byte, '.3f')} | {fmt(r.calls_per_mib, '.2f')} | "
-        f"{fmt(r.fetches, '.0f')} | {fmt(r.fetch_latency_ms, '.2f')} |"
+        f"{fmt(r.fetches, '.0f')} | {fmt(r.fetch_latency_ms, '.2f')} | "
+        f"{r.machine_busy:.0%} ({r.machine_iowait:.0%}) |"
         for r in reads
     ]
     return head + "\n".join(rows)
