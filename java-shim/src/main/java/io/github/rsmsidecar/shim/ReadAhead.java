@@ -24,7 +24,7 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
  * that continues where the partition's last read ended is sequential; its next window is asked for
  * as one larger hand-off file ({@code rsm.config.fetch.readahead.bytes}, 8 MiB by default) which
  * is kept open here after the read that asked for it, and the following fetches inside it read the
- * file with no call at all. Once a read is in the second half of a kept window, the next window is
+ * file with no call at all. As soon as a read starts inside a kept window, the next window is
  * asked for in the background ({@link #claimNext}), so a sequential reader does not wait for the
  * sidecar at the window's end either (only at the start of each segment: the next segment's
  * metadata comes with the broker's next call). A read that is not sequential (the first of a
@@ -120,8 +120,8 @@ final class ReadAhead {
 
     /**
      * Claims the background read-ahead of the window after one that a read of {@code partition}
-     * found ending at {@code windowEnd}, when the read starts in its second half ({@code position}),
-     * the window is not the segment's last, the next one is neither kept nor already claimed, and
+     * (from {@code position}) found ending at {@code windowEnd}, when the window is not the
+     * segment's last, the next one is neither kept nor already claimed, and
      * it fits under the bound beside the windows kept and those being read ahead: a read-ahead
      * never pushes out another partition's window, which would waste both (with more partitions
      * read at once than the bound holds, the others read in plain windows).
@@ -131,7 +131,7 @@ final class ReadAhead {
      */
     synchronized boolean claimNext(TopicIdPartition partition, RemoteLogSegmentId id, long position, long windowEnd,
                                    long segmentSize) {
-        if (windowEnd >= segmentSize || windowEnd - position > windowBytes / 2 || pending.containsKey(partition)
+        if (windowEnd >= segmentSize || position > windowEnd || pending.containsKey(partition)
                 || keptBytes + (pending.size() + 1L) * windowBytes > maxBytes) {
             return false;
         }

@@ -482,7 +482,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
      * The window from {@code start} of a sequential read: a kept one (waiting for the background
      * read-ahead of it if one is under way); else a plain window of {@code size} bytes, kept too,
      * whose end is read ahead in the background at once (the reader waits for no more than one fetch's
-     * bytes). Once the read is in the second half of a kept window, the next one is read ahead.
+     * bytes). Once a read starts inside a kept window, the next one is read ahead.
      */
     private WindowedFetchStream.Window keptOrReadAhead(ShimConfig c, RemoteLogSegmentMetadata md, long start,
                                                       int size, ReadAhead ra, String op) throws RemoteStorageException {
