@@ -87,6 +87,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     /** Read-ahead is used again from this {@link System#nanoTime()} on (see {@link #readAheadRests}). */
     private volatile long readAheadOffUntilNanos = System.nanoTime();
     private volatile Retrier retrier;
+    private volatile ErrorMapper errorMapper;
+    /** The time and transaction indexes asked for beside a segment's offset index. */
+    private final IndexPrefetch indexPrefetch = new IndexPrefetch();
     private volatile ScheduledThreadPoolExecutor scheduler;
     private ManagedChannel channel; // guarded by this
     private volatile boolean closed;
@@ -130,6 +133,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 throw new IllegalStateException("configure() after close()");
             }
             this.retrier = new Retrier(c, mapper, this::resetConnectBackoff);
+            this.errorMapper = mapper;
             if (scheduler == null) {
                 ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
                     Thread t = new Thread(r, "rsm-sidecar-shim-timer");
@@ -675,6 +679,26 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 .setMetadata(MetadataMapper.toProto(md))
                 .setIndexType(type)
                 .build();
+        if (indexType == IndexType.OFFSET) {
+            // the broker asks for the time and transaction indexes right after this one (IndexPrefetch)
+            indexPrefetch.start(channel(), md.remoteLogSegmentId(), request, c.fetchIndexDeadlineMs(),
+                    io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
+                    io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION);
+        } else {
+            IndexPrefetch.Answer prefetched;
+            try {
+                prefetched = indexPrefetch.take(md.remoteLogSegmentId(), type, c.fetchIndexDeadlineMs());
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw errorMapper.retriable(op + ": interrupted while waiting for the index", e);
+            }
+            if (prefetched != null && prefetched.notFound() != null) {
+                throw errorMapper.map(op, prefetched.notFound(), false);
+            }
+            if (prefetched != null) {
+                return new java.io.ByteArrayInputStream(prefetched.data());
+            }
+        }
         return retrier.call(op, false, attempt -> {
             GrpcInputStream<FetchIndexResponse> s = GrpcInputStream.start(channel(),
                     RemoteStorageGrpc.getFetchIndexMethod(),
@@ -700,6 +724,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         if (ra != null) {
             ra.forget(md.remoteLogSegmentId()); // nothing of a deleted segment is served again
         }
+        indexPrefetch.forget(md.remoteLogSegmentId());
         DeleteSegmentRequest request = DeleteSegmentRequest.newBuilder().setMetadata(MetadataMapper.toProto(md)).build();
         long started = System.nanoTime();
         retrier.call(op, true, attempt -> {

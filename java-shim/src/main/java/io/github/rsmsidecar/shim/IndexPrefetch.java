@@ -1,0 +1,206 @@
+package io.github.rsmsidecar.shim;
+
+import io.github.rsmsidecar.proto.v1.FetchIndexRequest;
+import io.github.rsmsidecar.proto.v1.FetchIndexResponse;
+import io.github.rsmsidecar.proto.v1.IndexType;
+import io.github.rsmsidecar.proto.v1.RemoteStorageGrpc;
+import io.grpc.CallOptions;
+import io.grpc.Channel;
+import io.grpc.ClientCall;
+import io.grpc.Metadata;
+import io.grpc.Status;
+import java.io.ByteArrayOutputStream;
+import java.util.Iterator;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
+
+/**
+ * A segment's time and transaction indexes, asked for in the background when the broker asks for
+ * its offset index.
+ *
+ * <p>The broker loads a segment's indexes one after the other before its first read of the segment
+ * ({@code RemoteIndexCache.createCacheEntry}: offset, time, then transaction, whose absence it
+ * expects as {@code RemoteResourceNotFoundException}), each a call to the sidecar, while its
+ * consumer waits. The two later calls are started beside the first here, and the broker's own
+ * calls for them take their answers ({@link #take}): one round trip at a segment start instead of
+ * three ({@code benchmarks/remote_read.py}: each cost 7-10 ms on a loaded 2-core machine).
+ *
+ * <ul>
+ *   <li>An answer is used once, by the broker's call for it, and only within
+ *       {@link #MAX_AGE_MS} of its start: a segment is immutable, so a prefetched index is never
+ *       stale, but nothing is kept for a broker that never asks.
+ *   <li>At most {@link #MAX_BYTES} bytes are held in all, and {@link #MAX_ENTRIES} answers: a call
+ *       that would go beyond is cancelled and its broker call asks the sidecar itself.
+ *   <li>Anything but an answer (an error, a cancelled call, the bound) makes the broker's call ask
+ *       the sidecar as if nothing had been prefetched, with its own retries and error mapping;
+ *       only NOT_FOUND (no transaction index) is passed on as the answer it is.
+ * </ul>
+ */
+final class IndexPrefetch {
+
+    /** Index bytes held at once, all answers together. */
+    static final long MAX_BYTES = 32L * 1024 * 1024;
+    /** Answers held (or under way) at once. */
+    static final int MAX_ENTRIES = 64;
+    /** An answer nobody took within this time of its start is dropped. */
+    static final long MAX_AGE_MS = 60_000;
+
+    /** An index's bytes, or the NOT_FOUND status the sidecar answered. */
+    record Answer(byte[] data, Status notFound) {
+    }
+
+    private record Key(RemoteLogSegmentId id, IndexType type) {
+    }
+
+    private record Entry(CompletableFuture<Answer> answer, long startNanos) {
+    }
+
+    private final Map<Key, Entry> entries = new ConcurrentHashMap<>();
+    private final AtomicLong heldBytes = new AtomicLong();
+
+    /**
+     * Starts a {@code FetchIndex} call for each of {@code types} of {@code request}'s segment that
+     * is not already held or under way.
+     */
+    void start(Channel channel, RemoteLogSegmentId id, FetchIndexRequest request, long deadlineMs, IndexType... types) {
+        expire();
+        for (IndexType type : types) {
+            if (entries.size() >= MAX_ENTRIES) {
+                return;
+            }
+            Key key = new Key(id, type);
+            CompletableFuture<Answer> answer = new CompletableFuture<>();
+            Entry entry = new Entry(answer, System.nanoTime());
+            if (entries.putIfAbsent(key, entry) != null) {
+                continue;
+            }
+            ClientCall<FetchIndexRequest, FetchIndexResponse> call = channel.newCall(
+                    RemoteStorageGrpc.getFetchIndexMethod(),
+                    CallOptions.DEFAULT.withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS));
+            call.start(new Collector(call, answer), new Metadata());
+            call.request(1);
+            call.sendMessage(request.toBuilder().setIndexType(type).build());
+            call.halfClose();
+            answer.whenComplete((a, e) -> {
+                if (e != null) {
+                    entries.remove(key, entry); // the broker's call asks for itself
+                }
+            });
+        }
+    }
+
+    /**
+     * The answer prefetched for index {@code type} of segment {@code id}, waiting at most
+     * {@code timeoutMs} for it; null when there is none or it failed (the caller asks the sidecar).
+     */
+    Answer take(RemoteLogSegmentId id, IndexType type, long timeoutMs) throws InterruptedException {
+        Entry e = entries.remove(new Key(id, type));
+        if (e == null) {
+            return null;
+        }
+        try {
+            Answer a = e.answer().get(timeoutMs, TimeUnit.MILLISECONDS);
+            release(a);
+            return a;
+        } catch (ExecutionException | TimeoutException ex) {
+            e.answer().cancel(false);
+            return null;
+        }
+    }
+
+    /** Drops what is held for segment {@code id} (it was deleted). */
+    void forget(RemoteLogSegmentId id) {
+        entries.entrySet().removeIf(en -> {
+            if (en.getKey().id().equals(id)) {
+                drop(en.getValue());
+                return true;
+            }
+            return false;
+        });
+    }
+
+    /** Bytes held now (tests). */
+    long heldBytes() {
+        return heldBytes.get();
+    }
+
+    /** Answers held or under way now (tests). */
+    int size() {
+        return entries.size();
+    }
+
+    private void expire() {
+        long now = System.nanoTime();
+        Iterator<Entry> it = entries.values().iterator();
+        while (it.hasNext()) {
+            Entry e = it.next();
+            if (now - e.startNanos() > TimeUnit.MILLISECONDS.toNanos(MAX_AGE_MS)) {
+                it.remove();
+                drop(e);
+            }
+        }
+    }
+
+    private void drop(Entry e) {
+        CompletableFuture<Answer> answer = e.answer();
+        if (!answer.cancel(false) && !answer.isCompletedExceptionally()) {
+            release(answer.getNow(null)); // answered, never taken (a call under way releases its own bytes)
+        }
+    }
+
+    private void release(Answer a) {
+        if (a != null && a.data() != null) {
+            heldBytes.addAndGet(-a.data().length);
+        }
+    }
+
+    /** Gathers one call's messages; completes the answer when the call ends. */
+    private final class Collector extends ClientCall.Listener<FetchIndexResponse> {
+        private final ClientCall<FetchIndexRequest, FetchIndexResponse> call;
+        private final CompletableFuture<Answer> answer;
+        private final ByteArrayOutputStream data = new ByteArrayOutputStream();
+        private boolean overBound;
+
+        Collector(ClientCall<FetchIndexRequest, FetchIndexResponse> call, CompletableFuture<Answer> answer) {
+            this.call = call;
+            this.answer = answer;
+        }
+
+        @Override
+        public void onMessage(FetchIndexResponse message) {
+            int n = message.getData().size();
+            if (answer.isDone() || heldBytes.addAndGet(n) > MAX_BYTES) {
+                heldBytes.addAndGet(-n);
+                overBound = true;
+                call.cancel(answer.isDone() ? "nobody waits for this index" : "over the prefetch bound", null);
+                return;
+            }
+            try {
+                message.getData().writeTo(data);
+            } catch (java.io.IOException e) {
+                throw new java.io.UncheckedIOException(e); // a ByteArrayOutputStream does not throw
+            }
+            call.request(1);
+        }
+
+        @Override
+        public void onClose(Status status, Metadata trailers) {
+            Answer a = null;
+            if (status.isOk() && !overBound) {
+                a = new Answer(data.toByteArray(), null);
+            } else if (status.getCode() == Status.Code.NOT_FOUND) {
+                a = new Answer(null, status);
+            }
+            if (a == null || !answer.complete(a)) {
+                heldBytes.addAndGet(-data.size()); // not an answer, or nobody will take it
+                answer.completeExceptionally(status.asException());
+            }
+        }
+    }
+}
