@@ -47,7 +47,13 @@ class RetryTest {
         final Status status;
         final AtomicInteger copy = new AtomicInteger();
         final AtomicInteger fetch = new AtomicInteger();
-        final AtomicInteger index = new AtomicInteger();
+        /** Per index type: fetchIndex(OFFSET) also starts the time and transaction calls (IndexPrefetch). */
+        final java.util.Map<io.github.rsmsidecar.proto.v1.IndexType, AtomicInteger> index =
+                new java.util.concurrent.ConcurrentHashMap<>();
+
+        int index(io.github.rsmsidecar.proto.v1.IndexType type) {
+            return index.computeIfAbsent(type, t -> new AtomicInteger()).get();
+        }
         final AtomicInteger delete = new AtomicInteger();
         final List<Long> callNanos = new CopyOnWriteArrayList<>();
         final List<List<CopySegmentRequest>> copies = new CopyOnWriteArrayList<>();
@@ -104,7 +110,8 @@ class RetryTest {
 
         @Override
         public void fetchIndex(FetchIndexRequest request, StreamObserver<FetchIndexResponse> observer) {
-            answer(index, observer, FetchIndexResponse.newBuilder().setData(ByteString.copyFromUtf8("index")).build());
+            answer(index.computeIfAbsent(request.getIndexType(), t -> new AtomicInteger()), observer,
+                    FetchIndexResponse.newBuilder().setData(ByteString.copyFromUtf8("index")).build());
         }
 
         @Override
@@ -128,7 +135,7 @@ class RetryTest {
             h.rsm.copyLogSegmentData(Fixtures.metadata(), data);
         }
         assertEquals(3, sidecar.fetch.get());
-        assertEquals(3, sidecar.index.get());
+        assertEquals(3, sidecar.index(io.github.rsmsidecar.proto.v1.IndexType.OFFSET));
         assertEquals(3, sidecar.delete.get());
         assertEquals(3, sidecar.copy.get());
         // Each copy attempt starts over: CopyBegin first, and the last attempt carries the whole segment.
@@ -159,7 +166,7 @@ class RetryTest {
             assertThrows(RemoteStorageException.class, () -> h.rsm.copyLogSegmentData(Fixtures.metadata(), data));
         }
         assertEquals(4, sidecar.fetch.get());
-        assertEquals(4, sidecar.index.get());
+        assertEquals(4, sidecar.index(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP));
         assertEquals(4, sidecar.delete.get());
         assertEquals(4, sidecar.copy.get());
     }
