@@ -269,6 +269,15 @@ class HandoffTest {
         return asked(r) == MIB || (!r.hasEndPosition() && asked(r) < MIB);
     }
 
+    /**
+     * The requests from index {@code first} on, copied: background read-aheads may add more while
+     * a test looks at them.
+     */
+    static List<FetchSegmentRequest> from(List<FetchSegmentRequest> requests, int first) {
+        List<FetchSegmentRequest> copy = List.copyOf(requests);
+        return copy.subList(first, copy.size());
+    }
+
     /** Each of {@code requests} asked for one plain window (well under a read-ahead window). */
     static void assertPlainWindows(List<FetchSegmentRequest> requests) {
         for (FetchSegmentRequest r : requests) {
@@ -305,7 +314,7 @@ class HandoffTest {
             }
             // 3 MiB in 200 kB fetches: every later window was read ahead, none waited for
             assertTrue(sidecar.requests.size() <= 2 + 3, "calls: " + sidecar.requests.size());
-            for (FetchSegmentRequest r : sidecar.requests.subList(2, sidecar.requests.size())) {
+            for (FetchSegmentRequest r : from(sidecar.requests, 2)) {
                 assertTrue(isReadAhead(r), "a read-ahead window: " + r);
                 assertTrue(r.getAcceptHandoff());
             }
@@ -363,7 +372,7 @@ class HandoffTest {
             int position = brokerRead(h, next, 0, 200_000);
             brokerRead(h, next, position - 10_000, 200_000);
             // the reads made no call: what followed is the read-ahead of the window after this one
-            for (FetchSegmentRequest r : sidecar.requests.subList(calls, sidecar.requests.size())) {
+            for (FetchSegmentRequest r : from(sidecar.requests, calls)) {
                 assertTrue(isReadAhead(r), "the reads came from the window read ahead: " + r);
             }
         }
@@ -419,7 +428,7 @@ class HandoffTest {
             int calls = sidecar.requests.size();
             try (InputStream in = h.rsm.fetchLogSegment(md, ahead)) {
                 assertArrayEquals(range(ahead, 1000), in.readNBytes(1000));
-                for (FetchSegmentRequest r : sidecar.requests.subList(calls, sidecar.requests.size())) {
+                for (FetchSegmentRequest r : from(sidecar.requests, calls)) {
                     assertTrue(isReadAhead(r), "served from the kept window, reading the next one ahead: " + r);
                 }
                 // the window is dropped while the stream reads it (a delete; the LRU bound alike):
@@ -448,7 +457,7 @@ class HandoffTest {
         }
         assertEquals(3, sidecar.requests.size());
         assertFalse(sidecar.requests.get(0).hasEndPosition(), "the tail: open-ended to the segment's end");
-        assertPlainWindows(sidecar.requests.subList(1, 3));
+        assertPlainWindows(List.copyOf(sidecar.requests).subList(1, 3));
     }
 
     @Test
@@ -509,7 +518,7 @@ class HandoffTest {
             }
             Thread.sleep(100);
             assertEquals(8, sidecar.requests.size(), "no read-ahead beyond the bound");
-            assertPlainWindows(sidecar.requests.subList(6, 8));
+            assertPlainWindows(List.copyOf(sidecar.requests).subList(6, 8));
             assertEquals(5, openHandoffFiles(sidecar.dir), "2 + 2 + 1 windows kept");
             brokerRead(h, partitions.get(0), 400_000, 100_000); // inside kept windows: no call
             brokerRead(h, partitions.get(1), 400_000, 100_000);
@@ -585,7 +594,7 @@ class HandoffTest {
         // reads 1 and 2: plain windows, then the read-ahead; reads 3-6: plain windows (read-ahead rests)
         assertEquals(7, sidecar.requests.size());
         assertTrue(isReadAhead(sidecar.requests.get(2)));
-        assertPlainWindows(sidecar.requests.subList(3, 7)); // resting
+        assertPlainWindows(List.copyOf(sidecar.requests).subList(3, 7)); // resting
     }
 
     @Test
