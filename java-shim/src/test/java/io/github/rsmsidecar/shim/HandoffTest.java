@@ -422,9 +422,7 @@ class HandoffTest {
         HandoffSidecar sidecar = sidecar(tmp);
         RemoteLogSegmentMetadata md = md();
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
-            brokerRead(h, md, brokerRead(h, md, 0, 100_000), 100_000); // the second read reads ahead
-            awaitRequests(sidecar, 3);
-            int ahead = (int) sidecar.requests.get(2).getStartPosition();
+            int ahead = sequentialReadWithAWindowAhead(h, sidecar, md);
             int calls = sidecar.requests.size();
             try (InputStream in = h.rsm.fetchLogSegment(md, ahead)) {
                 assertArrayEquals(range(ahead, 1000), in.readNBytes(1000));
@@ -483,9 +481,7 @@ class HandoffTest {
         HandoffSidecar sidecar = sidecar(tmp);
         RemoteLogSegmentMetadata md = md();
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
-            brokerRead(h, md, brokerRead(h, md, 0, 100_000), 100_000); // the second read reads ahead
-            awaitRequests(sidecar, 3);
-            long ahead = sidecar.requests.get(2).getStartPosition();
+            long ahead = sequentialReadWithAWindowAhead(h, sidecar, md);
             brokerRead(h, md, (int) ahead + 1000, 100_000);
             awaitRequests(sidecar, 4); // inside the read-ahead window: no call but the next read-ahead
             assertTrue(isReadAhead(sidecar.requests.get(3)), "the window after: " + sidecar.requests.get(3));
@@ -538,6 +534,14 @@ class HandoffTest {
             assertEquals(12, sidecar.requests.size(), "partition 0's plain window was dropped");
         }
         assertEquals(0, openHandoffFiles(sidecar.dir), "close() released every kept file");
+    }
+
+    /** Two sequential reads of {@code md}; the second reads ahead. Returns where the window read ahead starts. */
+    static int sequentialReadWithAWindowAhead(Fixtures.Harness h, HandoffSidecar sidecar, RemoteLogSegmentMetadata md)
+            throws Exception {
+        brokerRead(h, md, brokerRead(h, md, 0, 100_000), 100_000);
+        awaitRequests(sidecar, 3);
+        return (int) sidecar.requests.get(2).getStartPosition();
     }
 
     /** {@link #openHandoffFiles} once it is 0, or after 5 s. */
