@@ -13,6 +13,10 @@ commit. Exactly once comes from the table's markers, not from the follower, so:
   it is committed). That round counts as ``conflict`` and the loser plans again at once, from
   the new markers. A second follower is safe, but it repeats the winner's work: run one per
   table, and a second only as a standby.
+* a round that finds the embedded SQLite catalog locked by another writer beyond the wait its
+  connections allow ("database is locked", ``SQLITE_BUSY``, from PyIceberg or from Spark's JDBC
+  catalog) met contention, not a fault: it counts as ``catalog_busy``, not ``failed``, and the
+  next round comes after the usual interval, with no back-off and the same Spark session.
 
 Between rounds the follower waits ``iceberg.follow.interval``; after a failed round twice as
 long each time (up to 30 intervals), with a fresh Spark session when it started its own. A
@@ -29,9 +33,11 @@ rows being committed.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 
 import prometheus_client as prom
@@ -49,6 +55,8 @@ MAX_BACKOFF_INTERVALS = 30
 FRESHNESS_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600, 1800, 3600)
 
 COMMITTED, NOTHING_NEW, CONFLICT, FAILED = "committed", "nothing_new", "conflict", "failed"
+#: a round that found the embedded catalog's SQLite file locked by another writer (module docstring)
+CATALOG_BUSY = "catalog_busy"
 
 
 class FollowMetrics:
@@ -94,7 +102,7 @@ class FollowMetrics:
         self.maintenance = prom.Counter(
             "rsm_iceberg_follow_maintenance", "Maintenance runs by outcome.", ["outcome"], registry=r
         )
-        for outcome in (COMMITTED, NOTHING_NEW, CONFLICT, FAILED):
+        for outcome in (COMMITTED, NOTHING_NEW, CONFLICT, CATALOG_BUSY, FAILED):
             self.rounds.labels(outcome)
         for outcome in ("ok", "failed"):
             self.maintenance.labels(outcome)
@@ -154,7 +162,8 @@ class Follower:
 
     def round(self) -> str:
         """One run of the job; returns its outcome (``committed``, ``nothing_new``,
-        ``conflict`` or ``failed``). A :class:`ConfigError` is raised: no round can succeed."""
+        ``conflict``, ``catalog_busy`` or ``failed``). A :class:`ConfigError` is raised: no round
+        can succeed."""
         try:
             job = self._job()
             prepared = job.prepare()
@@ -172,11 +181,18 @@ class Follower:
             self.metrics.rounds.labels(FAILED).inc()
             self.metrics.failures.labels("ConfigError").inc()
             raise
-        except Exception as exc:  # a round that fails is retried; the markers make it safe
-            self.metrics.failures.labels(type(exc).__name__).inc()
-            self.log(f"[follow] {self.topic}: round failed: {type(exc).__name__}: {exc}")
-            self._reset_session()
-            outcome = FAILED
+        except Exception as exc:
+            if _catalog_locked(exc):
+                self.log(
+                    f"[follow] {self.topic}: the catalog database was locked by another writer "
+                    f"({type(exc).__name__}{_raised_at(exc)}); planning again next round"
+                )
+                outcome = CATALOG_BUSY
+            else:  # a round that fails is retried; the markers make it safe
+                self.metrics.failures.labels(type(exc).__name__).inc()
+                self.log(f"[follow] {self.topic}: round failed: {type(exc).__name__}: {exc}{_raised_at(exc)}")
+                self._reset_session()
+                outcome = FAILED
         self.metrics.rounds.labels(outcome).inc()
         self.failures_in_a_row = self.failures_in_a_row + 1 if outcome == FAILED else 0
         return outcome
@@ -257,3 +273,32 @@ class Follower:
             if self._own_spark and self.spark is not None:
                 self.spark.stop()
                 self.spark = None
+
+
+def _raised_at(exc: BaseException) -> str:
+    """Where ``exc`` was raised: the innermost frame of its traceback and, when that is in a
+    library, the innermost frame of this package that led there. A failed round is retried, so
+    its one log line must say where it failed."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
+    ours = [f for f in frames if f"{os.sep}rsm_sidecar{os.sep}" in f.filename]
+    if ours and ours[-1] is not frames[-1]:
+        where += f", called from {ours[-1].filename}:{ours[-1].lineno} in {ours[-1].name}"
+    return f" (raised at {where})"
+
+
+def _catalog_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is SQLite's "database is locked"
+    (``SQLITE_BUSY``): from Python's ``sqlite3`` under PyIceberg, or from Spark's JDBC catalog
+    (sqlite-jdbc), whose message reaches Python in a Py4J error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if "database is locked" in text or "SQLITE_BUSY" in text:
+            return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -7,6 +7,7 @@ stored by the sidecar's own copy code, kills with SIGKILL on the follower's proc
 from __future__ import annotations
 
 import signal
+import sqlite3
 import threading
 import time
 import urllib.request
@@ -18,7 +19,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from devstack.common import free_port
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg.committing import markers as mk
-from rsm_sidecar.iceberg.follow import CONFLICT, FAILED, Follower, FollowMetrics
+from rsm_sidecar.iceberg.follow import CATALOG_BUSY, CONFLICT, FAILED, Follower, FollowMetrics
 from rsm_sidecar.iceberg.job import load_config
 from tests.iceberg.convert_helpers import SyntheticTopic, kill_group, offsets, rows, wait_paused
 
@@ -211,3 +212,45 @@ def test_failed_rounds_back_off_and_a_lost_commit_plans_again_at_once(tmp_path):
         follower.failures_in_a_row = n
         waits.append(follower.pause_after(FAILED))
     assert waits == [4, 8, 16, 32, 60, 60, 60]  # doubling, capped at 30 intervals
+
+
+def test_a_round_that_finds_the_catalog_locked_counts_as_busy_not_failed(tmp_path):
+    """The fault is real SQLite's: a writer holds a WAL file's write lock, and a connection that
+    may not wait gets "database is locked", wrapped as SQLAlchemy (under PyIceberg) raises it.
+    It reaches the round through the job: a real round meets it only after its connections'
+    30 s wait, too slow for this suite. The round is ``catalog_busy``: no failure, no back-off,
+    and the log line says where it was raised. Any other error still fails the round."""
+    from sqlalchemy.exc import OperationalError
+
+    db = tmp_path / "locked.db"
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    with pytest.raises(sqlite3.OperationalError, match="database is locked") as locked:
+        sqlite3.connect(db, timeout=0, isolation_level=None).execute("BEGIN IMMEDIATE")
+    holder.execute("ROLLBACK")
+
+    class Job:
+        def __init__(self, error):
+            self.error = error
+
+        def prepare(self):
+            raise self.error
+
+    t = SyntheticTopic(tmp_path / "busy", "busy")
+    cfg, storage = load_config(t.config_file, {}, {"iceberg.follow.interval": 2})
+    metrics, lines = FollowMetrics(), []
+    follower = Follower(cfg, storage, t.topic, metrics=metrics, log=lines.append)
+    follower.failures_in_a_row = 3
+    follower._job = lambda: Job(OperationalError("BEGIN IMMEDIATE", {}, locked.value))
+    assert follower.round() == CATALOG_BUSY
+    assert follower.failures_in_a_row == 0 and follower.pause_after(CATALOG_BUSY) == 2
+    assert "locked by another writer" in lines[-1] and "raised at" in lines[-1], lines
+    assert _sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=CATALOG_BUSY) == 1
+    assert _sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=FAILED) == 0
+
+    follower._job = lambda: Job(OperationalError("SELECT 1", {}, sqlite3.OperationalError("disk I/O error")))
+    assert follower.round() == FAILED
+    assert _sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=FAILED) == 1
