@@ -127,6 +127,19 @@ class SegmentMetadata:
             f"{self.topic_name}-{self.partition}@{self.start_offset}..{self.end_offset} ({self.segment_id})"
         )
 
+    def fill_proto(self, m: Any) -> None:
+        """Sets an ``rsm.v1.SegmentMetadata`` message ``m`` to this (the reverse of
+        :meth:`from_proto`; ``state`` is left as it is)."""
+        m.topic_id, m.topic_name, m.partition = self.topic_id, self.topic_name, self.partition
+        m.segment_id, m.start_offset, m.end_offset = self.segment_id, self.start_offset, self.end_offset
+        m.max_timestamp_ms, m.broker_id = self.max_timestamp_ms, self.broker_id
+        m.event_timestamp_ms, m.segment_size_in_bytes = self.event_timestamp_ms, self.segment_size
+        m.segment_leader_epochs.update(self.leader_epochs)
+        if self.custom_metadata is not None:
+            m.custom_metadata = self.custom_metadata
+        if self.txn_index_empty is not None:
+            m.txn_index_empty = self.txn_index_empty
+
     @classmethod
     def from_proto(cls, m: Any) -> SegmentMetadata:
         return cls(

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Literal, overload
 
 from rsm_sidecar.errors import DataLoss, FailedPrecondition, NotFound
+from rsm_sidecar.format import custom_metadata
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.chunk_index import Chunk
 from rsm_sidecar.format.manifest import TAG_BYTES, SegmentIdentity, SegmentManifest
@@ -60,6 +61,8 @@ INDEX_BY_TYPE = {
 #: indexes the broker loads for every segment it reads (RemoteIndexCache), prefetched
 #: with the next segment's first chunks
 INDEXES_PREFETCHED = ("offset", "timestamp", "transaction")
+#: how long ``next_segment_metadata`` waits for a lookup of the next segment already under way
+NEXT_SEGMENT_WAIT_S = 5.0
 
 #: (base key, segment version, index name or chunk id)
 CacheKey = tuple[str, str, str | int]
@@ -598,6 +601,52 @@ class SegmentReader:
             return
         if todo:
             self._prefetch_run(nxt, todo)
+
+    def next_segment_metadata(self, seg: OpenSegment) -> fkeys.SegmentMetadata | None:
+        """What a fetch needs to read the partition's segment after ``seg``: the one base key
+        ``_next_segment`` finds (the prefetch's lookup when it ran, else this call's own LIST),
+        its manifest opened and checked as for any read, and it must follow ``seg`` (same topic
+        id and partition, start offset = ``seg``'s end offset + 1). None when any of that fails
+        or takes longer than ``NEXT_SEGMENT_WAIT_S``: it is a hint for read-ahead (rsm.proto
+        ``want_next_segment``), never what a read of ``seg`` depends on."""
+        with self._prefetch_lock:
+            found = seg.next_segment
+            mine = found is None
+            if mine:
+                found = seg.next_segment = concurrent.futures.Future()
+        assert found is not None
+        if mine:
+            self._find_next_segment(seg, found)
+        try:
+            base = found.result(timeout=NEXT_SEGMENT_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            return None
+        this = SegmentIdentity.of_manifest(seg.manifest)
+        parsed = self.layout.parse(f"{base}.{fkeys.MANIFEST}") if base is not None else None
+        if base is None or parsed is None or this is None or this.end_offset is None:
+            return None
+        nxt = self.open_base(base)
+        follows = SegmentIdentity.of_manifest(nxt.manifest)
+        if (
+            follows is None
+            or follows.end_offset is None
+            or (follows.topic_id, follows.partition) != (this.topic_id, this.partition)
+            or follows.start_offset != this.end_offset + 1
+        ):
+            return None
+        custom = None
+        if parsed.prefix != self.layout.partition_prefix(parsed.topic_id, parsed.partition):
+            custom = custom_metadata.encode({custom_metadata.OBJECT_PREFIX: parsed.prefix})
+        return fkeys.SegmentMetadata(
+            topic_id=parsed.topic_id,
+            topic_name=parsed.topic,
+            partition=parsed.partition,
+            segment_id=parsed.segment_id,
+            start_offset=parsed.start_offset,
+            end_offset=follows.end_offset,
+            segment_size=nxt.manifest.original_size,
+            custom_metadata=custom,
+        ).validate()
 
     def _find_next_segment(self, seg: OpenSegment, found: concurrent.futures.Future[str | None]) -> None:
         try:

@@ -31,7 +31,7 @@ from rsm_sidecar.errors import (
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.segment import sources
 from rsm_sidecar.segment.objects import delete_segment_objects
-from rsm_sidecar.segment.reader import INDEX_BY_TYPE
+from rsm_sidecar.segment.reader import INDEX_BY_TYPE, OpenSegment
 from rsm_sidecar.service.admission import IdleWatchdog, Slots, Watch
 from rsm_sidecar.service.handoff import HandoffDir, HandoffError
 from rsm_sidecar.service.metrics import Metrics
@@ -206,11 +206,15 @@ def _fetch_messages(piece: bytes | memoryview, served: Counter, watch: Watch) ->
         watch.touch()
 
 
-def encode_handoff_response(name: str, length: int) -> bytes:
-    """A serialized ``FetchSegmentResponse{handoff}``."""
-    encoded: bytes = pb.FetchSegmentResponse(
-        handoff=pb.HandoffFile(name=name, length=length)
-    ).SerializeToString()
+def encode_handoff_response(
+    name: str, length: int, next_segment: fkeys.SegmentMetadata | None = None
+) -> bytes:
+    """A serialized ``FetchSegmentResponse{handoff}``, with ``next_segment`` when given (the
+    members rsm.proto lists for it)."""
+    response = pb.FetchSegmentResponse(handoff=pb.HandoffFile(name=name, length=length))
+    if next_segment is not None:
+        next_segment.fill_proto(response.next_segment)
+    encoded: bytes = response.SerializeToString()
     return encoded
 
 
@@ -405,6 +409,9 @@ class RemoteStorageServicer:
                 and handoff.accepts(length)
                 and context.peer().startswith("unix:")
             ):
+                following = (
+                    self._next_segment_hint(seg) if request.want_next_segment and end == size - 1 else None
+                )
                 try:
                     name = handoff.write(reader.read(seg, start, end, views=True), length)
                 except HandoffError as e:
@@ -413,7 +420,7 @@ class RemoteStorageServicer:
                     served.inc(length)
                     self.sidecar.metrics.bytes.labels("fetch_handoff").inc(length)
                     try:
-                        yield encode_handoff_response(name, length)
+                        yield encode_handoff_response(name, length, following)
                     except GeneratorExit:  # cancelled before the client could open it
                         handoff.discard(name)
                         raise
@@ -421,6 +428,16 @@ class RemoteStorageServicer:
             for piece in reader.read(seg, start, end, views=True):
                 yield from _fetch_messages(piece, served, watch)
                 del piece  # not held while the reader fetches the next chunk
+
+    def _next_segment_hint(self, seg: OpenSegment) -> fkeys.SegmentMetadata | None:
+        """``FetchSegmentResponse.next_segment`` for a range that ends at ``seg``'s end; None
+        when the sidecar finds no single next segment, or finding it fails (only read-ahead
+        depends on it)."""
+        try:
+            return self.sidecar.reader.next_segment_metadata(seg)
+        except Exception as e:  # a hint: any failure means none
+            log.debug("no next segment for %s: %s", seg.base, e)
+            return None
 
     @streaming("fetch_index")
     def FetchIndex(

@@ -83,3 +83,33 @@ def test_invalid_metadata_is_rejected(field, value):
     md = SegmentMetadata(**{**MD.__dict__, field: value})
     with pytest.raises(InvalidArgument):
         md.validate()
+
+
+@pytest.mark.parametrize(
+    "md",
+    [
+        MD,
+        SegmentMetadata(
+            "MWJ6FHTfRYy67jzwZdeqSQ",
+            "orders.v2",
+            3,
+            "tqimKeZwStOEOwRzT3L5oQ",
+            100,
+            199,
+            max_timestamp_ms=1_700_000_000_000,
+            broker_id=2,
+            event_timestamp_ms=1_700_000_000_001,
+            leader_epochs={0: 100, 4: 150},
+            segment_size=12345,
+            custom_metadata=cm.encode({cm.OBJECT_PREFIX: "tiered/"}),
+            txn_index_empty=True,
+        ),
+    ],
+)
+def test_segment_metadata_through_the_proto_message_and_back(md):
+    from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
+
+    message = pb.SegmentMetadata()
+    md.fill_proto(message)
+    assert SegmentMetadata.from_proto(message) == md
+    assert message.HasField("custom_metadata") == (md.custom_metadata is not None)

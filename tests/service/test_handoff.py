@@ -169,3 +169,64 @@ def test_a_client_that_never_deletes_its_files_cannot_fill_the_host(unix_sidecar
     for p in d.iterdir():  # the client finally opens them: hand-off resumes
         p.unlink()
     assert _fetch(running.client, md, 0, 199_999, accept=True)[0].HasField("handoff")
+
+
+def _copy_at(running, tmp_path, n: int, first: int, size: int, partition: int = 0):
+    """Segment ``seg_id(n)`` of ``partition`` holding offsets ``first..first + 99``."""
+    files = SegmentFilesOnDisk(str(tmp_path / f"seg{n}"), log_size=size)
+    md = metadata(seg_id(n), first, first + 99, size=size, partition=partition)
+    running.client.copy(files.path_request(md))
+    with open(files.log_path, "rb") as f:
+        return md, f.read()
+
+
+def _handed_off(running, sock, md, start: int, end: int | None, want: bool = True) -> pb.FetchSegmentResponse:
+    """One hand-off fetch asking ``want_next_segment``; checks and removes the file."""
+    req = pb.FetchSegmentRequest(
+        metadata=md, start_position=start, accept_handoff=True, want_next_segment=want
+    )
+    if end is not None:
+        req.end_position = end
+    (msg,) = list(running.client.stub.FetchSegment(req, timeout=30))
+    assert msg.HasField("handoff")
+    path = sock.parent / "rsm.sock.handoff" / msg.handoff.name
+    assert path.stat().st_size == msg.handoff.length
+    path.unlink()
+    return msg
+
+
+def test_a_range_to_the_segments_end_names_the_next_segment_when_asked(unix_sidecar, tmp_path):
+    """``want_next_segment``: a hand-off that ends at the segment's end names the partition's
+    next stored segment, with what a fetch of it needs, and that fetch returns its bytes. No
+    name for a range short of the end, without the flag, after the last segment, when two
+    segments start at the next offset, or when the one there has a planted manifest."""
+    running, sock = unix_sidecar()
+    md1, data1 = _copy_at(running, tmp_path, 1, 0, MiB + 17)
+    md2, data2 = _copy_at(running, tmp_path, 2, 100, MiB + 34)
+    _copy_at(running, tmp_path, 3, 100, 4321, partition=1)  # another partition, same offset
+    tail = len(data1) - 1000
+
+    hint = _handed_off(running, sock, md1, tail, None).next_segment
+    assert (hint.topic_id, hint.topic_name, hint.partition) == (md2.topic_id, md2.topic_name, md2.partition)
+    assert (hint.segment_id, hint.start_offset, hint.end_offset) == (seg_id(2), 100, 199)
+    assert hint.segment_size_in_bytes == len(data2) and not hint.HasField("custom_metadata")
+    assert running.client.fetch(hint) == data2  # the hint is enough to read that segment
+    assert _handed_off(running, sock, md1, tail, len(data1) - 1).HasField("next_segment")  # an explicit end
+
+    assert not _handed_off(running, sock, md1, 0, len(data1) - 2).HasField("next_segment")  # short of the end
+    assert not _handed_off(running, sock, md1, tail, None, want=False).HasField("next_segment")
+    assert not _handed_off(running, sock, md2, 0, None).HasField("next_segment")  # the last one
+
+    # partition 2: two segments start at offset 100 (two leaders' copies): which is next is unknown
+    md4, data4 = _copy_at(running, tmp_path, 4, 0, 5000, partition=2)
+    _copy_at(running, tmp_path, 5, 100, 999, partition=2)
+    _copy_at(running, tmp_path, 6, 100, 998, partition=2)
+    assert not _handed_off(running, sock, md4, 0, None).HasField("next_segment")
+
+    # partition 3: someone who can write the bucket plants a manifest at offset 100
+    md7, _ = _copy_at(running, tmp_path, 7, 0, 5000, partition=3)
+    real = next(p for p in (tmp_path / "remote").rglob("*.rsm-manifest") if seg_id(7) in p.name)
+    planted = real.with_name(real.name.replace(f"{0:020d}-{seg_id(7)}", f"{100:020d}-{seg_id(8)}"))
+    planted.write_bytes(real.read_bytes())  # a valid manifest, of another segment
+    assert not _handed_off(running, sock, md7, 0, None).HasField("next_segment")
+    assert list((sock.parent / "rsm.sock.handoff").iterdir()) == []

@@ -11,8 +11,10 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
+import io.github.rsmsidecar.proto.v1.SegmentMetadata;
 import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 
 /**
  * Read-ahead for sequential remote reads, over fetch hand-off ({@link FetchHandoff}).
@@ -26,8 +28,11 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
  * is kept open here after the read that asked for it, and the following fetches inside it read the
  * file with no call at all. As soon as a read starts inside a kept window, the next window is
  * asked for in the background ({@link #claimNext}), so a sequential reader does not wait for the
- * sidecar at the window's end either (only at the start of each segment: the next segment's
- * metadata comes with the broker's next call). A read that is not sequential (the first of a
+ * sidecar at the window's end either. At a segment's end the sidecar names the partition's next
+ * stored segment with the last window ({@code want_next_segment} in rsm.proto), and a read inside
+ * that window reads the next segment's first window ahead too; such a window serves only a read
+ * whose broker metadata names the same segment id, offsets and size ({@link SegmentRef}), since the
+ * name comes from what storage holds, not from the broker. A read that is not sequential (the first of a
  * partition, a consumer that seeks) asks for one window as before, so a random read costs no more
  * than it did.
  *
@@ -52,10 +57,25 @@ final class ReadAhead {
     /** A read starting this close to where the partition's last read ended continues it. */
     static final long SEQUENTIAL_SLACK = 2L * 1024 * 1024;
 
-    /** Bytes {@code [start, end)} of segment {@code id}, in {@code file} from its offset 0. */
-    private record Kept(RemoteLogSegmentId id, long start, long end, FetchHandoff.OpenFile file) {
+    /** A segment as a kept window was read for: its id, first and last offset, and size in bytes. */
+    record SegmentRef(RemoteLogSegmentId id, long startOffset, long endOffset, long size) {
+        static SegmentRef of(RemoteLogSegmentMetadata md) {
+            return new SegmentRef(md.remoteLogSegmentId(), md.startOffset(), md.endOffset(), md.segmentSizeInBytes());
+        }
+    }
+
+    /**
+     * Bytes {@code [start, end)} of segment {@code seg}, in {@code file} from its offset 0; {@code next}
+     * (nullable) is the partition's next segment as the sidecar named it with a window that ends
+     * at the segment's end.
+     */
+    private record Kept(SegmentRef seg, long start, long end, FetchHandoff.OpenFile file, SegmentMetadata next) {
         long bytes() {
             return end - start;
+        }
+
+        RemoteLogSegmentId id() {
+            return seg.id();
         }
     }
 
@@ -73,10 +93,10 @@ final class ReadAhead {
     private long keptBytes; // guarded by this
     private boolean closed; // guarded by this
     /** The window being read ahead in the background, per partition: its segment and start. Guarded by this. */
-    private final Map<TopicIdPartition, Pending> pending = new HashMap<>();
+    private final Map<TopicIdPartition, Claim> pending = new HashMap<>();
 
     /** A background read-ahead of the window of {@code id} from {@code start}, done when {@code done} completes. */
-    private record Pending(RemoteLogSegmentId id, long start, CompletableFuture<Void> done) {
+    record Claim(RemoteLogSegmentId id, long start, CompletableFuture<Void> done) {
     }
     private final Map<TopicIdPartition, LastRead> lastReads = new ConcurrentHashMap<>();
     /** Segments deleted lately: a background read-ahead that ends after the delete keeps nothing. Guarded by this. */
@@ -101,16 +121,16 @@ final class ReadAhead {
     }
 
     /**
-     * The kept window of {@code partition} that holds {@code start} of segment {@code id}, as a
-     * stream from {@code start} to the window's end; null when there is none.
+     * The kept window of {@code partition} that holds {@code start} of segment {@code seg} (same
+     * id, offsets and size), as a stream from {@code start} to the window's end; null when there is none.
      */
-    synchronized WindowedFetchStream.Window find(TopicIdPartition partition, RemoteLogSegmentId id, long start) {
+    synchronized WindowedFetchStream.Window find(TopicIdPartition partition, SegmentRef seg, long start) {
         ArrayDeque<Kept> windows = kept.get(partition);
         if (windows == null) {
             return null;
         }
         for (Kept k : windows) {
-            if (k.id().equals(id) && start >= k.start() && start < k.end()) {
+            if (k.seg().equals(seg) && start >= k.start() && start < k.end()) {
                 InputStream in = k.file().stream(start - k.start(), k.bytes());
                 return in == null ? null : new WindowedFetchStream.Window(in, k.end());
             }
@@ -125,37 +145,40 @@ final class ReadAhead {
      * it fits under the bound beside the windows kept and those being read ahead: a read-ahead
      * never pushes out another partition's window, which would waste both (with more partitions
      * read at once than the bound holds, the others read in plain windows).
-     * The caller starts the read-ahead and calls {@link #pendingDone} when it ends, kept or not.
+     * The caller starts the read-ahead and calls {@link #pendingDone} with the claim returned (null:
+     * nothing claimed) as soon as its window is kept or will not be: a read inside the window
+     * just kept must be able to claim the one after, also before the call has closed.
      * ({@code position = windowEnd = 0}: the first window of a segment the broker is about to read,
      * claimed when it loads the segment's offset index after a read that reached the previous end.)
      */
-    synchronized boolean claimNext(TopicIdPartition partition, RemoteLogSegmentId id, long position, long windowEnd,
-                                   long segmentSize) {
+    synchronized Claim claimNext(TopicIdPartition partition, RemoteLogSegmentId id, long position, long windowEnd,
+                                 long segmentSize) {
         if (windowEnd >= segmentSize || position > windowEnd || pending.containsKey(partition)
                 || keptBytes + (pending.size() + 1L) * windowBytes > maxBytes) {
-            return false;
+            return null;
         }
         ArrayDeque<Kept> windows = kept.get(partition);
         if (windows != null) {
             for (Kept k : windows) {
                 if (k.id().equals(id) && k.start() <= windowEnd && windowEnd < k.end()) {
-                    return false;
+                    return null;
                 }
             }
         }
-        pending.put(partition, new Pending(id, windowEnd, new CompletableFuture<>()));
-        return true;
+        Claim claim = new Claim(id, windowEnd, new CompletableFuture<>());
+        pending.put(partition, claim);
+        return claim;
     }
 
-    /** The background read-ahead claimed for {@code partition} ended (its window kept or not). */
-    void pendingDone(TopicIdPartition partition) {
-        Pending p;
+    /**
+     * The background read-ahead of {@code claim} for {@code partition} is over (its window kept or
+     * not); idempotent, and a later claim of the partition stays.
+     */
+    void pendingDone(TopicIdPartition partition, Claim claim) {
         synchronized (this) {
-            p = pending.remove(partition);
+            pending.remove(partition, claim);
         }
-        if (p != null) {
-            p.done().complete(null);
-        }
+        claim.done().complete(null);
     }
 
     /**
@@ -165,7 +188,7 @@ final class ReadAhead {
      */
     void awaitPending(TopicIdPartition partition, RemoteLogSegmentId id, long start, long timeoutMs)
             throws InterruptedException {
-        Pending p;
+        Claim p;
         synchronized (this) {
             p = pending.get(partition);
         }
@@ -180,19 +203,23 @@ final class ReadAhead {
     }
 
     /**
-     * Keeps {@code file} (bytes {@code [start, start + its length)} of segment {@code id}) as the
-     * window of {@code partition}, taking a reference of its own; the partition's previous window
-     * and, beyond the bound, the least recently used ones are dropped.
+     * Keeps {@code file} (bytes {@code [start, start + its length)} of segment {@code seg}) as the
+     * window of {@code partition}, taking a reference of its own, with the sidecar's name for the
+     * next segment ({@code next}, nullable); the partition's previous window and, beyond the bound,
+     * the least recently used ones are dropped. Windows of another segment are dropped too (a reader
+     * that moved there), unless this one {@code follows} them: the next segment's first window,
+     * read ahead while the reader is still in the last window of the segment before.
      */
-    synchronized void keep(TopicIdPartition partition, RemoteLogSegmentId id, long start, FetchHandoff.OpenFile file) {
-        if (closed || deleted.containsKey(id) || !file.retain()) {
+    synchronized void keep(TopicIdPartition partition, SegmentRef seg, long start, FetchHandoff.OpenFile file,
+                           SegmentMetadata next, boolean follows) {
+        if (closed || deleted.containsKey(seg.id()) || !file.retain()) {
             return; // closed, a deleted segment, or a file already released: nothing to keep
         }
         ArrayDeque<Kept> windows = kept.computeIfAbsent(partition, p -> new ArrayDeque<>());
-        windows.addLast(new Kept(id, start, start + file.length(), file));
+        windows.addLast(new Kept(seg, start, start + file.length(), file, next));
         keptBytes += file.length();
-        while (windows.size() > WINDOWS_PER_PARTITION || (!windows.isEmpty() && windows.size() > 1
-                && !windows.peekFirst().id().equals(id))) {
+        while (windows.size() > WINDOWS_PER_PARTITION || (!follows && windows.size() > 1
+                && !windows.peekFirst().id().equals(seg.id()))) {
             drop(windows.removeFirst()); // behind the reader, or of a segment it left
         }
         Iterator<ArrayDeque<Kept>> lru = kept.values().iterator();
@@ -205,6 +232,22 @@ final class ReadAhead {
                 lru.remove();
             }
         }
+    }
+
+    /**
+     * The partition's next segment as the sidecar named it with the kept window that ends at
+     * segment {@code id}'s end; null when no such window is kept or it named none.
+     */
+    synchronized SegmentMetadata nextSegment(TopicIdPartition partition, RemoteLogSegmentId id) {
+        ArrayDeque<Kept> windows = kept.get(partition);
+        if (windows != null) {
+            for (Kept k : windows) {
+                if (k.id().equals(id) && k.next() != null) {
+                    return k.next();
+                }
+            }
+        }
+        return null;
     }
 
     /**

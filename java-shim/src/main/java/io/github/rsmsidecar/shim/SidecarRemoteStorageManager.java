@@ -39,8 +39,10 @@ import java.util.concurrent.TimeUnit;
 import java.util.function.Consumer;
 import java.util.function.Function;
 import org.apache.kafka.common.TopicIdPartition;
+import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.config.ConfigException;
 import org.apache.kafka.server.log.remote.storage.LogSegmentData;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata.CustomMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundException;
@@ -387,7 +389,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         long size = md.segmentSizeInBytes();
         ReadAhead ra = readAhead();
         if (end == null && ra != null) {
-            WindowedFetchStream.Window kept = ra.find(partition, md.remoteLogSegmentId(), start);
+            WindowedFetchStream.Window kept = ra.find(partition, ReadAhead.SegmentRef.of(md), start);
             if (kept != null) {
                 LOG.debug("{}: read from the read-ahead window up to {}", op, kept.end());
                 readAheadNext(c, md, start, kept.end(), ra);
@@ -445,7 +447,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                             if (sequential) {
                                 return keptOrReadAhead(c, md, from, suggested, ra, windowOp);
                             }
-                            WindowedFetchStream.Window kept = ra.find(partition, md.remoteLogSegmentId(), from);
+                            WindowedFetchStream.Window kept = ra.find(partition, ReadAhead.SegmentRef.of(md), from);
                             if (kept != null) {
                                 return kept;
                             }
@@ -477,7 +479,8 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         long end = to == null ? md.segmentSizeInBytes() : (long) to + 1;
         return new WindowedFetchStream.Window(openFetch(c, md, (int) start, to, op, ra == null ? null : file -> {
             if (file.length() == end - start) { // anything else fails the read; never kept
-                ra.keep(md.remoteLogSegmentId().topicIdPartition(), md.remoteLogSegmentId(), start, file);
+                ra.keep(md.remoteLogSegmentId().topicIdPartition(), ReadAhead.SegmentRef.of(md), start, file,
+                        null, false);
             }
         }), end);
     }
@@ -491,7 +494,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private WindowedFetchStream.Window keptOrReadAhead(ShimConfig c, RemoteLogSegmentMetadata md, long start,
                                                       int size, ReadAhead ra, String op) throws RemoteStorageException {
         TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
-        WindowedFetchStream.Window w = ra.find(partition, md.remoteLogSegmentId(), start);
+        WindowedFetchStream.Window w = ra.find(partition, ReadAhead.SegmentRef.of(md), start);
         if (w == null) {
             try {
                 ra.awaitPending(partition, md.remoteLogSegmentId(), start, c.fetchDeadlineMs());
@@ -499,7 +502,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 Thread.currentThread().interrupt();
                 throw new RemoteStorageException(op + ": interrupted while waiting for the read-ahead", e);
             }
-            w = ra.find(partition, md.remoteLogSegmentId(), start);
+            w = ra.find(partition, ReadAhead.SegmentRef.of(md), start);
         }
         if (w == null) {
             w = plainWindow(c, md, start, size, op, ra); // kept: the next reads may start inside it
@@ -512,23 +515,73 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     /**
      * Starts the background read-ahead of the window from {@code windowEnd} when {@code ra} says a
-     * read at {@code position} of the window ending there calls for it ({@link ReadAhead#claimNext}).
-     * The call runs on gRPC's executor; its hand-off file is opened and kept there. Any failure
-     * only means the reader asks for the window itself when it gets there.
+     * read at {@code position} of the window ending there calls for it ({@link ReadAhead#claimNext});
+     * at the segment's end, of the first window of the next segment, when the sidecar named one
+     * ({@link #readAheadNextSegment}). The call runs on gRPC's executor; its hand-off file is opened
+     * and kept there. Any failure only means the reader asks for the window itself when it gets there.
      */
     private void readAheadNext(ShimConfig c, RemoteLogSegmentMetadata md, long position, long windowEnd, ReadAhead ra) {
-        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
-        long size = md.segmentSizeInBytes();
-        FetchHandoff h = handoff;
-        if (h == null || !ra.claimNext(partition, md.remoteLogSegmentId(), position, windowEnd, size)) {
+        if (windowEnd >= md.segmentSizeInBytes()) {
+            readAheadNextSegment(c, md, ra);
             return;
         }
-        Integer to = WindowedFetchStream.windowEnd(windowEnd, ra.windowBytes(), size);
-        long length = (to == null ? size : (long) to + 1) - windowEnd;
+        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
+        ReadAhead.Claim claim = ra.claimNext(partition, md.remoteLogSegmentId(), position, windowEnd,
+                md.segmentSizeInBytes());
+        if (claim != null) {
+            readAhead(c, partition, ReadAhead.SegmentRef.of(md), MetadataMapper.toProto(md), windowEnd, false, ra,
+                    claim);
+        }
+    }
+
+    /**
+     * A read in the last window of segment {@code md}: reads the first window of the partition's
+     * next segment ahead, as the sidecar named it with that window (rsm.proto
+     * {@code want_next_segment}). The name comes from what storage holds, so it is checked for the
+     * same topic and partition here, and its window serves only a broker read whose metadata
+     * names the same segment id, offsets and size ({@link ReadAhead#find}).
+     */
+    private void readAheadNextSegment(ShimConfig c, RemoteLogSegmentMetadata md, ReadAhead ra) {
+        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
+        SegmentMetadata next = ra.nextSegment(partition, md.remoteLogSegmentId());
+        if (next == null || !next.getTopicId().equals(partition.topicId().toString())
+                || !next.getTopicName().equals(partition.topic()) || next.getPartition() != partition.partition()
+                || next.getStartOffset() != md.endOffset() + 1 || next.getSegmentSizeInBytes() <= 0) {
+            return;
+        }
+        ReadAhead.SegmentRef ref;
+        try {
+            ref = new ReadAhead.SegmentRef(new RemoteLogSegmentId(partition, Uuid.fromString(next.getSegmentId())),
+                    next.getStartOffset(), next.getEndOffset(), next.getSegmentSizeInBytes());
+        } catch (IllegalArgumentException e) {
+            return; // not a Kafka Uuid: no read-ahead
+        }
+        ReadAhead.Claim claim = ra.claimNext(partition, ref.id(), 0, 0, ref.size());
+        if (claim != null) {
+            readAhead(c, partition, ref, next, 0, true, ra, claim);
+        }
+    }
+
+    /**
+     * The background call for the window of {@code seg} ({@code request} its metadata) from
+     * {@code from}, claimed in {@code ra} ({@code claim}); a window that reaches the segment's end
+     * asks the sidecar to name the next segment. {@code follows}: the first window of the segment
+     * after the one being read (see {@link ReadAhead#keep}).
+     */
+    private void readAhead(ShimConfig c, TopicIdPartition partition, ReadAhead.SegmentRef seg, SegmentMetadata request,
+                           long from, boolean follows, ReadAhead ra, ReadAhead.Claim claim) {
+        FetchHandoff h = handoff;
+        if (h == null) {
+            ra.pendingDone(partition, claim);
+            return;
+        }
+        Integer to = WindowedFetchStream.windowEnd(from, ra.windowBytes(), seg.size());
+        long length = (to == null ? seg.size() : (long) to + 1) - from;
         FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
-                .setMetadata(MetadataMapper.toProto(md))
-                .setStartPosition((int) windowEnd)
-                .setAcceptHandoff(true);
+                .setMetadata(request)
+                .setStartPosition((int) from)
+                .setAcceptHandoff(true)
+                .setWantNextSegment(to == null);
         if (to != null) {
             req.setEndPosition(to);
         }
@@ -537,10 +590,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             call = channel().newCall(FetchResponseMarshaller.FETCH_SEGMENT,
                     CallOptions.DEFAULT.withDeadlineAfter(c.fetchDeadlineMs(), TimeUnit.MILLISECONDS));
         } catch (RemoteStorageException e) {
-            ra.pendingDone(partition);
+            ra.pendingDone(partition, claim);
             return;
         }
-        String op = "read-ahead of " + MetadataMapper.describe(md) + " at " + windowEnd;
+        String op = "read-ahead of " + seg.id() + " (offsets " + seg.startOffset() + ".." + seg.endOffset()
+                + ") at " + from;
         call.start(new ClientCall.Listener<>() {
             @Override
             public void onMessage(FetchSegmentResponse response) {
@@ -553,10 +607,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     FetchHandoff.OpenFile file = h.open(response.getHandoff());
                     try {
                         if (file.length() == length) {
-                            ra.keep(partition, md.remoteLogSegmentId(), windowEnd, file);
+                            ra.keep(partition, seg, from, file,
+                                    response.hasNextSegment() ? response.getNextSegment() : null, follows);
                         }
                     } finally {
                         file.release();
+                        ra.pendingDone(partition, claim); // kept: a read inside it may claim the next now
                     }
                 } catch (FetchHandoff.HandoffException e) {
                     LOG.debug("{}: {}", op, e.getMessage()); // the reader asks for the window itself
@@ -568,7 +624,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 if (!status.isOk() && status.getCode() != Status.Code.CANCELLED) {
                     LOG.debug("{}: {}", op, status);
                 }
-                ra.pendingDone(partition);
+                ra.pendingDone(partition, claim);
             }
         }, new io.grpc.Metadata());
         call.request(1);

@@ -16,6 +16,7 @@ import io.github.rsmsidecar.proto.v1.FetchSegmentRequest;
 import io.github.rsmsidecar.proto.v1.FetchSegmentResponse;
 import io.github.rsmsidecar.proto.v1.HandoffFile;
 import io.github.rsmsidecar.proto.v1.RemoteStorageGrpc;
+import io.github.rsmsidecar.proto.v1.SegmentMetadata;
 import io.grpc.stub.StreamObserver;
 import java.io.IOException;
 import java.io.InputStream;
@@ -63,6 +64,8 @@ class HandoffTest {
         volatile int handoffMaxBytes = Integer.MAX_VALUE;
         /** Lies: hands off (and announces) this many bytes less than asked for. */
         volatile int shortBy;
+        /** Named as the next segment in a hand-off to the segment's end that asks for it (null: none). */
+        volatile SegmentMetadata nextSegment;
 
         HandoffSidecar(Path dir) {
             this.dir = dir;
@@ -98,8 +101,13 @@ class HandoffTest {
                         default:
                             Files.write(file, range);
                     }
-                    observer.onNext(FetchSegmentResponse.newBuilder()
-                            .setHandoff(HandoffFile.newBuilder().setName(announced).setLength(length)).build());
+                    FetchSegmentResponse.Builder response = FetchSegmentResponse.newBuilder()
+                            .setHandoff(HandoffFile.newBuilder().setName(announced).setLength(length));
+                    SegmentMetadata next = nextSegment;
+                    if (req.getWantNextSegment() && end == SIZE && next != null) {
+                        response.setNextSegment(next);
+                    }
+                    observer.onNext(response.build());
                     observer.onCompleted();
                     return;
                 } catch (IOException e) {
@@ -374,6 +382,95 @@ class HandoffTest {
             // the reads made no call: what followed is the read-ahead of the window after this one
             for (FetchSegmentRequest r : from(sidecar.requests, calls)) {
                 assertTrue(isReadAhead(r), "the reads came from the window read ahead: " + r);
+            }
+        }
+    }
+
+    /** Segment {@code id} of the fixtures' partition, offsets {@code first..last}, {@link #SIZE} bytes. */
+    static RemoteLogSegmentMetadata segment(Uuid id, long first, long last) {
+        return new RemoteLogSegmentMetadata(new RemoteLogSegmentId(Fixtures.TIP, id), first, last,
+                1_700_000_000_000L, 7, 1_700_000_001_000L, SIZE, Optional.empty(),
+                RemoteLogSegmentState.COPY_SEGMENT_FINISHED, Map.of(0, first));
+    }
+
+    /** Reads {@code md} from 0 to its end as a sequential consumer does, in 200,000-byte fetches. */
+    static void readToTheEnd(Fixtures.Harness h, RemoteLogSegmentMetadata md) throws Exception {
+        int position = brokerRead(h, md, 0, 200_000);
+        while (position < SIZE) {
+            int from = position - 10_000;
+            position = brokerRead(h, md, from, Math.min(200_000, SIZE - from));
+        }
+    }
+
+    /** The requests for segment {@code id}, copied. */
+    static List<FetchSegmentRequest> requestsFor(HandoffSidecar sidecar, Uuid id) {
+        return List.copyOf(sidecar.requests).stream()
+                .filter(r -> r.getMetadata().getSegmentId().equals(id.toString())).toList();
+    }
+
+    @Test
+    void theNextSegmentsFirstWindowIsReadAheadFromTheLastWindowOfTheSegmentBefore(@TempDir Path tmp)
+            throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata first = segment(Uuid.randomUuid(), 0, 99);
+        RemoteLogSegmentMetadata next = segment(Uuid.randomUuid(), 100, 199);
+        sidecar.nextSegment = MetadataMapper.toProto(next);
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            readToTheEnd(h, first);
+            // the read-ahead of the last window asked the sidecar to name the next segment, and a
+            // read inside that window read the named segment's first window ahead
+            List<FetchSegmentRequest> toTheEnd = requestsFor(sidecar, first.remoteLogSegmentId().id()).stream()
+                    .filter(r -> !r.hasEndPosition()).toList();
+            assertEquals(1, toTheEnd.size(), "one window reached the end: " + toTheEnd);
+            assertTrue(toTheEnd.get(0).getWantNextSegment() && isReadAhead(toTheEnd.get(0)));
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+            while (requestsFor(sidecar, next.remoteLogSegmentId().id()).isEmpty() && System.nanoTime() < deadline) {
+                Thread.sleep(5);
+            }
+            List<FetchSegmentRequest> ahead = requestsFor(sidecar, next.remoteLogSegmentId().id());
+            assertEquals(1, ahead.size(), "the next segment's first window: " + ahead);
+            assertEquals(0, ahead.get(0).getStartPosition());
+            assertEquals(MIB - 1, ahead.get(0).getEndPosition());
+            assertTrue(ahead.get(0).getAcceptHandoff() && !ahead.get(0).getWantNextSegment());
+
+            // the broker moves on to the next segment (no index call: its index cache had them)
+            int calls = sidecar.requests.size();
+            int position = brokerRead(h, next, 0, 200_000);
+            brokerRead(h, next, position - 10_000, 200_000);
+            for (FetchSegmentRequest r : from(sidecar.requests, calls)) {
+                assertTrue(isReadAhead(r) && r.getStartPosition() >= MIB, "only the window after it: " + r);
+            }
+        }
+    }
+
+    @Test
+    void aNextSegmentNamedWithOtherOffsetsThanTheBrokersIsNeverServed(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata first = segment(Uuid.randomUuid(), 0, 99);
+        RemoteLogSegmentMetadata next = segment(Uuid.randomUuid(), 100, 199);
+        // what storage holds under that id claims other offsets than the broker's metadata says
+        sidecar.nextSegment = MetadataMapper.toProto(next).toBuilder().setEndOffset(150).build();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, readAheadConfig(tmp))) {
+            readToTheEnd(h, first);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+            while (requestsFor(sidecar, next.remoteLogSegmentId().id()).isEmpty() && System.nanoTime() < deadline) {
+                Thread.sleep(5);
+            }
+            assertEquals(1, requestsFor(sidecar, next.remoteLogSegmentId().id()).size(), "read ahead as named");
+            brokerRead(h, next, 0, 200_000);
+            List<FetchSegmentRequest> asked = requestsFor(sidecar, next.remoteLogSegmentId().id());
+            assertTrue(asked.size() >= 2, "the broker's read asked for its own window: " + asked);
+            assertEquals(199, asked.get(1).getMetadata().getEndOffset(), "with the broker's metadata");
+
+            // a name for another partition, or one that does not start right after, is not read at all
+            for (SegmentMetadata wrong : new SegmentMetadata[] {
+                MetadataMapper.toProto(segment(Uuid.randomUuid(), 100, 199)).toBuilder().setPartition(5).build(),
+                MetadataMapper.toProto(segment(Uuid.randomUuid(), 101, 199)),
+            }) {
+                sidecar.nextSegment = wrong;
+                readToTheEnd(h, segment(Uuid.randomUuid(), 0, 99));
+                Thread.sleep(100); // a read-ahead, if one were started, would have been asked for by now
+                assertTrue(requestsFor(sidecar, Uuid.fromString(wrong.getSegmentId())).isEmpty(), "read: " + wrong);
             }
         }
     }
