@@ -622,27 +622,38 @@ class SegmentReader:
         except concurrent.futures.TimeoutError:
             return None
         this = SegmentIdentity.of_manifest(seg.manifest)
-        parsed = self.layout.parse(f"{base}.{fkeys.MANIFEST}") if base is not None else None
-        if base is None or parsed is None or this is None or this.end_offset is None:
+        if base is None or this is None or this.end_offset is None:
             return None
         nxt = self.open_base(base)
         follows = SegmentIdentity.of_manifest(nxt.manifest)
+        topic = _topic_of(nxt.manifest)
         if (
             follows is None
+            or topic is None
             or follows.end_offset is None
             or (follows.topic_id, follows.partition) != (this.topic_id, this.partition)
             or follows.start_offset != this.end_offset + 1
         ):
             return None
+        assert follows.topic_id is not None and follows.partition is not None
+        assert follows.segment_id is not None and follows.start_offset is not None
+        # the key must name the segment its manifest holds (open_base checks that only for keys
+        # under the configured prefix); what precedes that name is the segment's prefix
+        main = fkeys.main_path_of(
+            topic, follows.topic_id, follows.partition, follows.start_offset, follows.segment_id
+        )
+        if not base.endswith(main):
+            return None
+        prefix = base[: -len(main)]
         custom = None
-        if parsed.prefix != self.layout.partition_prefix(parsed.topic_id, parsed.partition):
-            custom = custom_metadata.encode({custom_metadata.OBJECT_PREFIX: parsed.prefix})
+        if prefix != self.layout.partition_prefix(follows.topic_id, follows.partition):
+            custom = custom_metadata.encode({custom_metadata.OBJECT_PREFIX: prefix})
         return fkeys.SegmentMetadata(
-            topic_id=parsed.topic_id,
-            topic_name=parsed.topic,
-            partition=parsed.partition,
-            segment_id=parsed.segment_id,
-            start_offset=parsed.start_offset,
+            topic_id=follows.topic_id,
+            topic_name=topic,
+            partition=follows.partition,
+            segment_id=follows.segment_id,
+            start_offset=follows.start_offset,
             end_offset=follows.end_offset,
             segment_size=nxt.manifest.original_size,
             custom_metadata=custom,
@@ -660,8 +671,7 @@ class SegmentReader:
         exactly one is stored under the same prefix (a LIST of that offset's keys); None
         otherwise."""
         found = SegmentIdentity.of_manifest(seg.manifest)
-        parsed = self.layout.parse(seg.key(fkeys.MANIFEST))
-        if found is None or found.end_offset is None or parsed is None:
+        if found is None or found.end_offset is None:
             return None
         directory = seg.base[: seg.base.rindex("/") + 1]
         suffix = f".{fkeys.MANIFEST}"
@@ -671,3 +681,12 @@ class SegmentReader:
             if o.key.endswith(suffix)
         ]
         return bases[0] if len(bases) == 1 else None
+
+
+def _topic_of(manifest: SegmentManifest) -> str | None:
+    """The topic name the manifest's segment metadata holds, if any."""
+    try:
+        topic = (manifest.segment or {})["remoteLogSegmentId"]["topicIdPartition"]["topicPartition"]["topic"]
+    except (KeyError, TypeError):
+        return None
+    return topic if isinstance(topic, str) else None

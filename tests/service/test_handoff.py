@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
+from rsm_sidecar.format import custom_metadata as cm
 from rsm_sidecar.service import handoff as handoff_module
 from tests.service.rsm_client import Client, SegmentFilesOnDisk, metadata, seg_id
 
@@ -230,3 +231,34 @@ def test_a_range_to_the_segments_end_names_the_next_segment_when_asked(unix_side
     planted.write_bytes(real.read_bytes())  # a valid manifest, of another segment
     assert not _handed_off(running, sock, md7, 0, None).HasField("next_segment")
     assert list((sock.parent / "rsm.sock.handoff").iterdir()) == []
+
+
+def test_a_next_segment_under_an_older_key_prefix_is_named_with_that_prefix(start_sidecar, tmp_path):
+    """Segments copied under an older ``storage.key_prefix``: the name of the next one carries
+    its prefix in custom metadata, as the broker's metadata of it does, so a fetch by that name
+    finds its objects under the new configuration. A key there that does not name the segment
+    its manifest holds is not named."""
+    writer = start_sidecar(encryption=True, storage__key_prefix="old/")
+    segs = []
+    for n, first in ((1, 0), (2, 100)):
+        files = SegmentFilesOnDisk(str(tmp_path / f"seg{n}"), log_size=300_000 + n)
+        md = metadata(seg_id(n), first, first + 99, size=files.log_size)
+        md.custom_metadata = writer.client.copy(files.path_request(md)).custom_metadata
+        with open(files.log_path, "rb") as f:
+            segs.append((md, f.read()))
+    (md1, data1), (md2, data2) = segs
+    files3 = SegmentFilesOnDisk(str(tmp_path / "seg3"), log_size=5000)
+    writer.client.copy(files3.path_request(metadata(seg_id(3), 200, 299, size=5000)))
+    # someone who can write the bucket moves segment 3's manifest to another segment's name
+    real = next(p for p in (tmp_path / "remote").rglob("*.rsm-manifest") if seg_id(3) in p.name)
+    real.rename(real.with_name(real.name.replace(seg_id(3), seg_id(9))))
+
+    sock = tmp_path / "run" / "rsm.sock"
+    reader = start_sidecar(encryption=True, storage__key_prefix="new/", server__listen=f"unix://{sock}")
+    hint = _handed_off(reader, sock, md1, 0, None).next_segment
+    assert hint.segment_id == seg_id(2) and hint.HasField("custom_metadata")
+    assert cm.decode(hint.custom_metadata) == {cm.OBJECT_PREFIX: "old/"}
+    assert reader.client.fetch(hint) == data2
+    # the one key at offset 200 names segment 9, its manifest holds segment 3: no name
+    md2.custom_metadata = hint.custom_metadata
+    assert not _handed_off(reader, sock, md2, 0, None).HasField("next_segment")
