@@ -1,5 +1,6 @@
 package io.github.rsmsidecar.shim;
 
+import io.github.rsmsidecar.proto.v1.SegmentMetadata;
 import java.io.InputStream;
 import java.util.ArrayDeque;
 import java.util.HashMap;
@@ -11,7 +12,6 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
-import io.github.rsmsidecar.proto.v1.SegmentMetadata;
 import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
