@@ -90,6 +90,15 @@ class SegmentManifest:
 
     # -- convenience -------------------------------------------------------------
     @property
+    def topic_name(self) -> str | None:
+        """The topic name in :attr:`segment`, if it holds one."""
+        try:
+            topic = (self.segment or {})["remoteLogSegmentId"]["topicIdPartition"]["topicPartition"]["topic"]
+        except (KeyError, TypeError):
+            return None
+        return topic if isinstance(topic, str) else None
+
+    @property
     def original_size(self) -> int:
         return self.chunk_index.original_file_size
 

@@ -626,7 +626,7 @@ class SegmentReader:
             return None
         nxt = self.open_base(base)
         follows = SegmentIdentity.of_manifest(nxt.manifest)
-        topic = _topic_of(nxt.manifest)
+        topic = nxt.manifest.topic_name
         if (
             follows is None
             or topic is None
@@ -681,12 +681,3 @@ class SegmentReader:
             if o.key.endswith(suffix)
         ]
         return bases[0] if len(bases) == 1 else None
-
-
-def _topic_of(manifest: SegmentManifest) -> str | None:
-    """The topic name the manifest's segment metadata holds, if any."""
-    try:
-        topic = (manifest.segment or {})["remoteLogSegmentId"]["topicIdPartition"]["topicPartition"]["topic"]
-    except (KeyError, TypeError):
-        return None
-    return topic if isinstance(topic, str) else None
