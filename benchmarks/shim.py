@@ -48,7 +48,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.remote_read import scrape
 from benchmarks.synthetic import batches
+from devstack.common import free_port
 from devstack.kafka import KafkaDistribution, _java_executable
 from devstack.stack import SHIM_JAR, LocalStack
 from rsm_sidecar.config import Config
@@ -227,7 +229,10 @@ def main() -> None:
     log_path, last_offset = write_segment(seg_dir, args.size_mib * MiB)
     size = log_path.stat().st_size
 
-    extra_env = dict(kv.split("=", 1) for kv in args.sidecar_env)
+    metrics_port = free_port()
+    extra_env = {"RSM__METRICS__LISTEN": f"127.0.0.1:{metrics_port}"}
+    extra_env.update(kv.split("=", 1) for kv in args.sidecar_env)
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     # path mode reads the segment (and the warm-up segment) from the work directory
     extra_env.setdefault("RSM__COPY__ALLOWED_DIRS", str(work))
     stack = LocalStack(work / "stack", sidecar_env=extra_env)
@@ -250,7 +255,9 @@ def main() -> None:
             f"storage {cfg['storage.backend']}; shim on Kafka {dist.version} jars; {os.cpu_count()} CPUs",
             flush=True,
         )
-        results = run(args, harness, stack, seg_dir, log_path, last_offset, size, chunk, prefetch, work)
+        results = run(
+            args, harness, stack, seg_dir, log_path, last_offset, size, chunk, prefetch, work, metrics_url
+        )
     finally:
         if harness is not None:
             harness.close()
@@ -286,6 +293,7 @@ def run(
     chunk: int,
     prefetch: int,
     work: Path,
+    metrics_url: str,
 ) -> dict:
     out: dict = {"copy": {"path": [], "stream": []}, "local_read": [], "file_copy": []}
     # -- copy --------------------------------------------------------------------------------
@@ -334,9 +342,11 @@ def run(
         g = pending.pop()
         start = min(g * chunk + rng.randrange(chunk), size - MiB)
         drop_from_page_cache(remote_log)
+        downloaded = scrape(metrics_url).get("downloaded", 0.0)
         cold = harness("fetch", kept, start, MiB, log_path)
         time.sleep(args.settle)  # let the prefetch the cold read started finish before the next read
         warm = harness("fetch", kept, start, MiB, log_path)
+        cold["downloaded"] = scrape(metrics_url).get("downloaded", 0.0) - downloaded
         if not (cold["verified"] and warm["verified"] and cold["bytes"] == warm["bytes"] == MiB):
             raise RuntimeError(f"fetch at {start} returned wrong bytes: {cold} {warm}")
         drop_from_page_cache(log_path)
@@ -423,6 +433,11 @@ def report(r: dict, size: int) -> None:
             f"{name:44s}{ms(pct(ttfb, 50))} {ms(pct(ttfb, 99))} {ms(pct(full, 50))} "
             f"{ms(pct(full, 99))}{ratio}"
         )
+    got = [x["downloaded"] for x in f["cold"]]
+    print(
+        f"bytes read from storage per cold read (its chunks, and any prefetch within --settle and the "
+        f"warm read): median {statistics.median(got) / MiB:.1f} MiB, max {max(got) / MiB:.1f} MiB"
+    )
     far = r["first_after_restart"]
     print(
         f"first fetchIndex of the segment after a sidecar restart (manifest load, RSA unwrap): "

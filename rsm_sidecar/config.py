@@ -442,8 +442,12 @@ CONFIG_KEYS = [
         "cache.prefetch_bytes",
         "size",
         16 * MiB,
-        "Sequential prefetch: after a fetch reads a chunk, the next chunks up to this many original bytes "
-        "are loaded into the chunk cache in the background; 0 disables. Near a segment's end the window "
+        "Sequential prefetch: after a sequential fetch reads a chunk, the next chunks up to this many "
+        "original bytes are loaded into the chunk cache in the background; 0 disables. A fetch is "
+        "sequential when it starts at the segment's start, continues one of the segment's last 16 fetches "
+        "(starts after its "
+        "first byte and at most at its end), or has served a chunk's size; a fetch at a random place "
+        "downloads only the chunks it needs. Near a segment's end the window "
         "reaches into the partition's next segment (the one starting at this one's end offset + 1, "
         "found with one LIST when exactly one is stored): its manifest, its offset, time and "
         "transaction indexes and its first chunks, so the broker's first reads of it do not wait for "

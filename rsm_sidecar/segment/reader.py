@@ -64,6 +64,10 @@ INDEXES_PREFETCHED = ("offset", "timestamp", "transaction")
 #: how long ``next_segment_metadata`` waits for a lookup of the next segment already under way
 NEXT_SEGMENT_WAIT_S = 5.0
 
+#: reads of one segment remembered to tell a sequential read from a random one (``read``): one
+#: per reader that may follow another (consumers at different places in the same segment)
+RECENT_READS = 16
+
 #: (base key, segment version, index name or chunk id)
 CacheKey = tuple[str, str, str | int]
 
@@ -76,7 +80,14 @@ class OpenSegment:
     manifest: SegmentManifest
     codec: ChunkCodec
     cost: int  # bytes accounted in the manifest cache
-    prefetched_to: int = -1  # highest chunk id scheduled for prefetch
+    #: highest chunk id the prefetch of the segment before loaded (``_prefetch_next_segment``)
+    prefetched_to: int = -1
+    #: (first byte, byte after the last one served, highest chunk id it scheduled for prefetch)
+    #: of the segment's last ``RECENT_READS`` reads: a read that starts after one's first byte and
+    #: at most at its end continues it, and its prefetch window too
+    recent_reads: collections.deque[tuple[int, int, int]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_READS)
+    )
     #: bytes of the next segment of the partition scheduled for prefetch (see ``read``)
     next_prefetched_bytes: int = 0
     #: that next segment's base key, found once (a LIST) by the first prefetch that reaches it
@@ -333,28 +344,57 @@ class SegmentReader:
     ) -> Iterator[bytes | memoryview]:
         """Original bytes [start, end] (inclusive; ``end`` is clamped to the segment).
         With ``views`` the pieces are memoryviews into cached chunks (no copy); callers
-        that keep them must not expect ``bytes``."""
+        that keep them must not expect ``bytes``.
+
+        Only a sequential read prefetches the chunks after the ones it reads (``_schedule_prefetch``):
+        one that starts at the segment's start or continues one of its recent reads (starts after
+        that read's first byte and at most at its end: the next window of a shim, or the broker's
+        next fetch, which starts at the first batch the previous one did not return whole), or
+        that has already served a chunk's size. A random read downloads only the chunks it needs."""
         index = seg.manifest.chunk_index
         chunks = index.chunks_for_range(start, end)
         end = min(end, index.original_file_size - 1)
+        # None while the read is not known to be sequential; then the highest chunk id prefetched
+        # for it (or for the read it continues)
+        prefetched = self._continues(seg, start)
+        reached = start
         i = 0
-        while i < len(chunks):
-            for data in self._chunks_from(seg, chunks, i):
-                chunk = chunks[i]
-                lo = max(start - chunk.original_position, 0)
-                hi = min(end - chunk.original_position + 1, chunk.original_size)
-                self._schedule_prefetch(seg, chunk.id)
-                piece: bytes | memoryview
-                if lo == 0 and hi == len(data):
-                    piece = data
-                else:
-                    piece = memoryview(data)[lo:hi] if views else data[lo:hi]
-                # Hold no chunk while the next one is fetched and decoded: one the cache
-                # evicted would otherwise stay in memory outside its accounting.
-                del data
-                yield piece
-                del piece
-                i += 1
+        try:
+            while i < len(chunks):
+                for data in self._chunks_from(seg, chunks, i):
+                    chunk = chunks[i]
+                    lo = max(start - chunk.original_position, 0)
+                    hi = min(end - chunk.original_position + 1, chunk.original_size)
+                    if prefetched is None and reached - start >= index.original_chunk_size:
+                        prefetched = -1
+                    if prefetched is not None:
+                        prefetched = self._schedule_prefetch(seg, chunk.id, prefetched)
+                    piece: bytes | memoryview
+                    if lo == 0 and hi == len(data):
+                        piece = data
+                    else:
+                        piece = memoryview(data)[lo:hi] if views else data[lo:hi]
+                    # Hold no chunk while the next one is fetched and decoded: one the cache
+                    # evicted would otherwise stay in memory outside its accounting.
+                    del data
+                    reached = chunk.original_position + hi
+                    yield piece
+                    del piece
+                    i += 1
+        finally:
+            if reached > start:
+                with self._prefetch_lock:
+                    seg.recent_reads.append((start, reached, -1 if prefetched is None else prefetched))
+
+    def _continues(self, seg: OpenSegment, start: int) -> int | None:
+        """For a sequential read from ``start`` (at the segment's start, or continuing one of its
+        recent reads: see ``read``) the highest chunk id already prefetched for it (-1: none);
+        None for a read at a random place."""
+        with self._prefetch_lock:
+            marks = [mark for first, after, mark in seg.recent_reads if first < start <= after]
+        if marks:
+            return max(marks)
+        return -1 if start == 0 else None
 
     def _chunks_from(self, seg: OpenSegment, chunks: list[Chunk], i: int) -> Iterator[bytes]:
         """Decoded chunks starting at ``chunks[i]``: one from the cache or from another
@@ -514,13 +554,16 @@ class SegmentReader:
         self._loading.resolve(seg.cache_key(c.id), plain)
         return plain
 
-    def _schedule_prefetch(self, seg: OpenSegment, chunk_id: int) -> None:
+    def _schedule_prefetch(self, seg: OpenSegment, chunk_id: int, scheduled: int) -> int:
+        """Prefetches the window after chunk ``chunk_id`` of a sequential read for which chunks up
+        to ``scheduled`` are already scheduled (each read keeps its own mark, so a reader behind
+        another in the same segment is read ahead too); returns the read's new mark."""
         if (
             self._prefetch is None
             or self.settings.prefetch_bytes <= 0
             or self.settings.chunk_cache_bytes <= 0
         ):
-            return
+            return scheduled
         index = seg.manifest.chunk_index
         n = max(1, self.settings.prefetch_bytes // index.original_chunk_size)
         last = min(chunk_id + n, index.chunk_count - 1)
@@ -536,12 +579,11 @@ class SegmentReader:
                 if seg.next_segment is None:
                     find_next = seg.next_segment = concurrent.futures.Future()
             next_segment = seg.next_segment
-            if last <= seg.prefetched_to:
+            if last <= scheduled:
                 todo: list[Chunk] = []
             else:
-                first = max(chunk_id + 1, seg.prefetched_to + 1)
-                seg.prefetched_to = last
-                todo = self._not_loaded(seg, first, last)
+                todo = self._not_loaded(seg, max(chunk_id + 1, scheduled + 1), last)
+                scheduled = last
         try:
             if todo:
                 self._prefetch.submit(self._prefetch_run, seg, todo)
@@ -551,6 +593,7 @@ class SegmentReader:
                 self._prefetch.submit(self._prefetch_next_segment, seg, next_segment, next_bytes)
         except RuntimeError:  # executor shut down
             pass
+        return scheduled
 
     def _not_loaded(self, seg: OpenSegment, first: int, last: int) -> list[Chunk]:
         """Chunks ``first..last`` of ``seg`` neither cached nor being loaded."""
