@@ -388,13 +388,13 @@ class SegmentReader:
 
     def _continues(self, seg: OpenSegment, start: int) -> int | None:
         """For a sequential read from ``start`` (at the segment's start, or continuing one of its
-        recent reads: see ``read``) the highest chunk id already prefetched for it (-1: none);
-        None for a read at a random place."""
+        recent reads: see ``read``) the highest chunk id already scheduled for prefetch for it
+        (-1: none); None for a read at a random place."""
         with self._prefetch_lock:
             marks = [mark for first, after, mark in seg.recent_reads if first < start <= after]
-        if marks:
-            return max(marks)
-        return -1 if start == 0 else None
+            if start == 0:  # what the segment before's prefetch already scheduled of this one
+                marks.append(seg.prefetched_to)
+        return max(marks) if marks else None
 
     def _chunks_from(self, seg: OpenSegment, chunks: list[Chunk], i: int) -> Iterator[bytes]:
         """Decoded chunks starting at ``chunks[i]``: one from the cache or from another
