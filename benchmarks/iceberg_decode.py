@@ -32,10 +32,14 @@ import io
 import json
 import os
 import random
-import subprocess
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.maven import maven_jar
+from devstack.common import default_cache_dir
 from rsm_sidecar.iceberg.decoding import framing
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
 from rsm_sidecar.iceberg.decoding.schema_registry import (
@@ -182,20 +186,11 @@ def _seed_worker_registry(fmt: str):
 
 def spark_avro_jar() -> Path:
     """``spark-avro_2.13`` from Maven Central, into the project's cache (benchmark only)."""
-    cache = Path(__file__).resolve().parent.parent / ".cache"
-    out = cache / f"spark-avro_2.13-{SPARK_VERSION_AVRO}"
-    jar = out / f"spark-avro_2.13-{SPARK_VERSION_AVRO}.jar"
-    if not jar.exists():
-        out.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                os.environ.get("MVN", "mvn"), "-q", "-B", f"-Dmaven.repo.local={cache / 'm2'}",
-                "dependency:copy", f"-Dartifact=org.apache.spark:spark-avro_2.13:{SPARK_VERSION_AVRO}",
-                f"-DoutputDirectory={out}",
-            ],
-            check=True,
-        )  # fmt: skip
-    return jar
+    return maven_jar(
+        default_cache_dir(),
+        f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION_AVRO}",
+        f"spark-avro_2.13-{SPARK_VERSION_AVRO}",
+    )
 
 
 def _best(save, n: int, repeat: int) -> float:
@@ -223,8 +218,7 @@ def run_spark(args, batch) -> None:
     jvm = args.format == "avro"
     jars = None
     if jvm:
-        cache = Path(__file__).resolve().parent.parent / ".cache"
-        jars = [*spark_jars(cache, ()), spark_avro_jar()]
+        jars = [*spark_jars(), spark_avro_jar()]
     with tempfile.TemporaryDirectory() as tmp:
         spark = spark_session(LocalCatalog(Path(tmp)), app_name="iceberg-decode-bench", jars=jars)
         try:

@@ -64,6 +64,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.maven import maven_jar
 from benchmarks.synthetic import value
 from devstack.common import default_cache_dir, free_port
 from devstack.kafka import KafkaBroker, KafkaDistribution
@@ -290,20 +291,8 @@ def measured_read(
 # -- the cases -------------------------------------------------------------------------------------
 def lts_jar(cache: Path, version: str) -> Path:
     """Kafka's ``kafka-storage`` test jar (it holds LocalTieredStorage), from Maven Central."""
-    out = cache / f"kafka-storage-{version}-test"
-    jar = out / f"kafka-storage-{version}-test.jar"
-    if not jar.exists():
-        out.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                os.environ.get("MVN", "mvn"), "-q", "-B", f"-Dmaven.repo.local={cache / 'm2'}",
-                "dependency:copy", f"-Dartifact=org.apache.kafka:kafka-storage:{version}:jar:test",
-                f"-DoutputDirectory={out}",
-            ],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
-    return jar
+    artifact = f"org.apache.kafka:kafka-storage:{version}:jar:test"
+    return maven_jar(cache, artifact, f"kafka-storage-{version}-test")
 
 
 def jfr_options(args: argparse.Namespace, case: str) -> list[str]:
