@@ -271,32 +271,38 @@ class ProtoSide(Side):
             key = (sid, (0,))
             if (self._ids[key] if key in self._ids else self._check_id(sid, (0,))) is not None:
                 return None
-        payloads = pc.binary_slice(col, 6, 2**31 - 1).to_pylist()
-        default = self.decoder.default_message
-        parse = self.decoder.cls.FromString
-        try:
-            if col.null_count:
-                msgs = [default if p is None else parse(p) for p in payloads]
-            else:
-                msgs = list(map(parse, payloads))
-            children, lossy = self.decoder.children_lossy(msgs)
-        except Exception:  # DecodeError, or a value Arrow rejects: isolate rows in decode()
+        decoded = self._decode_all(col, 6)
+        if decoded is None:
             return None
+        children, lossy = decoded
         prefixes = pc.binary_slice(col, 0, 6)
         return children, prefixes, pa.nulls(len(col), pa.string()), lossy
 
-    def _decode_unframed(self, col: pa.Array):
-        parse = self.decoder.cls.FromString
+    def _decode_all(self, col: pa.Array, skip: int):
+        """``(children, lossy)`` of every value of the binary column ``col`` after its first
+        ``skip`` bytes (null: the default message): read columnar from the bytes when the schema
+        and batch allow it (:mod:`.proto_columnar`), else parsed with upb; None when a payload
+        does not parse."""
+        decoded = self.decoder.decode_columnar(col, skip)
+        if decoded is not None:
+            return decoded
+        payloads = (pc.binary_slice(col, skip, 2**31 - 1) if skip else col).to_pylist()
         default = self.decoder.default_message
-        payloads = col.to_pylist()
+        parse = self.decoder.cls.FromString
         try:
             if col.null_count:
                 msgs = [default if p is None else parse(p) for p in payloads]
             else:
                 msgs = list(map(parse, payloads))
-            children, lossy = self.decoder.children_lossy(msgs)
+            return self.decoder.children_lossy(msgs)
         except Exception:  # DecodeError, or a value Arrow rejects: isolate rows in decode()
             return None
+
+    def _decode_unframed(self, col: pa.Array):
+        decoded = self._decode_all(col, 0)
+        if decoded is None:
+            return None
+        children, lossy = decoded
         n = len(col)
         return children, pa.nulls(n, pa.binary()), pa.nulls(n, pa.string()), lossy
 

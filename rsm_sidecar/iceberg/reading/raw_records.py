@@ -39,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from rsm_sidecar.iceberg.columnar_bytes import PAD, Malformed, gather, varint
 from rsm_sidecar.kafka import AbortedTxn, ReadCommittedFilter, RecordBatch, TimestampType
 from rsm_sidecar.kafka.records import parse_records
 
@@ -92,9 +93,7 @@ def raw_batch(records: Iterable[KafkaRecord | tuple]) -> pa.RecordBatch:
 
 DEFAULT_MAX_RECORDS = 10_000
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-_PAD = b"\x00" * 16  # varint reads past a corrupt record stay inside the buffer
 _HEADER_STRUCT = HEADER_TYPE.value_type
-_ARANGE12 = np.arange(12, dtype=np.int64)
 
 
 @dataclasses.dataclass
@@ -103,67 +102,6 @@ class WindowStats:
     batches: int = 0  # data batches emitted (at least one row)
     skipped_batches: int = 0  # control + aborted batches in range
     aborted_records: int = 0
-
-
-class _Fallback(Exception):
-    """The fast path cannot decode this window; re-parse it with the library parser."""
-
-
-def _varint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Zig-zag varints at ``pos`` (vectorised) -> (values int64, encoded lengths)."""
-    b = buf[pos].astype(np.uint64)
-    val = b & np.uint64(0x7F)
-    cont = b >= 0x80
-    length = np.ones(len(pos), np.int64)
-    k = 1
-    while cont.any():
-        if k >= max_bytes:
-            raise _Fallback("varint too long")
-        b = buf[pos + k].astype(np.uint64)
-        val |= np.where(cont, (b & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
-        length += cont
-        cont &= b >= 0x80
-        k += 1
-    signed = (val >> np.uint64(1)).view(np.int64) ^ -(val & np.uint64(1)).view(np.int64)
-    return signed, length
-
-
-def _gather(
-    buf: np.ndarray, buf_bytes: bytes, starts: np.ndarray, lengths: np.ndarray, typ: pa.DataType
-) -> pa.Array:
-    """A binary/string array of ``buf[start:start+len]`` slices (negative length: null).
-
-    Built as an Arrow ``binary_view`` array whose 16-byte views point into ``buf_bytes``
-    (values of at most 12 bytes are inlined in the view), then cast to ``binary``: Arrow
-    copies the bytes in C++, about 7x faster than gathering them with numpy.
-    """
-    n = len(starts)
-    valid = lengths >= 0
-    lens = np.where(valid, lengths, 0).astype(np.int32)
-    views = np.zeros((n, 16), np.uint8)
-    words = views.view(np.int32)  # (n, 4): length, prefix / inline, buffer index, offset
-    words[:, 0] = lens
-    inline = lens <= 12
-    ri = np.nonzero(inline)[0]
-    if len(ri):
-        idx = starts[ri, None] + _ARANGE12
-        np.minimum(idx, len(buf) - 1, out=idx)
-        b = buf[idx]
-        b[_ARANGE12[None, :] >= lens[ri, None]] = 0
-        views[ri, 4:16] = b
-    ro = np.nonzero(~inline)[0]
-    if len(ro):
-        views[ro, 4:8] = buf[starts[ro, None] + _ARANGE12[:4]]
-        words[ro, 3] = starts[ro]
-    null_count = n - int(valid.sum())
-    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if null_count else None
-    arr = pa.Array.from_buffers(
-        pa.binary_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(buf_bytes)], null_count
-    )
-    arr = arr.cast(pa.binary())
-    if typ == pa.string():
-        arr = arr.cast(pa.string())  # validates UTF-8; raises ArrowInvalid otherwise
-    return arr
 
 
 class _Window:
@@ -262,12 +200,12 @@ class SegmentRowReader:
             return None
         try:
             cols = self._fast(w)
-        except (_Fallback, pa.ArrowInvalid, IndexError):
+        except (Malformed, pa.ArrowInvalid, IndexError):
             cols = self._slow(w)
         return self._finish(w, *cols)
 
     def _fast(self, w: _Window):
-        buf_bytes = b"".join(w.sections) + _PAD
+        buf_bytes = b"".join(w.sections) + b"\x00" * PAD
         buf = np.frombuffer(buf_bytes, np.uint8)
         starts: list[int] = []
         ends: list[int] = []
@@ -278,40 +216,40 @@ class SegmentRowReader:
             before = len(starts)
             pos = _record_bounds(buf_bytes, pos, end, h.record_count, starts, ends)
             if pos != end or len(starts) - before != h.record_count:
-                raise _Fallback("record lengths do not add up")
+                raise Malformed("record lengths do not add up")
             sec_counts.append(h.record_count)
         S = np.array(starts, np.int64)
         E = np.array(ends, np.int64)
         counts = np.array(sec_counts, np.int64)
         p = S + 1  # attributes (int8), unused
-        ts_delta, n = _varint(buf, p, 10)
+        ts_delta, n = varint(buf, p, 10)
         p += n
-        off_delta, n = _varint(buf, p, 5)
+        off_delta, n = varint(buf, p, 5)
         p += n
-        klen, n = _varint(buf, p, 5)
+        klen, n = varint(buf, p, 5)
         p += n
         kstart = p.copy()
         p += np.maximum(klen, 0)
-        vlen, n = _varint(buf, p, 5)
+        vlen, n = varint(buf, p, 5)
         p += n
         vstart = p.copy()
         p += np.maximum(vlen, 0)
         if (p > E).any():
-            raise _Fallback("key/value past the record")
-        hcount, n = _varint(buf, p, 5)
+            raise Malformed("key/value past the record")
+        hcount, n = varint(buf, p, 5)
         p += n
         if (hcount < 0).any():
-            raise _Fallback("negative header count")
+            raise Malformed("negative header count")
         headers = self._headers(buf, buf_bytes, p, E, hcount)
         if not np.array_equal(p, E):
-            raise _Fallback("record fields do not add up")
+            raise Malformed("record fields do not add up")
         last_delta = np.array([h.last_offset_delta for h in w.headers], np.int64)
         if ((off_delta < 0) | (off_delta > np.repeat(last_delta, counts))).any():
-            raise _Fallback("offset delta outside the batch")
+            raise Malformed("offset delta outside the batch")
         base_off = np.repeat(np.array([h.base_offset for h in w.headers], np.int64), counts)
         base_ts = np.repeat(np.array([h.base_timestamp for h in w.headers], np.int64), counts)
-        keys = _gather(buf, buf_bytes, kstart, klen, pa.binary())
-        values = _gather(buf, buf_bytes, vstart, vlen, pa.binary())
+        keys = gather(buf, buf_bytes, kstart, klen, pa.binary())
+        values = gather(buf, buf_bytes, vstart, vlen, pa.binary())
         return base_off + off_delta, base_off, base_ts + ts_delta, counts, keys, values, headers
 
     def _headers(self, buf, buf_bytes, p, E, hcount) -> pa.Array:
@@ -331,21 +269,21 @@ class SegmentRowReader:
             rows = np.nonzero(hcount > j)[0]
             q = p[rows]
             flat = offsets[rows] + j
-            length, nb = _varint(buf, q, 5)
+            length, nb = varint(buf, q, 5)
             q = q + nb
             if (length < 0).any():
-                raise _Fallback("negative header key length")
+                raise Malformed("negative header key length")
             ks[flat], kl[flat] = q, length
             q = q + length
-            length, nb = _varint(buf, q, 5)
+            length, nb = varint(buf, q, 5)
             q = q + nb
             vs[flat], vl[flat] = q, length
             q = q + np.maximum(length, 0)
             if (q > E[rows]).any():
-                raise _Fallback("header past the record")
+                raise Malformed("header past the record")
             p[rows] = q
-        hkeys = _gather(buf, buf_bytes, ks, kl, pa.string())
-        hvals = _gather(buf, buf_bytes, vs, vl, pa.binary())
+        hkeys = gather(buf, buf_bytes, ks, kl, pa.string())
+        hvals = gather(buf, buf_bytes, vs, vl, pa.binary())
         struct = pa.StructArray.from_arrays([hkeys, hvals], fields=list(_HEADER_STRUCT))
         return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), struct, type=HEADER_TYPE)
 

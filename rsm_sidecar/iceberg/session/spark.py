@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
     from rsm_sidecar.iceberg.settings import JobSettings
 
+#: How long opening the embedded catalog waits for a lock another writer holds (seconds).
+LOCK_WAIT_S = 30.0
 DEFAULT_CATALOG_NAME = "rsm"
 
 
@@ -65,7 +67,9 @@ class LocalCatalog:
         """Create the directories and the SQLite file in WAL mode (idempotent)."""
         self.warehouse.mkdir(parents=True, exist_ok=True)
         self.db_file.parent.mkdir(parents=True, exist_ok=True)
-        con = sqlite3.connect(self.db_file)
+        # a writer (a follower's commit) may hold the file for a moment: wait for it, as
+        # SQLAlchemy's and Spark's JDBC connections do, instead of failing after sqlite's 5 s
+        con = sqlite3.connect(self.db_file, timeout=LOCK_WAIT_S)
         try:
             mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":

@@ -1,0 +1,102 @@
+"""Vectorised reads of many values at once from one byte buffer (numpy), for the columnar
+parsers of the convert job: Kafka records (:mod:`~rsm_sidecar.iceberg.reading.raw_records`) and
+Protobuf messages (:mod:`~rsm_sidecar.iceberg.decoding.proto_columnar`).
+
+A buffer is a ``uint8`` numpy array whose last :data:`PAD` bytes are zeros, so that a read of a
+varint or fixed-size value that runs past a corrupt value stays inside it; callers check the
+positions they get back against their own bounds. Anything these readers cannot decode raises
+:class:`Malformed`, and the caller re-parses with its library parser (which raises the precise
+error, or decodes what the fast path refused).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+#: Zero bytes at the end of every buffer (longest varint: 10 bytes).
+PAD = 16
+_ARANGE12 = np.arange(12, dtype=np.int64)
+_U7F = np.uint64(0x7F)
+
+
+class Malformed(Exception):
+    """The fast path cannot decode these bytes; re-parse them with the library parser."""
+
+
+def uvarint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unsigned base-128 varints at ``pos`` -> (values as uint64, encoded lengths).
+
+    Raises :class:`Malformed` for a varint longer than ``max_bytes`` bytes, or a 10-byte one whose
+    last byte carries more than the 64th bit."""
+    b = buf[pos].astype(np.uint64)
+    val = b & _U7F
+    cont = b >= 0x80
+    length = np.ones(len(pos), np.int64)
+    k = 1
+    while cont.any():
+        if k >= max_bytes:
+            raise Malformed("varint too long")
+        b = buf[pos + k].astype(np.uint64)
+        if k == 9 and (cont & (b > 1)).any():
+            raise Malformed("varint above 64 bits")
+        val |= np.where(cont, (b & _U7F) << np.uint64(7 * k), np.uint64(0))
+        length += cont
+        cont &= b >= 0x80
+        k += 1
+    return val, length
+
+
+def zigzag(val: np.ndarray) -> np.ndarray:
+    """Zig-zag decoded int64 of uint64 values."""
+    return (val >> np.uint64(1)).view(np.int64) ^ -(val & np.uint64(1)).view(np.int64)
+
+
+def varint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zig-zag varints at ``pos`` (Kafka's encoding) -> (values int64, encoded lengths)."""
+    val, length = uvarint(buf, pos, max_bytes)
+    return zigzag(val), length
+
+
+def fixed(buf: np.ndarray, pos: np.ndarray, size: int) -> np.ndarray:
+    """Little-endian ``size``-byte (4 or 8) values at ``pos`` as uint32/uint64."""
+    dtype = np.dtype("<u4") if size == 4 else np.dtype("<u8")
+    raw = buf[pos[:, None] + _ARANGE12[:size]]
+    return np.ascontiguousarray(raw).view(dtype).reshape(len(pos)).astype(dtype.newbyteorder("="))
+
+
+def gather(buf: np.ndarray, buf_bytes, starts: np.ndarray, lengths: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """A binary/string array of ``buf[start:start+len]`` slices (negative length: null).
+
+    Built as an Arrow ``binary_view`` array whose 16-byte views point into ``buf_bytes`` (the
+    object holding ``buf``; values of at most 12 bytes are inlined in the view), then cast to
+    ``binary``: Arrow copies the bytes in C++, about 7x faster than gathering them with numpy.
+    A ``string`` result is validated as UTF-8 (``pa.ArrowInvalid`` otherwise).
+    """
+    n = len(starts)
+    valid = lengths >= 0
+    lens = np.where(valid, lengths, 0).astype(np.int32)
+    views = np.zeros((n, 16), np.uint8)
+    words = views.view(np.int32)  # (n, 4): length, prefix / inline, buffer index, offset
+    words[:, 0] = lens
+    inline = lens <= 12
+    ri = np.nonzero(inline)[0]
+    if len(ri):
+        idx = starts[ri, None] + _ARANGE12
+        np.minimum(idx, len(buf) - 1, out=idx)
+        b = buf[idx]
+        b[_ARANGE12[None, :] >= lens[ri, None]] = 0
+        views[ri, 4:16] = b
+    ro = np.nonzero(~inline)[0]
+    if len(ro):
+        views[ro, 4:8] = buf[starts[ro, None] + _ARANGE12[:4]]
+        words[ro, 3] = starts[ro]
+    null_count = n - int(valid.sum())
+    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if null_count else None
+    arr = pa.Array.from_buffers(
+        pa.binary_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(buf_bytes)], null_count
+    )
+    arr = arr.cast(pa.binary())
+    if typ == pa.string():
+        arr = arr.cast(pa.string())  # validates UTF-8; raises ArrowInvalid otherwise
+    return arr

@@ -1,0 +1,445 @@
+"""A columnar Protobuf decoder: a whole batch of messages parsed from the wire format with numpy.
+
+:class:`~rsm_sidecar.iceberg.decoding.proto_mapping.ProtoDecoder` parses each payload with upb
+and pulls every column out of the parsed messages; about 55 % of that time is upb creating and
+freeing Python objects (docs/iceberg.md "Performance"). This module reads the same columns
+straight from the bytes of all payloads at once: a loop over the *n*-th field of every message
+(not over messages), then one vectorised pass per column. It gives exactly the Arrow arrays and
+loss flags the upb path gives, or refuses, and the caller then runs the upb path on the batch:
+
+* at build time (:func:`plan_for` returns None), for a schema with a map, a group, a wrapper or
+  ``Struct``/``Value`` well-known type, a recursion point, or a ``required`` field;
+* per batch (:func:`decode` returns None), for bytes that the upb path would treat in a way this
+  decoder does not reproduce: an unknown field number (upb keeps it for ``__unrecognized__``),
+  a wire type that does not match the field, a message-typed field given twice (upb merges the
+  two), two members of one ``oneof``, an enum number the enum does not name, a repeated scalar
+  both packed and unpacked, a string that is not UTF-8, or anything malformed (upb then raises
+  its own error, which the caller turns into ``__err__``).
+
+What it reproduces: last value wins for a scalar given twice; proto3 fields without presence
+read as their default when absent, fields with presence as null; ``int32``/``uint32`` keep the
+low 32 bits of the varint and ``uint32``/``uint64``/``fixed*`` wrap into the signed column (or
+``uint32`` into ``long`` with ``uint32_as_long``); ``sint*`` zig-zag; a ``bool`` is any non-zero
+varint; packed repeated scalars; ``Timestamp``/``Duration`` to micro-seconds with the sub-µs
+loss flag. Memory: the batch's payload bytes once (plus :data:`PAD`), and per field position a
+handful of int64 arrays the length of the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from google.protobuf.descriptor import FieldDescriptor
+
+from rsm_sidecar.iceberg.columnar_bytes import PAD, Malformed, fixed, gather, uvarint, zigzag
+
+_T = FieldDescriptor
+_WIRE = {
+    **dict.fromkeys(
+        (_T.TYPE_INT32, _T.TYPE_INT64, _T.TYPE_UINT32, _T.TYPE_UINT64, _T.TYPE_SINT32, _T.TYPE_SINT64),
+        0,
+    ),
+    _T.TYPE_BOOL: 0,
+    _T.TYPE_ENUM: 0,
+    _T.TYPE_FIXED64: 1,
+    _T.TYPE_SFIXED64: 1,
+    _T.TYPE_DOUBLE: 1,
+    _T.TYPE_FIXED32: 5,
+    _T.TYPE_SFIXED32: 5,
+    _T.TYPE_FLOAT: 5,
+    _T.TYPE_STRING: 2,
+    _T.TYPE_BYTES: 2,
+    _T.TYPE_MESSAGE: 2,
+}
+_SIZE = {1: 8, 5: 4}
+_U32 = np.uint64(0xFFFFFFFF)
+
+
+@dataclass
+class _Field:
+    number: int
+    kind: str  # "scalar" | "enum" | "message" | "time"
+    type: int  # FieldDescriptor.TYPE_*
+    wire: int
+    repeated: bool
+    presence: bool
+    arrow: pa.DataType  # the column's type (a list type when repeated)
+    elem_arrow: pa.DataType  # the element's type
+    wide_uint32: bool = False  # uint32/fixed32 -> long
+    duration: bool = False
+    message: _Plan | None = None
+    enum_numbers: np.ndarray | None = None
+    enum_names: pa.Array | None = None
+
+
+@dataclass
+class _Plan:
+    """How to read one message type's columns (its fields in column order)."""
+
+    fields: list[_Field]
+    arrow_fields: list[pa.Field]
+    oneofs: list[list[int]] = field(default_factory=list)  # field numbers of each real oneof
+
+    def __post_init__(self) -> None:
+        self.by_number = {f.number: f for f in self.fields}
+        self.numbers = np.array(sorted(self.by_number), np.int64)
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def plan_for(message_conv: Any, options: Any) -> _Plan | None:
+    """The plan of a ``proto_mapping._Message`` converter, or None when its schema has something
+    this decoder leaves to upb (see the module docstring)."""
+    from rsm_sidecar.iceberg.decoding import proto_mapping as pm
+
+    def elem(fd, conv) -> _Field | None:
+        common = dict(number=fd.number, type=fd.type, repeated=fd.is_repeated, arrow=None)
+        if isinstance(conv, pm._Scalar):
+            if fd.type not in _WIRE:
+                return None
+            wide = fd.type in (_T.TYPE_UINT32, _T.TYPE_FIXED32) and options.uint32_as_long
+            return _Field(kind="scalar", wire=_WIRE[fd.type], presence=False, elem_arrow=conv.arrow,
+                          wide_uint32=wide, **common)  # fmt: skip
+        if isinstance(conv, pm._Enum):
+            items = sorted(conv.names.items())
+            return _Field(kind="enum", wire=0, presence=False, elem_arrow=pa.string(),
+                          enum_numbers=np.array([k for k, _ in items], np.int64),
+                          enum_names=pa.array([v for _, v in items], pa.string()), **common)  # fmt: skip
+        if isinstance(conv, (pm._Timestamp, pm._Duration)):
+            return _Field(kind="time", wire=2, presence=False, elem_arrow=conv.arrow,
+                          duration=isinstance(conv, pm._Duration), **common)  # fmt: skip
+        if isinstance(conv, pm._Message) and fd.type == _T.TYPE_MESSAGE:
+            sub = build(conv)
+            if sub is None:
+                return None
+            return _Field(kind="message", wire=2, presence=False, elem_arrow=conv.arrow, message=sub,
+                          **common)  # fmt: skip
+        return None  # maps, groups, wrappers, JSON well-known types, recursion points
+
+    def build(conv) -> _Plan | None:
+        fields = []
+        for fd, f in zip(conv.desc.fields, conv.fields, strict=True):
+            if fd.is_required:
+                return None
+            inner = f.conv.elem if isinstance(f.conv, pm._List) else f.conv
+            if isinstance(f.conv, pm._Map) or (fd.is_repeated and not isinstance(f.conv, pm._List)):
+                return None
+            out = elem(fd, inner)
+            if out is None:
+                return None
+            out.arrow, out.presence = f.conv.arrow, f.has_presence
+            fields.append(out)
+        oneofs = [[fd.number for fd in o.fields] for o in conv.desc.oneofs if len(o.fields) > 1]
+        return _Plan(fields, conv.arrow_fields, oneofs)
+
+    return build(message_conv)
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+@dataclass
+class _Tokens:
+    """Every field occurrence of a set of messages, in field-position order (all first fields,
+    then all second fields...): so for one message, a later occurrence comes later."""
+
+    msg: np.ndarray  # index of the message (into the starts/ends decoded)
+    field: np.ndarray
+    wire: np.ndarray
+    value: np.ndarray  # uint64: varint or fixed value
+    start: np.ndarray  # length-delimited: where the bytes start
+    length: np.ndarray
+
+
+def _tokenize(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> _Tokens:
+    # every field takes at least 2 bytes (tag, value): the token arrays' capacity
+    cap = int((ends - starts).sum()) // 2 + 1
+    i64 = np.int64
+    out = _Tokens(np.empty(cap, i64), np.empty(cap, i64), np.empty(cap, i64), np.empty(cap, np.uint64),
+                  np.zeros(cap, i64), np.zeros(cap, i64))  # fmt: skip
+    used = 0
+    pos = starts.copy()
+    idx = np.nonzero(starts < ends)[0]
+    while len(idx):
+        k = len(idx)
+        at = slice(used, used + k)
+        used += k
+        p = pos[idx]
+        end = ends[idx]
+        tag, n = uvarint(buf, p, 5)
+        p += n
+        if (tag >= np.uint64(1 << 32)).any() or (tag < np.uint64(8)).any():
+            raise Malformed("field number out of range")
+        wire = (tag & np.uint64(7)).astype(np.int64)
+        out.msg[at], out.field[at], out.wire[at] = idx, tag >> np.uint64(3), wire
+        value, start, length = out.value[at], out.start[at], out.length[at]
+        after = np.empty(k, np.int64)
+        kinds = np.flatnonzero(np.bincount(wire, minlength=8)).tolist()
+        for wt in kinds:
+            m = wire == wt if len(kinds) > 1 else slice(None)
+            q = p[m]
+            if wt == 0:
+                v, n = uvarint(buf, q, 10)
+                value[m], after[m] = v, q + n
+            elif wt in (1, 5):
+                value[m], after[m] = fixed(buf, q, _SIZE[wt]), q + _SIZE[wt]
+            elif wt == 2:
+                v, n = uvarint(buf, q, 5)
+                if (v >= np.uint64(1 << 31)).any():
+                    raise Malformed("length out of range")
+                s = q + n
+                start[m], length[m] = s, v
+                after[m] = s + v.astype(np.int64)
+            else:  # groups (3, 4) and invalid wire types: left to upb
+                raise Malformed(f"wire type {wt}")
+        if (after > end).any():
+            raise Malformed("field runs past its message")
+        pos[idx] = after
+        idx = idx[after < end]
+    return _Tokens(out.msg[:used], out.field[:used], out.wire[:used], out.value[:used],
+                   out.start[:used], out.length[:used])  # fmt: skip
+
+
+@dataclass
+class _Context:
+    buf: np.ndarray
+    holder: Any  # the object owning buf's memory (for Arrow views into it)
+
+
+def _typed(f: _Field, v: np.ndarray) -> np.ndarray:
+    """Wire values (uint64) -> the column's numpy values."""
+    t = f.type
+    if t in (_T.TYPE_INT64, _T.TYPE_UINT64, _T.TYPE_FIXED64, _T.TYPE_SFIXED64):
+        return v.view(np.int64)
+    if t in (_T.TYPE_INT32, _T.TYPE_SFIXED32, _T.TYPE_ENUM):
+        return (v & _U32).astype(np.uint32).view(np.int32)
+    if t in (_T.TYPE_UINT32, _T.TYPE_FIXED32):
+        u = (v & _U32).astype(np.uint32)
+        return u.astype(np.int64) if f.wide_uint32 else u.view(np.int32)
+    if t == _T.TYPE_SINT64:
+        return zigzag(v)
+    if t == _T.TYPE_SINT32:
+        return zigzag(v & _U32).astype(np.int32)
+    if t == _T.TYPE_BOOL:
+        return v != 0
+    if t == _T.TYPE_DOUBLE:
+        return v.view(np.float64)
+    if t == _T.TYPE_FLOAT:
+        return (v & _U32).astype(np.uint32).view(np.float32)
+    raise Malformed(f"type {t}")  # pragma: no cover - plans hold no other scalar
+
+
+def _enum_index(f: _Field, numbers: np.ndarray) -> np.ndarray:
+    known = f.enum_numbers
+    assert known is not None
+    if len(known) == 0:
+        raise Malformed("empty enum")
+    i = np.minimum(np.searchsorted(known, numbers), len(known) - 1)
+    if (known[i] != numbers).any():
+        raise Malformed("enum number the enum does not name")  # upb: name or unknown field
+    return i
+
+
+def _values(f: _Field, ctx: _Context, tok: _Tokens, t: np.ndarray) -> pa.Array:
+    """The Arrow values of the field occurrences ``t`` (one per occurrence)."""
+    if f.type in (_T.TYPE_STRING, _T.TYPE_BYTES):
+        return gather(ctx.buf, ctx.holder, tok.start[t], tok.length[t], f.elem_arrow)
+    typed = _typed(f, tok.value[t])
+    if f.kind == "enum":
+        assert f.enum_names is not None
+        return f.enum_names.take(pa.array(_enum_index(f, typed.astype(np.int64))))
+    return pa.array(typed, f.elem_arrow)
+
+
+def _unpack(f: _Field, ctx: _Context, tok: _Tokens, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Packed occurrences ``t`` of a repeated scalar -> (owning token per element, uint64 values)."""
+    starts, lengths = tok.start[t], tok.length[t]
+    total = int(lengths.sum())
+    owner_of_byte = np.repeat(np.arange(len(t)), lengths)
+    first_byte = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    if f.wire in _SIZE:
+        size = _SIZE[f.wire]
+        if (lengths % size).any():
+            raise Malformed("packed fixed values of a broken length")
+        counts = lengths // size
+        owner = np.repeat(np.arange(len(t)), counts)
+        k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        return owner, fixed(ctx.buf, starts[owner] + k * size, size)
+    pos = np.repeat(starts - first_byte, lengths) + np.arange(total)
+    last = ctx.buf[pos] < 0x80  # the last byte of each varint
+    nonempty = lengths > 0
+    if not last[(first_byte + lengths - 1)[nonempty]].all():
+        raise Malformed("packed varints cut short")
+    elem_end = pos[last]
+    owner = owner_of_byte[last]
+    elem_start = np.empty_like(elem_end)
+    if len(elem_end):
+        elem_start[0] = starts[owner[0]]
+        elem_start[1:] = elem_end[:-1] + 1
+        first = np.ones(len(owner), bool)
+        first[1:] = owner[1:] != owner[:-1]
+        elem_start[first] = starts[owner[first]]
+    values, n = uvarint(ctx.buf, elem_start, 10)
+    if not np.array_equal(elem_start + n - 1, elem_end):
+        raise Malformed("packed varint")
+    return owner, values
+
+
+def _times(f: _Field, ctx: _Context, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Timestamps/Durations at the given spans -> (µs, whether µs cut their nanos)."""
+    tok = _tokenize(ctx.buf, starts, ends)
+    if len(tok.field) and (((tok.field != 1) & (tok.field != 2)).any() or (tok.wire != 0).any()):
+        raise Malformed("unknown field in a Timestamp/Duration")
+    n = len(starts)
+    secs = np.zeros(n, np.int64)
+    nanos = np.zeros(n, np.int64)
+    one, two = tok.field == 1, tok.field == 2  # later occurrences assign later: last one wins
+    secs[tok.msg[one]] = tok.value[one].view(np.int64)
+    nanos[tok.msg[two]] = (tok.value[two] & _U32).astype(np.uint32).view(np.int32)
+    q = np.where(nanos < 0, -(-nanos // 1000), nanos // 1000)
+    return secs * 1_000_000 + q, q * 1000 != nanos
+
+
+def _column(
+    f: _Field, ctx: _Context, tok: _Tokens, t: np.ndarray, n: int, lossy: np.ndarray
+) -> tuple[pa.Array, np.ndarray]:
+    """One field's column for ``n`` messages from its occurrences ``t``; ORs the rows that lose
+    data into ``lossy``; returns the column and which messages have the field."""
+    msgs = tok.msg[t]
+    counts = np.bincount(msgs, minlength=n)
+    present = counts > 0
+    if f.repeated:
+        return _repeated(f, ctx, tok, t, msgs, counts, lossy), present
+    if (tok.wire[t] != f.wire).any():
+        raise Malformed("wire type does not match the field")
+    if len(t) and counts.max() > 1:
+        if f.kind in ("message", "time"):
+            raise Malformed("message field given twice (upb merges them)")
+        rev = t[::-1]
+        _, first = np.unique(msgs[::-1], return_index=True)
+        t = rev[first]  # the last occurrence of each message
+        msgs = tok.msg[t]
+    absent = None if present.all() else pa.array(~present)
+    if f.kind in ("message", "time"):
+        order = np.argsort(msgs)
+        t, msgs = t[order], msgs[order]
+        starts, ends = tok.start[t], tok.start[t] + tok.length[t]
+        if f.kind == "time":
+            us, cut = _times(f, ctx, starts, ends)
+            lossy[msgs] |= cut
+            col = np.zeros(n, np.int64)
+            col[msgs] = us
+            arr = pa.array(col, pa.int64(), mask=None if absent is None else ~present)
+            return arr.cast(f.elem_arrow), present
+        assert f.message is not None
+        sub_lossy = np.zeros(len(t), bool)
+        children = _message(f.message, ctx, starts, ends, sub_lossy)
+        lossy[msgs] |= sub_lossy
+        if absent is not None:
+            where = np.full(n, -1, np.int64)
+            where[msgs] = np.arange(len(t))
+            take = pa.array(where, mask=where < 0)
+            children = [c.take(take) for c in children]
+        return pa.StructArray.from_arrays(children, fields=f.message.arrow_fields, mask=absent), present
+    if f.type in (_T.TYPE_STRING, _T.TYPE_BYTES):
+        starts = np.zeros(n, np.int64)
+        lengths = np.full(n, -1 if f.presence else 0, np.int64)
+        starts[msgs], lengths[msgs] = tok.start[t], tok.length[t]
+        return gather(ctx.buf, ctx.holder, starts, lengths, f.elem_arrow), present
+    typed = _typed(f, tok.value[t])
+    mask = ~present if (f.presence and absent is not None) else None
+    if f.kind == "enum":
+        assert f.enum_names is not None and f.enum_numbers is not None
+        idx = np.zeros(n, np.int64)
+        if absent is not None and not f.presence:
+            idx[:] = _enum_index(f, np.zeros(1, np.int64))[0]  # the default: number 0
+        idx[msgs] = _enum_index(f, typed.astype(np.int64))
+        return f.enum_names.take(pa.array(idx, mask=mask)), present
+    col = np.zeros(n, typed.dtype)
+    col[msgs] = typed
+    return pa.array(col, f.elem_arrow, mask=mask), present
+
+
+def _repeated(f, ctx, tok, t, msgs, counts, lossy) -> pa.Array:
+    order = np.argsort(msgs, kind="stable")  # by message, each message's occurrences in order
+    t, msgs = t[order], msgs[order]
+    offsets = np.zeros(len(counts) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    wires = tok.wire[t]
+    if f.kind in ("scalar", "enum") and f.wire != 2 and (wires == 2).any():
+        if not (wires == 2).all():
+            raise Malformed("repeated field both packed and not")
+        owner, raw = _unpack(f, ctx, tok, t)
+        per_msg = np.bincount(msgs[owner], minlength=len(counts))
+        np.cumsum(per_msg, out=offsets[1:])
+        typed = _typed(f, raw)
+        if f.kind == "enum":
+            assert f.enum_names is not None
+            values = f.enum_names.take(pa.array(_enum_index(f, typed.astype(np.int64))))
+        else:
+            values = pa.array(typed, f.elem_arrow)
+        return pa.ListArray.from_arrays(pa.array(offsets), values, type=f.arrow)
+    if (wires != f.wire).any():
+        raise Malformed("wire type does not match the field")
+    if f.kind == "time":
+        us, cut = _times(f, ctx, tok.start[t], tok.start[t] + tok.length[t])
+        np.logical_or.at(lossy, msgs, cut)
+        values = pa.array(us, pa.int64()).cast(f.elem_arrow)
+    elif f.kind == "message":
+        assert f.message is not None
+        sub_lossy = np.zeros(len(t), bool)
+        children = _message(f.message, ctx, tok.start[t], tok.start[t] + tok.length[t], sub_lossy)
+        np.logical_or.at(lossy, msgs, sub_lossy)
+        values = pa.StructArray.from_arrays(children, fields=f.message.arrow_fields)
+    else:
+        values = _values(f, ctx, tok, t)
+    return pa.ListArray.from_arrays(pa.array(offsets), values, type=f.arrow)
+
+
+def _message(plan: _Plan, ctx: _Context, starts: np.ndarray, ends: np.ndarray, lossy: np.ndarray) -> list:
+    """The columns (fields, then ``__unrecognized__``: null) of the messages at the spans."""
+    n = len(starts)
+    tok = _tokenize(ctx.buf, starts, ends)
+    order = np.argsort(tok.field, kind="stable")  # by field; each field's occurrences in order
+    fields = tok.field[order]
+    numbers, first = np.unique(fields, return_index=True)
+    if len(numbers) and not np.isin(numbers, plan.numbers).all():
+        raise Malformed("unknown field (upb keeps it for __unrecognized__)")
+    bounds = dict(zip(numbers.tolist(), zip(first.tolist(), [*first[1:].tolist(), len(fields)])))
+    empty = np.zeros(0, np.int64)
+    columns = []
+    presence = {}
+    for f in plan.fields:
+        lo, hi = bounds.get(f.number, (0, 0))
+        col, present = _column(f, ctx, tok, order[lo:hi] if hi > lo else empty, n, lossy)
+        columns.append(col)
+        presence[f.number] = present
+    for members in plan.oneofs:
+        if (np.sum([presence[m] for m in members], axis=0) > 1).any():
+            raise Malformed("two members of one oneof (upb keeps the last)")
+    columns.append(pa.nulls(n, pa.binary()))
+    return columns
+
+
+def decode(plan: _Plan, col: pa.Array, skip: int) -> tuple[list[pa.Array], pa.BooleanArray | None] | None:
+    """The message columns and loss flags (as ``ProtoDecoder.children_lossy``) of the binary
+    column ``col``'s values, each after its first ``skip`` bytes (a null value reads as the empty
+    message), or None when the upb path must decode this batch."""
+    n = len(col)
+    offsets = np.frombuffer(col.buffers()[1], np.int32)[col.offset : col.offset + n + 1].astype(np.int64)
+    data = col.buffers()[2]
+    holder = np.zeros((0 if data is None else data.size) + PAD, np.uint8)
+    if data is not None:
+        holder[: data.size] = np.frombuffer(data, np.uint8)
+    starts, ends = offsets[:-1] + skip, offsets[1:]
+    starts = np.minimum(starts, ends)  # nulls
+    lossy = np.zeros(n, bool)
+    try:
+        children = _message(plan, _Context(holder, holder), starts, ends, lossy)
+    except (Malformed, pa.ArrowInvalid, IndexError):
+        return None
+    return children, (pa.array(lossy) if lossy.any() else None)
