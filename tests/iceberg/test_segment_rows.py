@@ -71,6 +71,31 @@ def test_matches_the_library_parser(compression):
     assert {g["batch_start"] for g in got} == starts
 
 
+@pytest.mark.parametrize("sizes", [[100, 1, 2, 17] * 6, [1000] + [3] * 20, [5] * 7, [2000]])
+def test_valid_batches_are_parsed_columnar_without_the_fallback(monkeypatch, sizes):
+    """Windows of many small batches (walked together), one large batch among small ones and
+    few batches (walked one by one) all parse on the columnar path and match the library."""
+    rng = random.Random(len(sizes))
+    data, off = b"", 0
+    for n in sizes:
+        recs = _random_records(rng, n, T0 + off)
+        data += build_batch(recs, base_offset=off)
+        off += n
+
+    def no_fallback(self, w):
+        raise AssertionError("the columnar parse fell back to the library parser")
+
+    monkeypatch.setattr(SegmentRowReader, "_slow", no_fallback)
+    _, got = _read(data, max_records=100_000, max_bytes=1 << 30)
+    expected = list(read_records(data))
+    assert [(g["offset"], g["key"], g["value"]) for g in got] == [
+        (e.offset, e.key, e.value) for e in expected
+    ]
+    assert [[(h["key"], h["value"]) for h in g["headers"]] for g in got] == [
+        [(h.key, h.value) for h in e.headers] for e in expected
+    ]
+
+
 def test_ingest_timestamp_is_the_running_maximum_and_control_batches_count():
     data = build_batch([SimpleRecord(b"k", b"a", T0 + 50), SimpleRecord(b"k", b"b", T0 + 10)], base_offset=0)
     data += build_control_batch(ControlType.COMMIT, base_offset=2, producer_id=9, timestamp=T0 + 500)

@@ -325,7 +325,7 @@ def _column(
         msgs = tok.msg[t]
     absent = None if present.all() else pa.array(~present)
     if f.kind in ("message", "time"):
-        order = np.argsort(msgs)
+        order = _stable_order(msgs)
         t, msgs = t[order], msgs[order]
         starts, ends = tok.start[t], tok.start[t] + tok.length[t]
         if f.kind == "time":
@@ -365,7 +365,7 @@ def _column(
 
 
 def _repeated(f, ctx, tok, t, msgs, counts, lossy) -> pa.Array:
-    order = np.argsort(msgs, kind="stable")  # by message, each message's occurrences in order
+    order = _stable_order(msgs)  # by message, each message's occurrences in order
     t, msgs = t[order], msgs[order]
     offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
@@ -400,13 +400,22 @@ def _repeated(f, ctx, tok, t, msgs, counts, lossy) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), values, type=f.arrow)
 
 
+def _stable_order(keys: np.ndarray) -> np.ndarray:
+    """``argsort(keys, kind="stable")``; keys that fit 16 bits (field numbers, message indexes of
+    a batch) are sorted as uint16, for which numpy's stable sort is a radix sort."""
+    if len(keys) and 0 <= keys.min() and keys.max() < 1 << 16:
+        keys = keys.astype(np.uint16)
+    return np.argsort(keys, kind="stable")
+
+
 def _message(plan: _Plan, ctx: _Context, starts: np.ndarray, ends: np.ndarray, lossy: np.ndarray) -> list:
     """The columns (fields, then ``__unrecognized__``: null) of the messages at the spans."""
     n = len(starts)
     tok = _tokenize(ctx.buf, starts, ends)
-    order = np.argsort(tok.field, kind="stable")  # by field; each field's occurrences in order
+    order = _stable_order(tok.field)  # by field; each field's occurrences in order
     fields = tok.field[order]
-    numbers, first = np.unique(fields, return_index=True)
+    first = np.flatnonzero(np.diff(fields, prepend=-1))  # where each field number begins
+    numbers = fields[first]
     if len(numbers) and not np.isin(numbers, plan.numbers).all():
         raise Malformed("unknown field (upb keeps it for __unrecognized__)")
     bounds = dict(zip(numbers.tolist(), zip(first.tolist(), [*first[1:].tolist(), len(fields)])))

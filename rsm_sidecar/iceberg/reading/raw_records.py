@@ -207,20 +207,9 @@ class SegmentRowReader:
     def _fast(self, w: _Window):
         buf_bytes = b"".join(w.sections) + b"\x00" * PAD
         buf = np.frombuffer(buf_bytes, np.uint8)
-        starts: list[int] = []
-        ends: list[int] = []
-        sec_counts: list[int] = []
-        pos = 0
-        for section, h in zip(w.sections, w.headers):
-            end = pos + len(section)
-            before = len(starts)
-            pos = _record_bounds(buf_bytes, pos, end, h.record_count, starts, ends)
-            if pos != end or len(starts) - before != h.record_count:
-                raise Malformed("record lengths do not add up")
-            sec_counts.append(h.record_count)
-        S = np.array(starts, np.int64)
-        E = np.array(ends, np.int64)
-        counts = np.array(sec_counts, np.int64)
+        counts = np.array([h.record_count for h in w.headers], np.int64)
+        sec_ends = np.cumsum([len(section) for section in w.sections], dtype=np.int64)
+        S, E = _record_spans(buf, buf_bytes, sec_ends - [len(x) for x in w.sections], sec_ends, counts)
         p = S + 1  # attributes (int8), unused
         ts_delta, n = varint(buf, p, 10)
         p += n
@@ -357,6 +346,56 @@ class SegmentRowReader:
             ],
             schema=RAW_RECORD_SCHEMA,
         )
+
+
+#: Sections walked together per step of :func:`_record_spans` below which the rest is walked one
+#: section at a time (a window holding one large batch would otherwise take one numpy step per
+#: record).
+_MIN_WIDTH = 8
+
+
+def _record_spans(
+    buf: np.ndarray, buf_bytes: bytes, sec_starts: np.ndarray, sec_ends: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Body start and end of every length-prefixed record of the sections, in order.
+
+    Step *k* reads the length of the *k*-th record of every section that has one, vectorised;
+    once fewer than :data:`_MIN_WIDTH` sections are left, each goes on in :func:`_record_bounds`.
+    Raises :class:`Malformed` when a length is not positive, runs past its section, or the
+    records do not end exactly at their section's end."""
+    first_out = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    S = np.empty(int(counts.sum()), np.int64)
+    E = np.empty_like(S)
+    pos = sec_starts.astype(np.int64)
+    active = np.nonzero(counts > 0)[0]
+    k = 0
+    while len(active) >= _MIN_WIDTH:
+        p = pos[active]
+        end = sec_ends[active]
+        if (p >= end).any():
+            raise Malformed("record lengths do not add up")
+        length, nb = varint(buf, p, 5)
+        body = p + nb
+        after = body + length
+        if (length < 1).any() or (after > end).any():
+            raise Malformed("record lengths do not add up")
+        out = first_out[active] + k
+        S[out], E[out] = body, after
+        pos[active] = after
+        k += 1
+        active = active[counts[active] > k]
+    for sec in active.tolist():
+        starts: list[int] = []
+        ends: list[int] = []
+        left = int(counts[sec]) - k
+        pos[sec] = _record_bounds(buf_bytes, int(pos[sec]), int(sec_ends[sec]), left, starts, ends)
+        if len(starts) != left:
+            raise Malformed("record lengths do not add up")
+        at = slice(first_out[sec] + k, first_out[sec] + k + left)
+        S[at], E[at] = starts, ends
+    if not np.array_equal(pos, sec_ends):
+        raise Malformed("record lengths do not add up")
+    return S, E
 
 
 def _record_bounds(buf: bytes, pos: int, end: int, count: int, starts: list, ends: list) -> int:
