@@ -169,6 +169,11 @@ def cpu_seconds(registry_pid: int | None = None) -> dict[str, float]:
     return out
 
 
+def per_record(cpu: dict[str, float], records: int) -> str:
+    """``cpu_seconds`` differences as µs of CPU per record, per process kind."""
+    return ", ".join(f"{k} {v / records * 1e6:.1f} us" for k, v in cpu.items())
+
+
 def topic_arguments(description: str) -> argparse.ArgumentParser:
     """The command line of the benchmarks on :func:`make_topic`'s topic."""
     ap = argparse.ArgumentParser(description=description)
@@ -251,18 +256,21 @@ def main() -> None:
                     f"  run {r}: convert ({label(writer, tb)}) {dt:.2f}s = "
                     f"{args.records / dt:,.0f} records/s ({res.segments} segments, {res.tasks} tasks; "
                     f"planning {t1 - t0:.2f}s, write + commit {time.perf_counter() - t1:.2f}s; "
-                    "CPU per record: "
-                    + ", ".join(f"{k} {v / args.records * 1e6:.1f} us" for k, v in cpu.items())
-                    + ")"
+                    f"CPU per record: {per_record(cpu, args.records)})"
                 )
 
             j = job(TOPIC, f"noop_{r}", task_bytes=task_bytes)
             prepared = j.prepare()
+            cpu0 = cpu_seconds(reg_pid)
             t0 = time.perf_counter()
             j.dataframe(spark, prepared).write.format("noop").mode("overwrite").save()
             dt = time.perf_counter() - t0
+            cpu = {k: v - cpu0[k] for k, v in cpu_seconds(reg_pid).items()}
             decode = max(decode, args.records / dt)
-            print(f"  run {r}: read+decode (noop sink) {dt:.2f}s = {args.records / dt:,.0f} records/s")
+            print(
+                f"  run {r}: read+decode (noop sink) {dt:.2f}s = {args.records / dt:,.0f} records/s "
+                f"(CPU per record: {per_record(cpu, args.records)})"
+            )
 
             src = spark.table(f"rsm.kafka.events_arrow_{r}").cache()
             assert src.count() == args.records

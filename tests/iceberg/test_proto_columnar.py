@@ -311,3 +311,16 @@ def test_schemas_left_to_upb(source, name):
 def test_plan_for_the_benchmark_event_shape():
     dec = decoder(PROTO3, "col.v1.Inner")
     assert isinstance(dec.columnar_plan, proto_columnar._Plan)
+
+
+def test_messages_with_many_fields_grow_the_token_arrays():
+    """Far more field occurrences than the first guess (16 per message) still decode."""
+    many = DEC3.cls()
+    many.r_unpacked.extend(range(-50, 250))
+    many.r_s.extend(f"s{i}" for i in range(100))
+    few = DEC3.cls(i32=3)
+    payloads = [many.SerializeToString(), few.SerializeToString(), b""]
+    assert assert_agree(DEC3, payloads)
+    rows, _ = columnar_rows(DEC3, payloads)
+    assert rows[0]["r_unpacked"] == list(range(-50, 250)) and len(rows[0]["r_s"]) == 100
+    assert rows[1]["i32"] == 3 and rows[2]["i32"] == 0

@@ -21,8 +21,9 @@ read as their default when absent, fields with presence as null; ``int32``/``uin
 low 32 bits of the varint and ``uint32``/``uint64``/``fixed*`` wrap into the signed column (or
 ``uint32`` into ``long`` with ``uint32_as_long``); ``sint*`` zig-zag; a ``bool`` is any non-zero
 varint; packed repeated scalars; ``Timestamp``/``Duration`` to micro-seconds with the sub-µs
-loss flag. Memory: the batch's payload bytes once (plus :data:`PAD`), and per field position a
-handful of int64 arrays the length of the batch.
+loss flag. Memory: the batch's payload bytes once (plus :data:`PAD`); 48 bytes per field
+occurrence (room for 16 per message at first, doubled when more come, never more than one per
+2 payload bytes); per column, a few arrays the length of the batch.
 """
 
 from __future__ import annotations
@@ -155,17 +156,31 @@ class _Tokens:
     length: np.ndarray
 
 
-def _tokenize(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> _Tokens:
-    # every field takes at least 2 bytes (tag, value): the token arrays' capacity
-    cap = int((ends - starts).sum()) // 2 + 1
+def _new_tokens(cap: int) -> _Tokens:
     i64 = np.int64
-    out = _Tokens(np.empty(cap, i64), np.empty(cap, i64), np.empty(cap, i64), np.empty(cap, np.uint64),
-                  np.zeros(cap, i64), np.zeros(cap, i64))  # fmt: skip
+    return _Tokens(np.empty(cap, i64), np.empty(cap, i64), np.empty(cap, i64), np.empty(cap, np.uint64),
+                   np.zeros(cap, i64), np.zeros(cap, i64))  # fmt: skip
+
+
+def _grown(tok: _Tokens, used: int, cap: int) -> _Tokens:
+    """``tok`` with room for ``cap`` tokens, its first ``used`` kept."""
+    out = _new_tokens(cap)
+    for name in ("msg", "field", "wire", "value", "start", "length"):
+        getattr(out, name)[:used] = getattr(tok, name)[:used]
+    return out
+
+
+def _tokenize(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> _Tokens:
+    # 16 fields per message to start with; every field takes at least 2 bytes (tag, value)
+    limit = int((ends - starts).sum()) // 2 + 1
+    out = _new_tokens(min(limit, 16 * len(starts) + 16))
     used = 0
     pos = starts.copy()
     idx = np.nonzero(starts < ends)[0]
     while len(idx):
         k = len(idx)
+        if used + k > len(out.msg):
+            out = _grown(out, used, min(limit, 2 * (used + k)))
         at = slice(used, used + k)
         used += k
         p = pos[idx]
