@@ -324,3 +324,12 @@ def test_messages_with_many_fields_grow_the_token_arrays():
     rows, _ = columnar_rows(DEC3, payloads)
     assert rows[0]["r_unpacked"] == list(range(-50, 250)) and len(rows[0]["r_s"]) == 100
     assert rows[1]["i32"] == 3 and rows[2]["i32"] == 0
+
+
+def test_a_slice_of_a_column_and_other_binary_types_decode_their_own_rows():
+    msgs = [DEC3.cls(i32=i, s=f"v{i}").SerializeToString() for i in range(8)]
+    col = pa.array(msgs, pa.binary())
+    for part in (col[3:6], col.cast(pa.large_binary())[3:6]):
+        children, _ = DEC3.decode_columnar(part, 0)
+        rows = _rows(DEC3, children)
+        assert [(r["i32"], r["s"]) for r in rows] == [(3, "v3"), (4, "v4"), (5, "v5")]

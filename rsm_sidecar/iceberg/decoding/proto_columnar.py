@@ -453,6 +453,8 @@ def decode(plan: _Plan, col: pa.Array, skip: int) -> tuple[list[pa.Array], pa.Bo
     """The message columns and loss flags (as ``ProtoDecoder.children_lossy``) of the binary
     column ``col``'s values, each after its first ``skip`` bytes (a null value reads as the empty
     message), or None when the upb path must decode this batch."""
+    if col.type != pa.binary():
+        col = col.cast(pa.binary())  # int32 offsets below (a large_binary or string column)
     n = len(col)
     offsets = np.frombuffer(col.buffers()[1], np.int32)[col.offset : col.offset + n + 1].astype(np.int64)
     data = col.buffers()[2]
