@@ -65,11 +65,11 @@ def fixed(buf: np.ndarray, pos: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(raw).view(dtype).reshape(len(pos)).astype(dtype.newbyteorder("="))
 
 
-def gather(buf: np.ndarray, buf_bytes, starts: np.ndarray, lengths: np.ndarray, typ: pa.DataType) -> pa.Array:
+def gather(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, typ: pa.DataType) -> pa.Array:
     """A binary/string array of ``buf[start:start+len]`` slices (negative length: null).
 
-    Built as an Arrow ``binary_view`` array whose 16-byte views point into ``buf_bytes`` (the
-    object holding ``buf``; values of at most 12 bytes are inlined in the view), then cast to
+    Built as an Arrow ``binary_view`` array whose 16-byte views point into ``buf`` (values of at
+    most 12 bytes are inlined in the view), then cast to
     ``binary``: Arrow copies the bytes in C++, about 7x faster than gathering them with numpy.
     A ``string`` result is validated as UTF-8 (``pa.ArrowInvalid`` otherwise).
     """
@@ -93,7 +93,7 @@ def gather(buf: np.ndarray, buf_bytes, starts: np.ndarray, lengths: np.ndarray, 
     null_count = n - int(valid.sum())
     validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if null_count else None
     arr = pa.Array.from_buffers(
-        pa.binary_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(buf_bytes)], null_count
+        pa.binary_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(buf)], null_count
     )
     arr = arr.cast(pa.binary())
     if typ == pa.string():

@@ -333,3 +333,10 @@ def test_a_slice_of_a_column_and_other_binary_types_decode_their_own_rows():
         children, _ = DEC3.decode_columnar(part, 0)
         rows = _rows(DEC3, children)
         assert [(r["i32"], r["s"]) for r in rows] == [(3, "v3"), (4, "v4"), (5, "v5")]
+
+
+def test_a_value_shorter_than_its_skipped_preamble_is_refused_not_read_as_empty():
+    ok = b"\x00" * 6 + DEC3.cls(i32=1).SerializeToString()
+    assert DEC3.decode_columnar(pa.array([ok, b"\x00\x00"], pa.binary()), 6) is None
+    children, _ = DEC3.decode_columnar(pa.array([ok, None], pa.binary()), 6)
+    assert [r["i32"] for r in _rows(DEC3, children)] == [1, 0]  # a null reads as the empty message

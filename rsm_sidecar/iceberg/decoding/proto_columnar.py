@@ -70,7 +70,6 @@ class _Field:
     arrow: pa.DataType  # the column's type (a list type when repeated)
     elem_arrow: pa.DataType  # the element's type
     wide_uint32: bool = False  # uint32/fixed32 -> long
-    duration: bool = False
     message: _Plan | None = None
     enum_numbers: np.ndarray | None = None
     enum_names: pa.Array | None = None
@@ -85,8 +84,7 @@ class _Plan:
     oneofs: list[list[int]] = field(default_factory=list)  # field numbers of each real oneof
 
     def __post_init__(self) -> None:
-        self.by_number = {f.number: f for f in self.fields}
-        self.numbers = np.array(sorted(self.by_number), np.int64)
+        self.numbers = np.array(sorted(f.number for f in self.fields), np.int64)
 
 
 # ----------------------------------------------------------------------------- plans
@@ -111,8 +109,7 @@ def plan_for(message_conv: Any, options: Any) -> _Plan | None:
                           enum_numbers=np.array([k for k, _ in items], np.int64),
                           enum_names=pa.array([v for _, v in items], pa.string()), **common)  # fmt: skip
         if isinstance(conv, (pm._Timestamp, pm._Duration)):
-            return _Field(kind="time", wire=2, presence=False, elem_arrow=conv.arrow,
-                          duration=isinstance(conv, pm._Duration), **common)  # fmt: skip
+            return _Field(kind="time", wire=2, presence=False, elem_arrow=conv.arrow, **common)  # fmt: skip
         if isinstance(conv, pm._Message) and fd.type == _T.TYPE_MESSAGE:
             sub = build(conv)
             if sub is None:
@@ -219,12 +216,6 @@ def _tokenize(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> _Tokens:
                    out.start[:used], out.length[:used])  # fmt: skip
 
 
-@dataclass
-class _Context:
-    buf: np.ndarray
-    holder: Any  # the object owning buf's memory (for Arrow views into it)
-
-
 def _typed(f: _Field, v: np.ndarray) -> np.ndarray:
     """Wire values (uint64) -> the column's numpy values."""
     t = f.type
@@ -259,10 +250,10 @@ def _enum_index(f: _Field, numbers: np.ndarray) -> np.ndarray:
     return i
 
 
-def _values(f: _Field, ctx: _Context, tok: _Tokens, t: np.ndarray) -> pa.Array:
+def _values(f: _Field, buf: np.ndarray, tok: _Tokens, t: np.ndarray) -> pa.Array:
     """The Arrow values of the field occurrences ``t`` (one per occurrence)."""
     if f.type in (_T.TYPE_STRING, _T.TYPE_BYTES):
-        return gather(ctx.buf, ctx.holder, tok.start[t], tok.length[t], f.elem_arrow)
+        return gather(buf, tok.start[t], tok.length[t], f.elem_arrow)
     typed = _typed(f, tok.value[t])
     if f.kind == "enum":
         assert f.enum_names is not None
@@ -270,12 +261,9 @@ def _values(f: _Field, ctx: _Context, tok: _Tokens, t: np.ndarray) -> pa.Array:
     return pa.array(typed, f.elem_arrow)
 
 
-def _unpack(f: _Field, ctx: _Context, tok: _Tokens, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _unpack(f: _Field, buf: np.ndarray, tok: _Tokens, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Packed occurrences ``t`` of a repeated scalar -> (owning token per element, uint64 values)."""
     starts, lengths = tok.start[t], tok.length[t]
-    total = int(lengths.sum())
-    owner_of_byte = np.repeat(np.arange(len(t)), lengths)
-    first_byte = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     if f.wire in _SIZE:
         size = _SIZE[f.wire]
         if (lengths % size).any():
@@ -283,9 +271,12 @@ def _unpack(f: _Field, ctx: _Context, tok: _Tokens, t: np.ndarray) -> tuple[np.n
         counts = lengths // size
         owner = np.repeat(np.arange(len(t)), counts)
         k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        return owner, fixed(ctx.buf, starts[owner] + k * size, size)
+        return owner, fixed(buf, starts[owner] + k * size, size)
+    owner_of_byte = np.repeat(np.arange(len(t)), lengths)
+    first_byte = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    total = int(lengths.sum())
     pos = np.repeat(starts - first_byte, lengths) + np.arange(total)
-    last = ctx.buf[pos] < 0x80  # the last byte of each varint
+    last = buf[pos] < 0x80  # the last byte of each varint
     nonempty = lengths > 0
     if not last[(first_byte + lengths - 1)[nonempty]].all():
         raise Malformed("packed varints cut short")
@@ -298,15 +289,15 @@ def _unpack(f: _Field, ctx: _Context, tok: _Tokens, t: np.ndarray) -> tuple[np.n
         first = np.ones(len(owner), bool)
         first[1:] = owner[1:] != owner[:-1]
         elem_start[first] = starts[owner[first]]
-    values, n = uvarint(ctx.buf, elem_start, 10)
+    values, n = uvarint(buf, elem_start, 10)
     if not np.array_equal(elem_start + n - 1, elem_end):
         raise Malformed("packed varint")
     return owner, values
 
 
-def _times(f: _Field, ctx: _Context, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _times(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Timestamps/Durations at the given spans -> (µs, whether µs cut their nanos)."""
-    tok = _tokenize(ctx.buf, starts, ends)
+    tok = _tokenize(buf, starts, ends)
     if len(tok.field) and (((tok.field != 1) & (tok.field != 2)).any() or (tok.wire != 0).any()):
         raise Malformed("unknown field in a Timestamp/Duration")
     n = len(starts)
@@ -320,7 +311,7 @@ def _times(f: _Field, ctx: _Context, starts: np.ndarray, ends: np.ndarray) -> tu
 
 
 def _column(
-    f: _Field, ctx: _Context, tok: _Tokens, t: np.ndarray, n: int, lossy: np.ndarray
+    f: _Field, buf: np.ndarray, tok: _Tokens, t: np.ndarray, n: int, lossy: np.ndarray
 ) -> tuple[pa.Array, np.ndarray]:
     """One field's column for ``n`` messages from its occurrences ``t``; ORs the rows that lose
     data into ``lossy``; returns the column and which messages have the field."""
@@ -328,7 +319,7 @@ def _column(
     counts = np.bincount(msgs, minlength=n)
     present = counts > 0
     if f.repeated:
-        return _repeated(f, ctx, tok, t, msgs, counts, lossy), present
+        return _repeated(f, buf, tok, t, msgs, counts, lossy), present
     if (tok.wire[t] != f.wire).any():
         raise Malformed("wire type does not match the field")
     if len(t) and counts.max() > 1:
@@ -344,7 +335,7 @@ def _column(
         t, msgs = t[order], msgs[order]
         starts, ends = tok.start[t], tok.start[t] + tok.length[t]
         if f.kind == "time":
-            us, cut = _times(f, ctx, starts, ends)
+            us, cut = _times(buf, starts, ends)
             lossy[msgs] |= cut
             col = np.zeros(n, np.int64)
             col[msgs] = us
@@ -352,7 +343,7 @@ def _column(
             return arr.cast(f.elem_arrow), present
         assert f.message is not None
         sub_lossy = np.zeros(len(t), bool)
-        children = _message(f.message, ctx, starts, ends, sub_lossy)
+        children = _message(f.message, buf, starts, ends, sub_lossy)
         lossy[msgs] |= sub_lossy
         if absent is not None:
             where = np.full(n, -1, np.int64)
@@ -364,7 +355,7 @@ def _column(
         starts = np.zeros(n, np.int64)
         lengths = np.full(n, -1 if f.presence else 0, np.int64)
         starts[msgs], lengths[msgs] = tok.start[t], tok.length[t]
-        return gather(ctx.buf, ctx.holder, starts, lengths, f.elem_arrow), present
+        return gather(buf, starts, lengths, f.elem_arrow), present
     typed = _typed(f, tok.value[t])
     mask = ~present if (f.presence and absent is not None) else None
     if f.kind == "enum":
@@ -379,7 +370,7 @@ def _column(
     return pa.array(col, f.elem_arrow, mask=mask), present
 
 
-def _repeated(f, ctx, tok, t, msgs, counts, lossy) -> pa.Array:
+def _repeated(f, buf, tok, t, msgs, counts, lossy) -> pa.Array:
     order = _stable_order(msgs)  # by message, each message's occurrences in order
     t, msgs = t[order], msgs[order]
     offsets = np.zeros(len(counts) + 1, np.int32)
@@ -388,7 +379,7 @@ def _repeated(f, ctx, tok, t, msgs, counts, lossy) -> pa.Array:
     if f.kind in ("scalar", "enum") and f.wire != 2 and (wires == 2).any():
         if not (wires == 2).all():
             raise Malformed("repeated field both packed and not")
-        owner, raw = _unpack(f, ctx, tok, t)
+        owner, raw = _unpack(f, buf, tok, t)
         per_msg = np.bincount(msgs[owner], minlength=len(counts))
         np.cumsum(per_msg, out=offsets[1:])
         typed = _typed(f, raw)
@@ -401,17 +392,17 @@ def _repeated(f, ctx, tok, t, msgs, counts, lossy) -> pa.Array:
     if (wires != f.wire).any():
         raise Malformed("wire type does not match the field")
     if f.kind == "time":
-        us, cut = _times(f, ctx, tok.start[t], tok.start[t] + tok.length[t])
+        us, cut = _times(buf, tok.start[t], tok.start[t] + tok.length[t])
         np.logical_or.at(lossy, msgs, cut)
         values = pa.array(us, pa.int64()).cast(f.elem_arrow)
     elif f.kind == "message":
         assert f.message is not None
         sub_lossy = np.zeros(len(t), bool)
-        children = _message(f.message, ctx, tok.start[t], tok.start[t] + tok.length[t], sub_lossy)
+        children = _message(f.message, buf, tok.start[t], tok.start[t] + tok.length[t], sub_lossy)
         np.logical_or.at(lossy, msgs, sub_lossy)
         values = pa.StructArray.from_arrays(children, fields=f.message.arrow_fields)
     else:
-        values = _values(f, ctx, tok, t)
+        values = _values(f, buf, tok, t)
     return pa.ListArray.from_arrays(pa.array(offsets), values, type=f.arrow)
 
 
@@ -423,10 +414,10 @@ def _stable_order(keys: np.ndarray) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
-def _message(plan: _Plan, ctx: _Context, starts: np.ndarray, ends: np.ndarray, lossy: np.ndarray) -> list:
+def _message(plan: _Plan, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, lossy: np.ndarray) -> list:
     """The columns (fields, then ``__unrecognized__``: null) of the messages at the spans."""
     n = len(starts)
-    tok = _tokenize(ctx.buf, starts, ends)
+    tok = _tokenize(buf, starts, ends)
     order = _stable_order(tok.field)  # by field; each field's occurrences in order
     fields = tok.field[order]
     first = np.flatnonzero(np.diff(fields, prepend=-1))  # where each field number begins
@@ -439,7 +430,7 @@ def _message(plan: _Plan, ctx: _Context, starts: np.ndarray, ends: np.ndarray, l
     presence = {}
     for f in plan.fields:
         lo, hi = bounds.get(f.number, (0, 0))
-        col, present = _column(f, ctx, tok, order[lo:hi] if hi > lo else empty, n, lossy)
+        col, present = _column(f, buf, tok, order[lo:hi] if hi > lo else empty, n, lossy)
         columns.append(col)
         presence[f.number] = present
     for members in plan.oneofs:
@@ -452,20 +443,25 @@ def _message(plan: _Plan, ctx: _Context, starts: np.ndarray, ends: np.ndarray, l
 def decode(plan: _Plan, col: pa.Array, skip: int) -> tuple[list[pa.Array], pa.BooleanArray | None] | None:
     """The message columns and loss flags (as ``ProtoDecoder.children_lossy``) of the binary
     column ``col``'s values, each after its first ``skip`` bytes (a null value reads as the empty
-    message), or None when the upb path must decode this batch."""
+    message), or None when the upb path must decode this batch (or a value is shorter than
+    ``skip``)."""
     if col.type != pa.binary():
         col = col.cast(pa.binary())  # int32 offsets below (a large_binary or string column)
     n = len(col)
     offsets = np.frombuffer(col.buffers()[1], np.int32)[col.offset : col.offset + n + 1].astype(np.int64)
     data = col.buffers()[2]
-    holder = np.zeros((0 if data is None else data.size) + PAD, np.uint8)
+    buf = np.zeros((0 if data is None else data.size) + PAD, np.uint8)
     if data is not None:
-        holder[: data.size] = np.frombuffer(data, np.uint8)
+        buf[: data.size] = np.frombuffer(data, np.uint8)
     starts, ends = offsets[:-1] + skip, offsets[1:]
-    starts = np.minimum(starts, ends)  # nulls
+    short = starts > ends
+    if short.any():
+        if col.null_count == 0 or not col.is_null().to_numpy(zero_copy_only=False)[short].all():
+            return None  # a value shorter than its skipped preamble: not a message to read
+        starts = np.minimum(starts, ends)  # nulls: the empty message
     lossy = np.zeros(n, bool)
     try:
-        children = _message(plan, _Context(holder, holder), starts, ends, lossy)
+        children = _message(plan, buf, starts, ends, lossy)
     except (Malformed, pa.ArrowInvalid, IndexError):
         return None
     return children, (pa.array(lossy) if lossy.any() else None)

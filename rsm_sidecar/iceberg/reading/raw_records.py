@@ -208,8 +208,9 @@ class SegmentRowReader:
         buf_bytes = b"".join(w.sections) + b"\x00" * PAD
         buf = np.frombuffer(buf_bytes, np.uint8)
         counts = np.array([h.record_count for h in w.headers], np.int64)
-        sec_ends = np.cumsum([len(section) for section in w.sections], dtype=np.int64)
-        S, E = _record_spans(buf, buf_bytes, sec_ends - [len(x) for x in w.sections], sec_ends, counts)
+        sec_lengths = np.array([len(section) for section in w.sections], np.int64)
+        sec_ends = np.cumsum(sec_lengths)
+        S, E = _record_spans(buf, buf_bytes, sec_ends - sec_lengths, sec_ends, counts)
         p = S + 1  # attributes (int8), unused
         ts_delta, n = varint(buf, p, 10)
         p += n
@@ -229,7 +230,7 @@ class SegmentRowReader:
         p += n
         if (hcount < 0).any():
             raise Malformed("negative header count")
-        headers = self._headers(buf, buf_bytes, p, E, hcount)
+        headers = self._headers(buf, p, E, hcount)
         if not np.array_equal(p, E):
             raise Malformed("record fields do not add up")
         last_delta = np.array([h.last_offset_delta for h in w.headers], np.int64)
@@ -237,11 +238,11 @@ class SegmentRowReader:
             raise Malformed("offset delta outside the batch")
         base_off = np.repeat(np.array([h.base_offset for h in w.headers], np.int64), counts)
         base_ts = np.repeat(np.array([h.base_timestamp for h in w.headers], np.int64), counts)
-        keys = gather(buf, buf_bytes, kstart, klen, pa.binary())
-        values = gather(buf, buf_bytes, vstart, vlen, pa.binary())
+        keys = gather(buf, kstart, klen, pa.binary())
+        values = gather(buf, vstart, vlen, pa.binary())
         return base_off + off_delta, base_off, base_ts + ts_delta, counts, keys, values, headers
 
-    def _headers(self, buf, buf_bytes, p, E, hcount) -> pa.Array:
+    def _headers(self, buf, p, E, hcount) -> pa.Array:
         n = len(hcount)
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(hcount, out=offsets[1:])
@@ -271,8 +272,8 @@ class SegmentRowReader:
             if (q > E[rows]).any():
                 raise Malformed("header past the record")
             p[rows] = q
-        hkeys = gather(buf, buf_bytes, ks, kl, pa.string())
-        hvals = gather(buf, buf_bytes, vs, vl, pa.binary())
+        hkeys = gather(buf, ks, kl, pa.string())
+        hvals = gather(buf, vs, vl, pa.binary())
         struct = pa.StructArray.from_arrays([hkeys, hvals], fields=list(_HEADER_STRUCT))
         return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), struct, type=HEADER_TYPE)
 
