@@ -201,8 +201,10 @@ def main() -> None:
     ap.add_argument(
         "--warmup",
         type=int,
-        default=300,
-        help="untimed fetches before the random reads (JIT warm-up of the shim's gRPC path)",
+        default=2000,
+        help="untimed fetches before the random reads: JIT warm-up of the shim's call path, as in a "
+        "broker that has been serving for a while (with 300, the warm p50 was 0.7-1.1 ms higher: "
+        "docs/operations.md)",
     )
     ap.add_argument(
         "--sidecar-env",
