@@ -203,7 +203,7 @@ def main() -> None:
         type=int,
         default=2000,
         help="untimed fetches before the random reads: JIT warm-up of the shim's call path, as in a "
-        "broker that has been serving for a while (with 300, the warm p50 was 0.7-1.1 ms higher: "
+        "broker that has been serving for a while (with 300, the warm p50 was 0.5-1.1 ms higher: "
         "docs/operations.md)",
     )
     ap.add_argument(
