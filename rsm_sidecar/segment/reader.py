@@ -125,6 +125,9 @@ class ReaderSettings:
 
     @classmethod
     def from_config(cls, cfg: Config) -> ReaderSettings:
+        """The sidecar's reader settings. Every other reader of a configuration (inspect, the
+        Iceberg job's executors) starts from these and changes only ``CACHE_FIELDS``
+        (``with_caches``), so what may be read and how is the same for all of them."""
         return cls(
             cfg["cache.manifest_bytes"],
             cfg["cache.index_bytes"],
@@ -136,6 +139,29 @@ class ReaderSettings:
             cfg["fetch.disk_cache.bytes"],
             prefetch_next_segment=True,
         )
+
+    def with_caches(self, **sizes: int | str | bool) -> ReaderSettings:
+        """These settings with other cache and read-ahead sizes (members of ``CACHE_FIELDS``
+        only: anything else is how segments are read and stays the configuration's)."""
+        unknown = set(sizes) - CACHE_FIELDS
+        if unknown:
+            raise TypeError(f"not cache settings: {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **sizes)  # type: ignore[arg-type]
+
+
+#: the ``ReaderSettings`` members that only size caches and read-ahead: the one thing a reader
+#: other than the sidecar chooses for itself (``ReaderSettings.with_caches``)
+CACHE_FIELDS = frozenset(
+    {
+        "manifest_cache_bytes",
+        "index_cache_bytes",
+        "chunk_cache_bytes",
+        "prefetch_bytes",
+        "disk_cache_path",
+        "disk_cache_bytes",
+        "prefetch_next_segment",
+    }
+)
 
 
 class SegmentReader:
