@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal, overload
 
-from rsm_sidecar.errors import DataLoss, FailedPrecondition, NotFound
+from rsm_sidecar.errors import DataLoss, FailedPrecondition, NoSuchIndex, NotFound
 from rsm_sidecar.format import custom_metadata
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.chunk_index import Chunk
@@ -356,7 +356,7 @@ class SegmentReader:
         """The plain bytes of one index; ``NotFound`` when the segment has none of that kind."""
         r = seg.manifest.indexes.get(name)
         if r is None:
-            raise NotFound(f"segment {seg.base}: no {name} index")
+            raise NoSuchIndex(f"segment {seg.base}: no {name} index")
         cached = self.indexes.get(seg.cache_key(name))
         if cached is not None:
             return cached
