@@ -80,11 +80,11 @@ class SealOutcome:
 def missing_block(manifest: SegmentManifest) -> str | None:
     """What the sidecar (setting off) misses in this manifest; None when nothing."""
     if not manifest.has_extension:
-        return "no rsm-sidecar integrity block"
+        return "had no integrity block: written by another plugin"
     if manifest.encryption is not None and (
         manifest.auth is None or manifest.chunk_tags is None or manifest.index_tags is None
     ):
-        return "no authenticator"
+        return "had no authenticator: written before 0.2"
     return None
 
 
