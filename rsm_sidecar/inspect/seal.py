@@ -214,6 +214,10 @@ class Sealer:
             )
             return out
         problem = _identity_problem(manifest, seg)
+        log_size, claimed = seg.size(fkeys.LOG), manifest.stored_log_size
+        if problem is None and log_size is not None and log_size != claimed:
+            # (before anything is sized by the chunk count the manifest claims)
+            problem = f"{seg.key.key(fkeys.LOG)} is {log_size} bytes, the chunk index says {claimed}"
         if problem is not None:
             out.action, out.problems = REFUSED, [f"{manifest_key}: {problem}"]
             return out

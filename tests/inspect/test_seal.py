@@ -166,6 +166,13 @@ def test_damaged_segments_are_refused_named_and_left_as_they_are(tmp_path, capsy
     doc["remoteLogSegmentMetadata"]["remoteLogSegmentId"]["id"] = aiven.kafka_uuid("another segment")
     store.put(key, json.dumps(doc, separators=(",", ":")).encode())
     damaged[moved.segment_id] = "holds another segment"
+    # a manifest claiming two billion one-byte chunks (refused before anything is sized by it)
+    huge = by[(False, None, 1000)]
+    key = aiven.object_key(PREFIX, huge, aiven.MANIFEST)
+    doc = json.loads(store.get(key))
+    doc["chunkIndex"].update(originalChunkSize=1, originalFileSize=2**31 - 1, transformedChunkSize=1)
+    store.put(key, json.dumps(doc, separators=(",", ":")).encode())
+    damaged[huge.segment_id] = f"is {len(huge.log)} bytes, the chunk index says 21474"
     before = _objects(store)
 
     config = sidecar_toml(tmp_path / "sidecar.toml", tmp_path / "bucket", aiven_keys, accept=False)
