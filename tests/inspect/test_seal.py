@@ -237,26 +237,37 @@ class RacingStore(LocalObjectStore):
 RACES = [(m, d) for m in range(1, 8) for d in range(m + 1, 9)]
 
 
-@pytest.mark.parametrize("manifest_at,data_at", RACES)
-def test_a_delete_racing_the_rewrite_never_resurrects_the_segment(tmp_path, manifest_at, data_at):
-    store = RacingStore(tmp_path, fsync=False)
-    base = "p/t-MWJ6FHTfRYy67jzwZdeqSQ/0/00000000000000000000-AAAAAAAAAAAAAAAAAAAAAA"
-    for suffix, data in (("log", b"L"), ("indexes", b"I"), ("rsm-manifest", b"old")):
-        store.put(f"{base}.{suffix}", data)
-    now = [0.0]
-    rewriter = rewrite.Rewriter(store, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
-    store.arm(base, manifest_at, data_at)
-    rewriter.replace(base, b"old", b"new")
-    rewriter.settle()
-    store.finish()  # the delete completes (the rewrite may have made fewer requests)
-    left = {o.key: store.get(o.key) for o in LocalObjectStore.list(store, "")}
-    if data_at >= 7 and manifest_at in (2, 3, 4):
-        # the one window left: the manifest removed between the rewrite's read and its write, and
-        # the data only after the settle delay (a delete stalled that long): a manifest without data,
-        # ours, which `inspect orphans` lists and a rerun of `inspect seal` removes
-        assert left == {f"{base}.rsm-manifest": b"new"}
-    else:
-        assert left == {}
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def test_a_delete_racing_the_rewrite_never_resurrects_the_segment(tmp_path):
+    clock = FakeClock()  # settle's delay passes at once
+    for manifest_at, data_at in RACES:
+        store = RacingStore(tmp_path / f"{manifest_at}-{data_at}", fsync=False)
+        base = "p/t-MWJ6FHTfRYy67jzwZdeqSQ/0/00000000000000000000-AAAAAAAAAAAAAAAAAAAAAA"
+        for suffix, data in (("log", b"L"), ("indexes", b"I"), ("rsm-manifest", b"old")):
+            store.put(f"{base}.{suffix}", data)
+        rewriter = rewrite.Rewriter(store, clock=clock.now, sleep=clock.sleep)
+        store.arm(base, manifest_at, data_at)
+        rewriter.replace(base, b"old", b"new")
+        rewriter.settle()
+        store.finish()  # the delete completes (the rewrite may have made fewer requests)
+        left = {o.key: store.get(o.key) for o in LocalObjectStore.list(store, "")}
+        if data_at >= 7 and manifest_at in (2, 3, 4):
+            # the one window left: the manifest removed between the rewrite's read and its write,
+            # and the data only after the settle delay (a delete stalled that long): a manifest
+            # without data, ours, which `inspect orphans` lists and a rerun of `inspect seal` removes
+            assert left == {f"{base}.rsm-manifest": b"new"}, (manifest_at, data_at)
+        else:
+            assert left == {}, (manifest_at, data_at, left)
 
 
 def test_a_rewrite_without_a_racing_delete_is_written_and_kept(tmp_path):
