@@ -84,7 +84,7 @@ def missing_block(manifest: SegmentManifest) -> str | None:
     if manifest.encryption is not None and (
         manifest.auth is None or manifest.chunk_tags is None or manifest.index_tags is None
     ):
-        return "had no authenticator: written before 0.2"
+        return "had no authenticator (rsm-sidecar before 0.2, or re-keyed before it was sealed)"
     return None
 
 

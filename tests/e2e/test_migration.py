@@ -232,8 +232,6 @@ def run_the_runbook(stack, topic: str, key_id: str | None, ring: aiven.KeyRing, 
     wait_all_closed_tiered(stack, topic)
     got = {r.offset: r for r in consume(bootstrap, topic, 0, more[-1].offset + 1)}
     assert_same_records([got[r.offset] for r in produced + more], produced + more)
-    verified = _inspect(stack, "verify", "--topic", topic, "-q")
-    assert verified.returncode == 0, verified.stdout + verified.stderr
 
     # 4. the way back: Aiven's reader reads every segment, old and new
     back = read_back_as_aiven(store, topic, ring)
