@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -23,6 +24,16 @@ CONFIG_DIR = REPO_ROOT / "config"
 SHIM_JAR = REPO_ROOT / "java-shim" / "target" / "rsm-sidecar-shim.jar"
 DEMO_KEY_ID = "demo-key-1"
 BUCKET = "tiered-storage"
+
+
+def _serving(socket_path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket ``socket_path``."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(socket_path))
+        except OSError:
+            return False
+    return True
 
 
 def read_properties(path: Path, values: Mapping[str, str]) -> dict[str, str]:
@@ -64,6 +75,8 @@ class LocalStack:
         self.encryption = encryption
         self.storage_server = None
         self.sidecar: SidecarProcess | None = None
+        #: whether start_sidecar created the runtime directory (stop removes only that)
+        self._created_runtime_dir = False
         self.broker: KafkaBroker | None = None
 
     # -- paths ------------------------------------------------------------------------
@@ -187,7 +200,9 @@ class LocalStack:
         return {"RSM__STORAGE__LOCAL__ROOT": str(self.remote_root)}
 
     def start_sidecar(self) -> SidecarProcess:
-        self.socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.socket_path.parent.exists():
+            self.socket_path.parent.mkdir(mode=0o700, parents=True)
+            self._created_runtime_dir = True
         if self.sidecar is None:
             self.sidecar = SidecarProcess(
                 CONFIG_DIR / "sidecar.toml", self.workdir, self.sidecar_environment(), self.sidecar_target
@@ -266,8 +281,24 @@ class LocalStack:
             self.sidecar.stop()
         if self.storage_server is not None:
             self.storage_server.stop()
-        if self.runtime_dir.parent == Path("/dev/shm"):
-            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        self._remove_runtime_dir()
+
+    def _remove_runtime_dir(self) -> None:
+        """Remove what this stack's sidecar left in the runtime directory (socket, its lock, the
+        hand-off directory), and the directory if this stack created it, unless another sidecar
+        serves on that socket now (one started by hand after this stack's sidecar was stopped);
+        files this stack did not put there stay, and so does their directory."""
+        if self.sidecar is None or not self.runtime_dir.is_dir() or _serving(self.socket_path):
+            return
+        for leftover in (self.socket_path, self.socket_path.with_name(self.socket_path.name + ".lock")):
+            leftover.unlink(missing_ok=True)
+        shutil.rmtree(self.socket_path.with_name(self.socket_path.name + ".handoff"), ignore_errors=True)
+        if self._created_runtime_dir:
+            try:
+                self.runtime_dir.rmdir()
+            except OSError:  # not empty: holds what someone else put there
+                return
+            self._created_runtime_dir = False
 
     def __enter__(self) -> LocalStack:
         return self.start()
