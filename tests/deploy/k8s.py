@@ -106,8 +106,13 @@ def _loose(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 @cache
+def _crd(crd_file: str) -> dict:
+    return yaml.load(Path(crd_file).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+@cache
 def crd_validator(crd_file: str, version: str) -> jsonschema.protocols.Validator:
-    crd = yaml.safe_load(Path(crd_file).read_text())
+    crd = _crd(crd_file)
     (found,) = [v for v in crd["spec"]["versions"] if v["name"] == version] or [None]
     if found is None:
         raise Invalid(f"{crd_file}: no version {version}")
@@ -123,8 +128,7 @@ def crd_for(obj: dict, crd_dirs: list[Path]) -> tuple[Path, str]:
     for d in crd_dirs:
         path = d / f"{obj['kind']}.yaml"
         if path.exists():
-            crd = yaml.safe_load(path.read_text())
-            if crd["spec"]["group"] == group:
+            if _crd(str(path))["spec"]["group"] == group:
                 return path, version
     raise Invalid(f"no CRD for {obj['apiVersion']} {obj['kind']} in {[str(d) for d in crd_dirs]}")
 

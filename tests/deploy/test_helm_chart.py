@@ -414,3 +414,18 @@ def test_monitoring_objects_ship_the_tested_rules_and_dashboard(helm):
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     monitor = one(objects, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_remote_topology_runs_the_charts_configuration(helm):
+    """docker-compose.remote.yml mounts deploy/compose/remote/sidecar.toml: the chart's ConfigMap
+    for deploy/compose/remote/values.yaml, byte for byte."""
+    remote = CHART.parents[1] / "compose" / "remote"
+    objects = helm_template(helm, CHART, "-f", str(remote / "values.yaml"))
+    assert (remote / "sidecar.toml").read_text() == _sidecar_toml(objects), (
+        "deploy/compose/remote/sidecar.toml is stale: render it again (its values.yaml says how)"
+    )
+    # and the compose sidecar mounts what the pod mounts, where the pod mounts it
+    compose = yaml.safe_load((CHART.parents[2] / "docker-compose.remote.yml").read_text())
+    mounts = {v.split(":")[1] for v in compose["services"]["rsm-sidecar"]["volumes"]}
+    (container,) = _workload(objects)["spec"]["template"]["spec"]["containers"]
+    assert {m["mountPath"] for m in container["volumeMounts"]} - {"/tmp"} == mounts

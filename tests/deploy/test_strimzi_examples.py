@@ -9,6 +9,7 @@ tieredStorage into broker properties is what the remote topology runs
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import zipfile
@@ -174,16 +175,20 @@ def test_the_sidecars_run_where_the_brokers_run_and_admit_only_them(kafka, broke
     }
 
 
-def _strimzi_constant(name: str) -> list[str]:
+@functools.cache
+def _kafka_cluster_spec_constants() -> str:
     api = k8s_tools.ensure_strimzi_crds() / "jars" / f"api-{k8s_tools.STRIMZI_VERSION}.jar"
-    out = subprocess.run(
+    return subprocess.run(
         ["javap", "-constants", "-cp", str(api), "io.strimzi.api.kafka.model.kafka.KafkaClusterSpec"],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     ).stdout
-    value = re.search(rf"String {name} = \"([^\"]*)\"", out).group(1)
+
+
+def _strimzi_constant(name: str) -> list[str]:
+    value = re.search(rf"String {name} = \"([^\"]*)\"", _kafka_cluster_spec_constants()).group(1)
     return [v.strip() for v in value.split(",")]
 
 
@@ -210,3 +215,23 @@ def test_metrics_config_is_the_jmx_exporter_configmap(kafka, examples):
 
     rules = yaml.safe_load(cm["data"][ref["valueFrom"]["configMapKeyRef"]["key"]])
     assert rules["lowercaseOutputName"] is True and rules["rules"]
+
+
+def _strimzi_rsm_properties(kafka: dict) -> dict[str, str]:
+    """The rsm.config.* lines Strimzi writes from tieredStorage.remoteStorageManager.config
+    (KafkaBrokerConfigurationBuilder: each key prefixed, values as given)."""
+    config = kafka["spec"]["kafka"]["tieredStorage"]["remoteStorageManager"]["config"]
+    return {f"rsm.config.{k}": str(v) for k, v in config.items()}
+
+
+def test_remote_topology_runs_the_examples_shim_settings(kafka):
+    """docker-compose.remote.yml's broker gets deploy/compose/remote/rsm-config.properties: the
+    same shim settings as Strimzi gives the example's brokers, the same TLS paths (/mnt/rsm-tls)."""
+    path = REPO / "deploy" / "compose" / "remote" / "rsm-config.properties"
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    assert dict(line.split("=", 1) for line in lines) == _strimzi_rsm_properties(kafka)
+    import yaml
+
+    compose = yaml.safe_load((REPO / "docker-compose.remote.yml").read_text())
+    mounts = dict(v.split(":")[:2][::-1] for v in compose["services"]["kafka"]["volumes"])
+    assert mounts["/mnt/rsm-tls"] == "broker-tls"
