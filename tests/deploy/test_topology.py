@@ -234,10 +234,11 @@ def test_records_read_back_from_offset_zero_across_a_sidecar_kill(topology, prod
 def rotate_certificates_while_a_consumer_reads(topology) -> None:
     """ROTATION STEP, to be called from test_records_read_back_from_offset_zero_across_a_sidecar_kill
     (in on_record, like the kill) or a test of its own, once the shim and the sidecar reload
-    renewed certificate files (issue 30 §1, helper tcp-mtls): renew both sides' certificates in place while a consumer
-    reads from remote storage, then check that new connections see the new certificates and
-    that the consumer read everything. Not called yet: without reload, both sides keep serving
-    the old (still valid) certificates, which such a test must tell apart."""
+    renewed certificate files (issue 30 §1, helper tcp-mtls): renew both sides' certificates in
+    place (Topology.renew_certificates: new keys, the kubelet's atomic ..data swap) while a
+    consumer reads from remote storage, then check that new connections see the new
+    certificates and that the consumer read everything. Not called yet: without reload, both
+    sides keep serving the old (still valid) certificates, which such a test must tell apart."""
     topology.renew_certificates()
     raise NotImplementedError("call once certificate reload lands (tcp-mtls)")
 
