@@ -113,7 +113,12 @@ def _go_install(package: str, version: str, binary: str) -> Path:
     with file_lock(home.parent / (home.name + ".lock")):
         if not path.exists():
             env["GOBIN"] = str(home)
-            _run(["go", "install", f"{package}@{version}"], f"go install {package}@{version}", env=env)
+            _run(
+                ["go", "install", f"{package}@{version}"],
+                f"go install {package}@{version}",
+                timeout=3600,
+                env=env,
+            )
     return path
 
 

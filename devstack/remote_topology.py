@@ -63,11 +63,14 @@ class Topology:
         ports: Mapping[str, int] | None = None,
         extra_files: Sequence[Path] = (),
         image_tag: str | None = None,
+        subnet_prefix: str | None = None,
     ):
         self.ports = {**DEFAULT_PORTS, **(ports or {})}
         env = {PORT_VARIABLES[name]: str(port) for name, port in self.ports.items()}
         if image_tag:
             env["RSM_IMAGE_TAG"] = image_tag
+        if subnet_prefix:
+            env["RSM_REMOTE_SUBNET_PREFIX"] = subnet_prefix  # e.g. "10.213.77": the network's /24
         self.compose = ComposeProject(service, project, files=[COMPOSE_FILE, *extra_files], env=env)
         self.podman_env = service.environment()
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import tarfile
 import threading
@@ -70,6 +71,8 @@ def topology(tmp_path_factory, jmx_exporter):
             ports={"kafka": kafka, "metrics": metrics, "s3": s3},
             extra_files=[override],
             image_tag=os.environ.get("RSM_IMAGE_TAG"),
+            # a /24 of its own, apart from the demo's (podman refuses two networks on one subnet)
+            subnet_prefix=f"10.213.{random.randrange(100, 250)}",
         )
         topo.broker_metrics_url = f"http://127.0.0.1:{broker_metrics}/metrics"
         topo.down()  # leftovers of a killed run
