@@ -152,9 +152,31 @@ class Topology:
         proc = self.compose.run("run", "--rm", "--no-deps", "certs-init", *_certs_command(self), "--renew")
         print(proc.stdout, end="")
 
+    def served_certificate_is_current(self) -> bool:
+        """Whether the sidecar presents the certificate its tls.crt holds now (a TLS handshake
+        from inside its container, with the sidecar's own certificate as the client's)."""
+        proc = self.exec("rsm-sidecar", "python", "-c", _SERVED_CERTIFICATE)
+        if proc.returncode != 0:
+            raise AssertionError(f"TLS handshake with the sidecar failed:\n{proc.stdout}{proc.stderr}")
+        return proc.stdout.strip() == "same"
+
     def metrics(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
             return r.read().decode()
+
+
+_SERVED_CERTIFICATE = """
+import socket, ssl
+tls = "/etc/rsm-sidecar/tls/"
+ctx = ssl.create_default_context(cafile=tls + "ca.crt")
+ctx.load_cert_chain(tls + "tls.crt", tls + "tls.key")
+ctx.set_alpn_protocols(["h2"])
+with socket.create_connection(("127.0.0.1", 9095), timeout=10) as raw:
+    with ctx.wrap_socket(raw, server_hostname="rsm-sidecar.kafka.svc") as conn:
+        served = conn.getpeercert(binary_form=True)
+with open(tls + "tls.crt") as f:
+    print("same" if served == ssl.PEM_cert_to_DER_cert(f.read()) else "different")
+"""
 
 
 def _certs_command(topology: Topology) -> list[str]:

@@ -208,6 +208,9 @@ def test_records_read_back_from_offset_zero_across_a_sidecar_kill(topology, prod
         assert "killed" in state, f"a fetch failed before the sidecar was killed: {error}"
         errors.append(error)
 
+    # cert-manager renews both certificates in place (new keys, same paths) before the kill: the
+    # restarted sidecar serves the new one, the broker's shim goes on with its (still valid) one
+    topology.renew_certificates()
     t0 = time.monotonic()
     n, digest = consume_from_zero(topology.bootstrap, TOPIC, COUNT, on_record=on_record, on_error=on_error)
     assert (n, digest) == (COUNT, produced["digest"])
@@ -218,6 +221,7 @@ def test_records_read_back_from_offset_zero_across_a_sidecar_kill(topology, prod
     )
     assert state["max_gap"] >= 2.0, "the consumer did not wait for the sidecar: was it reading from remote?"
     wait_for("the sidecar to be healthy again", lambda: topology.health("rsm-sidecar") == "healthy", 120)
+    assert topology.served_certificate_is_current(), "the restarted sidecar serves the old certificate"
     served = metric_sum(topology.metrics(), "rsm_bytes_total", kind="fetch_served")
     # the restarted sidecar's counters start at 0: what it served after the kill alone
     tiered_after_kill = sum(
@@ -238,10 +242,12 @@ def rotate_certificates_while_a_consumer_reads(topology) -> None:
     """ROTATION STEP, to be called from test_records_read_back_from_offset_zero_across_a_sidecar_kill
     (in on_record, like the kill) or a test of its own, once the shim and the sidecar reload
     renewed certificate files (issue 30 §1, helper tcp-mtls): renew both sides' certificates in
-    place (Topology.renew_certificates: new keys, the kubelet's atomic ..data swap) while a
-    consumer reads from remote storage, then check that new connections see the new
-    certificates and that the consumer read everything. Not called yet: without reload, both
-    sides keep serving the old (still valid) certificates, which such a test must tell apart."""
+    place (Topology.renew_certificates: new keys, the kubelet's atomic ..data swap; the test
+    above already runs it before the kill, and the restarted sidecar serves the new certificate)
+    while a consumer reads from remote storage, then check, without any restart, that the sidecar
+    serves the new certificate (Topology.served_certificate_is_current) and that the broker's
+    new connections present the new client certificate, and that the consumer read everything.
+    Not called yet: without reload both sides keep the old (still valid) certificates."""
     topology.renew_certificates()
     raise NotImplementedError("call once certificate reload lands (tcp-mtls)")
 
