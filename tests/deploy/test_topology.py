@@ -367,8 +367,11 @@ def test_every_broker_metric_of_the_dashboard_and_alerts_exists(topology, produc
     import urllib.request
 
     def scrape():
-        with urllib.request.urlopen(topology.broker_metrics_url, timeout=30) as r:
-            return r.read().decode()
+        try:
+            with urllib.request.urlopen(topology.broker_metrics_url, timeout=30) as r:
+                return r.read().decode()
+        except OSError:
+            return None
 
     text = wait_for("the broker's JMX exporter", scrape, 60)
     exposed = set().union(*_families(text).values())
