@@ -1,9 +1,12 @@
 #!/bin/bash
 # Entrypoint of the compose broker: writes server.properties from the compose settings
 # (server.properties next to this script) plus config/broker-tiered.properties with its
-# placeholders filled from the environment (SHIM_DIR, SIDECAR_TARGET, TRANSFER_MODE),
-# formats the KRaft storage on first start and runs Kafka (the jars in $KAFKA_HOME/libs, logging
-# to the console through $KAFKA_HOME/config/log4j2.properties) in the foreground.
+# placeholders filled from the environment (SHIM_DIR, SIDECAR_TARGET, TRANSFER_MODE), plus the
+# files named in BROKER_EXTRA_PROPERTIES (space-separated; later keys win: the remote topology's
+# TLS settings, docker-compose.remote.yml), formats the KRaft storage on first start and runs
+# Kafka (the jars in $KAFKA_HOME/libs, logging to the console through
+# $KAFKA_HOME/config/log4j2.properties, JVM options from KAFKA_HEAP_OPTS and KAFKA_OPTS) in the
+# foreground.
 set -euo pipefail
 
 here=${RSM_HOME:-/opt/rsm-sidecar}
@@ -11,10 +14,12 @@ kafka=${KAFKA_HOME:-/opt/kafka}
 tiered=${BROKER_TIERED_PROPERTIES:-/etc/rsm-sidecar/broker-tiered.properties}
 out=${BROKER_CONFIG:-$kafka/config/server.properties}
 : "${CLUSTER_ID:?set CLUSTER_ID (a Kafka Uuid, e.g. from kafka-storage.sh random-uuid)}"
+# shellcheck disable=SC2206
+extra=(${BROKER_EXTRA_PROPERTIES:-})
 
-"$here/bin/render-properties.sh" "$here/server.properties" "$tiered" > "$out.tmp"
+"$here/bin/render-properties.sh" "$here/server.properties" "$tiered" "${extra[@]}" > "$out.tmp"
 mv "$out.tmp" "$out"
-echo "===> $out (from $here/server.properties and $tiered):"
+echo "===> $out (from $here/server.properties, $tiered${extra[*]:+ and ${extra[*]}}):"
 sed 's/^/     /' "$out"
 
 # The log dirs are the kafka-data volume, shared with the sidecar: say so if its owner is wrong.
@@ -33,7 +38,7 @@ logging="-Dlog4j2.configurationFile=$kafka/config/log4j2.properties"
 # First start only: an already formatted log dir is left as it is.
 "$java" -Xmx256m "$logging" -cp "$classpath" kafka.tools.StorageTool \
   format --ignore-formatted --cluster-id "$CLUSTER_ID" --config "$out"
-# KAFKA_HEAP_OPTS is split into words on purpose (several JVM options).
+# KAFKA_HEAP_OPTS and KAFKA_OPTS are split into words on purpose (several JVM options).
 # shellcheck disable=SC2086
-exec "$java" ${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g} -XX:+UseG1GC -Djava.awt.headless=true "$logging" \
-  -cp "$classpath" kafka.Kafka "$out"
+exec "$java" ${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g} ${KAFKA_OPTS:-} -XX:+UseG1GC -Djava.awt.headless=true \
+  "$logging" -cp "$classpath" kafka.Kafka "$out"
