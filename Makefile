@@ -87,8 +87,9 @@ $(COMPOSE_TOOLS_STAMP): devstack/compose_tools.py tests/compose/tools/go.mod | $
 	  print(ensure_compose_cli()); print(ensure_dockerfilecheck())'
 	touch $@
 
-# The Kubernetes deployment tests' tools (tests/deploy, devstack/k8s_tools.py): helm and promtool
-# built from the Go module proxy; Strimzi's CRDs generated from io.strimzi:api (Maven Central) by
+# The Kubernetes deployment tests' tools (tests/deploy, devstack/k8s_tools.py): helm built from
+# the Go module proxy; promtool out of Debian's prometheus package (apt-get download; built from
+# the Go module proxy where there is no apt); Strimzi's CRDs generated from io.strimzi:api (Maven Central) by
 # Strimzi's CRD generator; cert-manager's and the Prometheus operator's CRDs from their Go
 # modules; the Prometheus JMX exporter agent (Maven Central).
 k8s-tools: $(K8S_TOOLS_STAMP)
