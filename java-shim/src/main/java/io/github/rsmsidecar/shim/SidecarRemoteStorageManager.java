@@ -92,6 +92,8 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private volatile ErrorMapper errorMapper;
     /** The time and transaction indexes asked for beside a segment's offset index. */
     private final IndexPrefetch indexPrefetch = new IndexPrefetch();
+    /** The shim's counters; published through the broker's plugin metrics on Kafka 4.1+ (KIP-877). */
+    final ShimMetrics metrics = new ShimMetrics();
     private volatile ScheduledThreadPoolExecutor scheduler;
     private ManagedChannel channel; // guarded by this
     private volatile boolean closed;
@@ -134,7 +136,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             if (closed) {
                 throw new IllegalStateException("configure() after close()");
             }
-            this.retrier = new Retrier(c, mapper, this::resetConnectBackoff);
+            this.retrier = new Retrier(c, mapper, this::resetConnectBackoff, metrics);
             this.errorMapper = mapper;
             if (scheduler == null) {
                 ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
@@ -305,8 +307,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
         CopyBegin beginMessage = begin.build();
         long started = System.nanoTime();
-        CopySegmentResponse response = retrier.call(op, false, attempt -> SegmentCopier.copy(
+        CopySegmentResponse response = retrier.call(ShimMetrics.Op.COPY, op, attempt -> SegmentCopier.copy(
                 channel(), deadline(c.copyDeadlineMs()), op, beginMessage, parts));
+        metrics.copyBytes.add(copiedBytes(data));
         LOG.info("{}: copied in {} ms ({} mode, {} bytes stored as {}, custom metadata: {} bytes)", op,
                 TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started), c.transferMode(),
                 response.getStoredBytes(), response.getObjectKeyBase(),
@@ -314,6 +317,22 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return response.hasCustomMetadata()
                 ? Optional.of(new CustomMetadata(response.getCustomMetadata().toByteArray()))
                 : Optional.empty();
+    }
+
+    /** The bytes of a segment's files, as counted in {@link ShimMetrics#copyBytes}. */
+    private static long copiedBytes(LogSegmentData data) {
+        long n = data.leaderEpochIndex().remaining();
+        List<Path> files = new ArrayList<>(List.of(data.logSegment(), data.offsetIndex(), data.timeIndex(),
+                data.producerSnapshotIndex()));
+        data.transactionIndex().ifPresent(files::add);
+        for (Path p : files) {
+            try {
+                n += Files.size(p);
+            } catch (IOException e) {
+                // gone after the copy: not counted
+            }
+        }
+        return n;
     }
 
     private static String absolute(Path p) {
@@ -595,6 +614,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
         String op = "read-ahead of " + seg.id() + " (offsets " + seg.startOffset() + ".." + seg.endOffset()
                 + ") at " + from;
+        metrics.call(ShimMetrics.Op.BACKGROUND);
         call.start(new ClientCall.Listener<>() {
             @Override
             public void onMessage(FetchSegmentResponse response) {
@@ -605,6 +625,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 }
                 try {
                     FetchHandoff.OpenFile file = h.open(response.getHandoff());
+                    metrics.fetchHandoffBytes.add(file.length());
                     try {
                         if (file.length() == length) {
                             ra.keep(partition, seg, from, file,
@@ -633,6 +654,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     }
 
     private void readAheadRests(String op, int windowBytes) {
+        metrics.handoffFallbacks.increment();
         readAheadOffUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(FetchHandoff.RETRY_AFTER_MS);
         LOG.warn("{}: the sidecar did not hand off a read-ahead window of {} bytes (its fetch.handoff_max_bytes "
                         + "is smaller, or its hand-off files are at their bound); read-ahead rests for {} s "
@@ -665,6 +687,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 return openFetch(c, req.setAcceptHandoff(true).build(), handoff, keep, op);
             } catch (FetchHandoff.HandoffException e) {
                 handoff.turnOff(op, e);
+                metrics.handoffFallbacks.increment();
                 req.setAcceptHandoff(false);
             }
         }
@@ -679,7 +702,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                         ? "the sidecar answered with a hand-off file that was not asked for"
                         : "the sidecar sent a hand-off file after other messages"));
             }
-            return response.getData();
+            ByteString bytes = response.getData();
+            metrics.fetchGrpcBytes.add(bytes.size());
+            return bytes;
         };
         Function<FetchSegmentResponse, InputStream> handedOff = handoff == null ? null
                 : response -> {
@@ -687,6 +712,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                         return null;
                     }
                     FetchHandoff.OpenFile file = handoff.open(response.getHandoff());
+                    metrics.fetchHandoffBytes.add(file.length());
                     try {
                         if (keep != null) {
                             keep.accept(file);
@@ -697,7 +723,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     }
                 };
         try {
-            return retrier.call(op, false, attempt -> {
+            return retrier.call(ShimMetrics.Op.FETCH, op, attempt -> {
                 GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(channel(),
                         FetchResponseMarshaller.FETCH_SEGMENT, STREAM_CALL, request,
                         data, op, c.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS)
@@ -755,7 +781,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 return new java.io.ByteArrayInputStream(prefetched.data());
             }
         }
-        return retrier.call(op, false, attempt -> {
+        return retrier.call(ShimMetrics.Op.FETCH_INDEX, op, attempt -> {
             GrpcInputStream<FetchIndexResponse> s = GrpcInputStream.start(channel(),
                     RemoteStorageGrpc.getFetchIndexMethod(),
                     STREAM_CALL.withDeadlineAfter(c.fetchIndexDeadlineMs(), TimeUnit.MILLISECONDS), request,
@@ -783,7 +809,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         indexPrefetch.forget(md.remoteLogSegmentId());
         DeleteSegmentRequest request = DeleteSegmentRequest.newBuilder().setMetadata(MetadataMapper.toProto(md)).build();
         long started = System.nanoTime();
-        retrier.call(op, true, attempt -> {
+        retrier.call(ShimMetrics.Op.DELETE, op, attempt -> {
             ListenableFuture<DeleteSegmentResponse> f = ClientCalls.futureUnaryCall(
                     channel().newCall(RemoteStorageGrpc.getDeleteSegmentMethod(), deadline(c.deleteDeadlineMs())),
                     request);
