@@ -96,6 +96,13 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     final ShimMetrics metrics = new ShimMetrics();
     private volatile ScheduledThreadPoolExecutor scheduler;
     private ManagedChannel channel; // guarded by this
+    /** Channels replaced after a TLS reload, finishing their calls in flight. Guarded by this. */
+    private final List<ManagedChannel> retired = new ArrayList<>();
+    /** The TLS files the next channel uses (null without TLS). */
+    private volatile TlsFiles tlsFiles;
+    /** A changed set of TLS files that was not usable (warned about once). */
+    private volatile TlsFiles rejectedTls;
+    private java.util.concurrent.ScheduledFuture<?> tlsReload; // guarded by this
     private volatile boolean closed;
 
     /** The constructor the broker uses. */
@@ -120,9 +127,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     @Override
     public void configure(Map<String, ?> configs) {
         ShimConfig c;
+        TlsFiles tls;
         try {
             c = ShimConfig.parse(configs);
-            ChannelFactory.credentials(c); // reads the TLS files now so a bad path fails start-up clearly
+            // reads the TLS files now so a bad path fails start-up clearly
+            tls = c.tlsEnabled() ? TlsFiles.read(c).check(c) : null;
+            ChannelFactory.credentials(c, tls);
         } catch (ShimConfig.ShimConfigException e) {
             throw new ConfigException(e.getMessage());
         } catch (IOException e) {
@@ -148,6 +158,15 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 this.scheduler = s;
             }
             this.config = c;
+            this.tlsFiles = tls;
+            if (tlsReload != null) {
+                tlsReload.cancel(false);
+                tlsReload = null;
+            }
+            if (tls != null && c.tlsReloadIntervalMs() > 0) {
+                tlsReload = scheduler.scheduleWithFixedDelay(this::reloadTls, c.tlsReloadIntervalMs(),
+                        c.tlsReloadIntervalMs(), TimeUnit.MILLISECONDS);
+            }
             this.handoff = c.handoffDir() == null ? null : new FetchHandoff(c.handoffDir());
             ReadAhead previous = this.readAhead;
             this.readAhead = handoff == null || c.fetchReadaheadBytes() == 0 ? null
@@ -170,6 +189,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     @Override
     public void close() throws IOException {
         ManagedChannel ch;
+        List<ManagedChannel> old;
         synchronized (this) {
             if (closed) {
                 return;
@@ -177,6 +197,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             closed = true;
             ch = channel;
             channel = null;
+            old = new ArrayList<>(retired);
+            retired.clear();
+        }
+        for (ManagedChannel r : old) {
+            r.shutdownNow();
         }
         ReadAhead ra = readAhead;
         if (ra != null) {
@@ -222,7 +247,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         if (channel == null) {
             ShimConfig c = config;
             try {
-                channel = channelFactory.create(c);
+                channel = channelFactory.create(c, tlsFiles);
             } catch (IOException | RuntimeException e) {
                 throw new RemoteStorageException("cannot create the gRPC channel to the sidecar at "
                         + c.target() + ": " + e.getMessage(), e);
@@ -230,6 +255,63 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             LOG.info("gRPC channel to the sidecar at {} created", c.target());
         }
         return channel;
+    }
+
+    /**
+     * Reads the TLS files again (every {@code tls.reload.interval.ms}); when their bytes changed and
+     * form a usable set ({@link TlsFiles#check}), calls from now on use a new channel made of them,
+     * and the old channel is shut down gracefully: its calls in flight (fetch streams, copies) finish
+     * on the connection they started on. A changed set that is not usable (caught half-written, a
+     * key from another renewal) is warned about once and read again at the next check.
+     */
+    private void reloadTls() {
+        ShimConfig c = config;
+        TlsFiles now;
+        try {
+            now = TlsFiles.read(c);
+        } catch (IOException e) {
+            LOG.warn("TLS files: {}; keeping the ones in use", e.getMessage());
+            return;
+        }
+        if (now.sameAs(tlsFiles) || now.sameAs(rejectedTls)) {
+            return;
+        }
+        try {
+            now.check(c);
+        } catch (IOException e) {
+            rejectedTls = now;
+            LOG.warn("TLS files changed but are not usable yet ({}); keeping the ones in use and checking again "
+                    + "in {} ms", e.getMessage(), c.tlsReloadIntervalMs());
+            return;
+        }
+        ManagedChannel old;
+        synchronized (this) {
+            if (closed) {
+                return;
+            }
+            old = channel;
+            if (old != null) {
+                ManagedChannel fresh;
+                try {
+                    fresh = channelFactory.create(c, now);
+                } catch (IOException | RuntimeException e) {
+                    LOG.warn("TLS files changed but no channel could be made of them ({}); keeping the ones in use",
+                            e.getMessage());
+                    rejectedTls = now;
+                    return;
+                }
+                channel = fresh;
+                retired.removeIf(ManagedChannel::isTerminated);
+                retired.add(old);
+            }
+            tlsFiles = now;
+        }
+        metrics.tlsReloads.increment();
+        if (old != null) {
+            old.shutdown(); // graceful: its calls in flight finish, new calls go to the new channel
+        }
+        LOG.info("TLS files changed: new connections to the sidecar use them (client certificate {}){}",
+                now.subject(), old != null ? "; calls in flight finish on the previous connection" : "");
     }
 
     private synchronized void resetConnectBackoff() {
