@@ -169,7 +169,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             }
             this.handoff = c.handoffDir() == null ? null : new FetchHandoff(c.handoffDir());
             ReadAhead previous = this.readAhead;
-            this.readAhead = handoff == null || c.fetchReadaheadBytes() == 0 ? null
+            this.readAhead = c.fetchReadaheadBytes() == 0 ? null
                     : new ReadAhead(c.fetchReadaheadBytes(), c.fetchReadaheadMaxBytes());
             if (previous != null) {
                 previous.close();
@@ -520,11 +520,15 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return windowed(c, md, start, first, sequential, op);
     }
 
-    /** The read-ahead, or null while it is off or resting, or while hand-off is. */
+    /**
+     * The read-ahead, or null while it is off or resting. Over a Unix socket with hand-off it reads
+     * ahead in hand-off files, and rests while hand-off does; otherwise (TCP) in gRPC messages kept
+     * in the heap.
+     */
     private ReadAhead readAhead() {
         ReadAhead ra = readAhead;
         FetchHandoff h = handoff;
-        if (ra == null || h == null || !h.active() || System.nanoTime() - readAheadOffUntilNanos < 0) {
+        if (ra == null || (h != null && !h.active()) || System.nanoTime() - readAheadOffUntilNanos < 0) {
             return null;
         }
         return ra;
@@ -672,16 +676,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private void readAhead(ShimConfig c, TopicIdPartition partition, ReadAhead.SegmentRef seg, SegmentMetadata request,
                            long from, boolean follows, ReadAhead ra, ReadAhead.Claim claim) {
         FetchHandoff h = handoff;
-        if (h == null) {
-            ra.pendingDone(partition, claim);
-            return;
-        }
         Integer to = WindowedFetchStream.windowEnd(from, ra.windowBytes(), seg.size());
         long length = (to == null ? seg.size() : (long) to + 1) - from;
         FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
                 .setMetadata(request)
                 .setStartPosition((int) from)
-                .setAcceptHandoff(true)
+                .setAcceptHandoff(h != null)
                 .setWantNextSegment(to == null);
         if (to != null) {
             req.setEndPosition(to);
@@ -697,6 +697,19 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         String op = "read-ahead of " + seg.id() + " (offsets " + seg.startOffset() + ".." + seg.endOffset()
                 + ") at " + from;
         metrics.call(ShimMetrics.Op.BACKGROUND);
+        if (h == null) {
+            readAheadReceived(call, partition, seg, from, length, follows, ra, claim, op);
+        } else {
+            readAheadHandedOff(call, h, partition, seg, from, length, follows, ra, claim, op);
+        }
+        call.sendMessage(req.build());
+        call.halfClose();
+    }
+
+    /** The read-ahead window as a hand-off file, kept when it is exactly the window asked for. */
+    private void readAheadHandedOff(ClientCall<FetchSegmentRequest, FetchSegmentResponse> call, FetchHandoff h,
+                                    TopicIdPartition partition, ReadAhead.SegmentRef seg, long from, long length,
+                                    boolean follows, ReadAhead ra, ReadAhead.Claim claim, String op) {
         call.start(new ClientCall.Listener<>() {
             @Override
             public void onMessage(FetchSegmentResponse response) {
@@ -731,8 +744,57 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             }
         }, new io.grpc.Metadata());
         call.request(1);
-        call.sendMessage(req.build());
-        call.halfClose();
+    }
+
+    /**
+     * The read-ahead window in gRPC messages (a sidecar reached over TCP): every message is asked
+     * for at once (the window is bounded, so is what arrives), their arrays are kept as they came
+     * (no copy), and the window is kept once the call ended OK with exactly its bytes; anything
+     * else keeps nothing and the reader asks for the window itself. The sidecar names the next
+     * segment in a message of its own after the data (rsm.proto {@code want_next_segment}).
+     */
+    private void readAheadReceived(ClientCall<FetchSegmentRequest, FetchSegmentResponse> call,
+                                   TopicIdPartition partition, ReadAhead.SegmentRef seg, long from, long length,
+                                   boolean follows, ReadAhead ra, ReadAhead.Claim claim, String op) {
+        call.start(new ClientCall.Listener<>() {
+            private ByteString bytes = ByteString.EMPTY;
+            private SegmentMetadata next;
+
+            @Override
+            public void onMessage(FetchSegmentResponse response) {
+                if (response.hasHandoff()) {
+                    call.cancel("the sidecar answered with a hand-off file that was not asked for", null);
+                    return;
+                }
+                if (response.hasNextSegment()) {
+                    next = response.getNextSegment();
+                }
+                bytes = bytes.concat(response.getData());
+                metrics.fetchGrpcBytes.add(response.getData().size());
+                if (bytes.size() > length) {
+                    call.cancel("the sidecar sent more than the " + length + " bytes asked for", null);
+                    return;
+                }
+                call.request(1);
+            }
+
+            @Override
+            public void onClose(Status status, io.grpc.Metadata trailers) {
+                try {
+                    if (status.isOk() && bytes.size() == length) {
+                        FetchHandoff.OpenFile window = FetchHandoff.OpenFile.received(bytes, op);
+                        ra.keep(partition, seg, from, window, next, follows);
+                        window.release(); // keep() took its own reference
+                    } else if (!status.isOk() && status.getCode() != Status.Code.CANCELLED) {
+                        LOG.debug("{}: {}", op, status);
+                    }
+                } finally {
+                    bytes = ByteString.EMPTY;
+                    ra.pendingDone(partition, claim);
+                }
+            }
+        }, new io.grpc.Metadata());
+        call.request(4); // a few messages in flight; each one received asks for one more
     }
 
     private void readAheadRests(String op, int windowBytes) {
