@@ -384,6 +384,7 @@ def run_ours(
         sidecar_tls=remote,
         sidecar_host=host,
         sidecar_prefix=ns.exec_prefix if ns else (),
+        shim_jar=args.shim_jar,
     )
     out = []
     if ns:
@@ -475,6 +476,12 @@ def main(argv: list[str] | None = None) -> int:
         "above 8 the sidecar's fetch.handoff_max_bytes is raised to match",
     )
     ap.add_argument("--jfr", default=None, help="write a JFR recording of each broker into this directory")
+    ap.add_argument(
+        "--shim-jar",
+        type=Path,
+        default=None,
+        help="the shim jar of the ours cases (default: java-shim/target/rsm-sidecar-shim.jar)",
+    )
     ap.add_argument(
         "--shim",
         action="append",

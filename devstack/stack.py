@@ -60,13 +60,15 @@ class LocalStack:
         sidecar_prefix: Sequence[str] = (),
         shim_on_classpath: bool = False,
         broker_jvm_options: Sequence[str] = (),
+        shim_jar: Path | None = None,
     ):
         """``sidecar_tls``: the sidecar is reached over TCP with mutual TLS (certificates of a test
         CA in Secret-volume-like directories, ``tls_ca``, ``sidecar_secret``, ``broker_secret``)
         at ``sidecar_host``, as when it is not in the broker's pod; ``sidecar_prefix`` runs it
         under another command (``ip netns exec NS``). ``shim_on_classpath``: the shim jar is on
         the broker's own class path instead of ``remote.log.storage.manager.class.path`` (what
-        KIP-877 plugin metrics need, docs/shim.md)."""
+        KIP-877 plugin metrics need, docs/shim.md). ``shim_jar``: another build of the shim than
+        ``make shim``'s (benchmarks compare builds)."""
         self.workdir = Path(workdir).resolve()
         self.storage = storage
         self.transfer_mode = transfer_mode
@@ -80,6 +82,7 @@ class LocalStack:
         self.sidecar_prefix = list(sidecar_prefix)
         self.shim_on_classpath = shim_on_classpath
         self.broker_jvm_options = list(broker_jvm_options)
+        self.shim_jar = Path(shim_jar) if shim_jar else SHIM_JAR
         self.tls_ca = None
         self.sidecar_secret = None
         self.broker_secret = None
@@ -274,11 +277,11 @@ class LocalStack:
         return CONFIG_DIR / "sidecar.toml", self.sidecar_environment()
 
     def broker_properties(self) -> dict[str, object]:
-        if not SHIM_JAR.exists():
-            raise FileNotFoundError(f"{SHIM_JAR} is missing: run `make shim`")
+        if not self.shim_jar.exists():
+            raise FileNotFoundError(f"{self.shim_jar} is missing: run `make shim`")
         plugin = self.workdir / "shim"
         plugin.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(SHIM_JAR, plugin / SHIM_JAR.name)
+        shutil.copy2(self.shim_jar, plugin / SHIM_JAR.name)
         props: dict[str, object] = dict(
             read_properties(
                 CONFIG_DIR / "broker-tiered.properties",

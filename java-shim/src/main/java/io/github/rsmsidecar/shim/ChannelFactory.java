@@ -56,6 +56,22 @@ interface ChannelFactory {
         }
     };
 
+    /**
+     * Which TLS implementation a TLS channel uses: BoringSSL through netty-tcnative (bundled for
+     * Linux x86_64 and aarch64 with glibc) when it loads, else the JDK's provider.
+     */
+    static String tlsProvider() {
+        try {
+            if (io.grpc.netty.shaded.io.netty.handler.ssl.OpenSsl.isAvailable()) {
+                return io.grpc.netty.shaded.io.netty.handler.ssl.OpenSsl.versionString() + " (netty-tcnative)";
+            }
+            Throwable why = io.grpc.netty.shaded.io.netty.handler.ssl.OpenSsl.unavailabilityCause();
+            return "the JDK's (netty-tcnative not usable here: " + (why == null ? "unknown" : why.toString()) + ")";
+        } catch (LinkageError e) {
+            return "the JDK's (netty-tcnative not usable here: " + e + ")";
+        }
+    }
+
     /** Channel credentials for {@code config}; reads and checks the TLS files (errors name the key). */
     static ChannelCredentials credentials(ShimConfig config) throws IOException {
         return credentials(config, null);

@@ -252,7 +252,8 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 throw new RemoteStorageException("cannot create the gRPC channel to the sidecar at "
                         + c.target() + ": " + e.getMessage(), e);
             }
-            LOG.info("gRPC channel to the sidecar at {} created", c.target());
+            LOG.info("gRPC channel to the sidecar at {} created{}", c.target(),
+                    c.tlsEnabled() ? "; TLS by " + ChannelFactory.tlsProvider() : "");
         }
         return channel;
     }
