@@ -138,6 +138,8 @@ def test_the_shims_metrics_are_in_the_brokers_jmx(stack, store, tiered):
         r"transfer\.mode=stream, tls=mtls",
         broker_log(stack),
     )
+    # TLS by the BoringSSL the jar carries for Linux, not the JDK's provider (design.md)
+    assert "; TLS by BoringSSL (netty-tcnative)" in broker_log(stack)
     m = shim_metrics(stack)
     assert m["calls-total{op=copy}"] >= 2, m  # at least two segments of 600 records and a filler
     assert m["calls-total{op=fetch}"] >= 1, m
