@@ -34,12 +34,14 @@ TOOLS: dict[str, str] = {
     "kafka-consumer-perf-test": "org.apache.kafka.tools.ConsumerPerformance",
     "kafka-broker-api-versions": "org.apache.kafka.tools.BrokerApiVersionsCommand",
     "kafka-transactions": "org.apache.kafka.tools.TransactionsCommand",
+    "kafka-jmx": "org.apache.kafka.tools.JmxTool",
 }
 
 #: where 3.x keeps a tool elsewhere (moved to ``kafka-tools`` in 4.0)
 _TOOLS_3X = {
     "kafka-configs": "kafka.admin.ConfigCommand",
     "kafka-dump-log": "kafka.tools.DumpLogSegments",
+    "kafka-jmx": "kafka.tools.JmxTool",
 }
 
 

@@ -13,16 +13,18 @@ import hashlib
 import os
 import shutil
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from devstack.common import REPO_ROOT, default_cache_dir
+from devstack.common import REPO_ROOT, default_cache_dir, free_port
 from devstack.kafka import KafkaBroker, KafkaDistribution
 from devstack.sidecar import SidecarProcess
 
 CONFIG_DIR = REPO_ROOT / "config"
 SHIM_JAR = REPO_ROOT / "java-shim" / "target" / "rsm-sidecar-shim.jar"
 DEMO_KEY_ID = "demo-key-1"
+#: the name in the test sidecar certificate (``sidecar_tls``); the shim checks it
+TLS_AUTHORITY = "sidecar.test"
 BUCKET = "tiered-storage"
 
 
@@ -64,7 +66,20 @@ class LocalStack:
         sidecar_env: Mapping[str, str] | None = None,
         broker_properties: Mapping[str, object] | None = None,
         encryption: bool = True,
+        sidecar_tls: bool = False,
+        sidecar_host: str = "127.0.0.1",
+        sidecar_prefix: Sequence[str] = (),
+        shim_on_classpath: bool = False,
+        broker_jvm_options: Sequence[str] = (),
+        shim_jar: Path | None = None,
     ):
+        """``sidecar_tls``: the sidecar is reached over TCP with mutual TLS (certificates of a test
+        CA in Secret-volume-like directories, ``tls_ca``, ``sidecar_secret``, ``broker_secret``)
+        at ``sidecar_host``, as when it is not in the broker's pod; ``sidecar_prefix`` runs it
+        under another command (``ip netns exec NS``). ``shim_on_classpath``: the shim jar is on
+        the broker's own class path instead of ``remote.log.storage.manager.class.path`` (what
+        KIP-877 plugin metrics need, docs/shim.md). ``shim_jar``: another build of the shim than
+        ``make shim``'s (benchmarks compare builds)."""
         self.workdir = Path(workdir).resolve()
         self.storage = storage
         self.transfer_mode = transfer_mode
@@ -73,6 +88,16 @@ class LocalStack:
         self.extra_sidecar_env = dict(sidecar_env or {})
         self.extra_broker_properties = dict(broker_properties or {})
         self.encryption = encryption
+        self.sidecar_tls = sidecar_tls
+        self.sidecar_host = sidecar_host
+        self.sidecar_prefix = list(sidecar_prefix)
+        self.shim_on_classpath = shim_on_classpath
+        self.broker_jvm_options = list(broker_jvm_options)
+        self.shim_jar = Path(shim_jar) if shim_jar else SHIM_JAR
+        self.tls_ca = None
+        self.sidecar_secret = None
+        self.broker_secret = None
+        self.sidecar_port = free_port() if sidecar_tls else None
         self.storage_server = None
         self.sidecar: SidecarProcess | None = None
         #: whether start_sidecar created the runtime directory (stop removes only that)
@@ -110,7 +135,26 @@ class LocalStack:
 
     @property
     def sidecar_target(self) -> str:
+        if self.sidecar_tls:
+            return f"{self.sidecar_host}:{self.sidecar_port}"
         return f"unix://{self.socket_path}"
+
+    def _ensure_tls(self) -> None:
+        if self.tls_ca is not None:
+            return
+        from devstack.tls import SecretVolume, TestCA
+
+        self.tls_ca = ca = TestCA("rsm-sidecar stack CA")
+        server = ca.issue(TLS_AUTHORITY, dns=[TLS_AUTHORITY], ips=[self.sidecar_host])
+        client = ca.issue("kafka-broker")
+        self.sidecar_secret = SecretVolume(
+            self.workdir / "tls" / "sidecar",
+            {"tls.crt": server.cert_pem, "tls.key": server.key_pem, "ca.crt": ca.cert_pem},
+        )
+        self.broker_secret = SecretVolume(
+            self.workdir / "tls" / "broker",
+            {"tls.crt": client.cert_pem, "tls.key": client.key_pem, "ca.crt": ca.cert_pem},
+        )
 
     # -- pieces -----------------------------------------------------------------------
     def _ensure_keys(self) -> None:
@@ -125,7 +169,7 @@ class LocalStack:
 
     def sidecar_environment(self) -> dict[str, str]:
         env = {
-            "RSM__SERVER__LISTEN": f"unix://{self.socket_path}",
+            "RSM__SERVER__LISTEN": self.sidecar_target,
             "RSM__METRICS__LISTEN": "",
             "RSM__STORAGE__BACKEND": self.storage,
             "RSM__COPY__JOURNAL_DIR": str(self.workdir / "journal"),
@@ -133,6 +177,12 @@ class LocalStack:
         }
         self.broker_log_dir.mkdir(parents=True, exist_ok=True)
         env.update(self.storage_environment())
+        if self.sidecar_tls:
+            self._ensure_tls()
+            assert self.sidecar_secret is not None
+            env["RSM__SERVER__TLS__CERT_FILE"] = str(self.sidecar_secret.file("tls.crt"))
+            env["RSM__SERVER__TLS__KEY_FILE"] = str(self.sidecar_secret.file("tls.key"))
+            env["RSM__SERVER__TLS__CLIENT_CA_FILE"] = str(self.sidecar_secret.file("ca.crt"))
         if self.encryption:
             self._ensure_keys()
             for leaf in ("public", "private"):
@@ -204,8 +254,19 @@ class LocalStack:
             self.socket_path.parent.mkdir(mode=0o700, parents=True)
             self._created_runtime_dir = True
         if self.sidecar is None:
+            env = self.sidecar_environment()
+            tls = None
+            if self.sidecar_tls:
+                assert self.broker_secret is not None  # the health check dials as the broker does
+                tls = tuple(self.broker_secret.file(n).read_bytes() for n in ("ca.crt", "tls.key", "tls.crt"))
             self.sidecar = SidecarProcess(
-                CONFIG_DIR / "sidecar.toml", self.workdir, self.sidecar_environment(), self.sidecar_target
+                CONFIG_DIR / "sidecar.toml",
+                self.workdir,
+                env,
+                self.sidecar_target,
+                tls=tls,  # type: ignore[arg-type]
+                authority=TLS_AUTHORITY if self.sidecar_tls else None,
+                prefix=self.sidecar_prefix,
             )
         self.sidecar.start()
         return self.sidecar
@@ -231,11 +292,11 @@ class LocalStack:
         return CONFIG_DIR / "sidecar.toml", self.sidecar_environment()
 
     def broker_properties(self) -> dict[str, object]:
-        if not SHIM_JAR.exists():
-            raise FileNotFoundError(f"{SHIM_JAR} is missing: run `make shim`")
+        if not self.shim_jar.exists():
+            raise FileNotFoundError(f"{self.shim_jar} is missing: run `make shim`")
         plugin = self.workdir / "shim"
         plugin.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(SHIM_JAR, plugin / SHIM_JAR.name)
+        shutil.copy2(self.shim_jar, plugin / SHIM_JAR.name)
         props: dict[str, object] = dict(
             read_properties(
                 CONFIG_DIR / "broker-tiered.properties",
@@ -247,6 +308,16 @@ class LocalStack:
             )
         )
         props["log.dirs"] = str(self.broker_log_dir)
+        if self.sidecar_tls:
+            self._ensure_tls()
+            assert self.broker_secret is not None
+            props["rsm.config.tls.enabled"] = "true"
+            props["rsm.config.tls.ca.file"] = str(self.broker_secret.file("ca.crt"))
+            props["rsm.config.tls.cert.file"] = str(self.broker_secret.file("tls.crt"))
+            props["rsm.config.tls.key.file"] = str(self.broker_secret.file("tls.key"))
+            props["rsm.config.tls.authority.override"] = TLS_AUTHORITY
+        if self.shim_on_classpath:
+            props["remote.log.storage.manager.class.path"] = None  # KafkaBroker drops it
         props.update(self.extra_broker_properties)
         return props
 
@@ -258,8 +329,14 @@ class LocalStack:
                 else KafkaDistribution.ensure()
             )
             ports = {"broker": self.broker_port} if self.broker_port else None
+            props = self.broker_properties()
             self.broker = KafkaBroker(
-                dist, self.workdir / "kafka", extra_properties=self.broker_properties(), ports=ports
+                dist,
+                self.workdir / "kafka",
+                extra_properties=props,
+                ports=ports,
+                jvm_options=self.broker_jvm_options,
+                extra_classpath=[self.workdir / "shim" / SHIM_JAR.name] if self.shim_on_classpath else (),
             )
         self.broker.start()
         return self.broker

@@ -239,6 +239,15 @@ def encode_handoff_response(
     return encoded
 
 
+def encode_next_segment_response(next_segment: fkeys.SegmentMetadata) -> bytes:
+    """A serialized ``FetchSegmentResponse{next_segment}`` without data: the last message of a
+    streamed range that reaches the segment's end, when the request asked ``want_next_segment``."""
+    response = pb.FetchSegmentResponse()
+    next_segment.fill_proto(response.next_segment)
+    encoded: bytes = response.SerializeToString()
+    return encoded
+
+
 def _pre_encoded(message: bytes) -> bytes:
     return message
 
@@ -453,6 +462,10 @@ class RemoteStorageServicer:
             for piece in reader.read(seg, start, end, views=True):
                 yield from _fetch_messages(piece, served, watch)
                 del piece  # not held while the reader fetches the next chunk
+            if request.want_next_segment and end == size - 1:
+                following = self._next_segment_hint(seg)
+                if following is not None:  # streamed: the name comes in a last message of its own
+                    yield encode_next_segment_response(following)
 
     def _next_segment_hint(self, seg: OpenSegment) -> fkeys.SegmentMetadata | None:
         """``FetchSegmentResponse.next_segment`` for a range that ends at ``seg``'s end; None
