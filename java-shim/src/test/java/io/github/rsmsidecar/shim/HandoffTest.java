@@ -66,8 +66,8 @@ class HandoffTest {
         volatile int shortBy;
         /** Named as the next segment in a hand-off to the segment's end that asks for it (null: none). */
         volatile SegmentMetadata nextSegment;
-        /** Lies: streams this many bytes less than asked for. */
-        volatile int streamShortBy;
+        /** Lies: streams this many bytes less than asked for in read-ahead windows (only those). */
+        volatile int readAheadStreamShortBy;
 
         HandoffSidecar(Path dir) {
             this.dir = dir;
@@ -116,6 +116,7 @@ class HandoffTest {
                     throw new UncheckedIOException(e);
                 }
             }
+            int streamShortBy = isReadAhead(req) ? readAheadStreamShortBy : 0;
             streamData(Arrays.copyOf(range, range.length - streamShortBy), observer, false);
             SegmentMetadata next = nextSegment;
             if (req.getWantNextSegment() && end == SIZE && next != null) { // named after the data
@@ -771,13 +772,15 @@ class HandoffTest {
         HandoffSidecar sidecar = sidecar(tmp);
         RemoteLogSegmentMetadata md = md();
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, tcpReadAheadConfig())) {
+            // every read-ahead window ends 1000 bytes early (cleanly); set before the reads that
+            // start one, so no scheduling delay can let a full window through
+            sidecar.readAheadStreamShortBy = 1000;
             int position = brokerRead(h, md, 0, 100_000);
             position = brokerRead(h, md, position - 10_000, 100_000);
-            sidecar.streamShortBy = 1000; // the read-ahead window ends 1000 bytes early (cleanly)
             awaitRequests(sidecar, 3);
+            assertTrue(isReadAhead(sidecar.requests.get(2)), "the third call reads ahead");
             long ahead = sidecar.requests.get(2).getStartPosition();
             Thread.sleep(100);
-            sidecar.streamShortBy = 0;
             int before = sidecar.requests.size();
             brokerRead(h, md, (int) ahead + 1000, 100_000); // right bytes: asked again, not the short window
             assertTrue(sidecar.requests.size() > before, "asked again, not served from the short window");
