@@ -9,10 +9,12 @@ proves the relocated service files and the renamed epoll native library work.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
@@ -403,3 +405,60 @@ def test_unix_socket_outage_fails_unavailable_without_netty_warnings_then_recove
 
     assert any(line.startswith("RECOVERED ") for line in output), text
     assert "OK copy" in output and "OK fetch equal=true" in output, text
+
+
+# ---- the sidecar's address vanishes under an open TCP connection ---------------------------------
+
+
+def test_a_vanished_sidecar_address_fails_over_in_seconds(jar: zipfile.ZipFile, tmp_path: Path) -> None:
+    """A real `rsm-sidecar serve` over TCP and the shim as a broker loads it, in a network
+    namespace of their own (tests/shim/vanished_address.py, VanishedAddress.java), where the
+    packets of the shim's connection are dropped, both ways, as when the sidecar's pod is
+    replaced and its old address answers nothing, not even a reset. With
+    keepalive.timeout.ms=2000 and connect.timeout.ms=2000 (the calls' own timeouts are 12 s):
+    a fetch stream being read fails within seconds (the shim's unacknowledged flow-control
+    updates: TCP_USER_TIMEOUT), and the next fetch reads the whole segment over a new
+    connection; a fetch made on a connection that died while idle is retried on a new one; a
+    connection attempt nobody answers fails after the connect timeout. Before these settings the
+    stream waited for fetch.read.timeout.ms, the idle connection's call for its deadline, and the
+    connection attempt for netty's 30 s."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.fail("`unshare` (util-linux) is needed for a network namespace", pytrace=False)
+    work = tmp_path / "vanished"
+    work.mkdir()
+    run = subprocess.run(
+        [
+            unshare,
+            "--user",
+            "--map-root-user",
+            "--net",
+            sys.executable,
+            "-m",
+            "tests.shim.vanished_address",
+            str(JAR),
+            str(work),
+            *map(str, broker_api_jars()),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    text = run.stdout + run.stderr
+    assert run.returncode == 0, text
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+    assert results["exit"] == "0", text
+
+    def ms(word: str) -> int:
+        return int(re.search(r"ms=(\d+)", results[word]).group(1))
+
+    # the stream read when its connection died: IOException within about keepalive.timeout.ms
+    assert "UNAVAILABLE" in results["INFLIGHT"], text
+    assert ms("INFLIGHT") < 6000, text
+    # then a new connection: the whole segment, at once
+    assert "equal=true" in results["FRESH"] and ms("FRESH") < 3000, text
+    # a call on a connection that died idle: retried on a new one after keepalive.timeout.ms
+    assert "equal=true" in results["DEADCONN"] and ms("DEADCONN") < 6000, text
+    # a connection attempt to an address nobody answers: connect.timeout.ms
+    assert "UNAVAILABLE" in results["CONNECT"] and 1500 <= ms("CONNECT") < 6000, text

@@ -7,6 +7,8 @@ import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
 import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
 import io.grpc.netty.shaded.io.netty.channel.ChannelOption;
+import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollChannelOption;
 import java.io.IOException;
 
 /**
@@ -44,6 +46,8 @@ interface ChannelFactory {
                 // no such option, so netty warns once per connection attempt (a line a second while the
                 // sidecar is down). A null value removes the option before netty applies it.
                 ((NettyChannelBuilder) builder).withOption(ChannelOption.SO_KEEPALIVE, null);
+            } else {
+                tcpOptions((NettyChannelBuilder) builder, config);
             }
             if (!config.tlsAuthorityOverride().isEmpty()) {
                 builder.overrideAuthority(config.tlsAuthorityOverride());
@@ -55,6 +59,38 @@ interface ChannelFactory {
             return builder.build();
         }
     };
+
+    /**
+     * Over TCP the sidecar's address can vanish under an open connection (its pod replaced, its
+     * node lost): nothing answers any more, not even with a reset. Without a bound, connection
+     * attempts wait for netty's 30 s connect timeout, calls on the open connection for their
+     * deadline and a started fetch stream for {@code fetch.read.timeout.ms}. A connect timeout
+     * bounds the first; TCP keepalive probes after {@code keepalive.time.ms} without a packet from
+     * the sidecar, and {@code TCP_USER_TIMEOUT}, close a connection whose probes or data TCP has
+     * not had acknowledged for {@code keepalive.timeout.ms}: its calls fail {@code UNAVAILABLE}
+     * and the next one (or the shim's retry) opens a new connection. The probes are the kernel's:
+     * they reach no process and need nothing of the sidecar (unlike gRPC's HTTP/2 pings, which a
+     * gRPC server limits, and which grpc-java sends no more than every 10 s). Linux (netty's epoll
+     * transport) only; elsewhere only the connect timeout applies.
+     */
+    static void tcpOptions(NettyChannelBuilder builder, ShimConfig config) {
+        builder.withOption(ChannelOption.CONNECT_TIMEOUT_MILLIS, (int) config.connectTimeoutMs());
+        if (config.keepaliveTimeMs() > 0 && Epoll.isAvailable()) {
+            builder.withOption(ChannelOption.SO_KEEPALIVE, true)
+                    .withOption(EpollChannelOption.TCP_KEEPIDLE, (int) ((config.keepaliveTimeMs() + 999) / 1000))
+                    .withOption(EpollChannelOption.TCP_KEEPINTVL, 1)
+                    .withOption(EpollChannelOption.TCP_USER_TIMEOUT, (int) config.keepaliveTimeoutMs());
+        }
+    }
+
+    /** Why the keepalive settings cannot apply here, or null when they do (or are off). */
+    static String keepaliveUnavailable(ShimConfig config) {
+        if (config.isUnixSocket() || config.keepaliveTimeMs() == 0 || Epoll.isAvailable()) {
+            return null;
+        }
+        Throwable why = Epoll.unavailabilityCause();
+        return "netty's epoll transport is not usable here (" + (why == null ? "unknown" : why.toString()) + ")";
+    }
 
     /**
      * Which TLS implementation a TLS channel uses: BoringSSL through netty-tcnative (bundled for

@@ -48,6 +48,10 @@ public final class ShimConfig {
     public static final String TLS_AUTHORITY_OVERRIDE = "tls.authority.override";
     public static final String TLS_RELOAD_INTERVAL_MS = "tls.reload.interval.ms";
     public static final String CLOSE_TIMEOUT_MS = "close.timeout.ms";
+    public static final String CONNECT_TIMEOUT_MS = "connect.timeout.ms";
+    public static final String KEEPALIVE_TIME_MS = "keepalive.time.ms";
+    public static final String KEEPALIVE_TIMEOUT_MS = "keepalive.timeout.ms";
+
 
     /** A consumer's default fetch (1 MiB) plus room for the index lookup's skip to the offset. */
     static final int DEFAULT_FETCH_WINDOW_BYTES = 1024 * 1024 + 64 * 1024;
@@ -91,6 +95,9 @@ public final class ShimConfig {
         k.put(TLS_AUTHORITY_OVERRIDE, "");
         k.put(TLS_RELOAD_INTERVAL_MS, "60000");
         k.put(CLOSE_TIMEOUT_MS, "5000");
+        k.put(CONNECT_TIMEOUT_MS, "5000");
+        k.put(KEEPALIVE_TIME_MS, "2000");
+        k.put(KEEPALIVE_TIMEOUT_MS, "5000");
         KEYS = Collections.unmodifiableMap(k);
     }
 
@@ -157,6 +164,9 @@ public final class ShimConfig {
     private final String tlsAuthorityOverride;
     private final long tlsReloadIntervalMs;
     private final long closeTimeoutMs;
+    private final long connectTimeoutMs;
+    private final long keepaliveTimeMs;
+    private final long keepaliveTimeoutMs;
     private final String brokerId;
     private final List<String> unknownKeys;
 
@@ -217,6 +227,21 @@ public final class ShimConfig {
                     "must be >= " + RETRY_INITIAL_BACKOFF_MS + " (" + retryInitialBackoffMs + ")");
         }
         this.closeTimeoutMs = nonNegativeMillis(raw, CLOSE_TIMEOUT_MS);
+        this.connectTimeoutMs = positiveMillis(raw, CONNECT_TIMEOUT_MS);
+        if (connectTimeoutMs > Integer.MAX_VALUE) {
+            throw new ShimConfigException(CONNECT_TIMEOUT_MS, raw.get(CONNECT_TIMEOUT_MS),
+                    "must be at most " + Integer.MAX_VALUE + " (milliseconds)");
+        }
+        this.keepaliveTimeMs = nonNegativeMillis(raw, KEEPALIVE_TIME_MS);
+        if (keepaliveTimeMs != 0 && (keepaliveTimeMs < 1000 || keepaliveTimeMs > 3_600_000)) {
+            throw new ShimConfigException(KEEPALIVE_TIME_MS, raw.get(KEEPALIVE_TIME_MS),
+                    "must be 0 (off) or between 1000 and 3600000 (whole seconds for the kernel)");
+        }
+        this.keepaliveTimeoutMs = positiveMillis(raw, KEEPALIVE_TIMEOUT_MS);
+        if (keepaliveTimeoutMs > Integer.MAX_VALUE) {
+            throw new ShimConfigException(KEEPALIVE_TIMEOUT_MS, raw.get(KEEPALIVE_TIMEOUT_MS),
+                    "must be at most " + Integer.MAX_VALUE + " (milliseconds)");
+        }
 
         this.tlsEnabled = bool(raw, TLS_ENABLED);
         this.tlsCaFile = optionalFile(raw, TLS_CA_FILE);
@@ -512,6 +537,27 @@ public final class ShimConfig {
         return closeTimeoutMs;
     }
 
+    /** How long a new TCP connection to the sidecar may take (not used for a Unix socket). */
+    public long connectTimeoutMs() {
+        return connectTimeoutMs;
+    }
+
+    /**
+     * After this long without a packet from the sidecar, TCP keepalive probes check that it is
+     * still there (0: never; not used for a Unix socket; see ChannelFactory#tcpOptions).
+     */
+    public long keepaliveTimeMs() {
+        return keepaliveTimeMs;
+    }
+
+    /**
+     * How long keepalive probes, or data sent to the sidecar, may go unacknowledged by TCP
+     * ({@code TCP_USER_TIMEOUT}) before the connection is taken for dead.
+     */
+    public long keepaliveTimeoutMs() {
+        return keepaliveTimeoutMs;
+    }
+
     /** {@code node.id} (Kafka 4.4+) or {@code broker.id} as passed by the broker, for logs. */
     public String brokerId() {
         return brokerId;
@@ -533,6 +579,8 @@ public final class ShimConfig {
                 + ", fetch.readahead.bytes=" + fetchReadaheadBytes + ", fetch.readahead.max.bytes=" + fetchReadaheadMaxBytes
                 + ", fetch.index.deadline.ms=" + fetchIndexDeadlineMs + ", delete.deadline.ms=" + deleteDeadlineMs
                 + ", retry.max.attempts=" + retryMaxAttempts + ", retry.initial.backoff.ms=" + retryInitialBackoffMs
-                + ", retry.max.backoff.ms=" + retryMaxBackoffMs;
+                + ", retry.max.backoff.ms=" + retryMaxBackoffMs
+                + (isUnixSocket() ? "" : ", connect.timeout.ms=" + connectTimeoutMs + ", keepalive.time.ms="
+                        + keepaliveTimeMs + ", keepalive.timeout.ms=" + keepaliveTimeoutMs);
     }
 }

@@ -254,6 +254,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             }
             LOG.info("gRPC channel to the sidecar at {} created{}", c.target(),
                     c.tlsEnabled() ? "; TLS by " + ChannelFactory.tlsProvider() : "");
+            String noKeepalive = ChannelFactory.keepaliveUnavailable(c);
+            if (noKeepalive != null) {
+                LOG.warn("rsm.config.{} and {} do not apply: {}; a connection whose sidecar vanished is "
+                        + "noticed only when a call's timeout passes", ShimConfig.KEEPALIVE_TIME_MS,
+                        ShimConfig.KEEPALIVE_TIMEOUT_MS, noKeepalive);
+            }
         }
         return channel;
     }

@@ -63,6 +63,9 @@ class ConfigDocTest {
         assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.RETRY_INITIAL_BACKOFF_MS)), c.retryInitialBackoffMs());
         assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.RETRY_MAX_BACKOFF_MS)), c.retryMaxBackoffMs());
         assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.CLOSE_TIMEOUT_MS)), c.closeTimeoutMs());
+        assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.CONNECT_TIMEOUT_MS)), c.connectTimeoutMs());
+        assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.KEEPALIVE_TIME_MS)), c.keepaliveTimeMs());
+        assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.KEEPALIVE_TIMEOUT_MS)), c.keepaliveTimeoutMs());
         assertEquals(false, c.tlsEnabled());
     }
 }

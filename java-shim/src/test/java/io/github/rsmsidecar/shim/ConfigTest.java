@@ -61,6 +61,9 @@ class ConfigTest {
         "close.timeout.ms; -1; must be >= 0",
         "fetch.window.bytes; 100; must be 0 (off) or between 4096 and 33554432",
         "fetch.window.bytes; 40000000; must be 0 (off) or between 4096 and 33554432",
+        "connect.timeout.ms; 0; must be > 0",
+        "keepalive.time.ms; 500; must be 0 (off) or between 1000 and 3600000",
+        "keepalive.timeout.ms; 0; must be > 0",
     })
     void invalidValuesNameTheKey(String key, String value, String reason) {
         ConfigException e = configureFails(Map.of(key, value));

@@ -1,0 +1,160 @@
+// The sidecar's address vanishing under the shim's open TCP connection (its pod replaced, its
+// node lost): packets to the old connection go nowhere, not even a reset comes back. Run by
+// tests/shim/vanished_address.py inside a network namespace of its own, where the test drops
+// the connection's packets with iptables when this program says so:
+//   java -cp <kafka-clients>:<kafka-storage-api>:<slf4j-api> VanishedAddress.java <shim jar> <host:port> <dir>
+// The shim is loaded in Kafka's ChildFirstClassLoader (as a broker loads it) and reaches a real
+// `rsm-sidecar serve` over TCP. Protocol on stdout, one line each; after a line ending in "?" the
+// program waits for one line on stdin (the test has changed the firewall by then):
+//   "READY?"                  the test answers once the sidecar serves
+//   "COPIED bytes=<n>"
+//   "BLACKHOLE READING?"      a fetch stream is open and partly read: drop its connection
+//   "INFLIGHT ms=<n> error=<message>"      how long until the stream's read() failed
+//   "FRESH ms=<n> equal=<true|false>"      a new fetch of the whole segment right after
+//   "BLACKHOLE IDLE?"         no call is open: drop the connection the fetch above used
+//   "DEADCONN ms=<n> equal=<true|false>"   a fetch on the dead connection, retried on a new one
+//   "BLACKHOLE CONNECT?"      drop every new connection to the sidecar (SYNs)
+//   "CONNECT ms=<n> error=<message>"       a call of a new shim (one attempt) that cannot connect
+// The timeouts of the calls are 12 s, so that without a bound on dead connections each phase
+// ends there instead of after netty's or TCP's own timeouts.
+
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.InputStreamReader;
+import java.net.URLClassLoader;
+import java.nio.ByteBuffer;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.Optional;
+import java.util.Random;
+import org.apache.kafka.common.TopicIdPartition;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.Uuid;
+import org.apache.kafka.server.log.remote.storage.LogSegmentData;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
+
+public class VanishedAddress {
+    static final int SEGMENT_BYTES = 4 * 1024 * 1024;
+    static final BufferedReader STDIN = new BufferedReader(new InputStreamReader(System.in));
+
+    /** Kafka's ChildFirstClassLoader: in common.utils up to 4.3, in common.utils.internals from 4.4. */
+    static URLClassLoader childFirstClassLoader(String classPath, ClassLoader parent) throws Exception {
+        Class<?> c;
+        try {
+            c = Class.forName("org.apache.kafka.common.utils.internals.ChildFirstClassLoader");
+        } catch (ClassNotFoundException e) {
+            c = Class.forName("org.apache.kafka.common.utils.ChildFirstClassLoader");
+        }
+        return (URLClassLoader) c.getConstructor(String.class, ClassLoader.class).newInstance(classPath, parent);
+    }
+
+    static void ask(String question) throws IOException {
+        System.out.println(question);
+        System.out.flush();
+        if (STDIN.readLine() == null) {
+            throw new AssertionError("stdin closed");
+        }
+    }
+
+    static void say(String line) {
+        System.out.println(line.replace('\n', ' '));
+        System.out.flush();
+    }
+
+    static long millisSince(long t0) {
+        return (System.nanoTime() - t0) / 1_000_000;
+    }
+
+    static RemoteStorageManager shim(ClassLoader plugin, String target, Map<String, String> extra) throws Exception {
+        Class<?> c = Class.forName("io.github.rsmsidecar.shim.SidecarRemoteStorageManager", true, plugin);
+        RemoteStorageManager rsm = (RemoteStorageManager) c.getConstructor().newInstance();
+        Map<String, Object> config = new HashMap<>(Map.of(
+                "sidecar.target", target, "broker.id", 1, "transfer.mode", "stream",
+                "keepalive.time.ms", "1000", "keepalive.timeout.ms", "2000", "connect.timeout.ms", "2000",
+                "fetch.deadline.ms", "12000", "fetch.read.timeout.ms", "12000", "fetch.index.deadline.ms", "12000",
+                // one call per fetch: the stream read when the connection dies is the one the test looks at
+                "fetch.window.bytes", "0"));
+        config.put("fetch.readahead.bytes", "0");
+        config.putAll(extra);
+        rsm.configure(config);
+        return rsm;
+    }
+
+    public static void main(String[] args) throws Exception {
+        Path jar = Path.of(args[0]);
+        String target = args[1];
+        Path dir = Path.of(args[2]);
+
+        ClassLoader parent = RemoteStorageManager.class.getClassLoader();
+        try (URLClassLoader plugin = childFirstClassLoader(jar.toString(), parent)) {
+            Thread.currentThread().setContextClassLoader(plugin);
+            ask("READY?"); // the sidecar starts while this JVM does
+            RemoteStorageManager rsm = shim(plugin, target, Map.of());
+
+            byte[] bytes = new byte[SEGMENT_BYTES];
+            new Random(30).nextBytes(bytes);
+            TopicIdPartition tip = new TopicIdPartition(Uuid.randomUuid(), new TopicPartition("vanished", 0));
+            RemoteLogSegmentMetadata md = new RemoteLogSegmentMetadata(new RemoteLogSegmentId(tip, Uuid.randomUuid()),
+                    0L, 9L, 1L, 1, 2L, bytes.length, Map.of(0, 0L));
+            Path log = Files.write(dir.resolve("0.log"), bytes);
+            Path idx = Files.write(dir.resolve("0.index"), new byte[16]);
+            Path time = Files.write(dir.resolve("0.timeindex"), new byte[12]);
+            Path snap = Files.write(dir.resolve("10.snapshot"), new byte[8]);
+            rsm.copyLogSegmentData(md, new LogSegmentData(log, idx, time, Optional.empty(), snap,
+                    ByteBuffer.wrap("0\n1\n0 0\n".getBytes())));
+            say("COPIED bytes=" + bytes.length);
+
+            // 1. A fetch stream read when its connection dies.
+            try (InputStream in = rsm.fetchLogSegment(md, 0)) {
+                in.readNBytes(64 * 1024);
+                ask("BLACKHOLE READING?");
+                long t0 = System.nanoTime();
+                try {
+                    while (in.read(new byte[64 * 1024]) >= 0) {
+                        // what was under way arrives; then the stream has to fail
+                    }
+                    say("INFLIGHT ms=" + millisSince(t0) + " error=none: the stream ended cleanly");
+                } catch (IOException e) {
+                    say("INFLIGHT ms=" + millisSince(t0) + " error=" + e.getMessage());
+                }
+            }
+            long t1 = System.nanoTime();
+            try (InputStream in = rsm.fetchLogSegment(md, 0)) {
+                boolean equal = Arrays.equals(bytes, in.readAllBytes());
+                say("FRESH ms=" + millisSince(t1) + " equal=" + equal);
+            } catch (RemoteStorageException | IOException e) {
+                say("FRESH ms=" + millisSince(t1) + " equal=false error=" + e.getMessage());
+            }
+
+            // 2. A call made on a connection that died while no call was open.
+            ask("BLACKHOLE IDLE?");
+            long t2 = System.nanoTime();
+            try (InputStream in = rsm.fetchLogSegment(md, 0)) {
+                boolean equal = Arrays.equals(bytes, in.readAllBytes());
+                say("DEADCONN ms=" + millisSince(t2) + " equal=" + equal);
+            } catch (RemoteStorageException | IOException e) {
+                say("DEADCONN ms=" + millisSince(t2) + " equal=false error=" + e.getMessage());
+            }
+            rsm.close();
+
+            // 3. A new connection to an address nobody answers.
+            ask("BLACKHOLE CONNECT?");
+            RemoteStorageManager fresh = shim(plugin, target, Map.of("retry.max.attempts", "1"));
+            long t3 = System.nanoTime();
+            try {
+                fresh.fetchIndex(md, RemoteStorageManager.IndexType.OFFSET);
+                say("CONNECT ms=" + millisSince(t3) + " error=none: the call succeeded");
+            } catch (RemoteStorageException e) {
+                say("CONNECT ms=" + millisSince(t3) + " error=" + e.getMessage());
+            }
+            fresh.close();
+        }
+    }
+}
