@@ -289,13 +289,13 @@ def main() -> None:
         f"{max(1, args.records // args.batch) * args.batch} records"
     )
     enc = RowEncoder(spec(args.format))
-    decoder = getattr(enc.val_side, "decoder", None)
-    plan = getattr(decoder, "columnar_plan", None)
+    side = enc.val_side
+    plan = getattr(side, "columnar_plan", None)
     if plan is not None:  # Protobuf: the columnar decoder, then upb alone, same batches
         fast = _encode_rate(enc, batch, args)
-        decoder.columnar_plan = None
+        side.columnar_plan = None
         slow = _encode_rate(enc, batch, args)
-        decoder.columnar_plan = plan
+        side.columnar_plan = plan
         _print_rate("decode+Arrow, columnar (proto_columnar)", fast, args)
         _print_rate("decode+Arrow, upb (the fallback)", slow, args)
         print(f"columnar / upb: {fast[1] / slow[1]:.2f}x per CPU-second, {fast[0] / slow[0]:.2f}x wall")

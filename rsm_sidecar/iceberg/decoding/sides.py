@@ -27,7 +27,7 @@ from pyiceberg.types import (
 )
 
 from rsm_sidecar.errors import ConfigError
-from rsm_sidecar.iceberg.decoding import framing
+from rsm_sidecar.iceberg.decoding import framing, proto_columnar
 from rsm_sidecar.iceberg.decoding.avro_mapping import AvroMapper, read_datum, resolution_loss
 from rsm_sidecar.iceberg.decoding.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
@@ -218,6 +218,8 @@ class ProtoSide(Side):
             schema = ProtoSchema.from_file_descriptor_set(fds)
             desc = schema.message_by_name(spec.message or "")
         self.decoder = ProtoDecoder(desc, spec.proto_options)
+        #: how :mod:`.proto_columnar` reads the message (None: always upb)
+        self.columnar_plan = proto_columnar.plan_for(self.decoder)
         self.decoded_type = self.decoder.iceberg_type
         self._fields = list(self.decoder.arrow_type)
         self._ids: dict[tuple[int, tuple[int, ...]], str | None] = {}
@@ -283,7 +285,8 @@ class ProtoSide(Side):
         ``skip`` bytes (null: the default message): read columnar from the bytes when the schema
         and batch allow it (:mod:`.proto_columnar`), else parsed with upb; None when a payload
         does not parse."""
-        decoded = self.decoder.decode_columnar(col, skip)
+        plan = self.columnar_plan
+        decoded = None if plan is None else proto_columnar.decode(plan, col, skip)
         if decoded is not None:
             return decoded
         payloads = (pc.binary_slice(col, skip, 2**31 - 1) if skip else col).to_pylist()
