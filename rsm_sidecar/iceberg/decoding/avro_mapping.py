@@ -251,6 +251,12 @@ class AvroMapper:
             return datum
         return self._norm(datum)
 
+    def value_array(self, schema: Any, value: Any) -> pa.Array:
+        """A one-row Arrow array of ``value``, a fastavro value of ``schema`` (one of this
+        mapper's types, not inside itself): the column of a reader field's default."""
+        ice, norm = self._map(schema, IdCounter(), ())
+        return pa.array([value if norm is None else norm(value)], to_arrow(ice))
+
     def to_arrow(self, datums: list, *, normalized: bool = False) -> pa.Array:
         """Arrow array (of :attr:`arrow_type`) for decoded datums; None entries are null."""
         if not normalized and self._norm is not None:
