@@ -427,6 +427,7 @@ class Evolver:
         self.draw = draw
         self.table_named = named_types(table)
         self.done: set[str] = set()  # named types the writer has defined already
+        self.extra = itertools.count()
 
     def type(self, s: Any) -> Any:
         draw = self.draw
@@ -489,19 +490,26 @@ class Evolver:
 
     def added(self) -> Any:
         """A field only the writer has (fastavro skips it unread)."""
-        return self.draw(
-            st.sampled_from(
-                [
-                    "long",
-                    "string",
-                    "double",
-                    {"type": "array", "items": "string"},
-                    {"type": "map", "values": ["null", "int"]},
-                    ["null", "bytes", "long"],
-                    {"type": "record", "name": "Extra", "fields": [{"name": "x", "type": "float"}]},
-                ]
-            )
-        )
+        extra = {
+            "type": "record",
+            "name": f"Extra{next(self.extra)}",
+            "fields": [
+                {"name": "x", "type": "float"},
+                {"name": "y", "type": {"type": "array", "items": "boolean"}},
+            ],
+        }
+        done = sorted(self.done)
+        options = [
+            "long",
+            "string",
+            "double",
+            {"type": "array", "items": "string"},
+            {"type": "map", "values": ["null", "int"]},
+            ["null", "bytes", "long"],
+            extra,
+            *done[:1],  # a named type of the writer, by its name
+        ]
+        return self.draw(st.sampled_from(options))
 
 
 @st.composite
@@ -718,3 +726,81 @@ def test_a_primitive_top_level_schema_decodes_both_ways():
     children, _, errs, _ = side.decode_keeping(values)
     assert errs == [None, None] and children[0].to_pylist() == ["a", "b"]
     assert agree(side, values)
+
+
+REC_A = {"type": "record", "name": "A", "fields": [{"name": "x", "type": "int"}]}
+REC_B = {
+    "type": "record",
+    "name": "B",
+    "fields": [{"name": "x", "type": "int"}, {"name": "y", "type": "string"}],
+}
+
+
+@pytest.mark.parametrize(
+    "writer_record, table_union, accepted",
+    [
+        # fastavro gives a plain dict; the mapping puts it in the first record whose fields hold its keys
+        (REC_A, ["null", REC_A, REC_B], True),
+        (REC_B, ["null", REC_A, REC_B], True),  # A lacks y: B, as read
+        (REC_A, ["null", REC_B, REC_A], False),  # B holds x: A's value lands in B (declined)
+    ],
+)
+def test_a_record_read_into_a_union_of_several_records(writer_record, table_union, accepted):
+    """A writer record (not a union) read into the table's union of records: the member the
+    fastavro path puts it in, or a decline where that depends on more than the branch."""
+    table = {"type": "record", "name": "T", "fields": [{"name": "u", "type": table_union}]}
+    writer = {"type": "record", "name": "T", "fields": [{"name": "u", "type": writer_record}]}
+    side = side_for(table, writer)
+    datum = {"x": 1, "y": "b"} if writer_record is REC_B else {"x": 1}
+    values = [framed(WRITER_ID, write(writer, {"u": datum}))]
+    assert agree(side, values) is accepted
+    if not accepted:
+        assert side.decode_keeping(values)[2] == [None]  # fastavro reads it: a decline, not an error
+
+
+def test_writer_fields_the_table_lacks_are_skipped_as_fastavro_skips_them():
+    """Writer-only fields of every shape (a record, a named type by name, arrays, maps,
+    unions) are moved past unread; a negative block count in one goes to fastavro, which skips
+    such a block by its byte size."""
+    kind = {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}
+    writer = {
+        "type": "record",
+        "name": "T",
+        "fields": [
+            {"name": "kind", "type": kind},
+            {
+                "name": "old",
+                "type": {
+                    "type": "record",
+                    "name": "Old",
+                    "fields": [
+                        {"name": "k", "type": "Kind"},
+                        {"name": "m", "type": {"type": "map", "values": "bytes"}},
+                    ],
+                },
+            },
+            {"name": "again", "type": ["null", "Kind", "Old"]},
+            {"name": "xs", "type": {"type": "array", "items": "double"}},
+            {"name": "a", "type": "long"},
+        ],
+    }
+    table = {
+        "type": "record",
+        "name": "T",
+        "fields": [{"name": "a", "type": "long"}, {"name": "kind", "type": kind}],
+    }
+    side = side_for(table, writer)
+    old = {"k": "B", "m": {"x": b"\xff"}}
+    datum = {"kind": "B", "old": old, "again": ("Old", old), "xs": [1.0, 2.0], "a": 7}
+    values = [
+        framed(WRITER_ID, write(writer, datum)),
+        framed(WRITER_ID, write(writer, {**datum, "again": "A"})),
+    ]
+    assert agree(side, values)
+    assert _rows(side, side.decode_arrow(pa.array(values))[0]) == [{"a": 7, "kind": "B"}] * 2
+    # xs as one block of -2 items and 16 bytes (two doubles): fastavro skips the 16 bytes unread
+    head = write(writer, {**datum, "xs": []})[:-2]
+    blocked = framed(WRITER_ID, head + b"\x03\x20" + b"\x00" * 16 + b"\x00\x0e")
+    children, _, errs, _ = side.decode_keeping([blocked])
+    assert errs == [None] and _rows(side, children) == [{"a": 7, "kind": "B"}]
+    assert side.decode_arrow(pa.array([blocked])) is None

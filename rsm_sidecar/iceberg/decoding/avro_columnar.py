@@ -376,9 +376,10 @@ class _Record(_Node):
                 node.skip(buf, pos)
             else:
                 cols[j] = node.read(buf, pos)
-        zeros = pa.array(np.zeros(len(pos), np.int64))
-        for j, value in self.defaults:
-            cols[j] = value.take(zeros)
+        if self.defaults:
+            zeros = pa.array(np.zeros(len(pos), np.int64))
+            for j, value in self.defaults:
+                cols[j] = value.take(zeros)
         return pa.StructArray.from_arrays([_arrow(c, buf) for c in cols], fields=list(self.typ))
 
     def skip(self, buf, pos):
@@ -571,9 +572,6 @@ class _AsMember(_Node):
             _arrow(part, buf) if m == self.member else pa.nulls(k, f.type) for m, f in enumerate(self.fields)
         ]
         return pa.StructArray.from_arrays(children, fields=self.fields)
-
-    def skip(self, buf, pos):
-        self.inner.skip(buf, pos)
 
 
 # ============================================================================ plans
