@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devstack
 
-from iceberg_decode import AVRO_SCHEMA, PROTO, avro_event
+from iceberg_decode import AVRO_SCHEMA, PROTO, avro_event, proto_event
 
 RECORDS_PER_BATCH = 110
 TOPIC = "bench-events"
@@ -146,18 +146,7 @@ def _protobuf_values(schema_id: int):
     pre = framing.encode_preamble(schema_id, [0])
 
     def value(i: int, rnd: random.Random) -> bytes:
-        m = cls(
-            id=f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",
-            user_id=rnd.randrange(1 << 40),
-            kind=rnd.choice([1, 2]),
-            amount=rnd.random() * 100,
-            ok=bool(i & 1),
-            tags=["alpha", "beta"][: rnd.randrange(3)],
-            count=rnd.randrange(1000),
-        )
-        m.at.seconds, m.at.nanos = 1_700_000_000 + i // 100, 123_000
-        m.device.os, m.device.version = "linux-x86_64", 6
-        return pre + m.SerializeToString()
+        return pre + proto_event(cls, i, rnd, 1_700_000_000 + i // 100)
 
     return value
 

@@ -114,25 +114,27 @@ AVRO_SCHEMA = json.dumps(
 SPARK_VERSION_AVRO = "4.1.1"  # spark-avro_2.13 versions the package registry serves: 4.1.1, 4.2.0
 
 
+def proto_event(cls, i: int, rnd: random.Random, seconds: int) -> bytes:
+    """The ``i``-th ``bench.Event`` (message class ``cls``) at ``seconds``, serialized."""
+    m = cls(
+        id=f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",
+        user_id=rnd.randrange(1 << 40),
+        kind=rnd.choice([1, 2]),
+        amount=rnd.random() * 100,
+        ok=bool(i & 1),
+        tags=["alpha", "beta"][: rnd.randrange(3)],
+        count=rnd.randrange(1000),
+    )
+    m.at.seconds, m.at.nanos = seconds, 123_000
+    m.device.os, m.device.version = "linux-x86_64", 6
+    return m.SerializeToString()
+
+
 def make_values(n: int, schema: ProtoSchema) -> list[bytes]:
     cls = ProtoSchema.message_class(schema.message_by_name("bench.Event"))
     pre = framing.encode_preamble(1, [0])
     rnd = random.Random(1)
-    out = []
-    for i in range(n):
-        m = cls(
-            id=f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",
-            user_id=rnd.randrange(1 << 40),
-            kind=rnd.choice([1, 2]),
-            amount=rnd.random() * 100,
-            ok=bool(i & 1),
-            tags=["alpha", "beta"][: rnd.randrange(3)],
-            count=rnd.randrange(1000),
-        )
-        m.at.seconds, m.at.nanos = 1_700_000_000 + i, 123_000
-        m.device.os, m.device.version = "linux-x86_64", 6
-        out.append(pre + m.SerializeToString())
-    return out
+    return [pre + proto_event(cls, i, rnd, 1_700_000_000 + i) for i in range(n)]
 
 
 def make_avro_values(n: int) -> list[bytes]:

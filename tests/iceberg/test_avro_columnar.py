@@ -34,6 +34,7 @@ from rsm_sidecar.iceberg.decoding import avro_columnar
 from rsm_sidecar.iceberg.decoding.framing import encode_preamble
 from rsm_sidecar.iceberg.decoding.schema_registry import AVRO, ResolvedSchema, SchemaRegistry, parse_avro
 from rsm_sidecar.iceberg.decoding.sides import AvroSide, SideSpec
+from tests.iceberg.differential import same
 
 TABLE_ID, WRITER_ID = 11, 12
 _confs = itertools.count()
@@ -76,23 +77,12 @@ def agree(side: AvroSide, values: list[bytes | None]) -> bool:
     s_children, s_prefixes, s_errs, s_lossy = side.decode_keeping(values)
     assert s_errs == [None] * len(values), f"columnar accepted a batch fastavro rejects: {s_errs}"
     assert [c.type for c in children] == [c.type for c in s_children]
-    assert _same(_rows(side, children), _rows(side, s_children))
+    assert same(_rows(side, children), _rows(side, s_children))
     assert prefixes.to_pylist() == s_prefixes and errs.null_count == len(values)
     assert (lossy.to_pylist() if lossy is not None else [False] * len(values)) == [
         i in set(s_lossy) for i in range(len(values))
     ]
     return True
-
-
-def _same(a, b) -> bool:
-    """Equality in which NaN equals NaN."""
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (a != a and b != b)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
 
 
 # ============================================================================ schemas
@@ -109,30 +99,6 @@ LOGICAL = [
     {"type": "string", "logicalType": "uuid"},
 ]
 PRIMS = ["boolean", "int", "long", "float", "double", "string", "bytes"]
-#: the Python kind of a branch's values: a union holds at most one branch of each
-KIND = {
-    "boolean": "bool",
-    "int": "int",
-    "long": "int",
-    "float": "float",
-    "double": "float",
-    "string": "str",
-    "bytes": "bytes",
-    "enum": "str",
-    "fixed": "bytes",
-    "record": "record",
-    "map": "dict",
-    "array": "list",
-    "date": "date",
-    "time-millis": "time",
-    "time-micros": "time",
-    "timestamp-millis": "datetime",
-    "timestamp-micros": "datetime",
-    "local-timestamp-millis": "datetime",
-    "local-timestamp-micros": "datetime",
-    "uuid": "uuid",
-    "decimal": "decimal",
-}
 
 
 class Names:
@@ -149,11 +115,12 @@ class Names:
 
 
 def kind_of(s: Any, names: Names) -> str:
+    """The kind of a branch's values (a union holds at most one branch of each), records apart."""
     if isinstance(s, str):
-        return KIND[s] if s in KIND else kind_of(names.done[s], names)
-    if s.get("logicalType"):
-        return KIND[s["logicalType"]]
-    return KIND[s["type"]]
+        return avro_columnar.KINDS[s] if s in PRIMS else kind_of(names.done[s], names)
+    if s["type"] == "record":
+        return "record"
+    return avro_columnar.KINDS[s.get("logicalType") or s["type"]]
 
 
 @st.composite

@@ -20,6 +20,7 @@ from rsm_sidecar.format.varint import encode_unsigned_varint
 from rsm_sidecar.iceberg.decoding import proto_columnar
 from rsm_sidecar.iceberg.decoding.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
+from tests.iceberg.differential import same
 
 PROTO3 = """
 syntax = "proto3";
@@ -113,20 +114,9 @@ def assert_agree(dec, payloads, skip=0) -> bool:
         return False
     slow = upb_rows(dec, payloads)
     assert slow is not None, "columnar accepted a batch upb rejects"
-    assert _same(fast[0], slow[0]), (fast[0], slow[0])
+    assert same(fast[0], slow[0]), (fast[0], slow[0])
     assert fast[1] == slow[1]
     return True
-
-
-def _same(a, b) -> bool:
-    """Equality in which NaN equals NaN (floats from random bits)."""
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (a != a and b != b)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 # ----------------------------------------------------------------------------- generators

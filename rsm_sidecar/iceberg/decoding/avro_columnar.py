@@ -74,14 +74,34 @@ _LOGICAL = {
     ("string", "uuid"),
 }
 #: logicalTypes the mapping maps on any base type (``date``/``decimal`` only on their own).
-_MAPPED_ANYWHERE = {
-    "time-millis",
-    "time-micros",
-    "timestamp-millis",
-    "timestamp-micros",
-    "local-timestamp-millis",
-    "local-timestamp-micros",
-    "uuid",
+_MAPPED_ANYWHERE = {lt for _, lt in _LOGICAL} - {"date", "decimal"}
+
+
+#: The Python kind of the values fastavro gives for an Avro type (or logical type): the mapping
+#: puts a union's value in the first member that takes its kind, so a union of two branches of one
+#: kind (but records told apart by name) is left to fastavro.
+KINDS = {
+    "boolean": "bool",
+    "int": "int",
+    "long": "int",
+    "float": "float",
+    "double": "float",
+    "string": "str",
+    "enum": "str",
+    "bytes": "bytes",
+    "fixed": "bytes",
+    "record": "dict",
+    "map": "dict",
+    "array": "list",
+    "date": "date",
+    "time-millis": "time",
+    "time-micros": "time",
+    "timestamp-millis": "datetime",
+    "timestamp-micros": "datetime",
+    "local-timestamp-millis": "datetime",
+    "local-timestamp-micros": "datetime",
+    "decimal": "Decimal",
+    "uuid": "UUID",
 }
 
 
@@ -648,26 +668,9 @@ class _Builder:
         """The Python kind of the values of (table) schema ``s``, as ``_matches`` tells them."""
         s = self._deref_table(s)
         logical = _logical(s)
-        if logical is not None:
-            return {"date": "date", "decimal": "Decimal", "uuid": "UUID"}.get(
-                logical[0], "time" if logical[0].startswith("time-") else "datetime"
-            )
-        t = extract_record_type(s)
-        _check(isinstance(t, str), "nested type declaration")
-        return {
-            "boolean": "bool",
-            "int": "int",
-            "long": "int",
-            "float": "float",
-            "double": "float",
-            "string": "str",
-            "enum": "str",
-            "bytes": "bytes",
-            "fixed": "bytes",
-            "record": "dict",
-            "map": "dict",
-            "array": "list",
-        }.get(t) or _unsupported(f"union branch {t}")
+        t = logical[0] if logical is not None else extract_record_type(s)
+        _check(isinstance(t, str) and t in KINDS, f"union branch {t}")
+        return KINDS[t]
 
     def _members(self, union: list, t: pa.DataType) -> tuple[list, list | None, bool]:
         """The table's union: its non-null branches, its member fields (None: a nullable union,
@@ -788,7 +791,9 @@ class _Builder:
         if lt == "decimal":
             p, s = int(w["precision"]), int(w.get("scale", 0))
             _check(t == pa.decimal128(p, s) and p <= 38, "decimal column")
-            return _Decimal(w["size"] if w["type"] == "fixed" else None, t)
+            size = w["size"] if w["type"] == "fixed" else None
+            _check(size is None or 1 <= size <= 16, "decimal wider than 128 bits")
+            return _Decimal(size, t)
         if lt == "uuid":
             _check(t == pa.string(), "uuid column")
             return _Uuid(t, utf8=True)
