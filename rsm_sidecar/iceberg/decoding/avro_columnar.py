@@ -460,15 +460,14 @@ class _Repeated(_Node):
                 total[active] += m
                 remaining[active] = 0
                 keys = None
+            elif reading:  # the next item of every datum that has one
+                keys = None if self.key is None else self.key.read(buf, p)
+                item = self.item.read(buf, p)
             else:
-                keys = self.key.read(buf, p) if self.key is not None and reading else None
-                if self.key is not None and not reading:
+                if self.key is not None:
                     self.key.skip(buf, p)
-                if reading:
-                    item = self.item.read(buf, p)
-                else:
-                    self.item.skip(buf, p)
-                    item = None
+                self.item.skip(buf, p)
+            if size is None:
                 rows, idx = active, total[active]
                 total[active] += 1
                 remaining[active] -= 1
