@@ -426,6 +426,7 @@ class Evolver:
             return dict(s)
         t = s["type"]
         if t == "record":
+            earlier = sorted(self.done)  # defined before this record, so before its fields
             self.done.add(s["name"])
             fields = []
             for f in s["fields"]:
@@ -433,7 +434,8 @@ class Evolver:
                     continue  # the writer lacks it: the table's default
                 fields.append({"name": f["name"], "type": self.type(f["type"])})
             if draw(st.booleans()):
-                fields.insert(draw(st.integers(0, len(fields))), {"name": "added", "type": self.added()})
+                added = {"name": "added", "type": self.added(earlier)}
+                fields.insert(draw(st.integers(0, len(fields))), added)
             if draw(st.booleans()):
                 fields = draw(st.permutations(fields))
             out = {"type": "record", "name": s["name"], "fields": fields}
@@ -455,8 +457,9 @@ class Evolver:
             return {"type": "map", "values": self.type(s["values"])}
         return self.type(t)
 
-    def added(self) -> Any:
-        """A field only the writer has (fastavro skips it unread)."""
+    def added(self, earlier: list[str]) -> Any:
+        """A field only the writer has (fastavro skips it unread): maybe one of the ``earlier``
+        named types, by its name."""
         extra = {
             "type": "record",
             "name": f"Extra{next(self.extra)}",
@@ -465,7 +468,6 @@ class Evolver:
                 {"name": "y", "type": {"type": "array", "items": "boolean"}},
             ],
         }
-        done = sorted(self.done)
         options = [
             "long",
             "string",
@@ -474,7 +476,7 @@ class Evolver:
             {"type": "map", "values": ["null", "int"]},
             ["null", "bytes", "long"],
             extra,
-            *done[:1],  # a named type of the writer, by its name
+            *earlier[:1],
         ]
         return self.draw(st.sampled_from(options))
 
