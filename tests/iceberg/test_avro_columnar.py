@@ -27,7 +27,7 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from rsm_sidecar.iceberg.decoding import avro_columnar
@@ -57,6 +57,15 @@ def write(schema: Any, datum: Any) -> bytes:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), datum)
     return buf.getvalue()
+
+
+def written(schema: Any, datum: Any) -> bytes:
+    """:func:`write` for generated datums: one fastavro cannot write is not a case (it writes a
+    string of a union whose ``date`` branch comes first as a date, and fails)."""
+    try:
+        return write(schema, datum)
+    except (ValueError, TypeError, OverflowError):
+        reject()
 
 
 def framed(sid: int, payload: bytes) -> bytes:
@@ -359,7 +368,7 @@ def table_and_payloads(draw, variants: bool):
     schema, _ = draw(table_schema())
     named = named_types(schema)
     datums = draw(st.lists(values_of(schema, named), min_size=1, max_size=6))
-    payloads = [write(schema, d) for d in datums]
+    payloads = [written(schema, d) for d in datums]
     if variants:
         payloads = [draw(wire_variant(p, payloads[-1])) for p in payloads]
     values: list[bytes | None] = [framed(TABLE_ID, p) for p in payloads]
@@ -372,7 +381,9 @@ def table_and_payloads(draw, variants: bool):
 @given(table_and_payloads(variants=False))
 def test_valid_datums_decode_columnar_exactly_as_fastavro(case):
     schema, values = case
-    assert agree(side_for(schema), values), "the columnar path declined valid datums"
+    side = side_for(schema)
+    if not agree(side, values):  # only where the fastavro path itself fails a valid datum
+        assert any(side.decode_keeping(values)[2]), "the columnar path declined valid datums"
 
 
 @SETTINGS
@@ -492,9 +503,9 @@ def evolved_case(draw):
     w_named, t_named = named_types(writer), named_types(table)
     values: list[bytes | None] = []
     for d in draw(st.lists(values_of(writer, w_named), min_size=1, max_size=5)):
-        values.append(framed(WRITER_ID, write(writer, d)))
+        values.append(framed(WRITER_ID, written(writer, d)))
     for d in draw(st.lists(values_of(table, t_named), max_size=2)):
-        values.insert(draw(st.integers(0, len(values))), framed(TABLE_ID, write(table, d)))
+        values.insert(draw(st.integers(0, len(values))), framed(TABLE_ID, written(table, d)))
     return table, writer, values
 
 
@@ -773,3 +784,25 @@ def test_writer_fields_the_table_lacks_are_skipped_as_fastavro_skips_them():
     children, _, errs, _ = side.decode_keeping([blocked])
     assert errs == [None] and _rows(side, children) == [{"a": 7, "kind": "B"}]
     assert side.decode_arrow(pa.array([blocked])) is None
+
+
+def test_a_union_of_a_record_and_a_named_type_by_its_name():
+    """fastavro names both values of such a union (it counts the named type as a record): each
+    lands in its member (every row was an ``__err__``), on both paths."""
+    kind = {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}
+    rec = {"type": "record", "name": "R", "fields": [{"name": "x", "type": "int"}]}
+    schema = {
+        "type": "record",
+        "name": "T",
+        "fields": [{"name": "k", "type": kind}, {"name": "u", "type": ["null", rec, "Kind"]}],
+    }
+    side = side_for(schema)
+    values = [framed(TABLE_ID, write(schema, {"k": "A", "u": u})) for u in ("B", ("R", {"x": 1}), None)]
+    children, _, errs, _ = side.decode_keeping(values)
+    assert errs == [None] * 3
+    assert [r["u"] for r in _rows(side, children)] == [
+        {"R": None, "Kind": "B"},
+        {"R": {"x": 1}, "Kind": None},
+        None,
+    ]
+    assert agree(side, values)

@@ -866,7 +866,7 @@ class _Builder:
             node = self.node(b, rb if self.resolving else None, mt, stack)
             bt = extract_record_type(b)
             if tagged and (bt == "record" or bt not in AVRO_TYPES):
-                member = self._tagged(b, rb, nn, fields, multi, isinstance(table, list))
+                member = self._tagged(b, rb, nn, fields, isinstance(table, list))
                 _check(member in (rb_index, -2), "record read into another record's member")
             elif fields is None:
                 member = 0
@@ -889,10 +889,10 @@ class _Builder:
             return None
         return 0 if b != "null" and match_types(b, table, self.named) else None
 
-    def _tagged(self, b: Any, rb: Any, nn: list, fields, multi: bool, reader_union: bool) -> int:
-        """fastavro gives ``(name, value)`` for a record (or named type by name) of a union of
-        several: the member named so, when the table's union has several records."""
-        _check(fields is not None and multi, "name-tagged value outside a union of several records")
+    def _tagged(self, b: Any, rb: Any, nn: list, fields, reader_union: bool) -> int:
+        """fastavro gives ``(name, value)`` for a record (or a named type by its name) of a union
+        of several: the member of that name (-2: none, the fastavro path fails)."""
+        _check(fields is not None, "name-tagged value outside a union of several members")
         if isinstance(b, dict):
             src = rb if (self.resolving and reader_union) else b
             _check(isinstance(src, dict), "record name")

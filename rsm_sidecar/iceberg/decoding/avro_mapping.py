@@ -224,14 +224,13 @@ class AvroMapper:
             mt, mn = self._map(b, ids, stack)
             members.append(opt(ids, name, mt))
             matchers.append((name, self._resolve(b), mn))
-        n_records = sum(
-            1 for _, r, _ in matchers if isinstance(r, dict) and r.get("type") in ("record", "error")
-        )
 
-        def norm_union(v: Any, _m=matchers, _multi=n_records > 1) -> dict | None:
+        def norm_union(v: Any, _m=matchers) -> dict | None:
             if v is None:
                 return None
-            if _multi and isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str):
+            # fastavro names the value (name, value) in a union of several records, counting a
+            # named type given by its name as one; no other value is a tuple
+            if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str):
                 tname, val = v
                 for name, r, fn in _m:
                     if isinstance(r, dict) and r.get("name") == tname:
