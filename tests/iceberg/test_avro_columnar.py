@@ -405,6 +405,7 @@ class Evolver:
         self.draw = draw
         self.table_named = named_types(table)
         self.done: set[str] = set()  # named types the writer has defined already
+        self.finished: list[str] = []  # those defined whole (not a record being defined)
         self.extra = itertools.count()
 
     def type(self, s: Any) -> Any:
@@ -432,12 +433,13 @@ class Evolver:
                 branches.append("boolean")  # a branch the table may not take
             return branches or ["null"]
         if s.get("logicalType"):
-            if s["type"] in ("fixed",):
+            if s["type"] == "fixed":
                 self.done.add(s["name"])
+                self.finished.append(s["name"])
             return dict(s)
         t = s["type"]
         if t == "record":
-            earlier = sorted(self.done)  # defined before this record, so before its fields
+            earlier = list(self.finished)  # defined before this record's fields
             self.done.add(s["name"])
             fields = []
             for f in s["fields"]:
@@ -452,15 +454,18 @@ class Evolver:
             out = {"type": "record", "name": s["name"], "fields": fields}
             if "namespace" in s:
                 out["namespace"] = s["namespace"]
+            self.finished.append(s["name"])
             return out
         if t == "enum":
             self.done.add(s["name"])
+            self.finished.append(s["name"])
             symbols = list(s["symbols"])
             if draw(st.booleans()):
                 symbols.append("Z")
             return {"type": "enum", "name": s["name"], "symbols": draw(st.permutations(symbols))}
         if t == "fixed":
             self.done.add(s["name"])
+            self.finished.append(s["name"])
             return dict(s)
         if t == "array":
             return {"type": "array", "items": self.type(s["items"])}
