@@ -1,14 +1,17 @@
-"""Records/s of ``rsm-sidecar iceberg convert`` on tiered segments of ~100-byte Protobuf values,
-next to the write-only cost of the same rows, in the same run and Spark session.
+"""Records/s of ``rsm-sidecar iceberg convert`` on tiered segments of ~90-byte Protobuf and Avro
+values, next to the write-only cost of the same rows, in the same run and Spark session.
 
-Set-up (not timed): a real Apicurio registry (devstack.registry) with the schema below;
-``--records`` Confluent-framed Protobuf values (magic, schema id, ``[0]`` index, ~100 bytes),
-16-byte keys, two headers, 110 records per producer batch (a 16 KiB batch.size), split over
-``--partitions`` partitions and tiered as segments of ``--segment-mb`` by the sidecar's own copy
-code (zstd chunks, AES-256-GCM, manifest) into a local directory, exactly as the sidecar stores
-them. One ``local[2]`` SparkSession is started and warmed up on a small topic first.
+Set-up (not timed): a real Apicurio registry (devstack.registry) with the schemas of
+``iceberg_decode.py``; per ``--format`` (both by default) a topic of ``--records``
+Confluent-framed values (Protobuf: magic, schema id, ``[0]`` index, ``bench.Event``, ~92 bytes;
+Avro: magic, schema id, the Avro event with a nested record, an array, a map, a nullable union
+and logical types, ~84 bytes), 16-byte keys, two headers, 110 records per producer batch (a 16 KiB
+batch.size), split over ``--partitions`` partitions and tiered as segments of ``--segment-mb`` by
+the sidecar's own copy code (zstd chunks, AES-256-GCM, manifest) into a local directory, exactly
+as the sidecar stores them. One ``local[2]`` SparkSession is started and warmed up on a small
+topic of each format first.
 
-Timed, each ``--repeat`` times on fresh tables (best reported):
+Timed, each ``--repeat`` times on fresh tables (best reported), the formats one after the other:
 
 1. **convert**: the whole job (``prepare()`` + ``execute()``: markers, listing, planning, schema,
    Spark tasks -> ``mapInArrow`` (fetch, verify, decrypt, decompress, parse, decode, and with
@@ -19,13 +22,14 @@ Timed, each ``--repeat`` times on fresh tables (best reported):
 3. **write-only**: the same decoded rows, cached in Spark memory beforehand, written to an
    Iceberg table with the same partitioning and write options (the Parquet/Iceberg cost alone).
 
-    .venv/bin/python benchmarks/iceberg_convert.py [--records 1000000] [--partitions 2]
-        [--segment-mb 32] [--task-mb N] [--repeat 2]
+    .venv/bin/python benchmarks/iceberg_convert.py [--format both|protobuf|avro] [--records 1000000]
+        [--partitions 2] [--segment-mb 32] [--task-mb N] [--repeat 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -36,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devstack
 
-from iceberg_decode import PROTO
+from iceberg_decode import AVRO_SCHEMA, PROTO, avro_event, proto_event
 
 RECORDS_PER_BATCH = 110
 TOPIC = "bench-events"
@@ -50,15 +54,14 @@ def make_topic(
     segment_mb: int,
     topic: str,
     seed: int = 1,
+    fmt: str = "protobuf",
 ) -> tuple[Path, float]:
-    """Tier ``records`` framed Protobuf records; returns the sidecar configuration file and
-    the average value size (bytes, framing included)."""
+    """Tier ``records`` framed Protobuf (or Avro) records; returns the sidecar configuration file
+    and the average value size (bytes, framing included)."""
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
     from rsm_sidecar.config import Config
     from rsm_sidecar.format.keys import KeyLayout
-    from rsm_sidecar.iceberg.decoding import framing
-    from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
     from rsm_sidecar.iceberg.fixtures import TieredWriter
     from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
     from rsm_sidecar.kafka.records import Header
@@ -90,11 +93,12 @@ root = "{workdir / "catalog"}"
 url = "{registry_url}"
 """)
     client = SchemaRegistryClient({"url": registry_url})
-    schema_id = client.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
-    cls = ProtoSchema.message_class(
-        ProtoSchema.from_sources("bench.proto", {"bench.proto": PROTO}).message_by_name("bench.Event")
-    )
-    pre = framing.encode_preamble(schema_id, [0])
+    if fmt == "avro":
+        schema_id = client.register_schema(f"{topic}-value", Schema(AVRO_SCHEMA, "AVRO"))
+        value_of = _avro_values(schema_id)
+    else:
+        schema_id = client.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
+        value_of = _protobuf_values(schema_id)
     cfg = Config.load(cfg_file, environ={})
     from rsm_sidecar.segment.copy import CopySettings
 
@@ -118,18 +122,7 @@ url = "{registry_url}"
             n = min(RECORDS_PER_BATCH, per_part - offset)
             recs = []
             for i in range(offset, offset + n):
-                m = cls(
-                    id=f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",
-                    user_id=rnd.randrange(1 << 40),
-                    kind=rnd.choice([1, 2]),
-                    amount=rnd.random() * 100,
-                    ok=bool(i & 1),
-                    tags=["alpha", "beta"][: rnd.randrange(3)],
-                    count=rnd.randrange(1000),
-                )
-                m.at.seconds, m.at.nanos = 1_700_000_000 + i // 100, 123_000
-                m.device.os, m.device.version = "linux-x86_64", 6
-                value = pre + m.SerializeToString()
+                value = value_of(i, rnd)
                 value_bytes += len(value)
                 recs.append(SimpleRecord(f"key-{p}-{i:010d}".encode(), value, t_base + i, headers))
             b = build_batch(recs, base_offset=offset)
@@ -141,6 +134,39 @@ url = "{registry_url}"
                 batches, size = [], 0
     writer.close()
     return cfg_file, value_bytes / max(1, per_part * partitions)
+
+
+def _protobuf_values(schema_id: int):
+    from rsm_sidecar.iceberg.decoding import framing
+    from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
+
+    cls = ProtoSchema.message_class(
+        ProtoSchema.from_sources("bench.proto", {"bench.proto": PROTO}).message_by_name("bench.Event")
+    )
+    pre = framing.encode_preamble(schema_id, [0])
+
+    def value(i: int, rnd: random.Random) -> bytes:
+        return pre + proto_event(cls, i, rnd, 1_700_000_000 + i // 100)
+
+    return value
+
+
+def _avro_values(schema_id: int):
+    import io
+
+    import fastavro
+
+    from rsm_sidecar.iceberg.decoding import framing
+
+    parsed = fastavro.parse_schema(json.loads(AVRO_SCHEMA))
+    pre = framing.encode_preamble(schema_id)
+
+    def value(i: int, rnd: random.Random) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, avro_event(i, rnd))
+        return pre + buf.getvalue()
+
+    return value
 
 
 def cpu_seconds(registry_pid: int | None = None) -> dict[str, float]:
@@ -193,6 +219,12 @@ def main() -> None:
         help="iceberg.task_bytes in MiB (default: the setting's default); also converts once more "
         "with whole segments (iceberg.task_bytes = 0) to show what splitting gives",
     )
+    ap.add_argument(
+        "--format",
+        choices=("both", "protobuf", "avro"),
+        default="both",
+        help="the values' format; both: a topic of each, converted one after the other in each run",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
 
@@ -200,21 +232,25 @@ def main() -> None:
     from rsm_sidecar.iceberg.job import ConvertJob, load_config
     from rsm_sidecar.iceberg.session.spark import LocalCatalog, spark_session
 
+    formats = ("protobuf", "avro") if args.format == "both" else (args.format,)
+    topics = {fmt: TOPIC if fmt == "protobuf" else f"{TOPIC}-avro" for fmt in formats}
     workdir = Path(tempfile.mkdtemp(prefix="iceberg-convert-bench-"))
     reg = ApicurioRegistry(ApicurioDistribution.ensure(), workdir / "apicurio").start()
     spark = None
     try:
-        t0 = time.perf_counter()
-        cfg_file, avg = make_topic(
-            workdir, reg.ccompat_url, args.records, args.partitions, args.segment_mb, TOPIC
-        )
-        make_topic(workdir, reg.ccompat_url, 20_000, 2, 1, "warmup", seed=2)
+        avg = {}
+        for fmt in formats:
+            t0 = time.perf_counter()
+            cfg_file, avg[fmt] = make_topic(
+                workdir, reg.ccompat_url, args.records, args.partitions, args.segment_mb, topics[fmt], fmt=fmt
+            )
+            make_topic(workdir, reg.ccompat_url, 20_000, 2, 1, f"warmup-{fmt}", seed=2, fmt=fmt)
+            print(
+                f"set-up: {args.records:,} records (values {avg[fmt]:.0f} B on average, framed {fmt}) in "
+                f"{args.partitions} partition(s) tiered in {time.perf_counter() - t0:.1f}s"
+            )
         remote = sum(f.stat().st_size for f in (workdir / "remote").rglob("*") if f.is_file())
-        print(
-            f"set-up: {args.records:,} records (values {avg:.0f} B on average, framed Protobuf) in "
-            f"{args.partitions} partition(s) tiered in {time.perf_counter() - t0:.1f}s "
-            f"({remote / 1e6:.1f} MB stored, zstd + AES-GCM)"
-        )
+        print(f"stored: {remote / 1e6:.1f} MB (zstd + AES-GCM, all topics)")
         env = {}
         reg_pid = reg.proc.pid if reg.proc else None
 
@@ -230,54 +266,60 @@ def main() -> None:
         if task_bytes is not None:
             cases.append(("arrow", 0))
 
-        cfg, _ = load_config(cfg_file, env)
         spark = spark_session(LocalCatalog(workdir / "catalog"), app_name="iceberg-convert-bench")
-        job("warmup", "warmup").run()  # JVM/JIT and Python worker warm-up
-        job("warmup", "warmup_spark", "spark").run()
+        for fmt in formats:  # JVM/JIT and Python worker warm-up
+            job(f"warmup-{fmt}", f"warmup_{fmt}").run()
+            job(f"warmup-{fmt}", f"warmup_spark_{fmt}", "spark").run()
 
         def label(writer: str, task_bytes: int | None) -> str:
-            return f"iceberg.writer={writer}" + ("" if task_bytes != 0 else ", whole segments")
+            return f"convert, iceberg.writer={writer}" + ("" if task_bytes != 0 else ", whole segments")
 
-        convert = {label(*c): 0.0 for c in cases}
-        decode = write = 0.0
+        best: dict[tuple[str, str], float] = {}
+
+        def keep(fmt: str, what: str, rate: float) -> None:
+            best[(fmt, what)] = max(best.get((fmt, what), 0.0), rate)
+
         for r in range(args.repeat):
-            for n, (writer, tb) in enumerate(cases):
+            for fmt in formats:
+                for n, (writer, tb) in enumerate(cases):
+                    cpu0 = cpu_seconds(reg_pid)
+                    t0 = time.perf_counter()
+                    table = f"{fmt}_{writer}_{r}" if n < 2 else f"{fmt}_whole_{r}"
+                    j = job(topics[fmt], table, writer, tb)
+                    prepared = j.prepare()
+                    t1 = time.perf_counter()
+                    res = j.execute(prepared)
+                    dt = time.perf_counter() - t0
+                    cpu = {k: v - cpu0[k] for k, v in cpu_seconds(reg_pid).items()}
+                    assert res.records == args.records, (res.records, args.records)
+                    keep(fmt, label(writer, tb), args.records / dt)
+                    print(
+                        f"  run {r} {fmt}: {label(writer, tb)} {dt:.2f}s = "
+                        f"{args.records / dt:,.0f} records/s ({res.segments} segments, {res.tasks} tasks; "
+                        f"planning {t1 - t0:.2f}s, write + commit {time.perf_counter() - t1:.2f}s; "
+                        f"CPU per record: {per_record(cpu, args.records)})"
+                    )
+
+                j = job(topics[fmt], f"noop_{fmt}_{r}", task_bytes=task_bytes)
+                prepared = j.prepare()
                 cpu0 = cpu_seconds(reg_pid)
                 t0 = time.perf_counter()
-                j = job(TOPIC, f"events_{writer}_{r}" if n < 2 else f"events_whole_{r}", writer, tb)
-                prepared = j.prepare()
-                t1 = time.perf_counter()
-                res = j.execute(prepared)
+                j.dataframe(spark, prepared).write.format("noop").mode("overwrite").save()
                 dt = time.perf_counter() - t0
                 cpu = {k: v - cpu0[k] for k, v in cpu_seconds(reg_pid).items()}
-                assert res.records == args.records, (res.records, args.records)
-                convert[label(writer, tb)] = max(convert[label(writer, tb)], args.records / dt)
+                keep(fmt, "read+decode (noop sink)", args.records / dt)
                 print(
-                    f"  run {r}: convert ({label(writer, tb)}) {dt:.2f}s = "
-                    f"{args.records / dt:,.0f} records/s ({res.segments} segments, {res.tasks} tasks; "
-                    f"planning {t1 - t0:.2f}s, write + commit {time.perf_counter() - t1:.2f}s; "
-                    f"CPU per record: {per_record(cpu, args.records)})"
+                    f"  run {r} {fmt}: read+decode (noop sink) {dt:.2f}s = "
+                    f"{args.records / dt:,.0f} records/s (CPU per record: {per_record(cpu, args.records)})"
                 )
 
-            j = job(TOPIC, f"noop_{r}", task_bytes=task_bytes)
-            prepared = j.prepare()
-            cpu0 = cpu_seconds(reg_pid)
-            t0 = time.perf_counter()
-            j.dataframe(spark, prepared).write.format("noop").mode("overwrite").save()
-            dt = time.perf_counter() - t0
-            cpu = {k: v - cpu0[k] for k, v in cpu_seconds(reg_pid).items()}
-            decode = max(decode, args.records / dt)
-            print(
-                f"  run {r}: read+decode (noop sink) {dt:.2f}s = {args.records / dt:,.0f} records/s "
-                f"(CPU per record: {per_record(cpu, args.records)})"
-            )
-
-            src = spark.table(f"rsm.kafka.events_arrow_{r}").cache()
+            first = formats[0]
+            src = spark.table(f"rsm.kafka.{first}_arrow_{r}").cache()
             assert src.count() == args.records
             spark.sql(
                 f"CREATE TABLE rsm.kafka.write_{r} USING iceberg "
                 f"PARTITIONED BY (days(kafka.ingest_timestamp)) "
-                f"AS SELECT * FROM rsm.kafka.events_arrow_{r} LIMIT 0"
+                f"AS SELECT * FROM rsm.kafka.{first}_arrow_{r} LIMIT 0"
             )
             t0 = time.perf_counter()
             (
@@ -288,18 +330,20 @@ def main() -> None:
             )
             dt = time.perf_counter() - t0
             src.unpersist()
-            write = max(write, args.records / dt)
+            keep(first, "write-only (the rows already decoded)", args.records / dt)
             print(
-                f"  run {r}: write-only (cached decoded rows -> Iceberg) {dt:.2f}s = "
+                f"  run {r} {first}: write-only (cached decoded rows -> Iceberg) {dt:.2f}s = "
                 f"{args.records / dt:,.0f} records/s"
             )
-        for name, rate in convert.items():
-            print(
-                f"convert ({name}): {rate:,.0f} records/s (best of {args.repeat}, local[2], "
-                f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})"
-            )
-        print(f"read+decode:  {decode:,.0f} records/s (noop sink)")
-        print(f"write-only:   {write:,.0f} records/s (same rows, already decoded)")
+        print(
+            f"best of {args.repeat}, records/s, local[2], {os.cpu_count()} CPUs, "
+            f"load average {os.getloadavg()[0]:.1f}:"
+        )
+        print("| measure | " + " | ".join(f"{fmt} ({avg[fmt]:.0f} B values)" for fmt in formats) + " |")
+        print("|---|" + "---|" * len(formats))
+        for what in dict.fromkeys(w for _, w in best):
+            cells = [f"{best[(fmt, what)]:,.0f}" if (fmt, what) in best else "" for fmt in formats]
+            print(f"| {what} | " + " | ".join(cells) + " |")
     finally:
         if spark is not None:
             spark.stop()

@@ -1,6 +1,8 @@
 """Vectorised reads of many values at once from one byte buffer (numpy), for the columnar
-parsers of the convert job: Kafka records (:mod:`~rsm_sidecar.iceberg.reading.raw_records`) and
-Protobuf messages (:mod:`~rsm_sidecar.iceberg.decoding.proto_columnar`).
+parsers of the convert job: Kafka records (:mod:`~rsm_sidecar.iceberg.reading.raw_records`),
+Protobuf messages (:mod:`~rsm_sidecar.iceberg.decoding.proto_columnar`) and Avro datums
+(:mod:`~rsm_sidecar.iceberg.decoding.avro_columnar`). Kafka's and Avro's zig-zag varint longs,
+Protobuf's plain varints and the length-prefixed bytes of all three are the same primitives.
 
 A buffer is a ``uint8`` numpy array whose last :data:`PAD` bytes are zeros, so that a read of a
 varint or fixed-size value that runs past a corrupt value stays inside it; callers check the
@@ -22,6 +24,21 @@ _U7F = np.uint64(0x7F)
 
 class Malformed(Exception):
     """The fast path cannot decode these bytes; re-parse them with the library parser."""
+
+
+def column_buffer(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The value bytes of a binary (or string, large_binary) column as one buffer (its data and
+    :data:`PAD` zeros; one copy) and the int64 offsets of its values in it (``len(col) + 1``;
+    a null value is empty)."""
+    if col.type != pa.binary():
+        col = col.cast(pa.binary())  # int32 offsets below (a large_binary or string column)
+    n = len(col)
+    offsets = np.frombuffer(col.buffers()[1], np.int32)[col.offset : col.offset + n + 1].astype(np.int64)
+    data = col.buffers()[2]
+    buf = np.zeros((0 if data is None else data.size) + PAD, np.uint8)
+    if data is not None:
+        buf[: data.size] = np.frombuffer(data, np.uint8)
+    return buf, offsets
 
 
 def uvarint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray]:

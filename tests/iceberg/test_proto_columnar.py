@@ -20,6 +20,7 @@ from rsm_sidecar.format.varint import encode_unsigned_varint
 from rsm_sidecar.iceberg.decoding import proto_columnar
 from rsm_sidecar.iceberg.decoding.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
+from tests.iceberg.differential import same
 
 PROTO3 = """
 syntax = "proto3";
@@ -90,9 +91,15 @@ def _rows(dec, children) -> list:
     return pa.StructArray.from_arrays(children, fields=list(dec.arrow_type)).to_pylist()
 
 
+def decode_columnar(dec: ProtoDecoder, col: pa.Array, skip: int = 0):
+    """What ``ProtoSide`` gets from the columnar decoder (None: it parses with upb)."""
+    plan = proto_columnar.plan_for(dec)
+    return None if plan is None else proto_columnar.decode(plan, col, skip)
+
+
 def columnar_rows(dec: ProtoDecoder, payloads: list[bytes | None], skip: int = 0):
     col = pa.array([None if p is None else b"\x00" * skip + p for p in payloads], pa.binary())
-    out = dec.decode_columnar(col, skip)
+    out = decode_columnar(dec, col, skip)
     if out is None:
         return None
     children, lossy = out
@@ -107,20 +114,9 @@ def assert_agree(dec, payloads, skip=0) -> bool:
         return False
     slow = upb_rows(dec, payloads)
     assert slow is not None, "columnar accepted a batch upb rejects"
-    assert _same(fast[0], slow[0]), (fast[0], slow[0])
+    assert same(fast[0], slow[0]), (fast[0], slow[0])
     assert fast[1] == slow[1]
     return True
-
-
-def _same(a, b) -> bool:
-    """Equality in which NaN equals NaN (floats from random bits)."""
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (a != a and b != b)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 # ----------------------------------------------------------------------------- generators
@@ -304,13 +300,13 @@ def test_timestamps_below_a_microsecond_flag_their_rows():
 )
 def test_schemas_left_to_upb(source, name):
     dec = decoder(source, name)
-    assert dec.columnar_plan is None
-    assert dec.decode_columnar(pa.array([b""], pa.binary())) is None
+    assert proto_columnar.plan_for(dec) is None
+    assert decode_columnar(dec, pa.array([b""], pa.binary())) is None
 
 
 def test_plan_for_the_benchmark_event_shape():
     dec = decoder(PROTO3, "col.v1.Inner")
-    assert isinstance(dec.columnar_plan, proto_columnar._Plan)
+    assert isinstance(proto_columnar.plan_for(dec), proto_columnar._Plan)
 
 
 def test_messages_with_many_fields_grow_the_token_arrays():
@@ -330,13 +326,13 @@ def test_a_slice_of_a_column_and_other_binary_types_decode_their_own_rows():
     msgs = [DEC3.cls(i32=i, s=f"v{i}").SerializeToString() for i in range(8)]
     col = pa.array(msgs, pa.binary())
     for part in (col[3:6], col.cast(pa.large_binary())[3:6]):
-        children, _ = DEC3.decode_columnar(part, 0)
+        children, _ = decode_columnar(DEC3, part, 0)
         rows = _rows(DEC3, children)
         assert [(r["i32"], r["s"]) for r in rows] == [(3, "v3"), (4, "v4"), (5, "v5")]
 
 
 def test_a_value_shorter_than_its_skipped_preamble_is_refused_not_read_as_empty():
     ok = b"\x00" * 6 + DEC3.cls(i32=1).SerializeToString()
-    assert DEC3.decode_columnar(pa.array([ok, b"\x00\x00"], pa.binary()), 6) is None
-    children, _ = DEC3.decode_columnar(pa.array([ok, None], pa.binary()), 6)
+    assert decode_columnar(DEC3, pa.array([ok, b"\x00\x00"], pa.binary()), 6) is None
+    children, _ = decode_columnar(DEC3, pa.array([ok, None], pa.binary()), 6)
     assert [r["i32"] for r in _rows(DEC3, children)] == [1, 0]  # a null reads as the empty message

@@ -224,14 +224,13 @@ class AvroMapper:
             mt, mn = self._map(b, ids, stack)
             members.append(opt(ids, name, mt))
             matchers.append((name, self._resolve(b), mn))
-        n_records = sum(
-            1 for _, r, _ in matchers if isinstance(r, dict) and r.get("type") in ("record", "error")
-        )
 
-        def norm_union(v: Any, _m=matchers, _multi=n_records > 1) -> dict | None:
+        def norm_union(v: Any, _m=matchers) -> dict | None:
             if v is None:
                 return None
-            if _multi and isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str):
+            # fastavro names the value (name, value) in a union of several records, counting a
+            # named type given by its name as one; no other value is a tuple
+            if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str):
                 tname, val = v
                 for name, r, fn in _m:
                     if isinstance(r, dict) and r.get("name") == tname:
@@ -250,6 +249,12 @@ class AvroMapper:
         if datum is None or self._norm is None:
             return datum
         return self._norm(datum)
+
+    def value_array(self, schema: Any, value: Any) -> pa.Array:
+        """A one-row Arrow array of ``value``, a fastavro value of ``schema`` (one of this
+        mapper's types, not inside itself): the column of a reader field's default."""
+        ice, norm = self._map(schema, IdCounter(), ())
+        return pa.array([value if norm is None else norm(value)], to_arrow(ice))
 
     def to_arrow(self, datums: list, *, normalized: bool = False) -> pa.Array:
         """Arrow array (of :attr:`arrow_type`) for decoded datums; None entries are null."""

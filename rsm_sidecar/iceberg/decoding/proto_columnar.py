@@ -21,7 +21,7 @@ read as their default when absent, fields with presence as null; ``int32``/``uin
 low 32 bits of the varint and ``uint32``/``uint64``/``fixed*`` wrap into the signed column (or
 ``uint32`` into ``long`` with ``uint32_as_long``); ``sint*`` zig-zag; a ``bool`` is any non-zero
 varint; packed repeated scalars; ``Timestamp``/``Duration`` to micro-seconds with the sub-µs
-loss flag. Memory: the batch's payload bytes once (plus :data:`PAD`); 48 bytes per field
+loss flag. Memory: the batch's payload bytes once (``column_buffer``); 48 bytes per field
 occurrence (room for 16 per message at first, doubled when more come, never more than one per
 2 payload bytes); per column, a few arrays the length of the batch.
 """
@@ -29,13 +29,13 @@ occurrence (room for 16 per message at first, doubled when more come, never more
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from google.protobuf.descriptor import FieldDescriptor
 
-from rsm_sidecar.iceberg.columnar_bytes import PAD, Malformed, fixed, gather, uvarint, zigzag
+from rsm_sidecar.iceberg.columnar_bytes import Malformed, column_buffer, fixed, gather, uvarint, zigzag
+from rsm_sidecar.iceberg.decoding import proto_mapping as pm
 
 _T = FieldDescriptor
 _WIRE = {
@@ -90,10 +90,10 @@ class _Plan:
 # ----------------------------------------------------------------------------- plans
 
 
-def plan_for(message_conv: Any, options: Any) -> _Plan | None:
-    """The plan of a ``proto_mapping._Message`` converter, or None when its schema has something
+def plan_for(decoder: pm.ProtoDecoder) -> _Plan | None:
+    """How to read ``decoder``'s message from its bytes, or None when its schema has something
     this decoder leaves to upb (see the module docstring)."""
-    from rsm_sidecar.iceberg.decoding import proto_mapping as pm
+    options = decoder.options
 
     def elem(fd, conv) -> _Field | None:
         common = dict(number=fd.number, type=fd.type, repeated=fd.is_repeated, arrow=None)
@@ -134,7 +134,7 @@ def plan_for(message_conv: Any, options: Any) -> _Plan | None:
         oneofs = [[fd.number for fd in o.fields] for o in conv.desc.oneofs if len(o.fields) > 1]
         return _Plan(fields, conv.arrow_fields, oneofs)
 
-    return build(message_conv)
+    return build(decoder.message_converter)
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -445,14 +445,8 @@ def decode(plan: _Plan, col: pa.Array, skip: int) -> tuple[list[pa.Array], pa.Bo
     column ``col``'s values, each after its first ``skip`` bytes (a null value reads as the empty
     message), or None when the upb path must decode this batch (or a value is shorter than
     ``skip``)."""
-    if col.type != pa.binary():
-        col = col.cast(pa.binary())  # int32 offsets below (a large_binary or string column)
     n = len(col)
-    offsets = np.frombuffer(col.buffers()[1], np.int32)[col.offset : col.offset + n + 1].astype(np.int64)
-    data = col.buffers()[2]
-    buf = np.zeros((0 if data is None else data.size) + PAD, np.uint8)
-    if data is not None:
-        buf[: data.size] = np.frombuffer(data, np.uint8)
+    buf, offsets = column_buffer(col)
     starts, ends = offsets[:-1] + skip, offsets[1:]
     short = starts > ends
     if short.any():

@@ -58,7 +58,6 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from rsm_sidecar.iceberg.decoding import proto_columnar
 from rsm_sidecar.iceberg.types import (
     SIDE_COLUMNS,
     IdCounter,
@@ -538,8 +537,6 @@ class ProtoDecoder:
         self.arrow_type: pa.StructType = self._root.arrow
         self.cls = message_factory.GetMessageClass(desc)
         self._default = self.cls()
-        #: how :mod:`.proto_columnar` reads this message (None: always upb)
-        self.columnar_plan = proto_columnar.plan_for(self._root, self.options)
 
     @property
     def full_name(self) -> str:
@@ -570,15 +567,11 @@ class ProtoDecoder:
         message does)."""
         return self._root.children_lossy(list(msgs))
 
-    def decode_columnar(
-        self, col: pa.Array, skip: int = 0
-    ) -> tuple[list[pa.Array], pa.BooleanArray | None] | None:
-        """:meth:`children_lossy` of the messages in the binary column ``col`` (each value after
-        its first ``skip`` bytes; null: the empty message), read by :mod:`.proto_columnar` without
-        upb; None when this schema or batch needs upb (then parse and call :meth:`children_lossy`)."""
-        if self.columnar_plan is None:
-            return None
-        return proto_columnar.decode(self.columnar_plan, col, skip)
+    @property
+    def message_converter(self) -> _Message:
+        """The converter of the side's message (its fields' converters, in column order), which
+        :func:`~rsm_sidecar.iceberg.decoding.proto_columnar.plan_for` reads."""
+        return self._root
 
 
 def message_iceberg_type(desc: Descriptor, options: ProtoOptions | None = None) -> StructType:

@@ -27,7 +27,7 @@ from pyiceberg.types import (
 )
 
 from rsm_sidecar.errors import ConfigError
-from rsm_sidecar.iceberg.decoding import framing
+from rsm_sidecar.iceberg.decoding import avro_columnar, framing, proto_columnar
 from rsm_sidecar.iceberg.decoding.avro_mapping import AvroMapper, read_datum, resolution_loss
 from rsm_sidecar.iceberg.decoding.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
@@ -218,6 +218,8 @@ class ProtoSide(Side):
             schema = ProtoSchema.from_file_descriptor_set(fds)
             desc = schema.message_by_name(spec.message or "")
         self.decoder = ProtoDecoder(desc, spec.proto_options)
+        #: how :mod:`.proto_columnar` reads the message (None: always upb)
+        self.columnar_plan = proto_columnar.plan_for(self.decoder)
         self.decoded_type = self.decoder.iceberg_type
         self._fields = list(self.decoder.arrow_type)
         self._ids: dict[tuple[int, tuple[int, ...]], str | None] = {}
@@ -283,7 +285,8 @@ class ProtoSide(Side):
         ``skip`` bytes (null: the default message): read columnar from the bytes when the schema
         and batch allow it (:mod:`.proto_columnar`), else parsed with upb; None when a payload
         does not parse."""
-        decoded = self.decoder.decode_columnar(col, skip)
+        plan = self.columnar_plan
+        decoded = None if plan is None else proto_columnar.decode(plan, col, skip)
         if decoded is not None:
             return decoded
         payloads = (pc.binary_slice(col, skip, 2**31 - 1) if skip else col).to_pylist()
@@ -405,13 +408,16 @@ class AvroSide(Side):
             else StructType(NestedField(1, "value", decoded, required=False))
         )
         self._fields = list(to_arrow(self.decoded_type))
-        #: schema id -> (writer schema or why it cannot be used, why its rows lose data or None)
-        self._writers: dict[int, tuple[Any, str | None]] = {}
+        #: schema id -> (writer schema, why it cannot be used, why its rows lose data); a schema
+        #: may be a plain string (``"string"``), so the reason it cannot be used is apart
+        self._writers: dict[int, tuple[Any, str | None, str | None]] = {}
+        #: schema id -> (its columnar plan or None, whether its rows lose data)
+        self._plans: dict[int, tuple[avro_columnar.Plan | None, bool]] = {}
 
-    def _writer(self, sid: int) -> tuple[Any, str | None]:
+    def _writer(self, sid: int) -> tuple[Any, str | None, str | None]:
         if sid in self._writers:
             return self._writers[sid]
-        loss = None
+        w = err = loss = None
         try:
             res = self.registry.resolve(sid)
             if res.schema_type == AVRO:
@@ -421,15 +427,31 @@ class AvroSide(Side):
                 except Exception as exc:  # a schema shape the check does not know: keep the bytes
                     loss = f"cannot compare schema id {sid} with the table's: {type(exc).__name__}: {exc}"
             else:
-                w = f"schema id {sid} is {res.schema_type}, not AVRO"
+                err = f"schema id {sid} is {res.schema_type}, not AVRO"
         except (RegistryUnavailable, RegistryAuthError):
             raise
         except UnknownSchema:
-            w = f"unknown schema id {sid}"
+            err = f"unknown schema id {sid}"
         except SchemaUnusable as exc:
-            w = str(exc)
-        self._writers[sid] = (w, loss)
-        return w, loss
+            err = str(exc)
+        self._writers[sid] = (w, err, loss)
+        return w, err, loss
+
+    def decode_arrow(self, col: pa.Array):
+        """The batch read columnar from its bytes (:mod:`.avro_columnar`); None when a value
+        is not framed, its schema id has no plan or it does not decode: :meth:`decode_keeping`
+        then decodes the batch value by value with fastavro."""
+        if len(col) == 0:
+            return None
+        return avro_columnar.decode_framed(col, self.mapper.arrow_type, self._wrap, self._plan)
+
+    def _plan(self, sid: int) -> tuple[avro_columnar.Plan | None, bool]:
+        if sid not in self._plans:
+            w, err, loss = self._writer(sid)
+            reader = None if sid == self.table_id else self.reader
+            plan = None if err is not None else avro_columnar.plan_for(w, reader, self.mapper)
+            self._plans[sid] = (plan, loss is not None)
+        return self._plans[sid]
 
     def decode(self, datas):
         return self.decode_keeping(datas)[:3]
@@ -453,11 +475,11 @@ class AvroSide(Side):
                 bad.append(True)
                 continue
             prefix = d[:5]
-            w, loss = self._writer(fr.schema_id)
-            if isinstance(w, str):
+            w, err, loss = self._writer(fr.schema_id)
+            if err is not None:
                 datums.append(None)
                 prefixes.append(prefix)
-                errs.append(w)
+                errs.append(err)
                 bad.append(True)
                 continue
             try:
