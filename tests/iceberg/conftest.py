@@ -74,7 +74,7 @@ def order_pb2(proto_modules):
 
 @pytest.fixture(scope="session")
 def local_catalog(tmp_path_factory):
-    from rsm_sidecar.iceberg.session.spark import LocalCatalog
+    from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
 
     return LocalCatalog(tmp_path_factory.mktemp("iceberg")).prepare()
 
