@@ -59,9 +59,9 @@ def make_topic(
     from rsm_sidecar.format.keys import KeyLayout
     from rsm_sidecar.iceberg.decoding import framing
     from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
-    from rsm_sidecar.iceberg.fixtures import TieredWriter
     from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
     from rsm_sidecar.kafka.records import Header
+    from rsm_sidecar.segment.tiered_writer import TieredWriter
     from rsm_sidecar.storage.factory import open_store
     from rsm_sidecar.transform.keyring import Keyring, write_key_pair
 
@@ -198,7 +198,8 @@ def main() -> None:
 
     from devstack.registry import ApicurioDistribution, ApicurioRegistry
     from rsm_sidecar.iceberg.job import ConvertJob, load_config
-    from rsm_sidecar.iceberg.session.spark import LocalCatalog, spark_session
+    from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
+    from rsm_sidecar.iceberg.session.spark import spark_session
 
     workdir = Path(tempfile.mkdtemp(prefix="iceberg-convert-bench-"))
     reg = ApicurioRegistry(ApicurioDistribution.ensure(), workdir / "apicurio").start()

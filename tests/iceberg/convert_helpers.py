@@ -17,10 +17,10 @@ from pathlib import Path
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.keys import KeyLayout
-from rsm_sidecar.iceberg.fixtures import TieredWriter
 from rsm_sidecar.kafka import ControlType
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch, build_control_batch
 from rsm_sidecar.kafka.records import Header
+from rsm_sidecar.segment.tiered_writer import TieredWriter
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.transform.keyring import Keyring, write_key_pair
 

@@ -24,12 +24,12 @@ from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.decoding import framing
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
 from rsm_sidecar.iceberg.decoding.schema_registry import RegistryUnavailable
-from rsm_sidecar.iceberg.fixtures import new_uuid
 from rsm_sidecar.iceberg.job import convert, load_config
 from rsm_sidecar.iceberg.mapping.evolution import field_ids
 from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.settings import JobSettings
 from rsm_sidecar.iceberg.source import read_topic
+from rsm_sidecar.segment.tiered_writer import new_uuid
 from tests.e2e.kafka_helpers import (
     Rec,
     consume,
