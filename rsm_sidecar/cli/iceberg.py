@@ -29,10 +29,12 @@ OVERRIDES = {
     "key_message": "iceberg.key.message",
     "key_descriptor_set": "iceberg.key.descriptor_set",
     "key_raw": "iceberg.key.raw",
+    "key_unframed": "iceberg.key.unframed",
     "value_subject": "iceberg.value.subject",
     "value_message": "iceberg.value.message",
     "value_descriptor_set": "iceberg.value.descriptor_set",
     "value_raw": "iceberg.value.raw",
+    "value_unframed": "iceberg.value.unframed",
     "master": "iceberg.spark.master",
     "max_segments": "iceberg.max_segments",
     "interval": "iceberg.follow.interval",
@@ -96,6 +98,12 @@ def register(sub) -> None:
         r.add_argument(f"--{side}-message", help=f"Protobuf message of the {side}s (pkg.Msg)")
         r.add_argument(f"--{side}-descriptor-set", help=f"descriptor-set file for unframed Protobuf {side}s")
         r.add_argument(f"--{side}-raw", action="store_const", const=True, help=f"keep {side}s raw")
+        r.add_argument(
+            f"--{side}-unframed",
+            choices=("error", "latest"),
+            help=f"a {side} without the registry's framing: a record error (default) or decoded with "
+            "the subject's latest schema",
+        )
     c.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     f = c.add_argument_group('follow mode (docs/iceberg.md "Follow mode")')
     f.add_argument(

@@ -281,10 +281,13 @@ class ConvertJob:
                         opts,
                         samples=self._samples(plans, is_key),
                         recorded=table_properties.get(message_property(is_key)),
+                        unframed=side.unframed,
                     )
                 )
             else:
                 specs.append(SideSpec("raw", proto_options=opts))
+        for name, spec in (("key", specs[0]), ("value", specs[1])):
+            self.log(f"[convert] {self.topic}: {name}s: {spec.describe()}")
         return EncoderSpec(specs[0], specs[1])
 
     def _samples(self, plans: list[PartitionPlan], is_key: bool) -> Iterator[bytes]:

@@ -55,6 +55,17 @@ for _side, _what in (("key", "keys"), ("value", "values")):
             f"`buf build -o`): decode unframed {_what} with `iceberg.{_side}.message` from it, without "
             f"a registry (the embedded default).",
         ),
+        Key(
+            f"iceberg.{_side}.unframed",
+            "str",
+            "error",
+            f"What a record {_side} without the registry's framing "
+            f"(magic byte 0x00 + schema id) becomes when the {_side} side has a registry subject: "
+            f"`error`, a record-level error (`__err__` + `__raw__`); `latest`, decoded with the "
+            f"subject's latest schema (pinned when the run starts), whose id each row records in "
+            f'`__schema_id__` (docs/iceberg.md "Values without framing").',
+            choices=("error", "latest"),
+        ),
     ]
 
 CONFIG_KEYS = [
@@ -309,6 +320,7 @@ class SideSettings:
     subject: str | None = None
     message: str | None = None
     descriptor_set: str | None = None
+    unframed: str = "error"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,7 +397,19 @@ class JobSettings:
                 cfg[f"iceberg.{side}.subject"],
                 cfg[f"iceberg.{side}.message"],
                 cfg[f"iceberg.{side}.descriptor_set"],
+                cfg[f"iceberg.{side}.unframed"],
             )
+            if s.unframed == "latest" and registry is None:
+                raise ConfigError(
+                    f"iceberg.{side}.unframed = 'latest' decodes {side}s with the registry subject's "
+                    f"latest schema: set iceberg.registry.url"
+                )
+            if s.unframed == "latest" and (s.raw or s.descriptor_set):
+                raise ConfigError(
+                    f"iceberg.{side}.unframed = 'latest' decodes {side}s with the registry subject's "
+                    f"latest schema: it cannot go with iceberg.{side}."
+                    f"{'raw' if s.raw else 'descriptor_set'}"
+                )
             if s.descriptor_set and not s.message:
                 raise ConfigError(
                     f"iceberg.{side}.message: required with iceberg.{side}.descriptor_set "
