@@ -279,6 +279,32 @@ CONFIG_KEYS = [
         'number of segments (docs/iceberg.md "Flow of a run"); 0: one task per segment.',
         min=0,
     ),
+    # -- the Kafka cluster (optional) ---------------------------------------------------------
+    Key(
+        "iceberg.kafka.bootstrap_servers",
+        "str",
+        None,
+        "Kafka bootstrap servers of the topic's cluster; when set, `iceberg status` and "
+        "`convert --follow` read the topic's copy lag (KIP-1241 `remote.copy.lag.ms`/`.bytes`) "
+        'through the admin API (docs/iceberg.md "Copy lag"). Nothing else talks to Kafka.',
+    ),
+    Key(
+        "iceberg.kafka.timeout",
+        "seconds",
+        10.0,
+        "How long reading the topic's settings from Kafka may take (a broker that does not answer "
+        "is reported, and the follower goes on).",
+        min=0.1,
+    ),
+    Key(
+        "iceberg.kafka.client.<name>",
+        "str",
+        None,
+        "A librdkafka setting of that admin client, `_` in the name for `.`: "
+        '`[iceberg.kafka.client] security_protocol = "SASL_SSL"`, `sasl_mechanism`, '
+        "`sasl_username`, `sasl_password`, `ssl_ca_location`, ...",
+        secret=True,
+    ),
     # -- convert --follow -------------------------------------------------------------------
     Key(
         "iceberg.follow.interval",
@@ -294,9 +320,20 @@ CONFIG_KEYS = [
         "seconds",
         3600.0,
         "`convert --follow`: every this many seconds, expire snapshots older than 5 days (the "
-        "marker-tagged one is kept) and delete files no snapshot references that are older than "
-        "1 day (the orphans of killed or out-raced rounds); 0: never.",
+        "marker-tagged one is kept), delete files no snapshot references that are older than "
+        "1 day (the orphans of killed or out-raced rounds), drop the rows Kafka's retention "
+        "deleted (`iceberg.follow.drop_deleted_offsets`) and read the topic's copy lag again "
+        "(`iceberg.kafka.bootstrap_servers`); 0: never.",
         min=0,
+    ),
+    Key(
+        "iceberg.follow.drop_deleted_offsets",
+        "bool",
+        True,
+        "`convert --follow`: at each maintenance (`iceberg.follow.maintain_interval`), also delete the "
+        "rows whose offsets Kafka's retention removed from remote storage, as `maintain "
+        "--drop-deleted-offsets` does, so that the table keeps what the topic keeps; false: the "
+        'table keeps every row it got (an archive). docs/iceberg.md "Retention".',
     ),
     Key(
         "iceberg.follow.metrics_listen",
@@ -355,7 +392,11 @@ class JobSettings:
     task_bytes: int = 128 * MiB
     follow_interval: float = 10.0
     follow_maintain_interval: float = 3600.0
+    follow_drop_deleted_offsets: bool = True
     follow_metrics_listen: str = ""
+    kafka_bootstrap: str | None = None
+    kafka_timeout: float = 10.0
+    kafka_client: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def from_config(cls, cfg: Config) -> JobSettings:
@@ -447,7 +488,11 @@ class JobSettings:
             task_bytes=cfg["iceberg.task_bytes"],
             follow_interval=cfg["iceberg.follow.interval"],
             follow_maintain_interval=cfg["iceberg.follow.maintain_interval"],
+            follow_drop_deleted_offsets=cfg["iceberg.follow.drop_deleted_offsets"],
             follow_metrics_listen=cfg["iceberg.follow.metrics_listen"],
+            kafka_bootstrap=cfg["iceberg.kafka.bootstrap_servers"],
+            kafka_timeout=cfg["iceberg.kafka.timeout"],
+            kafka_client={k: str(v[""]) for k, v in cfg.family("iceberg.kafka.client").items()},
         )
 
     def table_name(self, topic: str) -> str:
