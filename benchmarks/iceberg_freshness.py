@@ -91,11 +91,12 @@ def main() -> None:
 
         def produce() -> None:
             p = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20})
-            value = os.urandom(100).hex().encode()  # 200 bytes
             per_tick = max(1, int(args.mb_per_s * 1e6 / 200 / 10))
             n = 0
             while not stop.is_set():
                 for _ in range(per_tick):
+                    # 200 bytes, hex of random bytes: compresses as much as text-like data does
+                    value = os.urandom(100).hex().encode()
                     p.produce(topic, key=b"k-%d" % n, value=value)
                     n += 1
                 p.poll(0)
@@ -183,16 +184,18 @@ def files_table(cfg, storage, topic: str, follower) -> None:
     settings = follower.settings
     spec = CatalogSpec.from_settings(settings)
 
-    def files() -> list[dict]:
+    def files() -> tuple[list[dict], int]:
         table = spec.pyiceberg().load_table((settings.namespace, settings.table_name(topic)))
-        return table.inspect.files().select(["file_size_in_bytes", "record_count"]).to_pylist()
+        fs = table.inspect.files().select(["file_size_in_bytes", "record_count"]).to_pylist()
+        return fs, len(table.metadata.snapshots)
 
-    def line(name: str, fs: list[dict]) -> None:
+    def line(name: str, state: tuple[list[dict], int]) -> None:
+        fs, snapshots = state
         sizes = sorted(f["file_size_in_bytes"] for f in fs)
         per_file = sum(f["record_count"] for f in fs) / len(fs)
         print(
             f"{name:24s} {len(fs):4d} data files, size p50 {percentile(sizes, 50) / 1e6:6.2f} MB "
-            f"max {sizes[-1] / 1e6:6.2f} MB, {per_file:9,.0f} records per file"
+            f"max {sizes[-1] / 1e6:6.2f} MB, {per_file:9,.0f} records per file; {snapshots} snapshots"
         )
 
     line("after the follower", files())

@@ -14,7 +14,7 @@ from pyiceberg.transforms import IdentityTransform
 
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
-from tests.iceberg.convert_helpers import MAINTAIN_EVERYTHING_NOW, T0, SyntheticTopic
+from tests.iceberg.convert_helpers import T0, SyntheticTopic
 
 PROTO = """syntax = "proto3";
 package lay.v1;
@@ -147,7 +147,7 @@ def test_sort_order_enums_and_error_rows_in_the_data_files(spark, tmp_path):
         table.sort_order().order_id == order.order_id
         and table.metadata.default_sort_order_id == order.order_id
     )
-    res = t.maintain(spark, {}, **MAINTAIN_EVERYTHING_NOW)
+    res = t.maintain(spark, {}, compact=True)
     assert res.compacted["rewritten_data_files_count"] >= 2
     table = t.table()
     for f in files_of(table):
