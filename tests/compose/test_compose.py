@@ -222,6 +222,10 @@ def test_start_order_and_health_checks(services):
                 assert test and test[0] in ("CMD", "CMD-SHELL"), (
                     f"{name} waits for {dep} to be healthy: no health check"
                 )
+    for name, svc in services.items():
+        test = svc.get("healthcheck", {}).get("test") or ["NONE"]
+        if test[0] == "CMD":  # podman's Docker API splits a CMD test's arguments at spaces
+            assert not [a for a in test[1:] if " " in a], f"{name}: a health check argument has a space"
             if cond["condition"] == "service_completed_successfully":
                 assert dep in ONE_SHOT
     for name in ONE_SHOT:
