@@ -171,4 +171,5 @@ bench: deps
 	$(BIN)/python benchmarks/iceberg_convert.py
 	$(BIN)/python benchmarks/iceberg_source.py
 	$(BIN)/python benchmarks/iceberg_freshness.py
+	$(BIN)/python benchmarks/iceberg_cluster.py
 	$(BIN)/python benchmarks/soak.py

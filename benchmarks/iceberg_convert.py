@@ -62,9 +62,9 @@ def make_topic(
 
     from rsm_sidecar.config import Config
     from rsm_sidecar.format.keys import KeyLayout
-    from rsm_sidecar.iceberg.fixtures import TieredWriter
     from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
     from rsm_sidecar.kafka.records import Header
+    from rsm_sidecar.segment.tiered_writer import TieredWriter
     from rsm_sidecar.storage.factory import open_store
     from rsm_sidecar.transform.keyring import Keyring, write_key_pair
 
@@ -230,7 +230,8 @@ def main() -> None:
 
     from devstack.registry import ApicurioDistribution, ApicurioRegistry
     from rsm_sidecar.iceberg.job import ConvertJob, load_config
-    from rsm_sidecar.iceberg.session.spark import LocalCatalog, spark_session
+    from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
+    from rsm_sidecar.iceberg.session.spark import spark_session
 
     formats = ("protobuf", "avro") if args.format == "both" else (args.format,)
     topics = {fmt: TOPIC if fmt == "protobuf" else f"{TOPIC}-avro" for fmt in formats}

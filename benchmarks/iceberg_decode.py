@@ -230,7 +230,8 @@ def run_spark(args, batch) -> None:
     import pyarrow as pa
 
     from rsm_sidecar.iceberg.jars import spark_jars
-    from rsm_sidecar.iceberg.session.spark import LocalCatalog, spark_session
+    from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
+    from rsm_sidecar.iceberg.session.spark import spark_session
     from rsm_sidecar.iceberg.types import spark_ddl
 
     enc = RowEncoder(spec(args.format))

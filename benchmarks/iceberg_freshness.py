@@ -15,9 +15,18 @@ Per committed segment two figures, as percentiles:
   last object of a copy, so the segment is complete in storage from then on) to the commit that
   made its rows visible;
 * **copy start → committed**: from the broker beginning to copy it (``eventTimestampMs``) - what
-  the follower's ``rsm_iceberg_follow_freshness_seconds`` histogram observes.
+  the follower's ``rsm_iceberg_follow_freshness_seconds`` histogram observes;
+* **newest record → committed** and **oldest record → committed**: from the produce time of the
+  segment's newest record (its ``maxTimestampMs``), and of its oldest one (about the previous
+  segment's newest), to the commit - what a reader of the table waits for a record, the time
+  the segment took to fill (``segment.bytes`` / ``segment.ms``) included.
 
-    .venv/bin/python benchmarks/iceberg_freshness.py [--segments 50] [--mb-per-s 0.5]
+Then the data files: how many the table has and their sizes, before and after ``iceberg maintain
+--compact`` (the trade-off of docs/iceberg.md "Freshness against file size": every round writes
+at least one file per partition and time partition it converts).
+
+    .venv/bin/python benchmarks/iceberg_freshness.py [--segments 50] [--mb-per-s 0.5] \
+        [--interval 10] [--segment-bytes 1048576] [--segment-ms 0]
 """
 
 from __future__ import annotations
@@ -45,6 +54,10 @@ def main() -> None:
     ap.add_argument("--segments", type=int, default=50)
     ap.add_argument("--mb-per-s", type=float, default=0.5)
     ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--interval", type=float, default=10.0, help="iceberg.follow.interval (s)")
+    ap.add_argument("--segment-bytes", type=int, default=1 << 20, help="the topic's segment.bytes")
+    ap.add_argument("--segment-ms", type=int, default=0, help="the topic's segment.ms (0: Kafka's default)")
+    ap.add_argument("--partitions", type=int, default=1)
     args = ap.parse_args()
 
     from confluent_kafka import Producer
@@ -59,7 +72,10 @@ def main() -> None:
     topic = f"fresh-{uuid.uuid4().hex[:6]}"
     stop = threading.Event()
     try:
-        create_topic(stack.bootstrap_servers, topic)
+        topic_config = {"segment_bytes": args.segment_bytes}
+        if args.segment_ms:
+            topic_config["segment_ms"] = args.segment_ms
+        create_topic(stack.bootstrap_servers, topic, args.partitions, **topic_config)
         cfg_file, env = stack.sidecar_config_env()
         cfg, storage = load_config(
             cfg_file,
@@ -68,17 +84,19 @@ def main() -> None:
                 "iceberg.catalog.local.root": str(workdir / "lake"),
                 "iceberg.key.raw": True,
                 "iceberg.value.raw": True,
+                "iceberg.follow.interval": args.interval,
             },
         )
         remote_root = Path(cfg["storage.local.root"])
 
         def produce() -> None:
             p = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20})
-            value = os.urandom(100).hex().encode()  # 200 bytes
             per_tick = max(1, int(args.mb_per_s * 1e6 / 200 / 10))
             n = 0
             while not stop.is_set():
                 for _ in range(per_tick):
+                    # 200 bytes, hex of random bytes: compresses as much as text-like data does
+                    value = os.urandom(100).hex().encode()
                     p.produce(topic, key=b"k-%d" % n, value=value)
                     n += 1
                 p.poll(0)
@@ -115,9 +133,15 @@ def main() -> None:
         runner.join(300)
         producer.join(60)
 
-        from_manifest, from_copy = [], []
+        from_manifest, from_copy, from_newest, from_oldest = [], [], [], []
+        newest_before: dict[int, int] = {}
         for committed_at, segs in commits:
-            for seg in segs:
+            for seg in sorted(segs, key=lambda s: (s.partition, s.start_offset)):
+                if seg.max_timestamp_ms > 0:
+                    from_newest.append(committed_at - seg.max_timestamp_ms / 1000)
+                    if seg.partition in newest_before:
+                        from_oldest.append(committed_at - newest_before[seg.partition] / 1000)
+                    newest_before[seg.partition] = seg.max_timestamp_ms
                 manifest = next(remote_root.rglob(f"*{seg.segment_id}*.rsm-manifest"), None)
                 if manifest is not None:
                     from_manifest.append(committed_at - manifest.stat().st_mtime)
@@ -129,19 +153,60 @@ def main() -> None:
         }
         print(
             f"{len(from_manifest)} segments committed in {len(commits)} commits over "
-            f"{time.monotonic() - t0:.0f}s (producer {args.mb_per_s} MB/s, 1 MiB segments, "
+            f"{time.monotonic() - t0:.0f}s (producer {args.mb_per_s} MB/s into {args.partitions} "
+            f"partition(s), segment.bytes {args.segment_bytes:,}, segment.ms {args.segment_ms or 'default'}, "
             f"iceberg.follow.interval {follower.settings.follow_interval:g}s; rounds {rounds})"
         )
-        for name, vals in (("manifest -> committed", from_manifest), ("copy start -> committed", from_copy)):
+        for name, vals in (
+            ("manifest -> committed", from_manifest),
+            ("copy start -> committed", from_copy),
+            ("newest record -> committed", from_newest),
+            ("oldest record -> committed", from_oldest),
+        ):
             if vals:
                 p50, p90, p99 = (percentile(vals, q) for q in (50, 90, 99))
                 print(
                     f"{name:24s} p50 {p50:5.1f}s  p90 {p90:5.1f}s  p99 {p99:5.1f}s  "
                     f"max {max(vals):5.1f}s  mean {statistics.mean(vals):5.1f}s"
                 )
+        files_table(cfg, storage, topic, follower)
     finally:
         stop.set()
         stack.stop()
+
+
+def files_table(cfg, storage, topic: str, follower) -> None:
+    """The table's data files, then the same after ``maintain --compact``."""
+    from rsm_sidecar.iceberg.maintenance import maintain
+    from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
+    from rsm_sidecar.iceberg.session.spark import open_session
+
+    settings = follower.settings
+    spec = CatalogSpec.from_settings(settings)
+
+    def files() -> tuple[list[dict], int]:
+        table = spec.pyiceberg().load_table((settings.namespace, settings.table_name(topic)))
+        fs = table.inspect.files().select(["file_size_in_bytes", "record_count"]).to_pylist()
+        return fs, len(table.metadata.snapshots)
+
+    def line(name: str, state: tuple[list[dict], int]) -> None:
+        fs, snapshots = state
+        sizes = sorted(f["file_size_in_bytes"] for f in fs)
+        per_file = sum(f["record_count"] for f in fs) / len(fs)
+        print(
+            f"{name:24s} {len(fs):4d} data files, size p50 {percentile(sizes, 50) / 1e6:6.2f} MB "
+            f"max {sizes[-1] / 1e6:6.2f} MB, {per_file:9,.0f} records per file; {snapshots} snapshots"
+        )
+
+    line("after the follower", files())
+    spark = open_session(spec, settings, "iceberg-freshness-compact")
+    try:
+        t0 = time.monotonic()
+        maintain(cfg, storage, topic, compact=True, spark=spark, log=lambda _line: None)
+        took = time.monotonic() - t0
+    finally:
+        spark.stop()
+    line(f"after compaction ({took:.0f}s)", files())
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ def main() -> None:
 
     from devstack.registry import ApicurioDistribution, ApicurioRegistry
     from rsm_sidecar.iceberg.job import ConvertJob, load_config
-    from rsm_sidecar.iceberg.session.spark import LocalCatalog, spark_session
+    from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
+    from rsm_sidecar.iceberg.session.spark import spark_session
     from rsm_sidecar.iceberg.source import read_topic
 
     workdir = Path(tempfile.mkdtemp(prefix="iceberg-source-bench-"))

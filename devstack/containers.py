@@ -531,6 +531,7 @@ def _local_demo(service: PodmanService) -> int:
         f"  look:  {project.hint} ps | logs -f sidecar kafka\n"
         "  metrics: http://127.0.0.1:9096/metrics   bootstrap: localhost:29092   "
         "S3: http://127.0.0.1:8333   registry: http://127.0.0.1:8081   catalog: http://127.0.0.1:8181\n"
+        "  Spark master UI: http://127.0.0.1:8090   Iceberg follower metrics: http://127.0.0.1:9097/metrics\n"
         "  stop:  make compose-down",
         flush=True,
     )

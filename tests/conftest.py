@@ -55,6 +55,7 @@ SERVER_FIXTURES = frozenset(
         "sr_client",
         "spark",
         "local_catalog",
+        "spark_cluster",  # a Spark standalone cluster (tests/iceberg/conftest.py)
         "compose",
         "project",
         "services",

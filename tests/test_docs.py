@@ -369,14 +369,19 @@ def test_inspect_exit_codes_in_the_guide_are_the_codes_of_the_cli(commands, caps
 
 def test_iceberg_guide_names_each_subcommands_options_in_its_section(commands):
     """`convert` in "The convert job" (which also documents the options all three share),
-    `maintain` in "Maintenance", `status` by its command line."""
+    `maintain` in "Maintenance", `status` by its command line (its one option of its own,
+    shared with `convert --follow`, in "Copy lag")."""
     sections = _sections((REPO / "docs" / "iceberg.md").read_text())
     convert_doc = sections["The convert job (`rsm-sidecar iceberg convert`)"]
     maintain_doc = sections["Maintenance (`rsm-sidecar iceberg maintain`)"]
     verbs = {p[1]: _long_options(commands[p]) for p in commands if len(p) == 2 and p[0] == "iceberg"}
     assert set(verbs) == {"convert", "maintain", "status"}
     shared = set.intersection(*verbs.values())
-    assert verbs["status"] == shared
+    assert verbs["status"] - shared == {"--bootstrap-server"} <= verbs["convert"]
+    assert (
+        "iceberg status --bootstrap-server"
+        in sections["Follow mode (`rsm-sidecar iceberg convert --follow`)"]
+    )
     named = _section_flags(convert_doc, ("iceberg", "convert"), commands)
     assert named == verbs["convert"], (
         f"convert: missing {verbs['convert'] - named}, not options: {named - verbs['convert']}"

@@ -29,15 +29,23 @@ OVERRIDES = {
     "key_message": "iceberg.key.message",
     "key_descriptor_set": "iceberg.key.descriptor_set",
     "key_raw": "iceberg.key.raw",
+    "key_unframed": "iceberg.key.unframed",
     "value_subject": "iceberg.value.subject",
     "value_message": "iceberg.value.message",
     "value_descriptor_set": "iceberg.value.descriptor_set",
     "value_raw": "iceberg.value.raw",
+    "value_unframed": "iceberg.value.unframed",
     "master": "iceberg.spark.master",
     "max_segments": "iceberg.max_segments",
     "interval": "iceberg.follow.interval",
     "metrics_listen": "iceberg.follow.metrics_listen",
+    "bootstrap_server": "iceberg.kafka.bootstrap_servers",
 }
+
+BOOTSTRAP_HELP = (
+    "Kafka bootstrap servers: read the topic's copy lag (KIP-1241) through the admin API "
+    "(iceberg.kafka.bootstrap_servers)"
+)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -96,6 +104,12 @@ def register(sub) -> None:
         r.add_argument(f"--{side}-message", help=f"Protobuf message of the {side}s (pkg.Msg)")
         r.add_argument(f"--{side}-descriptor-set", help=f"descriptor-set file for unframed Protobuf {side}s")
         r.add_argument(f"--{side}-raw", action="store_const", const=True, help=f"keep {side}s raw")
+        r.add_argument(
+            f"--{side}-unframed",
+            choices=("error", "latest"),
+            help=f"a {side} without the registry's framing: a record error (default) or decoded with "
+            "the subject's latest schema",
+        )
     c.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     f = c.add_argument_group('follow mode (docs/iceberg.md "Follow mode")')
     f.add_argument(
@@ -105,6 +119,7 @@ def register(sub) -> None:
     )
     f.add_argument("--interval", type=float, help="seconds between rounds (iceberg.follow.interval)")
     f.add_argument("--metrics-listen", help="Prometheus metrics host:port (iceberg.follow.metrics_listen)")
+    f.add_argument("--bootstrap-server", help=BOOTSTRAP_HELP)
     c.set_defaults(func=_convert)
 
     m = isub.add_parser(
@@ -138,8 +153,11 @@ def register(sub) -> None:
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_maintain)
 
-    s = isub.add_parser("status", help="what the table says has been converted (markers)")
+    s = isub.add_parser(
+        "status", help="what the table says has been converted (markers), and the topic's copy lag"
+    )
     _common(s)
+    s.add_argument("--bootstrap-server", help=BOOTSTRAP_HELP)
     s.set_defaults(func=_status)
 
 
@@ -178,7 +196,7 @@ def _follow(args, cfg, storage) -> int:
     import threading
 
     from rsm_sidecar.iceberg.follow import Follower
-    from rsm_sidecar.service.server import serve_metrics
+    from rsm_sidecar.service.metrics_http import serve_metrics
 
     follower = Follower(cfg, storage, args.topic, topic_id=args.topic_id, spark_conf=_spark_conf(args))
     stop = threading.Event()
@@ -228,11 +246,20 @@ def _status(args) -> int:
     settings = JobSettings.from_config(cfg)
     spec = CatalogSpec.from_settings(settings).prepare()
     ident = (settings.namespace, settings.table_name(args.topic))
+    out: dict = {"table": ".".join(ident)}
     try:
         table = spec.pyiceberg().load_table(ident)
     except NoSuchTableError:
-        print(json.dumps({"table": ".".join(ident), "exists": False}))
-        return 0
-    state = mk.read_state(table)
-    print(json.dumps({"table": ".".join(ident), "exists": True, **dataclasses.asdict(state)}, default=str))
+        out["exists"] = False
+    else:
+        out.update(exists=True, **dataclasses.asdict(mk.read_state(table)))
+    if settings.kafka_bootstrap:
+        from rsm_sidecar.iceberg.copy_lag import client_config, read_copy_lag
+
+        conf = client_config(settings.kafka_bootstrap, settings.kafka_client)
+        try:
+            out["copy_lag"] = read_copy_lag(args.topic, conf, settings.kafka_timeout).as_dict()
+        except Exception as exc:  # the markers are still worth printing
+            out["copy_lag"] = {"error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(out, default=str))
     return 0

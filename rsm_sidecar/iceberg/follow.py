@@ -22,8 +22,12 @@ Between rounds the follower waits ``iceberg.follow.interval``; after a failed ro
 long each time (up to 30 intervals), with a fresh Spark session when it started its own. A
 configuration error (:class:`~rsm_sidecar.errors.ConfigError`: a wrong table, a field named like
 a synthesized column, registry credentials refused) stops it: no later round could succeed.
-Every ``iceberg.follow.maintain_interval`` it expires old snapshots and removes old orphans
-(:func:`~rsm_sidecar.iceberg.maintenance.maintain`).
+Every ``iceberg.follow.maintain_interval`` it expires old snapshots, removes old orphans and,
+unless ``iceberg.follow.drop_deleted_offsets`` is off, deletes the rows whose offsets Kafka's
+retention removed from remote storage (:func:`~rsm_sidecar.iceberg.maintenance.maintain`).
+With ``iceberg.kafka.bootstrap_servers`` it reads the topic's copy lag (KIP-1241,
+:mod:`~rsm_sidecar.iceberg.copy_lag`) when it starts and at each maintenance, exports it, and
+logs a warning once per setting that delays uploads.
 
 Metrics (``iceberg.follow.metrics_listen``, :class:`FollowMetrics`): rounds by outcome, records
 and segments committed, failures by error class, per-partition lag in offsets and seconds, and
@@ -33,6 +37,7 @@ rows being committed.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -102,6 +107,26 @@ class FollowMetrics:
         self.maintenance = prom.Counter(
             "rsm_iceberg_follow_maintenance", "Maintenance runs by outcome.", ["outcome"], registry=r
         )
+        self.dropped = prom.Counter(
+            "rsm_iceberg_follow_dropped_rows",
+            "Rows deleted because Kafka's retention removed their offsets from remote storage.",
+            registry=r,
+        )
+        self.copy_lag_seconds = prom.Gauge(
+            "rsm_iceberg_follow_copy_lag_seconds",
+            "The topic's KIP-1241 copy lag, time check: a rolled segment is uploaded once its newest "
+            "record is this old (or the size check passes); 0: uploads not delayed; +Inf: check off; "
+            "NaN: not known (no iceberg.kafka.bootstrap_servers, or the broker did not answer).",
+            registry=r,
+        )
+        self.copy_lag_bytes = prom.Gauge(
+            "rsm_iceberg_follow_copy_lag_bytes",
+            "The topic's KIP-1241 copy lag, size check: bytes of newer log that must follow a rolled "
+            "segment before it is uploaded (or the time check passes); 0, +Inf, NaN as above.",
+            registry=r,
+        )
+        self.copy_lag_seconds.set(math.nan)
+        self.copy_lag_bytes.set(math.nan)
         for outcome in (COMMITTED, NOTHING_NEW, CONFLICT, CATALOG_BUSY, FAILED):
             self.rounds.labels(outcome)
         for outcome in ("ok", "failed"):
@@ -133,6 +158,7 @@ class Follower:
         self.clock = clock
         self.failures_in_a_row = 0
         self._last_maintenance = clock()
+        self._copy_lag_said: set[str] = set()
 
     # ------------------------------------------------------------------ one round
     def _session(self):
@@ -241,15 +267,23 @@ class Follower:
         if not every or self.clock() - self._last_maintenance < every:
             return False
         self._last_maintenance = self.clock()
+        self.check_copy_lag()
+        return self.maintain()
+
+    def maintain(self) -> bool:
+        """Expire snapshots, remove orphans and (``iceberg.follow.drop_deleted_offsets``) drop the
+        rows Kafka no longer has; a failure is logged and counted, conversion goes on."""
         from rsm_sidecar.iceberg.maintenance import maintain
 
         try:
-            maintain(
+            result = maintain(
                 self.cfg,
                 self.storage,
                 self.topic,
                 expire=True,
                 remove_orphans=True,
+                drop_deleted_offsets=self.settings.follow_drop_deleted_offsets,
+                drop_when_none_left=False,
                 spark=self._session(),
                 log=self.log,
             )
@@ -257,11 +291,43 @@ class Follower:
             self.metrics.maintenance.labels("failed").inc()
             self.log(f"[follow] {self.topic}: maintenance failed: {type(exc).__name__}: {exc}")
             return False
+        self.metrics.dropped.inc(sum(result.dropped.values()))
         self.metrics.maintenance.labels("ok").inc()
         return True
 
+    def check_copy_lag(self):
+        """Read the topic's copy lag from the broker (``iceberg.kafka.bootstrap_servers``), export
+        it, and log what it means once per setting (and once per failure kind). Returns the
+        :class:`~rsm_sidecar.iceberg.copy_lag.CopyLag`, or None."""
+        if not self.settings.kafka_bootstrap:
+            return None
+        from rsm_sidecar.iceberg.copy_lag import client_config, read_copy_lag
+
+        conf = client_config(self.settings.kafka_bootstrap, self.settings.kafka_client)
+        try:
+            lag = read_copy_lag(self.topic, conf, self.settings.kafka_timeout)
+        except Exception as exc:  # the broker is optional to the follower: say so once, go on
+            self.metrics.copy_lag_seconds.set(math.nan)
+            self.metrics.copy_lag_bytes.set(math.nan)
+            self._say_once(
+                f"[follow] {self.topic}: cannot read the topic's copy lag from "
+                f"{self.settings.kafka_bootstrap}: {type(exc).__name__}: {exc}"
+            )
+            return None
+        delayed = lag.delays_uploads
+        self.metrics.copy_lag_seconds.set(lag.ms / 1000 if delayed else 0.0)
+        self.metrics.copy_lag_bytes.set(lag.bytes if delayed else 0.0)
+        self._say_once(f"[follow] {'WARNING: ' if delayed else ''}{lag.describe()}")
+        return lag
+
+    def _say_once(self, line: str) -> None:
+        if line not in self._copy_lag_said:
+            self._copy_lag_said.add(line)
+            self.log(line)
+
     def run(self, stop: threading.Event) -> None:
         """Rounds until ``stop`` is set (a round in progress finishes first)."""
+        self.check_copy_lag()
         try:
             while not stop.is_set():
                 outcome = self.round()

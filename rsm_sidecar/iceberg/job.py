@@ -281,10 +281,13 @@ class ConvertJob:
                         opts,
                         samples=self._samples(plans, is_key),
                         recorded=table_properties.get(message_property(is_key)),
+                        unframed=side.unframed,
                     )
                 )
             else:
                 specs.append(SideSpec("raw", proto_options=opts))
+        for name, spec in (("key", specs[0]), ("value", specs[1])):
+            self.log(f"[convert] {self.topic}: {name}s: {spec.describe()}")
         return EncoderSpec(specs[0], specs[1])
 
     def _samples(self, plans: list[PartitionPlan], is_key: bool) -> Iterator[bytes]:
@@ -367,7 +370,12 @@ class ConvertJob:
             return prepared
 
         from rsm_sidecar.iceberg.decoding.sides import message_property
-        from rsm_sidecar.iceberg.mapping.evolution import describe, ensure_table, plan_update
+        from rsm_sidecar.iceberg.mapping.evolution import (
+            describe,
+            ensure_table,
+            needs_sort_order,
+            plan_update,
+        )
         from rsm_sidecar.iceberg.mapping.rows import RowEncoder
         from rsm_sidecar.iceberg.types import schema_to_arrow, spark_ddl
 
@@ -384,7 +392,11 @@ class ConvertJob:
         else:
             changes = plan_update(table.schema(), target)
             result.schema_changes = describe(changes)
-            if changes or any(table.properties.get(k) != v for k, v in props.items()):
+            if (
+                changes
+                or any(table.properties.get(k) != v for k, v in props.items())
+                or needs_sort_order(table)
+            ):
                 table = ensure_table(catalog, self.identifier, target, properties=props)
         if result.schema_changes != "no change":
             self.log(f"[convert] {self.table_name}: schema {result.schema_changes}")
@@ -558,6 +570,9 @@ class ConvertJob:
                 writer = writer.option(f"snapshot-property.{k}", v)
             writer = (
                 writer.option("distribution-mode", "none")
+                # the rows are in the table's sort order already (a task's rows are one Kafka
+                # partition in offset order): no local sort per task
+                .option("use-table-distribution-and-ordering", "false")
                 .option("fanout-enabled", "true")
                 .option("target-file-size-bytes", str(self.settings.target_file_size))
             )

@@ -6,8 +6,11 @@ Each step is an Iceberg Spark procedure or a Spark SQL statement on the job's ca
   references are kept, so the ``rsm-marker`` tag keeps the newest marker snapshot (and with it
   the converted offsets) whatever the age. Staged snapshots of runs that never published
   (killed between staging and publishing) are unreferenced and go too, with their data files.
-* ``compact``: ``system.rewrite_data_files`` (bin-pack to ``iceberg.target_file_size``, only where
-  a partition has at least ``min_input_files`` files). Rows are unchanged.
+* ``compact``: ``system.rewrite_data_files`` (to ``iceberg.target_file_size``, only where a
+  partition has at least ``min_input_files`` files): the ``sort`` strategy when the table
+  declares a sort order (``kafka.partition, kafka.offset``: the rewritten files keep the order
+  the table declares, which bin-packing files of several Kafka partitions together would not),
+  bin-packing otherwise. Rows are unchanged.
 * ``remove_orphans``: Iceberg's ``DeleteOrphanFiles`` Spark action (what the
   ``remove_orphan_files`` procedure runs, without its 24 h minimum): files under the table
   location that no snapshot references, e.g. what a convert job killed during its Spark write
@@ -15,7 +18,10 @@ Each step is an Iceberg Spark procedure or a Spark SQL statement on the job's ca
   orphans until it publishes.
 * ``drop_deleted_offsets``: ``DELETE FROM t WHERE kafka.partition = p AND kafka.offset < e`` where
   ``e`` is the start offset of the earliest segment of partition ``p`` still in remote storage
-  (Kafka retention removed everything below), or the converted end if none is left.
+  (Kafka retention removed everything below), or the converted end if none is left. With
+  ``drop_when_none_left=False`` (the follow mode) a storage that holds no segment of the topic at
+  all drops nothing: that is more likely a wrong configuration (bucket, prefix) than retention
+  having deleted everything.
 
 Every step that commits moves ``main``; a convert job publishing at the same time then fails its
 conditional publish (nothing is lost, it commits nothing and is simply run again), so schedule
@@ -67,6 +73,7 @@ def maintain(
     remove_orphans: bool = False,
     orphan_older_than: dt.timedelta = dt.timedelta(days=1),
     drop_deleted_offsets: bool = False,
+    drop_when_none_left: bool = True,
     spark=None,
     log: Callable[[str], None] | None = None,
 ) -> MaintainResult:
@@ -88,15 +95,20 @@ def maintain(
     now = dt.datetime.now(dt.UTC)
     try:
         if drop_deleted_offsets:
-            result.dropped = _drop_deleted(spark, spec, storage, topic, settings, full, log)
+            result.dropped = _drop_deleted(
+                spark, spec, storage, topic, settings, full, log, drop_when_none_left
+            )
         if compact:
+            table = spec.pyiceberg().load_table((settings.namespace, settings.table_name(topic)))
+            strategy = "binpack" if table.sort_order().is_unsorted else "sort"
             row = spark.sql(
-                f"CALL {spec.name}.system.rewrite_data_files(table => '{ident}', options => map("
+                f"CALL {spec.name}.system.rewrite_data_files(table => '{ident}', "
+                f"strategy => '{strategy}', options => map("
                 f"'min-input-files', '{min_input_files}', "
                 f"'target-file-size-bytes', '{settings.target_file_size}'))"
             ).collect()[0]
             result.compacted = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
-            log(f"[maintain] {ident}: compaction {result.compacted}")
+            log(f"[maintain] {ident}: compaction ({strategy}) {result.compacted}")
         if expire:
             row = spark.sql(
                 f"CALL {spec.name}.system.expire_snapshots(table => '{ident}', "
@@ -131,7 +143,14 @@ def _remove_orphans(spark, spec: CatalogSpec, full: str, older_than: dt.datetime
 
 
 def _drop_deleted(
-    spark, spec: CatalogSpec, storage: StorageParams, topic: str, settings: JobSettings, full: str, log
+    spark,
+    spec: CatalogSpec,
+    storage: StorageParams,
+    topic: str,
+    settings: JobSettings,
+    full: str,
+    log,
+    when_none_left: bool = True,
 ) -> dict[int, int]:
     catalog = spec.pyiceberg()
     table = catalog.load_table((settings.namespace, settings.table_name(topic)))
@@ -144,6 +163,13 @@ def _drop_deleted(
         else (next(iter(listing.values())) if len(listing) == 1 else {})
     )
     dropped: dict[int, int] = {}
+    if not partitions and not when_none_left:
+        log(
+            f"[maintain] {full}: remote storage holds no segment of topic {topic} "
+            f"(id {state.topic_id}): not dropping any row (if retention really deleted them all, "
+            f"run `iceberg maintain --drop-deleted-offsets`)"
+        )
+        return dropped
     for p in sorted(set(state.next_offsets) | set(partitions)):
         segs = partitions.get(p, [])
         earliest = segs[0].start_offset if segs else state.next_offset(p)

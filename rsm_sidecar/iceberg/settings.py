@@ -55,6 +55,17 @@ for _side, _what in (("key", "keys"), ("value", "values")):
             f"`buf build -o`): decode unframed {_what} with `iceberg.{_side}.message` from it, without "
             f"a registry (the embedded default).",
         ),
+        Key(
+            f"iceberg.{_side}.unframed",
+            "str",
+            "error",
+            f"What a record {_side} without the registry's framing "
+            f"(magic byte 0x00 + schema id) becomes when the {_side} side has a registry subject: "
+            f"`error`, a record-level error (`__err__` + `__raw__`); `latest`, decoded with the "
+            f"subject's latest schema (pinned when the run starts), whose id each row records in "
+            f'`__schema_id__` (docs/iceberg.md "Values without framing").',
+            choices=("error", "latest"),
+        ),
     ]
 
 CONFIG_KEYS = [
@@ -268,6 +279,32 @@ CONFIG_KEYS = [
         'number of segments (docs/iceberg.md "Flow of a run"); 0: one task per segment.',
         min=0,
     ),
+    # -- the Kafka cluster (optional) ---------------------------------------------------------
+    Key(
+        "iceberg.kafka.bootstrap_servers",
+        "str",
+        None,
+        "Kafka bootstrap servers of the topic's cluster; when set, `iceberg status` and "
+        "`convert --follow` read the topic's copy lag (KIP-1241 `remote.copy.lag.ms`/`.bytes`) "
+        'through the admin API (docs/iceberg.md "Copy lag"). Nothing else talks to Kafka.',
+    ),
+    Key(
+        "iceberg.kafka.timeout",
+        "seconds",
+        10.0,
+        "How long reading the topic's settings from Kafka may take (a broker that does not answer "
+        "is reported, and the follower goes on).",
+        min=0.1,
+    ),
+    Key(
+        "iceberg.kafka.client.<name>",
+        "str",
+        None,
+        "A librdkafka setting of that admin client, `_` in the name for `.`: "
+        '`[iceberg.kafka.client] security_protocol = "SASL_SSL"`, `sasl_mechanism`, '
+        "`sasl_username`, `sasl_password`, `ssl_ca_location`, ...",
+        secret=True,
+    ),
     # -- convert --follow -------------------------------------------------------------------
     Key(
         "iceberg.follow.interval",
@@ -283,9 +320,20 @@ CONFIG_KEYS = [
         "seconds",
         3600.0,
         "`convert --follow`: every this many seconds, expire snapshots older than 5 days (the "
-        "marker-tagged one is kept) and delete files no snapshot references that are older than "
-        "1 day (the orphans of killed or out-raced rounds); 0: never.",
+        "marker-tagged one is kept), delete files no snapshot references that are older than "
+        "1 day (the orphans of killed or out-raced rounds), drop the rows Kafka's retention "
+        "deleted (`iceberg.follow.drop_deleted_offsets`) and read the topic's copy lag again "
+        "(`iceberg.kafka.bootstrap_servers`); 0: never.",
         min=0,
+    ),
+    Key(
+        "iceberg.follow.drop_deleted_offsets",
+        "bool",
+        True,
+        "`convert --follow`: at each maintenance (`iceberg.follow.maintain_interval`), also delete the "
+        "rows whose offsets Kafka's retention removed from remote storage, as `maintain "
+        "--drop-deleted-offsets` does, so that the table keeps what the topic keeps; false: the "
+        'table keeps every row it got (an archive). docs/iceberg.md "Retention".',
     ),
     Key(
         "iceberg.follow.metrics_listen",
@@ -309,6 +357,7 @@ class SideSettings:
     subject: str | None = None
     message: str | None = None
     descriptor_set: str | None = None
+    unframed: str = "error"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,7 +392,11 @@ class JobSettings:
     task_bytes: int = 128 * MiB
     follow_interval: float = 10.0
     follow_maintain_interval: float = 3600.0
+    follow_drop_deleted_offsets: bool = True
     follow_metrics_listen: str = ""
+    kafka_bootstrap: str | None = None
+    kafka_timeout: float = 10.0
+    kafka_client: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def from_config(cls, cfg: Config) -> JobSettings:
@@ -385,7 +438,19 @@ class JobSettings:
                 cfg[f"iceberg.{side}.subject"],
                 cfg[f"iceberg.{side}.message"],
                 cfg[f"iceberg.{side}.descriptor_set"],
+                cfg[f"iceberg.{side}.unframed"],
             )
+            if s.unframed == "latest" and registry is None:
+                raise ConfigError(
+                    f"iceberg.{side}.unframed = 'latest' decodes {side}s with the registry subject's "
+                    f"latest schema: set iceberg.registry.url"
+                )
+            if s.unframed == "latest" and (s.raw or s.descriptor_set):
+                raise ConfigError(
+                    f"iceberg.{side}.unframed = 'latest' decodes {side}s with the registry subject's "
+                    f"latest schema: it cannot go with iceberg.{side}."
+                    f"{'raw' if s.raw else 'descriptor_set'}"
+                )
             if s.descriptor_set and not s.message:
                 raise ConfigError(
                     f"iceberg.{side}.message: required with iceberg.{side}.descriptor_set "
@@ -423,7 +488,11 @@ class JobSettings:
             task_bytes=cfg["iceberg.task_bytes"],
             follow_interval=cfg["iceberg.follow.interval"],
             follow_maintain_interval=cfg["iceberg.follow.maintain_interval"],
+            follow_drop_deleted_offsets=cfg["iceberg.follow.drop_deleted_offsets"],
             follow_metrics_listen=cfg["iceberg.follow.metrics_listen"],
+            kafka_bootstrap=cfg["iceberg.kafka.bootstrap_servers"],
+            kafka_timeout=cfg["iceberg.kafka.timeout"],
+            kafka_client={k: str(v[""]) for k, v in cfg.family("iceberg.kafka.client").items()},
         )
 
     def table_name(self, topic: str) -> str:

@@ -21,13 +21,13 @@ from types import FrameType
 from wsgiref.simple_server import WSGIServer
 
 import grpc
-import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.segment.journal import lock_exclusively
 from rsm_sidecar.service.handoff import HandoffDir
+from rsm_sidecar.service.metrics_http import serve_metrics, split_listen
 from rsm_sidecar.service.servicer import RemoteStorageServicer
 from rsm_sidecar.service.sidecar import Sidecar
 from rsm_sidecar.service.tls import ServerTls
@@ -36,23 +36,6 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "rsm.v1.RemoteStorage"
 
 
-def split_listen(listen: str, key: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``) with a port in 0..65535; raises ``ConfigError``."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{key}: {listen!r} is not host:port with a port between 0 and 65535")
-    return host.strip("[]"), int(port)
-
-
-def serve_metrics(listen: str, key: str, registry: prometheus_client.CollectorRegistry) -> WSGIServer:
-    """Serve ``registry`` at ``http://<listen>/metrics`` (``:port`` alone: 127.0.0.1); returns
-    the HTTP server. Raises ``ConfigError`` naming ``key`` when the address is bad or taken."""
-    host, port = split_listen(listen, key)
-    try:
-        server, _ = prometheus_client.start_http_server(port, addr=host or "127.0.0.1", registry=registry)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{key}: cannot serve metrics on {listen}: {e}") from None
-    return server
 
 
 def is_loopback(host: str) -> bool:

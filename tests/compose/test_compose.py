@@ -53,6 +53,9 @@ SERVICES = {
     "iceberg-rest",
     "demo-producer",
     "iceberg-convert",
+    "spark-master",
+    "spark-worker",
+    "iceberg-follow",
 }
 ONE_SHOT = {"keys-init", "demo-producer", "iceberg-convert"}
 #: service -> {dependency: condition}: the start order the demo needs
@@ -65,7 +68,10 @@ START_ORDER = {
         "demo-producer": "service_completed_successfully",
         "iceberg-rest": "service_healthy",
         "registry": "service_healthy",
+        "spark-worker": "service_healthy",
     },
+    "spark-worker": {"spark-master": "service_healthy"},
+    "iceberg-follow": {"iceberg-convert": "service_completed_successfully"},
 }
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 #: service -> the docker/Dockerfile target its image is built from
@@ -78,6 +84,9 @@ BUILD_TARGETS = {
     "iceberg-rest": "iceberg-rest",
     "demo-producer": "jobs",
     "iceberg-convert": "jobs",
+    "spark-master": "jobs",
+    "spark-worker": "jobs",
+    "iceberg-follow": "jobs",
 }
 #: JVM variables of start-broker.sh that are not broker properties
 KAFKA_IMAGE_NON_PROPERTIES = {
@@ -213,6 +222,10 @@ def test_start_order_and_health_checks(services):
                 assert test and test[0] in ("CMD", "CMD-SHELL"), (
                     f"{name} waits for {dep} to be healthy: no health check"
                 )
+    for name, svc in services.items():
+        test = svc.get("healthcheck", {}).get("test") or ["NONE"]
+        if test[0] == "CMD":  # podman's Docker API splits a CMD test's arguments at spaces
+            assert not [a for a in test[1:] if " " in a], f"{name}: a health check argument has a space"
             if cond["condition"] == "service_completed_successfully":
                 assert dep in ONE_SHOT
     for name in ONE_SHOT:
@@ -336,7 +349,7 @@ def test_every_rsm_variable_names_a_configuration_key(services):
     from rsm_sidecar.config import ENV_PREFIX
 
     users = [n for n, s in services.items() if _rsm_env(s)]
-    assert set(users) == {"sidecar", "demo-producer", "iceberg-convert"}
+    assert set(users) == {"sidecar", "demo-producer", "iceberg-convert", "iceberg-follow"}
     for name in users:
         env = _rsm_env(services[name])
         cfg = _sidecar_config(services[name])  # raises ConfigError on an unknown key or a bad value
@@ -494,6 +507,34 @@ def test_iceberg_convert_command_parses_with_the_cli(services):
     args = _parse(argv)
     assert args.config == SIDECAR_MOUNT
     assert args.topic in ("demo-orders", "demo-clicks", "demo-raw")
+
+
+def test_iceberg_jobs_run_on_the_spark_cluster(services):
+    """Both Iceberg jobs are applications of the compose Spark master (drivers in client mode,
+    reachable by their host names), one core each so that both fit the worker; the follower
+    serves its metrics and reads the copy lag from the broker; the worker has the key files."""
+    master = services["spark-master"]["command"]
+    worker = services["spark-worker"]["command"]
+    assert master[:2] == ["spark-class", "org.apache.spark.deploy.master.Master"]
+    assert worker[:3] == ["spark-class", "org.apache.spark.deploy.worker.Worker", "spark://spark-master:7077"]
+    assert _arg(master, "--port") == "7077" and _arg(master, "--host") == "spark-master"
+    cores = int(_arg(worker, "--cores"))
+    for name in ("iceberg-convert", "iceberg-follow"):
+        svc = services[name]
+        assert _sidecar_config(svc)["iceberg.spark.master"] == "spark://spark-master:7077"
+        args = _parse(svc["command"])
+        conf = dict(c.split("=", 1) for c in args.spark_conf)
+        assert conf["spark.driver.host"] == svc["hostname"] == name
+        assert int(conf["spark.cores.max"]) * 2 <= cores
+        assert args.config == SIDECAR_MOUNT and args.topic == "demo-orders"
+    follow = _parse(services["iceberg-follow"]["command"])
+    assert follow.follow and follow.bootstrap_server == "kafka:9092"
+    assert (
+        follow.metrics_listen.endswith(":9097") and services["iceberg-follow"]["ports"][0]["target"] == 9097
+    )
+    keys = [v for v in services["spark-worker"]["volumes"] if v["target"] == "/etc/rsm-sidecar/keys"]
+    assert keys and keys[0]["source"] == "rsm-keys" and keys[0].get("read_only")
+    assert _env(services["iceberg-follow"]) == _env(services["iceberg-convert"])
 
 
 def test_iceberg_settings_point_at_the_catalog_warehouse_and_registry(services):

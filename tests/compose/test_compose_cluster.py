@@ -7,7 +7,9 @@ apt, settings, a debootstrap-made debian:bookworm-slim), and checked as a user w
 * `rsm-sidecar inspect ls/verify` inside the sidecar container agree with the bucket as the
   host sees it over S3, and every segment verifies;
 * the Iceberg job wrote every record of the tiered demo-orders segments to the REST catalog
-  (read back on the host with PyIceberg);
+  (read back on the host with PyIceberg), as an application of the compose Spark master whose
+  executor ran on the worker; the follower keeps converting on the same cluster and serves its
+  metrics;
 * the sidecar's health check and metrics endpoint answer, and its fetch counter grows when a
   consumer on the host reads from offset 0;
 * a sidecar killed with SIGKILL while the broker tiers a new topic comes back, and every
@@ -166,7 +168,16 @@ def test_one_shot_jobs_succeeded_and_demo_read_back_from_remote(compose):
 
 def test_long_running_services_are_healthy(compose):
     rows = compose.containers()
-    for service in ("seaweedfs", "sidecar", "kafka", "registry", "iceberg-rest"):
+    for service in (
+        "seaweedfs",
+        "sidecar",
+        "kafka",
+        "registry",
+        "iceberg-rest",
+        "spark-master",
+        "spark-worker",
+        "iceberg-follow",
+    ):
         assert rows[service]["State"] == "running", rows[service]
         assert rows[service]["Health"] == "healthy", rows[service]
     probe = compose.exec("sidecar", "rsm-healthcheck", "127.0.0.1:9095")
@@ -226,6 +237,46 @@ def test_iceberg_table_holds_every_tiered_demo_orders_record(compose):
     offsets = sorted(r["offset"] for r in rows.column("kafka").to_pylist())
     assert len(offsets) == expected > 0
     assert offsets == sorted({o for s in tiered for o in range(s["start_offset"], s["end_offset"] + 1)})
+
+
+def test_the_iceberg_jobs_ran_on_the_spark_cluster(compose):
+    """The master lists the conversion as a finished application and the follower as a running
+    one, each with its executor on the worker; the follower's rounds succeed."""
+    probe = (
+        "import json, urllib.request; "
+        "print(json.dumps(json.load(urllib.request.urlopen('http://127.0.0.1:8080/json/', timeout=10))))"
+    )
+    proc = compose.exec("spark-master", "python", "-c", probe)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    master = json.loads(proc.stdout)
+    assert [w["state"] for w in master["workers"]] == ["ALIVE"]
+    done = [a["name"] for a in master["completedapps"]]
+    running = [a["name"] for a in master["activeapps"]]
+    assert "rsm-iceberg-demo-orders" in done, master
+    assert "rsm-iceberg-follow-demo-orders" in running, master
+
+    def follower_rounds():
+        with urllib.request.urlopen("http://127.0.0.1:9097/metrics", timeout=10) as r:
+            text = r.read().decode()
+        ok = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("rsm_iceberg_follow_rounds_total{")
+            and ('outcome="nothing_new"' in line or 'outcome="committed"' in line)
+        )
+        failed = [
+            line for line in text.splitlines() if 'rsm_iceberg_follow_rounds_total{outcome="failed"}' in line
+        ]
+        assert failed and float(failed[0].rsplit(" ", 1)[1]) == 0, text
+        return ok >= 1
+
+    _wait(
+        "a follower round",
+        follower_rounds,
+        300,
+        interval=5,
+        diagnose=lambda: compose.logs("iceberg-follow")[-3000:],
+    )
 
 
 def _fetch_served() -> float:

@@ -6,6 +6,10 @@
   ``tests/iceberg/protos`` (used by confluent-kafka's ProtobufSerializer, which needs classes).
 * ``local_catalog`` / ``spark`` (session): the embedded JDBC/SQLite catalog and one local[2]
   SparkSession on it (Spark start-up costs ~10 s, so it is shared).
+* ``s3`` / ``rest`` (session): SeaweedFS (buckets ``segments`` and ``lake``) and Apache Iceberg's
+  REST fixture with its warehouse at ``s3://lake/warehouse``.
+* ``spark_cluster`` (session): a Spark standalone cluster (a master and two workers of one core,
+  :mod:`devstack.spark_cluster`), started while ``s3`` and ``rest`` start.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def order_pb2(proto_modules):
 
 @pytest.fixture(scope="session")
 def local_catalog(tmp_path_factory):
-    from rsm_sidecar.iceberg.session.spark import LocalCatalog
+    from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
 
     return LocalCatalog(tmp_path_factory.mktemp("iceberg")).prepare()
 
@@ -91,3 +95,49 @@ def spark(local_catalog):
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    from devstack.s3server import SeaweedS3Server
+    from tests.iceberg.convert_helpers import ACCESS, SECRET
+
+    srv = SeaweedS3Server(tmp_path_factory.mktemp("seaweed"), access_key=ACCESS, secret_key=SECRET).start()
+    srv.create_bucket("segments")
+    srv.create_bucket("lake")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def rest(s3, tmp_path_factory):
+    from devstack.iceberg_rest import IcebergRestServer
+    from tests.iceberg.convert_helpers import ACCESS, SECRET
+
+    srv = IcebergRestServer(
+        tmp_path_factory.mktemp("rest"),
+        "s3://lake/warehouse",
+        s3={"endpoint": s3.endpoint_url, "access_key_id": ACCESS, "secret_access_key": SECRET},
+    ).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(request, tmp_path_factory):
+    """The cluster starts in a thread while ``rest`` (and with it ``s3``) starts here: the JVMs
+    of the master and the workers, SeaweedFS and the REST fixture come up together."""
+    import concurrent.futures
+
+    from devstack.spark_cluster import SparkStandaloneCluster
+
+    workdir = tmp_path_factory.mktemp("spark-cluster")
+    cluster = SparkStandaloneCluster(workdir, workers=2, cores=1, memory="1g")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        started = pool.submit(cluster.start)
+        request.getfixturevalue("rest")
+        started.result()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

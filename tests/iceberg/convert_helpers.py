@@ -17,15 +17,42 @@ from pathlib import Path
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.keys import KeyLayout
-from rsm_sidecar.iceberg.fixtures import TieredWriter
 from rsm_sidecar.kafka import ControlType
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch, build_control_batch
 from rsm_sidecar.kafka.records import Header
+from rsm_sidecar.segment.tiered_writer import TieredWriter
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.transform.keyring import Keyring, write_key_pair
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000
+
+
+#: the S3 identity of the session's SeaweedFS (tests/iceberg/conftest.py ``s3``)
+ACCESS, SECRET = "iceberg-tests", "iceberg-tests-secret"
+
+
+def s3_segments_toml(endpoint: str, bucket: str = "segments") -> str:
+    """The sidecar's storage section for segments in the test S3 server."""
+    return (
+        f'[storage]\nbackend = "s3"\nkey_prefix = "tiered/"\n'
+        f'[storage.s3]\nbucket = "{bucket}"\nendpoint_url = "{endpoint}"\n'
+        f'region = "us-east-1"\naddressing_style = "path"\naccess_key_id = "{ACCESS}"\n'
+        f'secret_access_key = "{SECRET}"\n'
+    )
+
+
+def rest_s3_overrides(endpoint: str, rest_uri: str) -> dict:
+    """The ``[iceberg]`` settings of the REST catalog with its warehouse in the test S3 server."""
+    return {
+        "iceberg.catalog.type": "rest",
+        "iceberg.catalog.rest.uri": rest_uri,
+        "iceberg.warehouse": "s3://lake/warehouse",
+        "iceberg.s3.endpoint": endpoint,
+        "iceberg.s3.access_key_id": ACCESS,
+        "iceberg.s3.secret_access_key": SECRET,
+        "iceberg.s3.path_style_access": True,
+    }
 
 
 #: every step of ``iceberg maintain``, with no age guard
@@ -220,6 +247,42 @@ class SyntheticTopic:
             text=True,
             start_new_session=True,
         )
+
+
+def zip_package(dest: Path) -> Path:
+    """``rsm_sidecar`` as a zip for ``spark-submit --py-files`` (what executors import)."""
+    import zipfile
+
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as z:
+        for p in sorted((REPO / "rsm_sidecar").rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
+                z.write(p, p.relative_to(REPO))
+    return dest
+
+
+def python_without_checkout(dest: Path) -> Path:
+    """An interpreter that has the dependencies (the venv's site-packages) but not this
+    checkout: ``python -S`` (the editable install's ``.pth`` is not read) with only
+    site-packages, and whatever ``PYTHONPATH`` Spark gives its workers (pyspark, the py-files)."""
+    import sysconfig
+
+    dest.write_text(
+        f'#!/bin/sh\nPYTHONPATH="{sysconfig.get_paths()["purelib"]}${{PYTHONPATH:+:$PYTHONPATH}}" '
+        f'exec {os.path.realpath(sys.executable)} -S "$@"\n'
+    )
+    dest.chmod(0o755)
+    return dest
+
+
+def env_without_checkout() -> dict[str, str]:
+    """This process's environment without what would put the checkout or a Spark setting in
+    front of a job: tests/conftest.py puts the checkout on ``PYTHONPATH`` for the processes
+    tests start."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RSM__", "PYSPARK", "SPARK_")) and k != "PYTHONPATH"
+    }
 
 
 def rows(table) -> list[tuple]:

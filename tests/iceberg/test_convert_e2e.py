@@ -7,6 +7,7 @@ and Spark SQL."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 import random
 import shutil
 import time
@@ -19,17 +20,18 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.exceptions import NoSuchTableError
 
+from devstack.common import free_port
 from rsm_sidecar.format.manifest import SegmentManifest
 from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.decoding import framing
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
 from rsm_sidecar.iceberg.decoding.schema_registry import RegistryUnavailable
-from rsm_sidecar.iceberg.fixtures import new_uuid
 from rsm_sidecar.iceberg.job import convert, load_config
 from rsm_sidecar.iceberg.mapping.evolution import field_ids
 from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.settings import JobSettings
 from rsm_sidecar.iceberg.source import read_topic
+from rsm_sidecar.segment.tiered_writer import new_uuid
 from tests.e2e.kafka_helpers import (
     Rec,
     consume,
@@ -549,3 +551,71 @@ def test_split_segments_give_the_same_ingest_timestamps_as_whole_ones(stack, spa
     for r in recs:
         state = max(state, r.timestamp)
         assert got[r.offset][1:] == (state, r.timestamp)
+
+
+def test_copy_lag_is_read_from_the_broker_reported_and_warned_once(stack, lake, tmp_path, capsys):
+    """KIP-1241 on the real broker (Kafka 4.4): a topic that delays uploads is reported by
+    ``iceberg status --bootstrap-server`` and exported by the follower, which warns once; a topic
+    that does not, is reported as such."""
+    import json
+
+    from rsm_sidecar.cli.main import main
+    from rsm_sidecar.iceberg.follow import Follower, FollowMetrics
+
+    bs = stack.bootstrap_servers
+    lagged, prompt = f"lagged-{uuid.uuid4().hex[:6]}", f"prompt-{uuid.uuid4().hex[:6]}"
+    create_topic(
+        bs,
+        lagged,
+        local_retention_ms=300_000,
+        remote_copy_lag_ms=60_000,
+        remote_copy_lag_bytes=1 << 20,
+    )
+    create_topic(bs, prompt)
+    cfg_file, env = stack.sidecar_config_env()
+    args = ["--config", str(cfg_file), "--catalog-root", lake["iceberg.catalog.local.root"]]
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        assert main(["iceberg", "status", *args, "--topic", lagged, "--bootstrap-server", bs]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert main(["iceberg", "status", *args, "--topic", prompt, "--bootstrap-server", bs]) == 0
+        prompt_status = json.loads(capsys.readouterr().out)
+    assert status["exists"] is False
+    lag = status["copy_lag"]
+    assert (lag["remote.copy.lag.ms"], lag["remote.copy.lag.bytes"]) == (60_000, 1 << 20)
+    assert (lag["time_threshold_ms"], lag["size_threshold_bytes"], lag["delays_uploads"]) == (
+        60_000,
+        1 << 20,
+        True,
+    )
+    assert "newest record is 60 s old or 1,048,576 bytes" in lag["summary"]
+    assert prompt_status["copy_lag"]["remote.copy.lag.ms"] == 0
+    assert prompt_status["copy_lag"]["delays_uploads"] is False
+
+    overrides = {**lake, "iceberg.kafka.bootstrap_servers": bs}
+    cfg, storage = load_config(cfg_file, env, overrides)
+    metrics, lines = FollowMetrics(), []
+    follower = Follower(cfg, storage, lagged, metrics=metrics, log=lines.append)
+    for _ in range(3):  # at start and at every maintenance: one warning per setting
+        assert follower.check_copy_lag().delays_uploads
+    assert [line for line in lines if "remote.copy.lag.ms" in line] == [f"[follow] WARNING: {lag['summary']}"]
+    sample = metrics.registry.get_sample_value
+    assert (sample("rsm_iceberg_follow_copy_lag_seconds"), sample("rsm_iceberg_follow_copy_lag_bytes")) == (
+        60.0,
+        float(1 << 20),
+    )
+    quiet = Follower(cfg, storage, prompt, metrics=FollowMetrics(), log=lines.append)
+    assert not quiet.check_copy_lag().delays_uploads
+    assert quiet.metrics.registry.get_sample_value("rsm_iceberg_follow_copy_lag_seconds") == 0.0
+    # a broker that does not answer: said once, NaN exported, the follower goes on
+    down = {
+        **overrides,
+        "iceberg.kafka.bootstrap_servers": f"127.0.0.1:{free_port()}",
+        "iceberg.kafka.timeout": 2,
+    }
+    cfg_down, _ = load_config(cfg_file, env, down)
+    unknown = Follower(cfg_down, storage, lagged, metrics=FollowMetrics(), log=lines.append)
+    assert unknown.check_copy_lag() is None and unknown.check_copy_lag() is None
+    assert sum("cannot read the topic's copy lag" in line for line in lines) == 1
+    assert math.isnan(unknown.metrics.registry.get_sample_value("rsm_iceberg_follow_copy_lag_seconds"))

@@ -117,6 +117,52 @@ def test_lag_counts_what_is_tiered_and_not_converted(spark, tmp_path):
     assert rows(t.table()) == t.expected()
 
 
+def test_the_follower_drops_what_kafka_retention_deleted_at_its_maintenance(spark, tmp_path):
+    """``iceberg.follow.drop_deleted_offsets`` (on by default): once retention removed a
+    segment from remote storage, the next maintenance deletes its rows; off, they stay; and a
+    storage that shows no segment of the topic at all (a wrong bucket or prefix, more likely
+    than retention having deleted everything) drops nothing."""
+    t = SyntheticTopic(tmp_path / "ret", "ret")
+    _segments_now(t, 0, 3)
+    _segments_now(t, 1, 1)
+    cfg, storage = load_config(
+        t.config_file, {}, {"iceberg.follow.interval": 0.2, "iceberg.follow.maintain_interval": 1}
+    )
+    metrics, lines = FollowMetrics(), []
+    follower = Follower(cfg, storage, t.topic, spark=spark, metrics=metrics, log=lines.append)
+    stop = threading.Event()
+    thread = threading.Thread(target=follower.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _wait_for_rows(t)
+        for path in t.objects_of(t.segments[0]):  # retention deleted partition 0's first segment
+            path.unlink()
+        deadline = time.monotonic() + 180
+        while (0, 0) in offsets(t.table()) and time.monotonic() < deadline:
+            time.sleep(0.3)
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not thread.is_alive()
+    kept = [r for r in t.expected() if not (r[0] == 0 and r[1] < 40)]
+    assert rows(t.table()) == kept, "\n".join(lines)
+    assert _sample(metrics, "rsm_iceberg_follow_dropped_rows_total") == 40
+    assert _sample(metrics, "rsm_iceberg_follow_maintenance_total", outcome="failed") == 0
+
+    for path in t.objects_of(t.segments[1]):
+        path.unlink()
+    cfg_off, _ = load_config(t.config_file, {}, {"iceberg.follow.drop_deleted_offsets": False})
+    off = Follower(cfg_off, storage, t.topic, spark=spark, log=lambda line: None)
+    assert off.maintain() and rows(t.table()) == kept  # an archive keeps them
+
+    for md in t.segments[2:]:  # nothing of the topic left in storage
+        for path in t.objects_of(md):
+            path.unlink()
+    lines.clear()
+    assert follower.maintain() and rows(t.table()) == kept
+    assert any("holds no segment of topic ret" in line for line in lines), lines
+
+
 def test_a_follower_killed_in_a_round_then_restarted_commits_every_offset_once(tmp_path):
     t = SyntheticTopic(tmp_path / "k", "k")
     _segments_now(t, 0, 2)

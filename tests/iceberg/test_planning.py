@@ -9,7 +9,7 @@ import pyarrow as pa
 from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.planning.chains import choose_chain, plan_partition
 from rsm_sidecar.iceberg.planning.listing import RemoteSegment, list_topic_segments
-from rsm_sidecar.iceberg.session.spark import LocalCatalog
+from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
 from rsm_sidecar.segment.reader import SegmentReader
 from tests.iceberg.convert_helpers import SyntheticTopic
 

@@ -5,57 +5,22 @@ from PyIceberg's RestCatalog and Spark SQL, and maintenance through the REST cat
 
 from __future__ import annotations
 
-import pytest
-
 from rsm_sidecar.iceberg.committing import markers as mk
-from tests.iceberg.convert_helpers import MAINTAIN_EVERYTHING_NOW, SyntheticTopic, rows
-
-ACCESS, SECRET = "iceberg-tests", "iceberg-tests-secret"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    from devstack.s3server import SeaweedS3Server
-
-    srv = SeaweedS3Server(tmp_path_factory.mktemp("seaweed"), access_key=ACCESS, secret_key=SECRET).start()
-    srv.create_bucket("segments")
-    srv.create_bucket("lake")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def rest(s3, tmp_path_factory):
-    from devstack.iceberg_rest import IcebergRestServer
-
-    srv = IcebergRestServer(
-        tmp_path_factory.mktemp("rest"),
-        "s3://lake/warehouse",
-        s3={"endpoint": s3.endpoint_url, "access_key_id": ACCESS, "secret_access_key": SECRET},
-    ).start()
-    yield srv
-    srv.stop()
+from tests.iceberg.convert_helpers import (
+    MAINTAIN_EVERYTHING_NOW,
+    SyntheticTopic,
+    rest_s3_overrides,
+    rows,
+    s3_segments_toml,
+)
 
 
 def test_rest_catalog_with_s3_warehouse_and_s3_segments(spark, s3, rest, tmp_path):
-    storage = (
-        f'[storage]\nbackend = "s3"\nkey_prefix = "tiered/"\n'
-        f'[storage.s3]\nbucket = "segments"\nendpoint_url = "{s3.endpoint_url}"\n'
-        f'region = "us-east-1"\naddressing_style = "path"\naccess_key_id = "{ACCESS}"\n'
-        f'secret_access_key = "{SECRET}"\n'
+    t = SyntheticTopic(
+        tmp_path, "payments", catalog_name="lake", storage_toml=s3_segments_toml(s3.endpoint_url)
     )
-    t = SyntheticTopic(tmp_path, "payments", catalog_name="lake", storage_toml=storage)
     t.transactional_segments()
-    ov = {
-        "iceberg.catalog.type": "rest",
-        "iceberg.catalog.rest.uri": rest.uri,
-        "iceberg.warehouse": "s3://lake/warehouse",
-        "iceberg.s3.endpoint": s3.endpoint_url,
-        "iceberg.s3.access_key_id": ACCESS,
-        "iceberg.s3.secret_access_key": SECRET,
-        "iceberg.s3.path_style_access": True,
-        "iceberg.partitioning": "hour",
-    }
+    ov = {**rest_s3_overrides(s3.endpoint_url, rest.uri), "iceberg.partitioning": "hour"}
     res = t.convert(spark, **ov)
     assert res.committed and res.records == len(t.records) == 190
     table = t.table(**ov)

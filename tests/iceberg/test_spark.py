@@ -209,7 +209,7 @@ def test_several_opening_a_new_embedded_catalog_at_once_all_get_it(tmp_path):
     "table ... already exists" (77 of 120 in 20 rounds before the retry)."""
     import threading
 
-    from rsm_sidecar.iceberg.session.spark import LocalCatalog
+    from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
 
     failures = []
     for i in range(10):

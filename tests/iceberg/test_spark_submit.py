@@ -9,39 +9,26 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sysconfig
-import zipfile
 from pathlib import Path
 
 from rsm_sidecar.iceberg import jars
-from tests.iceberg.convert_helpers import REPO, SyntheticTopic, rows
-
-
-def _zip_package(dest: Path) -> Path:
-    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as z:
-        for p in sorted((REPO / "rsm_sidecar").rglob("*")):
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
-                z.write(p, p.relative_to(REPO))
-    return dest
+from tests.iceberg.convert_helpers import (
+    REPO,
+    SyntheticTopic,
+    env_without_checkout,
+    python_without_checkout,
+    rows,
+    zip_package,
+)
 
 
 def test_spark_submit_with_the_package_as_py_files(tmp_path):
     t = SyntheticTopic(tmp_path / "topic", "submitted")
     t.simple_segments(0, 2)
     t.simple_segments(1, 1)
-    pkg = _zip_package(tmp_path / "rsm_sidecar.zip")
-    python = tmp_path / "python-without-checkout"
-    python.write_text(
-        f'#!/bin/sh\nPYTHONPATH="{sysconfig.get_paths()["purelib"]}${{PYTHONPATH:+:$PYTHONPATH}}" '
-        f'exec {os.path.realpath(os.sys.executable)} -S "$@"\n'
-    )
-    python.chmod(0o755)
-    # tests/conftest.py puts the checkout on PYTHONPATH for the processes tests start: not here
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("RSM__", "PYSPARK", "SPARK_")) and k != "PYTHONPATH"
-    }
+    pkg = zip_package(tmp_path / "rsm_sidecar.zip")
+    python = python_without_checkout(tmp_path / "python-without-checkout")
+    env = env_without_checkout()
     check = subprocess.run(
         [str(python), "-c", "import rsm_sidecar"], cwd=tmp_path, env=env, capture_output=True, text=True
     )

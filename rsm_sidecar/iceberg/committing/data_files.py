@@ -117,6 +117,14 @@ class TaskFileWriter:
             (f, self.schema.find_field(f.source_id), self.schema.find_column_name(f.source_id) or "")
             for f in self.spec.fields
         ]
+        # a task's rows are one Kafka partition in offset order: its files are in the table's
+        # sort order when that is kafka.partition, kafka.offset (mapping/evolution.py)
+        order = self.metadata.sort_order_by_id(self.metadata.default_sort_order_id)
+        self._sort_order_id = (
+            order.order_id
+            if order is not None and not order.is_unsorted and _offset_order(order, self.schema)
+            else None
+        )
         self._open: dict[tuple, _OpenFile] = {}
         self._done: list[WrittenFile] = []
         self._written_paths: list[str] = []
@@ -265,13 +273,25 @@ class TaskFileWriter:
             file_format=FileFormat.PARQUET,
             partition=f.key.partition if f.key else Record(),
             file_size_in_bytes=size,
-            sort_order_id=None,
+            sort_order_id=self._sort_order_id,
             spec_id=self.metadata.default_spec_id,
             equality_ids=None,
             key_metadata=None,
             **stats.to_serialized_dict(),
         )
         self._done.append(WrittenFile(f.path, f.records, data_file))
+
+
+def _offset_order(order, schema: Schema) -> bool:
+    """Whether ``order`` is ``kafka.partition ASC, kafka.offset ASC`` (identity transforms)."""
+    from pyiceberg.table.sorting import SortDirection
+
+    want = [schema.find_field(name).field_id for name in ("kafka.partition", "kafka.offset")]
+    return [
+        f.source_id
+        for f in order.fields
+        if str(f.transform) == "identity" and f.direction == SortDirection.ASC
+    ] == want and len(order.fields) == 2
 
 
 def dictionary_columns(schema: pa.Schema) -> list[str]:

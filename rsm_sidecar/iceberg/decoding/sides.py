@@ -8,20 +8,28 @@ and the decoded fields (:mod:`~rsm_sidecar.iceberg.decoding.proto_mapping`,
 :mod:`~rsm_sidecar.iceberg.decoding.avro_mapping`). Record-level problems (no magic byte,
 unknown schema id, bytes that do not decode) set ``__err__`` and ``__raw__``; a registry that is
 down raises :class:`~rsm_sidecar.iceberg.decoding.schema_registry.RegistryUnavailable`.
+
+A registry side can also decode values *without* the registry's framing with the subject's
+latest schema (``iceberg.<side>.unframed = latest``, the rule of the seed's deserializer:
+:class:`UnframedLatest`); the schema id each row was decoded with is then the side's first
+decoded field, ``__schema_id__``.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf.message import DecodeError
 from pyiceberg.types import (
+    IntegerType,
     NestedField,
     StructType,
 )
@@ -42,7 +50,13 @@ from rsm_sidecar.iceberg.decoding.schema_registry import (
     SubjectSpec,
     UnknownSchema,
 )
-from rsm_sidecar.iceberg.types import to_arrow
+from rsm_sidecar.iceberg.types import SIDE_COLUMNS, check_reserved, to_arrow
+
+#: The side's first decoded field when unframed values are decoded with the latest schema: the
+#: id of the schema each row was decoded with (null when nothing was decoded).
+SCHEMA_ID = "__schema_id__"
+#: ``iceberg.<side>.unframed``: what a value without the registry's framing becomes
+UNFRAMED_MODES = ("error", "latest")
 
 
 @dataclass(frozen=True)
@@ -51,7 +65,9 @@ class SideSpec:
 
     ``kind``: ``raw`` (no schema), ``protobuf`` / ``avro`` (Confluent-framed, schema ids from
     ``registry``; the table schema is ``schema_id``, pinned at job start), or
-    ``protobuf-unframed`` (no preamble; the message from ``descriptor_set``).
+    ``protobuf-unframed`` (no preamble; the message from ``descriptor_set``). ``unframed_latest``
+    (``protobuf`` / ``avro``): values without the registry's framing are decoded with the
+    pinned latest schema ``schema_id`` instead of being record-level errors.
     """
 
     kind: str = "raw"
@@ -60,6 +76,21 @@ class SideSpec:
     message: str | None = None
     descriptor_set: bytes | None = None
     proto_options: ProtoOptions = field(default_factory=ProtoOptions)
+    unframed_latest: bool = False
+    #: the subject and version of ``schema_id`` (for the log)
+    subject: str | None = None
+    version: int | None = None
+
+    def describe(self) -> str:
+        """How the side is decoded, for the job's log."""
+        if self.kind in ("protobuf", "avro"):
+            what = " ".join(filter(None, (self.kind, self.message)))
+            schema = f"{self.subject} version {self.version} (schema id {self.schema_id})"
+            unframed = "decoded with it" if self.unframed_latest else "a record error"
+            return f"{what} of {schema}; values without framing: {unframed}"
+        if self.kind == "protobuf-unframed":
+            return f"unframed protobuf {self.message} from a descriptor set"
+        return "raw"
 
 
 def resolve_side(
@@ -70,6 +101,7 @@ def resolve_side(
     proto_options: ProtoOptions | None = None,
     samples: Iterable[bytes] = (),
     recorded: str | None = None,
+    unframed: str = "error",
 ) -> SideSpec:
     """Driver-side: pin the latest schema of the side's subject (TopicNameStrategy unless
     ``subject.subject``). No such subject -> ``raw``. Registry down -> RegistryUnavailable.
@@ -80,7 +112,13 @@ def resolve_side(
     of ``samples`` (framed records of the topic, read lazily, at most
     :data:`MAX_SAMPLES`) that carries the pinned schema id; otherwise :class:`ConfigError`
     asks for ``SubjectSpec.message``.
+
+    ``unframed``: ``error`` (a value without the registry's framing is a record-level error) or
+    ``latest`` (it is decoded with the pinned latest schema: :class:`UnframedLatest`).
     """
+    if unframed not in UNFRAMED_MODES:
+        raise ConfigError(f"unframed: {unframed!r} is not one of {', '.join(UNFRAMED_MODES)}")
+    latest = unframed == "latest"
     opts = proto_options or ProtoOptions()
     if registry is None:
         return SideSpec("raw", proto_options=opts)
@@ -96,10 +134,21 @@ def resolve_side(
         assert res.proto is not None
         msg = subject.message or _default_message(res, name, samples, recorded)
         res.proto.message_by_name(msg)  # fail early on a wrong message name
-        return SideSpec("protobuf", dict(registry.conf), res.schema_id, msg, proto_options=opts)
-    if res.schema_type == AVRO:
-        return SideSpec("avro", dict(registry.conf), res.schema_id, proto_options=opts)
-    return SideSpec("raw", proto_options=opts)
+        kind = PROTOBUF
+    elif res.schema_type == AVRO:
+        msg, kind = None, AVRO
+    else:
+        return SideSpec("raw", proto_options=opts)
+    return SideSpec(
+        kind.lower(),
+        dict(registry.conf),
+        res.schema_id,
+        msg,
+        proto_options=opts,
+        unframed_latest=latest,
+        subject=name,
+        version=res.version,
+    )
 
 
 def message_property(is_key: bool) -> str:
@@ -313,13 +362,34 @@ class ProtoSide(Side):
         return self.decode_keeping(datas)[:3]
 
     def decode_keeping(self, datas):
+        return self._decode_values(datas, self.framed)
+
+    def framed_value(self, data: bytes) -> bool:
+        """Whether ``data`` is taken for a framed value (:class:`UnframedLatest`): it starts
+        with the magic byte, which no Protobuf message does (its first byte is a tag, and field
+        number 0 does not exist), or with KoP's marker (an error that names it, never decoded)."""
+        return data[:1] == b"\x00" or (data[:2] == framing.KOP_MARKER and len(data) >= 10)
+
+    def decode_unframed(self, datas: list) -> tuple[list[pa.Array], list[str | None], Sequence[int]]:
+        """``datas`` (none null) decoded without a preamble with the side's message: (decoded
+        children, errors, rows ``__raw__`` keeps although nothing failed)."""
+        children, _, errs, keep = self._decode_values(datas, False)
+        return children, errs, keep
+
+    def decode_unframed_arrow(self, col: pa.Array):
+        """:meth:`decode_unframed` vectorised: ``(children, lossy)``, or None (a row fails)."""
+        return self._decode_all(col.cast(pa.binary()), 0)
+
+    def why_unframed(self, data: bytes) -> str:
+        return "missing magic byte"
+
+    def _decode_values(self, datas, framed: bool):
         parse = self.decoder.cls.FromString
         default = self.decoder.default_message
         msgs: list = []
         prefixes: list = []
         errs: list = []
         bad: list[bool] = []
-        framed = self.framed
         check = self._check_id
         ids = self._ids
         for d in datas:
@@ -456,6 +526,63 @@ class AvroSide(Side):
     def decode(self, datas):
         return self.decode_keeping(datas)[:3]
 
+    def framed_value(self, data: bytes) -> bool:
+        """Whether ``data`` is taken for a framed value (:class:`UnframedLatest`): the magic
+        byte and a schema id the registry has as an Avro schema, or KoP's marker (an error that
+        names it, never decoded). An unframed datum may start with ``0x00`` too (a first field
+        0, false or empty), so the id must exist."""
+        if data[:2] == framing.KOP_MARKER and len(data) >= 10:
+            return True
+        if len(data) < 5 or data[0] != 0:
+            return False
+        writer, _ = self._writer(int.from_bytes(data[1:5], "big", signed=True))
+        return not isinstance(writer, str)
+
+    def why_unframed(self, data: bytes) -> str:
+        """Why ``data``, which starts like a preamble, was not taken for a framed value."""
+        writer, _ = self._writer(int.from_bytes(data[1:5], "big", signed=True))
+        return writer if isinstance(writer, str) else "framed"
+
+    def decode_unframed_arrow(self, col: pa.Array):
+        """No vectorised unframed path: :meth:`decode_unframed` decodes them."""
+        return None
+
+    def decode_unframed(self, datas: list) -> tuple[list[pa.Array], list[str | None], Sequence[int]]:
+        """``datas`` (none null) decoded as datums of the table's schema without a preamble:
+        (decoded children, errors, rows ``__raw__`` keeps although nothing failed). A datum
+        must use every byte of its value: fastavro stops where the schema ends, and bytes left
+        over mean the value is not a datum of this schema."""
+        import fastavro
+
+        _, loss = self._writer(self.table_id)
+        datums: list = []
+        errs: list[str | None] = []
+        bad: list[bool] = []
+        lossy: list[int] = []
+        for d in datas:
+            buf = io.BytesIO(d)
+            try:
+                datum = fastavro.schemaless_reader(
+                    buf, self.reader, None, return_record_name=True, return_record_name_override=True
+                )
+                if buf.tell() != len(d):
+                    raise ValueError(f"{len(d) - buf.tell()} byte(s) left after the datum")
+                datum = self.mapper.normalize(datum)
+            except Exception as exc:  # fastavro raises many types for corrupt input
+                datums.append(None)
+                errs.append(
+                    f"invalid Avro for the latest schema id {self.table_id} (unframed value): "
+                    f"{type(exc).__name__}: {exc}"
+                )
+                bad.append(True)
+                continue
+            if loss is not None:
+                lossy.append(len(datums))
+            datums.append({"value": datum} if self._wrap else datum)
+            errs.append(None)
+            bad.append(False)
+        return self._children(datums, errs, bad), errs, lossy
+
     def decode_keeping(self, datas):
         datums, prefixes, errs, bad = [], [], [], []
         lossy: list[int] = []  # rows whose writer schema loses data in the table's
@@ -498,6 +625,10 @@ class AvroSide(Side):
                 prefixes.append(prefix)
                 errs.append(f"invalid Avro for schema id {fr.schema_id}: {type(exc).__name__}: {exc}")
                 bad.append(True)
+        return self._children(datums, errs, bad), prefixes, errs, lossy
+
+    def _children(self, datums: list, errs: list, bad: list) -> list[pa.Array]:
+        """The decoded children of the datums (rows Arrow rejects become errors)."""
         arr = self._to_arrow(datums, errs, bad)
         if self._wrap:
             children = [arr]
@@ -507,7 +638,7 @@ class AvroSide(Side):
                 children = pa.StructArray.from_arrays(
                     children, fields=self._fields, mask=arr.is_null()
                 ).flatten()
-        return children, prefixes, errs, lossy
+        return children
 
     def _to_arrow(self, datums: list, errs: list, bad: list) -> pa.Array:
         """Arrow for the datums; rows Arrow rejects become record-level errors."""
@@ -528,13 +659,139 @@ class AvroSide(Side):
             return pa.concat_arrays(out)
 
 
+class UnframedLatest(Side):
+    """A registry side whose values without the registry's framing are decoded with the
+    side's pinned latest schema instead of being errors (the seed's deserializer rule: KoP
+    decodes a value that names no schema version with the subject's latest schema).
+
+    Which values are framed is the inner side's call (``framed_value``): for Protobuf every
+    value starting with the magic byte; for Avro only those whose schema id the registry has as
+    an Avro schema, because an unframed datum can start with ``0x00`` too. Such a value read as
+    unframed also keeps its bytes in ``__raw__`` (it may be a framed value whose schema was
+    deleted). KoP's marker stays an error. Unframed rows get a null ``__prefix__``.
+    ``__schema_id__``, the side's first decoded field, is the id of the schema each decoded row
+    was read with: the id in its preamble, or the latest schema's; null where nothing was
+    decoded (errors, tombstones).
+    """
+
+    def __init__(self, inner: ProtoSide | AvroSide, schema_id: int):
+        self.inner, self.schema_id = inner, schema_id
+        for f in inner.decoded_type.fields:
+            check_reserved(
+                f.name,
+                (*SIDE_COLUMNS, SCHEMA_ID),
+                "the side's struct (iceberg.<side>.unframed = latest)",
+                f"field {f.name!r} of schema id {schema_id}",
+            )
+        fields = inner.decoded_type.fields
+        self.decoded_type = StructType(
+            NestedField(1, SCHEMA_ID, IntegerType(), required=False),
+            *[NestedField(i + 2, f.name, f.field_type, required=False) for i, f in enumerate(fields)],
+        )
+
+    def decode(self, datas):
+        return self.decode_keeping(datas)[:3]
+
+    def decode_arrow(self, col: pa.Array):
+        """Vectorised when no value of the batch starts with the magic byte (or KoP's marker)
+        and the inner side decodes them all unframed, or when every value starts with it and the
+        inner side's own fast path decodes every row; None otherwise (:meth:`decode_keeping`)."""
+        col = col.cast(pa.binary())
+        nonnull = col.drop_null() if col.null_count else col
+        if len(nonnull) == 0:
+            return None
+        n = len(col)
+        magic = pc.equal(pc.binary_slice(nonnull, 0, 1), b"\x00")
+        if not pc.any(magic).as_py():
+            if pc.any(pc.equal(pc.binary_slice(nonnull, 0, 2), framing.KOP_MARKER)).as_py():
+                return None
+            decoded = self.inner.decode_unframed_arrow(col)
+            if decoded is None:
+                return None
+            children, lossy = decoded
+            ids = pc.if_else(
+                col.is_valid(), pa.scalar(self.schema_id, pa.int32()), pa.scalar(None, pa.int32())
+            )
+            return [ids, *children], pa.nulls(n, pa.binary()), pa.nulls(n, pa.string()), lossy
+        if not pc.all(magic).as_py():
+            return None
+        fast = self.inner.decode_arrow(col)
+        if fast is None:
+            return None
+        children, prefixes, errs, lossy = fast
+        if errs.null_count != len(errs):
+            return None  # a framed row failed: for Avro it may be an unframed datum
+        return [_preamble_ids(prefixes), *children], prefixes, errs, lossy
+
+    def decode_keeping(self, datas):
+        framed: list[int] = []
+        unframed: list[int] = []
+        ambiguous: list[int] = []  # unframed although it starts like a preamble
+        for i, d in enumerate(datas):
+            if d is None or self.inner.framed_value(d):
+                framed.append(i)
+            else:
+                unframed.append(i)
+                if len(d) >= 5 and d[0] == 0:
+                    ambiguous.append(i)
+        n = len(datas)
+        prefixes: list[bytes | None] = [None] * n
+        errs: list[str | None] = [None] * n
+        ids: list[int | None] = [None] * n
+        keep: list[int] = list(ambiguous)
+        parts: list[list[pa.Array]] = []
+        if framed or not unframed:
+            f_children, f_prefixes, f_errs, f_keep = self.inner.decode_keeping([datas[i] for i in framed])
+            parts.append(f_children)
+            for k, i in enumerate(framed):
+                prefixes[i], errs[i] = f_prefixes[k], f_errs[k]
+                if f_errs[k] is None and f_prefixes[k] is not None:
+                    ids[i] = int.from_bytes(f_prefixes[k][1:5], "big", signed=True)
+            keep.extend(framed[k] for k in f_keep)
+        if unframed:
+            u_children, u_errs, u_keep = self.inner.decode_unframed([datas[i] for i in unframed])
+            parts.append(u_children)
+            for k, i in enumerate(unframed):
+                errs[i] = u_errs[k]
+                if u_errs[k] is None:
+                    ids[i] = self.schema_id
+            keep.extend(unframed[k] for k in u_keep)
+            for i in ambiguous:
+                if errs[i] is not None:
+                    errs[i] = f"{self.inner.why_unframed(datas[i])}, and as an unframed value: {errs[i]}"
+        if len(parts) == 1:
+            children = parts[0]
+        else:  # the rows of both groups back in their order
+            where = [0] * n
+            for k, i in enumerate(framed + unframed):
+                where[i] = k
+            order = pa.array(where, pa.int32())
+            children = [pc.take(pa.concat_arrays([f, u]), order) for f, u in zip(*parts)]
+        return [pa.array(ids, pa.int32()), *children], prefixes, errs, keep
+
+
+def _preamble_ids(prefixes: pa.Array) -> pa.Array:
+    """The schema ids (bytes 1-4, big-endian) of a column of preambles (null stays null)."""
+    ids = pc.fill_null(pc.binary_slice(prefixes, 1, 5), b"\x00" * 4).cast(pa.binary())
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    offsets = np.frombuffer(ids.buffers()[1], np.int32, len(ids) + 1, ids.offset * 4)
+    values = np.frombuffer(ids.buffers()[2], ">i4", len(ids), int(offsets[0])).astype(np.int32)
+    return pa.array(values, pa.int32(), mask=prefixes.is_null().to_numpy(zero_copy_only=False))
+
+
 def build_side(spec: SideSpec) -> Side:
     registry = SchemaRegistry.shared(spec.registry) if spec.registry else None
+    side: Side
     if spec.kind == "raw":
         return RawSide()
     if spec.kind in ("protobuf", "protobuf-unframed"):
-        return ProtoSide(spec, registry)
-    if spec.kind == "avro":
+        side = ProtoSide(spec, registry)
+    elif spec.kind == "avro":
         assert registry is not None
-        return AvroSide(spec, registry)
-    raise ValueError(f"unknown side kind {spec.kind!r}")
+        side = AvroSide(spec, registry)
+    else:
+        raise ValueError(f"unknown side kind {spec.kind!r}")
+    if spec.unframed_latest:
+        assert spec.schema_id is not None and isinstance(side, ProtoSide | AvroSide)
+        return UnframedLatest(side, spec.schema_id)
+    return side

@@ -21,6 +21,13 @@ store; our store is the Iceberg metadata itself). Rules, applied by :func:`plan_
 * struct vs struct recurses, so nested additions/promotions/replacements work the same way.
 
 Renames and additions are committed in one transaction.
+
+The table also declares the order its data files are written in (:func:`offset_sort_order`):
+``kafka.partition, kafka.offset`` ascending - each task writes rows of one Kafka partition in
+offset order - the way Bufstream keeps "sort order" in step with how it stores data. A new
+table gets it, and a table without a sort order gets it at the next run; a sort order someone
+declared on purpose is left alone. Schema evolution never touches it (the two fields never
+change).
 """
 
 from __future__ import annotations
@@ -207,6 +214,34 @@ def field_ids(schema: Schema | StructType) -> dict[str, int]:
     return out
 
 
+#: the columns the data files are sorted by, in this order
+SORT_COLUMNS = ("kafka.partition", "kafka.offset")
+
+
+def offset_sort_order(schema: Schema) -> Any:
+    """``kafka.partition ASC, kafka.offset ASC`` (nulls first, Spark's default for ASC) with the
+    field ids of ``schema``."""
+    from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrder
+    from pyiceberg.transforms import IdentityTransform
+
+    return SortOrder(
+        *[
+            SortField(
+                source_id=schema.find_field(name).field_id,
+                transform=IdentityTransform(),
+                direction=SortDirection.ASC,
+                null_order=NullOrder.NULLS_FIRST,
+            )
+            for name in SORT_COLUMNS
+        ]
+    )
+
+
+def needs_sort_order(table: Any) -> bool:
+    """A table without any sort order (made before tables declared one, or by someone else)."""
+    return bool(table.sort_order().is_unsorted)
+
+
 def ensure_table(
     catalog: Any,
     identifier: str | tuple[str, ...],
@@ -242,10 +277,23 @@ def ensure_table(
                 )
             )
         return catalog.create_table(
-            identifier, schema=target, partition_spec=spec, properties=properties or {}
+            identifier,
+            schema=target,
+            partition_spec=spec,
+            sort_order=offset_sort_order(target),
+            properties=properties or {},
         )
     apply_update(table, target, properties)
-    return catalog.load_table(identifier)
+    table = catalog.load_table(identifier)
+    if needs_sort_order(table):
+        from pyiceberg.table.sorting import NullOrder
+        from pyiceberg.transforms import IdentityTransform
+
+        with table.update_sort_order() as order:
+            for name in SORT_COLUMNS:
+                order.asc(name, IdentityTransform(), NullOrder.NULLS_FIRST)
+        table = catalog.load_table(identifier)
+    return table
 
 
 def describe(changes: Iterable[Change]) -> str:

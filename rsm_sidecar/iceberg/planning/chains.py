@@ -5,7 +5,7 @@ the table's next offset upwards without overlap (re-uploaded segments - the same
 new segment id after a failed copy or a leader change - are alternatives for the same offsets,
 never converted twice), and the offset range ``[lo, hi]`` each task emits. The plan's tasks are
 cut further by :mod:`~rsm_sidecar.iceberg.planning.splitting`; its transactions are settled by
-:mod:`~rsm_sidecar.iceberg.planning.transactions`.
+:mod:`~rsm_sidecar.iceberg.planning.transactions` (which knows chains of segments, not plans).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment, with_manifest_info
 from rsm_sidecar.iceberg.planning.tasks import SegmentTask
-from rsm_sidecar.iceberg.planning.transactions import finish_transactions
+from rsm_sidecar.iceberg.planning.transactions import settle_transactions
 from rsm_sidecar.kafka import AbortedTxn
 from rsm_sidecar.segment.reader import SegmentReader
 
@@ -167,7 +167,8 @@ def plan_partition(
     ``next_offset`` - the new ones. Only when none of them starts exactly at ``next_offset``
     (a re-upload straddling it, or nothing new) are older segments' manifests read, newest
     first, until one covering ``next_offset`` is found. Then the transaction indexes and producer
-    snapshots of the chain are read (:func:`finish_transactions`).
+    snapshots of the chain are read (:func:`settle_transactions`): the tail of the chain whose
+    transactions are not all finished within it waits for the next run.
     """
     partition = segments[0].partition if segments else -1
     plan = PartitionPlan(partition, next_offset, ingest_state)
@@ -192,5 +193,9 @@ def plan_partition(
     chain, ranges, skipped, waiting = choose_chain(known, next_offset, limit, earliest=earliest)
     plan.chain, plan.ranges, plan.skipped, plan.waiting = chain, ranges, skipped, waiting
     plan.listed = known
-    finish_transactions(reader, plan)
+    settled = settle_transactions(reader, plan.chain)
+    plan.aborted = settled.aborted
+    if settled.complete < len(plan.chain):
+        plan.chain, plan.ranges = plan.chain[: settled.complete], plan.ranges[: settled.complete]
+        plan.waiting = settled.waiting
     return plan

@@ -11,16 +11,11 @@ for the next run (its markers are not tiered yet).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment
-
-if TYPE_CHECKING:
-    from rsm_sidecar.iceberg.planning.chains import PartitionPlan
-
 import concurrent.futures
+import dataclasses
 
 from rsm_sidecar.errors import NotFound
+from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment
 from rsm_sidecar.kafka import AbortedTxn
 from rsm_sidecar.kafka.snapshot import parse_producer_snapshot
 from rsm_sidecar.kafka.txnindex import read_txn_index
@@ -49,12 +44,23 @@ def read_aborted_and_open(
     return aborted, open_first
 
 
-def finish_transactions(reader: SegmentReader, plan: PartitionPlan) -> None:
-    """Read the chain's transaction indexes and producer snapshots; drop the tail of the chain
-    whose transactions are not all finished within the chain (they wait for the next run)."""
-    if not plan.chain:
-        return
-    chain = plan.chain
+@dataclasses.dataclass(frozen=True)
+class Settlement:
+    """What the transactions of a chain allow: the aborted transactions of every chain segment
+    (deduplicated, by last offset), how many leading segments of the chain may be converted, and
+    why the rest waits (None: nothing waits)."""
+
+    aborted: list[AbortedTxn]
+    complete: int
+    waiting: str | None = None
+
+
+def settle_transactions(reader: SegmentReader, chain: list[RemoteSegment]) -> Settlement:
+    """Read the chain's transaction indexes and producer snapshots; the leading segments whose
+    transactions are all finished within the chain may be converted, the tail waits for the
+    next run."""
+    if not chain:
+        return Settlement([], 0)
     if len(chain) == 1:
         infos = [read_aborted_and_open(reader, chain[0])]
     else:
@@ -69,7 +75,6 @@ def finish_transactions(reader: SegmentReader, plan: PartitionPlan) -> None:
                 seen.add(key)
                 aborted.append(t)
     aborted.sort(key=lambda t: (t.last_offset, t.first_offset))
-    plan.aborted = aborted
     # threshold[j]: every transaction open at chain[j]'s end started after this offset
     thresholds = []
     for _, open_first in infos:
@@ -85,11 +90,11 @@ def finish_transactions(reader: SegmentReader, plan: PartitionPlan) -> None:
         if suffix >= chain[j].end_offset:
             keep = j + 1
             break
-    if keep < len(chain):
-        first_open = chain[keep]
-        plan.waiting = (
-            f"transactions with data in {first_open.describe} or before are still open at "
-            f"the end of the tiered segments; converting it once their markers are tiered"
-        )
-        plan.chain = chain[:keep]
-        plan.ranges = plan.ranges[:keep]
+    if keep == len(chain):
+        return Settlement(aborted, keep)
+    return Settlement(
+        aborted,
+        keep,
+        f"transactions with data in {chain[keep].describe} or before are still open at "
+        f"the end of the tiered segments; converting it once their markers are tiered",
+    )
