@@ -11,6 +11,7 @@ cut further by :mod:`~rsm_sidecar.iceberg.planning.splitting`; its transactions 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
 
 from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment, with_manifest_info
@@ -128,30 +129,40 @@ def choose_chain(
     (``earliest``, default: the earliest of ``segments``) were removed by retention before they
     were converted: they are skipped (reported). A hole above the earliest segment stops the
     plan (the segment is not tiered yet, e.g. a copy being retried): ``waiting`` says so.
+
+    One sweep in start-offset order with a heap of the segments started so far, by highest end
+    offset: O(n log n) for n segments (a first run over a partition of 100,000 segments; the
+    scan of every segment at every step this replaced was O(n^2)).
     """
     chain: list[RemoteSegment] = []
     ranges: list[tuple[int, int]] = []
     skipped: list[tuple[int, int]] = []
     if not segments:
         return chain, ranges, skipped, None
+    by_start = sorted(segments, key=lambda s: s.start_offset)
     if earliest is None:
-        earliest = min(s.start_offset for s in segments)
+        earliest = by_start[0].start_offset
+    started: list[tuple[int, str, int]] = []  # (-end offset, segment id, index): best on top
+    i = 0
     cur = next_offset
     waiting = None
     while not limit or len(chain) < limit:
-        covering = [s for s in segments if s.start_offset <= cur <= s.end_offset]
-        if not covering:
-            later = [s for s in segments if s.start_offset > cur]
-            if not later:
+        while i < len(by_start) and by_start[i].start_offset <= cur:
+            heapq.heappush(started, (-by_start[i].end_offset, by_start[i].segment_id, i))
+            i += 1
+        while started and -started[0][0] < cur:  # ends before cur: covers nothing from here on
+            heapq.heappop(started)
+        if not started:
+            if i == len(by_start):
                 break
-            nxt = min(s.start_offset for s in later)
+            nxt = by_start[i].start_offset
             if cur < earliest:
                 skipped.append((cur, nxt - 1))
                 cur = nxt
                 continue
             waiting = f"offsets {cur}..{nxt - 1} are not in remote storage (yet)"
             break
-        best = max(covering, key=lambda s: (s.end_offset, [-ord(c) for c in s.segment_id]))
+        best = by_start[started[0][2]]
         chain.append(best)
         ranges.append((cur, best.end_offset))
         cur = best.end_offset + 1
