@@ -2,7 +2,10 @@
 
 :func:`list_topic_segments` lists the object store once and keeps the segments whose manifest
 exists (the manifest is written last, so those are complete), by topic id and partition.
-:func:`with_manifest_info` reads the manifests the plan needs (offsets, sizes, timestamps).
+:func:`list_partition_segments` lists one partition, optionally only from an offset on (a LIST
+that starts after that key: what a follow-mode round needs, whatever the partition already
+holds). :func:`with_manifest_info` reads the manifests the plan needs (offsets, sizes,
+timestamps).
 """
 
 from __future__ import annotations
@@ -63,6 +66,35 @@ def list_topic_segments(
     for parts in out.values():
         for segs in parts.values():
             segs.sort(key=lambda s: (s.start_offset, s.segment_id))
+    return out
+
+
+def list_partition_segments(
+    store: ObjectStore, layout: KeyLayout, topic: str, topic_id: str, partition: int, from_offset: int = 0
+) -> list[RemoteSegment]:
+    """The complete segments of one partition (manifest present) by start offset; with
+    ``from_offset``, only those starting at or after it, listed from that key on (keys are
+    ``<20-digit start offset>-<segment id>.<suffix>``, so the listing starts right there)."""
+    directory = (
+        f"{layout.partition_prefix(topic_id, partition)}{topic_component(topic)}-{topic_id}/{partition}/"
+    )
+    start_after = f"{directory}{from_offset:020d}" if from_offset > 0 else None
+    out = []
+    for obj in store.list(directory, start_after):
+        parsed = layout.parse(obj.key)
+        if parsed is None or parsed.suffix != MANIFEST or parsed.partition != partition:
+            continue
+        out.append(
+            RemoteSegment(
+                parsed.base,
+                parsed.topic,
+                parsed.topic_id,
+                parsed.partition,
+                parsed.start_offset,
+                parsed.segment_id,
+            )
+        )
+    out.sort(key=lambda s: (s.start_offset, s.segment_id))
     return out
 
 
