@@ -208,20 +208,21 @@ class LocalObjectStore(ObjectStore):
                     if not rel and e.name == TMP_DIR:
                         continue
                     # a directory sorts as its keys do: "<name>/..." ("a-b/x" before "a/x")
-                    entries.append((e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e))
+                    key = rel + (e.name + "/" if e.is_dir(follow_symlinks=False) else e.name)
+                    if key.endswith("/"):
+                        if not (key.startswith(prefix) or prefix.startswith(key)):
+                            continue
+                        if start_after is not None and key < start_after and not start_after.startswith(key):
+                            continue  # every key below it sorts before start_after
+                    elif not key.startswith(prefix) or (start_after is not None and key <= start_after):
+                        continue
+                    entries.append((key, e))
         except FileNotFoundError:  # removed while listing (an emptied directory is pruned)
             return
         entries.sort(key=lambda t: t[0])
-        for name, e in entries:
-            key = rel + name
-            if name.endswith("/"):
-                if not (key.startswith(prefix) or prefix.startswith(key)):
-                    continue
-                if start_after is not None and key < start_after and not start_after.startswith(key):
-                    continue  # every key below it sorts before start_after
+        for key, e in entries:
+            if key.endswith("/"):
                 yield from self._list_dir(e.path, key, prefix, start_after)
-                continue
-            if not key.startswith(prefix) or (start_after is not None and key <= start_after):
                 continue
             try:
                 st = e.stat()
