@@ -144,3 +144,16 @@ def test_nothing_is_deleted_when_the_metadata_topic_lost_records(world):
     assert all(
         "metadata topic incomplete" in f.note for f in result.findings if f.finding in orphans.DELETABLE
     )
+
+
+def test_a_client_config_needs_a_bootstrap_server(tmp_path, capsys):
+    from rsm_sidecar.cli.main import main
+
+    cfg = tmp_path / "sidecar.toml"
+    cfg.write_text(
+        f'[storage]\nbackend = "local"\n[storage.local]\nroot = "{tmp_path}"\n[encryption]\nenabled = false\n'
+    )
+    conf = tmp_path / "client.properties"
+    conf.write_text("security.protocol=PLAINTEXT\n")
+    assert main(["inspect", "orphans", "-c", str(cfg), "--command-config", str(conf)]) == 2
+    assert "--command-config needs --bootstrap-server" in capsys.readouterr().err
