@@ -4,7 +4,7 @@ Kafka's own ``LocalTieredStorage`` and with rsm-sidecar (issue 31 §2). A siblin
 
     .venv/bin/python benchmarks/remote_read_partitions.py [--partitions 12,48] [--cases lts,ours]
         [--records 3000000] [--record-size 200] [--segment-mib 4] [--brokers 1] [--transport unix]
-        [--kafka-version 4.3.1]
+        [--kafka-version 4.3.1] [--sidecar-env RSM__KEY=VALUE ...] [--broker-property KEY=VALUE ...]
 
 Since Kafka 4.2 (KAFKA-14915) one FetchRequest starts remote reads for every partition it covers,
 on the broker's ``remote.log.reader.threads`` pool (10 threads by default, left at its default
@@ -26,7 +26,13 @@ and warm. Reported per read:
 * consumer fetch latency: the broker's ``FetchConsumer`` request time p50/p99 (JMX
   ``kafka.network:type=RequestMetrics,name=TotalTimeMs,request=FetchConsumer``, read with Kafka's
   ``JmxTool`` right after the read: an exponentially decaying sample, so it reflects that read
-  far more than the warm-up minutes before) and the consumer's own ``fetch-latency-avg``.
+  far more than the warm-up minutes before) and the consumer's own ``fetch-latency-avg``;
+* bytes the sidecar received from storage per byte consumed and its chunk cache's hit ratio (a
+  cache too small for that many sequential readers downloads and decodes chunks again).
+
+``--sidecar-env`` and ``--broker-property`` change one setting of ours (e.g.
+``RSM__CACHE__CHUNK_BYTES=512MiB``, ``rsm.config.fetch.readahead.max.bytes=201326592``), to size
+the defaults against these figures.
 
 ``--brokers N`` and ``--transport`` (``unix``: Unix socket + fetch hand-off; ``tcp-mtls``) are
 the knobs of the multi-broker devstack and of the TCP + mTLS transport, which other branches
@@ -85,6 +91,8 @@ class PartRead:
     fetch_p50_ms: float | None = None
     fetch_p99_ms: float | None = None
     fetch_latency_avg_ms: float | None = None
+    downloaded_per_byte: float | None = None
+    chunk_hit_ratio: float | None = None
 
 
 def jmx_options(port: int) -> list[str]:
@@ -159,6 +167,12 @@ class SidecarWatch:
             m = re.match(r'rsm_operations_total\{[^}]*outcome="RESOURCE_EXHAUSTED"[^}]*\} (\S+)', line)
             if m:
                 out["exhausted"] = out.get("exhausted", 0.0) + float(m.group(1))
+            m = re.match(r"rsm_storage_bytes_read_total\{[^}]*\} (\S+)", line)
+            if m:
+                out["downloaded"] = out.get("downloaded", 0.0) + float(m.group(1))
+            m = re.match(r'rsm_cache_events_total\{cache="chunk",event="(hit|miss)"\} (\S+)', line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
         return out
 
     def _run(self) -> None:
@@ -200,7 +214,7 @@ def measured(case, partitions, temperature, dist, broker, topic, args, jmx_port,
     if watch:
         watch.__enter__()
     try:
-        mb_s, _, _, fetch = consume(dist, broker.bootstrap_servers, topic, args)
+        mb_s, _, mb, fetch = consume(dist, broker.bootstrap_servers, topic, args)
     finally:
         if watch:
             watch.__exit__()
@@ -214,6 +228,10 @@ def measured(case, partitions, temperature, dist, broker, topic, args, jmx_port,
         r.max_fetch_streams = watch.max_streams
         r.rss_bound_mib = rss_bound_mib(max(1, watch.max_streams))
         r.resource_exhausted = int(after.get("exhausted", 0) - before.get("exhausted", 0))
+        r.downloaded_per_byte = (after.get("downloaded", 0) - before.get("downloaded", 0)) / (mb * MiB)
+        hits = after.get("hit", 0) - before.get("hit", 0)
+        misses = after.get("miss", 0) - before.get("miss", 0)
+        r.chunk_hit_ratio = hits / (hits + misses) if hits + misses else None
     print(f"  {r}", flush=True)
     return r
 
@@ -262,10 +280,12 @@ def warm_up(dist, bootstrap: str, args, payload: Path, partitions: int) -> None:
 
 def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[PartRead]:
     port = free_port()
+    env = {"RSM__METRICS__LISTEN": f"127.0.0.1:{port}", **dict(kv.split("=", 1) for kv in args.sidecar_env)}
     stack = LocalStack(
         work / f"ours-{partitions}",
         kafka_version=dist.version,
-        sidecar_env={"RSM__METRICS__LISTEN": f"127.0.0.1:{port}"},
+        sidecar_env=env,
+        broker_properties=dict(kv.split("=", 1) for kv in args.broker_property),
     )
     jmx = free_port()
     try:
@@ -306,8 +326,9 @@ def table(reads: list[PartRead]) -> str:
     lines = [
         "| read | partitions | MB/s | ratio to LocalTieredStorage | broker CPU-s | sidecar CPU-s "
         "| sidecar peak RSS MiB (bound for its peak streams) | RESOURCE_EXHAUSTED "
-        "| fetch request p50 / p99 ms | consumer fetch latency avg ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| fetch request p50 / p99 ms | consumer fetch latency avg ms | storage bytes / byte consumed "
+        "| chunk cache hits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lts = {(r.partitions, r.temperature): r.mb_s for r in reads if r.case == "LocalTieredStorage"}
     for r in reads:
@@ -322,7 +343,8 @@ def table(reads: list[PartRead]) -> str:
             f"| {r.case} ({r.temperature}) | {r.partitions} | {r.mb_s:.1f} | {ratio} | {r.broker_cpu:.1f} | "
             f"{fmt(r.sidecar_cpu, '.1f')} | {rss} | {fmt(r.resource_exhausted, 'd')} | "
             f"{fmt(r.fetch_p50_ms, '.1f')} / {fmt(r.fetch_p99_ms, '.1f')} | "
-            f"{fmt(r.fetch_latency_avg_ms, '.1f')} |"
+            f"{fmt(r.fetch_latency_avg_ms, '.1f')} | {fmt(r.downloaded_per_byte, '.3f')} | "
+            f"{fmt(r.chunk_hit_ratio, '.0%')} |"
         )
     return "\n".join(lines)
 
@@ -341,6 +363,16 @@ def main(argv: list[str] | None = None) -> int:
         "--brokers", type=int, default=1, help="brokers in the cluster (1 until the cluster devstack)"
     )
     ap.add_argument("--transport", default="unix", choices=("unix", "tcp-mtls"), help="the shim's transport")
+    ap.add_argument(
+        "--sidecar-env",
+        action="append",
+        default=[],
+        metavar="RSM__KEY=VALUE",
+        help="a sidecar setting (ours)",
+    )
+    ap.add_argument(
+        "--broker-property", action="append", default=[], metavar="KEY=VALUE", help="a broker setting (ours)"
+    )
     args = ap.parse_args(argv)
     if args.brokers != 1:
         ap.error("--brokers > 1 needs the multi-broker devstack (make up BROKERS=N), not wired here yet")
