@@ -157,3 +157,16 @@ def test_a_client_config_needs_a_bootstrap_server(tmp_path, capsys):
     conf.write_text("security.protocol=PLAINTEXT\n")
     assert main(["inspect", "orphans", "-c", str(cfg), "--command-config", str(conf)]) == 2
     assert "--command-config needs --bootstrap-server" in capsys.readouterr().err
+
+
+def test_client_properties_are_read_as_key_value_lines(tmp_path):
+    from rsm_sidecar.errors import ConfigError
+    from rsm_sidecar.inspect.kafka_metadata import load_client_config
+
+    f = tmp_path / "client.properties"
+    f.write_text("# comment\n\nsecurity.protocol = SASL_SSL\nsasl.password=a=b\n! also a comment\n")
+    assert load_client_config(str(f)) == {"security.protocol": "SASL_SSL", "sasl.password": "a=b"}
+    f.write_text("security.protocol\n")
+    with pytest.raises(ConfigError, match="line 1: expected key=value"):
+        load_client_config(str(f))
+    assert load_client_config(None) == {}
