@@ -210,17 +210,24 @@ def _age(now: datetime.datetime, ms: int) -> float:
     return max(0.0, now.timestamp() - ms / 1000) if ms > 0 else 0.0
 
 
-def _others(kafka: KafkaMetadata, seg: KafkaSegment | StoredSegment, end: int) -> str:
+def _finished_by_partition(kafka: KafkaMetadata) -> dict[tuple[str, int], list[KafkaSegment]]:
+    out: dict[tuple[str, int], list[KafkaSegment]] = {}
+    for k in kafka.segments.values():
+        if k.state == rlm.COPY_SEGMENT_FINISHED:
+            out.setdefault((k.topic_id, k.partition), []).append(k)
+    return out
+
+
+def _others(
+    finished: dict[tuple[str, int], list[KafkaSegment]], seg: KafkaSegment | StoredSegment, end: int
+) -> str:
     """The finished segments of the same partition that hold the same offsets (the broker's
     copy of them under another segment id)."""
     start = seg.start_offset
     same = [
         k
-        for k in kafka.segments.values()
-        if k.topic_id == seg.topic_id
-        and k.partition == seg.partition
-        and k.segment_id != seg.segment_id
-        and k.state == rlm.COPY_SEGMENT_FINISHED
+        for k in finished.get((seg.topic_id, seg.partition), ())
+        if k.segment_id != seg.segment_id
         and k.start_offset <= (end if end >= 0 else start)
         and k.end_offset >= start
     ]
@@ -243,6 +250,7 @@ def cross_check(
     findings: list[SegmentFinding] = []
     errors: list[dict[str, str]] = []
     seen: set[str] = set()
+    finished = _finished_by_partition(kafka)
     foreign: dict[tuple[str, str], list[StoredSegment]] = {}
     for s in stored:
         seen.add(s.segment_id)
@@ -261,7 +269,7 @@ def cross_check(
             finding = DELETED_IN_KAFKA
         elif k.state == rlm.COPY_SEGMENT_STARTED and age >= min_age_seconds:
             finding = COPY_NOT_FINISHED
-            note = _others(kafka, k, k.end_offset) or "no finished copy of these offsets"
+            note = _others(finished, k, k.end_offset) or "no finished copy of these offsets"
         elif k.state == rlm.DELETE_SEGMENT_STARTED and _age(now, k.updated_ms) >= min_age_seconds:
             finding, note = DELETE_NOT_FINISHED, "Kafka retries the delete"
         if finding is None:
@@ -272,7 +280,7 @@ def cross_check(
             age_seconds=age, kafka_state=state, note=note,
         )  # fmt: skip
         if finding == NOT_IN_KAFKA and not note:
-            f.note = _others(kafka, s, -1)
+            f.note = _others(finished, s, -1)
         findings.append(f)
     for (topic, topic_id), segs in sorted(foreign.items()):
         findings.append(
