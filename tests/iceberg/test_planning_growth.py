@@ -197,3 +197,27 @@ def test_the_follower_lists_the_topic_whole_once_every_full_listing_every_rounds
         assert f.round() == follow.NOTHING_NEW
     full = [i for i, incremental in enumerate(seen) if not incremental]
     assert full == [0, follow.FULL_LISTING_EVERY, 2 * follow.FULL_LISTING_EVERY]
+
+
+def test_a_first_run_opens_each_new_segment_once_whatever_the_manifest_cache_holds(tmp_path):
+    """The plan reads each new segment's transaction index and producer snapshot while its
+    manifest is at hand: with more new segments than the manifest cache holds, reading them
+    after the chain was chosen loaded every manifest again (a GET and an RSA unwrap each)."""
+    from rsm_sidecar.format.keys import KeyLayout
+    from rsm_sidecar.iceberg.planning.chains import plan_partition
+    from rsm_sidecar.iceberg.planning.listing import list_topic_segments
+    from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+
+    writer = _write_topic(tmp_path, "orders", 30, partitions=1)
+    store = writer.store
+    layout = KeyLayout("tiered/")
+    segs = list_topic_segments(store, layout, "orders")[writer.topic_id][0]
+    settings = ReaderSettings(
+        manifest_cache_bytes=1, index_cache_bytes=0, chunk_cache_bytes=0, prefetch_bytes=0
+    )
+    reader = SegmentReader(store, layout, None, settings)
+    r0 = store.requests.get("GET", 0)
+    plan = plan_partition(reader, segs, 0, -1)
+    assert len(plan.chain) == 30
+    # one manifest and one producer snapshot per segment (no transaction index: no aborts)
+    assert store.requests["GET"] - r0 == 2 * 30

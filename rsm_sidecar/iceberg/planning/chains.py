@@ -16,7 +16,7 @@ import time
 
 from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment, with_manifest_info
 from rsm_sidecar.iceberg.planning.tasks import SegmentTask
-from rsm_sidecar.iceberg.planning.transactions import finish_transactions
+from rsm_sidecar.iceberg.planning.transactions import TxnInfo, finish_transactions, read_txn_info
 from rsm_sidecar.kafka import AbortedTxn
 from rsm_sidecar.segment.reader import SegmentReader
 
@@ -188,7 +188,12 @@ def plan_partition(
     later = [s for s in segments if s.start_offset >= next_offset]
     if limit:
         later = later[: 2 * limit + 8]
-    known = with_manifest_info(reader, later)
+    txns: dict[str, TxnInfo] = {}  # what each new segment says of transactions, read with its manifest
+
+    def read_txns(seg: RemoteSegment, opened) -> None:
+        txns[seg.base] = read_txn_info(reader, opened, seg)
+
+    known = with_manifest_info(reader, later, on_open=read_txns)
     if not any(s.start_offset == next_offset for s in known) and next_offset > earliest:
         older = [s for s in segments if s.start_offset < next_offset][::-1]
         for i in range(0, len(older), LIST_THREADS):
@@ -203,5 +208,5 @@ def plan_partition(
     chain, ranges, skipped, waiting = choose_chain(known, next_offset, limit, earliest=earliest)
     plan.chain, plan.ranges, plan.skipped, plan.waiting = chain, ranges, skipped, waiting
     plan.listed = known
-    finish_transactions(reader, plan)
+    finish_transactions(reader, plan, txns)
     return plan

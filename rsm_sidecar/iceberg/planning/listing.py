@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from rsm_sidecar.errors import DataLoss, NotFound
 from rsm_sidecar.format.keys import MANIFEST, KeyLayout, topic_component
-from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
 from rsm_sidecar.storage.base import ObjectStore
 
 LIST_THREADS = 16
@@ -98,14 +98,22 @@ def list_partition_segments(
     return out
 
 
-def with_manifest_info(reader: SegmentReader, segments: Iterable[RemoteSegment]) -> list[RemoteSegment]:
+def with_manifest_info(
+    reader: SegmentReader,
+    segments: Iterable[RemoteSegment],
+    on_open: Callable[[RemoteSegment, OpenSegment], None] | None = None,
+) -> list[RemoteSegment]:
     """The segments with end offset and max timestamp from their manifests (parallel GETs).
-    Segments whose manifest vanished meanwhile (retention) are dropped."""
+    Segments whose manifest vanished meanwhile (retention) are dropped. ``on_open`` is called
+    with each segment opened, while its manifest is at hand (the manifest cache holds a few
+    thousand: reading what else the plan needs of a segment later would load it again)."""
     segments = list(segments)
 
     def one(seg: RemoteSegment) -> RemoteSegment | None:
         try:
             opened = reader.open_base(seg.base, seg.describe)
+            if on_open is not None:
+                on_open(seg, opened)
         except NotFound:
             return None
         info = opened.manifest.segment or {}

@@ -19,20 +19,26 @@ if TYPE_CHECKING:
     from rsm_sidecar.iceberg.planning.chains import PartitionPlan
 
 import concurrent.futures
+from collections.abc import Mapping
 
 from rsm_sidecar.errors import NotFound
 from rsm_sidecar.kafka import AbortedTxn
 from rsm_sidecar.kafka.snapshot import parse_producer_snapshot
 from rsm_sidecar.kafka.txnindex import read_txn_index
-from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
+
+#: what :func:`read_aborted_and_open` returns for one segment
+TxnInfo = tuple[list[AbortedTxn], list[int] | None]
 
 
-def read_aborted_and_open(
-    reader: SegmentReader, seg: RemoteSegment
-) -> tuple[list[AbortedTxn], list[int] | None]:
+def read_aborted_and_open(reader: SegmentReader, seg: RemoteSegment) -> TxnInfo:
     """(aborted transactions listed in the segment's transaction index, first offsets of the
     transactions open at its end per its producer snapshot - None when it has no snapshot)."""
-    opened = reader.open_base(seg.base, seg.describe)
+    return read_txn_info(reader, reader.open_base(seg.base, seg.describe), seg)
+
+
+def read_txn_info(reader: SegmentReader, opened: OpenSegment, seg: RemoteSegment) -> TxnInfo:
+    """:func:`read_aborted_and_open` of a segment already opened."""
     try:
         aborted = read_txn_index(
             reader.read_index(opened, "transaction"), name=f"{seg.base} (transaction index)"
@@ -49,17 +55,27 @@ def read_aborted_and_open(
     return aborted, open_first
 
 
-def finish_transactions(reader: SegmentReader, plan: PartitionPlan) -> None:
-    """Read the chain's transaction indexes and producer snapshots; drop the tail of the chain
-    whose transactions are not all finished within the chain (they wait for the next run)."""
+def finish_transactions(
+    reader: SegmentReader, plan: PartitionPlan, known: Mapping[str, TxnInfo] | None = None
+) -> None:
+    """Read the chain's transaction indexes and producer snapshots (those not in ``known``, by
+    base key: read while the manifests were loaded); drop the tail of the chain whose
+    transactions are not all finished within the chain (they wait for the next run)."""
     if not plan.chain:
         return
     chain = plan.chain
-    if len(chain) == 1:
-        infos = [read_aborted_and_open(reader, chain[0])]
+    known = known or {}
+    todo = [s for s in chain if s.base not in known]
+    if len(todo) == 1:
+        read = {todo[0].base: read_aborted_and_open(reader, todo[0])}
+    elif todo:
+        with concurrent.futures.ThreadPoolExecutor(min(LIST_THREADS, len(todo))) as pool:
+            read = dict(
+                zip((s.base for s in todo), pool.map(lambda s: read_aborted_and_open(reader, s), todo))
+            )
     else:
-        with concurrent.futures.ThreadPoolExecutor(min(LIST_THREADS, len(chain))) as pool:
-            infos = list(pool.map(lambda s: read_aborted_and_open(reader, s), chain))
+        read = {}
+    infos = [known[s.base] if s.base in known else read[s.base] for s in chain]
     seen = set()
     aborted = []
     for txns, _ in infos:
