@@ -198,13 +198,24 @@ def vm_hwm_mib(pid: int) -> float:
     return 0.0
 
 
-def rss_bound_mib(streams: int) -> float:
+def rss_bound_mib(streams: int, chunk_cache_mib: float = 128) -> float:
     """docs/operations.md §4 "Memory" for ``streams`` fetch streams and no copy, with the settings
-    of config/sidecar.toml the stack runs (chunk cache 128 MiB, prefetch 16 MiB, 4 MiB chunks) and
-    the code's defaults (manifest 32 MiB, index 64 MiB, fetch.max_range_bytes 8 MiB): base 85 +
-    caches + streams x (R + C + 2 MiB) + 4 prefetch threads x (R + C)."""
+    of config/sidecar.toml the stack runs (chunk cache 128 MiB unless ``--sidecar-env`` changes it,
+    prefetch 16 MiB, 4 MiB chunks) and the code's defaults (manifest 32 MiB, index 64 MiB,
+    fetch.max_range_bytes 8 MiB): base 85 + caches + streams x (R + C + 2 MiB) + 4 prefetch
+    threads x (R + C)."""
     r, c = 8, 4
-    return 85 + (32 + 64 + 128) + streams * (r + c + 2) + 4 * (r + c)
+    return 85 + (32 + 64 + chunk_cache_mib) + streams * (r + c + 2) + 4 * (r + c)
+
+
+def chunk_cache_mib(args) -> float:
+    from rsm_sidecar.config import parse_size
+
+    for kv in args.sidecar_env:
+        key, _, value = kv.partition("=")
+        if key == "RSM__CACHE__CHUNK_BYTES":
+            return parse_size(value, key) / MiB
+    return 128
 
 
 def measured(case, partitions, temperature, dist, broker, topic, args, jmx_port, sidecar_pid=None, url=None):
@@ -226,7 +237,7 @@ def measured(case, partitions, temperature, dist, broker, topic, args, jmx_port,
         r.sidecar_cpu = cpu_seconds(sidecar_pid) - s0
         r.sidecar_peak_rss_mib = vm_hwm_mib(sidecar_pid)
         r.max_fetch_streams = watch.max_streams
-        r.rss_bound_mib = rss_bound_mib(max(1, watch.max_streams))
+        r.rss_bound_mib = rss_bound_mib(max(1, watch.max_streams), chunk_cache_mib(args))
         r.resource_exhausted = int(after.get("exhausted", 0) - before.get("exhausted", 0))
         r.downloaded_per_byte = (after.get("downloaded", 0) - before.get("downloaded", 0)) / (mb * MiB)
         hits = after.get("hit", 0) - before.get("hit", 0)
