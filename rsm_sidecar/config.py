@@ -345,8 +345,8 @@ CONFIG_KEYS = [
         "path",
         None,
         "Directory (local disk) where each copy records the keys it is writing until it completes; what a "
-        "killed or failed copy left in storage is deleted at start-up and by a periodic sweep. Unset: no "
-        "journal (find leftovers with `rsm-sidecar inspect orphans`).",
+        "killed or failed copy left in storage is deleted right after start-up (beside serving) and by a "
+        "periodic sweep. Unset: no journal (find leftovers with `rsm-sidecar inspect orphans`).",
     ),
     Key(
         "copy.journal_sweep_seconds",

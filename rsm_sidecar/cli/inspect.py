@@ -95,6 +95,12 @@ def register(sub) -> None:
     c.add_argument("--topic", help="only this topic")
     c.add_argument("--partition", type=_int_min(0), help="only this partition")
     c.add_argument("--deep", action="store_true", help="also decode every record of every batch")
+    c.add_argument(
+        "--sample",
+        type=_int_min(1),
+        metavar="N",
+        help="verify N segments chosen at random among those selected (a spot check of a large bucket)",
+    )
     c.set_defaults(func=_wrap(_verify))
 
     c = isub.add_parser("rekey", parents=[common], help="re-wrap data keys under the active key id")
@@ -132,6 +138,18 @@ def register(sub) -> None:
         help="age guard: only objects older than this are deleted (default 1h; e.g. 30m, 2d, 0)",
     )
     c.add_argument("--delete", action="store_true", help="delete the orphans older than the age guard")
+    c.add_argument(
+        "--bootstrap-server",
+        metavar="HOST:PORT",
+        help="also check the stored segments against the cluster's __remote_log_metadata "
+        "(segments Kafka does not list, segments it lists that storage lacks); needs confluent-kafka",
+    )
+    c.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="Kafka client properties for --bootstrap-server (librdkafka names: security.protocol, "
+        "sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, ...)",
+    )
     c.set_defaults(func=_wrap(_orphans))
 
 
@@ -303,10 +321,14 @@ def _verify(ctx, args) -> int:
     from rsm_sidecar.inspect.locate import locate
     from rsm_sidecar.inspect.output import JsonStream, human_bytes
 
-    if args.segment and (args.topic or args.partition is not None):
-        raise UsageError("give either SEGMENT or --topic/--partition, not both")
+    if args.segment and (args.topic or args.partition is not None or args.sample):
+        raise UsageError("give either SEGMENT or --topic/--partition/--sample, not both")
     if args.segment:
         segs = [locate(ctx, args.segment)]
+    elif args.sample:
+        segs = verify.sample_segments(
+            listing.segments(ctx.store, ctx.layout, args.topic, args.partition), args.sample
+        )
     else:
         segs = list(listing.segments(ctx.store, ctx.layout, args.topic, args.partition))
         segs.sort(key=lambda s: s.sort_key)
@@ -401,28 +423,50 @@ def _du(ctx, args) -> int:
 
 
 def _orphans(ctx, args) -> int:
-    from rsm_sidecar.inspect import orphans
+    from rsm_sidecar.inspect import kafka_metadata, orphans
+    from rsm_sidecar.inspect.context import UsageError
     from rsm_sidecar.inspect.output import dump_json
 
+    if args.command_config and not args.bootstrap_server:
+        raise UsageError("--command-config needs --bootstrap-server")
+    client_config = kafka_metadata.load_client_config(args.command_config)
+    stored: list[orphans.StoredSegment] | None = [] if args.bootstrap_server else None
     found, errors = orphans.run(
-        ctx, args.older_than, args.delete, progress=_progress(args, "orphans", unit="items")
+        ctx,
+        args.older_than,
+        args.delete,
+        progress=_progress(args, "orphans", unit="items"),
+        stored=stored,
     )
+    check = None
+    if args.bootstrap_server:
+        assert stored is not None
+        # read after the listing: a segment stored by then has its COPY_SEGMENT_STARTED record
+        kafka = kafka_metadata.read(args.bootstrap_server, client_config)
+        check = orphans.cross_check(ctx, stored, kafka, args.older_than, args.delete)
+        errors += check.errors
     if args.json:
-        dump_json(
-            {
-                "orphans": [o.to_json() for o in found],
-                "errors": errors,
-                "summary": {
-                    "orphans": len(found),
-                    "bytes": sum(o.size for o in found),
-                    "deleted": sum(1 for o in found if o.action == "deleted"),
-                    "older_than_seconds": args.older_than,
-                    "delete": args.delete,
-                },
-            }
-        )
+        doc = {
+            "orphans": [o.to_json() for o in found],
+            "errors": errors,
+            "summary": {
+                "orphans": len(found),
+                "bytes": sum(o.size for o in found),
+                "deleted": sum(1 for o in found if o.action == "deleted"),
+                "older_than_seconds": args.older_than,
+                "delete": args.delete,
+            },
+        }
+        if check is not None:
+            doc["segments"] = [f.to_json() for f in check.findings]
+            doc["kafka"] = check.summary()
+        dump_json(doc)
     else:
         _errors(errors)
         orphans.print_table(found, args.older_than, args.delete)
-    remaining = [o for o in found if o.action != "deleted"]
+        if check is not None:
+            orphans.print_cross_check(check, args.older_than, args.delete)
+    remaining = sum(1 for o in found if o.action != "deleted")
+    if check is not None:
+        remaining += sum(1 for f in check.findings if f.action != "deleted")
     return EXIT_PROBLEMS if remaining or errors else EXIT_OK

@@ -56,6 +56,10 @@ from rsm_sidecar.iceberg.settings import JobSettings
 
 #: rounds that failed in a row multiply the pause up to this many intervals
 MAX_BACKOFF_INTERVALS = 30
+#: one round in this many (the first included) lists the topic whole; the others list each
+#: partition the table knows from its next offset on, so that a round costs what is new, not what
+#: is stored (docs/iceberg.md "Follow mode"; benchmarks/many_segments.py)
+FULL_LISTING_EVERY = 10
 #: buckets of the freshness histogram (seconds)
 FRESHNESS_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600, 1800, 3600)
 
@@ -157,6 +161,7 @@ class Follower:
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.clock = clock
         self.failures_in_a_row = 0
+        self.rounds_done = 0
         self._last_maintenance = clock()
         self._copy_lag_said: set[str] = set()
 
@@ -192,6 +197,7 @@ class Follower:
         can succeed."""
         try:
             job = self._job()
+            job.incremental_listing = self.rounds_done % FULL_LISTING_EVERY != 0
             prepared = job.prepare()
             if not prepared.tasks:
                 self._record_lag(prepared, None)
@@ -220,6 +226,7 @@ class Follower:
                 self._reset_session()
                 outcome = FAILED
         self.metrics.rounds.labels(outcome).inc()
+        self.rounds_done += 1
         self.failures_in_a_row = self.failures_in_a_row + 1 if outcome == FAILED else 0
         return outcome
 

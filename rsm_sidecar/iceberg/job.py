@@ -49,7 +49,7 @@ from rsm_sidecar.config import ENV_PREFIX, Config, read_toml
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.planning.chains import PartitionPlan, plan_partition
-from rsm_sidecar.iceberg.planning.listing import list_topic_segments
+from rsm_sidecar.iceberg.planning.listing import RemoteSegment, list_partition_segments, list_topic_segments
 from rsm_sidecar.iceberg.planning.splitting import split_segments
 from rsm_sidecar.iceberg.planning.tasks import SegmentTask
 from rsm_sidecar.iceberg.reading.segment_tasks import (
@@ -169,6 +169,8 @@ class ConvertJob:
         self.spark_conf = dict(spark_conf or {})
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.job_id = f"rsm-{uuid.uuid4().hex}"
+        #: plan from an incremental listing (:meth:`plan`); the follower sets it between full rounds
+        self.incremental_listing = False
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -214,18 +216,50 @@ class ConvertJob:
         return ids[0] if ids else None
 
     # ------------------------------------------------------------------ planning
+    def _list_new(self, state: mk.MarkerState) -> tuple[str, dict[int, list[RemoteSegment]]]:
+        """The partitions the table knows, each listed from its next offset on (one LIST per
+        partition, costing what is new, not what exists). A partition whose new segments do not
+        start exactly at its next offset (a hole, retention ahead of the table, or a re-upload
+        straddling it) is listed whole, so that the plan sees what it needs to decide."""
+        _, store, layout = self._reader()
+        topic_id = self.topic_id or state.topic_id
+        assert topic_id is not None
+        partitions = {}
+        for p in sorted(state.next_offsets):
+            nxt = state.next_offset(p)
+            segs = list_partition_segments(store, layout, self.topic, topic_id, p, nxt)
+            if segs and segs[0].start_offset != nxt:
+                segs = list_partition_segments(store, layout, self.topic, topic_id, p)
+            partitions[p] = segs
+        return topic_id, partitions
+
     def plan(
-        self, state: mk.MarkerState, wanted: Callable[[int], bool] = lambda partition: True
+        self,
+        state: mk.MarkerState,
+        wanted: Callable[[int], bool] = lambda partition: True,
+        incremental: bool = False,
     ) -> tuple[str | None, list[PartitionPlan]]:
         """The topic id and one plan per partition (those ``wanted``) from the offsets and
-        ``ingest_timestamp`` states of ``state``."""
+        ``ingest_timestamp`` states of ``state``. ``incremental`` (the follow-mode rounds between
+        full ones, :data:`~rsm_sidecar.iceberg.follow.FULL_LISTING_EVERY`): only the partitions
+        the table knows, each listed from its next offset on (:meth:`_list_new`). Otherwise the
+        topic's whole listing, which also finds new partitions and a re-upload straddling a
+        next offset with nothing tiered after it yet."""
         reader, store, layout = self._reader()
-        listing = list_topic_segments(store, layout, self.topic)
-        topic_id = self._choose_topic_id(listing, state)
-        partitions = listing.get(topic_id, {}) if topic_id else {}
+        partitions: dict[int, list[RemoteSegment]]
+        topic_id: str | None
+        if incremental and (self.topic_id or state.topic_id) and state.next_offsets:
+            topic_id, partitions = self._list_new(state)
+        else:
+            listing = list_topic_segments(store, layout, self.topic)
+            topic_id = self._choose_topic_id(listing, state)
+            partitions = listing.get(topic_id, {}) if topic_id else {}
         plans = []
         remaining = self.settings.max_segments
         for p in sorted(filter(wanted, partitions)):
+            if not partitions[p]:  # nothing new (an incremental listing)
+                plans.append(PartitionPlan(p, state.next_offset(p), state.ingest_state(p)))
+                continue
             plan = plan_partition(
                 reader,
                 partitions[p],
@@ -345,7 +379,7 @@ class ConvertJob:
         state = mk.read_state(table)
         if state.topic is not None and state.topic != self.topic:
             raise ConfigError(f"table {self.table_name} holds topic {state.topic!r}, not {self.topic!r}")
-        topic_id, plans = self.plan(state)
+        topic_id, plans = self.plan(state, incremental=self.incremental_listing)
         for plan in plans:
             result.partitions.append(
                 PartitionResult(

@@ -97,22 +97,24 @@ def run(ctx: InspectContext, topic: str | None = None, progress=None) -> DuResul
 def print_table(result: DuResult) -> None:
     rows: list[tuple[object, ...]] = []
     topics = result.topics()
+    by_topic: dict[tuple[str, str], list[tuple[int, Usage]]] = {}
+    for (pt, ptid, p), u in sorted(result.partitions.items()):
+        by_topic.setdefault((pt, ptid), []).append((p, u))
     for (t, tid), tu in sorted(topics.items()):
-        for (pt, ptid, p), u in sorted(result.partitions.items()):
-            if (pt, ptid) == (t, tid):
-                rows.append(
-                    (
-                        t,
-                        tid,
-                        p,
-                        u.segments,
-                        u.incomplete or "",
-                        human_bytes(u.log_bytes),
-                        human_bytes(u.indexes_bytes),
-                        human_bytes(u.manifest_bytes),
-                        human_bytes(u.total_bytes),
-                    )
+        for p, u in by_topic.get((t, tid), []):  # grouped once, not topics x partitions
+            rows.append(
+                (
+                    t,
+                    tid,
+                    p,
+                    u.segments,
+                    u.incomplete or "",
+                    human_bytes(u.log_bytes),
+                    human_bytes(u.indexes_bytes),
+                    human_bytes(u.manifest_bytes),
+                    human_bytes(u.total_bytes),
                 )
+            )
         rows.append(
             (
                 t,

@@ -27,7 +27,8 @@ skipped, the others still run):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from rsm_sidecar.errors import RsmError
@@ -417,6 +418,25 @@ def print_report(r: SegmentReport) -> None:
             print(f"  - {p}", flush=True)
     for n in r.notes:
         print(f"  note: {n}", flush=True)
+
+
+def sample_segments(
+    segs: Iterable[SegmentObjects], n: int, rng: random.Random | None = None
+) -> list[SegmentObjects]:
+    """``n`` segments chosen uniformly at random from ``segs`` (all of them if fewer), in
+    listing order. Reservoir sampling over the streamed listing: memory is ``n`` segments,
+    whatever the bucket holds."""
+    rng = rng or random.Random()
+    chosen: list[SegmentObjects] = []
+    for i, seg in enumerate(segs):
+        if i < n:
+            chosen.append(seg)
+        else:
+            j = rng.randrange(i + 1)
+            if j < n:
+                chosen[j] = seg
+    chosen.sort(key=lambda s: s.sort_key)
+    return chosen
 
 
 def run(

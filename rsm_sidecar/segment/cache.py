@@ -16,14 +16,23 @@ V = TypeVar("V")
 class ByteLRU(Generic[K, V]):
     """Least-recently-used map whose values' declared sizes sum to at most ``capacity``
     bytes. An item larger than the capacity is not cached. ``on_event(name)`` receives
-    "hit", "miss" and "eviction" for metrics."""
+    "hit", "miss" and "eviction" for metrics. With ``group`` (a function of the key), the
+    keys of a group are indexed so that :meth:`discard_group` costs what the group holds, not
+    what the cache holds (a segment's entries dropped at each copy and delete)."""
 
-    def __init__(self, capacity: int, on_event: Callable[[str], None] = lambda e: None):
+    def __init__(
+        self,
+        capacity: int,
+        on_event: Callable[[str], None] = lambda e: None,
+        group: Callable[[K], Hashable] | None = None,
+    ):
         self.capacity = capacity
         self._items: collections.OrderedDict[K, tuple[V, int]] = collections.OrderedDict()
         self._size = 0
         self._lock = threading.Lock()
         self._on_event = on_event
+        self._group = group
+        self._members: dict[Hashable, set[K]] = {}
 
     def get(self, key: K) -> V | None:
         with self._lock:
@@ -39,25 +48,42 @@ class ByteLRU(Generic[K, V]):
         with self._lock:
             return key in self._items
 
+    def _pop_locked(self, key: K) -> tuple[V, int] | None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self._size -= item[1]
+            if self._group is not None:
+                g = self._group(key)
+                members = self._members.get(g)
+                if members is not None:
+                    members.discard(key)
+                    if not members:
+                        del self._members[g]
+        return item
+
     def put(self, key: K, value: V, size: int) -> None:
         if size > self.capacity:
             return
         with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._size -= old[1]
+            self._pop_locked(key)
             self._items[key] = (value, size)
             self._size += size
+            if self._group is not None:
+                self._members.setdefault(self._group(key), set()).add(key)
             while self._size > self.capacity:
-                _, (_, s) = self._items.popitem(last=False)
-                self._size -= s
+                self._pop_locked(next(iter(self._items)))
                 self._on_event("eviction")
 
-    def discard_where(self, predicate: Callable[[K], bool]) -> None:
-        """Drop every entry whose key satisfies ``predicate``."""
+    def discard(self, key: K) -> None:
         with self._lock:
-            for k in [k for k in self._items if predicate(k)]:
-                self._size -= self._items.pop(k)[1]
+            self._pop_locked(key)
+
+    def discard_group(self, group: Hashable) -> None:
+        """Drop every entry of ``group`` (needs ``group`` given to the constructor)."""
+        assert self._group is not None, "discard_group needs a cache built with group="
+        with self._lock:
+            for k in list(self._members.get(group, ())):
+                self._pop_locked(k)
 
     @property
     def size_bytes(self) -> int:

@@ -77,6 +77,8 @@ class DiskChunkCache:
         self._last_ns = 0
         #: relative path -> size, least recently used first
         self._items: collections.OrderedDict[str, int] = collections.OrderedDict()
+        #: segment directory -> its entries in ``_items`` (a segment is discarded without a scan)
+        self._by_segment: dict[str, set[str]] = {}
         self._size = 0
         self.enabled = True
         try:
@@ -136,8 +138,7 @@ class DiskChunkCache:
         found.sort()
         with self._lock:
             for _, rel, size in found:
-                self._items[rel] = size
-                self._size += size
+                self._add_locked(rel, size)
             evicted = self._evict_locked()
         self._unlink(evicted)
         log.info(
@@ -209,8 +210,7 @@ class DiskChunkCache:
                 self._items.move_to_end(entry)
                 evicted: list[str] = []
             else:  # written by another process sharing the directory
-                self._items[entry] = size
-                self._size += size
+                self._add_locked(entry, size)
                 evicted = self._evict_locked()
         self._unlink(evicted)
         return data
@@ -262,11 +262,8 @@ class DiskChunkCache:
             self._disable("cannot write", e)
             return
         with self._lock:
-            old = self._items.pop(entry, None)
-            if old is not None:
-                self._size -= old
-            self._items[entry] = size
-            self._size += size
+            self._remove_locked(entry)
+            self._add_locked(entry, size)
             evicted = self._evict_locked()
         self._unlink(evicted)
 
@@ -288,10 +285,9 @@ class DiskChunkCache:
         """Remove every entry of the segment ``base`` (deleted or rewritten)."""
         if not self.enabled:
             return
-        prefix = segment_dir(base) + "/"
         with self._lock:
-            for k in [k for k in self._items if k.startswith(prefix)]:
-                self._size -= self._items.pop(k)
+            for k in list(self._by_segment.get(segment_dir(base), ())):
+                self._remove_locked(k)
         try:
             shutil.rmtree(os.path.join(self.root, segment_dir(base)))
         except OSError as e:
@@ -299,17 +295,32 @@ class DiskChunkCache:
                 self._disable("cannot delete the entries of a segment", e)
 
     # -- bookkeeping ------------------------------------------------------------
+    def _add_locked(self, entry: str, size: int) -> None:
+        self._items[entry] = size
+        self._size += size
+        self._by_segment.setdefault(entry.partition("/")[0], set()).add(entry)
+
+    def _remove_locked(self, entry: str) -> None:
+        size = self._items.pop(entry, None)
+        if size is None:
+            return
+        self._size -= size
+        seg = entry.partition("/")[0]
+        members = self._by_segment.get(seg)
+        if members is not None:
+            members.discard(entry)
+            if not members:
+                del self._by_segment[seg]
+
     def _forget(self, entry: str) -> None:
         with self._lock:
-            size = self._items.pop(entry, None)
-            if size is not None:
-                self._size -= size
+            self._remove_locked(entry)
 
     def _evict_locked(self) -> list[str]:
         evicted = []
         while self._size > self.capacity and self._items:
-            rel, size = self._items.popitem(last=False)
-            self._size -= size
+            rel = next(iter(self._items))
+            self._remove_locked(rel)
             evicted.append(rel)
         return evicted
 

@@ -6,7 +6,8 @@ entry once the segment is complete or its objects are cleaned up. An entry that 
 belongs to a copy that was killed (sidecar crash, SIGKILL, power loss) or whose cleanup
 failed (storage down): the broker will not delete those objects (Kafka 4.3+ does not clean
 up after a retriable failure, and a crash leaves no failure to react to). The sidecar
-removes them at start-up and then every ``copy.journal_sweep_seconds``.
+removes them right after start-up (beside serving, so that a large journal does not delay it)
+and then every ``copy.journal_sweep_seconds``.
 
 A sweep deletes only what the entry's own attempt wrote: it skips segments with an
 operation in flight (``SegmentLocks``), deletes everything when the manifest is the
@@ -155,12 +156,33 @@ class CopyJournal:
             out.append((entry, base, attempt))
         return out
 
+    def leftovers(self) -> int:
+        """How many entries are not in flight (for the metric: names are counted, not read)."""
+        with self._lock:
+            busy = len(self._in_flight)
+        try:
+            with os.scandir(self.dir) as it:
+                entries = sum(1 for e in it if e.name.endswith(".json") and not e.name.startswith("."))
+        except OSError:
+            return 0
+        return max(0, entries - busy)
+
     def sweep(self) -> int:
-        """Delete what interrupted copies left; returns how many entries were settled."""
+        """Delete what interrupted copies left; returns how many entries were settled.
+
+        Safe while copies run: an entry is settled only while its segment is held
+        (``SegmentLocks``), and only if it is still there and not in flight once held: a copy
+        that began after :meth:`pending` took its snapshot ends its entry before it releases
+        the segment, so a sweep that listed the entry then finds it gone and leaves the
+        segment (the copy acknowledged it)."""
         settled = 0
         for entry, base, attempt in self.pending():
             with self.locks.try_hold(base) as held:
                 if not held:  # a copy or delete of this segment is running: it decides
+                    continue
+                with self._lock:
+                    in_flight = entry in self._in_flight
+                if in_flight or not self._path(entry).exists():
                     continue
                 try:
                     action = self._settle(base, attempt)

@@ -171,6 +171,11 @@ CACHE_FIELDS = frozenset(
 )
 
 
+def _segment_of(key: CacheKey) -> str:
+    """The segment (base key) an index or chunk cache entry belongs to."""
+    return key[0]
+
+
 class SegmentReader:
     def __init__(
         self,
@@ -193,10 +198,10 @@ class SegmentReader:
             settings.manifest_cache_bytes, lambda e: on_cache_event("manifest", e)
         )
         self.indexes: ByteLRU[CacheKey, bytes] = ByteLRU(
-            settings.index_cache_bytes, lambda e: on_cache_event("index", e)
+            settings.index_cache_bytes, lambda e: on_cache_event("index", e), group=_segment_of
         )
         self.chunks: ByteLRU[CacheKey, bytes] = ByteLRU(
-            settings.chunk_cache_bytes, lambda e: on_cache_event("chunk", e)
+            settings.chunk_cache_bytes, lambda e: on_cache_event("chunk", e), group=_segment_of
         )
         #: stored chunks on disk (surviving restarts); None when ``disk_cache_path`` is empty
         self.disk: DiskChunkCache | None = (
@@ -345,9 +350,9 @@ class SegmentReader:
     def forget(self, base: str) -> None:
         """Drop everything cached about a segment (after a delete, around a copy)."""
         self._forgets += 1
-        self.manifests.discard_where(lambda k: k == base)
-        self.indexes.discard_where(lambda k: k[0] == base)
-        self.chunks.discard_where(lambda k: k[0] == base)
+        self.manifests.discard(base)
+        self.indexes.discard_group(base)
+        self.chunks.discard_group(base)
         if self.disk is not None:
             self.disk.discard_segment(base)
 

@@ -132,5 +132,5 @@ class _DynamicCollector:
                 "rsm_copy_leftovers",
                 "Interrupted copies whose objects are still in storage, waiting for the journal sweep.",
             )
-            pending.add_metric([], len(self.m._journal.pending()))
+            pending.add_metric([], self.m._journal.leftovers())
             yield pending

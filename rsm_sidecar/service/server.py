@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "rsm.v1.RemoteStorage"
 
 
-
-
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -163,11 +161,17 @@ class SidecarServer:
 
     def _sweep_periodically(self) -> None:
         interval = self.cfg["copy.journal_sweep_seconds"]
-        while not self._stopped.wait(interval):
-            self._sweep()
+        while True:
+            try:
+                self._sweep()
+            except Exception as e:  # the next sweep tries again
+                log.warning("the sweep of interrupted copies failed: %s", e)
+            if self._stopped.wait(interval):
+                return
 
     def start(self) -> None:
-        self._sweep()  # before serving: nothing of this process is in flight yet
+        # the first sweep runs beside serving, not before it: a journal of thousands of entries
+        # (each a GET and deletes) must not delay start-up (CopyJournal.sweep is safe beside copies)
         threading.Thread(target=self._sweep_periodically, name="leftover-sweep", daemon=True).start()
         listen = self.cfg["metrics.listen"]
         if listen:

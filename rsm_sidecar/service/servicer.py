@@ -34,6 +34,7 @@ from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.segment import sources
 from rsm_sidecar.segment.objects import delete_segment_objects
 from rsm_sidecar.segment.reader import INDEX_BY_TYPE, OpenSegment
+from rsm_sidecar.service import test_hooks
 from rsm_sidecar.service.admission import IdleWatchdog, Slots, Watch
 from rsm_sidecar.service.handoff import HandoffDir, HandoffError
 from rsm_sidecar.service.metrics import Metrics
@@ -396,6 +397,7 @@ class RemoteStorageServicer:
                 }
             },
         )
+        test_hooks.hold_after_copy(md.segment_id, context.is_active, watch.touch)
         resp = pb.CopySegmentResponse(stored_bytes=result.stored_bytes, object_key_base=result.base_key)
         if result.custom_metadata is not None:
             resp.custom_metadata = result.custom_metadata

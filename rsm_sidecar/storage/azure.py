@@ -416,7 +416,7 @@ class AzureObjectStore(base.RemoteObjectStore):
     def delete_many(self, keys: Iterable[str]) -> None:
         self._delete_each(keys, self.settings.delete_concurrency)
 
-    def list(self, prefix: str = "") -> Iterator[base.ObjectInfo]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[base.ObjectInfo]:
         pages = self._container.list_blobs(name_starts_with=prefix or None, results_per_page=5000).by_page()
         while True:
             try:
@@ -427,6 +427,8 @@ class AzureObjectStore(base.RemoteObjectStore):
             except Exception as e:
                 raise self._translate(e, "LIST", None) from e
             for item in items:
+                if start_after is not None and item.name <= start_after:
+                    continue  # the List Blobs API has no start key: filtered here
                 modified = item.last_modified
                 if modified.tzinfo is None:
                     modified = modified.replace(tzinfo=datetime.UTC)

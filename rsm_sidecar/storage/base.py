@@ -197,7 +197,12 @@ class ObjectStore(abc.ABC):
             raise StorageError("could not delete " + "; ".join(failures))
 
     @abc.abstractmethod
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """The objects whose keys start with ``prefix``, in key order (by code point, which is
+        UTF-8 byte order); with ``start_after``, only those whose key is greater than it. S3
+        (``StartAfter``) and GCS (``startOffset``) skip the earlier keys on the server, so a
+        listing from ``start_after`` costs what it returns; Azure and the local directory
+        filter what they read."""
 
     @abc.abstractmethod
     def check(self) -> None:

@@ -422,7 +422,7 @@ class GcsObjectStore(base.RemoteObjectStore):
     def delete_many(self, keys: Iterable[str]) -> None:
         self._delete_each(keys, self.settings.delete_concurrency)
 
-    def list(self, prefix: str = "") -> Iterator[base.ObjectInfo]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[base.ObjectInfo]:
         token: str | None = None
         url = f"{self.base_url}/storage/v1/b/{self._bucket_path}/o"
         while True:
@@ -431,10 +431,14 @@ class GcsObjectStore(base.RemoteObjectStore):
                 "maxResults": "1000",
                 "fields": "items(name,size,updated),nextPageToken",
             }
+            if start_after is not None:
+                params["startOffset"] = start_after  # inclusive: the key itself is skipped below
             if token:
                 params["pageToken"] = token
             page = self._request("LIST", "GET", url, key=None, params=params).json()
             for item in page.get("items", []):
+                if start_after is not None and item["name"] <= start_after:
+                    continue
                 yield base.ObjectInfo(item["name"], int(item["size"]), _parse_time(item["updated"]))
             token = page.get("nextPageToken")
             if not token:

@@ -189,31 +189,46 @@ class LocalObjectStore(ObjectStore):
             directory = os.path.dirname(directory)
 
     # -- listing --------------------------------------------------------------
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """Streamed in key order, one directory at a time (memory: the entries of the largest
+        directory, not the whole tree); a subdirectory whose keys cannot match ``prefix`` or
+        all come before ``start_after`` is not read."""
         self._count("LIST")
         base_dir = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = os.path.join(self.root, *base_dir.split("/")) if base_dir else self.root
         if not os.path.isdir(start):
             return
-        found: list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(start):
-            rel_dir = os.path.relpath(dirpath, self.root)
-            if rel_dir == ".":
-                dirnames[:] = [d for d in dirnames if d != TMP_DIR]
-                rel_dir = ""
-            for name in filenames:
-                key = f"{rel_dir}/{name}".lstrip("/").replace(os.sep, "/")
-                if not key.startswith(prefix):
-                    continue
-                try:
-                    st = os.stat(os.path.join(dirpath, name))
-                except FileNotFoundError:
-                    continue
-                found.append(
-                    ObjectInfo(key, st.st_size, datetime.datetime.fromtimestamp(st.st_mtime, datetime.UTC))
-                )
-        found.sort(key=lambda o: o.key)
-        yield from found
+        yield from self._list_dir(start, f"{base_dir}/" if base_dir else "", prefix, start_after)
+
+    def _list_dir(self, path: str, rel: str, prefix: str, start_after: str | None) -> Iterator[ObjectInfo]:
+        entries: list[tuple[str, os.DirEntry[str]]] = []
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    if not rel and e.name == TMP_DIR:
+                        continue
+                    # a directory sorts as its keys do: "<name>/..." ("a-b/x" before "a/x")
+                    key = rel + (e.name + "/" if e.is_dir(follow_symlinks=False) else e.name)
+                    if key.endswith("/"):
+                        if not (key.startswith(prefix) or prefix.startswith(key)):
+                            continue
+                        if start_after is not None and key < start_after and not start_after.startswith(key):
+                            continue  # every key below it sorts before start_after
+                    elif not key.startswith(prefix) or (start_after is not None and key <= start_after):
+                        continue
+                    entries.append((key, e))
+        except FileNotFoundError:  # removed while listing (an emptied directory is pruned)
+            return
+        entries.sort(key=lambda t: t[0])
+        for key, e in entries:
+            if key.endswith("/"):
+                yield from self._list_dir(e.path, key, prefix, start_after)
+                continue
+            try:
+                st = e.stat()
+            except FileNotFoundError:
+                continue
+            yield ObjectInfo(key, st.st_size, datetime.datetime.fromtimestamp(st.st_mtime, datetime.UTC))
 
 
 class _LocalWriter(ObjectWriter):

@@ -432,12 +432,14 @@ class S3ObjectStore(base.RemoteObjectStore):
                 )
         self._raise_delete_failures(failures, len(unique))
 
-    def list(self, prefix: str = "") -> Iterator[base.ObjectInfo]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[base.ObjectInfo]:
         token: str | None = None
         while True:
             kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": 1000}
             if token:
                 kwargs["ContinuationToken"] = token
+            elif start_after is not None:
+                kwargs["StartAfter"] = start_after
             resp = self._call("LIST", self._client.list_objects_v2, prefix, **kwargs)
             for obj in resp.get("Contents", []):
                 modified = obj["LastModified"]

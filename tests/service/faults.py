@@ -73,9 +73,9 @@ class FaultInjector(ObjectStore):
         if after:
             self._roll("delete", key, applied=True)
 
-    def list(self, prefix: str = ""):
+    def list(self, prefix: str = "", start_after: str | None = None):
         self._roll("list", prefix)
-        return self.inner.list(prefix)
+        return self.inner.list(prefix, start_after)
 
     def describe(self) -> str:
         return f"fault injector over {self.inner.describe()}"

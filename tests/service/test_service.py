@@ -505,6 +505,10 @@ def test_leftovers_of_a_killed_copy_are_removed_at_start_up(start_sidecar, tmp_p
     store.put(base + ".log", b"partial data")
     store.put(base + ".indexes", b"partial indexes")
     sc = start_sidecar(store=store, copy__journal_dir=str(journal_dir))
+    # the first sweep runs beside serving (right after start-up), not before it
+    deadline = time.monotonic() + 30
+    while sc.objects() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert sc.objects() == []
     assert sc.sidecar.copier.journal.pending() == []
     import prometheus_client

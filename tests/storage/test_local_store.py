@@ -62,3 +62,22 @@ def test_fsync_can_be_disabled(tmp_path):
     s = LocalObjectStore(tmp_path, fsync=False)
     s.put("k", b"v")
     assert s.get("k") == b"v"
+
+
+def test_the_local_listing_is_in_byte_order_across_directories(tmp_path):
+    """As S3 lists ('-' sorts before '/'), which a walk of the directories does not give."""
+    store = LocalObjectStore(tmp_path, fsync=False)
+    names = ["t-a/0/1.log", "t-a/10/1.log", "t-a-b/0/1.log", "t-a.x"]
+    for n in names:
+        store.put(n, b"x")
+    assert (
+        [o.key for o in store.list("")]
+        == sorted(names)
+        == ["t-a-b/0/1.log", "t-a.x", "t-a/0/1.log", "t-a/10/1.log"]
+    )
+    assert [o.key for o in store.list("t-a", start_after="t-a-b/1")] == [
+        "t-a.x",
+        "t-a/0/1.log",
+        "t-a/10/1.log",
+    ]
+    assert [o.key for o in store.list("", start_after="t-a.x")] == ["t-a/0/1.log", "t-a/10/1.log"]

@@ -535,13 +535,13 @@ class AvroSide(Side):
             return True
         if len(data) < 5 or data[0] != 0:
             return False
-        writer, _ = self._writer(int.from_bytes(data[1:5], "big", signed=True))
-        return not isinstance(writer, str)
+        _, err, _ = self._writer(int.from_bytes(data[1:5], "big", signed=True))
+        return err is None
 
     def why_unframed(self, data: bytes) -> str:
         """Why ``data``, which starts like a preamble, was not taken for a framed value."""
-        writer, _ = self._writer(int.from_bytes(data[1:5], "big", signed=True))
-        return writer if isinstance(writer, str) else "framed"
+        _, err, _ = self._writer(int.from_bytes(data[1:5], "big", signed=True))
+        return err if err is not None else "framed"
 
     def decode_unframed_arrow(self, col: pa.Array):
         """No vectorised unframed path: :meth:`decode_unframed` decodes them."""
@@ -554,7 +554,7 @@ class AvroSide(Side):
         over mean the value is not a datum of this schema."""
         import fastavro
 
-        _, loss = self._writer(self.table_id)
+        _, _, loss = self._writer(self.table_id)
         datums: list = []
         errs: list[str | None] = []
         bad: list[bool] = []

@@ -11,11 +11,12 @@ cut further by :mod:`~rsm_sidecar.iceberg.planning.splitting`; its transactions 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
 
 from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment, with_manifest_info
 from rsm_sidecar.iceberg.planning.tasks import SegmentTask
-from rsm_sidecar.iceberg.planning.transactions import settle_transactions
+from rsm_sidecar.iceberg.planning.transactions import TxnInfo, read_txn_info, settle_transactions
 from rsm_sidecar.kafka import AbortedTxn
 from rsm_sidecar.segment.reader import SegmentReader
 
@@ -128,30 +129,40 @@ def choose_chain(
     (``earliest``, default: the earliest of ``segments``) were removed by retention before they
     were converted: they are skipped (reported). A hole above the earliest segment stops the
     plan (the segment is not tiered yet, e.g. a copy being retried): ``waiting`` says so.
+
+    One sweep in start-offset order with a heap of the segments started so far, by highest end
+    offset: O(n log n) for n segments (a first run over a partition of 100,000 segments; the
+    scan of every segment at every step this replaced was O(n^2)).
     """
     chain: list[RemoteSegment] = []
     ranges: list[tuple[int, int]] = []
     skipped: list[tuple[int, int]] = []
     if not segments:
         return chain, ranges, skipped, None
+    by_start = sorted(segments, key=lambda s: s.start_offset)
     if earliest is None:
-        earliest = min(s.start_offset for s in segments)
+        earliest = by_start[0].start_offset
+    started: list[tuple[int, str, int]] = []  # (-end offset, segment id, index): best on top
+    i = 0
     cur = next_offset
     waiting = None
     while not limit or len(chain) < limit:
-        covering = [s for s in segments if s.start_offset <= cur <= s.end_offset]
-        if not covering:
-            later = [s for s in segments if s.start_offset > cur]
-            if not later:
+        while i < len(by_start) and by_start[i].start_offset <= cur:
+            heapq.heappush(started, (-by_start[i].end_offset, by_start[i].segment_id, i))
+            i += 1
+        while started and -started[0][0] < cur:  # ends before cur: covers nothing from here on
+            heapq.heappop(started)
+        if not started:
+            if i == len(by_start):
                 break
-            nxt = min(s.start_offset for s in later)
+            nxt = by_start[i].start_offset
             if cur < earliest:
                 skipped.append((cur, nxt - 1))
                 cur = nxt
                 continue
             waiting = f"offsets {cur}..{nxt - 1} are not in remote storage (yet)"
             break
-        best = max(covering, key=lambda s: (s.end_offset, [-ord(c) for c in s.segment_id]))
+        best = by_start[started[0][2]]
         chain.append(best)
         ranges.append((cur, best.end_offset))
         cur = best.end_offset + 1
@@ -178,7 +189,12 @@ def plan_partition(
     later = [s for s in segments if s.start_offset >= next_offset]
     if limit:
         later = later[: 2 * limit + 8]
-    known = with_manifest_info(reader, later)
+    txns: dict[str, TxnInfo] = {}  # what each new segment says of transactions, read with its manifest
+
+    def read_txns(seg: RemoteSegment, opened) -> None:
+        txns[seg.base] = read_txn_info(reader, opened, seg)
+
+    known = with_manifest_info(reader, later, on_open=read_txns)
     if not any(s.start_offset == next_offset for s in known) and next_offset > earliest:
         older = [s for s in segments if s.start_offset < next_offset][::-1]
         for i in range(0, len(older), LIST_THREADS):
@@ -193,7 +209,7 @@ def plan_partition(
     chain, ranges, skipped, waiting = choose_chain(known, next_offset, limit, earliest=earliest)
     plan.chain, plan.ranges, plan.skipped, plan.waiting = chain, ranges, skipped, waiting
     plan.listed = known
-    settled = settle_transactions(reader, plan.chain)
+    settled = settle_transactions(reader, plan.chain, txns)
     plan.aborted = settled.aborted
     if settled.complete < len(plan.chain):
         plan.chain, plan.ranges = plan.chain[: settled.complete], plan.ranges[: settled.complete]

@@ -13,21 +13,27 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+from collections.abc import Mapping
 
 from rsm_sidecar.errors import NotFound
 from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment
 from rsm_sidecar.kafka import AbortedTxn
 from rsm_sidecar.kafka.snapshot import parse_producer_snapshot
 from rsm_sidecar.kafka.txnindex import read_txn_index
-from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
+
+#: what :func:`read_aborted_and_open` returns for one segment
+TxnInfo = tuple[list[AbortedTxn], list[int] | None]
 
 
-def read_aborted_and_open(
-    reader: SegmentReader, seg: RemoteSegment
-) -> tuple[list[AbortedTxn], list[int] | None]:
+def read_aborted_and_open(reader: SegmentReader, seg: RemoteSegment) -> TxnInfo:
     """(aborted transactions listed in the segment's transaction index, first offsets of the
     transactions open at its end per its producer snapshot - None when it has no snapshot)."""
-    opened = reader.open_base(seg.base, seg.describe)
+    return read_txn_info(reader, reader.open_base(seg.base, seg.describe), seg)
+
+
+def read_txn_info(reader: SegmentReader, opened: OpenSegment, seg: RemoteSegment) -> TxnInfo:
+    """:func:`read_aborted_and_open` of a segment already opened."""
     try:
         aborted = read_txn_index(
             reader.read_index(opened, "transaction"), name=f"{seg.base} (transaction index)"
@@ -55,17 +61,26 @@ class Settlement:
     waiting: str | None = None
 
 
-def settle_transactions(reader: SegmentReader, chain: list[RemoteSegment]) -> Settlement:
-    """Read the chain's transaction indexes and producer snapshots; the leading segments whose
-    transactions are all finished within the chain may be converted, the tail waits for the
-    next run."""
+def settle_transactions(
+    reader: SegmentReader, chain: list[RemoteSegment], known: Mapping[str, TxnInfo] | None = None
+) -> Settlement:
+    """Read the chain's transaction indexes and producer snapshots (those not in ``known``, by
+    base key: read while the manifests were loaded); the leading segments whose transactions
+    are all finished within the chain may be converted, the tail waits for the next run."""
     if not chain:
         return Settlement([], 0)
-    if len(chain) == 1:
-        infos = [read_aborted_and_open(reader, chain[0])]
+    known = known or {}
+    todo = [s for s in chain if s.base not in known]
+    if len(todo) == 1:
+        read = {todo[0].base: read_aborted_and_open(reader, todo[0])}
+    elif todo:
+        with concurrent.futures.ThreadPoolExecutor(min(LIST_THREADS, len(todo))) as pool:
+            read = dict(
+                zip((s.base for s in todo), pool.map(lambda s: read_aborted_and_open(reader, s), todo))
+            )
     else:
-        with concurrent.futures.ThreadPoolExecutor(min(LIST_THREADS, len(chain))) as pool:
-            infos = list(pool.map(lambda s: read_aborted_and_open(reader, s), chain))
+        read = {}
+    infos = [known[s.base] if s.base in known else read[s.base] for s in chain]
     seen = set()
     aborted = []
     for txns, _ in infos:

@@ -1,0 +1,421 @@
+"""Many partitions read at once: a catch-up consumer over 12 and 48 partitions of tiered data, with
+Kafka's own ``LocalTieredStorage`` and with rsm-sidecar (issue 31 §2). A sibling of
+``benchmarks/remote_read.py`` (one partition), built from its pieces.
+
+    .venv/bin/python benchmarks/remote_read_partitions.py [--partitions 12,48] [--cases lts,ours]
+        [--records 3000000] [--record-size 200] [--segment-mib 4] [--brokers 1] [--transport unix]
+        [--kafka-version 4.3.1] [--sidecar-env RSM__KEY=VALUE ...] [--broker-property KEY=VALUE ...]
+
+Since Kafka 4.2 (KAFKA-14915) one FetchRequest starts remote reads for every partition it covers,
+on the broker's ``remote.log.reader.threads`` pool (10 threads by default, left at its default
+here); ``kafka-consumer-perf-test`` subscribes to the whole topic, so each of its fetches asks for
+up to ``max.partition.fetch.bytes`` (1 MiB) of every partition. Each case gets a fresh broker (Kafka
+4.3.1 by default: ``LocalTieredStorage``'s test jar must match the broker and 4.4.0's is not on
+Maven Central; ``--kafka-version 4.4.0 --cases ours`` runs ours alone on 4.4), produces
+``--records`` records over the partitions, waits until every closed segment of every partition is
+tiered and deleted locally, reads a local topic of the same size once (JIT warm-up, not reported),
+then reads the tiered topic cold (sidecar restarted, stored objects dropped from the page cache)
+and warm. Reported per read:
+
+* MB/s as ConsumerPerformance measures it;
+* broker and sidecar CPU-seconds (``/proc``);
+* the sidecar's peak RSS (``VmHWM``, since its restart before the cold read), the most fetch
+  streams it served at once (``rsm_in_flight{op="fetch"}``, sampled every 0.2 s) and the bound
+  docs/operations.md §4 gives for that many streams with the settings of the run;
+* RESOURCE_EXHAUSTED answers of the sidecar (``rsm_operations_total{outcome="RESOURCE_EXHAUSTED"}``);
+* consumer fetch latency: the broker's ``FetchConsumer`` request time p50/p99 (JMX
+  ``kafka.network:type=RequestMetrics,name=TotalTimeMs,request=FetchConsumer``, read with Kafka's
+  ``JmxTool`` right after the read: an exponentially decaying sample, so it reflects that read
+  far more than the warm-up minutes before) and the consumer's own ``fetch-latency-avg``;
+* bytes the sidecar received from storage per byte consumed and its chunk cache's hit ratio (a
+  cache too small for that many sequential readers downloads and decodes chunks again).
+
+``--sidecar-env`` and ``--broker-property`` change one setting of ours (e.g.
+``RSM__CACHE__CHUNK_BYTES=512MiB``, ``rsm.config.fetch.readahead.max.bytes=201326592``), to size
+the defaults against these figures.
+
+``--brokers N`` and ``--transport`` (``unix``: Unix socket + fetch hand-off; ``tcp-mtls``) are
+the knobs of the multi-broker devstack and of the TCP + mTLS transport, which other branches
+are adding: until they are wired here, only ``--brokers 1 --transport unix`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.remote_read import (
+    LTS_CLASS,
+    MiB,
+    consume,
+    cpu_seconds,
+    drop_page_cache,
+    lts_jar,
+    produce,
+    run_tool,
+)
+from benchmarks.synthetic import value
+from devstack.common import default_cache_dir, free_port
+from devstack.kafka import KafkaBroker, KafkaDistribution
+from devstack.stack import CONFIG_DIR, LocalStack, read_properties
+
+DEFAULT_VERSION = "4.3.1"
+FETCH_REQUEST_TIME = "kafka.network:type=RequestMetrics,name=TotalTimeMs,request=FetchConsumer"
+
+
+@dataclass
+class PartRead:
+    case: str
+    partitions: int
+    temperature: str
+    mb_s: float
+    broker_cpu: float
+    sidecar_cpu: float | None = None
+    sidecar_peak_rss_mib: float | None = None
+    max_fetch_streams: int | None = None
+    rss_bound_mib: float | None = None
+    resource_exhausted: int | None = None
+    fetch_p50_ms: float | None = None
+    fetch_p99_ms: float | None = None
+    fetch_latency_avg_ms: float | None = None
+    downloaded_per_byte: float | None = None
+    chunk_hit_ratio: float | None = None
+
+
+def jmx_options(port: int) -> list[str]:
+    return [
+        "-Dcom.sun.management.jmxremote",
+        f"-Dcom.sun.management.jmxremote.port={port}",
+        f"-Dcom.sun.management.jmxremote.rmi.port={port}",
+        "-Dcom.sun.management.jmxremote.authenticate=false",
+        "-Dcom.sun.management.jmxremote.ssl=false",
+        "-Djava.rmi.server.hostname=127.0.0.1",
+    ]
+
+
+def fetch_request_percentiles(dist: KafkaDistribution, jmx_port: int) -> tuple[float | None, float | None]:
+    """The broker's FetchConsumer total request time, p50 and p99 (ms), through Kafka's JmxTool."""
+    argv = dist.java_command(
+        "org.apache.kafka.tools.JmxTool",
+        [
+            "--jmx-url", f"service:jmx:rmi:///jndi/rmi://127.0.0.1:{jmx_port}/jmxrmi",
+            "--object-name", FETCH_REQUEST_TIME, "--attributes", "50thPercentile,99thPercentile",
+            "--one-time", "true", "--report-format", "properties",
+        ],
+        jvm_options=["-Xmx256m"],
+    )  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120).stdout
+    found = dict(re.findall(r"(50thPercentile|99thPercentile)=([0-9.]+)", out))
+    p50, p99 = found.get("50thPercentile"), found.get("99thPercentile")
+    return (float(p50) if p50 else None, float(p99) if p99 else None)
+
+
+def create_topic(
+    dist: KafkaDistribution, bootstrap: str, topic: str, args, partitions: int, tiered: bool
+) -> None:
+    args_ = ["--bootstrap-server", bootstrap, "--create", "--topic", topic, "--partitions", str(partitions)]
+    args_ += ["--replication-factor", "1", "--config", f"segment.bytes={args.segment_mib * MiB}"]
+    args_ += ["--config", "retention.ms=-1", "--config", "file.delete.delay.ms=1000"]
+    if tiered:
+        args_ += ["--config", "remote.storage.enable=true", "--config", "local.retention.ms=1000"]
+    run_tool(dist, "kafka-topics", args_, timeout=120)
+
+
+def wait_all_tiered(broker: KafkaBroker, topic: str, partitions: int, timeout: float = 1800) -> float:
+    """Until every partition keeps only its active segment locally; returns the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        local = [
+            len([f for f in broker.partition_dir(topic, p).iterdir() if f.name.endswith(".log")])
+            for p in range(partitions)
+        ]
+        if all(n == 1 for n in local):
+            return time.monotonic() - t0
+        time.sleep(1)
+    raise TimeoutError(f"{topic}: closed segments still local after {timeout:.0f} s")
+
+
+class SidecarWatch:
+    """Samples the sidecar's fetch streams in flight while a read runs; counters before/after."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.max_streams = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def metrics(self) -> dict[str, float]:
+        text = urllib.request.urlopen(self.url, timeout=10).read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            m = re.match(r'rsm_in_flight\{op="fetch"\} (\S+)', line)
+            if m:
+                out["in_flight"] = float(m.group(1))
+            m = re.match(r'rsm_operations_total\{[^}]*outcome="RESOURCE_EXHAUSTED"[^}]*\} (\S+)', line)
+            if m:
+                out["exhausted"] = out.get("exhausted", 0.0) + float(m.group(1))
+            m = re.match(r"rsm_storage_bytes_read_total\{[^}]*\} (\S+)", line)
+            if m:
+                out["downloaded"] = out.get("downloaded", 0.0) + float(m.group(1))
+            m = re.match(r'rsm_cache_events_total\{cache="chunk",event="(hit|miss)"\} (\S+)', line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                self.max_streams = max(self.max_streams, int(self.metrics().get("in_flight", 0)))
+            except OSError:
+                pass
+
+    def __enter__(self) -> SidecarWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def vm_hwm_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def rss_bound_mib(streams: int, chunk_cache_mib: float = 128) -> float:
+    """docs/operations.md §4 "Memory" for ``streams`` fetch streams and no copy, with the settings
+    of config/sidecar.toml the stack runs (chunk cache 128 MiB unless ``--sidecar-env`` changes it,
+    prefetch 16 MiB, 4 MiB chunks) and the code's defaults (manifest 32 MiB, index 64 MiB,
+    fetch.max_range_bytes 8 MiB): base 85 + caches + streams x (R + C + 2 MiB) + 4 prefetch
+    threads x (R + C)."""
+    r, c = 8, 4
+    return 85 + (32 + 64 + chunk_cache_mib) + streams * (r + c + 2) + 4 * (r + c)
+
+
+def chunk_cache_mib(args) -> float:
+    from rsm_sidecar.config import parse_size
+
+    for kv in args.sidecar_env:
+        key, _, value = kv.partition("=")
+        if key == "RSM__CACHE__CHUNK_BYTES":
+            return parse_size(value, key) / MiB
+    return 128
+
+
+def measured(case, partitions, temperature, dist, broker, topic, args, jmx_port, sidecar_pid=None, url=None):
+    b0, s0 = cpu_seconds(broker.pid), cpu_seconds(sidecar_pid)
+    watch = SidecarWatch(url) if url else None
+    before = watch.metrics() if watch else {}
+    if watch:
+        watch.__enter__()
+    try:
+        mb_s, _, mb, fetch = consume(dist, broker.bootstrap_servers, topic, args)
+    finally:
+        if watch:
+            watch.__exit__()
+    r = PartRead(case, partitions, temperature, mb_s, cpu_seconds(broker.pid) - b0)
+    r.fetch_p50_ms, r.fetch_p99_ms = fetch_request_percentiles(dist, jmx_port)
+    r.fetch_latency_avg_ms = fetch.get("fetch-latency-avg")
+    if watch is not None and sidecar_pid is not None:
+        after = watch.metrics()
+        r.sidecar_cpu = cpu_seconds(sidecar_pid) - s0
+        r.sidecar_peak_rss_mib = vm_hwm_mib(sidecar_pid)
+        r.max_fetch_streams = watch.max_streams
+        r.rss_bound_mib = rss_bound_mib(max(1, watch.max_streams), chunk_cache_mib(args))
+        r.resource_exhausted = int(after.get("exhausted", 0) - before.get("exhausted", 0))
+        r.downloaded_per_byte = (after.get("downloaded", 0) - before.get("downloaded", 0)) / (mb * MiB)
+        hits = after.get("hit", 0) - before.get("hit", 0)
+        misses = after.get("miss", 0) - before.get("miss", 0)
+        r.chunk_hit_ratio = hits / (hits + misses) if hits + misses else None
+    print(f"  {r}", flush=True)
+    return r
+
+
+def run_lts(dist, work: Path, args, payload: Path, partitions: int) -> list[PartRead]:
+    props = {
+        k: v
+        for k, v in read_properties(
+            CONFIG_DIR / "broker-tiered.properties",
+            {"SHIM_DIR": "unused", "SIDECAR_TARGET": "unused", "TRANSFER_MODE": "path"},
+        ).items()
+        if not k.startswith("rsm.config.")
+    }
+    storage = work / f"lts-storage-{partitions}"
+    props.update(
+        {
+            "remote.log.storage.manager.class.name": LTS_CLASS,
+            "remote.log.storage.manager.class.path": str(lts_jar(default_cache_dir(), dist.version)),
+            "rsm.config.dir": str(storage),
+            "rsm.config.delete.on.close": "false",
+        }
+    )
+    jmx = free_port()
+    with KafkaBroker(
+        dist, work / f"lts-broker-{partitions}", extra_properties=props, jvm_options=jmx_options(jmx)
+    ) as b:
+        warm_up(dist, b.bootstrap_servers, args, payload, partitions)
+        create_topic(dist, b.bootstrap_servers, "bench", args, partitions, tiered=True)
+        produce(dist, b.bootstrap_servers, "bench", args, payload)
+        took = wait_all_tiered(b, "bench", partitions)
+        print(f"  LocalTieredStorage, {partitions} partitions: tiered in {took:.0f} s", flush=True)
+        drop_page_cache(storage)
+        return [
+            measured("LocalTieredStorage", partitions, t, dist, b, "bench", args, jmx)
+            for t in ("cold", "warm")
+        ]
+
+
+def warm_up(dist, bootstrap: str, args, payload: Path, partitions: int) -> None:
+    """A local topic of the same size read once: the broker's fetch path is JIT-compiled before
+    the reads that count (as in remote_read.py)."""
+    create_topic(dist, bootstrap, "warm-up", args, partitions, tiered=False)
+    produce(dist, bootstrap, "warm-up", args, payload)
+    consume(dist, bootstrap, "warm-up", args)
+
+
+def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[PartRead]:
+    port = free_port()
+    env = {"RSM__METRICS__LISTEN": f"127.0.0.1:{port}", **dict(kv.split("=", 1) for kv in args.sidecar_env)}
+    stack = LocalStack(
+        work / f"ours-{partitions}",
+        kafka_version=dist.version,
+        sidecar_env=env,
+        broker_properties=dict(kv.split("=", 1) for kv in args.broker_property),
+    )
+    jmx = free_port()
+    try:
+        stack.start_storage()
+        stack.start_sidecar()
+        stack.broker = KafkaBroker(
+            dist,
+            stack.workdir / "kafka",
+            extra_properties=stack.broker_properties(),
+            jvm_options=jmx_options(jmx),
+        )
+        stack.broker.start()
+        b = stack.broker
+        warm_up(dist, b.bootstrap_servers, args, payload, partitions)
+        create_topic(dist, b.bootstrap_servers, "bench", args, partitions, tiered=True)
+        produce(dist, b.bootstrap_servers, "bench", args, payload)
+        took = wait_all_tiered(b, "bench", partitions)
+        print(f"  rsm-sidecar, {partitions} partitions: tiered in {took:.0f} s", flush=True)
+        stack.restart_sidecar()
+        drop_page_cache(stack.remote_root)
+        url = f"http://127.0.0.1:{port}/metrics"
+        out = []
+        for t in ("cold", "warm"):
+            assert stack.sidecar is not None
+            out.append(
+                measured("rsm-sidecar", partitions, t, dist, b, "bench", args, jmx, stack.sidecar.pid, url)
+            )
+        return out
+    finally:
+        stack.stop()
+
+
+def fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def table(reads: list[PartRead]) -> str:
+    lines = [
+        "| read | partitions | MB/s | ratio to LocalTieredStorage | broker CPU-s | sidecar CPU-s "
+        "| sidecar peak RSS MiB (bound for its peak streams) | RESOURCE_EXHAUSTED "
+        "| fetch request p50 / p99 ms | consumer fetch latency avg ms | storage bytes / byte consumed "
+        "| chunk cache hits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lts = {(r.partitions, r.temperature): r.mb_s for r in reads if r.case == "LocalTieredStorage"}
+    for r in reads:
+        ref = lts.get((r.partitions, r.temperature))
+        ratio = f"{r.mb_s / ref:.2f}x" if ref and r.case != "LocalTieredStorage" else "-"
+        rss = (
+            f"{r.sidecar_peak_rss_mib:.0f} ({r.rss_bound_mib:.0f} for {r.max_fetch_streams})"
+            if r.sidecar_peak_rss_mib is not None
+            else "-"
+        )
+        lines.append(
+            f"| {r.case} ({r.temperature}) | {r.partitions} | {r.mb_s:.1f} | {ratio} | {r.broker_cpu:.1f} | "
+            f"{fmt(r.sidecar_cpu, '.1f')} | {rss} | {fmt(r.resource_exhausted, 'd')} | "
+            f"{fmt(r.fetch_p50_ms, '.1f')} / {fmt(r.fetch_p99_ms, '.1f')} | "
+            f"{fmt(r.fetch_latency_avg_ms, '.1f')} | {fmt(r.downloaded_per_byte, '.3f')} | "
+            f"{fmt(r.chunk_hit_ratio, '.0%')} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--partitions", default="12,48")
+    ap.add_argument("--cases", default="lts,ours")
+    ap.add_argument("--records", type=int, default=3_000_000)
+    ap.add_argument("--record-size", type=int, default=200)
+    ap.add_argument("--segment-mib", type=int, default=4)
+    ap.add_argument("--fetch-size", type=int, default=MiB, help="max.partition.fetch.bytes")
+    ap.add_argument("--compression", default="none", help="the producer's compression.type")
+    ap.add_argument("--kafka-version", default=DEFAULT_VERSION)
+    ap.add_argument(
+        "--brokers", type=int, default=1, help="brokers in the cluster (1 until the cluster devstack)"
+    )
+    ap.add_argument("--transport", default="unix", choices=("unix", "tcp-mtls"), help="the shim's transport")
+    ap.add_argument(
+        "--sidecar-env",
+        action="append",
+        default=[],
+        metavar="RSM__KEY=VALUE",
+        help="a sidecar setting (ours)",
+    )
+    ap.add_argument(
+        "--broker-property", action="append", default=[], metavar="KEY=VALUE", help="a broker setting (ours)"
+    )
+    args = ap.parse_args(argv)
+    if args.brokers != 1:
+        ap.error("--brokers > 1 needs the multi-broker devstack (make up BROKERS=N), not wired here yet")
+    if args.transport != "unix":
+        ap.error("--transport tcp-mtls needs the TCP + mTLS case of remote_read.py, not wired here yet")
+    cases = set(args.cases.split(","))
+    if cases - {"lts", "ours"}:
+        ap.error(f"unknown cases {sorted(cases - {'lts', 'ours'})}")
+    dist = KafkaDistribution.ensure(args.kafka_version)
+    work = Path(tempfile.mkdtemp(prefix="remote-read-partitions-"))
+    rng = random.Random(405)
+    payload = work / "payload.txt"
+    payload.write_bytes(b"\n".join(value(rng, args.record_size) for _ in range(10_000)))
+    print(
+        f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
+        f"({args.records * args.record_size / MiB:.0f} MiB) over {args.partitions} partitions, "
+        f"{args.segment_mib} MiB segments, consumer max.partition.fetch.bytes {args.fetch_size}",
+        flush=True,
+    )
+    reads: list[PartRead] = []
+    try:
+        for n in (int(p) for p in args.partitions.split(",")):
+            if "lts" in cases:
+                reads += run_lts(dist, work, args, payload, n)
+            if "ours" in cases:
+                reads += run_ours(dist, work, args, payload, n)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(table(reads))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
