@@ -3,6 +3,8 @@ rsm-sidecar process, and object storage (local directory by default; SeaweedFS f
 ``s3``, fake-gcs-server for ``gcs``, Azurite for ``azure``). One launcher for ``make up``, ``make demo`` and
 the end-to-end tests. Broker and sidecar settings come from ``config/`` (the files the
 docker-compose cluster mounts too); this module only fills in paths and addresses.
+:class:`TieredStorageBase` is what a stack of several brokers shares with it
+(devstack/cluster.py).
 
 Logs: ``<workdir>/logs/`` (sidecar.log) and ``<workdir>/kafka/logs/`` (server.log).
 """
@@ -41,7 +43,22 @@ def read_properties(path: Path, values: Mapping[str, str]) -> dict[str, str]:
     return props
 
 
-class LocalStack:
+def runtime_dir_for(workdir: Path) -> Path:
+    """Where a sidecar of ``workdir`` keeps its socket and its fetch hand-off directory: on the
+    tmpfs ``/dev/shm`` when there is one (as production puts them in ``/run``: hand-off files then
+    never meet a disk's writeback), else ``<workdir>/run``."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+        digest = hashlib.sha256(str(workdir).encode()).hexdigest()[:12]
+        return shm / f"rsm-sidecar-{os.getuid()}-{digest}"
+    return workdir / "run"
+
+
+class TieredStorageBase:
+    """What every stack shares, whatever its number of brokers: the object store (started by
+    :meth:`start_storage`), the encryption keys, and the sidecar environment and broker
+    properties of one broker-sidecar pair."""
+
     def __init__(
         self,
         workdir: str | os.PathLike,
@@ -49,7 +66,6 @@ class LocalStack:
         storage: str = "local",
         transfer_mode: str = "path",
         kafka_version: str | None = None,
-        broker_port: int | None = None,
         sidecar_env: Mapping[str, str] | None = None,
         broker_properties: Mapping[str, object] | None = None,
         encryption: bool = True,
@@ -58,29 +74,10 @@ class LocalStack:
         self.storage = storage
         self.transfer_mode = transfer_mode
         self.kafka_version = kafka_version
-        self.broker_port = broker_port
         self.extra_sidecar_env = dict(sidecar_env or {})
         self.extra_broker_properties = dict(broker_properties or {})
         self.encryption = encryption
         self.storage_server = None
-        self.sidecar: SidecarProcess | None = None
-        self.broker: KafkaBroker | None = None
-
-    # -- paths ------------------------------------------------------------------------
-    @property
-    def runtime_dir(self) -> Path:
-        """The sidecar's socket and its fetch hand-off directory: on the tmpfs ``/dev/shm``
-        when there is one (as production puts them in ``/run``: hand-off files then never
-        meet a disk's writeback), else ``<workdir>/run``."""
-        shm = Path("/dev/shm")
-        if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
-            digest = hashlib.sha256(str(self.workdir).encode()).hexdigest()[:12]
-            return shm / f"rsm-sidecar-{os.getuid()}-{digest}"
-        return self.workdir / "run"
-
-    @property
-    def socket_path(self) -> Path:
-        return self.runtime_dir / "rsm.sock"
 
     @property
     def remote_root(self) -> Path:
@@ -90,14 +87,10 @@ class LocalStack:
     def keys_dir(self) -> Path:
         return self.workdir / "keys"
 
-    @property
-    def broker_log_dir(self) -> Path:
-        """The broker's `log.dirs`: the only directory the sidecar reads in path mode."""
-        return self.workdir / "kafka" / "data"
-
-    @property
-    def sidecar_target(self) -> str:
-        return f"unix://{self.socket_path}"
+    def distribution(self) -> KafkaDistribution:
+        if self.kafka_version:
+            return KafkaDistribution.ensure(self.kafka_version, default_cache_dir())
+        return KafkaDistribution.ensure()
 
     # -- pieces -----------------------------------------------------------------------
     def _ensure_keys(self) -> None:
@@ -110,15 +103,17 @@ class LocalStack:
         self.keys_dir.mkdir(parents=True, exist_ok=True)
         write_key_pair(pub, priv, 2048, overwrite=True)
 
-    def sidecar_environment(self) -> dict[str, str]:
+    def sidecar_environment_for(self, socket_path: Path, journal_dir: Path, log_dir: Path) -> dict[str, str]:
+        """RSM__ settings of a sidecar listening on ``socket_path`` for the broker whose
+        ``log.dirs`` is ``log_dir`` (the only directory it reads in path mode)."""
         env = {
-            "RSM__SERVER__LISTEN": f"unix://{self.socket_path}",
+            "RSM__SERVER__LISTEN": f"unix://{socket_path}",
             "RSM__METRICS__LISTEN": "",
             "RSM__STORAGE__BACKEND": self.storage,
-            "RSM__COPY__JOURNAL_DIR": str(self.workdir / "journal"),
-            "RSM__COPY__ALLOWED_DIRS": str(self.broker_log_dir),
+            "RSM__COPY__JOURNAL_DIR": str(journal_dir),
+            "RSM__COPY__ALLOWED_DIRS": str(log_dir),
         }
-        self.broker_log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
         env.update(self.storage_environment())
         if self.encryption:
             self._ensure_keys()
@@ -186,6 +181,97 @@ class LocalStack:
             }
         return {"RSM__STORAGE__LOCAL__ROOT": str(self.remote_root)}
 
+    def broker_properties_for(
+        self, plugin_dir: Path, target: str, log_dir: Path, cluster: bool = False
+    ) -> dict[str, object]:
+        """The tiered-storage properties of a broker whose sidecar listens on ``target``, with the
+        shim jar copied into ``plugin_dir``: config/broker-tiered.properties, then (``cluster``)
+        config/broker-cluster.properties, then the stack's own extra properties."""
+        if not SHIM_JAR.exists():
+            raise FileNotFoundError(f"{SHIM_JAR} is missing: run `make shim`")
+        plugin_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(SHIM_JAR, plugin_dir / SHIM_JAR.name)
+        values = {"SHIM_DIR": str(plugin_dir), "SIDECAR_TARGET": target, "TRANSFER_MODE": self.transfer_mode}
+        props: dict[str, object] = dict(read_properties(CONFIG_DIR / "broker-tiered.properties", values))
+        if cluster:
+            props.update(read_properties(CONFIG_DIR / "broker-cluster.properties", values))
+        props["log.dirs"] = str(log_dir)
+        props.update(self.extra_broker_properties)
+        return props
+
+    def sidecar_environment(self) -> dict[str, str]:
+        """The RSM__ settings of the (first) sidecar."""
+        raise NotImplementedError
+
+    def sidecar_config_env(self) -> tuple[Path, dict[str, str]]:
+        """The config file and environment the sidecar runs with: what `rsm-sidecar
+        inspect --config` needs to see the same storage and keys (every sidecar of a stack
+        shares them)."""
+        return CONFIG_DIR / "sidecar.toml", self.sidecar_environment()
+
+    def object_store(self):
+        """An ObjectStore on the same storage the sidecars use (for assertions)."""
+        from rsm_sidecar.config import Config
+        from rsm_sidecar.storage.factory import open_store
+
+        return open_store(Config.load(*self.sidecar_config_env()))
+
+    def stop_storage(self) -> None:
+        if self.storage_server is not None:
+            self.storage_server.stop()
+
+
+class LocalStack(TieredStorageBase):
+    """One broker (a combined KRaft node) and its sidecar."""
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        *,
+        storage: str = "local",
+        transfer_mode: str = "path",
+        kafka_version: str | None = None,
+        broker_port: int | None = None,
+        sidecar_env: Mapping[str, str] | None = None,
+        broker_properties: Mapping[str, object] | None = None,
+        encryption: bool = True,
+    ):
+        super().__init__(
+            workdir,
+            storage=storage,
+            transfer_mode=transfer_mode,
+            kafka_version=kafka_version,
+            sidecar_env=sidecar_env,
+            broker_properties=broker_properties,
+            encryption=encryption,
+        )
+        self.broker_port = broker_port
+        self.sidecar: SidecarProcess | None = None
+        self.broker: KafkaBroker | None = None
+
+    # -- paths ------------------------------------------------------------------------
+    @property
+    def runtime_dir(self) -> Path:
+        """The sidecar's socket and its fetch hand-off directory (:func:`runtime_dir_for`)."""
+        return runtime_dir_for(self.workdir)
+
+    @property
+    def socket_path(self) -> Path:
+        return self.runtime_dir / "rsm.sock"
+
+    @property
+    def broker_log_dir(self) -> Path:
+        """The broker's `log.dirs`: the only directory the sidecar reads in path mode."""
+        return self.workdir / "kafka" / "data"
+
+    @property
+    def sidecar_target(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    # -- pieces -----------------------------------------------------------------------
+    def sidecar_environment(self) -> dict[str, str]:
+        return self.sidecar_environment_for(self.socket_path, self.workdir / "journal", self.broker_log_dir)
+
     def start_sidecar(self) -> SidecarProcess:
         self.socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.sidecar is None:
@@ -210,38 +296,12 @@ class LocalStack:
         self.sidecar = None
         return self.start_sidecar()
 
-    def sidecar_config_env(self) -> tuple[Path, dict[str, str]]:
-        """The config file and environment the sidecar runs with: what `rsm-sidecar
-        inspect --config` needs to see the same storage and keys."""
-        return CONFIG_DIR / "sidecar.toml", self.sidecar_environment()
-
     def broker_properties(self) -> dict[str, object]:
-        if not SHIM_JAR.exists():
-            raise FileNotFoundError(f"{SHIM_JAR} is missing: run `make shim`")
-        plugin = self.workdir / "shim"
-        plugin.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(SHIM_JAR, plugin / SHIM_JAR.name)
-        props: dict[str, object] = dict(
-            read_properties(
-                CONFIG_DIR / "broker-tiered.properties",
-                {
-                    "SHIM_DIR": str(plugin),
-                    "SIDECAR_TARGET": self.sidecar_target,
-                    "TRANSFER_MODE": self.transfer_mode,
-                },
-            )
-        )
-        props["log.dirs"] = str(self.broker_log_dir)
-        props.update(self.extra_broker_properties)
-        return props
+        return self.broker_properties_for(self.workdir / "shim", self.sidecar_target, self.broker_log_dir)
 
     def start_broker(self) -> KafkaBroker:
         if self.broker is None:
-            dist = (
-                KafkaDistribution.ensure(self.kafka_version, default_cache_dir())
-                if self.kafka_version
-                else KafkaDistribution.ensure()
-            )
+            dist = self.distribution()
             ports = {"broker": self.broker_port} if self.broker_port else None
             self.broker = KafkaBroker(
                 dist, self.workdir / "kafka", extra_properties=self.broker_properties(), ports=ports
@@ -264,8 +324,7 @@ class LocalStack:
             self.broker.stop()
         if self.sidecar is not None:
             self.sidecar.stop()
-        if self.storage_server is not None:
-            self.storage_server.stop()
+        self.stop_storage()
         if self.runtime_dir.parent == Path("/dev/shm"):
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
@@ -279,11 +338,3 @@ class LocalStack:
     @property
     def bootstrap_servers(self) -> str:
         return self.broker.bootstrap_servers
-
-    def object_store(self):
-        """An ObjectStore on the same storage the sidecar uses (for assertions)."""
-        from rsm_sidecar.config import Config
-        from rsm_sidecar.storage.factory import open_store
-
-        env = self.sidecar_environment()
-        return open_store(Config.load(CONFIG_DIR / "sidecar.toml", environ=env))
