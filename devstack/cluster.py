@@ -246,14 +246,14 @@ class ClusterStack(TieredStorageBase):
         node.stop()
         _remove_runtime_dir(node.runtime_dir)
 
-    def stop(self) -> None:
-        """Every broker (controlled shutdowns, in parallel), every sidecar, the controller, the
-        object store."""
+    def stop(self, graceful: bool = True) -> None:
+        """Every broker (controlled shutdowns, in parallel; ``graceful=False``: SIGKILL, for a
+        cluster whose data is thrown away), every sidecar, the controller, the object store."""
         nodes = list(self.nodes.values())
-        parallel([node.broker.stop for node in nodes])
+        parallel([node.broker.stop if graceful else node.broker.kill for node in nodes])
         parallel([node.sidecar.stop for node in nodes])
         if self.controller is not None:
-            self.controller.stop()
+            (self.controller.stop if graceful else self.controller.kill)()
         self.stop_storage()
         for node in nodes:
             _remove_runtime_dir(node.runtime_dir)

@@ -40,6 +40,14 @@ def admin(cluster: ClusterStack) -> AdminClient:
     return AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
 
 
+def admin_request(cluster: ClusterStack, method: str, *args) -> list:
+    """``AdminClient.<method>(*args)`` and the results of its futures, the client kept alive
+    until they resolve (a client collected earlier fails them: "Broker handle destroyed")."""
+    client = admin(cluster)
+    futures = getattr(client, method)(*args)
+    return [f.result(60) for f in futures.values()]
+
+
 def create_topic(
     cluster: ClusterStack,
     name: str,

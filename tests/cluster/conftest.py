@@ -53,7 +53,7 @@ def start_cluster(workdir, **kwargs) -> ClusterStack:
 def cluster(tmp_path_factory):
     c = start_cluster(tmp_path_factory.mktemp("cluster"), storage="s3", transfer_mode="path")
     yield c
-    c.stop()
+    c.stop(graceful=False)  # its data is thrown away: no controlled shutdowns to wait for
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,7 @@ def cluster39(tmp_path_factory):
         tmp_path_factory.mktemp("cluster39"), kafka_version="3.9.2", storage="local", transfer_mode="stream"
     )
     yield c
-    c.stop()
+    c.stop(graceful=False)
 
 
 def rebuild_then_lead(cluster, store, topic: str, kip1023: bool) -> None:
