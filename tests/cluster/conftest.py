@@ -1,7 +1,9 @@
-"""A real three-broker cluster shared by the whole session (devstack/cluster.py): Kafka 4.4,
-one controller, three brokers with a sidecar each, path transfer mode, one S3 bucket
-(SeaweedFS), encryption on; every topic at replication factor 3 and min ISR 2. The Kafka 3.9
-cluster of the classic rebuild (stream mode, local-directory storage) is test_rebuild.py's own.
+"""A real three-broker cluster shared by every test of tests/cluster (devstack/cluster.py),
+started once (its nodes in parallel) and stopped after the last of them (package scope: the
+rest of the suite does not carry its four JVMs): Kafka 4.4, one controller, three brokers with a
+sidecar each, path transfer mode, one S3 bucket (SeaweedFS), encryption on; every topic at
+replication factor 3 and min ISR 2. The Kafka 3.9 cluster of the classic rebuild (stream mode,
+local-directory storage) is test_classic_rebuild_kafka39.py's own.
 
 Tests share the cluster: each uses topics of its own, leaves every broker and sidecar running
 and the cluster's settings as it found them."""
@@ -49,13 +51,13 @@ def start_cluster(workdir, **kwargs) -> ClusterStack:
     return cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory):
     c = start_cluster(tmp_path_factory.mktemp("cluster"), storage="s3", transfer_mode="path")
     yield c
     c.stop(graceful=False)  # its data is thrown away: no controlled shutdowns to wait for
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def store(cluster):
     return cluster.object_store()
