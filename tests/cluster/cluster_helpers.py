@@ -470,7 +470,7 @@ class LoadConsumer(threading.Thread):
         self.errors: list[str] = []
 
     def run(self) -> None:
-        from confluent_kafka import Consumer
+        from confluent_kafka import Consumer, KafkaException
 
         c = Consumer(
             {
@@ -482,23 +482,33 @@ class LoadConsumer(threading.Thread):
         )
         parts = [TopicPartition(self.load.topic, p, 0) for p in range(self.load.partitions)]
         c.assign(parts)
-        idle_since = time.monotonic()
+        ends: dict[int, int] | None = None  # a rewinding pass ends at the high watermarks of its start
         try:
             while not self.stopping.is_set():
+                if self.rewind and ends is None:
+                    try:
+                        ends = {
+                            tp.partition: c.get_watermark_offsets(tp, timeout=5, cached=False)[1]
+                            for tp in parts
+                        }
+                    except KafkaException:
+                        pass  # a broker restarting: ask again
                 m = c.poll(0.2)
-                if m is None:
-                    if self.rewind and time.monotonic() - idle_since > 1.0 and self.passes[-1]:
-                        self.passes.append({})
-                        c.assign(parts)
-                        idle_since = time.monotonic()
-                    continue
-                idle_since = time.monotonic()
-                if m.error():
+                if m is not None and m.error():
                     self.errors.append(str(m.error()))
-                    continue
-                self._check(m)
+                elif m is not None:
+                    self._check(m)
+                if ends is not None and all(self._next(p) >= end for p, end in ends.items()):
+                    self.passes.append({})
+                    c.assign(parts)
+                    ends = None
         finally:
             c.close()
+
+    def _next(self, partition: int) -> int:
+        """The offset after the last one this pass read of ``partition``."""
+        seen = self.passes[-1].get(partition)
+        return max(seen) + 1 if seen else 0
 
     def _check(self, m) -> None:
         key = m.key() or b""
