@@ -26,6 +26,16 @@ from tests.cluster.cluster_helpers import (
 from tests.e2e.kafka_helpers import wait_for
 
 KIP_1023 = "follower.fetch.last.tiered.offset.enable"
+#: local.retention.bytes of the rebuilt topic
+LOCAL_BYTES = 2_500_000
+
+
+def _local_retention_done(node, topic: str) -> bool:
+    """Whether the broker's size-based local retention has nothing left to delete: without its
+    oldest segment the partition would be under ``LOCAL_BYTES`` (Kafka deletes oldest segments
+    while what is left stays at or above the limit)."""
+    sizes = [p.stat().st_size for p in sorted(node.broker.partition_dir(topic).glob("*.log"))]
+    return len(sizes) > 1 and sum(sizes) - sizes[0] < LOCAL_BYTES
 
 
 def rebuild_then_lead(cluster, store, topic: str, kip1023: bool) -> None:
@@ -35,7 +45,7 @@ def rebuild_then_lead(cluster, store, topic: str, kip1023: bool) -> None:
     bootstrap = cluster.bootstrap_servers
     replicas = [follower_id, leader_id, other_id]  # the first one leads at first
     # the newest 2.5 MB stay on a broker's disk, tiered or not (-2: no time limit but retention.ms)
-    retention = {"local_retention_ms": -2, "local_retention_bytes": 2_500_000}
+    retention = {"local_retention_ms": -2, "local_retention_bytes": LOCAL_BYTES}
     create_topic(cluster, topic, assignment=[replicas], **retention)
 
     # tiered while the follower-to-be leads, through its sidecar
@@ -54,8 +64,8 @@ def rebuild_then_lead(cluster, store, topic: str, kip1023: bool) -> None:
     copied_by = {s.broker_id for s in remote_segments(store, topic)}
     assert copied_by == {follower_id, leader_id}, copied_by
     wait_for(
-        f"broker {leader_id} to delete its oldest tiered segments",
-        lambda: (local_start(leader, topic) or 0) > 0,
+        f"broker {leader_id} to have deleted its oldest tiered segments down to {LOCAL_BYTES} bytes",
+        lambda: _local_retention_done(leader, topic),
         60,
     )
     leader_start = local_start(leader, topic)

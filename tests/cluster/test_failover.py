@@ -44,7 +44,7 @@ def test_leader_killed_during_a_copy_then_restarted(cluster, store):
     create_topic(cluster, topic)
     victim_id = partition_state(cluster, topic).leader
     victim = cluster.nodes[victim_id]
-    load = LoadProducer(cluster.bootstrap_servers, topic, partitions=1, seed=31)
+    load = LoadProducer(cluster.bootstrap_servers, topic, partitions=1, seed=31, rate=500_000)
     load.start()
     try:
         wait_remote(

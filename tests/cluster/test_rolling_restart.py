@@ -14,6 +14,7 @@ import time
 from tests.cluster.cluster_helpers import (
     LoadConsumer,
     LoadProducer,
+    Written,
     check_read,
     create_topic,
     partition_state,
@@ -30,16 +31,22 @@ def test_rolling_restart_of_every_sidecar_and_broker_under_load(cluster, store):
     topic = "rolling"
     bootstrap = cluster.bootstrap_servers
     create_topic(cluster, topic, assignment=[[1, 2, 3], [2, 3, 1], [3, 1, 2]])
-    load = LoadProducer(bootstrap, topic, PARTITIONS, seed=61, rate=600_000)
-    head = LoadConsumer(bootstrap, load, seed=62)
-    rereader = LoadConsumer(bootstrap, load, seed=63, rewind=True)
+    # two segments per partition first, tiered before the restarts, so that the re-reader's
+    # reads are remote reads from the start
+    before = {
+        p: Written().add(produce_bytes(bootstrap, topic, 2_200_000, seed=60 + p, partition=p))
+        for p in range(3)
+    }
+    wait_remote(
+        store, topic, "a segment of every partition", lambda s: {x.partition for x in s} == set(range(3))
+    )
+    load = LoadProducer(bootstrap, topic, PARTITIONS, seed=61, rate=300_000)
+    head = LoadConsumer(bootstrap, load, seed=62, before=before)
+    rereader = LoadConsumer(bootstrap, load, seed=63, rewind=True, before=before)
     for t in (load, head, rereader):
         t.start()
     steps = []
     try:
-        wait_remote(
-            store, topic, "a segment of every partition", lambda s: {x.partition for x in s} == set(range(3))
-        )
         for node in cluster.nodes.values():
             t0 = time.monotonic()
             node.restart_sidecar()
@@ -52,10 +59,13 @@ def test_rolling_restart_of_every_sidecar_and_broker_under_load(cluster, store):
         load.stopping.set()
     written = load.finish()
     read_head, read_again = head.finish(written), rereader.finish(written)
+    for p, w in before.items():
+        written[p].records[:0] = w.records
     assert len(rereader.passes) >= 2, "the re-reader never came back to offset 0"
 
+    # everything is tiered (the leaders roll their active segments once 1 s old, local retention)
+    # and reads back from offset 0
     for p in range(PARTITIONS):
-        written[p].add(produce_bytes(bootstrap, topic, 2_200_000, seed=64 + p, partition=p))
         leader = partition_state(cluster, topic, p).leader
         last_tiered = wait_all_tiered(cluster, store, topic, leader, partition=p)
         assert last_tiered >= max(r.offset for r in written[p].records if r.key.startswith(b"load-"))
