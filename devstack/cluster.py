@@ -3,10 +3,11 @@ one KRaft controller, N brokers, and one sidecar per broker, each sidecar on its
 socket and reading only its own broker's log directory, all of them sharing one object store
 (a local directory, S3, GCS or Azure, as :class:`~devstack.stack.LocalStack`) and one keyring.
 
-The brokers take config/broker-tiered.properties, then config/broker-cluster.properties (the
+The brokers take config/broker-tiered.properties, then config/cluster.properties (the
 metadata topic and every other topic at replication factor 3, min ISR 2), then what the caller
-adds. The controller is a node of its own (``process.roles=controller``), not a broker: a test
-can then kill any broker with SIGKILL, wipe its disk or stop it without touching the quorum.
+adds; the controller takes config/cluster.properties too. The controller is a node of its own
+(``process.roles=controller``), not a broker: a test can then kill any broker with SIGKILL,
+wipe its disk or stop it without touching the quorum.
 One controller, not three: nothing here exercises a controller failover, and each controller
 is one more JVM on a 2-core machine (a quorum of three costs about 0.5 GB and a few seconds of
 CPU at start, for a failure no test causes).
@@ -39,7 +40,7 @@ from pathlib import Path
 from devstack.common import free_port
 from devstack.kafka import KafkaBroker, KafkaDistribution, random_cluster_id
 from devstack.sidecar import SidecarProcess
-from devstack.stack import CONFIG_DIR, TieredStorageBase, runtime_dir_for
+from devstack.stack import CONFIG_DIR, TieredStorageBase, read_properties, runtime_dir_for
 
 #: the controller's node id; brokers are 1..N
 CONTROLLER_ID = 0
@@ -161,7 +162,7 @@ class ClusterStack(TieredStorageBase):
     ):
         if brokers < 3:
             raise ValueError(
-                f"a cluster has at least 3 brokers, not {brokers} (config/broker-cluster.properties "
+                f"a cluster has at least 3 brokers, not {brokers} (config/cluster.properties "
                 "replicates every topic 3 times); one broker is LocalStack"
             )
         if broker_ports is not None and len(broker_ports) != brokers:
@@ -177,7 +178,11 @@ class ClusterStack(TieredStorageBase):
         )
         self.broker_count = brokers
         self.broker_ports = list(broker_ports) if broker_ports else [None] * brokers
-        self.controller_properties = {**CONTROLLER_PROPERTIES, **(controller_properties or {})}
+        self.controller_properties = {
+            **read_properties(CONFIG_DIR / "cluster.properties", {}),
+            **CONTROLLER_PROPERTIES,
+            **(controller_properties or {}),
+        }
         self.metrics = metrics
         self.broker_heap = tuple(broker_heap)
         self.jvm_options = tuple(jvm_options)

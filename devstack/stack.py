@@ -186,7 +186,7 @@ class TieredStorageBase:
     ) -> dict[str, object]:
         """The tiered-storage properties of a broker whose sidecar listens on ``target``, with the
         shim jar copied into ``plugin_dir``: config/broker-tiered.properties, then (``cluster``)
-        config/broker-cluster.properties, then the stack's own extra properties."""
+        config/cluster.properties, then the stack's own extra properties."""
         if not SHIM_JAR.exists():
             raise FileNotFoundError(f"{SHIM_JAR} is missing: run `make shim`")
         plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +194,7 @@ class TieredStorageBase:
         values = {"SHIM_DIR": str(plugin_dir), "SIDECAR_TARGET": target, "TRANSFER_MODE": self.transfer_mode}
         props: dict[str, object] = dict(read_properties(CONFIG_DIR / "broker-tiered.properties", values))
         if cluster:
-            props.update(read_properties(CONFIG_DIR / "broker-cluster.properties", values))
+            props.update(read_properties(CONFIG_DIR / "cluster.properties", values))
         props["log.dirs"] = str(log_dir)
         props.update(self.extra_broker_properties)
         return props
