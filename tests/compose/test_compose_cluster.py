@@ -109,7 +109,7 @@ def compose(tmp_path_factory):
             _print_services(c, healthy_at)
             yield c
         finally:
-            for name in (*SIDECARS, *BROKERS, "controller"):
+            for name in (*SIDECARS, *BROKERS, "controller", "demo-producer", "iceberg-convert"):
                 (tmp_path_factory.getbasetemp() / f"compose-{name}.log").write_text(c.logs(name))
             c.run("down", "-v", "--remove-orphans", timeout=600, check=False)
             left = subprocess.run(
