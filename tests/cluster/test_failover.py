@@ -98,8 +98,10 @@ def test_leader_killed_during_a_copy_then_restarted(cluster, store):
     check_read(cluster.bootstrap_servers, topic, written, "read_uncommitted")
     assert served_bytes(victim) > served, f"broker {victim_id} read nothing from remote storage"
 
-    complete, _orphans = check_no_partial_segment_readable(cluster, store, topic)
+    # the killed copy left nothing half-written (its sidecar saw the call cancelled, or finished it)
+    complete, orphans = check_no_partial_segment_readable(cluster, store, topic)
     assert {s.base for s in remote_segments(store, topic)} == set(complete)
+    assert orphans == [], f"objects of unfinished copies left in the bucket: {orphans}"
     print(
         f"leader {victim_id} killed {'during a copy' if during_copy else 'without a copy seen in 30 s'}; "
         f"broker {heir.node_id} led after {failover:.1f}s; the dead broker was back in sync {rejoined:.1f}s "
