@@ -19,13 +19,15 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 ICEBERG_STAMP := $(CACHE)/.iceberg-deps
 SERVERS_STAMP := $(CACHE)/.storage-servers
 COMPOSE_TOOLS_STAMP := $(CACHE)/.compose-tools
+K8S_TOOLS_STAMP := $(CACHE)/.k8s-tools
+TOPOLOGY ?= local
 
-.PHONY: compose-demo compose-down lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools deps demo-deps test test-fast test-unit demo up down clean bench docs
+.PHONY: compose-demo compose-down lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools k8s-tools helm-schema deps demo-deps test test-fast test-unit demo up down clean bench docs
 
 setup: $(VENV)/.installed $(PROTO_OUT)
 
 # Everything the tests need, downloaded into $(CACHE) or built.
-deps: setup shim kafka-jars $(KAFKA39_STAMP) interop-jars iceberg-deps storage-servers compose-tools
+deps: setup shim kafka-jars $(KAFKA39_STAMP) interop-jars iceberg-deps storage-servers compose-tools k8s-tools
 
 # What `make demo` and `make up` use, and nothing more: the sidecar's runtime (no Spark, no dev
 # tools), the shim and Kafka's jars. STORAGE=s3|gcs|azure installs its server when first started.
@@ -85,6 +87,20 @@ $(COMPOSE_TOOLS_STAMP): devstack/compose_tools.py tests/compose/tools/go.mod | $
 	  print(ensure_compose_cli()); print(ensure_dockerfilecheck())'
 	touch $@
 
+# The Kubernetes deployment tests' tools (tests/deploy, devstack/k8s_tools.py): helm built from
+# the Go module proxy; promtool out of Debian's prometheus package (apt-get download; built from
+# the Go module proxy where there is no apt); Strimzi's CRDs generated from io.strimzi:api (Maven Central) by
+# Strimzi's CRD generator; cert-manager's and the Prometheus operator's CRDs from their Go
+# modules; the Prometheus JMX exporter agent (Maven Central).
+k8s-tools: $(K8S_TOOLS_STAMP)
+$(K8S_TOOLS_STAMP): devstack/k8s_tools.py | $(VENV)/.installed
+	$(BIN)/python -m devstack.k8s_tools
+	touch $@
+
+# Regenerate the Helm chart's values.schema.json from the configuration code.
+helm-schema: setup
+	$(BIN)/python -m devstack.helm_schema
+
 interop-jars: $(BCPROV)
 $(BCPROV):
 	mvn -q -B dependency:copy -Dartifact=org.bouncycastle:bcprov-jdk18on:1.83 -DoutputDirectory=$(CACHE)/interop
@@ -136,12 +152,13 @@ down:
 
 # docker-compose.yml on podman (installed, configured and given a debian:bookworm-slim base
 # image here when missing; devstack/containers.py): build, up, the demo's summary. The cluster
-# keeps running until `make compose-down`.
+# keeps running until `make compose-down`. TOPOLOGY=remote: docker-compose.remote.yml, the
+# sidecar as its own workload (TCP + mTLS, stream mode, no shared volume; docs/kubernetes.md).
 compose-demo: setup shim compose-tools
-	$(BIN)/python -m devstack.containers demo
+	$(BIN)/python -m devstack.containers demo --topology $(TOPOLOGY)
 
 compose-down: setup
-	$(BIN)/python -m devstack.containers down
+	$(BIN)/python -m devstack.containers down --topology $(TOPOLOGY)
 
 # Every benchmark, one after the other (each prints its own table; about 15 minutes).
 # Each also runs on its own: see the command in its docstring.

@@ -20,6 +20,10 @@ and deleted locally, and then consumes everything twice:
   ``rsm.config.fetch.readahead.bytes = 0``, one call per fetch; ``rsm-sidecar zstd+AES
   no-handoff`` (case ``ours-grpc``): the same with ``fetch.handoff_max_bytes = 0``, every
   byte over gRPC (read-ahead needs hand-off).
+* ``rsm-sidecar zstd+AES TCP+mTLS`` (case ``ours-tcp``): the sidecar where Strimzi puts it, not
+  in the broker's pod: in its own network namespace (``benchmarks/netns.py``: a veth pair, its
+  own TCP stack; needs root), reached over TCP with mutual TLS (a test CA's certificates), the
+  shim copying in **stream** mode, no shared hand-off directory.
 
 Every broker reads a local (untiered) topic of the same size before its remote reads (the
 ``local log`` case on the ``LocalTieredStorage`` broker, an unreported warm-up on ours), so no
@@ -39,7 +43,7 @@ per byte consumed (``rsm_storage_bytes_read``).
 
     .venv/bin/python benchmarks/remote_read.py [--records 2000000] [--record-size 200]
         [--segment-mib 16] [--fetch-size 1048576] [--compression none|lz4|zstd]
-        [--cases local,lts,ours,ours-plain,ours-no-readahead,ours-grpc] [--readahead-mib 8]
+        [--cases local,lts,ours,ours-plain,ours-no-readahead,ours-grpc,ours-tcp] [--readahead-mib 8]
         [--jfr DIR]
 
 ``--jfr DIR`` records a JFR profile of each broker (``-XX:StartFlightRecording``) into DIR,
@@ -65,6 +69,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.maven import maven_jar
+from benchmarks.netns import NetNs
 from benchmarks.synthetic import value
 from devstack.common import default_cache_dir, free_port
 from devstack.kafka import KafkaBroker, KafkaDistribution
@@ -353,9 +358,13 @@ def run_ours(
     payload: Path,
     handoff: bool = True,
     readahead: bool = True,
+    remote: bool = False,
 ) -> list[Read]:
+    """``remote``: the sidecar in its own network namespace over TCP + mTLS, stream mode."""
     port = free_port()
-    env = {"RSM__METRICS__LISTEN": f"127.0.0.1:{port}"}
+    ns = NetNs("tcp-mtls-bench") if remote else None
+    host = ns.inner_ip if ns else "127.0.0.1"
+    env = {"RSM__METRICS__LISTEN": f"{host}:{port}"}
     if not transforms:
         env["RSM__SEGMENT__COMPRESSION"] = "false"
     if not handoff:
@@ -368,12 +377,20 @@ def run_ours(
         sidecar_env=env,
         encryption=transforms,
         broker_properties={
-            "rsm.config.fetch.readahead.bytes": str(args.readahead_mib * MiB) if readahead else "0"
+            "rsm.config.fetch.readahead.bytes": str(args.readahead_mib * MiB) if readahead else "0",
+            **dict(kv.split("=", 1) for kv in args.shim),
         },
+        transfer_mode="stream" if remote else "path",
+        sidecar_tls=remote,
+        sidecar_host=host,
+        sidecar_prefix=ns.exec_prefix if ns else (),
+        shim_jar=args.shim_jar,
     )
     out = []
-    stack.start()
+    if ns:
+        ns.__enter__()
     try:
+        stack.start()
         broker = stack.broker
         assert broker is not None
         if args.jfr:  # restart the broker with the recording on
@@ -381,7 +398,7 @@ def run_ours(
             broker.jvm_options.extend(jfr_options(args, name.replace(" ", "-")))
             broker.start()
         bs = broker.bootstrap_servers
-        url = f"http://127.0.0.1:{port}/metrics"
+        url = f"http://{host}:{port}/metrics"
         # the same history as the LocalTieredStorage broker, whose "local log" read came first:
         # one local read, so the broker's fetch path is JIT-compiled before the remote reads
         create_topic(dist, bs, "bench-local", args.segment_mib * MiB, tiered=False)
@@ -399,6 +416,8 @@ def run_ours(
             say(out[-1])
     finally:
         stack.stop()
+        if ns:
+            ns.close()
     return out
 
 
@@ -457,9 +476,22 @@ def main(argv: list[str] | None = None) -> int:
         "above 8 the sidecar's fetch.handoff_max_bytes is raised to match",
     )
     ap.add_argument("--jfr", default=None, help="write a JFR recording of each broker into this directory")
+    ap.add_argument(
+        "--shim-jar",
+        type=Path,
+        default=None,
+        help="the shim jar of the ours cases (default: java-shim/target/rsm-sidecar-shim.jar)",
+    )
+    ap.add_argument(
+        "--shim",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra broker property for the ours cases (repeatable), e.g. rsm.config.fetch.window.bytes=0",
+    )
     args = ap.parse_args(argv)
     cases = set(args.cases.split(","))
-    unknown = cases - {"local", "lts", "ours", "ours-plain", "ours-no-readahead", "ours-grpc"}
+    unknown = cases - {"local", "lts", "ours", "ours-plain", "ours-no-readahead", "ours-grpc", "ours-tcp"}
     if unknown:
         ap.error(f"unknown cases {sorted(unknown)}")
 
@@ -490,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
             reads += run_ours(
                 "rsm-sidecar zstd+AES no-handoff", True, dist, work, args, payload, handoff=False
             )
+        if "ours-tcp" in cases:
+            reads += run_ours("rsm-sidecar zstd+AES TCP+mTLS", True, dist, work, args, payload, remote=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()

@@ -9,7 +9,12 @@ local-directory storage, zstd + AES-GCM. The same bytes are read from a local fi
 JVM in the same run, so the ratios are meaningful on a noisy shared machine; the seconds are not.
 
     .venv/bin/python benchmarks/shim.py [--size-mib 512] [--samples 60] [--copies 3]
-                                        [--sidecar-env RSM__KEY=VALUE ...]
+                                        [--sidecar-env RSM__KEY=VALUE ...] [--transport unix|tcp-mtls]
+
+``--transport tcp-mtls``: the sidecar in its own network namespace (``benchmarks/netns.py``, needs
+root) reached over TCP with mutual TLS, as a sidecar in another pod is (Strimzi); stream mode
+then sends every byte of a copy over TLS, while path mode still reads the broker's files (the
+namespace shares the filesystem), so the copy table compares the two on the same machine.
 
 What is measured:
 
@@ -48,6 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.netns import NetNs
 from benchmarks.remote_read import scrape
 from benchmarks.synthetic import batches
 from devstack.common import free_port
@@ -121,7 +127,9 @@ def drop_from_page_cache(path: Path) -> None:
 class Harness:
     """The Java harness process: one command per line, one ``RESULT {json}`` line per answer."""
 
-    def __init__(self, dist: KafkaDistribution, target: str, log_file: Path):
+    def __init__(
+        self, dist: KafkaDistribution, target: str, log_file: Path, config: dict[str, str] | None = None
+    ):
         lib = dist.lib_dir
         jars = [SHIM_JAR] + [lib / f"{a}-{dist.version}.jar" for a in ("kafka-clients", "kafka-storage-api")]
         jars += sorted(lib.glob("slf4j-api-*.jar"))[:1]
@@ -130,7 +138,8 @@ class Harness:
             raise SystemExit(f"missing jars: {missing} (run `make deps`)")
         self.log = open(log_file, "ab")
         self.proc = subprocess.Popen(
-            [_java_executable(), "-Xmx1g", "-cp", os.pathsep.join(map(str, jars)), str(HARNESS), target],
+            [_java_executable(), "-Xmx1g", "-cp", os.pathsep.join(map(str, jars)), str(HARNESS), target]
+            + [f"{k}={v}" for k, v in (config or {}).items()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -219,6 +228,12 @@ def main() -> None:
         help="print every random read (position, times, bytes returned by the first read())",
     )
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--transport",
+        choices=("unix", "tcp-mtls"),
+        default="unix",
+        help="how the shim reaches the sidecar: its Unix socket, or TCP + mTLS into a network namespace",
+    )
     args = ap.parse_args()
     if not SHIM_JAR.exists():
         raise SystemExit(f"{SHIM_JAR} is missing: run `make shim`")
@@ -232,12 +247,22 @@ def main() -> None:
     size = log_path.stat().st_size
 
     metrics_port = free_port()
-    extra_env = {"RSM__METRICS__LISTEN": f"127.0.0.1:{metrics_port}"}
+    ns = NetNs("tcp-mtls-shim-bench") if args.transport == "tcp-mtls" else None
+    host = ns.inner_ip if ns else "127.0.0.1"
+    extra_env = {"RSM__METRICS__LISTEN": f"{host}:{metrics_port}"}
     extra_env.update(kv.split("=", 1) for kv in args.sidecar_env)
-    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    metrics_url = f"http://{host}:{metrics_port}/metrics"
     # path mode reads the segment (and the warm-up segment) from the work directory
     extra_env.setdefault("RSM__COPY__ALLOWED_DIRS", str(work))
-    stack = LocalStack(work / "stack", sidecar_env=extra_env)
+    stack = LocalStack(
+        work / "stack",
+        sidecar_env=extra_env,
+        sidecar_tls=ns is not None,
+        sidecar_host=host,
+        sidecar_prefix=ns.exec_prefix if ns else (),
+    )
+    if ns:
+        ns.__enter__()
     stack.start_storage()
     cfg_path, env = stack.sidecar_config_env()
     cfg = Config.load(cfg_path, environ=env)
@@ -245,7 +270,8 @@ def main() -> None:
     harness = None
     try:
         stack.start_sidecar()
-        harness = Harness(dist, stack.sidecar_target, work / "harness.log")
+        tls = {k[len("rsm.config.") :]: str(v) for k, v in stack.broker_properties().items() if ".tls." in k}
+        harness = Harness(dist, stack.sidecar_target, work / "harness.log", tls)
         print(
             f"segment: {size / MiB:.0f} MiB, offsets 0..{last_offset}, indexes "
             f"{(seg_dir / f'{0:020d}.index').stat().st_size // 1024} KiB offset / "
@@ -254,7 +280,8 @@ def main() -> None:
             f"chunk cache {cfg['cache.chunk_bytes'] // MiB} MiB, prefetch {prefetch // MiB} MiB, "
             f"compression {cfg['segment.compression']}, encryption {cfg['encryption.enabled']}, "
             f"fetch.max_range_bytes {cfg['fetch.max_range_bytes'] // MiB} MiB, "
-            f"storage {cfg['storage.backend']}; shim on Kafka {dist.version} jars; {os.cpu_count()} CPUs",
+            f"storage {cfg['storage.backend']}; shim on Kafka {dist.version} jars; {os.cpu_count()} CPUs; "
+            f"transport {args.transport}",
             flush=True,
         )
         results = run(
@@ -264,6 +291,8 @@ def main() -> None:
         if harness is not None:
             harness.close()
         stack.stop()
+        if ns:
+            ns.close()
     report(results, size)
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)

@@ -31,16 +31,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from devstack.common import free_port
+from devstack.common import default_cache_dir, free_port
 from devstack.kafka import KafkaBroker, KafkaDistribution, random_cluster_id
-from devstack.sidecar import SidecarProcess
-from devstack.stack import CONFIG_DIR, TieredStorageBase, read_properties, runtime_dir_for
+from devstack.stack import CONFIG_DIR, LocalStack, read_properties
 
 #: the controller's node id; brokers are 1..N
 CONTROLLER_ID = 0
@@ -52,56 +50,65 @@ CONTROLLER_HEAP = ("-Xms128m", "-Xmx256m")
 CONTROLLER_PROPERTIES = {"remote.log.storage.system.enable": "true"}
 
 
-class ClusterNode:
-    """Broker ``node_id`` and its sidecar, in ``<cluster workdir>/broker-<id>``."""
+class ClusterNode(LocalStack):
+    """Broker ``node_id`` and its sidecar, in ``<cluster workdir>/broker-<id>``: a
+    :class:`LocalStack` whose broker is a broker-only node of the cluster and whose object store
+    and keys are the cluster's (it starts no storage of its own)."""
 
-    def __init__(
-        self,
-        cluster: ClusterStack,
-        node_id: int,
-        dist: KafkaDistribution,
-        port: int | None = None,
-    ):
+    def __init__(self, cluster: ClusterStack, node_id: int, port: int | None = None):
+        self.cluster = cluster
         self.node_id = node_id
-        self.workdir = cluster.workdir / f"broker-{node_id}"
         self.metrics_port = free_port() if cluster.metrics else None
-        env = cluster.sidecar_environment_for(self.socket_path, self.workdir / "journal", self.log_dir)
+        sidecar_env = dict(cluster.extra_sidecar_env)
         if self.metrics_port is not None:
-            env["RSM__METRICS__LISTEN"] = f"127.0.0.1:{self.metrics_port}"
-        self.sidecar_env = env
-        self.sidecar = SidecarProcess(CONFIG_DIR / "sidecar.toml", self.workdir, env, self.sidecar_target)
-        props = cluster.broker_properties_for(
-            self.workdir / "shim", self.sidecar_target, self.log_dir, cluster=True
+            sidecar_env["RSM__METRICS__LISTEN"] = f"127.0.0.1:{self.metrics_port}"
+        super().__init__(
+            cluster.workdir / f"broker-{node_id}",
+            storage=cluster.storage,
+            transfer_mode=cluster.transfer_mode,
+            kafka_version=cluster.kafka_version,
+            broker_port=port,
+            sidecar_env=sidecar_env,
+            broker_properties=cluster.extra_broker_properties,
+            encryption=cluster.encryption,
+            broker_jvm_options=cluster.jvm_options,
+            broker_options={
+                "heap_options": cluster.broker_heap,
+                "node_id": node_id,
+                "cluster_id": cluster.cluster_id,
+                "role": "broker",
+                "quorum_voters": cluster.quorum_voters,
+            },
         )
-        self.broker = KafkaBroker(
-            dist,
-            self.workdir / "kafka",
-            extra_properties=props,
-            ports={"broker": port} if port else None,
-            heap_options=cluster.broker_heap,
-            jvm_options=cluster.jvm_options,
-            node_id=node_id,
-            cluster_id=cluster.cluster_id,
-            role="broker",
-            quorum_voters=cluster.quorum_voters,
-        )
+
+    # the cluster's object store and keys
+    @property
+    def remote_root(self) -> Path:
+        return self.cluster.shared.remote_root
 
     @property
-    def runtime_dir(self) -> Path:
-        return runtime_dir_for(self.workdir)
+    def keys_dir(self) -> Path:
+        return self.cluster.shared.keys_dir
 
-    @property
-    def socket_path(self) -> Path:
-        return self.runtime_dir / "rsm.sock"
+    def start_storage(self) -> None:
+        """Nothing: the cluster started the object store."""
 
-    @property
-    def sidecar_target(self) -> str:
-        return f"unix://{self.socket_path}"
+    def storage_environment(self) -> dict[str, str]:
+        return self.cluster.shared.storage_environment()
+
+    def broker_properties(self) -> dict[str, object]:
+        """config/broker-tiered.properties, then config/cluster.properties, then the cluster's
+        extra broker properties."""
+        props = super().broker_properties()
+        for key, value in read_properties(CONFIG_DIR / "cluster.properties", {}).items():
+            if key not in self.extra_broker_properties:
+                props[key] = value
+        return props
 
     @property
     def log_dir(self) -> Path:
         """The broker's ``log.dirs``: the only directory its sidecar reads in path mode."""
-        return self.workdir / "kafka" / "data"
+        return self.broker_log_dir
 
     @property
     def metrics_url(self) -> str:
@@ -109,38 +116,18 @@ class ClusterNode:
             raise RuntimeError("the cluster was started without sidecar metrics (metrics=True)")
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    def start(self) -> ClusterNode:
-        """The sidecar, then the broker (whose shim dials the sidecar at start-up)."""
-        self.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not self.sidecar.is_running():
-            self.sidecar.start()
-        if not self.broker.is_running():
-            self.broker.start()
-        return self
-
-    def restart_sidecar(self) -> None:
-        """SIGTERM the sidecar (it drains running calls) and start it again; the broker runs on."""
-        self.sidecar.stop()
-        self.sidecar.start()
-
-    def stop(self) -> None:
-        """The broker (controlled shutdown), then its sidecar."""
-        self.broker.stop()
-        self.sidecar.stop()
-
     def __repr__(self) -> str:
         return f"ClusterNode({self.node_id}, {self.broker!r})"
 
 
-class ClusterStack(TieredStorageBase):
+class ClusterStack:
     """One controller, ``brokers`` brokers (node ids 1..N, at least three) and their sidecars.
 
     ``broker_ports`` fixes the brokers' ports (else free ones), ``broker_properties`` are added
     to every broker's (last), ``controller_properties`` to the controller's, ``sidecar_env`` to
     every sidecar's environment, ``jvm_options`` to every Kafka JVM's command line (after the
-    heap). ``metrics=True`` gives every sidecar a metrics port
-    (:attr:`ClusterNode.metrics_url`). After :meth:`start`, ``start_seconds`` is how long the
-    start took.
+    heap). ``metrics=True`` gives every sidecar a metrics port (:attr:`ClusterNode.metrics_url`).
+    After :meth:`start`, ``start_seconds`` is how long the start took.
     """
 
     def __init__(
@@ -167,17 +154,17 @@ class ClusterStack(TieredStorageBase):
             )
         if broker_ports is not None and len(broker_ports) != brokers:
             raise ValueError(f"{len(broker_ports)} broker ports for {brokers} brokers")
-        super().__init__(
-            workdir,
-            storage=storage,
-            transfer_mode=transfer_mode,
-            kafka_version=kafka_version,
-            sidecar_env=sidecar_env,
-            broker_properties=broker_properties,
-            encryption=encryption,
-        )
+        self.workdir = Path(workdir).resolve()
+        self.storage = storage
+        self.transfer_mode = transfer_mode
+        self.kafka_version = kafka_version
+        self.extra_sidecar_env = dict(sidecar_env or {})
+        self.extra_broker_properties = dict(broker_properties or {})
+        self.encryption = encryption
+        #: the object store and the keys every node shares (its broker and sidecar are unused)
+        self.shared = LocalStack(self.workdir, storage=storage, encryption=encryption)
         self.broker_count = brokers
-        self.broker_ports = list(broker_ports) if broker_ports else [None] * brokers
+        self.broker_ports: list[int | None] = list(broker_ports) if broker_ports else [None] * brokers
         self.controller_properties = {
             **read_properties(CONFIG_DIR / "cluster.properties", {}),
             **CONTROLLER_PROPERTIES,
@@ -205,7 +192,11 @@ class ClusterStack(TieredStorageBase):
     @property
     def dist(self) -> KafkaDistribution:
         if self._dist is None:
-            self._dist = self.distribution()
+            self._dist = (
+                KafkaDistribution.ensure(self.kafka_version, default_cache_dir())
+                if self.kafka_version
+                else KafkaDistribution.ensure()
+            )
         return self._dist
 
     @property
@@ -217,7 +208,7 @@ class ClusterStack(TieredStorageBase):
     def start(self) -> ClusterStack:
         t0 = time.monotonic()
         try:
-            self.start_storage()
+            self.shared.start_storage()
             self.controller = KafkaBroker(
                 self.dist,
                 self.workdir / "controller",
@@ -229,7 +220,7 @@ class ClusterStack(TieredStorageBase):
                 role="controller",
             )
             for i, port in enumerate(self.broker_ports, start=1):
-                self.nodes[i] = ClusterNode(self, i, self.dist, port)
+                self.nodes[i] = ClusterNode(self, i, port)
             parallel([self.controller.start, *(node.start for node in self.nodes.values())])
         except BaseException:
             self.stop()
@@ -240,28 +231,24 @@ class ClusterStack(TieredStorageBase):
     def add_broker(self) -> ClusterNode:
         """One more broker with its own sidecar (node id: the highest so far + 1), started."""
         node_id = max(self.nodes) + 1
-        node = ClusterNode(self, node_id, self.dist)
+        node = ClusterNode(self, node_id)
         self.nodes[node_id] = node
         return node.start()
 
     def remove_broker(self, node_id: int) -> None:
         """Stop broker ``node_id`` and its sidecar and forget them (the controller keeps the
         broker registered, fenced, as after any broker failure)."""
-        node = self.nodes.pop(node_id)
-        node.stop()
-        _remove_runtime_dir(node.runtime_dir)
+        self.nodes.pop(node_id).stop()
 
     def stop(self, graceful: bool = True) -> None:
         """Every broker (controlled shutdowns, in parallel; ``graceful=False``: SIGKILL, for a
         cluster whose data is thrown away), every sidecar, the controller, the object store."""
         nodes = list(self.nodes.values())
-        parallel([node.broker.stop if graceful else node.broker.kill for node in nodes])
-        parallel([node.sidecar.stop for node in nodes])
+        parallel([n.broker.stop if graceful else n.broker.kill for n in nodes if n.broker is not None])
+        parallel([node.stop for node in nodes])  # the sidecars, their runtime directories
         if self.controller is not None:
             (self.controller.stop if graceful else self.controller.kill)()
-        self.stop_storage()
-        for node in nodes:
-            _remove_runtime_dir(node.runtime_dir)
+        self.shared.stop()
 
     def __enter__(self) -> ClusterStack:
         return self.start()
@@ -272,15 +259,16 @@ class ClusterStack(TieredStorageBase):
     # -- what tests and launchers look at ------------------------------------------------------
     @property
     def bootstrap_servers(self) -> str:
-        return ",".join(node.broker.bootstrap_servers for node in self.nodes.values())
+        return ",".join(node.bootstrap_servers for node in self.nodes.values())
 
-    def sidecar_environment(self) -> dict[str, str]:
-        return next(iter(self.nodes.values())).sidecar_env
+    def sidecar_config_env(self) -> tuple[Path, dict[str, str]]:
+        """The config file and environment of the sidecars (the first one's: they share the
+        storage and the keys): what `rsm-sidecar inspect --config` needs."""
+        return next(iter(self.nodes.values())).sidecar_config_env()
 
-
-def _remove_runtime_dir(path: Path) -> None:
-    if path.parent == Path("/dev/shm"):
-        shutil.rmtree(path, ignore_errors=True)
+    def object_store(self):
+        """An ObjectStore on the storage the sidecars share (for assertions)."""
+        return next(iter(self.nodes.values())).object_store()
 
 
 def parallel(calls: Iterable[Callable[[], object]]) -> None:

@@ -419,16 +419,27 @@ class ComposeError(RuntimeError):
 
 
 class ComposeProject:
-    """The compose CLI for docker-compose.yml as project ``name``, on a podman service."""
+    """The compose CLI for ``files`` (docker-compose.yml) as project ``name``, on a podman
+    service; ``env`` adds variables the compose files interpolate."""
 
-    def __init__(self, service: PodmanService, name: str):
+    def __init__(
+        self,
+        service: PodmanService,
+        name: str,
+        files: Sequence[Path] = (REPO / "docker-compose.yml",),
+        env: Mapping[str, str] | None = None,
+    ):
         from devstack.compose_tools import compose_command
 
         cli = compose_command()
-        self.argv = [*cli, "-f", str(REPO / "docker-compose.yml"), "-p", name]
-        self.env = service.environment()
+        flags = [arg for f in files for arg in ("-f", str(f))]
+        self.argv = [*cli, *flags, "-p", name]
+        self.env = {**service.environment(), **(env or {})}
         #: the same command for a person in the repository root
-        self.hint = f"DOCKER_HOST={service.docker_host} {' '.join(cli)} -f docker-compose.yml -p {name}"
+        shown = " ".join(
+            f"-f {Path(f).relative_to(REPO) if Path(f).is_relative_to(REPO) else f}" for f in files
+        )
+        self.hint = f"DOCKER_HOST={service.docker_host} {' '.join(cli)} {shown} -p {name}"
 
     def run(
         self, *args: str, timeout: float = 1800, check: bool = True, capture: bool = True
@@ -455,11 +466,24 @@ class ComposeProject:
         return self.run("logs", "--no-color", service, check=False).stdout
 
 
-def demo(cache: Path | None = None) -> int:
-    """Build every image, start the cluster, print the demo's summary, leave it running."""
+def demo(cache: Path | None = None, topology: str = "local") -> int:
+    """Build every image, start the cluster, print the demo's summary, leave it running.
+    ``topology="remote"``: docker-compose.remote.yml instead (devstack.remote_topology)."""
     cache = Path(cache or default_cache_dir())
     for key, value in prepare(cache).items():
         print(f"engine {key}: {value}", flush=True)
+    service = _start_service(cache)
+    if service is None:
+        return 1
+    if topology == "remote":
+        from devstack.remote_topology import demo as remote_demo
+
+        return remote_demo(service)
+    return _local_demo(service)
+
+
+def _start_service(cache: Path) -> PodmanService | None:
+    """The running ``serve`` process's service, or a new one left running in the background."""
     service = _running_service(cache)
     if service is None:
         log = cache / "podman" / "serve.out"
@@ -479,8 +503,12 @@ def demo(cache: Path | None = None) -> int:
         while not (service.socket.exists() and service.answers()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 print(f"the podman service did not start; see {log}", file=sys.stderr)
-                return 1
+                return None
             time.sleep(0.5)
+    return service
+
+
+def _local_demo(service: PodmanService) -> int:
     project = ComposeProject(service, DEMO_PROJECT)
     t0 = time.monotonic()
     if project.run("build", check=False, capture=False).returncode != 0:
@@ -511,17 +539,19 @@ def demo(cache: Path | None = None) -> int:
     return 1 if failed else 0
 
 
-def down(cache: Path | None = None) -> int:
+def down(cache: Path | None = None, topology: str = "local") -> int:
     cache = Path(cache or default_cache_dir())
     service = _running_service(cache)
     if service is None:
         print("no compose demo is running")
         return 0
-    code = (
-        ComposeProject(service, DEMO_PROJECT)
-        .run("down", "-v", "--remove-orphans", check=False, capture=False)
-        .returncode
-    )
+    if topology == "remote":
+        from devstack.remote_topology import Topology
+
+        project: ComposeProject = Topology(service).compose
+    else:
+        project = ComposeProject(service, DEMO_PROJECT)
+    code = project.run("down", "-v", "--remove-orphans", check=False, capture=False).returncode
     pid = int(_service_pid_file(cache).read_text())
     os.kill(pid, 15)
     _service_pid_file(cache).unlink(missing_ok=True)
@@ -542,15 +572,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare", help="install and configure podman, make the base image (idempotent)")
     sub.add_parser("serve", help="the podman API service and its health checks, until Ctrl+C")
-    sub.add_parser("demo", help="prepare, build, up, print the demo's summary; leaves the cluster running")
-    sub.add_parser("down", help="stop the demo cluster (down -v) and the podman service")
+    topologies = ("local", "remote")
+    demo_p = sub.add_parser(
+        "demo", help="prepare, build, up, print the demo's summary; leaves the cluster running"
+    )
+    down_p = sub.add_parser("down", help="stop the demo cluster (down -v) and the podman service")
+    for p in (demo_p, down_p):
+        p.add_argument(
+            "--topology",
+            choices=topologies,
+            default="local",
+            help="local: docker-compose.yml; remote: docker-compose.remote.yml (the sidecar as its own "
+            "workload, TCP + mTLS, stream mode)",
+        )
     args = ap.parse_args(argv)
     try:
         if args.cmd == "prepare":
             for key, value in prepare().items():
                 print(f"{key}: {value}")
             return 0
-        return {"serve": serve, "demo": demo, "down": down}[args.cmd]()
+        if args.cmd == "serve":
+            return serve()
+        return {"demo": demo, "down": down}[args.cmd](topology=args.topology)
     except EngineUnavailable as e:
         print(f"devstack.containers: {e}", file=sys.stderr)
         return 1

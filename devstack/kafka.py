@@ -200,10 +200,16 @@ class KafkaDistribution:
         tmp.rename(self.home / _STAMP_NAME)
 
     def java_command(
-        self, main_class: str, args: Iterable[str] = (), jvm_options: Iterable[str] = ()
+        self,
+        main_class: str,
+        args: Iterable[str] = (),
+        jvm_options: Iterable[str] = (),
+        extra_classpath: Iterable[Path] = (),
     ) -> list[str]:
-        """The argv that runs ``main_class`` on this distribution's class path."""
-        return [_java_executable(), *jvm_options, "-cp", self.classpath, main_class, *args]
+        """The argv that runs ``main_class`` on this distribution's class path (plus
+        ``extra_classpath``)."""
+        cp = os.pathsep.join([self.classpath, *map(str, extra_classpath)])
+        return [_java_executable(), *jvm_options, "-cp", cp, main_class, *args]
 
     def log_config_options(self, config_file: Path) -> list[str]:
         """JVM options pointing the logging framework of this version at ``config_file``."""
@@ -321,8 +327,9 @@ class KafkaBroker:
         KafkaBroker(dist, wd, extra_properties={"remote.log.storage.system.enable": True, ...})
 
     ``jvm_options`` are appended after the heap options; ``env`` is added to the broker's
-    environment (e.g. ``KAFKA_OPTS`` is not read here: pass JVM options directly). Use it as a
-    context manager or call :meth:`start` and :meth:`stop`.
+    environment (e.g. ``KAFKA_OPTS`` is not read here: pass JVM options directly);
+    ``extra_classpath`` is added to the broker's class path (a plugin jar put beside Kafka's own,
+    as in ``libs/``). Use it as a context manager or call :meth:`start` and :meth:`stop`.
 
     A broker counts as started once it is registered and unfenced (its own metadata lists it);
     a controller once its server has started.
@@ -342,6 +349,7 @@ class KafkaBroker:
         cluster_id: str | None = None,
         startup_timeout: float = 120.0,
         log_level: str = "INFO",
+        extra_classpath: Iterable[Path] = (),
         role: str = "combined",
         quorum_voters: str | None = None,
     ) -> None:
@@ -352,6 +360,7 @@ class KafkaBroker:
         self.role = role
         self.quorum_voters = quorum_voters
         self.dist = dist
+        self.extra_classpath = [Path(p) for p in extra_classpath]
         self.workdir = Path(workdir).resolve()
         self.extra_properties = dict(extra_properties or {})
         self._given_ports = dict(ports or {})
@@ -516,6 +525,7 @@ class KafkaBroker:
                 *self.dist.log_config_options(log_config),
                 *self.jvm_options,
             ],
+            self.extra_classpath,
         )
         self._stdout = open(self.logs_dir / "stdout.log", "ab")
         log_offset = self.server_log.stat().st_size if self.server_log.exists() else 0

@@ -34,6 +34,7 @@ TOOLS: dict[str, str] = {
     "kafka-consumer-perf-test": "org.apache.kafka.tools.ConsumerPerformance",
     "kafka-broker-api-versions": "org.apache.kafka.tools.BrokerApiVersionsCommand",
     "kafka-transactions": "org.apache.kafka.tools.TransactionsCommand",
+    "kafka-jmx": "org.apache.kafka.tools.JmxTool",
     # a cluster's (make up BROKERS=3)
     "kafka-reassign-partitions": "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
     "kafka-leader-election": "org.apache.kafka.tools.LeaderElectionCommand",
@@ -44,6 +45,7 @@ TOOLS: dict[str, str] = {
 _TOOLS_3X = {
     "kafka-configs": "kafka.admin.ConfigCommand",
     "kafka-dump-log": "kafka.tools.DumpLogSegments",
+    "kafka-jmx": "kafka.tools.JmxTool",
 }
 
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -18,13 +18,27 @@ from devstack.common import REPO_ROOT, kill_process, terminate_process
 
 class SidecarProcess:
     """``rsm-sidecar serve --config <config>`` with ``env`` overrides (RSM__...), logs in
-    ``<workdir>/logs/sidecar.log``."""
+    ``<workdir>/logs/sidecar.log``. ``tls`` (trusted CAs, client key, client certificate, all
+    PEM) and ``authority`` (the name its certificate holds) are what the health check dials a
+    TLS sidecar with; ``prefix`` runs it under another command (``ip netns exec NS``)."""
 
-    def __init__(self, config: Path, workdir: Path, env: Mapping[str, str], target: str):
+    def __init__(
+        self,
+        config: Path,
+        workdir: Path,
+        env: Mapping[str, str],
+        target: str,
+        tls: tuple[bytes, bytes, bytes] | None = None,
+        authority: str | None = None,
+        prefix: Sequence[str] = (),
+    ):
         self.config = Path(config)
         self.workdir = Path(workdir)
         self.env = dict(env)
         self.target = target  # what clients dial: host:port or unix:///path
+        self.tls = tls
+        self.authority = authority
+        self.prefix = list(prefix)
         self._proc: subprocess.Popen | None = None
 
     @property
@@ -43,7 +57,15 @@ class SidecarProcess:
         log = open(self.log_file, "ab")
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(self.config)],
+            [
+                *self.prefix,
+                sys.executable,
+                "-m",
+                "rsm_sidecar.cli.main",
+                "serve",
+                "--config",
+                str(self.config),
+            ],
             cwd=REPO_ROOT,
             env=env,
             stdout=log,
@@ -61,7 +83,7 @@ class SidecarProcess:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"rsm-sidecar exited with {self._proc.returncode}:\n{self.log_tail()}")
             try:
-                with grpc.insecure_channel(self.target) as ch:
+                with self.channel() as ch:
                     resp = health_pb2_grpc.HealthStub(ch).Check(
                         health_pb2.HealthCheckRequest(service=""), timeout=1
                     )
@@ -73,6 +95,13 @@ class SidecarProcess:
         raise RuntimeError(
             f"rsm-sidecar not serving on {self.target} after {timeout:.0f}s:\n{self.log_tail()}"
         )
+
+    def channel(self) -> grpc.Channel:
+        """A channel to the sidecar, with the client certificate when it speaks TLS."""
+        if self.tls is None:
+            return grpc.insecure_channel(self.target)
+        options = [("grpc.ssl_target_name_override", self.authority)] if self.authority else []
+        return grpc.secure_channel(self.target, grpc.ssl_channel_credentials(*self.tls), options=options)
 
     def log_tail(self, lines: int = 30) -> str:
         try:

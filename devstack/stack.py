@@ -3,8 +3,6 @@ rsm-sidecar process, and object storage (local directory by default; SeaweedFS f
 ``s3``, fake-gcs-server for ``gcs``, Azurite for ``azure``). One launcher for ``make up``, ``make demo`` and
 the end-to-end tests. Broker and sidecar settings come from ``config/`` (the files the
 docker-compose cluster mounts too); this module only fills in paths and addresses.
-:class:`TieredStorageBase` is what a stack of several brokers shares with it
-(devstack/cluster.py).
 
 Logs: ``<workdir>/logs/`` (sidecar.log) and ``<workdir>/kafka/logs/`` (server.log).
 """
@@ -14,17 +12,30 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+import socket
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from devstack.common import REPO_ROOT, default_cache_dir
+from devstack.common import REPO_ROOT, default_cache_dir, free_port
 from devstack.kafka import KafkaBroker, KafkaDistribution
 from devstack.sidecar import SidecarProcess
 
 CONFIG_DIR = REPO_ROOT / "config"
 SHIM_JAR = REPO_ROOT / "java-shim" / "target" / "rsm-sidecar-shim.jar"
 DEMO_KEY_ID = "demo-key-1"
+#: the name in the test sidecar certificate (``sidecar_tls``); the shim checks it
+TLS_AUTHORITY = "sidecar.test"
 BUCKET = "tiered-storage"
+
+
+def _serving(socket_path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket ``socket_path``."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(socket_path))
+        except OSError:
+            return False
+    return True
 
 
 def read_properties(path: Path, values: Mapping[str, str]) -> dict[str, str]:
@@ -43,22 +54,7 @@ def read_properties(path: Path, values: Mapping[str, str]) -> dict[str, str]:
     return props
 
 
-def runtime_dir_for(workdir: Path) -> Path:
-    """Where a sidecar of ``workdir`` keeps its socket and its fetch hand-off directory: on the
-    tmpfs ``/dev/shm`` when there is one (as production puts them in ``/run``: hand-off files then
-    never meet a disk's writeback), else ``<workdir>/run``."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
-        digest = hashlib.sha256(str(workdir).encode()).hexdigest()[:12]
-        return shm / f"rsm-sidecar-{os.getuid()}-{digest}"
-    return workdir / "run"
-
-
-class TieredStorageBase:
-    """What every stack shares, whatever its number of brokers: the object store (started by
-    :meth:`start_storage`), the encryption keys, and the sidecar environment and broker
-    properties of one broker-sidecar pair."""
-
+class LocalStack:
     def __init__(
         self,
         workdir: str | os.PathLike,
@@ -66,18 +62,66 @@ class TieredStorageBase:
         storage: str = "local",
         transfer_mode: str = "path",
         kafka_version: str | None = None,
+        broker_port: int | None = None,
         sidecar_env: Mapping[str, str] | None = None,
         broker_properties: Mapping[str, object] | None = None,
         encryption: bool = True,
+        sidecar_tls: bool = False,
+        sidecar_host: str = "127.0.0.1",
+        sidecar_prefix: Sequence[str] = (),
+        shim_on_classpath: bool = False,
+        broker_jvm_options: Sequence[str] = (),
+        shim_jar: Path | None = None,
+        broker_options: Mapping[str, object] | None = None,
     ):
+        """``sidecar_tls``: the sidecar is reached over TCP with mutual TLS (certificates of a test
+        CA in Secret-volume-like directories, ``tls_ca``, ``sidecar_secret``, ``broker_secret``)
+        at ``sidecar_host``, as when it is not in the broker's pod; ``sidecar_prefix`` runs it
+        under another command (``ip netns exec NS``). ``shim_on_classpath``: the shim jar is on
+        the broker's own class path instead of ``remote.log.storage.manager.class.path`` (what
+        KIP-877 plugin metrics need, docs/shim.md). ``shim_jar``: another build of the shim than
+        ``make shim``'s (benchmarks compare builds). ``broker_options``: more arguments of the
+        broker's :class:`~devstack.kafka.KafkaBroker` (a broker of a cluster: devstack/cluster.py)."""
         self.workdir = Path(workdir).resolve()
         self.storage = storage
         self.transfer_mode = transfer_mode
         self.kafka_version = kafka_version
+        self.broker_port = broker_port
         self.extra_sidecar_env = dict(sidecar_env or {})
         self.extra_broker_properties = dict(broker_properties or {})
         self.encryption = encryption
+        self.sidecar_tls = sidecar_tls
+        self.sidecar_host = sidecar_host
+        self.sidecar_prefix = list(sidecar_prefix)
+        self.shim_on_classpath = shim_on_classpath
+        self.broker_jvm_options = list(broker_jvm_options)
+        self.shim_jar = Path(shim_jar) if shim_jar else SHIM_JAR
+        self.broker_options = dict(broker_options or {})
+        self.tls_ca = None
+        self.sidecar_secret = None
+        self.broker_secret = None
+        self.sidecar_port = free_port() if sidecar_tls else None
         self.storage_server = None
+        self.sidecar: SidecarProcess | None = None
+        #: whether start_sidecar created the runtime directory (stop removes only that)
+        self._created_runtime_dir = False
+        self.broker: KafkaBroker | None = None
+
+    # -- paths ------------------------------------------------------------------------
+    @property
+    def runtime_dir(self) -> Path:
+        """The sidecar's socket and its fetch hand-off directory: on the tmpfs ``/dev/shm``
+        when there is one (as production puts them in ``/run``: hand-off files then never
+        meet a disk's writeback), else ``<workdir>/run``."""
+        shm = Path("/dev/shm")
+        if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+            digest = hashlib.sha256(str(self.workdir).encode()).hexdigest()[:12]
+            return shm / f"rsm-sidecar-{os.getuid()}-{digest}"
+        return self.workdir / "run"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.runtime_dir / "rsm.sock"
 
     @property
     def remote_root(self) -> Path:
@@ -87,10 +131,33 @@ class TieredStorageBase:
     def keys_dir(self) -> Path:
         return self.workdir / "keys"
 
-    def distribution(self) -> KafkaDistribution:
-        if self.kafka_version:
-            return KafkaDistribution.ensure(self.kafka_version, default_cache_dir())
-        return KafkaDistribution.ensure()
+    @property
+    def broker_log_dir(self) -> Path:
+        """The broker's `log.dirs`: the only directory the sidecar reads in path mode."""
+        return self.workdir / "kafka" / "data"
+
+    @property
+    def sidecar_target(self) -> str:
+        if self.sidecar_tls:
+            return f"{self.sidecar_host}:{self.sidecar_port}"
+        return f"unix://{self.socket_path}"
+
+    def _ensure_tls(self) -> None:
+        if self.tls_ca is not None:
+            return
+        from devstack.tls import SecretVolume, TestCA
+
+        self.tls_ca = ca = TestCA("rsm-sidecar stack CA")
+        server = ca.issue(TLS_AUTHORITY, dns=[TLS_AUTHORITY], ips=[self.sidecar_host])
+        client = ca.issue("kafka-broker")
+        self.sidecar_secret = SecretVolume(
+            self.workdir / "tls" / "sidecar",
+            {"tls.crt": server.cert_pem, "tls.key": server.key_pem, "ca.crt": ca.cert_pem},
+        )
+        self.broker_secret = SecretVolume(
+            self.workdir / "tls" / "broker",
+            {"tls.crt": client.cert_pem, "tls.key": client.key_pem, "ca.crt": ca.cert_pem},
+        )
 
     # -- pieces -----------------------------------------------------------------------
     def _ensure_keys(self) -> None:
@@ -103,18 +170,22 @@ class TieredStorageBase:
         self.keys_dir.mkdir(parents=True, exist_ok=True)
         write_key_pair(pub, priv, 2048, overwrite=True)
 
-    def sidecar_environment_for(self, socket_path: Path, journal_dir: Path, log_dir: Path) -> dict[str, str]:
-        """RSM__ settings of a sidecar listening on ``socket_path`` for the broker whose
-        ``log.dirs`` is ``log_dir`` (the only directory it reads in path mode)."""
+    def sidecar_environment(self) -> dict[str, str]:
         env = {
-            "RSM__SERVER__LISTEN": f"unix://{socket_path}",
+            "RSM__SERVER__LISTEN": self.sidecar_target,
             "RSM__METRICS__LISTEN": "",
             "RSM__STORAGE__BACKEND": self.storage,
-            "RSM__COPY__JOURNAL_DIR": str(journal_dir),
-            "RSM__COPY__ALLOWED_DIRS": str(log_dir),
+            "RSM__COPY__JOURNAL_DIR": str(self.workdir / "journal"),
+            "RSM__COPY__ALLOWED_DIRS": str(self.broker_log_dir),
         }
-        log_dir.mkdir(parents=True, exist_ok=True)
+        self.broker_log_dir.mkdir(parents=True, exist_ok=True)
         env.update(self.storage_environment())
+        if self.sidecar_tls:
+            self._ensure_tls()
+            assert self.sidecar_secret is not None
+            env["RSM__SERVER__TLS__CERT_FILE"] = str(self.sidecar_secret.file("tls.crt"))
+            env["RSM__SERVER__TLS__KEY_FILE"] = str(self.sidecar_secret.file("tls.key"))
+            env["RSM__SERVER__TLS__CLIENT_CA_FILE"] = str(self.sidecar_secret.file("ca.crt"))
         if self.encryption:
             self._ensure_keys()
             for leaf in ("public", "private"):
@@ -181,102 +252,24 @@ class TieredStorageBase:
             }
         return {"RSM__STORAGE__LOCAL__ROOT": str(self.remote_root)}
 
-    def broker_properties_for(
-        self, plugin_dir: Path, target: str, log_dir: Path, cluster: bool = False
-    ) -> dict[str, object]:
-        """The tiered-storage properties of a broker whose sidecar listens on ``target``, with the
-        shim jar copied into ``plugin_dir``: config/broker-tiered.properties, then (``cluster``)
-        config/cluster.properties, then the stack's own extra properties."""
-        if not SHIM_JAR.exists():
-            raise FileNotFoundError(f"{SHIM_JAR} is missing: run `make shim`")
-        plugin_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(SHIM_JAR, plugin_dir / SHIM_JAR.name)
-        values = {"SHIM_DIR": str(plugin_dir), "SIDECAR_TARGET": target, "TRANSFER_MODE": self.transfer_mode}
-        props: dict[str, object] = dict(read_properties(CONFIG_DIR / "broker-tiered.properties", values))
-        if cluster:
-            props.update(read_properties(CONFIG_DIR / "cluster.properties", values))
-        props["log.dirs"] = str(log_dir)
-        props.update(self.extra_broker_properties)
-        return props
-
-    def sidecar_environment(self) -> dict[str, str]:
-        """The RSM__ settings of the (first) sidecar."""
-        raise NotImplementedError
-
-    def sidecar_config_env(self) -> tuple[Path, dict[str, str]]:
-        """The config file and environment the sidecar runs with: what `rsm-sidecar
-        inspect --config` needs to see the same storage and keys (every sidecar of a stack
-        shares them)."""
-        return CONFIG_DIR / "sidecar.toml", self.sidecar_environment()
-
-    def object_store(self):
-        """An ObjectStore on the same storage the sidecars use (for assertions)."""
-        from rsm_sidecar.config import Config
-        from rsm_sidecar.storage.factory import open_store
-
-        return open_store(Config.load(*self.sidecar_config_env()))
-
-    def stop_storage(self) -> None:
-        if self.storage_server is not None:
-            self.storage_server.stop()
-
-
-class LocalStack(TieredStorageBase):
-    """One broker (a combined KRaft node) and its sidecar."""
-
-    def __init__(
-        self,
-        workdir: str | os.PathLike,
-        *,
-        storage: str = "local",
-        transfer_mode: str = "path",
-        kafka_version: str | None = None,
-        broker_port: int | None = None,
-        sidecar_env: Mapping[str, str] | None = None,
-        broker_properties: Mapping[str, object] | None = None,
-        encryption: bool = True,
-    ):
-        super().__init__(
-            workdir,
-            storage=storage,
-            transfer_mode=transfer_mode,
-            kafka_version=kafka_version,
-            sidecar_env=sidecar_env,
-            broker_properties=broker_properties,
-            encryption=encryption,
-        )
-        self.broker_port = broker_port
-        self.sidecar: SidecarProcess | None = None
-        self.broker: KafkaBroker | None = None
-
-    # -- paths ------------------------------------------------------------------------
-    @property
-    def runtime_dir(self) -> Path:
-        """The sidecar's socket and its fetch hand-off directory (:func:`runtime_dir_for`)."""
-        return runtime_dir_for(self.workdir)
-
-    @property
-    def socket_path(self) -> Path:
-        return self.runtime_dir / "rsm.sock"
-
-    @property
-    def broker_log_dir(self) -> Path:
-        """The broker's `log.dirs`: the only directory the sidecar reads in path mode."""
-        return self.workdir / "kafka" / "data"
-
-    @property
-    def sidecar_target(self) -> str:
-        return f"unix://{self.socket_path}"
-
-    # -- pieces -----------------------------------------------------------------------
-    def sidecar_environment(self) -> dict[str, str]:
-        return self.sidecar_environment_for(self.socket_path, self.workdir / "journal", self.broker_log_dir)
-
     def start_sidecar(self) -> SidecarProcess:
-        self.socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.socket_path.parent.exists():
+            self.socket_path.parent.mkdir(mode=0o700, parents=True)
+            self._created_runtime_dir = True
         if self.sidecar is None:
+            env = self.sidecar_environment()
+            tls = None
+            if self.sidecar_tls:
+                assert self.broker_secret is not None  # the health check dials as the broker does
+                tls = tuple(self.broker_secret.file(n).read_bytes() for n in ("ca.crt", "tls.key", "tls.crt"))
             self.sidecar = SidecarProcess(
-                CONFIG_DIR / "sidecar.toml", self.workdir, self.sidecar_environment(), self.sidecar_target
+                CONFIG_DIR / "sidecar.toml",
+                self.workdir,
+                env,
+                self.sidecar_target,
+                tls=tls,  # type: ignore[arg-type]
+                authority=TLS_AUTHORITY if self.sidecar_tls else None,
+                prefix=self.sidecar_prefix,
             )
         self.sidecar.start()
         return self.sidecar
@@ -296,15 +289,58 @@ class LocalStack(TieredStorageBase):
         self.sidecar = None
         return self.start_sidecar()
 
+    def sidecar_config_env(self) -> tuple[Path, dict[str, str]]:
+        """The config file and environment the sidecar runs with: what `rsm-sidecar
+        inspect --config` needs to see the same storage and keys."""
+        return CONFIG_DIR / "sidecar.toml", self.sidecar_environment()
+
     def broker_properties(self) -> dict[str, object]:
-        return self.broker_properties_for(self.workdir / "shim", self.sidecar_target, self.broker_log_dir)
+        if not self.shim_jar.exists():
+            raise FileNotFoundError(f"{self.shim_jar} is missing: run `make shim`")
+        plugin = self.workdir / "shim"
+        plugin.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(self.shim_jar, plugin / SHIM_JAR.name)
+        props: dict[str, object] = dict(
+            read_properties(
+                CONFIG_DIR / "broker-tiered.properties",
+                {
+                    "SHIM_DIR": str(plugin),
+                    "SIDECAR_TARGET": self.sidecar_target,
+                    "TRANSFER_MODE": self.transfer_mode,
+                },
+            )
+        )
+        props["log.dirs"] = str(self.broker_log_dir)
+        if self.sidecar_tls:
+            self._ensure_tls()
+            assert self.broker_secret is not None
+            props["rsm.config.tls.enabled"] = "true"
+            props["rsm.config.tls.ca.file"] = str(self.broker_secret.file("ca.crt"))
+            props["rsm.config.tls.cert.file"] = str(self.broker_secret.file("tls.crt"))
+            props["rsm.config.tls.key.file"] = str(self.broker_secret.file("tls.key"))
+            props["rsm.config.tls.authority.override"] = TLS_AUTHORITY
+        if self.shim_on_classpath:
+            props["remote.log.storage.manager.class.path"] = None  # KafkaBroker drops it
+        props.update(self.extra_broker_properties)
+        return props
 
     def start_broker(self) -> KafkaBroker:
         if self.broker is None:
-            dist = self.distribution()
+            dist = (
+                KafkaDistribution.ensure(self.kafka_version, default_cache_dir())
+                if self.kafka_version
+                else KafkaDistribution.ensure()
+            )
             ports = {"broker": self.broker_port} if self.broker_port else None
+            props = self.broker_properties()
             self.broker = KafkaBroker(
-                dist, self.workdir / "kafka", extra_properties=self.broker_properties(), ports=ports
+                dist,
+                self.workdir / "kafka",
+                extra_properties=props,
+                ports=ports,
+                jvm_options=self.broker_jvm_options,
+                extra_classpath=[self.workdir / "shim" / SHIM_JAR.name] if self.shim_on_classpath else (),
+                **self.broker_options,  # type: ignore[arg-type]
             )
         self.broker.start()
         return self.broker
@@ -324,9 +360,26 @@ class LocalStack(TieredStorageBase):
             self.broker.stop()
         if self.sidecar is not None:
             self.sidecar.stop()
-        self.stop_storage()
-        if self.runtime_dir.parent == Path("/dev/shm"):
-            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self.storage_server is not None:
+            self.storage_server.stop()
+        self._remove_runtime_dir()
+
+    def _remove_runtime_dir(self) -> None:
+        """Remove what this stack's sidecar left in the runtime directory (socket, its lock, the
+        hand-off directory), and the directory if this stack created it, unless another sidecar
+        serves on that socket now (one started by hand after this stack's sidecar was stopped);
+        files this stack did not put there stay, and so does their directory."""
+        if self.sidecar is None or not self.runtime_dir.is_dir() or _serving(self.socket_path):
+            return
+        for leftover in (self.socket_path, self.socket_path.with_name(self.socket_path.name + ".lock")):
+            leftover.unlink(missing_ok=True)
+        shutil.rmtree(self.socket_path.with_name(self.socket_path.name + ".handoff"), ignore_errors=True)
+        if self._created_runtime_dir:
+            try:
+                self.runtime_dir.rmdir()
+            except OSError:  # not empty: holds what someone else put there
+                return
+            self._created_runtime_dir = False
 
     def __enter__(self) -> LocalStack:
         return self.start()
@@ -338,3 +391,11 @@ class LocalStack(TieredStorageBase):
     @property
     def bootstrap_servers(self) -> str:
         return self.broker.bootstrap_servers
+
+    def object_store(self):
+        """An ObjectStore on the same storage the sidecar uses (for assertions)."""
+        from rsm_sidecar.config import Config
+        from rsm_sidecar.storage.factory import open_store
+
+        env = self.sidecar_environment()
+        return open_store(Config.load(CONFIG_DIR / "sidecar.toml", environ=env))

@@ -24,6 +24,11 @@ class NotFound(RsmError):
     grpc_code = grpc.StatusCode.NOT_FOUND
 
 
+class NoSuchIndex(NotFound):
+    """The segment has no index of the kind asked for: the normal answer for most segments'
+    transaction index, not a failure."""
+
+
 class InvalidArgument(RsmError):
     """The request itself is malformed."""
 

@@ -67,6 +67,10 @@ public class Harness {
             conf.put("sidecar.target", target);
             conf.put("transfer.mode", mode);
             conf.put("broker.id", 1);
+            for (int i = 1; i < args.length; i++) { // more rsm.config keys: key=value (TLS over TCP)
+                String[] kv = args[i].split("=", 2);
+                conf.put(kv[0], kv[1]);
+            }
             rsm.configure(conf);
             SHIMS.put(mode, rsm);
         }

@@ -46,8 +46,8 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "inspect",
-        help="list, show, dump, cat, verify and re-key stored segments",
-        description="Look at, verify and re-key the segments rsm-sidecar stored, with the "
+        help="list, show, dump, cat, verify, re-key and seal stored segments",
+        description="Look at, verify, re-key and seal the segments rsm-sidecar stored, with the "
         "sidecar's own configuration (docs/inspect.md).",
         epilog="exit codes: 0 ok, 1 problems found or errors, 2 usage",
     )
@@ -104,6 +104,18 @@ def register(sub) -> None:
     c.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
     c.add_argument("--parallel", type=_int_min(1), default=4, help="segments processed at once (default 4)")
     c.set_defaults(func=_wrap(_rekey))
+
+    c = isub.add_parser(
+        "seal",
+        parents=[common],
+        help="verify segments without an authenticator (Aiven's, rsm-sidecar 0.1) and add one",
+    )
+    which = c.add_mutually_exclusive_group(required=True)
+    which.add_argument("--topic", help="the segments of this topic")
+    which.add_argument("--all", action="store_true", help="every segment under the key prefix")
+    c.add_argument("--dry-run", action="store_true", help="verify and report, write nothing")
+    c.add_argument("--parallel", type=_int_min(1), default=4, help="segments processed at once (default 4)")
+    c.set_defaults(func=_wrap(_seal))
 
     c = isub.add_parser("du", parents=[common], help="bytes stored per topic and partition")
     c.add_argument("--topic", help="only this topic")
@@ -342,6 +354,38 @@ def _rekey(ctx, args) -> int:
             f"(active key {summary.active_key}{', dry run' if args.dry_run else ''})"
         )
     return EXIT_PROBLEMS if summary.errors else EXIT_OK
+
+
+def _seal(ctx, args) -> int:
+    from rsm_sidecar.inspect import listing, seal
+    from rsm_sidecar.inspect.output import JsonStream, error_line
+
+    segs = listing.segments(ctx.store, ctx.layout, None if args.all else args.topic)
+    progress = _progress(args, "seal")
+
+    def text(o: seal.SealOutcome) -> None:
+        if o.action == seal.ERROR:
+            error_line(o.segment, o.detail)
+            return
+        print(f"{o.action:<12}{o.segment}{('  (' + o.detail + ')') if o.detail else ''}", flush=True)
+        for p in o.problems:
+            print(f"  - {p}", flush=True)
+
+    if args.json:
+        with JsonStream(sys.stdout) as doc:
+            with doc.list("segments") as items:
+                summary = seal.run(
+                    ctx, segs, lambda o: items.append(o.to_json()), args.dry_run, args.parallel, progress
+                )
+            doc.member("summary", summary.to_json())
+    else:
+        summary = seal.run(ctx, segs, text, args.dry_run, args.parallel, progress)
+        done = f"{summary.would_seal} would be sealed" if args.dry_run else f"{summary.sealed} sealed"
+        print(
+            f"{summary.segments} segments: {done}, {summary.skipped} skipped, {summary.refused} refused, "
+            f"{summary.errors} errors{' (dry run)' if args.dry_run else ''}"
+        )
+    return EXIT_PROBLEMS if summary.refused or summary.errors else EXIT_OK
 
 
 def _du(ctx, args) -> int:

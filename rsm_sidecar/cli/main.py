@@ -1,5 +1,6 @@
 """Entry point of the `rsm-sidecar` command. Subcommands live in their own modules and
-register themselves through ``register(subparsers)``."""
+register themselves through ``register(subparsers)``; ``DESCRIPTION`` and ``EPILOG`` are what
+``rsm-sidecar --help`` tells a user."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib
 import os
 import sys
 
+from rsm_sidecar import __version__
 from rsm_sidecar.errors import RsmError
 
 #: modules contributing subcommands; each has ``register(subparsers)``
@@ -21,10 +23,39 @@ COMMAND_MODULES = (
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
+DESCRIPTION = """\
+Kafka tiered storage (KIP-405) in a process next to the broker. The broker loads a small Java
+RemoteStorageManager (the shim) that forwards segment copies, fetches and deletes to this
+sidecar over gRPC; the sidecar chunks, compresses (zstd) and encrypts (AES-256-GCM) segments and
+stores them in S3, Google Cloud Storage, Azure Blob Storage or a local directory, in the
+on-remote format of Aiven's tiered-storage plugin."""
+
+EPILOG = f"""\
+The commands read the sidecar's TOML configuration (--config FILE; config/sidecar.toml in the
+source tree is a commented example); environment variables RSM__<SECTION>__<KEY> override it
+(RSM__STORAGE__S3__BUCKET=...).
+
+Start here:
+  rsm-sidecar config check --config sidecar.toml   validate it, print the effective values
+  rsm-sidecar serve --config sidecar.toml          run it (the broker's shim dials server.listen)
+  rsm-sidecar inspect ls --config sidecar.toml     list the stored segments
+  rsm-sidecar COMMAND --help                       the options of a command
+
+Guides (docs/ in the source tree): operations.md (deployment, broker settings, sizing,
+troubleshooting, migrating from Aiven's plugin), configuration.md (every key), inspect.md,
+iceberg.md, shim.md.
+
+rsm-sidecar {__version__}"""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rsm-sidecar", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="rsm-sidecar",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(name)

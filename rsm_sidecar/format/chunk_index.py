@@ -8,17 +8,21 @@ Two kinds, as in Aiven's format:
   with ``encode_sizes`` (count, base, bytes-per-value, values minus base, last value in
   full; big-endian), then zstd with the content size in the frame, then base64.
 
-Lookups are O(log n) (bisect over prefix sums), not the linear scans of the original.
+Lookups are O(1) (fixed) and O(log n) (variable: bisect over running sums), not the linear
+scans of the original; what a manifest declares is bounded before anything is allocated
+(``ChunkIndex``).
 """
 
 from __future__ import annotations
 
+import array
 import base64
 import binascii
 import bisect
 import dataclasses
 import struct
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, overload
 
 import zstandard
 
@@ -112,87 +116,126 @@ def encode_transformed_chunks(values: list[int]) -> str:
     return base64.b64encode(compressed).decode("ascii")
 
 
-def decode_transformed_chunks(text: str) -> list[int]:
+def _decompress_sizes(text: str) -> bytes:
+    """The binary size list of ``transformedChunks`` (at most ``MAX_ENCODED_SIZES_BYTES``)."""
     try:
         compressed = base64.b64decode(text, validate=True)
         params = zstandard.get_frame_parameters(compressed)
         size = params.content_size
         if size == zstandard.CONTENTSIZE_UNKNOWN or size < 0 or size > MAX_ENCODED_SIZES_BYTES:
             raise ValueError(f"invalid decompressed size {size}")
-        raw = zstandard.ZstdDecompressor().decompress(compressed, max_output_size=size)
+        raw: bytes = zstandard.ZstdDecompressor().decompress(compressed, max_output_size=size)
     except (binascii.Error, ValueError, zstandard.ZstdError) as e:
         raise DataLoss(f"corrupt transformedChunks in chunk index: {e}") from None
-    return decode_sizes(raw)
+    return raw
+
+
+def decode_transformed_chunks(text: str) -> list[int]:
+    return decode_sizes(_decompress_sizes(text))
 
 
 # -- indexes ---------------------------------------------------------------------------
+class ChunkSpan(Sequence[Chunk]):
+    """Chunks ``first..last`` of an index, made one at a time as they are used (a range of a
+    manifest that claims millions of chunks costs nothing until read)."""
+
+    def __init__(self, index: ChunkIndex, ids: range):
+        self._index = index
+        self._ids = ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @overload
+    def __getitem__(self, i: int) -> Chunk: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> ChunkSpan: ...
+
+    def __getitem__(self, i: int | slice) -> Chunk | ChunkSpan:
+        if isinstance(i, slice):
+            return ChunkSpan(self._index, self._ids[i])
+        return self._index.chunk(self._ids[i])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ChunkSpan({self._ids.start}..{self._ids.stop - 1})"
+
+
 class ChunkIndex:
-    """Common behaviour; subclasses provide ``transformed_sizes``."""
+    """Common behaviour; subclasses say where each stored chunk lies (``_stored``).
+
+    What a manifest declares is bounded as Aiven's reader bounds it (Java ``int`` sizes: a
+    segment, a chunk and a stored chunk have at most 2^31-1 bytes; a variable index's size
+    list at most ``MAX_ENCODED_SIZES_BYTES``), and a chunk with data is at least one byte
+    stored, so an index never claims more chunks than its stored bytes. Nothing is allocated
+    per chunk for a fixed index, 8 bytes per chunk for a variable one."""
 
     kind: str
     original_chunk_size: int
     original_file_size: int
 
-    def __init__(self, original_chunk_size: int, original_file_size: int, transformed_sizes: list[int]):
-        if original_chunk_size <= 0:
-            raise DataLoss(f"chunk index: original chunk size must be positive, got {original_chunk_size}")
-        if original_file_size < 0:
-            raise DataLoss(f"chunk index: original file size must be non-negative, got {original_file_size}")
-        expected = -(-original_file_size // original_chunk_size)
-        if len(transformed_sizes) != expected and not (
-            original_file_size == 0 and len(transformed_sizes) <= 1
-        ):
+    def __init__(self, original_chunk_size: int, original_file_size: int):
+        if not 0 < original_chunk_size <= _INT32_MAX:
+            raise DataLoss(f"chunk index: original chunk size must be 1..2^31-1, got {original_chunk_size}")
+        if not 0 <= original_file_size <= _INT32_MAX:
             raise DataLoss(
-                f"chunk index: {len(transformed_sizes)} chunks listed for a {original_file_size}-byte "
-                f"file cut into {original_chunk_size}-byte chunks (expected {expected})"
+                f"chunk index: original file size must be 0..2^31-1 (a Kafka segment's limit), got "
+                f"{original_file_size}"
             )
         self.original_chunk_size = original_chunk_size
         self.original_file_size = original_file_size
-        self._sizes = transformed_sizes if original_file_size > 0 else []
-        starts = [0]
-        for s in self._sizes:
-            starts.append(starts[-1] + s)
-        self._transformed_starts = starts
+        self._count = -(-original_file_size // original_chunk_size)
 
     @property
     def chunk_count(self) -> int:
-        return len(self._sizes)
+        return self._count
 
     @property
     def transformed_file_size(self) -> int:
-        return self._transformed_starts[-1]
+        raise NotImplementedError
+
+    def _stored(self, i: int) -> tuple[int, int]:
+        """(position, size) of stored chunk ``i``."""
+        raise NotImplementedError
 
     def chunk(self, i: int) -> Chunk:
-        if not 0 <= i < self.chunk_count:
-            raise IndexError(f"chunk {i} out of 0..{self.chunk_count - 1}")
+        if not 0 <= i < self._count:
+            raise IndexError(f"chunk {i} out of 0..{self._count - 1}")
         pos = i * self.original_chunk_size
-        return Chunk(
-            i,
-            pos,
-            min(self.original_chunk_size, self.original_file_size - pos),
-            self._transformed_starts[i],
-            self._sizes[i],
-        )
+        position, size = self._stored(i)
+        return Chunk(i, pos, min(self.original_chunk_size, self.original_file_size - pos), position, size)
 
-    def chunks(self) -> list[Chunk]:
-        return [self.chunk(i) for i in range(self.chunk_count)]
+    def chunks(self) -> ChunkSpan:
+        return ChunkSpan(self, range(self._count))
+
+    def transformed_sizes_iter(self) -> Iterator[int]:
+        """The stored size of every chunk, in order."""
+        return (self._stored(i)[1] for i in range(self._count))
 
     def chunk_for_position(self, position: int) -> Chunk:
         if not 0 <= position < self.original_file_size:
             raise IndexError(f"position {position} outside a {self.original_file_size}-byte file")
         return self.chunk(position // self.original_chunk_size)
 
-    def chunks_for_range(self, start: int, end: int) -> list[Chunk]:
+    def chunks_for_range(self, start: int, end: int) -> ChunkSpan:
         """Chunks covering original bytes [start, end] (inclusive, clamped to the file)."""
         end = min(end, self.original_file_size - 1)
         if start > end or start >= self.original_file_size:
-            return []
-        first = start // self.original_chunk_size
-        last = end // self.original_chunk_size
-        return [self.chunk(i) for i in range(first, last + 1)]
+            return ChunkSpan(self, range(0))
+        return ChunkSpan(self, range(start // self.original_chunk_size, end // self.original_chunk_size + 1))
 
     def chunk_for_transformed_position(self, position: int) -> int:
-        return bisect.bisect_right(self._transformed_starts, position) - 1
+        raise NotImplementedError
+
+    @property
+    def memory_bytes(self) -> int:
+        """About what the index holds in memory."""
+        return 200
 
     def to_json(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -202,34 +245,33 @@ class ChunkIndex:
         if not isinstance(obj, dict):
             raise DataLoss("chunk index is not a JSON object")
         kind = obj.get("type")
-        try:
-            if kind == "fixed":
-                return FixedChunkIndex(
-                    _int(obj, "originalChunkSize"),
-                    _int(obj, "originalFileSize"),
-                    _int(obj, "transformedChunkSize"),
-                    _int(obj, "finalTransformedChunkSize"),
-                )
-            if kind == "variable":
-                text = obj.get("transformedChunks")
-                if not isinstance(text, str):
-                    raise DataLoss("chunk index: transformedChunks missing or not a string")
-                return VariableChunkIndex(
-                    _int(obj, "originalChunkSize"),
-                    _int(obj, "originalFileSize"),
-                    decode_transformed_chunks(text),
-                )
-        except DataLoss:
-            raise
+        if kind == "fixed":
+            return FixedChunkIndex(
+                _int(obj, "originalChunkSize"),
+                _int(obj, "originalFileSize"),
+                _int(obj, "transformedChunkSize"),
+                _int(obj, "finalTransformedChunkSize"),
+            )
+        if kind == "variable":
+            text = obj.get("transformedChunks")
+            if not isinstance(text, str):
+                raise DataLoss("chunk index: transformedChunks missing or not a string")
+            return VariableChunkIndex.decode(
+                _int(obj, "originalChunkSize"), _int(obj, "originalFileSize"), text
+            )
         raise DataLoss(f"chunk index: unknown type {kind!r}")
 
     def __eq__(self, other: object) -> bool:
         return (
             type(self) is type(other)
+            and isinstance(other, ChunkIndex)
             and self.original_chunk_size == other.original_chunk_size
             and self.original_file_size == other.original_file_size
-            and self._sizes == other._sizes
+            and self.transformed_file_size == other.transformed_file_size
+            and list(self.transformed_sizes_iter()) == list(other.transformed_sizes_iter())
         )
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return (
@@ -246,6 +288,9 @@ def _int(obj: dict[str, Any], name: str) -> int:
 
 
 class FixedChunkIndex(ChunkIndex):
+    """Every stored chunk has ``transformed_chunk_size`` bytes but the last, which has
+    ``final_transformed_chunk_size``: positions are arithmetic, nothing is kept per chunk."""
+
     kind = "fixed"
 
     def __init__(
@@ -255,15 +300,38 @@ class FixedChunkIndex(ChunkIndex):
         transformed_chunk_size: int,
         final_transformed_chunk_size: int,
     ):
-        if transformed_chunk_size < 0 or final_transformed_chunk_size < 0:
-            raise DataLoss("chunk index: negative transformed chunk size")
-        count = -(-original_file_size // original_chunk_size) if original_chunk_size > 0 else 0
-        sizes = [transformed_chunk_size] * max(count - 1, 0) + (
-            [final_transformed_chunk_size] if count else []
-        )
-        super().__init__(original_chunk_size, original_file_size, sizes)
+        super().__init__(original_chunk_size, original_file_size)
+        for name, v in (
+            ("transformed chunk size", transformed_chunk_size),
+            ("final transformed chunk size", final_transformed_chunk_size),
+        ):
+            if not 0 <= v <= _INT32_MAX:
+                raise DataLoss(f"chunk index: {name} must be 0..2^31-1, got {v}")
+        if (self._count > 1 and transformed_chunk_size == 0) or (
+            self._count and final_transformed_chunk_size == 0
+        ):
+            raise DataLoss(
+                f"chunk index: {self._count} chunks of original data stored in chunks of "
+                f"{transformed_chunk_size} and {final_transformed_chunk_size} bytes (a chunk with data is "
+                f"never empty when stored)"
+            )
         self.transformed_chunk_size = transformed_chunk_size
         self.final_transformed_chunk_size = final_transformed_chunk_size
+
+    @property
+    def transformed_file_size(self) -> int:
+        if not self._count:
+            return 0
+        return (self._count - 1) * self.transformed_chunk_size + self.final_transformed_chunk_size
+
+    def _stored(self, i: int) -> tuple[int, int]:
+        size = self.final_transformed_chunk_size if i == self._count - 1 else self.transformed_chunk_size
+        return i * self.transformed_chunk_size, size
+
+    def chunk_for_transformed_position(self, position: int) -> int:
+        if self._count <= 1:
+            return 0
+        return min(position // self.transformed_chunk_size, self._count - 1)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -275,37 +343,75 @@ class FixedChunkIndex(ChunkIndex):
         }
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, FixedChunkIndex)
-            and super().__eq__(other)
-            and self.transformed_chunk_size == other.transformed_chunk_size
-        )
-
-    __hash__ = None  # type: ignore[assignment]
+        return isinstance(other, FixedChunkIndex) and self.to_json() == other.to_json()
 
 
 class VariableChunkIndex(ChunkIndex):
+    """Stored chunk sizes listed one by one (compression); kept as their running sums."""
+
     kind = "variable"
 
-    def __init__(self, original_chunk_size: int, original_file_size: int, transformed_sizes: list[int]):
-        if not transformed_sizes:
+    def __init__(self, original_chunk_size: int, original_file_size: int, transformed_sizes: Iterable[int]):
+        super().__init__(original_chunk_size, original_file_size)
+        starts = array.array("q", [0])
+        least = 1 if original_file_size else 0  # a chunk with data is never empty when stored
+        for v in transformed_sizes:
+            if not least <= v <= _INT32_MAX:
+                raise DataLoss(f"chunk index: stored chunk size {v} is not {least}..2^31-1")
+            starts.append(starts[-1] + v)
+        listed = len(starts) - 1
+        if listed != self._count and not (original_file_size == 0 and listed <= 1):
+            raise DataLoss(
+                f"chunk index: {listed} chunks listed for a {original_file_size}-byte "
+                f"file cut into {original_chunk_size}-byte chunks (expected {self._count})"
+            )
+        if not listed:
             raise DataLoss("chunk index: a variable index needs at least one chunk")
-        super().__init__(original_chunk_size, original_file_size, list(transformed_sizes))
-        self._listed = list(transformed_sizes)
+        self._listed = starts  # running sums of what the manifest lists (one entry for an empty file)
+        self._starts = starts if self._count else array.array("q", [0])
+
+    @classmethod
+    def decode(cls, original_chunk_size: int, original_file_size: int, text: str) -> VariableChunkIndex:
+        """From ``transformedChunks``, checking the listed count against the file before the
+        sizes are unpacked."""
+        raw = _decompress_sizes(text)
+        if len(raw) >= 4 and original_chunk_size > 0 and 0 <= original_file_size <= _INT32_MAX:
+            (count,) = struct.unpack_from(">i", raw)
+            expected = -(-original_file_size // original_chunk_size)
+            if count != expected and not (original_file_size == 0 and count <= 1):
+                raise DataLoss(
+                    f"chunk index: {count} chunks listed for a {original_file_size}-byte "
+                    f"file cut into {original_chunk_size}-byte chunks (expected {expected})"
+                )
+        return cls(original_chunk_size, original_file_size, decode_sizes(raw))
+
+    @property
+    def transformed_file_size(self) -> int:
+        return self._starts[-1]
 
     @property
     def transformed_sizes(self) -> list[int]:
-        return list(self._listed)
+        """The sizes the manifest lists (a single entry for an empty file)."""
+        s = self._listed
+        return [s[i + 1] - s[i] for i in range(len(s) - 1)]
+
+    def _stored(self, i: int) -> tuple[int, int]:
+        return self._starts[i], self._starts[i + 1] - self._starts[i]
+
+    def chunk_for_transformed_position(self, position: int) -> int:
+        return bisect.bisect_right(self._starts, position) - 1
+
+    @property
+    def memory_bytes(self) -> int:
+        return 200 + 8 * len(self._listed)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "type": "variable",
             "originalChunkSize": self.original_chunk_size,
             "originalFileSize": self.original_file_size,
-            "transformedChunks": encode_transformed_chunks(self._listed),
+            "transformedChunks": encode_transformed_chunks(self.transformed_sizes),
         }
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 def build_index(

@@ -41,6 +41,7 @@ AUTH_VERSION = 1
 #: bytes of an AES-GCM tag
 TAG_BYTES = 16
 _ATTEMPT_RE = re.compile(r"[0-9a-f]{32}")
+_INT32_MAX = 2**31 - 1
 _AUTH_RE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -132,7 +133,7 @@ class SegmentManifest:
                 "chunkIndex": [
                     self.chunk_index.original_chunk_size,
                     self.chunk_index.original_file_size,
-                    [c.transformed_size for c in self.chunk_index.chunks()],
+                    list(self.chunk_index.transformed_sizes_iter()),
                 ],
                 "segmentIndexes": {
                     n: (None if r is None else [r.position, r.size]) for n, r in self.indexes.items()
@@ -302,9 +303,12 @@ def _parse_indexes(obj: Any) -> dict[str, IndexRange | None]:
             out[name] = None
             continue
         if not isinstance(r, dict) or not all(
-            isinstance(v := r.get(k), int) and v >= 0 for k in ("position", "size")
+            isinstance(v := r.get(k), int) and not isinstance(v, bool) and 0 <= v <= _INT32_MAX
+            for k in ("position", "size")
         ):
-            raise DataLoss(f"segmentIndexes.{name} is not {{position, size}}")
+            raise DataLoss(
+                f"segmentIndexes.{name} is not {{position, size}} of 0..2^31-1 (Java ints, as Aiven's)"
+            )
         out[name] = IndexRange(r["position"], r["size"])
     return out
 

@@ -2,7 +2,9 @@
 file (``--config``, with ``RSM__...`` environment overrides): the sidecar's segment access
 (:class:`~rsm_sidecar.segment.access.SegmentAccess`) with the keyring loaded only when a
 command needs keys, and a segment reader whose caches are off, so memory stays bounded by
-one ranged GET (``fetch.max_range_bytes``) whatever the segment size."""
+one ranged GET (``fetch.max_range_bytes``) whatever the segment size. Every other reader
+setting is the sidecar's own (``ReaderSettings.from_config``), e.g.
+``fetch.accept_unauthenticated_segments``."""
 
 from __future__ import annotations
 
@@ -15,20 +17,26 @@ from rsm_sidecar.segment.reader import ReaderSettings
 from rsm_sidecar.storage.base import ObjectStore
 
 
+def reader_settings(cfg: Config) -> ReaderSettings:
+    """The sidecar's reader settings for ``cfg`` (what may be read, and how) with the caches,
+    read-ahead and disk cache off: memory stays one ranged GET."""
+    return ReaderSettings.from_config(cfg).with_caches(
+        manifest_cache_bytes=4 * 1024 * 1024,
+        index_cache_bytes=0,
+        chunk_cache_bytes=0,
+        prefetch_bytes=0,
+        disk_cache_path="",
+        prefetch_next_segment=False,
+    )
+
+
 class UsageError(InvalidArgument):
     """A command-line argument that cannot be used as given (exit code 2)."""
 
 
 class InspectContext(SegmentAccess):
     def __init__(self, cfg: Config, store: ObjectStore | None = None):
-        settings = ReaderSettings(
-            manifest_cache_bytes=4 * 1024 * 1024,
-            index_cache_bytes=0,
-            chunk_cache_bytes=0,
-            prefetch_bytes=0,
-            max_range_bytes=cfg["fetch.max_range_bytes"],
-        )
-        super().__init__(cfg, settings, store=store, lazy_keys=True)
+        super().__init__(cfg, reader_settings(cfg), store=store, lazy_keys=True)
 
     @classmethod
     def load(cls, config_path: str | os.PathLike[str] | None) -> InspectContext:

@@ -17,9 +17,9 @@ the DEK and the AAD do not change.
   also re-serialise to exactly its old bytes (otherwise it holds something this version
   would drop, and it is left alone). The new manifest is read back and unwrapped after
   the write.
-* Concurrent deletes: a segment whose ``.log`` is gone is skipped; if the ``.log``
-  disappears while the manifest is written (the broker deleted the segment meanwhile),
-  the re-created manifest is deleted again.
+* Concurrent deletes and writers: the manifest is replaced only if it is still the one read and
+  its data is there; a delete racing the write has the new manifest removed again
+  (``rewrite.Rewriter``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.parallel import ordered_map
+from rsm_sidecar.inspect.rewrite import Rewriter
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.keyring import Keyring
 
@@ -79,7 +80,9 @@ def _preserved(old: SegmentManifest, new: SegmentManifest) -> list[str]:
     return diffs
 
 
-def rekey_segment(ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dry_run: bool) -> RekeyOutcome:
+def rekey_segment(
+    ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dry_run: bool, rewriter: Rewriter
+) -> RekeyOutcome:
     out = RekeyOutcome(seg.base, seg.describe(), ERROR)
     manifest_key = seg.key.key(fkeys.MANIFEST)
     log_key = seg.key.key(fkeys.LOG)
@@ -122,13 +125,9 @@ def rekey_segment(ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dr
         if dry_run:
             out.action = WOULD_REKEY
             return out
-        ctx.store.put(manifest_key, new_raw)
-        if not ctx.store.exists(log_key):  # deleted while we wrote: do not leave a manifest without data
-            ctx.store.delete(manifest_key)
-            out.action, out.detail = (
-                SKIPPED,
-                f"{log_key} was deleted during the rewrite; manifest removed again",
-            )
+        skipped = rewriter.replace(seg.base, raw, new_raw)
+        if skipped is not None:
+            out.action, out.detail = SKIPPED, skipped.reason
             return out
         _, written = listing.read_manifest(ctx.store, seg.base)
         if (
@@ -183,11 +182,23 @@ def run(
             "encryption.enabled is false in this configuration: there is no keyring to re-key with"
         )
     summary = RekeySummary(keyring.active_id, dry_run)
-    for outcome in ordered_map(lambda s: rekey_segment(ctx, keyring, s, dry_run), segs, workers):
+    rewriter = Rewriter(ctx.store)
+    for outcome in ordered_map(lambda s: rekey_segment(ctx, keyring, s, dry_run, rewriter), segs, workers):
         summary.count(outcome)
         on_outcome(outcome)
         if progress:
             progress.advance()
+    for base in rewriter.settle():
+        summary.rekeyed -= 1
+        summary.skipped += 1
+        on_outcome(
+            RekeyOutcome(
+                base,
+                base,
+                SKIPPED,
+                detail=f"{base}.log was deleted after the rewrite; manifest removed again",
+            )
+        )
     if progress:
         progress.done()
     return summary

@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 from rsm_sidecar.format import keys as fkeys
-from rsm_sidecar.format.chunk_index import ChunkIndex, VariableChunkIndex, encode_sizes
+from rsm_sidecar.format.chunk_index import ChunkIndex, FixedChunkIndex, VariableChunkIndex, encode_sizes
 from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.listing import SegmentObjects
@@ -19,10 +19,19 @@ from rsm_sidecar.inspect.summary import summarize
 def chunk_index_stats(index: ChunkIndex) -> dict[str, Any]:
     """Chunk count, stored chunk sizes (min/median/max), the size of the encoded index
     (variable indexes: the zstd-compressed binary list, per chunk) and the ratio."""
-    sizes = [c.transformed_size for c in index.chunks()]
+    sizes: list[int]
+    if isinstance(index, FixedChunkIndex):
+        # all but the last chunk have one size (and a fixed index may claim billions of them):
+        # at most two of those and the last give the same min, median and max
+        n = index.chunk_count
+        sizes = (
+            [index.transformed_chunk_size] * min(n - 1, 2) + [index.final_transformed_chunk_size] if n else []
+        )
+    else:
+        sizes = list(index.transformed_sizes_iter())
     stats: dict[str, Any] = {
         "type": index.kind,
-        "chunks": len(sizes),
+        "chunks": index.chunk_count,
         "original_chunk_size": index.original_chunk_size,
         "original_bytes": index.original_file_size,
         "stored_bytes": index.transformed_file_size,
@@ -37,7 +46,7 @@ def chunk_index_stats(index: ChunkIndex) -> dict[str, Any]:
         stats.update(
             encoded_index_bytes=encoded,
             binary_index_bytes=raw,
-            encoded_bytes_per_chunk=round(encoded / len(sizes), 3) if sizes else None,
+            encoded_bytes_per_chunk=round(encoded / index.chunk_count, 3) if index.chunk_count else None,
         )
     else:
         stats.update(encoded_index_bytes=0, binary_index_bytes=0, encoded_bytes_per_chunk=0)

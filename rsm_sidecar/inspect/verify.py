@@ -51,7 +51,7 @@ from rsm_sidecar.kafka import (
 from rsm_sidecar.kafka.checkpoint import EpochEntry, epoch_for_offset
 from rsm_sidecar.kafka.reader import RecordBatch
 from rsm_sidecar.segment.log_file import StoredLogFile
-from rsm_sidecar.segment.reader import OpenSegment
+from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
 
 MAX_PROBLEMS_PER_CHECK = 10  # per kind, then "... and N more"
 E = TypeVar("E", OffsetPosition, TimestampOffset)
@@ -122,8 +122,11 @@ class SegmentVerifier:
         seg: SegmentObjects,
         deep: bool = False,
         on_bytes: Callable[[int], None] = lambda n: None,
+        reader: SegmentReader | None = None,
     ):
+        """``reader``: the segment reader to read with (default: the context's)."""
         self.ctx = ctx
+        self.reader = reader if reader is not None else ctx.reader
         self.seg = seg
         self.deep = deep
         self.on_bytes = on_bytes
@@ -163,7 +166,7 @@ class SegmentVerifier:
         if not self._check_objects(manifest):
             return
         try:
-            opened = self.ctx.reader.open_base(self.seg.base, self.seg.describe())
+            opened = self.reader.open_base(self.seg.base, self.seg.describe())
         except RsmError as e:
             r.problem("key", str(e))
             return
@@ -209,7 +212,7 @@ class SegmentVerifier:
             if opened.manifest.indexes.get(name) is None:
                 return None
             try:
-                data = self.ctx.reader.read_index(opened, name)
+                data = self.reader.read_index(opened, name)
                 self.on_bytes(len(data))
                 return parse(data, f"{where} ({name} index)")
             except RsmError as e:
@@ -243,7 +246,7 @@ class SegmentVerifier:
         aborts: set[tuple[int, int]] = set()
         complete = False
         try:
-            with StoredLogFile(self.ctx.reader, opened, self.on_bytes) as f:
+            with StoredLogFile(self.reader, opened, self.on_bytes) as f:
                 for batch in read_batches(f, name=f.name):
                     h = batch.header
                     r.batches += 1

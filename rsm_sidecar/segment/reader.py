@@ -28,10 +28,10 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal, overload
 
-from rsm_sidecar.errors import DataLoss, FailedPrecondition, NotFound
+from rsm_sidecar.errors import DataLoss, FailedPrecondition, NoSuchIndex, NotFound
 from rsm_sidecar.format import custom_metadata
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.chunk_index import Chunk
@@ -40,7 +40,7 @@ from rsm_sidecar.segment.cache import ByteLRU, SingleFlight
 from rsm_sidecar.segment.disk_cache import DiskChunkCache
 from rsm_sidecar.storage.base import InvalidRange, ObjectNotFound, ObjectStore
 from rsm_sidecar.transform import authentication
-from rsm_sidecar.transform.chunks import ChunkCodec
+from rsm_sidecar.transform.chunks import Buffer, ChunkCodec
 from rsm_sidecar.transform.keyring import Keyring
 
 if TYPE_CHECKING:
@@ -67,6 +67,13 @@ NEXT_SEGMENT_WAIT_S = 5.0
 #: reads of one segment remembered to tell a sequential read from a random one (``read``): one
 #: per reader that may follow another (consumers at different places in the same segment)
 RECENT_READS = 16
+#: most chunks one download or one prefetch window spans (chunks of a few bytes would otherwise
+#: make ``max_range_bytes`` or ``prefetch_bytes`` millions of chunk records)
+MAX_RUN_CHUNKS = 4096
+#: a manifest that claims more chunks than this is checked against the ``.log`` object's size
+#: (one HEAD) before it is used: no chunk index then claims more chunks than stored bytes. Below
+#: it (256 GiB at 4 MiB chunks, 64 MiB at 1 KiB) what a manifest claims costs little either way.
+CHUNKS_WITHOUT_SIZE_CHECK = 1 << 16
 
 #: (base key, segment version, index name or chunk id)
 CacheKey = tuple[str, str, str | int]
@@ -125,6 +132,9 @@ class ReaderSettings:
 
     @classmethod
     def from_config(cls, cfg: Config) -> ReaderSettings:
+        """The sidecar's reader settings. Every other reader of a configuration (inspect, the
+        Iceberg job's executors) starts from these and changes only ``CACHE_FIELDS``
+        (``with_caches``), so what may be read and how is the same for all of them."""
         return cls(
             cfg["cache.manifest_bytes"],
             cfg["cache.index_bytes"],
@@ -137,6 +147,29 @@ class ReaderSettings:
             prefetch_next_segment=True,
         )
 
+    def with_caches(self, **sizes: int | str | bool) -> ReaderSettings:
+        """These settings with other cache and read-ahead sizes (members of ``CACHE_FIELDS``
+        only: anything else is how segments are read and stays the configuration's)."""
+        unknown = set(sizes) - CACHE_FIELDS
+        if unknown:
+            raise TypeError(f"not cache settings: {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **sizes)  # type: ignore[arg-type]
+
+
+#: the ``ReaderSettings`` members that only size caches and read-ahead: the one thing a reader
+#: other than the sidecar chooses for itself (``ReaderSettings.with_caches``)
+CACHE_FIELDS = frozenset(
+    {
+        "manifest_cache_bytes",
+        "index_cache_bytes",
+        "chunk_cache_bytes",
+        "prefetch_bytes",
+        "disk_cache_path",
+        "disk_cache_bytes",
+        "prefetch_next_segment",
+    }
+)
+
 
 class SegmentReader:
     def __init__(
@@ -147,8 +180,12 @@ class SegmentReader:
         settings: ReaderSettings = ReaderSettings(),
         prefetch_executor: concurrent.futures.Executor | None = None,
         on_cache_event: Callable[[str, str], None] = lambda cache, event: None,
+        on_verified: Callable[[OpenSegment, str | int, Buffer], None] | None = None,
     ):
+        """``on_verified(segment, index name or chunk id, stored bytes)`` is called for every
+        stored piece once it has verified and decoded (``inspect seal`` records them)."""
         self.store = store
+        self.on_verified = on_verified
         self.layout = layout
         self.keyring = keyring
         self.settings = settings
@@ -241,6 +278,8 @@ class SegmentReader:
             raise NotFound(f"segment {describe} not found: no manifest {key}") from None
         manifest = SegmentManifest.from_bytes(raw, key)
         self._check_authenticity_policy(manifest, key)
+        if manifest.chunk_index.chunk_count > CHUNKS_WITHOUT_SIZE_CHECK:
+            self._check_log_size(base, manifest, key)
         data_key = aad = None
         if manifest.encryption is not None:
             if self.keyring is None:
@@ -254,9 +293,27 @@ class SegmentReader:
                 authentication.verify(manifest, data_key, key)
         codec = ChunkCodec(manifest.compression, data_key, aad)
         version = manifest.attempt or hashlib.sha256(raw).hexdigest()[:32]
-        return OpenSegment(
-            base, manifest, codec, len(raw) + 48 * manifest.chunk_index.chunk_count + 1024, version=version
+        per_chunk = 80 if manifest.chunk_tags is not None or manifest.chunk_crcs is not None else 0
+        cost = (
+            len(raw) + manifest.chunk_index.memory_bytes + per_chunk * manifest.chunk_index.chunk_count + 1024
         )
+        return OpenSegment(base, manifest, codec, cost, version=version)
+
+    def _check_log_size(self, base: str, manifest: SegmentManifest, key: str) -> None:
+        """``DataLoss`` unless the ``.log`` object has the size the chunk index claims."""
+        log_key = f"{base}.{fkeys.LOG}"
+        try:
+            size = self.store.size(log_key)
+        except ObjectNotFound:
+            raise NotFound(
+                f"segment {base}: data object {log_key} is missing (the manifest exists)"
+            ) from None
+        index = manifest.chunk_index
+        if size != index.transformed_file_size:
+            raise DataLoss(
+                f"{key}: the chunk index claims {index.chunk_count} chunks in {index.transformed_file_size} "
+                f"stored bytes, but {log_key} has {size} bytes (a damaged or forged manifest)"
+            )
 
     def _check_authenticity_policy(self, manifest: SegmentManifest, key: str) -> None:
         """Which manifests may be read at all (see ``fetch.accept_unauthenticated_segments``)."""
@@ -299,7 +356,7 @@ class SegmentReader:
         """The plain bytes of one index; ``NotFound`` when the segment has none of that kind."""
         r = seg.manifest.indexes.get(name)
         if r is None:
-            raise NotFound(f"segment {seg.base}: no {name} index")
+            raise NoSuchIndex(f"segment {seg.base}: no {name} index")
         cached = self.indexes.get(seg.cache_key(name))
         if cached is not None:
             return cached
@@ -327,6 +384,8 @@ class SegmentReader:
             )
         crc = seg.manifest.index_crcs.get(name) if seg.manifest.index_crcs else None
         plain = seg.codec.decrypt_only(stored, where, crc)
+        if self.on_verified is not None:
+            self.on_verified(seg, name, stored)
         self.indexes.put(seg.cache_key(name), plain, len(plain) + 64)
         return plain
 
@@ -396,7 +455,7 @@ class SegmentReader:
                 marks.append(seg.prefetched_to)
         return max(marks) if marks else None
 
-    def _chunks_from(self, seg: OpenSegment, chunks: list[Chunk], i: int) -> Iterator[bytes]:
+    def _chunks_from(self, seg: OpenSegment, chunks: Sequence[Chunk], i: int) -> Iterator[bytes]:
         """Decoded chunks starting at ``chunks[i]``: one from the cache or from another
         reader's download, or a whole run downloaded with one request and yielded chunk
         by chunk as each is decoded (the first byte does not wait for the whole run)."""
@@ -411,7 +470,7 @@ class SegmentReader:
             return iter([waiting[key].result()])
         return self._load_run(seg, run[: len(claimed)])
 
-    def _run(self, seg: OpenSegment, chunks: list[Chunk]) -> list[Chunk]:
+    def _run(self, seg: OpenSegment, chunks: Sequence[Chunk]) -> list[Chunk]:
         """The longest prefix of ``chunks`` that is contiguous, not cached, and within
         ``max_range_bytes`` both stored and decoded (what one request holds in memory)."""
         run: list[Chunk] = []
@@ -422,6 +481,7 @@ class SegmentReader:
                 stored + c.transformed_size > limit
                 or decoded + c.original_size > limit
                 or c.id != run[-1].id + 1
+                or len(run) >= MAX_RUN_CHUNKS
                 or self.chunks.contains(seg.cache_key(c.id))
             ):
                 break
@@ -550,6 +610,8 @@ class SegmentReader:
                 f"copied in the bucket)"
             )
         plain = seg.codec.decode(piece, c.original_size, where, crcs[c.id] if crcs else None)
+        if self.on_verified is not None:
+            self.on_verified(seg, c.id, piece)
         self.chunks.put(seg.cache_key(c.id), plain, len(plain))
         self._loading.resolve(seg.cache_key(c.id), plain)
         return plain
@@ -565,7 +627,7 @@ class SegmentReader:
         ):
             return scheduled
         index = seg.manifest.chunk_index
-        n = max(1, self.settings.prefetch_bytes // index.original_chunk_size)
+        n = max(1, min(self.settings.prefetch_bytes // index.original_chunk_size, MAX_RUN_CHUNKS))
         last = min(chunk_id + n, index.chunk_count - 1)
         chunk = index.chunk(chunk_id)
         # what the prefetch window reaches beyond this segment's end
@@ -603,7 +665,7 @@ class SegmentReader:
             if not self.chunks.contains(seg.cache_key(j)) and not self._loading.in_flight(seg.cache_key(j))
         ]
 
-    def _prefetch_run(self, seg: OpenSegment, chunks: list[Chunk]) -> None:
+    def _prefetch_run(self, seg: OpenSegment, chunks: Sequence[Chunk]) -> None:
         i = 0
         while i < len(chunks):
             run = self._run(seg, chunks[i:])
@@ -637,6 +699,7 @@ class SegmentReader:
             last = index.chunks_for_range(0, min(nbytes, index.original_file_size) - 1)[-1].id
             with self._prefetch_lock:
                 first = nxt.prefetched_to + 1
+                last = min(last, first + MAX_RUN_CHUNKS - 1)
                 nxt.prefetched_to = max(nxt.prefetched_to, last)
             todo = self._not_loaded(nxt, first, last)
         except Exception as e:

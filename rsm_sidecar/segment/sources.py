@@ -227,6 +227,11 @@ class PathSource:
 
 
 # -- stream mode -----------------------------------------------------------------------
+class StreamEnded(FailedPrecondition):
+    """The client's stream ended before every declared byte arrived: a client that went away
+    (the service tells which) or one that sent less than it declared."""
+
+
 class StreamSource:
     """Stream mode: ``messages`` yields ``(file name, bytes)`` in ``FILE_ORDER``; each
     file is exactly its declared size (``sizes``: name -> size, ``transaction`` None when
@@ -294,7 +299,7 @@ class StreamSource:
         while self.received[LOG] < self.log_size:
             item = self._next()
             if item is None:
-                raise FailedPrecondition(
+                raise StreamEnded(
                     f"copy of {self.describe}: the stream ended after {self.received[LOG]} of "
                     f"{self.log_size} bytes of the .log file"
                 )
@@ -323,7 +328,7 @@ class StreamSource:
                 out[name] = None
                 continue
             if len(bufs[name]) != declared:
-                raise FailedPrecondition(
+                raise StreamEnded(
                     f"copy of {self.describe}: the stream ended with {len(bufs[name])} of "
                     f"{declared} bytes of the {name} index"
                 )

@@ -30,34 +30,10 @@ from rsm_sidecar.segment.journal import lock_exclusively
 from rsm_sidecar.service.handoff import HandoffDir
 from rsm_sidecar.service.servicer import RemoteStorageServicer
 from rsm_sidecar.service.sidecar import Sidecar
+from rsm_sidecar.service.tls import ServerTls
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "rsm.v1.RemoteStorage"
-
-
-def _read(path: str, key: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ConfigError(f"{key}: cannot read {path}: {e.strerror}") from None
-
-
-def _read_pem(path: str, key: str, kind: str) -> bytes:
-    """A PEM file's bytes, checked to hold a certificate or a private key (so that a
-    wrong file is blamed on its own key, not on the listen address)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-
-    data = _read(path, key)
-    try:
-        if kind == "certificate":
-            x509.load_pem_x509_certificates(data)
-        else:
-            serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"{key}: {path} is not a PEM {kind} ({e})") from None
-    return data
 
 
 def split_listen(listen: str, key: str) -> tuple[str, int]:
@@ -118,6 +94,7 @@ class SidecarServer:
         self.server.add_generic_rpc_handlers((self.servicer.handlers(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._socket_lock: int | None = None
+        self.tls: ServerTls | None = None
         self.address = self._bind(cfg["server.listen"])
         # after _bind: the socket's lock is ours, so the hand-off directory is too
         self.servicer.handoff = HandoffDir.open(
@@ -138,16 +115,9 @@ class SidecarServer:
             raise ConfigError("server.tls.client_ca_file needs server.tls.cert_file and server.tls.key_file")
         creds = None
         if cert:
-            creds = grpc.ssl_server_credentials(
-                [
-                    (
-                        _read_pem(key, "server.tls.key_file", "private key"),
-                        _read_pem(cert, "server.tls.cert_file", "certificate"),
-                    )
-                ],
-                root_certificates=_read_pem(ca, "server.tls.client_ca_file", "certificate") if ca else None,
-                require_client_auth=bool(ca),
-            )
+            # read again when renewed in place (tls.py); checked now, so bad files fail start-up
+            self.tls = ServerTls(cert, key, ca or None)
+            creds = self.tls.credentials()
         socket_path = None
         if listen.startswith("unix:"):
             socket_path = Path(

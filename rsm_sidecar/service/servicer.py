@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from rsm_sidecar.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
+    NoSuchIndex,
     OutOfRange,
     RsmError,
 )
@@ -98,9 +100,15 @@ def _metadata(m: pb.SegmentMetadata) -> fkeys.SegmentMetadata:
 def _abort(context: grpc.ServicerContext, op: str, metrics: Metrics, err: BaseException) -> None:
     if isinstance(err, RsmError):
         code, msg = err.grpc_code, str(err)
-        # a missing segment and a reader that went away are routine; a copy that did not finish is not
-        routine = code == grpc.StatusCode.NOT_FOUND or (code == grpc.StatusCode.CANCELLED and op != "copy")
-        level = logging.INFO if routine else logging.WARNING
+        # routine answers (a segment without that index: most have no transaction index; a reader
+        # that stopped reading) at DEBUG; a missing segment at INFO; the rest, a copy that did not
+        # finish included, at WARNING
+        if isinstance(err, NoSuchIndex) or (code == grpc.StatusCode.CANCELLED and op != "copy"):
+            level = logging.DEBUG
+        elif code == grpc.StatusCode.NOT_FOUND:
+            level = logging.INFO
+        else:
+            level = logging.WARNING
         log.log(
             level, "%s failed: %s %s", op, code.name, msg, extra={"fields": {"op": op, "status": code.name}}
         )
@@ -111,6 +119,19 @@ def _abort(context: grpc.ServicerContext, op: str, metrics: Metrics, err: BaseEx
     if len(msg) > MAX_STATUS_CHARS:
         msg = msg[:MAX_STATUS_CHARS] + f"... ({len(msg)} characters)"
     context.abort(code, msg)
+
+
+#: how long a copy whose request stream ended short waits for the call's cancellation before it
+#: blames the client's stream (a killed broker's stream can end before its call is cancelled)
+GONE_WAIT_SECONDS = 0.5
+
+
+def _gone(context: grpc.ServicerContext) -> bool:
+    """Whether the call has ended (the client went away or cancelled it), within ``GONE_WAIT_SECONDS``."""
+    ended = threading.Event()
+    if not context.add_callback(ended.set):  # the call has already ended
+        return True
+    return ended.wait(GONE_WAIT_SECONDS) or not context.is_active()
 
 
 @contextlib.contextmanager
@@ -218,6 +239,15 @@ def encode_handoff_response(
     return encoded
 
 
+def encode_next_segment_response(next_segment: fkeys.SegmentMetadata) -> bytes:
+    """A serialized ``FetchSegmentResponse{next_segment}`` without data: the last message of a
+    streamed range that reaches the segment's end, when the request asked ``want_next_segment``."""
+    response = pb.FetchSegmentResponse()
+    next_segment.fill_proto(response.next_segment)
+    encoded: bytes = response.SerializeToString()
+    return encoded
+
+
 def _pre_encoded(message: bytes) -> bytes:
     return message
 
@@ -285,8 +315,12 @@ class RemoteStorageServicer:
                         f"{what}: no progress for {self.copy_idle:g} s "
                         f"(copy.idle_timeout_seconds); the copy was abandoned"
                     ) from None
-                if isinstance(e, Cancelled) and md and md.describe not in str(e):
-                    raise Cancelled(f"{what}: {e}") from None
+                # a broker that died or cancelled the call reads the same whatever the transfer
+                # mode noticed first: the call cancelled, or its request stream cut short
+                if isinstance(e, Cancelled) or (isinstance(e, sources.StreamEnded) and _gone(context)):
+                    raise Cancelled(
+                        f"{what}: the broker went away (the call was cancelled before the copy finished)"
+                    ) from None
                 raise
 
     @staticmethod
@@ -428,6 +462,10 @@ class RemoteStorageServicer:
             for piece in reader.read(seg, start, end, views=True):
                 yield from _fetch_messages(piece, served, watch)
                 del piece  # not held while the reader fetches the next chunk
+            if request.want_next_segment and end == size - 1:
+                following = self._next_segment_hint(seg)
+                if following is not None:  # streamed: the name comes in a last message of its own
+                    yield encode_next_segment_response(following)
 
     def _next_segment_hint(self, seg: OpenSegment) -> fkeys.SegmentMetadata | None:
         """``FetchSegmentResponse.next_segment`` for a range that ends at ``seg``'s end; None

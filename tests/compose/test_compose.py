@@ -41,7 +41,10 @@ SIDECAR_TOML = REPO / "config" / "sidecar.toml"
 BROKER_TIERED = REPO / "config" / "broker-tiered.properties"
 CLUSTER_PROPS = REPO / "config" / "cluster.properties"
 RENDER = REPO / "docker" / "kafka" / "render-properties.sh"
+#: the single combined node (NODE_ROLE=combined: the remote topology, docker-compose.remote.yml)
 KAFKA_BASE = REPO / "docker" / "kafka" / "server.properties"
+#: the cluster's brokers and controller (NODE_ROLE=broker, controller)
+BROKER_BASE = REPO / "docker" / "kafka" / "broker.properties"
 CONTROLLER_BASE = REPO / "docker" / "kafka" / "controller.properties"
 SIDECAR_MOUNT = "/etc/rsm-sidecar/sidecar.toml"
 TIERED_MOUNT = "/etc/rsm-sidecar/broker-tiered.properties"
@@ -174,7 +177,8 @@ def broker_properties(services) -> dict[str, dict[str, str]]:
     for broker in BROKERS:
         env = _env(services[broker])
         assert env["CLUSTER_PROPERTIES"] == CLUSTER_MOUNT, broker
-        proc = _render(env, KAFKA_BASE, BROKER_TIERED, CLUSTER_PROPS)
+        assert env["NODE_ROLE"] == "broker", broker
+        proc = _render(env, BROKER_BASE, BROKER_TIERED, CLUSTER_PROPS)
         assert proc.returncode == 0, proc.stderr
         out[broker] = _properties(proc.stdout)
     return out
@@ -262,8 +266,8 @@ def test_every_image_is_built_here_with_the_versions_the_tests_run(services, doc
     for report in dockerfiles.values():
         for stage in report["stages"]:
             base = stage["base"]
-            if base in {s["name"] for s in report["stages"]}:
-                continue
+            if base in {s["name"] for s in report["stages"]} or base == "scratch":
+                continue  # an earlier stage, or no base at all (the shim image)
             assert ":" in base and not base.endswith(":latest"), (
                 f"{report['file']}: unpinned base image {base}"
             )
@@ -465,9 +469,11 @@ def test_compose_sets_no_tiered_setting_anywhere_else(services):
     apache/kafka image turns KAFKA_* variables into properties) set a tiered or cluster key;
     the controller's file holds the one key the controller needs, with the brokers' value."""
     owned = set(_properties(BROKER_TIERED.read_text())) | set(_properties(CLUSTER_PROPS.read_text()))
-    base = _properties(KAFKA_BASE.read_text())
-    assert not owned & set(base)
-    assert not [k for k in base if k.startswith(("remote.", "rsm.config.", "rlmm.config.", "log.local."))]
+    for base_file in (KAFKA_BASE, BROKER_BASE):
+        base = _properties(base_file.read_text())
+        assert not set(_properties(BROKER_TIERED.read_text())) & set(base), base_file
+        assert not [k for k in base if k.startswith(("remote.", "rsm.config.", "rlmm.config.", "log.local."))]
+    assert not set(_properties(CLUSTER_PROPS.read_text())) & set(_properties(BROKER_BASE.read_text()))
     controller = _properties(CONTROLLER_BASE.read_text())
     assert {k for k in controller if k in owned or k.startswith(("remote.", "rsm.", "rlmm."))} == {
         "remote.log.storage.system.enable"
@@ -654,7 +660,7 @@ def _fake_image(tmp_path: Path, log_dir: Path) -> dict[str, str]:
     (home / "bin").mkdir(parents=True)
     (kafka / "config").mkdir(parents=True)
     shutil.copy2(RENDER, home / "bin" / RENDER.name)
-    for base in (KAFKA_BASE, CONTROLLER_BASE):
+    for base in (KAFKA_BASE, BROKER_BASE, CONTROLLER_BASE):
         (home / base.name).write_text(
             base.read_text().replace("log.dirs=/var/lib/kafka/data", f"log.dirs={log_dir}")
         )
@@ -705,13 +711,27 @@ def test_start_broker_renders_formats_and_starts(services, broker_properties, tm
     dockerfile = DOCKERFILE.read_text()
     assert 'ENTRYPOINT ["/opt/rsm-sidecar/bin/start-broker.sh"]' in dockerfile
     assert "COPY --chmod=0644 docker/kafka/server.properties /opt/rsm-sidecar/server.properties" in dockerfile
-    assert (
-        "COPY --chmod=0644 docker/kafka/controller.properties /opt/rsm-sidecar/controller.properties"
-        in dockerfile
-    )
+    for base in ("controller", "broker"):
+        copy = f"COPY --chmod=0644 docker/kafka/{base}.properties /opt/rsm-sidecar/{base}.properties"
+        assert copy in dockerfile
     assert (
         "COPY --chmod=0644 docker/kafka/log4j2.properties /opt/kafka/config/log4j2.properties" in dockerfile
     )
+    # without NODE_ROLE (the remote topology's broker): the single combined node of server.properties
+    env.pop("NODE_ROLE")
+    (tmp_path / "java.calls").unlink()
+    script = ["bash", str(REPO / "docker/kafka/start-broker.sh")]
+    proc = subprocess.run(script, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    combined = _properties(out.read_text())
+    assert combined["process.roles"] == "broker,controller"
+    tiered = _render(env, BROKER_TIERED)
+    assert tiered.returncode == 0, tiered.stderr
+    assert combined == {
+        **_properties(KAFKA_BASE.read_text()),
+        **_properties(tiered.stdout),
+        "log.dirs": str(log_dir),
+    }
     assert _mounts(services["kafka-2"])[TIERED_MOUNT] and _mounts(services["kafka-2"])[CLUSTER_MOUNT]
 
 
@@ -744,7 +764,7 @@ def test_start_broker_runs_the_controller_from_its_own_file(services, tmp_path):
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 64 and "NODE_ROLE must be broker or controller" in proc.stderr
+    assert proc.returncode == 64 and "NODE_ROLE must be combined, broker or controller" in proc.stderr
 
 
 def test_start_broker_refuses_an_unwritable_log_dir_and_a_missing_placeholder(services, tmp_path):

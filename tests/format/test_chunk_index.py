@@ -144,7 +144,7 @@ def test_fixed_index_requires_every_field(missing):
 @given(chunk=st.integers(1, 64), file_size=st.integers(0, 2000), data=st.data())
 def test_chunks_for_range_cover_exactly_the_range(chunk, file_size, data):
     count = -(-file_size // chunk)
-    sizes = data.draw(st.lists(st.integers(0, 200), min_size=count, max_size=count))
+    sizes = data.draw(st.lists(st.integers(1, 200), min_size=count, max_size=count))
     index = build_index(chunk, file_size, sizes, None)
     if file_size == 0:
         assert index.chunk_count == 0 and index.chunks_for_range(0, 10) == []
@@ -168,3 +168,67 @@ def test_build_index_fixed_and_empty():
     assert isinstance(empty, FixedChunkIndex) and empty.chunk_count == 0
     with pytest.raises(ValueError):
         build_index(100, 250, [128, 120, 78], 128)
+
+
+@pytest.mark.parametrize(
+    "obj, message",
+    [
+        ({"originalChunkSize": 1, "originalFileSize": 2**40}, "original file size must be 0..2"),
+        ({"originalChunkSize": 2**31, "originalFileSize": 10}, "original chunk size must be 1..2"),
+        ({"originalChunkSize": 0, "originalFileSize": 10}, "original chunk size must be 1..2"),
+        ({"transformedChunkSize": 2**31}, "transformed chunk size must be 0..2"),
+        ({"transformedChunkSize": 0}, "never empty when stored"),
+        ({"finalTransformedChunkSize": 0}, "never empty when stored"),
+    ],
+)
+def test_fixed_index_sizes_are_bounded_like_aivens_java_ints(obj, message):
+    full = {
+        "type": "fixed",
+        "originalChunkSize": 100,
+        "originalFileSize": 250,
+        "transformedChunkSize": 110,
+        "finalTransformedChunkSize": 30,
+        **obj,
+    }
+    with pytest.raises(DataLoss, match=message):
+        ChunkIndex.from_json(full)
+
+
+def test_a_fixed_index_of_two_billion_chunks_costs_nothing_until_read():
+    index = ChunkIndex.from_json(
+        {
+            "type": "fixed",
+            "originalChunkSize": 1,
+            "originalFileSize": INT_MAX,
+            "transformedChunkSize": 29,
+            "finalTransformedChunkSize": 29,
+        }
+    )
+    assert index.chunk_count == INT_MAX and index.transformed_file_size == 29 * INT_MAX
+    assert index.memory_bytes < 1024
+    span = index.chunks_for_range(0, INT_MAX)
+    assert len(span) == INT_MAX and span[-1] == Chunk(INT_MAX - 1, INT_MAX - 1, 1, 29 * (INT_MAX - 1), 29)
+    assert list(span[5:7]) == [Chunk(5, 5, 1, 145, 29), Chunk(6, 6, 1, 174, 29)]
+    assert index.chunk_for_transformed_position(29 * 1000 + 3) == 1000
+
+
+def test_a_variable_index_is_checked_against_the_file_before_its_sizes_are_unpacked():
+    sizes = encode_transformed_chunks([5] * 1000)
+    with pytest.raises(DataLoss, match=r"1000 chunks listed .* \(expected 3\)"):
+        ChunkIndex.from_json(
+            {
+                "type": "variable",
+                "originalChunkSize": 100,
+                "originalFileSize": 250,
+                "transformedChunks": sizes,
+            }
+        )
+    with pytest.raises(DataLoss, match="stored chunk size 0"):
+        ChunkIndex.from_json(
+            {
+                "type": "variable",
+                "originalChunkSize": 100,
+                "originalFileSize": 250,
+                "transformedChunks": encode_transformed_chunks([5, 0, 5]),
+            }
+        )

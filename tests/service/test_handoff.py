@@ -233,6 +233,32 @@ def test_a_range_to_the_segments_end_names_the_next_segment_when_asked(unix_side
     assert list((sock.parent / "rsm.sock.handoff").iterdir()) == []
 
 
+def test_a_streamed_range_to_the_segments_end_names_the_next_segment_in_a_last_message(
+    start_sidecar, tmp_path
+):
+    """Over TCP (no hand-off) the shim reads ahead in gRPC messages: a streamed range that ends
+    at the segment's end, asked with ``want_next_segment``, ends with one message naming the next
+    segment and holding no data; without the flag, or short of the end, no such message."""
+    running = start_sidecar(encryption=True)
+    md1, data1 = _copy_at(running, tmp_path, 1, 0, MiB + 17)
+    _copy_at(running, tmp_path, 2, 100, 4321)
+    tail = 1000  # a range of more than one message
+
+    def streamed(end: int | None, want: bool = True) -> list[pb.FetchSegmentResponse]:
+        req = pb.FetchSegmentRequest(metadata=md1, start_position=tail, want_next_segment=want)
+        if end is not None:
+            req.end_position = end
+        return list(running.client.stub.FetchSegment(req, timeout=30))
+
+    msgs = streamed(None)
+    assert b"".join(m.data for m in msgs) == data1[tail:]
+    assert [m.HasField("next_segment") for m in msgs] == [False] * (len(msgs) - 1) + [True]
+    assert msgs[-1].data == b"" and msgs[-1].next_segment.segment_id == seg_id(2)
+    assert msgs[-1].next_segment.segment_size_in_bytes == 4321
+    assert not any(m.HasField("next_segment") for m in streamed(None, want=False))
+    assert not any(m.HasField("next_segment") for m in streamed(len(data1) - 2))
+
+
 def test_a_next_segment_under_an_older_key_prefix_is_named_with_that_prefix(start_sidecar, tmp_path):
     """Segments copied under an older ``storage.key_prefix``: the name of the next one carries
     its prefix in custom metadata, as the broker's metadata of it does, so a fetch by that name

@@ -141,6 +141,14 @@ def test_epoll_native_library_matches_the_relocated_package(names: list[str]) ->
     assert not stale, stale
 
 
+def test_boringssl_is_there_for_linux_only(jar: zipfile.ZipFile) -> None:
+    """netty-tcnative's BoringSSL for the brokers' platforms (TLS to a sidecar over TCP), renamed
+    for the relocated package as the epoll library is; no macOS or Windows libraries."""
+    natives = {n for n in jar.namelist() if n.startswith("META-INF/native/") and "tcnative" in n}
+    prefix = "META-INF/native/libio_github_rsmsidecar_shaded_io_grpc_netty_shaded_netty_tcnative_"
+    assert natives == {prefix + "linux_x86_64.so", prefix + "linux_aarch_64.so"}
+
+
 def test_jar_size_is_reasonable(jar: zipfile.ZipFile) -> None:
     size = JAR.stat().st_size
     assert 1_000_000 < size < 25_000_000, f"{size} bytes"

@@ -56,12 +56,14 @@ class ExecutorContext(SegmentAccess):
 
     def __init__(self, params: StorageParams):
         cfg = Config(params.values, environ=params.environ, source="the job's sidecar configuration")
-        settings = ReaderSettings(
+        # the sidecar's reader settings (e.g. fetch.accept_unauthenticated_segments) with the job's caches
+        settings = ReaderSettings.from_config(cfg).with_caches(
             manifest_cache_bytes=4 * 1024 * 1024,
             index_cache_bytes=8 * 1024 * 1024,
             chunk_cache_bytes=params.chunk_cache_bytes,
             prefetch_bytes=params.prefetch_bytes,
-            max_range_bytes=8 * 1024 * 1024,
+            disk_cache_path="",
+            prefetch_next_segment=False,
         )
         prefetch = (
             concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rsm-prefetch")

@@ -127,18 +127,42 @@ final class FetchHandoff {
      */
     static final class OpenFile {
         private final ByteBuffer mapped;
+        /** The bytes of a window received over gRPC instead of a mapped file (then {@code mapped} is null). */
+        private final com.google.protobuf.ByteString received;
         private final long length;
         private final Path path;
         private final AtomicInteger refs = new AtomicInteger(1);
 
         OpenFile(ByteBuffer mapped, long length, Path path) {
             this.mapped = mapped;
+            this.received = null;
             this.length = length;
             this.path = path;
         }
 
+        private OpenFile(com.google.protobuf.ByteString received, String source) {
+            this.mapped = null;
+            this.received = received;
+            this.length = received.size();
+            this.path = Path.of(source);
+        }
+
+        /**
+         * A read-ahead window received in gRPC messages (a sidecar reached over TCP, where there is
+         * no hand-off directory), kept in the heap and shared by reference count like a mapped file:
+         * {@code bytes} are the messages' own arrays (concatenated, not copied), which nothing
+         * changes once received. {@code source} names it in messages.
+         */
+        static OpenFile received(com.google.protobuf.ByteString bytes, String source) {
+            return new OpenFile(bytes, source);
+        }
+
         /** Copies {@code len} bytes from {@code position} into {@code b}; the caller holds a reference. */
         void read(long position, byte[] b, int off, int len) throws IOException {
+            if (received != null) {
+                received.copyTo(b, (int) position, off, len);
+                return;
+            }
             try {
                 mapped.get((int) position, b, off, len);
             } catch (InternalError e) {
@@ -182,7 +206,9 @@ final class FetchHandoff {
         void release() {
             int r = refs.decrementAndGet();
             if (r == 0) {
-                Unmapper.unmap(mapped);
+                if (mapped != null) {
+                    Unmapper.unmap(mapped);
+                }
             } else if (r < 0) {
                 throw new IllegalStateException("hand-off file " + path + " released once more than it was held");
             }

@@ -15,16 +15,22 @@ import java.io.InputStream;
 
 /**
  * Parses {@code FetchSegmentResponse} (one {@code bytes data = 1} field of up to 1 MiB) with one
- * copy: the payload is read from gRPC's buffers straight into the array the {@link ByteString}
+ * copy: the payload is read from gRPC's buffers straight into the arrays the {@link ByteString}
  * wraps. The generated parser copies it twice (into a message buffer, then into the field), which
  * a JFR profile of the broker's remote reads showed as its largest allocation (0.8 GB for 382 MiB
- * read). A message of any other shape (other fields, unknown fields, several {@code data}
+ * read). The payload goes into arrays of at most {@link #PIECE_BYTES} (a rope of them): a 1 MiB
+ * array is a humongous object for G1 with the 1-2 MiB regions of a broker's heap up to 8 GiB, and
+ * over TCP (every fetched byte in messages) those allocations started a G1 collection every second
+ * or two, "G1 Humongous Allocation", concurrent cycles included (JFR of benchmarks/remote_read.py
+ * ours-tcp; design.md, "Remote reads over TCP + mTLS"). A message of any other shape (other fields, unknown fields, several {@code data}
  * fields) is parsed by the generated parser, so the contract stays the proto's.
  */
 final class FetchResponseMarshaller implements MethodDescriptor.Marshaller<FetchSegmentResponse> {
 
     /** {@code data}: field 1, wire type 2 (length-delimited). */
     private static final int DATA_TAG = (1 << 3) | 2;
+    /** Under half of G1's smallest region (1 MiB): never a humongous object. */
+    static final int PIECE_BYTES = 256 * 1024;
 
     static final FetchResponseMarshaller INSTANCE = new FetchResponseMarshaller();
 
@@ -55,21 +61,26 @@ final class FetchResponseMarshaller implements MethodDescriptor.Marshaller<Fetch
                 return fallback(new byte[] {(byte) first}, in);
             }
             int length = readVarint(in);
-            byte[] data = in.readNBytes(length);
-            if (data.length != length) {
-                throw Status.INTERNAL.withDescription("FetchSegmentResponse: truncated data field ("
-                        + data.length + " of " + length + " bytes)").asRuntimeException();
+            ByteString data = ByteString.EMPTY;
+            for (int read = 0; read < length; ) {
+                byte[] piece = in.readNBytes(Math.min(PIECE_BYTES, length - read));
+                if (piece.length == 0) {
+                    throw Status.INTERNAL.withDescription("FetchSegmentResponse: truncated data field ("
+                            + read + " of " + length + " bytes)").asRuntimeException();
+                }
+                read += piece.length;
+                data = data.concat(UnsafeByteOperations.unsafeWrap(piece));
             }
             int next = in.read();
             if (next >= 0) { // more than one field: let the generated parser decide
                 ByteArrayOutputStream head = new ByteArrayOutputStream(length + 16);
                 head.write(DATA_TAG);
                 writeVarint(head, length);
-                head.write(data);
+                data.writeTo(head);
                 head.write(next);
                 return fallback(head.toByteArray(), in);
             }
-            return FetchSegmentResponse.newBuilder().setData(UnsafeByteOperations.unsafeWrap(data)).build();
+            return FetchSegmentResponse.newBuilder().setData(data).build();
         } catch (IOException e) {
             throw Status.INTERNAL.withDescription("FetchSegmentResponse: " + e.getMessage()).withCause(e)
                     .asRuntimeException();

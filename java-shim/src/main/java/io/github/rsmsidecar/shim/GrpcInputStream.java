@@ -65,6 +65,8 @@ final class GrpcInputStream<RespT> extends InputStream {
     private final LinkedBlockingQueue<Object> queue = new LinkedBlockingQueue<>();
 
     private ByteBuffer current = EMPTY;
+    /** The rest of the current message's buffers after {@code current} (a rope of pieces). */
+    private java.util.Iterator<ByteBuffer> pieces = java.util.Collections.emptyIterator();
     /** Maps the first message to a stream that replaces the call's messages, or null (see {@link #substitutingFirst}). */
     private Function<RespT, InputStream> substitute;
     /** The stream read instead of the call's messages (fetch hand-off); null while messages are read. */
@@ -226,7 +228,9 @@ final class GrpcInputStream<RespT> extends InputStream {
                     return;
                 }
             }
-            current = data.apply((RespT) message).asReadOnlyByteBuffer();
+            // a rope's pieces one by one: asReadOnlyByteBuffer() would copy them into one array
+            pieces = data.apply((RespT) message).asReadOnlyByteBufferList().iterator();
+            current = pieces.hasNext() ? pieces.next() : EMPTY;
         } catch (RuntimeException e) {
             cancel("the response could not be read: " + e.getMessage(), e);
             end = Status.CANCELLED.withDescription(e.getMessage());
@@ -245,6 +249,10 @@ final class GrpcInputStream<RespT> extends InputStream {
             throw new IOException(operation + ": the stream is closed");
         }
         while (!current.hasRemaining()) {
+            if (pieces.hasNext()) {
+                current = pieces.next();
+                continue;
+            }
             if (end != null) {
                 if (end.isOk()) {
                     return false;

@@ -11,9 +11,12 @@ import org.slf4j.LoggerFactory;
 /**
  * Runs an idempotent sidecar call, retrying it with exponential backoff while the sidecar answers
  * {@code UNAVAILABLE} (not reachable, restarting, storage throttling), up to
- * {@code retry.max.attempts} attempts in total. Other statuses are mapped at once. An interrupt
- * (during an attempt or a backoff) ends the call with {@link RemoteStorageException} and leaves the
- * thread's interrupt flag set.
+ * {@code retry.max.attempts} attempts in total. A fetch or index call that finds the sidecar's
+ * fetch slots busy ({@code RESOURCE_EXHAUSTED}) waits for one instead, asking again every few
+ * milliseconds up to its open deadline ({@code fetch.deadline.ms}, {@code fetch.index.deadline.ms}):
+ * routine back-pressure, one WARN line a minute, never an error the broker logs with a stack trace
+ * (see {@link #awaitSlot}). Other statuses are mapped at once. An interrupt (during an attempt or a
+ * wait) ends the call with {@link RemoteStorageException} and leaves the thread's interrupt flag set.
  */
 final class Retrier {
 
@@ -25,32 +28,94 @@ final class Retrier {
         T run(int attempt) throws StatusException, InterruptedException, RemoteStorageException;
     }
 
+    /** First wait before asking a busy sidecar again; doubles up to {@link #BUSY_MAX_BACKOFF_MS}. */
+    static final long BUSY_INITIAL_BACKOFF_MS = 5;
+    static final long BUSY_MAX_BACKOFF_MS = 100;
+    /** One WARN line about a busy sidecar per this many ms; the rest at DEBUG. */
+    static final long BUSY_WARN_EVERY_MS = 60_000;
+
     private final int maxAttempts;
     private final long initialBackoffMs;
     private final long maxBackoffMs;
+    private final long fetchDeadlineMs;
+    private final long fetchIndexDeadlineMs;
     private final ErrorMapper errors;
     private final Runnable beforeRetry;
+    private final ShimMetrics metrics;
+    /** {@link System#nanoTime()} from which a busy sidecar is logged at WARN again. */
+    private volatile long busyWarnAfterNanos = System.nanoTime();
 
     /**
      * @param beforeRetry run before each retry; the shim resets the channel's reconnect backoff so
      *                    a sidecar that is back is reached at once, not after grpc's (up to 120 s)
      *                    reconnect delay
      */
-    Retrier(ShimConfig config, ErrorMapper errors, Runnable beforeRetry) {
+    Retrier(ShimConfig config, ErrorMapper errors, Runnable beforeRetry, ShimMetrics metrics) {
         this.maxAttempts = config.retryMaxAttempts();
         this.initialBackoffMs = config.retryInitialBackoffMs();
         this.maxBackoffMs = config.retryMaxBackoffMs();
+        this.fetchDeadlineMs = config.fetchDeadlineMs();
+        this.fetchIndexDeadlineMs = config.fetchIndexDeadlineMs();
         this.errors = errors;
         this.beforeRetry = beforeRetry;
+        this.metrics = metrics;
     }
 
-    <T> T call(String operation, boolean delete, Attempt<T> attempt) throws RemoteStorageException {
+    /**
+     * Runs {@code attempt} as a call of kind {@code op} ({@link ShimMetrics.Op#DELETE}: NOT_FOUND
+     * is not mapped to {@code RemoteResourceNotFoundException}), counting it in the metrics.
+     */
+    <T> T call(ShimMetrics.Op op, String operation, Attempt<T> attempt) throws RemoteStorageException {
+        long started = System.nanoTime();
+        Status failed = null;
+        try {
+            return run(op, operation, attempt, started);
+        } catch (RemoteStorageException | RuntimeException e) {
+            failed = Status.fromThrowable(e.getCause() != null ? e.getCause() : e);
+            throw e;
+        } finally {
+            metrics.ended(op, System.nanoTime() - started, failed);
+        }
+    }
+
+    private <T> T run(ShimMetrics.Op op, String operation, Attempt<T> attempt, long started)
+            throws RemoteStorageException {
+        boolean delete = op == ShimMetrics.Op.DELETE;
+        long slotDeadlineMs = op == ShimMetrics.Op.FETCH ? fetchDeadlineMs
+                : op == ShimMetrics.Op.FETCH_INDEX ? fetchIndexDeadlineMs : 0;
+        int busy = 0;
         for (int n = 1; ; n++) {
             try {
-                return attempt.run(n);
+                metrics.call(op);
+                T result = attempt.run(n);
+                metrics.answered(null);
+                if (busy > 0) {
+                    LOG.debug("{}: got a fetch slot after {} ms", operation,
+                            TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started));
+                }
+                return result;
             } catch (StatusException e) {
                 Status status = e.getStatus();
+                metrics.answered(status);
+                if (status.getCode() == Status.Code.RESOURCE_EXHAUSTED && slotDeadlineMs > 0) {
+                    long waitedMs = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started);
+                    if (waitedMs < slotDeadlineMs) {
+                        metrics.of(op).busyWaits.increment();
+                        try {
+                            awaitSlot(operation, status, busy++, slotDeadlineMs - waitedMs, slotDeadlineMs);
+                        } catch (InterruptedException ie) {
+                            Thread.currentThread().interrupt();
+                            throw new RemoteStorageException(operation + " interrupted while waiting for a fetch slot ("
+                                    + ErrorMapper.describe("call", status) + ")", ie);
+                        }
+                        n--; // waiting for a slot is not a failed attempt
+                        continue;
+                    }
+                    LOG.warn("{}: the sidecar's fetch slots stayed busy for {} ms ({} ms allowed); giving up",
+                            operation, waitedMs, slotDeadlineMs);
+                }
                 if (status.getCode() == Status.Code.UNAVAILABLE && n < maxAttempts) {
+                    metrics.of(op).retries.increment();
                     long delay = backoffMs(n, initialBackoffMs, maxBackoffMs, ThreadLocalRandom.current().nextDouble());
                     LOG.warn("{}: attempt {} of {} failed with UNAVAILABLE ({}); retrying in {} ms",
                             operation, n, maxAttempts,
@@ -65,18 +130,44 @@ final class Retrier {
                     beforeRetry.run();
                     continue;
                 }
-                String op = n > 1 ? operation + " (attempt " + n + " of " + maxAttempts + ")" : operation;
                 if (n > 1) {
                     // Kafka 4.3+ logs a retriable copy failure without its cause: say it here
                     LOG.warn("{}: giving up after attempt {} of {}: {}", operation, n, maxAttempts,
                             ErrorMapper.describe("call", status));
                 }
-                throw errors.map(op, status, delete);
+                throw errors.map(n > 1 ? operation + " (attempt " + n + " of " + maxAttempts + ")" : operation,
+                        status, delete);
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
                 throw new RemoteStorageException(operation + " interrupted; the sidecar call was cancelled", e);
             }
         }
+    }
+
+    /**
+     * Waits before asking a busy sidecar again ({@code RESOURCE_EXHAUSTED}: all its
+     * {@code fetch.max_concurrent} slots taken), {@code busy} waits done so far, at most
+     * {@code remainingMs}. A sidecar with its slots full is routine back-pressure (bursts of
+     * parallel reads, read-ahead and index prefetches, several brokers on one sidecar): the call
+     * waits for a slot instead of failing, since a failure here is an ERROR with a stack trace in
+     * the broker's log and "Unknown broker error" for the consumer, while a wait longer than the
+     * broker's {@code remote.fetch.max.wait.ms} only makes the broker answer the consumer without
+     * data, quietly, and the consumer fetches again. One WARN line a minute says so.
+     */
+    private void awaitSlot(String operation, Status status, int busy, long remainingMs, long allowedMs)
+            throws InterruptedException {
+        long now = System.nanoTime();
+        if (now - busyWarnAfterNanos >= 0) {
+            busyWarnAfterNanos = now + TimeUnit.MILLISECONDS.toNanos(BUSY_WARN_EVERY_MS);
+            LOG.warn("{}: the sidecar is busy ({}); waiting for a fetch slot, up to {} ms. Raise the sidecar's "
+                            + "fetch.max_concurrent if this repeats (further waits in the next {} s are logged at DEBUG)",
+                    operation, ErrorMapper.describe("call", status), allowedMs, BUSY_WARN_EVERY_MS / 1000);
+        } else if (busy == 0) {
+            LOG.debug("{}: the sidecar is busy ({}); waiting for a fetch slot", operation, status.getDescription());
+        }
+        long delay = backoffMs(busy + 1, BUSY_INITIAL_BACKOFF_MS, BUSY_MAX_BACKOFF_MS,
+                ThreadLocalRandom.current().nextDouble());
+        TimeUnit.MILLISECONDS.sleep(Math.max(1, Math.min(delay, remainingMs)));
     }
 
     /**

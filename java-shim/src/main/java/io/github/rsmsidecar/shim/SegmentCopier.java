@@ -155,24 +155,32 @@ final class SegmentCopier {
         try (FileChannel in = FileChannel.open(file.path, StandardOpenOption.READ)) {
             long remaining = file.size;
             while (remaining > 0) {
-                byte[] chunk = new byte[(int) Math.min(MAX_MESSAGE_BYTES, remaining)];
-                ByteBuffer buffer = ByteBuffer.wrap(chunk);
-                while (buffer.hasRemaining()) {
-                    if (in.read(buffer) < 0) {
-                        String why = file.kind + " file " + file.path + " shrank during the copy: "
-                                + file.size + " bytes declared, " + (file.size - remaining + buffer.position())
-                                + " found";
-                        call.cancel(why, null);
-                        throw new RemoteStorageException(operation + " failed: " + why);
+                // one message of up to 1 MiB, read into arrays of at most 256 KiB (a rope): a 1 MiB
+                // array is a humongous object for G1 with a broker's 1-2 MiB heap regions
+                int messageBytes = (int) Math.min(MAX_MESSAGE_BYTES, remaining);
+                com.google.protobuf.ByteString data = com.google.protobuf.ByteString.EMPTY;
+                for (int filled = 0; filled < messageBytes; ) {
+                    byte[] piece = new byte[Math.min(FetchResponseMarshaller.PIECE_BYTES, messageBytes - filled)];
+                    ByteBuffer buffer = ByteBuffer.wrap(piece);
+                    while (buffer.hasRemaining()) {
+                        if (in.read(buffer) < 0) {
+                            String why = file.kind + " file " + file.path + " shrank during the copy: "
+                                    + file.size + " bytes declared, "
+                                    + (file.size - remaining + filled + buffer.position()) + " found";
+                            call.cancel(why, null);
+                            throw new RemoteStorageException(operation + " failed: " + why);
+                        }
                     }
+                    filled += piece.length;
+                    data = data.concat(UnsafeByteOperations.unsafeWrap(piece));
                 }
                 CopySegmentRequest message = CopySegmentRequest.newBuilder()
-                        .setData(CopyData.newBuilder().setFile(file.kind).setData(UnsafeByteOperations.unsafeWrap(chunk)))
+                        .setData(CopyData.newBuilder().setFile(file.kind).setData(data))
                         .build();
                 if (!send(message)) {
                     return false;
                 }
-                remaining -= chunk.length;
+                remaining -= messageBytes;
             }
             return true;
         } catch (ClosedByInterruptException e) {

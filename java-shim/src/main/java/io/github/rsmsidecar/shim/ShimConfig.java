@@ -46,6 +46,7 @@ public final class ShimConfig {
     public static final String TLS_CERT_FILE = "tls.cert.file";
     public static final String TLS_KEY_FILE = "tls.key.file";
     public static final String TLS_AUTHORITY_OVERRIDE = "tls.authority.override";
+    public static final String TLS_RELOAD_INTERVAL_MS = "tls.reload.interval.ms";
     public static final String CLOSE_TIMEOUT_MS = "close.timeout.ms";
 
     /** A consumer's default fetch (1 MiB) plus room for the index lookup's skip to the offset. */
@@ -88,6 +89,7 @@ public final class ShimConfig {
         k.put(TLS_CERT_FILE, "");
         k.put(TLS_KEY_FILE, "");
         k.put(TLS_AUTHORITY_OVERRIDE, "");
+        k.put(TLS_RELOAD_INTERVAL_MS, "60000");
         k.put(CLOSE_TIMEOUT_MS, "5000");
         KEYS = Collections.unmodifiableMap(k);
     }
@@ -153,6 +155,7 @@ public final class ShimConfig {
     private final Path tlsCertFile;
     private final Path tlsKeyFile;
     private final String tlsAuthorityOverride;
+    private final long tlsReloadIntervalMs;
     private final long closeTimeoutMs;
     private final String brokerId;
     private final List<String> unknownKeys;
@@ -220,6 +223,7 @@ public final class ShimConfig {
         this.tlsCertFile = optionalFile(raw, TLS_CERT_FILE);
         this.tlsKeyFile = optionalFile(raw, TLS_KEY_FILE);
         this.tlsAuthorityOverride = string(raw, TLS_AUTHORITY_OVERRIDE);
+        this.tlsReloadIntervalMs = nonNegativeMillis(raw, TLS_RELOAD_INTERVAL_MS);
         if (!tlsEnabled) {
             for (String key : List.of(TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE, TLS_AUTHORITY_OVERRIDE)) {
                 if (!string(raw, key).isEmpty()) {
@@ -499,6 +503,11 @@ public final class ShimConfig {
         return tlsAuthorityOverride;
     }
 
+    /** How often the TLS files are checked for a change (0: never; see TlsFiles). */
+    public long tlsReloadIntervalMs() {
+        return tlsReloadIntervalMs;
+    }
+
     public long closeTimeoutMs() {
         return closeTimeoutMs;
     }
@@ -516,7 +525,8 @@ public final class ShimConfig {
     @Override
     public String toString() {
         return "target=" + target + ", transfer.mode=" + transferMode.name().toLowerCase(Locale.ROOT)
-                + ", tls=" + (tlsEnabled ? (tlsCertFile != null ? "mtls" : "tls") : "off")
+                + ", tls=" + (tlsEnabled ? (tlsCertFile != null ? "mtls" : "tls") + ", tls.reload.interval.ms="
+                        + tlsReloadIntervalMs : "off")
                 + ", copy.deadline.ms=" + copyDeadlineMs + ", fetch.deadline.ms=" + fetchDeadlineMs
                 + ", fetch.read.timeout.ms=" + fetchReadTimeoutMs + ", fetch.idle.timeout.ms=" + fetchIdleTimeoutMs
                 + ", fetch.window.bytes=" + fetchWindowBytes + ", fetch.handoff=" + fetchHandoff

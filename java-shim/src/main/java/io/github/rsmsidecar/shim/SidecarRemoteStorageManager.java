@@ -92,8 +92,17 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private volatile ErrorMapper errorMapper;
     /** The time and transaction indexes asked for beside a segment's offset index. */
     private final IndexPrefetch indexPrefetch = new IndexPrefetch();
+    /** The shim's counters; published through the broker's plugin metrics on Kafka 4.1+ (KIP-877). */
+    final ShimMetrics metrics = new ShimMetrics();
     private volatile ScheduledThreadPoolExecutor scheduler;
     private ManagedChannel channel; // guarded by this
+    /** Channels replaced after a TLS reload, finishing their calls in flight. Guarded by this. */
+    private final List<ManagedChannel> retired = new ArrayList<>();
+    /** The TLS files the next channel uses (null without TLS). */
+    private volatile TlsFiles tlsFiles;
+    /** A changed set of TLS files that was not usable (warned about once). */
+    private volatile TlsFiles rejectedTls;
+    private java.util.concurrent.ScheduledFuture<?> tlsReload; // guarded by this
     private volatile boolean closed;
 
     /** The constructor the broker uses. */
@@ -118,9 +127,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     @Override
     public void configure(Map<String, ?> configs) {
         ShimConfig c;
+        TlsFiles tls;
         try {
             c = ShimConfig.parse(configs);
-            ChannelFactory.credentials(c); // reads the TLS files now so a bad path fails start-up clearly
+            // reads the TLS files now so a bad path fails start-up clearly
+            tls = c.tlsEnabled() ? TlsFiles.read(c).check(c) : null;
+            ChannelFactory.credentials(c, tls);
         } catch (ShimConfig.ShimConfigException e) {
             throw new ConfigException(e.getMessage());
         } catch (IOException e) {
@@ -134,7 +146,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             if (closed) {
                 throw new IllegalStateException("configure() after close()");
             }
-            this.retrier = new Retrier(c, mapper, this::resetConnectBackoff);
+            this.retrier = new Retrier(c, mapper, this::resetConnectBackoff, metrics);
             this.errorMapper = mapper;
             if (scheduler == null) {
                 ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
@@ -146,9 +158,18 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 this.scheduler = s;
             }
             this.config = c;
+            this.tlsFiles = tls;
+            if (tlsReload != null) {
+                tlsReload.cancel(false);
+                tlsReload = null;
+            }
+            if (tls != null && c.tlsReloadIntervalMs() > 0) {
+                tlsReload = scheduler.scheduleWithFixedDelay(this::reloadTls, c.tlsReloadIntervalMs(),
+                        c.tlsReloadIntervalMs(), TimeUnit.MILLISECONDS);
+            }
             this.handoff = c.handoffDir() == null ? null : new FetchHandoff(c.handoffDir());
             ReadAhead previous = this.readAhead;
-            this.readAhead = handoff == null || c.fetchReadaheadBytes() == 0 ? null
+            this.readAhead = c.fetchReadaheadBytes() == 0 ? null
                     : new ReadAhead(c.fetchReadaheadBytes(), c.fetchReadaheadMaxBytes());
             if (previous != null) {
                 previous.close();
@@ -168,6 +189,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     @Override
     public void close() throws IOException {
         ManagedChannel ch;
+        List<ManagedChannel> old;
         synchronized (this) {
             if (closed) {
                 return;
@@ -175,6 +197,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             closed = true;
             ch = channel;
             channel = null;
+            old = new ArrayList<>(retired);
+            retired.clear();
+        }
+        for (ManagedChannel r : old) {
+            r.shutdownNow();
         }
         ReadAhead ra = readAhead;
         if (ra != null) {
@@ -220,14 +247,72 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         if (channel == null) {
             ShimConfig c = config;
             try {
-                channel = channelFactory.create(c);
+                channel = channelFactory.create(c, tlsFiles);
             } catch (IOException | RuntimeException e) {
                 throw new RemoteStorageException("cannot create the gRPC channel to the sidecar at "
                         + c.target() + ": " + e.getMessage(), e);
             }
-            LOG.info("gRPC channel to the sidecar at {} created", c.target());
+            LOG.info("gRPC channel to the sidecar at {} created{}", c.target(),
+                    c.tlsEnabled() ? "; TLS by " + ChannelFactory.tlsProvider() : "");
         }
         return channel;
+    }
+
+    /**
+     * Reads the TLS files again (every {@code tls.reload.interval.ms}); when their bytes changed and
+     * form a usable set ({@link TlsFiles#check}), calls from now on use a new channel made of them,
+     * and the old channel is shut down gracefully: its calls in flight (fetch streams, copies) finish
+     * on the connection they started on. A changed set that is not usable (caught half-written, a
+     * key from another renewal) is warned about once and read again at the next check.
+     */
+    private void reloadTls() {
+        ShimConfig c = config;
+        TlsFiles now;
+        try {
+            now = TlsFiles.read(c);
+        } catch (IOException e) {
+            LOG.warn("TLS files: {}; keeping the ones in use", e.getMessage());
+            return;
+        }
+        if (now.sameAs(tlsFiles) || now.sameAs(rejectedTls)) {
+            return;
+        }
+        try {
+            now.check(c);
+        } catch (IOException e) {
+            rejectedTls = now;
+            LOG.warn("TLS files changed but are not usable yet ({}); keeping the ones in use and checking again "
+                    + "in {} ms", e.getMessage(), c.tlsReloadIntervalMs());
+            return;
+        }
+        ManagedChannel old;
+        synchronized (this) {
+            if (closed) {
+                return;
+            }
+            old = channel;
+            if (old != null) {
+                ManagedChannel fresh;
+                try {
+                    fresh = channelFactory.create(c, now);
+                } catch (IOException | RuntimeException e) {
+                    LOG.warn("TLS files changed but no channel could be made of them ({}); keeping the ones in use",
+                            e.getMessage());
+                    rejectedTls = now;
+                    return;
+                }
+                channel = fresh;
+                retired.removeIf(ManagedChannel::isTerminated);
+                retired.add(old);
+            }
+            tlsFiles = now;
+        }
+        metrics.tlsReloads.increment();
+        if (old != null) {
+            old.shutdown(); // graceful: its calls in flight finish, new calls go to the new channel
+        }
+        LOG.info("TLS files changed: new connections to the sidecar use them (client certificate {}){}",
+                now.subject(), old != null ? "; calls in flight finish on the previous connection" : "");
     }
 
     private synchronized void resetConnectBackoff() {
@@ -305,8 +390,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
         CopyBegin beginMessage = begin.build();
         long started = System.nanoTime();
-        CopySegmentResponse response = retrier.call(op, false, attempt -> SegmentCopier.copy(
+        CopySegmentResponse response = retrier.call(ShimMetrics.Op.COPY, op, attempt -> SegmentCopier.copy(
                 channel(), deadline(c.copyDeadlineMs()), op, beginMessage, parts));
+        metrics.copyBytes.add(copiedBytes(data));
         LOG.info("{}: copied in {} ms ({} mode, {} bytes stored as {}, custom metadata: {} bytes)", op,
                 TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started), c.transferMode(),
                 response.getStoredBytes(), response.getObjectKeyBase(),
@@ -314,6 +400,22 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return response.hasCustomMetadata()
                 ? Optional.of(new CustomMetadata(response.getCustomMetadata().toByteArray()))
                 : Optional.empty();
+    }
+
+    /** The bytes of a segment's files, as counted in {@link ShimMetrics#copyBytes}. */
+    private static long copiedBytes(LogSegmentData data) {
+        long n = data.leaderEpochIndex().remaining();
+        List<Path> files = new ArrayList<>(List.of(data.logSegment(), data.offsetIndex(), data.timeIndex(),
+                data.producerSnapshotIndex()));
+        data.transactionIndex().ifPresent(files::add);
+        for (Path p : files) {
+            try {
+                n += Files.size(p);
+            } catch (IOException e) {
+                // gone after the copy: not counted
+            }
+        }
+        return n;
     }
 
     private static String absolute(Path p) {
@@ -419,11 +521,15 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return windowed(c, md, start, first, sequential, op);
     }
 
-    /** The read-ahead, or null while it is off or resting, or while hand-off is. */
+    /**
+     * The read-ahead, or null while it is off or resting. Over a Unix socket with hand-off it reads
+     * ahead in hand-off files, and rests while hand-off does; otherwise (TCP) in gRPC messages kept
+     * in the heap.
+     */
     private ReadAhead readAhead() {
         ReadAhead ra = readAhead;
         FetchHandoff h = handoff;
-        if (ra == null || h == null || !h.active() || System.nanoTime() - readAheadOffUntilNanos < 0) {
+        if (ra == null || (h != null && !h.active()) || System.nanoTime() - readAheadOffUntilNanos < 0) {
             return null;
         }
         return ra;
@@ -571,16 +677,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private void readAhead(ShimConfig c, TopicIdPartition partition, ReadAhead.SegmentRef seg, SegmentMetadata request,
                            long from, boolean follows, ReadAhead ra, ReadAhead.Claim claim) {
         FetchHandoff h = handoff;
-        if (h == null) {
-            ra.pendingDone(partition, claim);
-            return;
-        }
         Integer to = WindowedFetchStream.windowEnd(from, ra.windowBytes(), seg.size());
         long length = (to == null ? seg.size() : (long) to + 1) - from;
         FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
                 .setMetadata(request)
                 .setStartPosition((int) from)
-                .setAcceptHandoff(true)
+                .setAcceptHandoff(h != null)
                 .setWantNextSegment(to == null);
         if (to != null) {
             req.setEndPosition(to);
@@ -595,6 +697,20 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
         String op = "read-ahead of " + seg.id() + " (offsets " + seg.startOffset() + ".." + seg.endOffset()
                 + ") at " + from;
+        metrics.call(ShimMetrics.Op.BACKGROUND);
+        if (h == null) {
+            readAheadReceived(call, partition, seg, from, length, follows, ra, claim, op);
+        } else {
+            readAheadHandedOff(call, h, partition, seg, from, length, follows, ra, claim, op);
+        }
+        call.sendMessage(req.build());
+        call.halfClose();
+    }
+
+    /** The read-ahead window as a hand-off file, kept when it is exactly the window asked for. */
+    private void readAheadHandedOff(ClientCall<FetchSegmentRequest, FetchSegmentResponse> call, FetchHandoff h,
+                                    TopicIdPartition partition, ReadAhead.SegmentRef seg, long from, long length,
+                                    boolean follows, ReadAhead ra, ReadAhead.Claim claim, String op) {
         call.start(new ClientCall.Listener<>() {
             @Override
             public void onMessage(FetchSegmentResponse response) {
@@ -605,6 +721,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 }
                 try {
                     FetchHandoff.OpenFile file = h.open(response.getHandoff());
+                    metrics.fetchHandoffBytes.add(file.length());
                     try {
                         if (file.length() == length) {
                             ra.keep(partition, seg, from, file,
@@ -628,11 +745,61 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             }
         }, new io.grpc.Metadata());
         call.request(1);
-        call.sendMessage(req.build());
-        call.halfClose();
+    }
+
+    /**
+     * The read-ahead window in gRPC messages (a sidecar reached over TCP): every message is asked
+     * for at once (the window is bounded, so is what arrives), their arrays are kept as they came
+     * (no copy), and the window is kept once the call ended OK with exactly its bytes; anything
+     * else keeps nothing and the reader asks for the window itself. The sidecar names the next
+     * segment in a message of its own after the data (rsm.proto {@code want_next_segment}).
+     */
+    private void readAheadReceived(ClientCall<FetchSegmentRequest, FetchSegmentResponse> call,
+                                   TopicIdPartition partition, ReadAhead.SegmentRef seg, long from, long length,
+                                   boolean follows, ReadAhead ra, ReadAhead.Claim claim, String op) {
+        call.start(new ClientCall.Listener<>() {
+            private ByteString bytes = ByteString.EMPTY;
+            private SegmentMetadata next;
+
+            @Override
+            public void onMessage(FetchSegmentResponse response) {
+                if (response.hasHandoff()) {
+                    call.cancel("the sidecar answered with a hand-off file that was not asked for", null);
+                    return;
+                }
+                if (response.hasNextSegment()) {
+                    next = response.getNextSegment();
+                }
+                bytes = bytes.concat(response.getData());
+                metrics.fetchGrpcBytes.add(response.getData().size());
+                if (bytes.size() > length) {
+                    call.cancel("the sidecar sent more than the " + length + " bytes asked for", null);
+                    return;
+                }
+                call.request(1);
+            }
+
+            @Override
+            public void onClose(Status status, io.grpc.Metadata trailers) {
+                try {
+                    if (status.isOk() && bytes.size() == length) {
+                        FetchHandoff.OpenFile window = FetchHandoff.OpenFile.received(bytes, op);
+                        ra.keep(partition, seg, from, window, next, follows);
+                        window.release(); // keep() took its own reference
+                    } else if (!status.isOk() && status.getCode() != Status.Code.CANCELLED) {
+                        LOG.debug("{}: {}", op, status);
+                    }
+                } finally {
+                    bytes = ByteString.EMPTY;
+                    ra.pendingDone(partition, claim);
+                }
+            }
+        }, new io.grpc.Metadata());
+        call.request(4); // a few messages in flight; each one received asks for one more
     }
 
     private void readAheadRests(String op, int windowBytes) {
+        metrics.handoffFallbacks.increment();
         readAheadOffUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(FetchHandoff.RETRY_AFTER_MS);
         LOG.warn("{}: the sidecar did not hand off a read-ahead window of {} bytes (its fetch.handoff_max_bytes "
                         + "is smaller, or its hand-off files are at their bound); read-ahead rests for {} s "
@@ -665,6 +832,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 return openFetch(c, req.setAcceptHandoff(true).build(), handoff, keep, op);
             } catch (FetchHandoff.HandoffException e) {
                 handoff.turnOff(op, e);
+                metrics.handoffFallbacks.increment();
                 req.setAcceptHandoff(false);
             }
         }
@@ -679,7 +847,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                         ? "the sidecar answered with a hand-off file that was not asked for"
                         : "the sidecar sent a hand-off file after other messages"));
             }
-            return response.getData();
+            ByteString bytes = response.getData();
+            metrics.fetchGrpcBytes.add(bytes.size());
+            return bytes;
         };
         Function<FetchSegmentResponse, InputStream> handedOff = handoff == null ? null
                 : response -> {
@@ -687,6 +857,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                         return null;
                     }
                     FetchHandoff.OpenFile file = handoff.open(response.getHandoff());
+                    metrics.fetchHandoffBytes.add(file.length());
                     try {
                         if (keep != null) {
                             keep.accept(file);
@@ -697,7 +868,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     }
                 };
         try {
-            return retrier.call(op, false, attempt -> {
+            return retrier.call(ShimMetrics.Op.FETCH, op, attempt -> {
                 GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(channel(),
                         FetchResponseMarshaller.FETCH_SEGMENT, STREAM_CALL, request,
                         data, op, c.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS)
@@ -755,7 +926,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 return new java.io.ByteArrayInputStream(prefetched.data());
             }
         }
-        return retrier.call(op, false, attempt -> {
+        return retrier.call(ShimMetrics.Op.FETCH_INDEX, op, attempt -> {
             GrpcInputStream<FetchIndexResponse> s = GrpcInputStream.start(channel(),
                     RemoteStorageGrpc.getFetchIndexMethod(),
                     STREAM_CALL.withDeadlineAfter(c.fetchIndexDeadlineMs(), TimeUnit.MILLISECONDS), request,
@@ -783,7 +954,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         indexPrefetch.forget(md.remoteLogSegmentId());
         DeleteSegmentRequest request = DeleteSegmentRequest.newBuilder().setMetadata(MetadataMapper.toProto(md)).build();
         long started = System.nanoTime();
-        retrier.call(op, true, attempt -> {
+        retrier.call(ShimMetrics.Op.DELETE, op, attempt -> {
             ListenableFuture<DeleteSegmentResponse> f = ClientCalls.futureUnaryCall(
                     channel().newCall(RemoteStorageGrpc.getDeleteSegmentMethod(), deadline(c.deleteDeadlineMs())),
                     request);

@@ -104,12 +104,20 @@ final class Fixtures {
 
         Harness(BindableService service, Map<String, String> config, ErrorMapper mapper,
                 ClientInterceptor... interceptors) throws IOException {
+            this(service, config, mapper, false, interceptors);
+        }
+
+        /** {@code monitorable}: the shim is a {@link MonitorableSidecarRemoteStorageManager}. */
+        Harness(BindableService service, Map<String, String> config, ErrorMapper mapper, boolean monitorable,
+                ClientInterceptor... interceptors) throws IOException {
             server = InProcessServerBuilder.forName(name).addService(service).build().start();
-            rsm = new SidecarRemoteStorageManager(c -> {
+            ChannelFactory factory = c -> {
                 ManagedChannel ch = InProcessChannelBuilder.forName(name).intercept(interceptors).build();
                 channels.add(ch);
                 return ch;
-            }, mapper);
+            };
+            rsm = monitorable ? new MonitorableSidecarRemoteStorageManager(factory, mapper)
+                    : new SidecarRemoteStorageManager(factory, mapper);
             rsm.configure(config);
         }
 

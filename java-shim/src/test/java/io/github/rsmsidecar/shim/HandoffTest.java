@@ -66,6 +66,8 @@ class HandoffTest {
         volatile int shortBy;
         /** Named as the next segment in a hand-off to the segment's end that asks for it (null: none). */
         volatile SegmentMetadata nextSegment;
+        /** Lies: streams this many bytes less than asked for. */
+        volatile int streamShortBy;
 
         HandoffSidecar(Path dir) {
             this.dir = dir;
@@ -114,7 +116,12 @@ class HandoffTest {
                     throw new UncheckedIOException(e);
                 }
             }
-            streamData(range, observer);
+            streamData(Arrays.copyOf(range, range.length - streamShortBy), observer, false);
+            SegmentMetadata next = nextSegment;
+            if (req.getWantNextSegment() && end == SIZE && next != null) { // named after the data
+                observer.onNext(FetchSegmentResponse.newBuilder().setNextSegment(next).build());
+            }
+            observer.onCompleted();
         }
 
         /** Every index is these bytes. */
@@ -132,12 +139,14 @@ class HandoffTest {
             observer.onCompleted();
         }
 
-        private static void streamData(byte[] range, StreamObserver<FetchSegmentResponse> observer) {
+        private static void streamData(byte[] range, StreamObserver<FetchSegmentResponse> observer, boolean end) {
             for (int p = 0; p < range.length; p += 64 * 1024) {
                 int n = Math.min(64 * 1024, range.length - p);
                 observer.onNext(FetchSegmentResponse.newBuilder().setData(ByteString.copyFrom(range, p, n)).build());
             }
-            observer.onCompleted();
+            if (end) {
+                observer.onCompleted();
+            }
         }
     }
 
@@ -716,6 +725,87 @@ class HandoffTest {
             assertEquals(0, openHandoffFiles(sidecar.dir), "the short read-ahead file was not kept");
             brokerRead(h, md, (int) ahead + 1000, 100_000);
             assertTrue(sidecar.requests.size() > 3, "asked again, not served from the short file");
+        }
+    }
+
+    // ---- read-ahead over gRPC (a sidecar reached over TCP: no hand-off directory) ----------------
+
+    static Map<String, String> tcpReadAheadConfig(String... more) {
+        Map<String, String> c = Fixtures.config(ShimConfig.SIDECAR_TARGET, "10.0.0.5:9095",
+                ShimConfig.FETCH_WINDOW_BYTES, "262144", ShimConfig.FETCH_READAHEAD_BYTES, String.valueOf(MIB));
+        for (int i = 0; i < more.length; i += 2) {
+            c.put(more[i], more[i + 1]);
+        }
+        return c;
+    }
+
+    @Test
+    void overTcpASequentialReaderIsServedFromReadAheadWindowsReceivedInTheBackground(@TempDir Path tmp)
+            throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata md = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, tcpReadAheadConfig())) {
+            int position = brokerRead(h, md, 0, 200_000);
+            position = brokerRead(h, md, position - 10_000, 200_000);
+            awaitRequests(sidecar, 3);
+            assertTrue(isReadAhead(sidecar.requests.get(2)));
+            while (position < SIZE - 250_000) {
+                position = brokerRead(h, md, position - 10_000, 200_000);
+            }
+            // every later window was read ahead, none waited for; the second plain window is not kept
+            // (its bytes were streamed to the reader), so the third read asks for one more plain window
+            List<String> asked = sidecar.requests.stream().map(r -> r.getStartPosition() + "+" + asked(r)).toList();
+            assertTrue(sidecar.requests.size() <= 3 + 3, "calls: " + asked);
+            assertFalse(isReadAhead(sidecar.requests.get(3)), asked.toString());
+            for (FetchSegmentRequest r : from(sidecar.requests, 4)) {
+                assertTrue(isReadAhead(r), "a read-ahead window: " + r);
+                assertFalse(r.getAcceptHandoff(), "no hand-off over TCP");
+            }
+            brokerRead(h, md, sidecar.requests.get(2).getStartPosition() + MIB - 100, 300_000); // across windows
+            brokerRead(h, md, 0, SIZE);
+        }
+    }
+
+    @Test
+    void overTcpAStreamedReadAheadWindowOfAnotherLengthIsNotKept(@TempDir Path tmp) throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata md = md();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, tcpReadAheadConfig())) {
+            int position = brokerRead(h, md, 0, 100_000);
+            position = brokerRead(h, md, position - 10_000, 100_000);
+            sidecar.streamShortBy = 1000; // the read-ahead window ends 1000 bytes early (cleanly)
+            awaitRequests(sidecar, 3);
+            long ahead = sidecar.requests.get(2).getStartPosition();
+            Thread.sleep(100);
+            sidecar.streamShortBy = 0;
+            int before = sidecar.requests.size();
+            brokerRead(h, md, (int) ahead + 1000, 100_000); // right bytes: asked again, not the short window
+            assertTrue(sidecar.requests.size() > before, "asked again, not served from the short window");
+        }
+    }
+
+    @Test
+    void overTcpTheNextSegmentsFirstWindowIsReadAheadFromTheLastWindowOfTheSegmentBefore(@TempDir Path tmp)
+            throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata first = segment(Uuid.randomUuid(), 0, 99);
+        RemoteLogSegmentMetadata next = segment(Uuid.randomUuid(), 100, 199);
+        sidecar.nextSegment = MetadataMapper.toProto(next);
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, tcpReadAheadConfig())) {
+            readToTheEnd(h, first);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+            while (requestsFor(sidecar, next.remoteLogSegmentId().id()).isEmpty() && System.nanoTime() < deadline) {
+                Thread.sleep(5);
+            }
+            List<FetchSegmentRequest> ahead = requestsFor(sidecar, next.remoteLogSegmentId().id());
+            assertEquals(1, ahead.size(), "the next segment's first window: " + ahead);
+            assertEquals(0, ahead.get(0).getStartPosition());
+            int calls = sidecar.requests.size();
+            int position = brokerRead(h, next, 0, 200_000);
+            brokerRead(h, next, position - 10_000, 200_000);
+            for (FetchSegmentRequest r : from(sidecar.requests, calls)) {
+                assertTrue(isReadAhead(r) && r.getStartPosition() >= MIB, "only the window after it: " + r);
+            }
         }
     }
 }

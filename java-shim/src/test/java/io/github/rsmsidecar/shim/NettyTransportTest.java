@@ -33,13 +33,9 @@ import io.grpc.stub.StreamObserver;
 import java.io.ByteArrayOutputStream;
 import java.io.InputStream;
 import java.net.InetSocketAddress;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.security.KeyStore;
-import java.security.PrivateKey;
 import java.util.ArrayList;
-import java.util.Base64;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
@@ -134,55 +130,11 @@ class NettyTransportTest {
 
     // ---- TLS ---------------------------------------------------------------------------------
 
-    private void keytool(String... args) throws Exception {
-        List<String> cmd = new ArrayList<>();
-        cmd.add(Path.of(System.getProperty("java.home"), "bin", "keytool").toString());
-        cmd.addAll(List.of(args));
-        Process p = new ProcessBuilder(cmd).directory(dir.toFile()).redirectErrorStream(true).start();
-        String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
-        assertEquals(0, p.waitFor(), "keytool " + String.join(" ", args) + "\n" + out);
-    }
-
-    /** A key pair in {@code name}.p12, its private key as PKCS#8 PEM in {@code name}.key. */
-    private void keyPair(String name, String dn, String... ext) throws Exception {
-        List<String> args = new ArrayList<>(List.of("-genkeypair", "-keystore", name + ".p12", "-storetype", "PKCS12",
-                "-storepass", "changeit", "-alias", name, "-dname", dn, "-keyalg", "EC", "-groupname", "secp256r1",
-                "-validity", "2"));
-        for (String e : ext) {
-            args.add("-ext");
-            args.add(e);
-        }
-        keytool(args.toArray(new String[0]));
-        KeyStore ks = KeyStore.getInstance("PKCS12");
-        try (InputStream in = Files.newInputStream(dir.resolve(name + ".p12"))) {
-            ks.load(in, "changeit".toCharArray());
-        }
-        PrivateKey key = (PrivateKey) ks.getKey(name, "changeit".toCharArray());
-        Files.writeString(dir.resolve(name + ".key"), "-----BEGIN PRIVATE KEY-----\n"
-                + Base64.getMimeEncoder(64, new byte[] {'\n'}).encodeToString(key.getEncoded())
-                + "\n-----END PRIVATE KEY-----\n");
-    }
-
-    /** Certificate of {@code name} signed by the CA, as PEM in {@code name}.pem. */
-    private void signed(String name, String... ext) throws Exception {
-        keytool("-certreq", "-keystore", name + ".p12", "-storepass", "changeit", "-alias", name, "-file", name + ".csr");
-        List<String> args = new ArrayList<>(List.of("-gencert", "-keystore", "ca.p12", "-storepass", "changeit",
-                "-alias", "ca", "-infile", name + ".csr", "-outfile", name + ".pem", "-rfc", "-validity", "2"));
-        for (String e : ext) {
-            args.add("-ext");
-            args.add(e);
-        }
-        keytool(args.toArray(new String[0]));
-    }
-
     @Test
     void mutualTls() throws Exception {
-        keyPair("ca", "CN=rsm test CA", "bc:c");
-        keytool("-exportcert", "-rfc", "-keystore", "ca.p12", "-storepass", "changeit", "-alias", "ca", "-file", "ca.pem");
-        keyPair("server", "CN=sidecar.test");
-        signed("server", "SAN=dns:sidecar.test");
-        keyPair("client", "CN=broker-1");
-        signed("client");
+        TestCerts.Issued authority = TestCerts.ca("CN=rsm test CA").write(dir, "ca");
+        TestCerts.leaf(authority, "CN=sidecar.test", "sidecar.test").write(dir, "server");
+        TestCerts.leaf(authority, "CN=broker-1").write(dir, "client");
 
         AtomicReference<String> peer = new AtomicReference<>();
         ServerInterceptor whoIsCalling = new ServerInterceptor() {
@@ -228,6 +180,109 @@ class NettyTransportTest {
                     "tls.cert.file", dir.resolve("client.pem").toString(),
                     "tls.key.file", dir.resolve("client.key").toString(), "retry.max.attempts", "1"));
         } finally {
+            server.shutdownNow().awaitTermination(5, TimeUnit.SECONDS);
+        }
+    }
+
+    /** Replaces {@code target} with {@code source}'s bytes at once (a rename, as a Secret volume's swap). */
+    private void replace(String source, Path target) throws Exception {
+        Path tmp = target.resolveSibling(target.getFileName() + ".new");
+        Files.copy(dir.resolve(source), tmp, java.nio.file.StandardCopyOption.REPLACE_EXISTING);
+        Files.move(tmp, target, java.nio.file.StandardCopyOption.ATOMIC_MOVE);
+    }
+
+    /**
+     * Certificates renewed in place, with a new CA: the shim's files are rewritten one after the
+     * other (a moment where the key is not the certificate's), and the shim uses the new set for
+     * new connections while a fetch stream started before goes on to its end.
+     */
+    @Test
+    void renewedTlsFilesAreUsedWithoutFailingCallsInFlight() throws Exception {
+        TestCerts.Issued ca1 = TestCerts.ca("CN=rsm test CA 1").write(dir, "ca");
+        TestCerts.Issued ca2 = TestCerts.ca("CN=rsm test CA 2").write(dir, "ca2");
+        Files.writeString(dir.resolve("both.pem"), Files.readString(dir.resolve("ca.pem"))
+                + Files.readString(dir.resolve("ca2.pem")));
+        TestCerts.leaf(ca1, "CN=sidecar.test", "sidecar.test").write(dir, "server");
+        TestCerts.leaf(ca1, "CN=broker-old").write(dir, "client");
+        TestCerts.leaf(ca2, "CN=broker-new").write(dir, "client2");
+
+        List<String> peers = new java.util.concurrent.CopyOnWriteArrayList<>();
+        ServerInterceptor whoIsCalling = new ServerInterceptor() {
+            @Override
+            public <Q, R> ServerCall.Listener<Q> interceptCall(ServerCall<Q, R> call, Metadata headers,
+                                                               ServerCallHandler<Q, R> next) {
+                try {
+                    peers.add(call.getAttributes().get(Grpc.TRANSPORT_ATTR_SSL_SESSION).getPeerPrincipal().getName());
+                } catch (Exception e) {
+                    peers.add("none: " + e);
+                }
+                return next.startCall(call, headers);
+            }
+        };
+        // A fetch stream that sends 1 MiB, then waits until released, then sends 1 MiB more.
+        java.util.concurrent.CountDownLatch release = new java.util.concurrent.CountDownLatch(1);
+        RemoteStorageGrpc.RemoteStorageImplBase slow = new RemoteStorageGrpc.RemoteStorageImplBase() {
+            @Override
+            public void fetchSegment(FetchSegmentRequest request, StreamObserver<FetchSegmentResponse> observer) {
+                observer.onNext(FetchSegmentResponse.newBuilder().setData(ByteString.copyFrom(new byte[1 << 20])).build());
+                try {
+                    release.await(60, TimeUnit.SECONDS);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+                observer.onNext(FetchSegmentResponse.newBuilder().setData(ByteString.copyFrom(new byte[1 << 20])).build());
+                observer.onCompleted();
+            }
+
+            @Override
+            public void deleteSegment(DeleteSegmentRequest request, StreamObserver<DeleteSegmentResponse> observer) {
+                observer.onNext(DeleteSegmentResponse.getDefaultInstance());
+                observer.onCompleted();
+            }
+        };
+        TlsServerCredentials creds = (TlsServerCredentials) TlsServerCredentials.newBuilder()
+                .keyManager(dir.resolve("server.pem").toFile(), dir.resolve("server.key").toFile())
+                .trustManager(dir.resolve("both.pem").toFile()) // the overlap: both CAs trusted
+                .clientAuth(TlsServerCredentials.ClientAuth.REQUIRE)
+                .build();
+        Server server = NettyServerBuilder.forAddress(new InetSocketAddress("127.0.0.1", 0), creds)
+                .addService(ServerInterceptors.intercept(slow, whoIsCalling)).build().start();
+        // the shim's files, as a Secret volume holds them
+        Path ca = dir.resolve("mounted-ca.pem");
+        Path cert = dir.resolve("mounted-tls.crt");
+        Path key = dir.resolve("mounted-tls.key");
+        Files.copy(dir.resolve("ca.pem"), ca);
+        Files.copy(dir.resolve("client.pem"), cert);
+        Files.copy(dir.resolve("client.key"), key);
+        SidecarRemoteStorageManager rsm = new SidecarRemoteStorageManager();
+        try {
+            rsm.configure(Map.of("sidecar.target", "127.0.0.1:" + server.getPort(), "tls.enabled", "true",
+                    "tls.ca.file", ca.toString(), "tls.cert.file", cert.toString(), "tls.key.file", key.toString(),
+                    "tls.authority.override", "sidecar.test", "tls.reload.interval.ms", "100",
+                    "fetch.window.bytes", "0"));
+            InputStream inFlight = rsm.fetchLogSegment(Fixtures.metadata(), 0);
+            assertEquals(List.of("CN=broker-old"), peers);
+
+            replace("client2.pem", cert); // the certificate first: not the key's, not used yet
+            Thread.sleep(400);
+            assertEquals(0, rsm.metrics.tlsReloads.sum(), "a certificate without its key is not used");
+            replace("client2.key", key);
+            replace("both.pem", ca);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+            while (rsm.metrics.tlsReloads.sum() == 0 && System.nanoTime() < deadline) {
+                Thread.sleep(20);
+            }
+            assertTrue(rsm.metrics.tlsReloads.sum() >= 1, "the renewed files were not loaded");
+            rsm.deleteLogSegmentData(Fixtures.metadata()); // a new call: a new connection, the new certificate
+            assertEquals("CN=broker-new", peers.get(peers.size() - 1), peers.toString());
+
+            release.countDown(); // the stream started before the renewal ends normally
+            try (InputStream in = inFlight) {
+                assertEquals(2 << 20, in.readAllBytes().length);
+            }
+        } finally {
+            release.countDown();
+            rsm.close();
             server.shutdownNow().awaitTermination(5, TimeUnit.SECONDS);
         }
     }

@@ -172,13 +172,51 @@ class RetryTest {
     }
 
     @ParameterizedTest
-    @EnumSource(value = Status.Code.class, mode = EnumSource.Mode.EXCLUDE, names = {"OK", "UNAVAILABLE"})
+    @EnumSource(value = Status.Code.class, mode = EnumSource.Mode.EXCLUDE,
+            names = {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"})
     void onlyUnavailableIsRetried(Status.Code code) throws Exception {
         FlakySidecar sidecar = new FlakySidecar(1, Status.fromCode(code));
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config(ShimConfig.RETRY_MAX_ATTEMPTS, "5"))) {
             assertThrows(RemoteStorageException.class, () -> h.rsm.fetchLogSegment(Fixtures.metadata(), 0));
         }
         assertEquals(1, sidecar.fetch.get(), code + " must not be retried");
+    }
+
+    @Test
+    void fetchesAndIndexesWaitForABusySidecarInsteadOfFailing() throws Exception {
+        FlakySidecar sidecar = new FlakySidecar(3, Status.RESOURCE_EXHAUSTED.withDescription("all 1 fetch slots are busy"));
+        LogSegmentData data = Fixtures.segmentData(dir, 100, 10, 10, 10, null, Fixtures.leaderEpochCheckpoint());
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config(ShimConfig.RETRY_MAX_ATTEMPTS, "1"))) {
+            try (InputStream in = h.rsm.fetchLogSegment(Fixtures.metadata(), 0)) {
+                assertEquals("segment", new String(in.readAllBytes()));
+            }
+            try (InputStream in = h.rsm.fetchIndex(Fixtures.metadata(), RemoteStorageManager.IndexType.TIMESTAMP)) {
+                assertEquals("index", new String(in.readAllBytes()));
+            }
+            assertEquals(3, h.rsm.metrics.of(ShimMetrics.Op.FETCH).busyWaits.sum());
+            assertEquals(3, h.rsm.metrics.of(ShimMetrics.Op.FETCH_INDEX).busyWaits.sum());
+            // copies and deletes are not waited for: the broker retries them itself
+            assertThrows(RemoteStorageException.class, () -> h.rsm.deleteLogSegmentData(Fixtures.metadata()));
+            assertThrows(RemoteStorageException.class, () -> h.rsm.copyLogSegmentData(Fixtures.metadata(), data));
+        }
+        assertEquals(4, sidecar.fetch.get());
+        assertEquals(4, sidecar.index(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP));
+        assertEquals(1, sidecar.delete.get());
+        assertEquals(1, sidecar.copy.get());
+    }
+
+    @Test
+    void aSidecarBusyBeyondTheOpenDeadlineFailsTheFetch() throws Exception {
+        FlakySidecar sidecar = new FlakySidecar(1_000_000, Status.RESOURCE_EXHAUSTED.withDescription("busy"));
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config(ShimConfig.FETCH_DEADLINE_MS, "300"))) {
+            long t0 = System.nanoTime();
+            RemoteStorageException e = assertThrows(RemoteStorageException.class,
+                    () -> h.rsm.fetchLogSegment(Fixtures.metadata(), 0));
+            long ms = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t0);
+            assertTrue(e.getMessage().contains("RESOURCE_EXHAUSTED: busy"), e.getMessage());
+            assertTrue(ms >= 290 && ms < 3000, "waited " + ms + " ms for a 300 ms deadline");
+            assertTrue(sidecar.fetch.get() > 3, "asked again while waiting: " + sidecar.fetch.get());
+        }
     }
 
     @Test

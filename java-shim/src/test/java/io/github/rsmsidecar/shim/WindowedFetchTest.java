@@ -65,9 +65,11 @@ class WindowedFetchTest {
                 RemoteLogSegmentState.COPY_SEGMENT_FINISHED, Map.of(0, 100L));
     }
 
+    /** Plain windows: read-ahead (which over this in-process channel comes in messages) off. */
     static Map<String, String> config(int window) {
         Map<String, String> c = Fixtures.config();
         c.put(ShimConfig.FETCH_WINDOW_BYTES, String.valueOf(window));
+        c.put(ShimConfig.FETCH_READAHEAD_BYTES, "0");
         return c;
     }
 

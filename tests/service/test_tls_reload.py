@@ -1,0 +1,139 @@
+"""The sidecar's TLS files renewed in place (cert-manager, a Kubernetes Secret volume): new
+connections use the new files, connections and calls already open go on, a set caught
+half-written is not used, and a CA change works through an overlap where both CAs are trusted."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from devstack.tls import Issued, SecretVolume, TestCA
+from rsm_sidecar.config import Config
+from rsm_sidecar.service.server import SidecarServer
+from rsm_sidecar.service.sidecar import Sidecar
+from rsm_sidecar.storage.local import LocalObjectStore
+
+HOST = "sidecar.test"
+
+
+def files(server: Issued, client_cas: bytes) -> dict[str, bytes]:
+    """The sidecar's Secret: its certificate and key, and the CA bundle clients are checked against."""
+    return {"tls.crt": server.cert_pem, "tls.key": server.key_pem, "ca.crt": client_cas}
+
+
+@pytest.fixture
+def sidecar(tmp_path):
+    started = []
+
+    def start(volume: SecretVolume) -> SidecarServer:
+        root = tmp_path / "remote"
+        cfg = Config(
+            {
+                "server": {
+                    "listen": "127.0.0.1:0",
+                    "shutdown_grace_seconds": 1,
+                    "tls": {
+                        "cert_file": str(volume.file("tls.crt")),
+                        "key_file": str(volume.file("tls.key")),
+                        "client_ca_file": str(volume.file("ca.crt")),
+                    },
+                },
+                "metrics": {"listen": ""},
+                "storage": {"local": {"root": str(root), "fsync": False}},
+                "copy": {"allowed_dirs": [str(tmp_path)]},
+            },
+            environ={},
+        )
+        server = SidecarServer(cfg, Sidecar.from_config(cfg, store=LocalObjectStore(root, fsync=False)))
+        server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for s in started:
+        s.stop(grace=0)
+
+
+def channel(server: SidecarServer, trust: bytes, client: Issued) -> grpc.Channel:
+    creds = grpc.ssl_channel_credentials(trust, client.key_pem, client.cert_pem)
+    return grpc.secure_channel(server.address, creds, options=[("grpc.ssl_target_name_override", HOST)])
+
+
+def healthy(ch: grpc.Channel) -> bool:
+    try:
+        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    except grpc.RpcError:
+        return False
+    return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_renewed_certificates_and_a_new_ca_reach_new_connections_without_disturbing_open_ones(
+    tmp_path, sidecar, caplog
+):
+    old_ca, new_ca = TestCA("rsm test CA old"), TestCA("rsm test CA new")
+    volume = SecretVolume(tmp_path / "secret", files(old_ca.issue(HOST, dns=[HOST]), old_ca.cert_pem))
+    server = sidecar(volume)
+    old_client = old_ca.issue("broker-1")
+
+    # a connection and a call in flight from before the renewal: a health Watch stream stays open
+    first = channel(server, old_ca.cert_pem, old_client)
+    assert healthy(first)
+    watch = health_pb2_grpc.HealthStub(first).Watch(health_pb2.HealthCheckRequest(service=""))
+    seen: list[object] = []
+
+    def read_watch() -> None:
+        try:
+            seen.extend(watch)
+        except grpc.RpcError as e:
+            seen.append(e.code())
+
+    reader = threading.Thread(target=read_watch, daemon=True)
+    reader.start()
+
+    # 1. the overlap: the client CA bundle trusts both CAs; clients with new certificates get in
+    volume.update(files(old_ca.issue(HOST, dns=[HOST]), old_ca.cert_pem + new_ca.cert_pem))
+    new_client = new_ca.issue("broker-1")
+    assert healthy(channel(server, old_ca.cert_pem, new_client))
+    # 2. the sidecar's own certificate from the new CA: a client trusting both (as the shim's
+    #    bundle does during the overlap) and one trusting only the new CA both get in
+    volume.update(files(new_ca.issue(HOST, dns=[HOST]), old_ca.cert_pem + new_ca.cert_pem))
+    assert healthy(channel(server, old_ca.cert_pem + new_ca.cert_pem, new_client))
+    assert healthy(channel(server, new_ca.cert_pem, new_client))
+    assert not healthy(channel(server, old_ca.cert_pem, new_client)), "the old certificate is still served"
+    # 3. the old CA dropped: a client certificate of the old CA is refused on a new connection
+    volume.update(files(new_ca.issue(HOST, dns=[HOST]), new_ca.cert_pem))
+    assert healthy(channel(server, new_ca.cert_pem, new_client))
+    assert not healthy(channel(server, new_ca.cert_pem, old_client))
+
+    # the connection opened before the renewals still serves calls, and the stream is still open
+    assert healthy(first)
+    assert watch.running() and len(seen) == 1, seen
+    watch.cancel()
+    reader.join(5)
+    assert seen[1:] == [grpc.StatusCode.CANCELLED], seen  # ended by us, not by the renewals
+    assert server.tls is not None and server.tls.reloads == 3
+
+
+def test_a_key_that_is_not_the_certificates_is_not_used(tmp_path, sidecar, caplog):
+    ca = TestCA("rsm test CA")
+    volume = SecretVolume(tmp_path / "secret", files(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
+    server = sidecar(volume)
+    client = ca.issue("broker-1")
+    # a renewal caught half-written: the new certificate beside the old key
+    renewed = ca.issue(HOST, dns=[HOST])
+    old_key = volume.file("tls.key").read_bytes()
+    with caplog.at_level(logging.WARNING, logger="rsm_sidecar.service.tls"):
+        volume.update({"tls.crt": renewed.cert_pem, "tls.key": old_key, "ca.crt": ca.cert_pem})
+        assert healthy(channel(server, ca.cert_pem, client)), "the files in use must stay in use"
+        assert healthy(channel(server, ca.cert_pem, client))
+    warnings = [r.getMessage() for r in caplog.records if "not usable yet" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "is not the key of the certificate" in warnings[0]
+    # the rest of the renewal arrives: used from the next connection on
+    volume.update(files(renewed, ca.cert_pem))
+    assert healthy(channel(server, ca.cert_pem, client))
+    assert server.tls is not None and server.tls.reloads == 1
