@@ -138,9 +138,12 @@ demo: demo-deps
 	$(BIN)/python -m devstack.cli demo
 
 # A tiered-storage broker on 127.0.0.1:9092 for manual use, in the background; logs in run/stack/.
+# BROKERS=3 (or more): a controller and brokers on 127.0.0.1:9092-9094, a sidecar each, one
+# shared object store; logs in run/cluster/. `make down` stops either.
+BROKERS ?= 1
 up: demo-deps
 	mkdir -p run
-	nohup $(BIN)/python -m devstack.cli up > run/stack.out 2>&1 < /dev/null &
+	nohup $(BIN)/python -m devstack.cli up --brokers $(BROKERS) > run/stack.out 2>&1 < /dev/null &
 	for i in $$(seq 1 120); do grep -q '^up:' run/stack.out 2>/dev/null && break; \
 	  if grep -q -i 'error\|Traceback' run/stack.out 2>/dev/null; then cat run/stack.out; exit 1; fi; sleep 1; done; cat run/stack.out
 

@@ -1,8 +1,9 @@
 """`python -m devstack.cli up|down|demo`: the local stack by hand, and the demo.
 
-make up      # broker on 127.0.0.1:9092 with tiered storage; logs in run/stack/, Kafka's tools in run/bin/
-make down
-make demo    # start, produce, tier, consume from remote, summary, stop
+make up             # a broker on 127.0.0.1:9092 with tiered storage; logs in run/stack/
+make up BROKERS=3   # a controller, brokers on 127.0.0.1:9092-9094, a sidecar each; logs in run/cluster/
+make down           # (both: Kafka's tools in run/bin/)
+make demo           # start, produce, tier, consume from remote, summary, stop
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from devstack.cluster import ClusterStack
 from devstack.common import wait_for_stop_signal
 from devstack.kafka_tools import write_wrappers
 from devstack.stack import LocalStack
@@ -37,7 +39,10 @@ def _say(msg: str) -> None:
 
 # -- up / down ------------------------------------------------------------------------------
 def up(args) -> int:
-    workdir = RUN / "stack"
+    if args.brokers != 1 and args.brokers < 3:
+        _say(f"BROKERS={args.brokers}: use 1 (one broker) or 3 and more (a cluster)")
+        return 1
+    workdir = RUN / ("stack" if args.brokers == 1 else "cluster")
     pidfile = RUN / "stack.pid"
     if pidfile.exists():
         try:
@@ -48,27 +53,65 @@ def up(args) -> int:
             pidfile.unlink()
     if args.fresh and workdir.exists():
         shutil.rmtree(workdir)
-    if not _port_free(9092):
-        _say("127.0.0.1:9092 is in use; stop whatever listens there first")
+    ports = list(range(9092, 9092 + args.brokers))
+    busy = [p for p in ports if not _port_free(p)]
+    if busy:
+        _say(f"127.0.0.1:{busy[0]} is in use; stop whatever listens there first")
         return 1
-    stack = LocalStack(workdir, storage=args.storage, transfer_mode=args.transfer_mode, broker_port=9092)
+    if args.brokers == 1:
+        stack: LocalStack | ClusterStack = LocalStack(
+            workdir, storage=args.storage, transfer_mode=args.transfer_mode, broker_port=9092
+        )
+    else:
+        stack = ClusterStack(
+            workdir,
+            brokers=args.brokers,
+            storage=args.storage,
+            transfer_mode=args.transfer_mode,
+            broker_ports=ports,
+        )
     stack.start()
     pidfile.write_text(str(os.getpid()))
-    tools = write_wrappers(stack.broker.dist, RUN / "bin")
-    _say(
-        f"up: Kafka {stack.broker.dist.version} on {stack.bootstrap_servers} with tiered storage "
-        f"({args.storage} storage, {args.transfer_mode} transfer mode)\n"
-        f"    sidecar: {stack.sidecar_target}  logs: {workdir}/logs, {workdir}/kafka/logs\n"
-        f"    Kafka's tools ({len(tools)}) in {RUN / 'bin'}, e.g. create a tiered topic:\n"
-        f"    run/bin/kafka-topics.sh --bootstrap-server {stack.bootstrap_servers} --create --topic t "
-        f"--config remote.storage.enable=true --config local.retention.ms=60000"
-    )
     try:
+        _say(_banner(stack, args))
         wait_for_stop_signal()
     finally:
         stack.stop()
     pidfile.unlink(missing_ok=True)
     return 0
+
+
+def _banner(stack: LocalStack | ClusterStack, args) -> str:
+    modes = f"({args.storage} storage, {args.transfer_mode} transfer mode)"
+    if isinstance(stack, LocalStack):
+        dist = stack.broker.dist
+        head = (
+            f"up: Kafka {dist.version} on {stack.bootstrap_servers} with tiered storage {modes}\n"
+            f"    sidecar: {stack.sidecar_target}  logs: {stack.workdir}/logs, {stack.workdir}/kafka/logs\n"
+        )
+        create = "--config remote.storage.enable=true --config local.retention.ms=60000"
+    else:
+        dist = stack.dist
+        nodes = stack.nodes.values()
+        head = (
+            f"up: Kafka {dist.version}, {len(stack.nodes)} brokers on {stack.bootstrap_servers} and a "
+            f"controller, with tiered storage {modes}\n"
+            + "".join(
+                f"    broker {n.node_id}: {n.broker.bootstrap_servers}, sidecar {n.sidecar_target}, logs "
+                f"{n.workdir}/kafka/logs, {n.workdir}/logs\n"
+                for n in nodes
+            )
+        )
+        create = (
+            "--partitions 6 --replication-factor 3 --config min.insync.replicas=2 "
+            "--config remote.storage.enable=true --config local.retention.ms=60000"
+        )
+    tools = write_wrappers(dist, RUN / "bin")
+    return (
+        f"{head}    Kafka's tools ({len(tools)}) in {RUN / 'bin'}, e.g. create a tiered topic:\n"
+        f"    run/bin/kafka-topics.sh --bootstrap-server {stack.bootstrap_servers} --create --topic t "
+        + create
+    )
 
 
 def down(args) -> int:
@@ -277,6 +320,12 @@ def main(argv=None) -> int:
             )
         if name == "up":
             p.add_argument("--fresh", action="store_true", help="start from empty data directories")
+            p.add_argument(
+                "--brokers",
+                type=int,
+                default=int(os.environ.get("BROKERS") or 1),
+                help="1 (one broker, the default) or 3 and more (a controller and a cluster of brokers)",
+            )
         if name == "demo":
             p.add_argument("--records", type=int, default=int(os.environ.get("RECORDS") or 60000))
     args = ap.parse_args(argv)

@@ -528,8 +528,8 @@ def _local_demo(service: PodmanService) -> int:
     failed = [name for name, row in project.containers().items() if int(row.get("ExitCode") or 0) != 0]
     print(
         f"\nThe cluster keeps running (project {DEMO_PROJECT}, engine: podman at {service.socket}).\n"
-        f"  look:  {project.hint} ps | logs -f sidecar kafka\n"
-        "  metrics: http://127.0.0.1:9096/metrics   bootstrap: localhost:29092   "
+        f"  look:  {project.hint} ps | logs -f sidecar-1 kafka-1\n"
+        "  metrics: http://127.0.0.1:9096/metrics (sidecar-1; 9097, 9098)   bootstrap: localhost:29092   "
         "S3: http://127.0.0.1:8333   registry: http://127.0.0.1:8081   catalog: http://127.0.0.1:8181\n"
         "  Spark master UI: http://127.0.0.1:8090   Iceberg follower metrics: http://127.0.0.1:9097/metrics\n"
         "  stop:  make compose-down",

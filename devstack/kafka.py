@@ -63,6 +63,8 @@ DEFAULT_KAFKA_VERSION = "4.4.0"
 POM_PATH = Path(__file__).resolve().parent / "kafka-jars.pom.xml"
 _STAMP_NAME = ".devstack-complete.json"
 _LOG4J2_BINDING = "log4j-slf4j-impl"
+#: what ``kafka.Kafka`` logs once its servers are up (3.x and 4.x)
+_STARTED_MESSAGE = "Kafka Server started"
 
 
 class DevstackError(RuntimeError):
@@ -307,8 +309,14 @@ def format_properties(props: Mapping[str, object]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: ``role`` of a :class:`KafkaBroker` -> its ``process.roles``
+ROLES = {"combined": "broker,controller", "broker": "broker", "controller": "controller"}
+
+
 class KafkaBroker:
-    """One combined broker+controller KRaft node on 127.0.0.1.
+    """One KRaft node on 127.0.0.1: by default a combined broker+controller (a cluster of its
+    own); ``role="controller"`` or ``role="broker"`` (with ``quorum_voters``, the controllers'
+    ``controller.quorum.voters``) for a node of a larger cluster (devstack/cluster.py).
 
     ``workdir`` receives ``server.properties``, the log4j config, ``data/`` (the log dir) and
     ``logs/`` (``server.log``, ``stdout.log``, ``storage-tool.log``). Ports are chosen free
@@ -322,6 +330,9 @@ class KafkaBroker:
     environment (e.g. ``KAFKA_OPTS`` is not read here: pass JVM options directly);
     ``extra_classpath`` is added to the broker's class path (a plugin jar put beside Kafka's own,
     as in ``libs/``). Use it as a context manager or call :meth:`start` and :meth:`stop`.
+
+    A broker counts as started once it is registered and unfenced (its own metadata lists it);
+    a controller once its server has started.
     """
 
     def __init__(
@@ -339,7 +350,15 @@ class KafkaBroker:
         startup_timeout: float = 120.0,
         log_level: str = "INFO",
         extra_classpath: Iterable[Path] = (),
+        role: str = "combined",
+        quorum_voters: str | None = None,
     ) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
+        if (role == "broker") != (quorum_voters is not None):
+            raise ValueError("quorum_voters (the controllers' node@host:port list) goes with role='broker'")
+        self.role = role
+        self.quorum_voters = quorum_voters
         self.dist = dist
         self.extra_classpath = [Path(p) for p in extra_classpath]
         self.workdir = Path(workdir).resolve()
@@ -355,10 +374,7 @@ class KafkaBroker:
         self.cluster_id = cluster_id or random_cluster_id()
         self.startup_timeout = startup_timeout
         self.log_level = log_level
-        self.broker_port = self._given_ports.get("broker") or free_port()
-        self.controller_port = self._given_ports.get("controller") or free_port()
-        while self.controller_port == self.broker_port:
-            self.controller_port = free_port()
+        self._pick_ports()
         self._started_once = False
         self._proc: subprocess.Popen | None = None
         self._stdout = None
@@ -366,9 +382,26 @@ class KafkaBroker:
 
     # -- paths and properties ----------------------------------------------------------------
 
+    def _pick_ports(self) -> None:
+        """The given ports, free ones for the rest; None for a listener the role has not."""
+        given = self._given_ports
+        self.broker_port = None if self.role == "controller" else given.get("broker") or free_port()
+        self.controller_port = None if self.role == "broker" else given.get("controller") or free_port()
+        while self.controller_port is not None and self.controller_port == self.broker_port:
+            self.controller_port = free_port()
+
     @property
     def bootstrap_servers(self) -> str:
+        if self.broker_port is None:
+            raise DevstackError(f"node {self.node_id} is a controller: it has no broker listener")
         return f"127.0.0.1:{self.broker_port}"
+
+    @property
+    def controller_voter(self) -> str:
+        """This node in ``controller.quorum.voters`` syntax (``id@host:port``)."""
+        if self.controller_port is None:
+            raise DevstackError(f"node {self.node_id} is a broker: it has no controller listener")
+        return f"{self.node_id}@127.0.0.1:{self.controller_port}"
 
     @property
     def log_dirs(self) -> list[Path]:
@@ -403,12 +436,22 @@ class KafkaBroker:
     def properties(self) -> dict[str, object]:
         """The ``server.properties`` content: defaults overridden by ``extra_properties``."""
         b, c = self.broker_port, self.controller_port
+        listeners = {"broker": f"PLAINTEXT://127.0.0.1:{b}", "controller": f"CONTROLLER://127.0.0.1:{c}"}
+        if self.role == "combined":
+            voters = self.controller_voter
+            listeners_value = f"{listeners['broker']},{listeners['controller']}"
+        elif self.role == "broker":
+            voters = str(self.quorum_voters)
+            listeners_value = listeners["broker"]
+        else:
+            voters = self.controller_voter
+            listeners_value = listeners["controller"]
         props: dict[str, object] = {
-            "process.roles": "broker,controller",
+            "process.roles": ROLES[self.role],
             "node.id": self.node_id,
-            "controller.quorum.voters": f"{self.node_id}@127.0.0.1:{c}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{b},CONTROLLER://127.0.0.1:{c}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{b}",
+            "controller.quorum.voters": voters,
+            "listeners": listeners_value,
+            "advertised.listeners": listeners["broker"],
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
@@ -422,6 +465,9 @@ class KafkaBroker:
             "transaction.state.log.num.partitions": 1,
             "group.initial.rebalance.delay.ms": 0,
         }
+        if self.role == "controller":
+            for key in ("advertised.listeners", "inter.broker.listener.name"):
+                del props[key]
         if self.dist.uses_log4j2:
             props["share.coordinator.state.topic.replication.factor"] = 1
             props["share.coordinator.state.topic.min.isr"] = 1
@@ -457,9 +503,7 @@ class KafkaBroker:
                 if retries == 0 or "Address already in use" not in self._log_since(log_offset):
                     raise
                 retries -= 1
-                self.broker_port, self.controller_port = free_port(), free_port()
-                while self.controller_port == self.broker_port:
-                    self.controller_port = free_port()
+                self._pick_ports()
 
     def _start_once(self) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -484,6 +528,7 @@ class KafkaBroker:
             self.extra_classpath,
         )
         self._stdout = open(self.logs_dir / "stdout.log", "ab")
+        log_offset = self.server_log.stat().st_size if self.server_log.exists() else 0
         self._proc = subprocess.Popen(
             argv,
             cwd=self.workdir,
@@ -496,7 +541,7 @@ class KafkaBroker:
         # Never leave a JVM behind if the caller forgets stop() or the interpreter exits.
         self._finalizer = weakref.finalize(self, _kill_quietly, self._proc)
         try:
-            self._wait_ready()
+            self._wait_ready(log_offset)
         except BaseException:
             self.kill()
             raise
@@ -504,6 +549,9 @@ class KafkaBroker:
     def _format_storage(self) -> None:
         meta = [Path(d) / "meta.properties" for d in self.log_dirs]
         if all(p.exists() for p in meta):
+            return
+        if self.role == "broker":
+            self._write_meta_properties(meta)
             return
         log_config = self.dist.write_log_config(
             self.workdir / ("log4j2-tool.properties" if self.dist.uses_log4j2 else "log4j-tool.properties"),
@@ -526,18 +574,34 @@ class KafkaBroker:
                 f"{self.properties_file}:\n{(proc.stdout + proc.stderr).strip()[-3000:]}"
             )
 
-    def _wait_ready(self) -> None:
+    def _write_meta_properties(self, files: list[Path]) -> None:
+        """What ``StorageTool format`` writes for a broker-only node, without its JVM (two
+        seconds of CPU per broker): each log dir's ``meta.properties`` naming the cluster, the
+        node and the directory. Controllers (the metadata log's bootstrap snapshot) and
+        combined nodes are formatted by the tool."""
+        for path in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(
+                f"version=1\ncluster.id={self.cluster_id}\nnode.id={self.node_id}\n"
+                f"directory.id={random_cluster_id()}\n"
+            )
+            tmp.rename(path)
+
+    def _wait_ready(self, log_offset: int) -> None:
         from confluent_kafka.admin import AdminClient  # dev dependency; imported lazily
 
         deadline = time.monotonic() + self.startup_timeout
-        # librdkafka logs connection refusals while the JVM boots; route them to Python logging.
-        admin = AdminClient(
-            {
-                "bootstrap.servers": self.bootstrap_servers,
-                "socket.connection.setup.timeout.ms": 2000,
-                "logger": logging.getLogger("devstack.kafka.admin"),
-            }
-        )
+        admin = None
+        if self.role != "controller":
+            # librdkafka logs connection refusals while the JVM boots; route them to Python logging.
+            admin = AdminClient(
+                {
+                    "bootstrap.servers": self.bootstrap_servers,
+                    "socket.connection.setup.timeout.ms": 2000,
+                    "logger": logging.getLogger("devstack.kafka.admin"),
+                }
+            )
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -545,15 +609,20 @@ class KafkaBroker:
                     f"Kafka {self.dist.version} exited with code {self._proc.returncode} during "
                     f"startup (workdir {self.workdir}).\n{self.log_tail()}"
                 )
-            try:
-                md = admin.list_topics(timeout=2)
-                if md.brokers:
+            if admin is None:
+                if _STARTED_MESSAGE in self._log_since(log_offset):
                     return
-            except Exception as exc:  # KafkaException while the port is not yet open
-                last_error = exc
+            else:
+                try:
+                    # registered with the controller and unfenced: the metadata lists this node
+                    if self.node_id in admin.list_topics(timeout=2).brokers:
+                        return
+                except Exception as exc:  # KafkaException while the port is not yet open
+                    last_error = exc
             time.sleep(0.25)
+        where = f"on {self.bootstrap_servers}" if admin is not None else f"({self.server_log})"
         raise DevstackError(
-            f"Kafka {self.dist.version} did not answer on {self.bootstrap_servers} within "
+            f"Kafka {self.dist.version} node {self.node_id} ({self.role}) was not ready {where} within "
             f"{self.startup_timeout:.0f}s (last error: {last_error}).\n{self.log_tail()}"
         )
 

@@ -35,6 +35,10 @@ TOOLS: dict[str, str] = {
     "kafka-broker-api-versions": "org.apache.kafka.tools.BrokerApiVersionsCommand",
     "kafka-transactions": "org.apache.kafka.tools.TransactionsCommand",
     "kafka-jmx": "org.apache.kafka.tools.JmxTool",
+    # a cluster's (make up BROKERS=3)
+    "kafka-reassign-partitions": "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
+    "kafka-leader-election": "org.apache.kafka.tools.LeaderElectionCommand",
+    "kafka-metadata-quorum": "org.apache.kafka.tools.MetadataQuorumCommand",
 }
 
 #: where 3.x keeps a tool elsewhere (moved to ``kafka-tools`` in 4.0)

@@ -72,6 +72,7 @@ class LocalStack:
         shim_on_classpath: bool = False,
         broker_jvm_options: Sequence[str] = (),
         shim_jar: Path | None = None,
+        broker_options: Mapping[str, object] | None = None,
     ):
         """``sidecar_tls``: the sidecar is reached over TCP with mutual TLS (certificates of a test
         CA in Secret-volume-like directories, ``tls_ca``, ``sidecar_secret``, ``broker_secret``)
@@ -79,7 +80,8 @@ class LocalStack:
         under another command (``ip netns exec NS``). ``shim_on_classpath``: the shim jar is on
         the broker's own class path instead of ``remote.log.storage.manager.class.path`` (what
         KIP-877 plugin metrics need, docs/shim.md). ``shim_jar``: another build of the shim than
-        ``make shim``'s (benchmarks compare builds)."""
+        ``make shim``'s (benchmarks compare builds). ``broker_options``: more arguments of the
+        broker's :class:`~devstack.kafka.KafkaBroker` (a broker of a cluster: devstack/cluster.py)."""
         self.workdir = Path(workdir).resolve()
         self.storage = storage
         self.transfer_mode = transfer_mode
@@ -94,6 +96,7 @@ class LocalStack:
         self.shim_on_classpath = shim_on_classpath
         self.broker_jvm_options = list(broker_jvm_options)
         self.shim_jar = Path(shim_jar) if shim_jar else SHIM_JAR
+        self.broker_options = dict(broker_options or {})
         self.tls_ca = None
         self.sidecar_secret = None
         self.broker_secret = None
@@ -337,6 +340,7 @@ class LocalStack:
                 ports=ports,
                 jvm_options=self.broker_jvm_options,
                 extra_classpath=[self.workdir / "shim" / SHIM_JAR.name] if self.shim_on_classpath else (),
+                **self.broker_options,  # type: ignore[arg-type]
             )
         self.broker.start()
         return self.broker

@@ -2,24 +2,25 @@
 """The docker-compose demo producer: Protobuf, Avro and raw records to tiered topics, then
 proof that they are tiered and read back.
 
-    python produce.py --bootstrap kafka:9092 --registry http://registry:8080/apis/ccompat/v7 \\
-        --config /etc/rsm-sidecar/sidecar.toml [--records 25000] [--metrics http://sidecar:9096/metrics]
+    python produce.py --bootstrap kafka-1:9092 --registry http://registry:8080/apis/ccompat/v7 \\
+        --config /etc/rsm-sidecar/sidecar.toml [--records 25000] \\
+        [--metrics http://sidecar-1:9096/metrics,http://sidecar-2:9096/metrics]
 
-1. waits for the broker and the schema registry;
-2. creates three topics with ``remote.storage.enable=true`` and 1 MiB segments (the 4.x
-   minimum): ``demo-orders`` (Protobuf values, docker/demo/demo/v1/order.proto),
-   ``demo-clicks`` (Avro values, docker/demo/click.avsc), ``demo-raw`` (plain JSON bytes);
-   keys are plain strings;
+1. waits for the brokers and the schema registry;
+2. creates three topics at the brokers' default replication factor (3 in the compose cluster)
+   with ``remote.storage.enable=true`` and 1 MiB segments (the 4.x minimum): ``demo-orders``
+   (Protobuf values, docker/demo/demo/v1/order.proto), ``demo-clicks`` (Avro values,
+   docker/demo/click.avsc), ``demo-raw`` (plain JSON bytes); keys are plain strings;
 3. produces ``--records`` records to each, the values serialized by confluent-kafka's
    registry serializers (the schemas are registered under the topic subject, as the Iceberg
    job expects);
 4. waits until at least ``--min-segments`` new segments of every topic are in object storage,
-   looking at the storage the sidecar uses (``--config`` plus the same ``RSM__...``
+   looking at the storage the sidecars use (``--config`` plus the same ``RSM__...``
    environment: the segment manifests are listed, nothing is decrypted);
 5. consumes what it produced from the first offset and compares a SHA-256 of every key and
    value with what was sent; the segments deleted locally (``local.retention.ms=1000``) are
-   served by the sidecar from object storage, which the sidecar's ``rsm_bytes_total
-   {kind="fetch_served"}`` counter shows when ``--metrics`` is given.
+   served by the leader's sidecar from object storage, which the sidecars' ``rsm_bytes_total
+   {kind="fetch_served"}`` counters show when ``--metrics`` is given.
 
 Exit 0 when every record came back unchanged. Every setting also reads an environment
 variable (``DEMO_BOOTSTRAP``, ``DEMO_SCHEMA_REGISTRY``, ``DEMO_SIDECAR_CONFIG``,
@@ -174,28 +175,32 @@ class TieredSegments:
         return out
 
 
-def fetch_served_bytes(metrics_url: str | None) -> float | None:
-    if not metrics_url:
+def fetch_served_bytes(metrics_urls: str | None) -> float | None:
+    """The sidecars' ``rsm_bytes_total{kind="fetch_served"}``, summed over the comma-separated
+    /metrics URLs (one per sidecar); None if any does not answer."""
+    if not metrics_urls:
         return None
     from prometheus_client.parser import text_string_to_metric_families
 
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as r:
-            text = r.read().decode()
-    except (urllib.error.URLError, OSError):
-        return None
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "rsm_bytes_total" and s.labels.get("kind") == "fetch_served":
-                return s.value
-    return 0.0
+    total = 0.0
+    for url in metrics_urls.split(","):
+        try:
+            with urllib.request.urlopen(url.strip(), timeout=5) as r:
+                text = r.read().decode()
+        except (urllib.error.URLError, OSError):
+            return None
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "rsm_bytes_total" and s.labels.get("kind") == "fetch_served":
+                    total += s.value
+    return total
 
 
 # -- main ------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     env = os.environ.get
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bootstrap", default=env("DEMO_BOOTSTRAP", "kafka:9092"))
+    ap.add_argument("--bootstrap", default=env("DEMO_BOOTSTRAP", "kafka-1:9092"))
     ap.add_argument(
         "--registry",
         default=env("DEMO_SCHEMA_REGISTRY", "http://registry:8080/apis/ccompat/v7"),
@@ -210,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         "--records", type=int, default=int(env("DEMO_RECORDS", "25000")), help="records per topic"
     )
     ap.add_argument("--min-segments", type=int, default=2, help="new tiered segments to wait for, per topic")
-    ap.add_argument("--metrics", default=env("DEMO_SIDECAR_METRICS", ""), help="the sidecar's /metrics URL")
+    ap.add_argument(
+        "--metrics",
+        default=env("DEMO_SIDECAR_METRICS", ""),
+        help="the sidecars' /metrics URLs, comma-separated",
+    )
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each stage")
     args = ap.parse_args(argv)
 
@@ -224,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     say(f"[1/5] waiting for the broker at {args.bootstrap} and the registry at {args.registry} ...")
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
-    wait_for("the broker", lambda: admin.list_topics(timeout=5).brokers, args.timeout)
+    brokers = len(args.bootstrap.split(","))
+    wait_for(f"{brokers} brokers", lambda: len(admin.list_topics(timeout=5).brokers) >= brokers, args.timeout)
     wait_for(
         "the schema registry",
         lambda: urllib.request.urlopen(args.registry + "/subjects", timeout=5).status == 200,
@@ -235,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"[2/5] creating {', '.join(TOPICS)} (remote.storage.enable=true, 1 MiB segments) ...")
     existing = admin.list_topics(timeout=10).topics
-    new = [NewTopic(t, 1, 1, config=TOPIC_CONFIG) for t in TOPICS if t not in existing]
+    # the brokers' default replication factor (3: config/cluster.properties)
+    new = [NewTopic(t, 1, config=TOPIC_CONFIG) for t in TOPICS if t not in existing]
     for _topic, fut in admin.create_topics(new).items() if new else []:
         fut.result(30)
 
@@ -337,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     say("      segments in object storage: " + ", ".join(f"{t} {counts[t]}" for t in TOPICS))
     if served_before is not None and served_after is not None:
         say(
-            f"      served by the sidecar from object storage while reading back: "
+            f"      served by the sidecars from object storage while reading back: "
             f'{(served_after - served_before) / 2**20:.1f} MiB (rsm_bytes_total{{kind="fetch_served"}})'
         )
     say(f"      total time: {time.monotonic() - t_start:.0f}s")

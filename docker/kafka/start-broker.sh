@@ -1,10 +1,16 @@
 #!/bin/bash
-# Entrypoint of the compose broker: writes server.properties from the compose settings
-# (server.properties next to this script) plus config/broker-tiered.properties with its
-# placeholders filled from the environment (SHIM_DIR, SIDECAR_TARGET, TRANSFER_MODE), plus the
-# files named in BROKER_EXTRA_PROPERTIES (space-separated; later keys win: the remote topology's
-# TLS settings, docker-compose.remote.yml), formats the KRaft storage on first start and runs
-# Kafka (the jars in $KAFKA_HOME/libs, logging to the console through
+# Entrypoint of the compose Kafka nodes; NODE_ROLE says which settings it writes into
+# server.properties, the placeholders filled from the environment:
+#   combined (the default)  a single broker+controller node: server.properties (next to this
+#                           script) and config/broker-tiered.properties (SHIM_DIR, SIDECAR_TARGET,
+#                           TRANSFER_MODE);
+#   broker                  a broker of the cluster: broker.properties (NODE_ID, HOST_PORT), then
+#                           config/broker-tiered.properties and config/cluster.properties;
+#   controller              the cluster's KRaft controller: controller.properties, then
+#                           config/cluster.properties;
+# then the files named in BROKER_EXTRA_PROPERTIES (space-separated; later keys win: the remote
+# topology's TLS settings, docker-compose.remote.yml). It formats the KRaft storage on first start
+# and runs Kafka (the jars in $KAFKA_HOME/libs, logging to the console through
 # $KAFKA_HOME/config/log4j2.properties, JVM options from KAFKA_HEAP_OPTS and KAFKA_OPTS) in the
 # foreground.
 set -euo pipefail
@@ -17,9 +23,16 @@ out=${BROKER_CONFIG:-$kafka/config/server.properties}
 # shellcheck disable=SC2206
 extra=(${BROKER_EXTRA_PROPERTIES:-})
 
-"$here/bin/render-properties.sh" "$here/server.properties" "$tiered" "${extra[@]}" > "$out.tmp"
+cluster=${CLUSTER_PROPERTIES:-/etc/rsm-sidecar/cluster.properties}
+case "${NODE_ROLE:-combined}" in
+  combined) sources=("$here/server.properties" "$tiered") ;;
+  broker) sources=("$here/broker.properties" "$tiered" "$cluster") ;;
+  controller) sources=("$here/controller.properties" "$cluster") ;;
+  *) echo "start-broker: NODE_ROLE must be combined, broker or controller, not ${NODE_ROLE}" >&2; exit 64 ;;
+esac
+"$here/bin/render-properties.sh" "${sources[@]}" "${extra[@]}" > "$out.tmp"
 mv "$out.tmp" "$out"
-echo "===> $out (from $here/server.properties, $tiered${extra[*]:+ and ${extra[*]}}):"
+echo "===> $out (from ${sources[*]}${extra[*]:+ and ${extra[*]}}):"
 sed 's/^/     /' "$out"
 
 # The log dirs are the kafka-data volume, shared with the sidecar: say so if its owner is wrong.

@@ -39,16 +39,27 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 SIDECAR_TOML = REPO / "config" / "sidecar.toml"
 BROKER_TIERED = REPO / "config" / "broker-tiered.properties"
+CLUSTER_PROPS = REPO / "config" / "cluster.properties"
 RENDER = REPO / "docker" / "kafka" / "render-properties.sh"
+#: the single combined node (NODE_ROLE=combined: the remote topology, docker-compose.remote.yml)
 KAFKA_BASE = REPO / "docker" / "kafka" / "server.properties"
+#: the cluster's brokers and controller (NODE_ROLE=broker, controller)
+BROKER_BASE = REPO / "docker" / "kafka" / "broker.properties"
+CONTROLLER_BASE = REPO / "docker" / "kafka" / "controller.properties"
 SIDECAR_MOUNT = "/etc/rsm-sidecar/sidecar.toml"
 TIERED_MOUNT = "/etc/rsm-sidecar/broker-tiered.properties"
+CLUSTER_MOUNT = "/etc/rsm-sidecar/cluster.properties"
+#: the three brokers and their sidecars: kafka-<n> dials sidecar-<n>
+BROKERS = ("kafka-1", "kafka-2", "kafka-3")
+SIDECARS = ("sidecar-1", "sidecar-2", "sidecar-3")
+PAIRS = tuple(zip(BROKERS, SIDECARS))
 
 SERVICES = {
     "seaweedfs",
     "keys-init",
-    "sidecar",
-    "kafka",
+    *SIDECARS,
+    "controller",
+    *BROKERS,
     "registry",
     "iceberg-rest",
     "demo-producer",
@@ -60,10 +71,13 @@ SERVICES = {
 ONE_SHOT = {"keys-init", "demo-producer", "iceberg-convert"}
 #: service -> {dependency: condition}: the start order the demo needs
 START_ORDER = {
-    "sidecar": {"keys-init": "service_completed_successfully", "seaweedfs": "service_healthy"},
-    "kafka": {"sidecar": "service_healthy"},
+    **{
+        sidecar: {"keys-init": "service_completed_successfully", "seaweedfs": "service_healthy"}
+        for sidecar in SIDECARS
+    },
+    **{broker: {sidecar: "service_healthy", "controller": "service_started"} for broker, sidecar in PAIRS},
     "iceberg-rest": {"seaweedfs": "service_healthy"},
-    "demo-producer": {"kafka": "service_healthy", "registry": "service_healthy"},
+    "demo-producer": {**{b: "service_healthy" for b in BROKERS}, "registry": "service_healthy"},
     "iceberg-convert": {
         "demo-producer": "service_completed_successfully",
         "iceberg-rest": "service_healthy",
@@ -78,8 +92,9 @@ DOCKERFILE = REPO / "docker" / "Dockerfile"
 BUILD_TARGETS = {
     "seaweedfs": "seaweedfs",
     "keys-init": "sidecar",
-    "sidecar": "sidecar",
-    "kafka": "kafka",
+    **{sidecar: "sidecar" for sidecar in SIDECARS},
+    "controller": "kafka",
+    **{broker: "kafka" for broker in BROKERS},
     "registry": "registry",
     "iceberg-rest": "iceberg-rest",
     "demo-producer": "jobs",
@@ -164,11 +179,18 @@ def _properties(text: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def broker_properties(services) -> dict[str, str]:
-    """The kafka container's server.properties, rendered by the container's own script."""
-    proc = _render(_env(services["kafka"]), KAFKA_BASE, BROKER_TIERED)
-    assert proc.returncode == 0, proc.stderr
-    return _properties(proc.stdout)
+def broker_properties(services) -> dict[str, dict[str, str]]:
+    """Each broker container's server.properties, rendered by the container's own script from
+    the files its start-up renders (start-broker.sh: base, tiered, cluster)."""
+    out = {}
+    for broker in BROKERS:
+        env = _env(services[broker])
+        assert env["CLUSTER_PROPERTIES"] == CLUSTER_MOUNT, broker
+        assert env["NODE_ROLE"] == "broker", broker
+        proc = _render(env, BROKER_BASE, BROKER_TIERED, CLUSTER_PROPS)
+        assert proc.returncode == 0, proc.stderr
+        out[broker] = _properties(proc.stdout)
+    return out
 
 
 def _port(address: str) -> int:
@@ -193,9 +215,7 @@ def test_compose_file_validates_against_the_compose_spec(compose):
 def test_compose_rejects_an_invalid_file(compose, tmp_path):
     """The validator is real: an unknown service attribute fails."""
     bad = tmp_path / "compose.yml"
-    bad.write_text(
-        COMPOSE_FILE.read_text().replace("    stop_grace_period: 30s", "    stop_grace_periodd: 30s")
-    )
+    bad.write_text(COMPOSE_FILE.read_text().replace("stop_grace_period: 30s", "stop_grace_periodd: 30s"))
     proc = subprocess.run(
         [*compose, "-f", str(bad), "config", "--quiet"],
         cwd=tmp_path,
@@ -247,7 +267,8 @@ def test_every_image_is_built_here_with_the_versions_the_tests_run(services, doc
         assert Path(build["context"]) / build["dockerfile"] == DOCKERFILE, name
         assert build["target"] == target, name
         assert services[name]["image"].startswith("rsm-sidecar") and services[name]["image"].endswith(":dev")
-    assert services["kafka"]["build"]["args"]["KAFKA_VERSION"] == DEFAULT_KAFKA_VERSION
+    for name in (*BROKERS, "controller"):
+        assert services[name]["build"]["args"]["KAFKA_VERSION"] == DEFAULT_KAFKA_VERSION, name
     text = DOCKERFILE.read_text()
     assert "ARG KAFKA_VERSION=" + DEFAULT_KAFKA_VERSION in text
     assert f"/fetch/seaweedfs-{SEAWEEDFS_VERSION}/bin/weed" in text
@@ -276,11 +297,13 @@ def test_every_referenced_file_exists(services):
             assert (Path(build["context"]) / build["dockerfile"]).is_file(), name
     # config/ is mounted read-only where it is used
     mounted = {(n, v["target"]): v for n, s in services.items() for v in s.get("volumes", [])}
-    for name in ("sidecar", "demo-producer", "iceberg-convert"):
+    for name in (*SIDECARS, "demo-producer", "iceberg-convert"):
         vol = mounted[(name, SIDECAR_MOUNT)]
         assert Path(vol["source"]) == SIDECAR_TOML and vol.get("read_only"), name
-    vol = mounted[("kafka", TIERED_MOUNT)]
-    assert Path(vol["source"]) == BROKER_TIERED and vol.get("read_only")
+    for broker in BROKERS:
+        for target, source in ((TIERED_MOUNT, BROKER_TIERED), (CLUSTER_MOUNT, CLUSTER_PROPS)):
+            vol = mounted[(broker, target)]
+            assert Path(vol["source"]) == source and vol.get("read_only"), (broker, target)
 
 
 # -- the Dockerfiles -----------------------------------------------------------------------------
@@ -327,12 +350,15 @@ def test_image_helpers_are_installed_where_compose_calls_them(services, dockerfi
     installed = {s["dest"]: s["source"] for s in report["sources"]}
     assert installed["/usr/local/bin/rsm-healthcheck"] == "docker/sidecar/healthcheck.py"
     assert installed["/usr/local/bin/unless-exists"] == "docker/sidecar/unless-exists.sh"
-    assert services["sidecar"]["healthcheck"]["test"][1] == "rsm-healthcheck"
+    for sidecar in SIDECARS:
+        assert services[sidecar]["healthcheck"]["test"][1] == "rsm-healthcheck"
     assert services["keys-init"]["entrypoint"][0] == "unless-exists"
     dests = {s["source"]: s["dest"] for s in report["sources"]}
     assert dests["docker/kafka/start-broker.sh"] == "/opt/rsm-sidecar/bin/"
     assert dests["docker/kafka/kafka-health.sh"] == "/opt/rsm-sidecar/bin/"
-    assert services["kafka"]["healthcheck"]["test"][1] == "/opt/rsm-sidecar/bin/kafka-health.sh"
+    for name in (*BROKERS, "controller"):
+        assert services[name]["healthcheck"]["test"][1] == "/opt/rsm-sidecar/bin/kafka-health.sh"
+    assert services["controller"]["healthcheck"]["test"][2] == "--controller"
     assert "/opt/rsm-sidecar/bin/start-broker.sh" in DOCKERFILE.read_text()
     for script in (
         "docker/kafka/start-broker.sh",
@@ -349,7 +375,7 @@ def test_every_rsm_variable_names_a_configuration_key(services):
     from rsm_sidecar.config import ENV_PREFIX
 
     users = [n for n, s in services.items() if _rsm_env(s)]
-    assert set(users) == {"sidecar", "demo-producer", "iceberg-convert", "iceberg-follow"}
+    assert set(users) == {*SIDECARS, "demo-producer", "iceberg-convert", "iceberg-follow"}
     for name in users:
         env = _rsm_env(services[name])
         cfg = _sidecar_config(services[name])  # raises ConfigError on an unknown key or a bad value
@@ -361,8 +387,10 @@ def test_every_rsm_variable_names_a_configuration_key(services):
 
 
 def test_sidecar_configuration_validates_and_points_at_the_compose_services(services):
-    svc = services["sidecar"]
+    svc = services["sidecar-1"]
     cfg = _sidecar_config(svc)
+    for sidecar in SIDECARS:  # one configuration, the mounted log directory and journal aside
+        assert _rsm_env(services[sidecar]) == _rsm_env(svc), sidecar
     assert cfg["storage.backend"] == "s3"
     # the bucket SeaweedFS creates, at its S3 port, with its identity
     weed = services["seaweedfs"]
@@ -386,27 +414,36 @@ def test_sidecar_configuration_validates_and_points_at_the_compose_services(serv
     assert services["keys-init"]["entrypoint"][1] == keys[active]["private_key_file"]
     keys_volume = _mounts(services["keys-init"])[out_dir]
     assert keys_volume["type"] == "volume" and not keys_volume.get("read_only")
-    for name in ("sidecar", "iceberg-convert"):
+    for name in (*SIDECARS, "iceberg-convert"):
         vol = _mounts(services[name])[out_dir]
         assert vol["source"] == keys_volume["source"] and vol.get("read_only"), name
-    # metrics published, and on the port the sidecar serves them
+    # metrics published (each sidecar on a host port of its own), on the port the sidecars serve them
     metrics = cfg["metrics.listen"]
-    assert any(int(p["target"]) == _port(metrics) and p.get("host_ip") == "127.0.0.1" for p in svc["ports"])
-    assert (
-        _env(services["demo-producer"])["DEMO_SIDECAR_METRICS"] == f"http://sidecar:{_port(metrics)}/metrics"
-    )
+    published = set()
+    for sidecar in SIDECARS:
+        (port,) = services[sidecar]["ports"]
+        assert int(port["target"]) == _port(metrics) and port.get("host_ip") == "127.0.0.1", sidecar
+        published.add(int(port["published"]))
+    assert published == {9096, 9097, 9098}
+    assert _env(services["demo-producer"])["DEMO_SIDECAR_METRICS"].split(",") == [
+        f"http://{sidecar}:{_port(metrics)}/metrics" for sidecar in SIDECARS
+    ]
+    # each sidecar has its own copy journal
+    journals = {_mounts(services[s])[cfg["copy.journal_dir"]]["source"] for s in SIDECARS}
+    assert len(journals) == len(SIDECARS)
 
 
 def test_health_check_asks_the_port_the_sidecar_listens_on(services):
-    cfg = _sidecar_config(services["sidecar"])
-    test = services["sidecar"]["healthcheck"]["test"]
-    assert _port(test[2]) == _port(cfg["server.listen"])
+    for sidecar in SIDECARS:
+        cfg = _sidecar_config(services[sidecar])
+        test = services[sidecar]["healthcheck"]["test"]
+        assert _port(test[2]) == _port(cfg["server.listen"])
 
 
 def test_processes_share_the_sidecar_storage(services):
     """The producer and the Iceberg job see exactly the sidecar's storage and key layout."""
-    ref = _sidecar_config(services["sidecar"])
-    for name in ("demo-producer", "iceberg-convert"):
+    ref = _sidecar_config(services["sidecar-1"])
+    for name in (*SIDECARS, "demo-producer", "iceberg-convert"):
         cfg = _sidecar_config(services[name])
         for key in (
             "storage.backend",
@@ -418,59 +455,114 @@ def test_processes_share_the_sidecar_storage(services):
             assert cfg[key] == ref[key], (name, key)
 
 
-# -- broker settings: config/broker-tiered.properties -------------------------------------------
-def test_broker_gets_every_tiered_setting_from_config(services, broker_properties):
+# -- broker settings: config/broker-tiered.properties + config/cluster.properties -----------
+def test_brokers_get_every_tiered_and_cluster_setting_from_config(services, broker_properties):
+    """Each broker: broker-tiered.properties with its placeholders filled, then
+    cluster.properties replacing the single-broker values (replication factor 3)."""
     tiered = _properties(BROKER_TIERED.read_text())
-    env = _env(services["kafka"])
-    for key, value in tiered.items():
-        expected = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], value)
-        assert broker_properties[key] == expected, key
-    assert not any("${" in v for v in broker_properties.values())
+    cluster = _properties(CLUSTER_PROPS.read_text())
+    assert set(cluster) & set(tiered), "cluster.properties replaces no single-broker value"
+    for broker in BROKERS:
+        env = _env(services[broker])
+        props = broker_properties[broker]
+        for key, value in {**tiered, **cluster}.items():
+            expected = re.sub(r"\$\{(\w+)\}", lambda m, env=env: env[m.group(1)], value)
+            assert props[key] == expected, (broker, key)
+        assert not any("${" in v for v in props.values())
+        assert props["rlmm.config.remote.log.metadata.topic.replication.factor"] == "3"
+        assert props["min.insync.replicas"] == "2"
+    ids = [broker_properties[b]["node.id"] for b in BROKERS]
+    assert ids == ["1", "2", "3"]
+    for broker in BROKERS:
+        assert broker_properties[broker]["advertised.listeners"].startswith(f"PLAINTEXT://{broker}:9092,")
 
 
 def test_compose_sets_no_tiered_setting_anywhere_else(services):
-    """One source of truth: neither the compose base file nor the environment (the
-    apache/kafka image turns KAFKA_* variables into properties) sets a tiered key."""
-    tiered = set(_properties(BROKER_TIERED.read_text()))
-    base = _properties(KAFKA_BASE.read_text())
-    assert not tiered & set(base)
-    assert not [k for k in base if k.startswith(("remote.", "rsm.config.", "rlmm.config.", "log.local."))]
-    kafka_vars = {k for k in _env(services["kafka"]) if k.startswith("KAFKA_")}
-    assert kafka_vars <= KAFKA_IMAGE_NON_PROPERTIES
+    """One source of truth: neither the compose base files nor the environment (the
+    apache/kafka image turns KAFKA_* variables into properties) set a tiered or cluster key;
+    the controller's file holds the one key the controller needs, with the brokers' value."""
+    owned = set(_properties(BROKER_TIERED.read_text())) | set(_properties(CLUSTER_PROPS.read_text()))
+    for base_file in (KAFKA_BASE, BROKER_BASE):
+        base = _properties(base_file.read_text())
+        assert not set(_properties(BROKER_TIERED.read_text())) & set(base), base_file
+        assert not [k for k in base if k.startswith(("remote.", "rsm.config.", "rlmm.config.", "log.local."))]
+    assert not set(_properties(CLUSTER_PROPS.read_text())) & set(_properties(BROKER_BASE.read_text()))
+    controller = _properties(CONTROLLER_BASE.read_text())
+    assert {k for k in controller if k in owned or k.startswith(("remote.", "rsm.", "rlmm."))} == {
+        "remote.log.storage.system.enable"
+    }
+    assert (
+        controller["remote.log.storage.system.enable"]
+        == _properties(BROKER_TIERED.read_text())["remote.log.storage.system.enable"]
+    )
+    for name in (*BROKERS, "controller"):
+        kafka_vars = {k for k in _env(services[name]) if k.startswith("KAFKA_")}
+        assert kafka_vars <= KAFKA_IMAGE_NON_PROPERTIES, name
 
 
-def test_broker_reaches_the_sidecar_and_shim(services, broker_properties, dockerfiles):
-    env = _env(services["kafka"])
-    target = broker_properties["rsm.config.sidecar.target"]
-    host, port = target.rsplit(":", 1)
-    assert host in services and host == "sidecar"
-    assert int(port) == _port(_sidecar_config(services["sidecar"])["server.listen"])
-    # the shim jar is alone in SHIM_DIR inside the image
+def test_the_quorum_is_the_controller_service(services, broker_properties):
+    controller = _properties(CONTROLLER_BASE.read_text())
+    assert controller["process.roles"] == "controller"
+    # the controller takes config/cluster.properties too (default replication factor, min ISR)
+    env = _env(services["controller"])
+    assert env["CLUSTER_PROPERTIES"] == CLUSTER_MOUNT
+    vol = _mounts(services["controller"])[CLUSTER_MOUNT]
+    assert Path(vol["source"]) == CLUSTER_PROPS and vol.get("read_only")
+    rendered = _render(env, CONTROLLER_BASE, CLUSTER_PROPS)
+    assert rendered.returncode == 0, rendered.stderr
+    assert _properties(rendered.stdout)["default.replication.factor"] == "3"
+    voters = controller["controller.quorum.voters"]
+    node_id, address = voters.split("@")
+    assert node_id == controller["node.id"] and address.split(":")[0] == "controller"
+    assert controller["listeners"] == f"CONTROLLER://0.0.0.0:{address.split(':')[1]}"
+    assert _env(services["controller"])["NODE_ROLE"] == "controller"
+    for broker in BROKERS:
+        props = broker_properties[broker]
+        assert props["process.roles"] == "broker" and props["controller.quorum.voters"] == voters
+        assert props["node.id"] != node_id
+    ids = {_env(services[n])["CLUSTER_ID"] for n in (*BROKERS, "controller")}
+    assert len(ids) == 1, "every node formats with the same cluster id"
+
+
+def test_broker_reaches_its_own_sidecar_and_shim(services, broker_properties, dockerfiles):
     (report,) = dockerfiles.values()
     jar = next(s for s in report["sources"] if s["source"].endswith("rsm-sidecar-shim.jar"))
-    assert Path(jar["dest"]).parent == Path(env["SHIM_DIR"])
-    assert broker_properties["remote.log.storage.manager.class.path"] == env["SHIM_DIR"] + "/*"
-    # the RLMM's listener exists
-    listeners = broker_properties["listeners"]
-    assert f"{broker_properties['remote.log.metadata.manager.listener.name']}://" in listeners
+    for broker, sidecar in PAIRS:
+        env, props = _env(services[broker]), broker_properties[broker]
+        host, port = props["rsm.config.sidecar.target"].rsplit(":", 1)
+        assert host == sidecar, broker
+        assert int(port) == _port(_sidecar_config(services[sidecar])["server.listen"])
+        # the shim jar is alone in SHIM_DIR inside the image
+        assert Path(jar["dest"]).parent == Path(env["SHIM_DIR"])
+        assert props["remote.log.storage.manager.class.path"] == env["SHIM_DIR"] + "/*"
+        # the RLMM's listener exists
+        assert f"{props['remote.log.metadata.manager.listener.name']}://" in props["listeners"]
+        # clients on the host reach each broker at the port it advertises
+        (published,) = services[broker]["ports"]
+        assert f"HOST://localhost:{published['published']}" in props["advertised.listeners"]
 
 
-def test_path_transfer_mode_shares_the_log_dir(services, broker_properties):
-    mode = broker_properties["rsm.config.transfer.mode"]
-    assert mode in ("path", "stream")
-    if mode == "stream":
-        return
-    log_dir = broker_properties["log.dirs"]
-    kafka_vol = _mounts(services["kafka"])[log_dir]
-    sidecar_vol = _mounts(services["sidecar"])[log_dir]
-    assert kafka_vol["type"] == sidecar_vol["type"] == "volume"
-    assert kafka_vol["source"] == sidecar_vol["source"], "the same volume at the same path"
-    assert sidecar_vol.get("read_only") and not kafka_vol.get("read_only")
-    assert log_dir in _sidecar_config(services["sidecar"])["copy.allowed_dirs"]
+def test_path_transfer_mode_shares_each_log_dir_with_its_own_sidecar(services, broker_properties):
+    volumes = set()
+    for broker, sidecar in PAIRS:
+        props = broker_properties[broker]
+        mode = props["rsm.config.transfer.mode"]
+        assert mode in ("path", "stream")
+        if mode == "stream":
+            continue
+        log_dir = props["log.dirs"]
+        kafka_vol = _mounts(services[broker])[log_dir]
+        sidecar_vol = _mounts(services[sidecar])[log_dir]
+        assert kafka_vol["type"] == sidecar_vol["type"] == "volume"
+        assert kafka_vol["source"] == sidecar_vol["source"], "the same volume at the same path"
+        assert sidecar_vol.get("read_only") and not kafka_vol.get("read_only")
+        assert log_dir in _sidecar_config(services[sidecar])["copy.allowed_dirs"]
+        volumes.add(kafka_vol["source"])
+    assert len(volumes) in (0, len(BROKERS)), "each broker has its own log directory"
 
 
 def test_cluster_id_is_a_kafka_uuid(services):
-    cid = _env(services["kafka"])["CLUSTER_ID"]
+    cid = _env(services["kafka-1"])["CLUSTER_ID"]
     assert len(cid) == 22 and len(base64.urlsafe_b64decode(cid + "==")) == 16
 
 
@@ -493,7 +585,7 @@ def _parse(argv: list[str]):
 
 
 def test_sidecar_and_keys_commands_parse_with_the_cli(services):
-    serve = _parse(services["sidecar"]["command"])
+    serve = _parse(services["sidecar-1"]["command"])
     assert serve.command == "serve" and serve.config == SIDECAR_MOUNT
     gen = _parse(services["keys-init"]["command"])
     assert gen.command == "keys" and gen.keys_command == "generate"
@@ -528,7 +620,7 @@ def test_iceberg_jobs_run_on_the_spark_cluster(services):
         assert int(conf["spark.cores.max"]) * 2 <= cores
         assert args.config == SIDECAR_MOUNT and args.topic == "demo-orders"
     follow = _parse(services["iceberg-follow"]["command"])
-    assert follow.follow and follow.bootstrap_server == "kafka:9092"
+    assert follow.follow and follow.bootstrap_server.split(",") == [f"{b}:9092" for b in BROKERS]
     assert (
         follow.metrics_listen.endswith(":9097") and services["iceberg-follow"]["ports"][0]["target"] == 9097
     )
@@ -564,7 +656,7 @@ def test_iceberg_settings_point_at_the_catalog_warehouse_and_registry(services):
 
 def test_demo_producer_settings_match_the_services(services):
     env = _env(services["demo-producer"])
-    assert env["DEMO_BOOTSTRAP"] == "kafka:9092"
+    assert env["DEMO_BOOTSTRAP"].split(",") == [f"{b}:9092" for b in BROKERS]
     assert env["DEMO_SIDECAR_CONFIG"] == SIDECAR_MOUNT
     assert env["DEMO_SCHEMA_REGISTRY"] == "http://registry:8080/apis/ccompat/v7"
     cmd = services["demo-producer"]["command"]
@@ -609,9 +701,10 @@ def _fake_image(tmp_path: Path, log_dir: Path) -> dict[str, str]:
     (home / "bin").mkdir(parents=True)
     (kafka / "config").mkdir(parents=True)
     shutil.copy2(RENDER, home / "bin" / RENDER.name)
-    (home / "server.properties").write_text(
-        KAFKA_BASE.read_text().replace("log.dirs=/var/lib/kafka/data", f"log.dirs={log_dir}")
-    )
+    for base in (KAFKA_BASE, BROKER_BASE, CONTROLLER_BASE):
+        (home / base.name).write_text(
+            base.read_text().replace("log.dirs=/var/lib/kafka/data", f"log.dirs={log_dir}")
+        )
     java = tmp_path / "java"
     java.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/java.calls\n')
     java.chmod(0o755)
@@ -619,6 +712,7 @@ def _fake_image(tmp_path: Path, log_dir: Path) -> dict[str, str]:
         "RSM_HOME": str(home),
         "KAFKA_HOME": str(kafka),
         "BROKER_TIERED_PROPERTIES": str(BROKER_TIERED),
+        "CLUSTER_PROPERTIES": str(CLUSTER_PROPS),
         "JAVA": str(java),
     }
 
@@ -629,7 +723,7 @@ def test_start_broker_renders_formats_and_starts(services, broker_properties, tm
     cluster id, and Kafka is exec'd on that file with the compose heap options."""
     log_dir = tmp_path / "data"
     log_dir.mkdir()
-    env = {"PATH": os.environ["PATH"], **_env(services["kafka"]), **_fake_image(tmp_path, log_dir)}
+    env = {"PATH": os.environ["PATH"], **_env(services["kafka-2"]), **_fake_image(tmp_path, log_dir)}
     proc = subprocess.run(
         ["bash", str(REPO / "docker/kafka/start-broker.sh")],
         env=env,
@@ -639,8 +733,8 @@ def test_start_broker_renders_formats_and_starts(services, broker_properties, tm
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "kafka" / "config" / "server.properties"
-    assert _properties(out.read_text()) == {**broker_properties, "log.dirs": str(log_dir)}
-    cid = _env(services["kafka"])["CLUSTER_ID"]
+    assert _properties(out.read_text()) == {**broker_properties["kafka-2"], "log.dirs": str(log_dir)}
+    cid = _env(services["kafka-2"])["CLUSTER_ID"]
     classpath, logging = (
         f"{tmp_path}/kafka/libs/*",
         f"-Dlog4j2.configurationFile={tmp_path}/kafka/config/log4j2.properties",
@@ -650,7 +744,7 @@ def test_start_broker_renders_formats_and_starts(services, broker_properties, tm
         f"-Xmx256m {logging} -cp {classpath} kafka.tools.StorageTool "
         f"format --ignore-formatted --cluster-id {cid} --config {out}"
     )
-    heap = _env(services["kafka"])["KAFKA_HEAP_OPTS"]
+    heap = _env(services["kafka-2"])["KAFKA_HEAP_OPTS"]
     assert (
         server == f"{heap} -XX:+UseG1GC -Djava.awt.headless=true {logging} -cp {classpath} kafka.Kafka {out}"
     )
@@ -658,16 +752,66 @@ def test_start_broker_renders_formats_and_starts(services, broker_properties, tm
     dockerfile = DOCKERFILE.read_text()
     assert 'ENTRYPOINT ["/opt/rsm-sidecar/bin/start-broker.sh"]' in dockerfile
     assert "COPY --chmod=0644 docker/kafka/server.properties /opt/rsm-sidecar/server.properties" in dockerfile
+    for base in ("controller", "broker"):
+        copy = f"COPY --chmod=0644 docker/kafka/{base}.properties /opt/rsm-sidecar/{base}.properties"
+        assert copy in dockerfile
     assert (
         "COPY --chmod=0644 docker/kafka/log4j2.properties /opt/kafka/config/log4j2.properties" in dockerfile
     )
-    assert _mounts(services["kafka"])[TIERED_MOUNT]
+    # without NODE_ROLE (the remote topology's broker): the single combined node of server.properties
+    env.pop("NODE_ROLE")
+    (tmp_path / "java.calls").unlink()
+    script = ["bash", str(REPO / "docker/kafka/start-broker.sh")]
+    proc = subprocess.run(script, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    combined = _properties(out.read_text())
+    assert combined["process.roles"] == "broker,controller"
+    tiered = _render(env, BROKER_TIERED)
+    assert tiered.returncode == 0, tiered.stderr
+    assert combined == {
+        **_properties(KAFKA_BASE.read_text()),
+        **_properties(tiered.stdout),
+        "log.dirs": str(log_dir),
+    }
+    assert _mounts(services["kafka-2"])[TIERED_MOUNT] and _mounts(services["kafka-2"])[CLUSTER_MOUNT]
+
+
+def test_start_broker_runs_the_controller_from_its_own_file(services, tmp_path):
+    """NODE_ROLE=controller (the controller service): controller.properties and
+    config/cluster.properties, no tiered-storage file needed, the same format and start."""
+    log_dir = tmp_path / "data"
+    log_dir.mkdir()
+    env = {"PATH": os.environ["PATH"], **_env(services["controller"]), **_fake_image(tmp_path, log_dir)}
+    env["BROKER_TIERED_PROPERTIES"] = str(tmp_path / "absent.properties")
+    proc = subprocess.run(
+        ["bash", str(REPO / "docker/kafka/start-broker.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "kafka" / "config" / "server.properties"
+    expected = {**_properties(CONTROLLER_BASE.read_text()), **_properties(CLUSTER_PROPS.read_text())}
+    assert _properties(out.read_text()) == {**expected, "log.dirs": str(log_dir)}
+    storage, server = (tmp_path / "java.calls").read_text().splitlines()
+    assert f"--cluster-id {_env(services['controller'])['CLUSTER_ID']} " in storage
+    assert server.startswith(_env(services["controller"])["KAFKA_HEAP_OPTS"] + " ")
+    env["NODE_ROLE"] = "observer"
+    proc = subprocess.run(
+        ["bash", str(REPO / "docker/kafka/start-broker.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 64 and "NODE_ROLE must be combined, broker or controller" in proc.stderr
 
 
 def test_start_broker_refuses_an_unwritable_log_dir_and_a_missing_placeholder(services, tmp_path):
     env = {
         "PATH": os.environ["PATH"],
-        **_env(services["kafka"]),
+        **_env(services["kafka-1"]),
         **_fake_image(tmp_path, tmp_path / "missing"),
     }
     proc = subprocess.run(
@@ -712,7 +856,7 @@ def test_keys_init_command_generates_the_keyring_the_sidecar_loads(services, tmp
     argv[argv.index("--out") + 1] = str(tmp_path)
     argv += ["--bits", "2048"]  # faster than the default 3072 for the test
     assert main(argv) == 0
-    env = {k: v.replace(out_dir, str(tmp_path)) for k, v in _rsm_env(services["sidecar"]).items()}
+    env = {k: v.replace(out_dir, str(tmp_path)) for k, v in _rsm_env(services["sidecar-1"]).items()}
     cfg = Config.load(SIDECAR_TOML, environ=env)
     ring = Keyring.from_config(cfg)
     assert ring.active_id == cfg["encryption.active_key_id"]
@@ -726,7 +870,7 @@ def test_health_check_script_against_a_real_sidecar(services, tmp_path):
     from rsm_sidecar.transform.keyring import write_key_pair
 
     port = free_port()
-    key_id = _sidecar_config(services["sidecar"])["encryption.active_key_id"]
+    key_id = _sidecar_config(services["sidecar-1"])["encryption.active_key_id"]
     write_key_pair(tmp_path / "pub.pem", tmp_path / "priv.pem", 2048)
     env = {
         "RSM__SERVER__LISTEN": f"127.0.0.1:{port}",
@@ -791,7 +935,7 @@ def test_sidecar_starts_with_the_compose_configuration(services, tmp_path):
     try:
         for bucket in flags["bucket"].split(","):
             s3.create_bucket(bucket)
-        svc = services["sidecar"]
+        svc = services["sidecar-1"]
         env = _rsm_env(svc)
         keys_dir = _arg(services["keys-init"]["command"], "--out")
         key_id = _arg(services["keys-init"]["command"], "--id")

@@ -1,19 +1,22 @@
 """docker-compose.yml really running: every image built from docker/Dockerfile, the whole
-cluster started with `docker compose up` on podman (devstack.containers prepares the engine:
-apt, settings, a debootstrap-made debian:bookworm-slim), and checked as a user would:
+cluster (a KRaft controller, three brokers, three sidecars) started with `docker compose up` on
+podman (devstack.containers prepares the engine: apt, settings, a debootstrap-made
+debian:bookworm-slim), and checked as a user would:
 
-* the demo producer's records went through the broker's shim and the sidecar into SeaweedFS
-  and read back from remote storage with the same digests (its `demo OK`);
-* `rsm-sidecar inspect ls/verify` inside the sidecar container agree with the bucket as the
+* the demo producer's records, replicated on the three brokers, went through the leaders'
+  shims and sidecars into SeaweedFS and read back from remote storage with the same digests
+  (its `demo OK`);
+* `rsm-sidecar inspect ls/verify` inside a sidecar container agree with the bucket as the
   host sees it over S3, and every segment verifies;
 * the Iceberg job wrote every record of the tiered demo-orders segments to the REST catalog
   (read back on the host with PyIceberg), as an application of the compose Spark master whose
   executor ran on the worker; the follower keeps converting on the same cluster and serves its
   metrics;
-* the sidecar's health check and metrics endpoint answer, and its fetch counter grows when a
-  consumer on the host reads from offset 0;
-* a sidecar killed with SIGKILL while the broker tiers a new topic comes back, and every
-  record of that topic is tiered and reads back; `down -v` leaves no container or volume.
+* every sidecar's health check and metrics endpoint answer, and the sidecars' fetch counters
+  grow when a consumer on the host reads from offset 0;
+* the sidecar of a topic's leader, killed with SIGKILL while its broker tiers the topic, comes
+  back, and every record of that topic is tiered and reads back; `down -v` leaves no container
+  or volume.
 
 The cold build (no image cache) and the warm rerun are printed (`-s` shows them)."""
 
@@ -35,10 +38,13 @@ from devstack.containers import ComposeProject, PodmanService, prepare
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "rsm-compose-test"
-BOOTSTRAP = "127.0.0.1:29092"
+BOOTSTRAP = "127.0.0.1:29092"  # broker 1; the metadata names the other two (29093, 29094)
 S3_ENDPOINT = "http://127.0.0.1:8333"
 S3_CREDENTIALS = {"aws_access_key_id": "demo-access", "aws_secret_access_key": "demo-secret-key"}
-METRICS_URL = "http://127.0.0.1:9096/metrics"
+BROKERS = ("kafka-1", "kafka-2", "kafka-3")
+SIDECARS = ("sidecar-1", "sidecar-2", "sidecar-3")
+#: each sidecar's metrics, published on the host
+METRICS_URLS = tuple(f"http://127.0.0.1:{port}/metrics" for port in (9096, 9097, 9098))
 SIDECAR_CONFIG = "/etc/rsm-sidecar/sidecar.toml"
 ONE_SHOTS = ("keys-init", "demo-producer", "iceberg-convert")
 # the first test also builds every image and starts the cluster (cold: see the module docstring)
@@ -105,7 +111,7 @@ def compose(tmp_path_factory):
             _print_services(c, healthy_at)
             yield c
         finally:
-            for name in ("sidecar", "kafka"):
+            for name in (*SIDECARS, *BROKERS, "controller", "demo-producer", "iceberg-convert"):
                 (tmp_path_factory.getbasetemp() / f"compose-{name}.log").write_text(c.logs(name))
             c.run("down", "-v", "--remove-orphans", timeout=600, check=False)
             left = subprocess.run(
@@ -170,8 +176,9 @@ def test_long_running_services_are_healthy(compose):
     rows = compose.containers()
     for service in (
         "seaweedfs",
-        "sidecar",
-        "kafka",
+        *SIDECARS,
+        "controller",
+        *BROKERS,
         "registry",
         "iceberg-rest",
         "spark-master",
@@ -180,12 +187,17 @@ def test_long_running_services_are_healthy(compose):
     ):
         assert rows[service]["State"] == "running", rows[service]
         assert rows[service]["Health"] == "healthy", rows[service]
-    probe = compose.exec("sidecar", "rsm-healthcheck", "127.0.0.1:9095")
-    assert probe.returncode == 0, probe.stdout + probe.stderr
+    for sidecar in SIDECARS:
+        probe = compose.exec(sidecar, "rsm-healthcheck", "127.0.0.1:9095")
+        assert probe.returncode == 0, probe.stdout + probe.stderr
+    # the three brokers are one cluster: each is in the metadata, with the controller's quorum
+    from confluent_kafka.admin import AdminClient
+
+    assert sorted(AdminClient({"bootstrap.servers": BOOTSTRAP}).list_topics(timeout=30).brokers) == [1, 2, 3]
 
 
 def _inspect(compose: Compose, *args: str) -> dict:
-    proc = compose.exec("sidecar", "rsm-sidecar", "inspect", *args, "-c", SIDECAR_CONFIG, "--json")
+    proc = compose.exec("sidecar-1", "rsm-sidecar", "inspect", *args, "-c", SIDECAR_CONFIG, "--json")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -280,13 +292,17 @@ def test_the_iceberg_jobs_ran_on_the_spark_cluster(compose):
 
 
 def _fetch_served() -> float:
-    with urllib.request.urlopen(METRICS_URL, timeout=10) as r:
-        text = r.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("rsm_bytes_total{") and 'kind="fetch_served"' in line
-    )
+    """Bytes the three sidecars served to remote reads so far."""
+    total = 0.0
+    for url in METRICS_URLS:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        total += sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("rsm_bytes_total{") and 'kind="fetch_served"' in line
+        )
+    return total
 
 
 def _consume_all(topic: str, expected: int) -> tuple[int, bytes]:
@@ -320,7 +336,7 @@ def test_metrics_answer_and_count_a_host_consumer_reading_from_remote(compose):
     before = _fetch_served()
     n, _ = _consume_all("demo-raw", 30000)
     assert n == 30000
-    assert _fetch_served() > before, "the host consumer's early records did not come through the sidecar"
+    assert _fetch_served() > before, "the host consumer's early records did not come through a sidecar"
 
 
 def test_sidecar_killed_while_tiering_loses_nothing(compose):
@@ -334,8 +350,15 @@ def test_sidecar_killed_while_tiering_loses_nothing(compose):
         "segment.bytes": str(1 << 20),
         "local.retention.ms": "1000",
     }
-    for fut in admin.create_topics([NewTopic(topic, 1, 1, config=config)]).values():
+    for fut in admin.create_topics([NewTopic(topic, 1, config=config)]).values():  # on 3 brokers
         fut.result(60)
+    leader = _wait(
+        f"{topic} to have a leader",
+        lambda: admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader,
+        60,
+        interval=0.5,
+    )
+    sidecar = f"sidecar-{leader}"  # the sidecar of the broker that tiers the topic
     producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 20, "compression.type": "none"})
     digest = hashlib.sha256()
     for i in range(count):
@@ -344,15 +367,15 @@ def test_sidecar_killed_while_tiering_loses_nothing(compose):
         digest.update(value)
         producer.produce(topic, key=key, value=value)
         if i == count // 2:
-            compose.run("kill", "-s", "KILL", "sidecar")  # mid-run, while segments roll
+            compose.run("kill", "-s", "KILL", sidecar)  # mid-run, while segments roll
         producer.poll(0)
     assert producer.flush(60) == 0
-    compose.run("start", "sidecar")
+    compose.run("start", sidecar)
     _wait(
-        "the sidecar to be healthy again",
-        lambda: compose.containers()["sidecar"].get("Health") == "healthy",
+        f"{sidecar} to be healthy again",
+        lambda: compose.containers()[sidecar].get("Health") == "healthy",
         180,
-        diagnose=lambda: compose.logs("sidecar")[-3000:],
+        diagnose=lambda: compose.logs(sidecar)[-3000:],
     )
 
     def tiered_segments():

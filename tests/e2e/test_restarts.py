@@ -136,10 +136,11 @@ def _wait_copies_done(stack, topic: str) -> None:
     wait_tiered(stack, topic, active)
 
 
-def check_no_partial_segment_readable(stack, store) -> tuple[list[str], list[str]]:
-    """Every remote segment either has a manifest and reads back completely (all chunks decrypt
-    and verify, its bytes are the segment's batches from its start to its end offset, every
-    index decodes), or has no manifest and cannot be opened. Returns (complete, orphans)."""
+def check_no_partial_segment_readable(stack, store, topic: str | None = None) -> tuple[list[str], list[str]]:
+    """Every remote segment (of ``topic``, or of every topic) either has a manifest and reads
+    back completely (all chunks decrypt and verify, its bytes are the segment's batches from its
+    start to its end offset, every index decodes), or has no manifest and cannot be opened.
+    Returns (complete, orphans)."""
     config_file, env = stack.sidecar_config_env()
     cfg = Config.load(config_file, environ=env)
     assert cfg["storage.key_prefix"] == KEY_PREFIX
@@ -150,7 +151,7 @@ def check_no_partial_segment_readable(stack, store) -> tuple[list[str], list[str
         ReaderSettings(chunk_cache_bytes=0, prefetch_bytes=0),
     )
     complete, orphans = [], []
-    for base, seg in sorted(remote_segments(store).items()):
+    for base, seg in sorted(remote_segments(store, topic).items()):
         if MANIFEST not in seg["suffixes"]:
             with pytest.raises(NotFound):
                 reader.open_base(base)

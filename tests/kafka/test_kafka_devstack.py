@@ -167,3 +167,47 @@ def test_ensure_reports_maven_failure(tmp_path):
     assert not (tmp_path / "cache" / "kafka-9.9.9" / ".devstack-complete.json").exists()
     with pytest.raises(DevstackError, match="not found on PATH"):
         KafkaDistribution.ensure("9.9.9", tmp_path / "cache", mvn="no-such-mvn-binary")
+
+
+def test_controller_and_broker_roles_of_a_cluster(tmp_path):
+    """A dedicated controller and a broker-only node (devstack/cluster.py): their listeners and
+    quorum, and a broker's storage formatted without StorageTool's JVM."""
+    dist = KafkaDistribution("4.4.0", tmp_path / "dist")
+    c = KafkaBroker(dist, tmp_path / "c", role="controller", node_id=0, ports={"controller": 19093})
+    props = c.properties()
+    assert props["process.roles"] == "controller"
+    assert props["listeners"] == "CONTROLLER://127.0.0.1:19093"
+    assert props["controller.quorum.voters"] == c.controller_voter == "0@127.0.0.1:19093"
+    assert "advertised.listeners" not in props and "inter.broker.listener.name" not in props
+    assert c.broker_port is None
+    with pytest.raises(DevstackError, match="controller: it has no broker listener"):
+        c.bootstrap_servers  # noqa: B018
+    b = KafkaBroker(
+        dist,
+        tmp_path / "b",
+        role="broker",
+        node_id=2,
+        cluster_id="MkU3OEVBNTcwNTJENDM2Qk",
+        quorum_voters=c.controller_voter,
+        ports={"broker": 19094},
+    )
+    props = b.properties()
+    assert props["process.roles"] == "broker" and props["node.id"] == 2
+    assert props["listeners"] == props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19094"
+    assert props["controller.quorum.voters"] == "0@127.0.0.1:19093"
+    assert b.controller_port is None and b.bootstrap_servers == "127.0.0.1:19094"
+    with pytest.raises(DevstackError, match="broker: it has no controller listener"):
+        b.controller_voter  # noqa: B018
+    b._format_storage()
+    meta = dict(
+        line.split("=", 1) for line in (tmp_path / "b" / "data" / "meta.properties").read_text().splitlines()
+    )
+    assert meta.keys() == {"version", "cluster.id", "node.id", "directory.id"}
+    assert (meta["version"], meta["cluster.id"], meta["node.id"]) == ("1", "MkU3OEVBNTcwNTJENDM2Qk", "2")
+    assert len(meta["directory.id"]) == 22
+    with pytest.raises(ValueError, match="quorum_voters"):
+        KafkaBroker(dist, tmp_path, role="broker")
+    with pytest.raises(ValueError, match="quorum_voters"):
+        KafkaBroker(dist, tmp_path, quorum_voters="0@127.0.0.1:1")
+    with pytest.raises(ValueError, match="unknown role 'observer'"):
+        KafkaBroker(dist, tmp_path, role="observer")
