@@ -209,6 +209,11 @@ class ClusterStack:
         t0 = time.monotonic()
         try:
             self.shared.start_storage()
+            if self.encryption:
+                # once, before the nodes start in parallel: each would otherwise write a key pair
+                # of its own under the same id when it finds none, and a sidecar that read an
+                # overwritten pair cannot unwrap the data keys of the segments the others copy
+                self.shared.ensure_keys()
             self.controller = KafkaBroker(
                 self.dist,
                 self.workdir / "controller",

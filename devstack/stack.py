@@ -160,7 +160,9 @@ class LocalStack:
         )
 
     # -- pieces -----------------------------------------------------------------------
-    def _ensure_keys(self) -> None:
+    def ensure_keys(self) -> None:
+        """The demo key pair in :attr:`keys_dir`, written once (not safe to race: a cluster
+        writes it before its nodes start in parallel)."""
         from rsm_sidecar.transform.keyring import write_key_pair
 
         pub = self.keys_dir / f"{DEMO_KEY_ID}.public.pem"
@@ -187,7 +189,7 @@ class LocalStack:
             env["RSM__SERVER__TLS__KEY_FILE"] = str(self.sidecar_secret.file("tls.key"))
             env["RSM__SERVER__TLS__CLIENT_CA_FILE"] = str(self.sidecar_secret.file("ca.crt"))
         if self.encryption:
-            self._ensure_keys()
+            self.ensure_keys()
             for leaf in ("public", "private"):
                 env[f"RSM__ENCRYPTION__KEYS__{DEMO_KEY_ID}__{leaf.upper()}_KEY_FILE"] = str(
                     self.keys_dir / f"{DEMO_KEY_ID}.{leaf}.pem"
