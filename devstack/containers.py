@@ -531,7 +531,7 @@ def _local_demo(service: PodmanService) -> int:
         f"  look:  {project.hint} ps | logs -f sidecar-1 kafka-1\n"
         "  metrics: http://127.0.0.1:9096/metrics (sidecar-1; 9097, 9098)   bootstrap: localhost:29092   "
         "S3: http://127.0.0.1:8333   registry: http://127.0.0.1:8081   catalog: http://127.0.0.1:8181\n"
-        "  Spark master UI: http://127.0.0.1:8090   Iceberg follower metrics: http://127.0.0.1:9097/metrics\n"
+        "  Spark master UI: http://127.0.0.1:8090   Iceberg follower metrics: http://127.0.0.1:9099/metrics\n"
         "  stop:  make compose-down",
         flush=True,
     )

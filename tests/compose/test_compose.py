@@ -425,6 +425,13 @@ def test_sidecar_configuration_validates_and_points_at_the_compose_services(serv
         assert int(port["target"]) == _port(metrics) and port.get("host_ip") == "127.0.0.1", sidecar
         published.add(int(port["published"]))
     assert published == {9096, 9097, 9098}
+    # no host port is published twice (compose starts the first service and fails the second)
+    host_ports = [
+        (p.get("host_ip", "0.0.0.0"), int(p["published"]))
+        for svc in services.values()
+        for p in svc.get("ports", [])
+    ]
+    assert len(host_ports) == len(set(host_ports)), sorted(host_ports)
     assert _env(services["demo-producer"])["DEMO_SIDECAR_METRICS"].split(",") == [
         f"http://{sidecar}:{_port(metrics)}/metrics" for sidecar in SIDECARS
     ]

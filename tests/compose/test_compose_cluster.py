@@ -268,7 +268,7 @@ def test_the_iceberg_jobs_ran_on_the_spark_cluster(compose):
     assert "rsm-iceberg-follow-demo-orders" in running, master
 
     def follower_rounds():
-        with urllib.request.urlopen("http://127.0.0.1:9097/metrics", timeout=10) as r:
+        with urllib.request.urlopen("http://127.0.0.1:9099/metrics", timeout=10) as r:
             text = r.read().decode()
         ok = sum(
             float(line.rsplit(" ", 1)[1])
