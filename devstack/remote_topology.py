@@ -302,6 +302,23 @@ def wait_until_tiered(topology: Topology, topic: str, min_segments: int, timeout
     return wait_for(f"{topic} to be tiered from offset 0", contiguous, timeout, interval=2)
 
 
+def wait_until_local_log_starts_after(
+    topology: Topology, topic: str, offset: int, timeout: float = 120
+) -> int:
+    """Until the broker's own log of ``topic``-0 starts after ``offset``: the tiered segments left
+    its disk (local.retention.ms), so reads of them are remote reads. The broker's first
+    retention check runs 30 s after it started (``log.initial.task.delay.ms``), then every
+    ``log.retention.check.interval.ms``: a fixed sleep after tiering is not enough on a fast
+    start. Returns the local log's first offset."""
+
+    def local_start():
+        proc = topology.exec("kafka", "ls", f"/var/lib/kafka/data/{topic}-0", timeout=60)
+        bases = [int(name[: -len(".log")]) for name in proc.stdout.split() if name.endswith(".log")]
+        return min(bases) if proc.returncode == 0 and bases and min(bases) > offset else None
+
+    return wait_for(f"{topic}-0's local log to start after offset {offset}", local_start, timeout, interval=1)
+
+
 # -- make compose-demo TOPOLOGY=remote ---------------------------------------------------------------
 def demo(service: PodmanService) -> int:
     topology = Topology(service)
@@ -311,7 +328,7 @@ def demo(service: PodmanService) -> int:
     create_tiered_topic(topology.bootstrap, topic)
     sent = produce(topology.bootstrap, topic, count)
     segments = wait_until_tiered(topology, topic, 6)
-    time.sleep(3)  # local.retention.ms=1000: the tiered segments leave the broker's disk
+    wait_until_local_log_starts_after(topology, topic, segments[-1]["end_offset"])
     before = metric_sum(topology.metrics(), "rsm_bytes_total", kind="fetch_served")
     n, read = consume_from_zero(topology.bootstrap, topic, count)
     served = metric_sum(topology.metrics(), "rsm_bytes_total", kind="fetch_served") - before

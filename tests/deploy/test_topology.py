@@ -42,6 +42,7 @@ from devstack.remote_topology import (
     metric_sum,
     produce,
     wait_for,
+    wait_until_local_log_starts_after,
     wait_until_tiered,
 )
 from tests.deploy.conftest import CHART, REPO, STRIMZI
@@ -128,7 +129,7 @@ def produced(topology) -> dict:
     digest = produce(topology.bootstrap, TOPIC, COUNT)
     segments = wait_until_tiered(topology, TOPIC, 5)
     print(f"{COUNT:,} records produced and {len(segments)} segments tiered in {time.monotonic() - t0:.1f}s")
-    time.sleep(3)  # local.retention.ms=1000: the tiered segments leave the broker's disk
+    wait_until_local_log_starts_after(topology, TOPIC, segments[-1]["end_offset"])
     return {"digest": digest, "segments": segments}
 
 
@@ -183,10 +184,11 @@ def test_broker_runs_the_strimzi_kafka_image_with_stream_mode_over_mtls(topology
 
 # -- produce, tier, read back ---------------------------------------------------------------------
 def test_records_read_back_from_offset_zero_across_a_sidecar_kill(topology, produced):
-    """One consumer reads the topic from offset 0, record by record, with small fetches and
-    little read-ahead, so that it reads from remote storage as it goes. A third of the way in the
-    sidecar gets SIGKILL and is started again 2 s later: until then no error is allowed; while
-    it is gone the consumer may get fetch errors and fetches the same offset again. Every record
+    """One consumer reads the topic from offset 0, record by record, with small fetches, so that
+    it reads from remote storage as it goes. A third of the way in the sidecar gets SIGKILL and
+    is started again 2 s later: until then no error is allowed; while it is gone the consumer may
+    get fetch errors (or not notice, reading what the shim read ahead) and fetches the same
+    offset again. Every record
     arrives once, in order, with the digest produced; the bytes came through the sidecar; copies
     go on after the restart (new mTLS connections), and what is stored verifies."""
     before = metric_sum(topology.metrics(), "rsm_bytes_total", kind="fetch_served")
@@ -222,17 +224,22 @@ def test_records_read_back_from_offset_zero_across_a_sidecar_kill(topology, prod
         f"record after the kill was {state['max_gap']:.1f}s, with {len(errors)} fetch errors: "
         f"{sorted(set(errors))[:2]}"
     )
-    assert state["max_gap"] >= 2.0, "the consumer did not wait for the sidecar: was it reading from remote?"
+    # the kill happened while the consumer read (it may not have had to wait: the shim reads ahead
+    # up to fetch.readahead.bytes over the wire, so the 2 s outage can fall inside what it holds);
+    # that it read from remote storage is what the restarted sidecar's counters show below
+    assert "killed" in state, "the consumer finished before the kill"
     wait_for("the sidecar to be healthy again", lambda: topology.health("rsm-sidecar") == "healthy", 120)
     assert topology.served_certificate_is_current(), "the restarted sidecar serves the old certificate"
     served = metric_sum(topology.metrics(), "rsm_bytes_total", kind="fetch_served")
-    # the restarted sidecar's counters start at 0: what it served after the kill alone
-    tiered_after_kill = sum(
-        s["end_offset"] - max(s["start_offset"], kill_at) + 1
-        for s in produced["segments"]
-        if s["end_offset"] >= kill_at
-    )
-    assert served >= tiered_after_kill * RECORD_BYTES * 0.9, (served, before, tiered_after_kill)
+    # the restarted sidecar's counters start at 0: what it served after the kill alone. The shim
+    # reads ahead within a segment and into the next one's first window, never further: every
+    # segment starting two or more segments after the one the kill fell in came from it
+    segments = sorted(produced["segments"], key=lambda s: s["start_offset"])
+    killed_in = next(i for i, s in enumerate(segments) if s["end_offset"] >= kill_at)
+    after = segments[killed_in + 2 :]
+    assert after, "the topic is too short for the kill to be a third of the way in"
+    must_serve = sum(s["end_offset"] - s["start_offset"] + 1 for s in after) * RECORD_BYTES
+    assert served >= must_serve * 0.9, (served, before, must_serve)
     # copies go on after the restart: a new topic gets tiered
     create_tiered_topic(topology.bootstrap, f"{TOPIC}-more")
     produce(topology.bootstrap, f"{TOPIC}-more", 6_000)
