@@ -94,7 +94,10 @@ def wait_state(cluster: ClusterStack, topic: str, what: str, predicate, partitio
     found: list[PartitionState] = []
 
     def check():
-        st = partition_state(cluster, topic, partition)
+        try:
+            st = partition_state(cluster, topic, partition)
+        except KeyError:  # the topic or partition not in this broker's metadata yet
+            return False
         if predicate(st):
             found.append(st)
             return True

@@ -352,12 +352,13 @@ def test_sidecar_killed_while_tiering_loses_nothing(compose):
     }
     for fut in admin.create_topics([NewTopic(topic, 1, config=config)]).values():  # on 3 brokers
         fut.result(60)
-    leader = _wait(
-        f"{topic} to have a leader",
-        lambda: admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader,
-        60,
-        interval=0.5,
-    )
+
+    def leader_of_partition_0():
+        # the new topic may be in the metadata before its partition (a broker not updated yet)
+        partition = admin.list_topics(topic, timeout=10).topics[topic].partitions.get(0)
+        return partition.leader if partition is not None and partition.leader > 0 else None
+
+    leader = _wait(f"{topic} to have a leader", leader_of_partition_0, 60, interval=0.5)
     sidecar = f"sidecar-{leader}"  # the sidecar of the broker that tiers the topic
     producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 20, "compression.type": "none"})
     digest = hashlib.sha256()
