@@ -46,12 +46,17 @@ def test_seal_killed_at_random_points_resumes_to_every_segment_sealed(
     rng = random.Random(seed)
     root = tmp_path / "bucket"
     store = LocalObjectStore(root, fsync=False)
-    written = [w for topic in ("k1", "k2", "k3", "k4") for w in write_aiven_bucket(store, aiven_ring, topic)]
+    written = [
+        w
+        for topic in ("k1", "k2", "k3", "k4", "k5", "k6")
+        for w in write_aiven_bucket(store, aiven_ring, topic)
+    ]
     segments = [seg for seg, _ in written]
     before = {o.key: store.get(o.key) for o in store.list("")}
     config = sidecar_toml(tmp_path / "sidecar.toml", root, aiven_keys, accept=False)
     argv = [sys.executable, "-m", "rsm_sidecar.cli.main", "inspect", "seal", "--all", "-c", config]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RSM__")}
+    env["PYTHONUNBUFFERED"] = "1"  # each "sealed" line as it happens, not a pipe buffer at a time
 
     kills = 0
     progress = []
