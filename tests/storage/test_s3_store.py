@@ -324,7 +324,8 @@ def test_delete_objects_batches_of_1000(s3_store, p):
 # -- faults ------------------------------------------------------------------------------------
 def test_abort_that_cannot_reach_the_server_is_retried_before_the_next_upload(s3_server_factory, p):
     server = s3_server_factory()
-    store = make_s3_store(server, max_attempts=2, connect_timeout=1.0, read_timeout=30.0)  # a restarted server under load can be slow
+    # (a long read timeout: a restarted server under load can be slow to answer the next upload)
+    store = make_s3_store(server, max_attempts=2, connect_timeout=1.0, read_timeout=30.0)
     key = p + "segment.log"
     try:
         w = store.open_writer(key)
