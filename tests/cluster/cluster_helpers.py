@@ -28,6 +28,7 @@ from tests.e2e.kafka_helpers import (
     local_segment_offsets,
     produce,
     records,
+    send,
     tiered_topic_config,
     wait_for,
 )
@@ -353,21 +354,9 @@ def produce_transactions(
         batch = [
             dataclasses.replace(r, value=b"txn-%d-%d:" % (seed, round_) + (r.value or b"")) for r in batch
         ]
-        offsets: dict[int, int] = {}
-        for i, r in enumerate(batch):
-            p.produce(
-                topic,
-                key=r.key,
-                value=r.value,
-                headers=list(r.headers) or None,
-                timestamp=r.timestamp,
-                partition=partition,
-                on_delivery=lambda e, m, i=i, got=offsets: (
-                    got.__setitem__(i, m.offset()) if e is None else None
-                ),
-            )
+        offsets, errors = send(p, topic, batch, partition)
         p.flush(60)  # on the log before the outcome, so aborted records really are there
-        assert len(offsets) == len(batch), f"{len(batch) - len(offsets)} transactional records not delivered"
+        assert not errors and len(offsets) == len(batch), f"transactional records not delivered: {errors}"
         aborted = round_ % 3 == 1
         if aborted:
             p.abort_transaction(60)
