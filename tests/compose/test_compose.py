@@ -994,6 +994,7 @@ def test_seaweedfs_accepts_the_compose_command_and_creates_the_buckets(services,
     service's identity without anyone creating them."""
     import urllib.request
 
+    from devstack.common import port_pair
     from devstack.s3server import SeaweedS3Server
 
     svc = services["seaweedfs"]
@@ -1002,14 +1003,18 @@ def test_seaweedfs_accepts_the_compose_command_and_creates_the_buckets(services,
 
     class ComposeWeed(SeaweedS3Server):
         def command(self):
-            # devstack's own flags give every port a free number; the compose flags come after
-            # and win (Go's flag package keeps the last value), except where moved back here
+            # devstack's port flags give every port a free number (and the admin pair, which
+            # only mini runs: its worker dials admin port + 10000 whatever -admin.port.grpc
+            # says); the compose flags come after and win (Go's flag package keeps the last
+            # value), except where moved back here
+            admin, admin_grpc = port_pair(10000)
             moved = {"dir": str(self.data_dir), "ip.bind": "127.0.0.1", "s3.port": str(self.s3)}
             compose_flags = []
             for arg in svc["command"][1:]:
                 name = arg.lstrip("-").split("=", 1)[0]
                 compose_flags.append(f"-{name}={moved[name]}" if name in moved else arg)
-            return [*super().command(), *compose_flags]
+            own = [*self.port_flags(), f"-admin.port={admin}", f"-admin.port.grpc={admin_grpc}"]
+            return [str(self.weed), "mini", *own, *compose_flags]
 
     weed = ComposeWeed(
         tmp_path / "s3", access_key=ident["AWS_ACCESS_KEY_ID"], secret_key=ident["AWS_SECRET_ACCESS_KEY"]
