@@ -451,7 +451,10 @@ CONFIG_KEYS = [
         "reaches into the partition's next segment (the one starting at this one's end offset + 1, "
         "found with one LIST when exactly one is stored): its manifest, its offset, time and "
         "transaction indexes and its first chunks, so the broker's first reads of it do not wait for "
-        "the object store.",
+        "the object store. While several partitions are read sequentially at once (each within the last "
+        "5 s), each gets an equal share of `cache.chunk_bytes` for its chunk in use and its window, so "
+        "the window shrinks to fit (at least one chunk): prefetched chunks are not evicted before they "
+        "are read.",
         min=0,
     ),
     Key(

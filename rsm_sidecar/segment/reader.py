@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal, overload
 
@@ -67,6 +68,9 @@ NEXT_SEGMENT_WAIT_S = 5.0
 #: reads of one segment remembered to tell a sequential read from a random one (``read``): one
 #: per reader that may follow another (consumers at different places in the same segment)
 RECENT_READS = 16
+#: a partition whose sequential reads scheduled a prefetch this recently counts as read at once
+#: with the others: the prefetch windows of all of them share the chunk cache (``_prefetch_window``)
+ACTIVE_READER_S = 5.0
 #: most chunks one download or one prefetch window spans (chunks of a few bytes would otherwise
 #: make ``max_range_bytes`` or ``prefetch_bytes`` millions of chunk records)
 MAX_RUN_CHUNKS = 4096
@@ -103,6 +107,9 @@ class OpenSegment:
     next_segment: concurrent.futures.Future[str | None] | None = None
     #: distinguishes versions of one segment id in the caches (the manifest's attempt, or its digest)
     version: str = ""
+    #: the topic partition the segment belongs to (its key's), or its base key outside the layout:
+    #: what ``_prefetch_window`` counts readers by
+    partition: str = ""
 
     def key(self, suffix: str) -> str:
         return f"{self.base}.{suffix}"
@@ -217,6 +224,9 @@ class SegmentReader:
         self._forgets = 0
         self._prefetch = prefetch_executor
         self._prefetch_lock = threading.Lock()
+        #: partition -> when its sequential reads last scheduled a prefetch (``_prefetch_window``)
+        self._active_readers: dict[str, float] = {}
+        self._active_pruned = 0.0
 
     # -- opening ----------------------------------------------------------------
     def open(self, md: fkeys.SegmentMetadata) -> OpenSegment:
@@ -302,7 +312,9 @@ class SegmentReader:
         cost = (
             len(raw) + manifest.chunk_index.memory_bytes + per_chunk * manifest.chunk_index.chunk_count + 1024
         )
-        return OpenSegment(base, manifest, codec, cost, version=version)
+        parsed = self.layout.parse(f"{base}.{fkeys.MANIFEST}")
+        partition = f"{parsed.topic_id}-{parsed.partition}" if parsed is not None else base
+        return OpenSegment(base, manifest, codec, cost, version=version, partition=partition)
 
     def _check_log_size(self, base: str, manifest: SegmentManifest, key: str) -> None:
         """``DataLoss`` unless the ``.log`` object has the size the chunk index claims."""
@@ -632,13 +644,14 @@ class SegmentReader:
         ):
             return scheduled
         index = seg.manifest.chunk_index
-        n = max(1, min(self.settings.prefetch_bytes // index.original_chunk_size, MAX_RUN_CHUNKS))
-        last = min(chunk_id + n, index.chunk_count - 1)
         chunk = index.chunk(chunk_id)
         # what the prefetch window reaches beyond this segment's end
         left = index.original_file_size - chunk.original_position - chunk.original_size
-        beyond = self.settings.prefetch_bytes - left
         with self._prefetch_lock:
+            window = self._prefetch_window(seg, index.original_chunk_size)
+            n = max(1, min(window // index.original_chunk_size, MAX_RUN_CHUNKS))
+            last = min(chunk_id + n, index.chunk_count - 1)
+            beyond = window - left
             next_bytes = 0
             find_next = None
             if self.settings.prefetch_next_segment and beyond > seg.next_prefetched_bytes:
@@ -661,6 +674,24 @@ class SegmentReader:
         except RuntimeError:  # executor shut down
             pass
         return scheduled
+
+    def _prefetch_window(self, seg: OpenSegment, chunk_size: int) -> int:
+        """Bytes to read ahead of a sequential read of ``seg`` (under ``_prefetch_lock``):
+        ``prefetch_bytes``, or less when so many partitions are read at once that each one's
+        chunk in use and window would not fit in its share of the chunk cache. 48 partitions
+        catching up at once, each 4 MiB + 16 MiB ahead, would want 960 MiB of a 256 MiB cache:
+        prefetched chunks were evicted before they were read and downloaded again
+        (docs/operations.md, "Many partitions read at once"). The caller reads at least one
+        chunk ahead whatever this returns."""
+        now = time.monotonic()
+        active = self._active_readers
+        active[seg.partition] = now
+        if now - self._active_pruned >= 1.0:
+            self._active_pruned = now
+            for partition in [p for p, t in active.items() if now - t > ACTIVE_READER_S]:
+                del active[partition]
+        share = self.settings.chunk_cache_bytes // len(active) - chunk_size
+        return min(self.settings.prefetch_bytes, share)
 
     def _not_loaded(self, seg: OpenSegment, first: int, last: int) -> list[Chunk]:
         """Chunks ``first..last`` of ``seg`` neither cached nor being loaded."""
