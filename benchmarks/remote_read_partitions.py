@@ -34,9 +34,14 @@ and warm. Reported per read:
 ``RSM__CACHE__CHUNK_BYTES=512MiB``, ``rsm.config.fetch.readahead.max.bytes=201326592``), to size
 the defaults against these figures.
 
-``--brokers N`` and ``--transport`` (``unix``: Unix socket + fetch hand-off; ``tcp-mtls``) are
-the knobs of the multi-broker devstack and of the TCP + mTLS transport, which other branches
-are adding: until they are wired here, only ``--brokers 1 --transport unix`` runs.
+``--brokers N`` (N >= 3) runs each case on ``devstack/cluster.py``'s cluster instead: one KRaft
+controller, N brokers (one sidecar each, sharing the object store; ``LocalTieredStorage``'s
+brokers share its directory), the topic at replication factor 3; the consumer reads from every
+leader at once. Broker and sidecar CPU are summed over the nodes, RSS and fetch streams are the
+highest of one sidecar, and the broker's request-time percentiles are not read (one JMX port per
+JVM is not wired into the cluster). ``--transport tcp-mtls`` (one broker) runs the sidecar in a
+network namespace of its own, reached over TCP with mutual TLS in stream mode, as Strimzi
+deploys it (``benchmarks/netns.py``, as ``remote_read.py``'s ``ours-tcp``; needs root).
 """
 
 from __future__ import annotations
@@ -52,11 +57,14 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.netns import NetNs
+from benchmarks.netns import available as netns_available
 from benchmarks.remote_read import (
     LTS_CLASS,
     MiB,
@@ -68,6 +76,7 @@ from benchmarks.remote_read import (
     run_tool,
 )
 from benchmarks.synthetic import value
+from devstack.cluster import ClusterStack
 from devstack.common import default_cache_dir, free_port
 from devstack.kafka import KafkaBroker, KafkaDistribution
 from devstack.stack import CONFIG_DIR, LocalStack, read_properties
@@ -126,23 +135,29 @@ def fetch_request_percentiles(dist: KafkaDistribution, jmx_port: int) -> tuple[f
 def create_topic(
     dist: KafkaDistribution, bootstrap: str, topic: str, args, partitions: int, tiered: bool
 ) -> None:
+    rf = "3" if args.brokers >= 3 else "1"
     args_ = ["--bootstrap-server", bootstrap, "--create", "--topic", topic, "--partitions", str(partitions)]
-    args_ += ["--replication-factor", "1", "--config", f"segment.bytes={args.segment_mib * MiB}"]
+    args_ += ["--replication-factor", rf, "--config", f"segment.bytes={args.segment_mib * MiB}"]
     args_ += ["--config", "retention.ms=-1", "--config", "file.delete.delay.ms=1000"]
     if tiered:
         args_ += ["--config", "remote.storage.enable=true", "--config", "local.retention.ms=1000"]
     run_tool(dist, "kafka-topics", args_, timeout=120)
 
 
-def wait_all_tiered(broker: KafkaBroker, topic: str, partitions: int, timeout: float = 1800) -> float:
-    """Until every partition keeps only its active segment locally; returns the seconds waited."""
+def wait_all_tiered(
+    brokers: Sequence[KafkaBroker], topic: str, partitions: int, timeout: float = 1800
+) -> float:
+    """Until every replica of every partition keeps only its active segment locally (followers
+    too: they delete what the leader tiered); returns the seconds waited."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         local = [
-            len([f for f in broker.partition_dir(topic, p).iterdir() if f.name.endswith(".log")])
-            for p in range(partitions)
+            len([f for f in d.iterdir() if f.name.endswith(".log")])
+            for b in brokers
+            for d in (b.partition_dir(topic, p) for p in range(partitions))
+            if d.exists()
         ]
-        if all(n == 1 for n in local):
+        if local and all(n == 1 for n in local):
             return time.monotonic() - t0
         time.sleep(1)
     raise TimeoutError(f"{topic}: closed segments still local after {timeout:.0f} s")
@@ -218,37 +233,46 @@ def chunk_cache_mib(args) -> float:
     return 128
 
 
-def measured(case, partitions, temperature, dist, broker, topic, args, jmx_port, sidecar_pid=None, url=None):
-    b0, s0 = cpu_seconds(broker.pid), cpu_seconds(sidecar_pid)
-    watch = SidecarWatch(url) if url else None
-    before = watch.metrics() if watch else {}
-    if watch:
-        watch.__enter__()
+def measured(case, partitions, temperature, dist, brokers, topic, args, jmx_port=None, sidecars=()):
+    """One read by the consumer; ``brokers`` the cluster's (or the one), ``sidecars`` (pid,
+    metrics URL) of each sidecar (none for ``LocalTieredStorage``)."""
+    b0 = sum(cpu_seconds(b.pid) for b in brokers)
+    s0 = sum(cpu_seconds(pid) for pid, _ in sidecars)
+    watches = [SidecarWatch(url) for _, url in sidecars]
+    before = [w.metrics() for w in watches]
+    for w in watches:
+        w.__enter__()
     try:
-        mb_s, _, mb, fetch = consume(dist, broker.bootstrap_servers, topic, args)
+        mb_s, _, mb, fetch = consume(dist, ",".join(b.bootstrap_servers for b in brokers), topic, args)
     finally:
-        if watch:
-            watch.__exit__()
-    r = PartRead(case, partitions, temperature, mb_s, cpu_seconds(broker.pid) - b0)
-    r.fetch_p50_ms, r.fetch_p99_ms = fetch_request_percentiles(dist, jmx_port)
+        for w in watches:
+            w.__exit__()
+    r = PartRead(case, partitions, temperature, mb_s, sum(cpu_seconds(b.pid) for b in brokers) - b0)
+    if jmx_port is not None:
+        r.fetch_p50_ms, r.fetch_p99_ms = fetch_request_percentiles(dist, jmx_port)
     r.fetch_latency_avg_ms = fetch.get("fetch-latency-avg")
-    if watch is not None and sidecar_pid is not None:
-        after = watch.metrics()
-        r.sidecar_cpu = cpu_seconds(sidecar_pid) - s0
-        r.sidecar_peak_rss_mib = vm_hwm_mib(sidecar_pid)
-        r.max_fetch_streams = watch.max_streams
-        r.rss_bound_mib = rss_bound_mib(max(1, watch.max_streams), chunk_cache_mib(args))
-        r.resource_exhausted = int(after.get("exhausted", 0) - before.get("exhausted", 0))
-        r.downloaded_per_byte = (after.get("downloaded", 0) - before.get("downloaded", 0)) / (mb * MiB)
-        hits = after.get("hit", 0) - before.get("hit", 0)
-        misses = after.get("miss", 0) - before.get("miss", 0)
+    if watches:
+        after = [w.metrics() for w in watches]
+
+        def grown(key: str) -> float:
+            return sum(a.get(key, 0) - b.get(key, 0) for a, b in zip(after, before))
+
+        r.sidecar_cpu = sum(cpu_seconds(pid) for pid, _ in sidecars) - s0
+        # the sidecar with the highest peak, and the bound for the most streams one served
+        r.sidecar_peak_rss_mib = max(vm_hwm_mib(pid) for pid, _ in sidecars)
+        r.max_fetch_streams = max(w.max_streams for w in watches)
+        r.rss_bound_mib = rss_bound_mib(max(1, r.max_fetch_streams), chunk_cache_mib(args))
+        r.resource_exhausted = int(grown("exhausted"))
+        r.downloaded_per_byte = grown("downloaded") / (mb * MiB)
+        hits, misses = grown("hit"), grown("miss")
         r.chunk_hit_ratio = hits / (hits + misses) if hits + misses else None
     print(f"  {r}", flush=True)
     return r
 
 
-def run_lts(dist, work: Path, args, payload: Path, partitions: int) -> list[PartRead]:
-    props = {
+def lts_properties(dist, storage: Path) -> dict[str, object]:
+    """config/broker-tiered.properties with Kafka's ``LocalTieredStorage`` storing in ``storage``."""
+    props: dict[str, object] = {
         k: v
         for k, v in read_properties(
             CONFIG_DIR / "broker-tiered.properties",
@@ -256,7 +280,6 @@ def run_lts(dist, work: Path, args, payload: Path, partitions: int) -> list[Part
         ).items()
         if not k.startswith("rsm.config.")
     }
-    storage = work / f"lts-storage-{partitions}"
     props.update(
         {
             "remote.log.storage.manager.class.name": LTS_CLASS,
@@ -265,20 +288,53 @@ def run_lts(dist, work: Path, args, payload: Path, partitions: int) -> list[Part
             "rsm.config.delete.on.close": "false",
         }
     )
+    return props
+
+
+def read_tiered(case, dist, brokers, args, payload, partitions, jmx=None, sidecars=None, before_cold=None):
+    """The case's reads: warm-up on a local topic, the tiered topic produced and tiered, then
+    read cold (after ``before_cold``: restart the sidecars, drop the page cache) and warm.
+    ``sidecars()`` gives the (pid, metrics URL) of each sidecar as it runs at that moment."""
+    bootstrap = ",".join(b.bootstrap_servers for b in brokers)
+    warm_up(dist, bootstrap, args, payload, partitions)
+    create_topic(dist, bootstrap, "bench", args, partitions, tiered=True)
+    produce(dist, bootstrap, "bench", args, payload)
+    took = wait_all_tiered(brokers, "bench", partitions)
+    print(f"  {case}, {partitions} partitions: tiered in {took:.0f} s", flush=True)
+    if before_cold is not None:
+        before_cold()
+    return [
+        measured(case, partitions, t, dist, brokers, "bench", args, jmx, sidecars() if sidecars else ())
+        for t in ("cold", "warm")
+    ]
+
+
+def run_lts(dist, work: Path, args, payload: Path, partitions: int) -> list[PartRead]:
+    storage = work / f"lts-storage-{partitions}"
+    if args.brokers >= 3:
+        with ClusterStack(
+            work / f"lts-cluster-{partitions}",
+            brokers=args.brokers,
+            kafka_version=dist.version,
+            broker_properties=lts_properties(dist, storage),
+            encryption=False,
+        ) as cluster:
+            brokers = [n.broker for n in cluster.nodes.values() if n.broker is not None]
+            return read_tiered(
+                "LocalTieredStorage", dist, brokers, args, payload, partitions,
+                before_cold=lambda: drop_page_cache(storage),
+            )  # fmt: skip
     jmx = free_port()
     with KafkaBroker(
-        dist, work / f"lts-broker-{partitions}", extra_properties=props, jvm_options=jmx_options(jmx)
+        dist,
+        work / f"lts-broker-{partitions}",
+        extra_properties=lts_properties(dist, storage),
+        jvm_options=jmx_options(jmx),
     ) as b:
-        warm_up(dist, b.bootstrap_servers, args, payload, partitions)
-        create_topic(dist, b.bootstrap_servers, "bench", args, partitions, tiered=True)
-        produce(dist, b.bootstrap_servers, "bench", args, payload)
-        took = wait_all_tiered(b, "bench", partitions)
-        print(f"  LocalTieredStorage, {partitions} partitions: tiered in {took:.0f} s", flush=True)
-        drop_page_cache(storage)
-        return [
-            measured("LocalTieredStorage", partitions, t, dist, b, "bench", args, jmx)
-            for t in ("cold", "warm")
-        ]
+        return read_tiered(
+            "LocalTieredStorage", dist, [b], args, payload, partitions, jmx,
+            before_cold=lambda: drop_page_cache(storage),
+        )  # fmt: skip
 
 
 def warm_up(dist, bootstrap: str, args, payload: Path, partitions: int) -> None:
@@ -290,15 +346,26 @@ def warm_up(dist, bootstrap: str, args, payload: Path, partitions: int) -> None:
 
 
 def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[PartRead]:
+    env = dict(kv.split("=", 1) for kv in args.sidecar_env)
+    props = dict(kv.split("=", 1) for kv in args.broker_property)
+    if args.brokers >= 3:
+        return run_ours_cluster(dist, work, args, payload, partitions, env, props)
+    ns = NetNs("partitions-bench") if args.transport == "tcp-mtls" else None
+    host = ns.inner_ip if ns else "127.0.0.1"
     port = free_port()
-    env = {"RSM__METRICS__LISTEN": f"127.0.0.1:{port}", **dict(kv.split("=", 1) for kv in args.sidecar_env)}
     stack = LocalStack(
         work / f"ours-{partitions}",
         kafka_version=dist.version,
-        sidecar_env=env,
-        broker_properties=dict(kv.split("=", 1) for kv in args.broker_property),
+        sidecar_env={"RSM__METRICS__LISTEN": f"{host}:{port}", **env},
+        broker_properties=props,
+        transfer_mode="stream" if ns else "path",
+        sidecar_tls=ns is not None,
+        sidecar_host=host,
+        sidecar_prefix=ns.exec_prefix if ns else (),
     )
     jmx = free_port()
+    if ns:
+        ns.__enter__()
     try:
         stack.start_storage()
         stack.start_sidecar()
@@ -309,24 +376,51 @@ def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[Par
             jvm_options=jmx_options(jmx),
         )
         stack.broker.start()
-        b = stack.broker
-        warm_up(dist, b.bootstrap_servers, args, payload, partitions)
-        create_topic(dist, b.bootstrap_servers, "bench", args, partitions, tiered=True)
-        produce(dist, b.bootstrap_servers, "bench", args, payload)
-        took = wait_all_tiered(b, "bench", partitions)
-        print(f"  rsm-sidecar, {partitions} partitions: tiered in {took:.0f} s", flush=True)
-        stack.restart_sidecar()
-        drop_page_cache(stack.remote_root)
-        url = f"http://127.0.0.1:{port}/metrics"
-        out = []
-        for t in ("cold", "warm"):
-            assert stack.sidecar is not None
-            out.append(
-                measured("rsm-sidecar", partitions, t, dist, b, "bench", args, jmx, stack.sidecar.pid, url)
-            )
-        return out
+
+        def before_cold() -> None:
+            stack.restart_sidecar()
+            drop_page_cache(stack.remote_root)
+
+        def sidecars() -> list[tuple[int, str]]:
+            assert stack.sidecar is not None and stack.sidecar.pid is not None
+            return [(stack.sidecar.pid, f"http://{host}:{port}/metrics")]
+
+        return read_tiered(
+            case_name(args), dist, [stack.broker], args, payload, partitions, jmx, sidecars, before_cold
+        )
     finally:
         stack.stop()
+        if ns:
+            ns.close()
+
+
+def run_ours_cluster(dist, work: Path, args, payload, partitions: int, env, props) -> list[PartRead]:
+    with ClusterStack(
+        work / f"ours-cluster-{partitions}",
+        brokers=args.brokers,
+        kafka_version=dist.version,
+        sidecar_env=env,
+        broker_properties=props,
+        metrics=True,
+    ) as cluster:
+        nodes = list(cluster.nodes.values())
+
+        def before_cold() -> None:
+            for node in nodes:
+                node.restart_sidecar()
+            drop_page_cache(cluster.shared.remote_root)
+
+        def sidecars() -> list[tuple[int, str]]:
+            return [(n.sidecar.pid, n.metrics_url) for n in nodes if n.sidecar is not None and n.sidecar.pid]
+
+        brokers = [n.broker for n in nodes if n.broker is not None]
+        return read_tiered(
+            case_name(args), dist, brokers, args, payload, partitions, None, sidecars, before_cold
+        )
+
+
+def case_name(args) -> str:
+    return "rsm-sidecar TCP+mTLS" if args.transport == "tcp-mtls" else "rsm-sidecar"
 
 
 def fmt(x, spec: str) -> str:
@@ -371,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compression", default="none", help="the producer's compression.type")
     ap.add_argument("--kafka-version", default=DEFAULT_VERSION)
     ap.add_argument(
-        "--brokers", type=int, default=1, help="brokers in the cluster (1 until the cluster devstack)"
+        "--brokers", type=int, default=1, help="1, or a cluster of 3 or more (devstack/cluster.py)"
     )
     ap.add_argument("--transport", default="unix", choices=("unix", "tcp-mtls"), help="the shim's transport")
     ap.add_argument(
@@ -385,10 +479,12 @@ def main(argv: list[str] | None = None) -> int:
         "--broker-property", action="append", default=[], metavar="KEY=VALUE", help="a broker setting (ours)"
     )
     args = ap.parse_args(argv)
-    if args.brokers != 1:
-        ap.error("--brokers > 1 needs the multi-broker devstack (make up BROKERS=N), not wired here yet")
-    if args.transport != "unix":
-        ap.error("--transport tcp-mtls needs the TCP + mTLS case of remote_read.py, not wired here yet")
+    if args.brokers < 1 or args.brokers == 2:
+        ap.error("--brokers is 1 or at least 3 (a cluster replicates every topic 3 times)")
+    if args.transport == "tcp-mtls" and args.brokers != 1:
+        ap.error("--transport tcp-mtls runs with one broker (one network namespace)")
+    if args.transport == "tcp-mtls" and netns_available():
+        ap.error(f"--transport tcp-mtls: {netns_available()}")
     cases = set(args.cases.split(","))
     if cases - {"lts", "ours"}:
         ap.error(f"unknown cases {sorted(cases - {'lts', 'ours'})}")
@@ -400,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
         f"({args.records * args.record_size / MiB:.0f} MiB) over {args.partitions} partitions, "
-        f"{args.segment_mib} MiB segments, consumer max.partition.fetch.bytes {args.fetch_size}",
+        f"{args.segment_mib} MiB segments, consumer max.partition.fetch.bytes {args.fetch_size}, "
+        f"{args.brokers} broker(s), transport {args.transport}",
         flush=True,
     )
     reads: list[PartRead] = []
