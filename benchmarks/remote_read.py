@@ -44,7 +44,11 @@ per byte consumed (``rsm_storage_bytes_read``).
     .venv/bin/python benchmarks/remote_read.py [--records 2000000] [--record-size 200]
         [--segment-mib 16] [--fetch-size 1048576] [--compression none|lz4|zstd]
         [--cases local,lts,ours,ours-plain,ours-no-readahead,ours-grpc,ours-tcp] [--readahead-mib 8]
-        [--jfr DIR]
+        [--warm-up local|remote] [--jfr DIR]
+
+``--warm-up remote`` also has every broker read a tiered topic of a quarter of the records
+through its plugin before the measured reads (a broker that has served remote reads for a while
+has JIT-compiled that path; the default warm-up reads only a local topic).
 
 ``--jfr DIR`` records a JFR profile of each broker (``-XX:StartFlightRecording``) into DIR,
 for ``jfr print --events jdk.ExecutionSample`` or JDK Mission Control.
@@ -250,6 +254,22 @@ def wait_tiered(broker: KafkaBroker, topic: str, timeout: float = 900) -> float:
     raise TimeoutError(f"{topic}: closed segments still local after {timeout:.0f} s")
 
 
+def remote_warm_up(
+    dist: KafkaDistribution, broker: KafkaBroker, args: argparse.Namespace, payload: Path, name: str
+) -> None:
+    """``--warm-up remote``: a tiered topic of a quarter of the records, read once through the
+    broker's RemoteStorageManager and not reported, so that the cold read that follows does not
+    pay for JIT-compiling the plugin's read path (netty's TLS and gRPC's framing, for the shim
+    over TCP) and LocalTieredStorage's equally."""
+    small = argparse.Namespace(**{**vars(args), "records": max(1, args.records // 4)})
+    bs = broker.bootstrap_servers
+    create_topic(dist, bs, "warm-up-remote", args.segment_mib * MiB, tiered=True)
+    produce(dist, bs, "warm-up-remote", small, payload)
+    wait_tiered(broker, "warm-up-remote")
+    mb_s = consume(dist, bs, "warm-up-remote", small)[0]
+    print(f"  {name}: remote warm-up read {mb_s:.1f} MB/s (not reported)", flush=True)
+
+
 def idle_cpu_rate(broker: KafkaBroker, seconds: float = 5.0) -> float:
     """The broker's CPU-seconds per second while nobody uses it (KRaft, metadata, the remote log
     metadata consumer), measured just before a read."""
@@ -338,6 +358,8 @@ def run_lts(
             out.append(measured_read("local log", "page cache", dist, broker, "bench-local", args))
             say(out[-1])
         if "lts" in cases:
+            if args.warm_up == "remote":
+                remote_warm_up(dist, broker, args, payload, "LocalTieredStorage")
             create_topic(dist, bs, "bench-lts", args.segment_mib * MiB, tiered=True)
             produce(dist, bs, "bench-lts", args, payload)
             print(f"  LocalTieredStorage: tiered in {wait_tiered(broker, 'bench-lts'):.1f} s", flush=True)
@@ -405,6 +427,8 @@ def run_ours(
         produce(dist, bs, "bench-local", args, payload)
         warmup = measured_read(f"{name} broker warm-up", "local log", dist, broker, "bench-local", args)
         print(f"  {name}: broker warm-up, local read {warmup.mb_s:.1f} MB/s (not reported)", flush=True)
+        if args.warm_up == "remote":
+            remote_warm_up(dist, broker, args, payload, name)
         create_topic(dist, bs, "bench", args.segment_mib * MiB, tiered=True)
         produce(dist, bs, "bench", args, payload)
         print(f"  {name}: tiered in {wait_tiered(broker, 'bench'):.1f} s", flush=True)
@@ -475,6 +499,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the shim's read-ahead window (rsm.config.fetch.readahead.bytes) for the ours cases; "
         "above 8 the sidecar's fetch.handoff_max_bytes is raised to match",
     )
+    ap.add_argument(
+        "--warm-up",
+        choices=("local", "remote"),
+        default="local",
+        help="remote: each broker also tiers and reads a topic of a quarter of the records before "
+        "its measured reads, so the cold read does not JIT-compile the plugin's read path",
+    )
     ap.add_argument("--jfr", default=None, help="write a JFR recording of each broker into this directory")
     ap.add_argument(
         "--shim-jar",
@@ -503,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
         f"({args.records * args.record_size / MiB:.0f} MiB), {args.segment_mib} MiB segments, one partition, "
-        f"producer compression {args.compression}, consumer fetch size {args.fetch_size} B",
+        f"producer compression {args.compression}, consumer fetch size {args.fetch_size} B, "
+        f"{args.warm_up} warm-up",
         flush=True,
     )
     reads: list[Read] = []
