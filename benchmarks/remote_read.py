@@ -320,6 +320,28 @@ def lts_jar(cache: Path, version: str) -> Path:
     return maven_jar(cache, artifact, f"kafka-storage-{version}-test")
 
 
+def lts_properties(dist: KafkaDistribution, storage: Path) -> dict[str, object]:
+    """config/broker-tiered.properties with Kafka's ``LocalTieredStorage`` storing in ``storage``
+    instead of the shim."""
+    props: dict[str, object] = {
+        k: v
+        for k, v in read_properties(
+            CONFIG_DIR / "broker-tiered.properties",
+            {"SHIM_DIR": "unused", "SIDECAR_TARGET": "unused", "TRANSFER_MODE": "path"},
+        ).items()
+        if not k.startswith("rsm.config.")
+    }
+    props.update(
+        {
+            "remote.log.storage.manager.class.name": LTS_CLASS,
+            "remote.log.storage.manager.class.path": str(lts_jar(default_cache_dir(), dist.version)),
+            "rsm.config.dir": str(storage),
+            "rsm.config.delete.on.close": "false",
+        }
+    )
+    return props
+
+
 def jfr_options(args: argparse.Namespace, case: str) -> list[str]:
     if not args.jfr:
         return []
@@ -330,23 +352,8 @@ def jfr_options(args: argparse.Namespace, case: str) -> list[str]:
 def run_lts(
     dist: KafkaDistribution, work: Path, args: argparse.Namespace, payload: Path, cases: set[str]
 ) -> list[Read]:
-    props = {
-        k: v
-        for k, v in read_properties(
-            CONFIG_DIR / "broker-tiered.properties",
-            {"SHIM_DIR": "unused", "SIDECAR_TARGET": "unused", "TRANSFER_MODE": "path"},
-        ).items()
-        if not k.startswith("rsm.config.")
-    }
     storage = work / "lts-storage"
-    props.update(
-        {
-            "remote.log.storage.manager.class.name": LTS_CLASS,
-            "remote.log.storage.manager.class.path": str(lts_jar(default_cache_dir(), dist.version)),
-            "rsm.config.dir": str(storage),
-            "rsm.config.delete.on.close": "false",
-        }
-    )
+    props = lts_properties(dist, storage)
     out = []
     with KafkaBroker(
         dist, work / "lts-broker", extra_properties=props, jvm_options=jfr_options(args, "lts")

@@ -66,20 +66,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.netns import NetNs
 from benchmarks.netns import available as netns_available
 from benchmarks.remote_read import (
-    LTS_CLASS,
     MiB,
     consume,
     cpu_seconds,
     drop_page_cache,
-    lts_jar,
+    lts_properties,
     produce,
     run_tool,
 )
 from benchmarks.synthetic import value
 from devstack.cluster import ClusterStack
-from devstack.common import default_cache_dir, free_port
+from devstack.common import free_port
 from devstack.kafka import KafkaBroker, KafkaDistribution
-from devstack.stack import CONFIG_DIR, LocalStack, read_properties
+from devstack.stack import LocalStack
 
 DEFAULT_VERSION = "4.3.1"
 FETCH_REQUEST_TIME = "kafka.network:type=RequestMetrics,name=TotalTimeMs,request=FetchConsumer"
@@ -268,27 +267,6 @@ def measured(case, partitions, temperature, dist, brokers, topic, args, jmx_port
         r.chunk_hit_ratio = hits / (hits + misses) if hits + misses else None
     print(f"  {r}", flush=True)
     return r
-
-
-def lts_properties(dist, storage: Path) -> dict[str, object]:
-    """config/broker-tiered.properties with Kafka's ``LocalTieredStorage`` storing in ``storage``."""
-    props: dict[str, object] = {
-        k: v
-        for k, v in read_properties(
-            CONFIG_DIR / "broker-tiered.properties",
-            {"SHIM_DIR": "unused", "SIDECAR_TARGET": "unused", "TRANSFER_MODE": "path"},
-        ).items()
-        if not k.startswith("rsm.config.")
-    }
-    props.update(
-        {
-            "remote.log.storage.manager.class.name": LTS_CLASS,
-            "remote.log.storage.manager.class.path": str(lts_jar(default_cache_dir(), dist.version)),
-            "rsm.config.dir": str(storage),
-            "rsm.config.delete.on.close": "false",
-        }
-    )
-    return props
 
 
 def read_tiered(case, dist, brokers, args, payload, partitions, jmx=None, sidecars=None, before_cold=None):
