@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,15 +70,27 @@ class LocalCatalog:
         self.warehouse.mkdir(parents=True, exist_ok=True)
         self.db_file.parent.mkdir(parents=True, exist_ok=True)
         # a writer (a follower's commit) may hold the file for a moment: wait for it, as
-        # SQLAlchemy's and Spark's JDBC connections do, instead of failing after sqlite's 5 s
-        con = sqlite3.connect(self.db_file, timeout=LOCK_WAIT_S)
-        try:
-            mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise RuntimeError(f"{self.db_file}: SQLite refused WAL mode (got {mode!r})")
-        finally:
-            con.close()
-        return self
+        # SQLAlchemy's and Spark's JDBC connections do, instead of failing after sqlite's 5 s.
+        # SQLite's busy timeout does not cover every lock: a connection opening while another
+        # process's last connection closes (its checkpoint resets the WAL) gets "database is
+        # locked" at once (seen in CI beside a follower committing through Spark's JDBC). So
+        # the mode is read first (set only on a new file) and a busy answer is tried again.
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            con = sqlite3.connect(self.db_file, timeout=LOCK_WAIT_S)
+            try:
+                mode = con.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise RuntimeError(f"{self.db_file}: SQLite refused WAL mode (got {mode!r})")
+                return self
+            except sqlite3.OperationalError as e:
+                if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() > deadline:
+                    raise
+            finally:
+                con.close()
+            time.sleep(0.05)
 
     def spark_conf(self) -> dict[str, str]:
         p = f"spark.sql.catalog.{self.name}"
