@@ -257,11 +257,13 @@ def wait_tiered(broker: KafkaBroker, topic: str, timeout: float = 900) -> float:
 def remote_warm_up(
     dist: KafkaDistribution, broker: KafkaBroker, args: argparse.Namespace, payload: Path, name: str
 ) -> None:
-    """``--warm-up remote``: a tiered topic of a quarter of the records, read once through the
-    broker's RemoteStorageManager and not reported, so that the cold read that follows does not
+    """``--warm-up remote``: a tiered topic of a quarter of the records (``--warm-up-records``),
+    read once through the broker's RemoteStorageManager and not reported, so that the cold read
+    that follows does not
     pay for JIT-compiling the plugin's read path (netty's TLS and gRPC's framing, for the shim
     over TCP) and LocalTieredStorage's equally."""
-    small = argparse.Namespace(**{**vars(args), "records": max(1, args.records // 4)})
+    n = args.warm_up_records or max(1, args.records // 4)
+    small = argparse.Namespace(**{**vars(args), "records": n})
     bs = broker.bootstrap_servers
     create_topic(dist, bs, "warm-up-remote", args.segment_mib * MiB, tiered=True)
     produce(dist, bs, "warm-up-remote", small, payload)
@@ -512,6 +514,12 @@ def main(argv: list[str] | None = None) -> int:
         default="local",
         help="remote: each broker also tiers and reads a topic of a quarter of the records before "
         "its measured reads, so the cold read does not JIT-compile the plugin's read path",
+    )
+    ap.add_argument(
+        "--warm-up-records",
+        type=int,
+        default=0,
+        help="records of the remote warm-up topic (default: a quarter of --records)",
     )
     ap.add_argument("--jfr", default=None, help="write a JFR recording of each broker into this directory")
     ap.add_argument(
