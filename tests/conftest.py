@@ -72,6 +72,7 @@ SERVER_PROGRAMS = frozenset({"java", "weed", "fake-gcs-server", "azurite-blob", 
 TIER_OF_MODULE = {
     "tests/compose/test_compose.py": "integration",  # docker compose + Dockerfile checker (downloaded)
     "tests/test_devstack_launchers.py": "integration",  # SeaweedFS, fake-gcs-server, Azurite
+    "tests/test_devstack_s3server_low_disk.py": "integration",  # SeaweedFS on a loop-mounted disk
     "tests/shim/test_shim_jar.py": "integration",  # the shim jar (Maven) and Java
     "tests/service/test_processes.py": "integration",  # sidecar processes, SeaweedFS
     "tests/service/test_resources.py": "integration",  # sidecar processes, 1 GiB copies
