@@ -71,10 +71,11 @@ class LocalCatalog:
         self.db_file.parent.mkdir(parents=True, exist_ok=True)
         # a writer (a follower's commit) may hold the file for a moment: wait for it, as
         # SQLAlchemy's and Spark's JDBC connections do, instead of failing after sqlite's 5 s.
-        # SQLite's busy timeout does not cover every lock: a connection opening while another
-        # process's last connection closes (its checkpoint resets the WAL) gets "database is
-        # locked" at once (seen in CI beside a follower committing through Spark's JDBC). So
-        # the mode is read first (set only on a new file) and a busy answer is tried again.
+        # SQLite's busy timeout does not cover every lock: connections switching a new file
+        # (rollback journal) to WAL at the same time deadlock on the lock upgrade, and SQLite
+        # answers "database is locked" at once (seen in CI: a test's catalog read racing the
+        # follower's; tests/iceberg/test_local_catalog.py). So the mode is read first (set only
+        # on a new file) and a busy answer is tried again until the wait is over.
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
             con = sqlite3.connect(self.db_file, timeout=LOCK_WAIT_S)
