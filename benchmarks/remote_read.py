@@ -23,7 +23,8 @@ and deleted locally, and then consumes everything twice:
 * ``rsm-sidecar zstd+AES TCP+mTLS`` (case ``ours-tcp``): the sidecar where Strimzi puts it, not
   in the broker's pod: in its own network namespace (``benchmarks/netns.py``: a veth pair, its
   own TCP stack; needs root), reached over TCP with mutual TLS (a test CA's certificates), the
-  shim copying in **stream** mode, no shared hand-off directory.
+  shim copying in **stream** mode, no shared hand-off directory; ``rsm-sidecar zstd+AES TCP``
+  (case ``ours-tcp-plaintext``): the same without TLS, to show what TLS costs.
 
 Every broker reads a local (untiered) topic of the same size before its remote reads (the
 ``local log`` case on the ``LocalTieredStorage`` broker, an unreported warm-up on ours), so no
@@ -43,15 +44,21 @@ per byte consumed (``rsm_storage_bytes_read``).
 
     .venv/bin/python benchmarks/remote_read.py [--records 2000000] [--record-size 200]
         [--segment-mib 16] [--fetch-size 1048576] [--compression none|lz4|zstd]
-        [--cases local,lts,ours,ours-plain,ours-no-readahead,ours-grpc,ours-tcp] [--readahead-mib 8]
-        [--warm-up local|remote] [--jfr DIR]
+        [--cases local,lts,ours,ours-plain,ours-no-readahead,ours-grpc,ours-tcp,ours-tcp-plaintext]
+        [--readahead-mib 8] [--warm-up local|remote] [--warm-up-records N] [--warm-up-reads N]
+        [--jfr DIR] [--profile-sidecar DIR] [--thread-cpu] [--jvm-option OPTION ...]
 
 ``--warm-up remote`` also has every broker read a tiered topic of a quarter of the records
 through its plugin before the measured reads (a broker that has served remote reads for a while
 has JIT-compiled that path; the default warm-up reads only a local topic).
 
 ``--jfr DIR`` records a JFR profile of each broker (``-XX:StartFlightRecording``) into DIR,
-for ``jfr print --events jdk.ExecutionSample`` or JDK Mission Control.
+for ``jfr print --events jdk.ExecutionSample`` or JDK Mission Control, with a sample every
+millisecond; each read prints its start and end time to select its samples.
+``--thread-cpu`` prints each read's CPU-seconds of the broker's and the sidecar's threads by
+name (``/proc/<pid>/task``: GC and JIT threads too, which a JFR sample does not show).
+``--profile-sidecar DIR`` samples the sidecar with py-spy (``pip install py-spy``) during each
+read into ``DIR/<case>-<temperature>.txt`` (folded stacks, one line per stack with its count).
 """
 
 from __future__ import annotations
@@ -95,6 +102,29 @@ def cpu_seconds(pid: int | None) -> float:
         return 0.0
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int | None) -> dict[str, float]:
+    """CPU-seconds of a process's threads so far, summed by thread name with digits dropped
+    ("GC Thread#0" and "GC Thread#1" are one "GC Thread#")."""
+    out: dict[str, float] = {}
+    if pid is None:
+        return out
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        key = re.sub(r"[0-9]+", "", name)
+        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def thread_cpu_line(before: dict[str, float], after: dict[str, float], top: int = 8) -> str:
+    spent = {k: after[k] - before.get(k, 0.0) for k in after}
+    ranked = sorted(spent.items(), key=lambda kv: -kv[1])[:top]
+    return ", ".join(f"{k} {v:.2f}" for k, v in ranked if v >= 0.01)
 
 
 def machine_ticks() -> tuple[int, int, int]:
@@ -258,18 +288,27 @@ def remote_warm_up(
     dist: KafkaDistribution, broker: KafkaBroker, args: argparse.Namespace, payload: Path, name: str
 ) -> None:
     """``--warm-up remote``: a tiered topic of a quarter of the records (``--warm-up-records``),
-    read once through the broker's RemoteStorageManager and not reported, so that the cold read
-    that follows does not
-    pay for JIT-compiling the plugin's read path (netty's TLS and gRPC's framing, for the shim
-    over TCP) and LocalTieredStorage's equally."""
+    read ``--warm-up-reads`` times through the broker's RemoteStorageManager and not reported,
+    so that the cold read that follows does not pay for JIT-compiling the plugin's read path
+    (netty's TLS and gRPC's framing, for the shim over TCP) and LocalTieredStorage's equally.
+    On 2 cores the JVM has one C2 compiler thread, and the per-frame methods of netty's TLS and
+    HTTP/2 path stayed at C1's profiling tier through a whole first read of 381 MiB (their C2
+    compilations came during the next read: ``--jvm-option=-XX:+PrintCompilation``)."""
     n = args.warm_up_records or max(1, args.records // 4)
     small = argparse.Namespace(**{**vars(args), "records": n})
     bs = broker.bootstrap_servers
     create_topic(dist, bs, "warm-up-remote", args.segment_mib * MiB, tiered=True)
     produce(dist, bs, "warm-up-remote", small, payload)
     wait_tiered(broker, "warm-up-remote")
-    mb_s = consume(dist, bs, "warm-up-remote", small)[0]
-    print(f"  {name}: remote warm-up read {mb_s:.1f} MB/s (not reported)", flush=True)
+    for i in range(args.warm_up_reads):
+        t0 = thread_cpu(broker.pid)
+        mb_s = consume(dist, bs, "warm-up-remote", small)[0]
+        compiled = sum(v - t0.get(k, 0.0) for k, v in thread_cpu(broker.pid).items() if "Compiler" in k)
+        print(
+            f"  {name}: remote warm-up read {i + 1} {mb_s:.1f} MB/s, "
+            f"broker JIT {compiled:.2f} CPU-s (not reported)",
+            flush=True,
+        )
 
 
 def idle_cpu_rate(broker: KafkaBroker, seconds: float = 5.0) -> float:
@@ -293,9 +332,28 @@ def measured_read(
     idle = idle_cpu_rate(broker)
     b0, s0, m0 = cpu_seconds(broker.pid), cpu_seconds(sidecar_pid), scrape(metrics_url)
     k0 = machine_ticks()
-    t0 = time.monotonic()
-    mb_s, rec_s, mb, fetch = consume(dist, broker.bootstrap_servers, topic, args)
+    threads0 = (thread_cpu(broker.pid), thread_cpu(sidecar_pid)) if args.thread_cpu else None
+    spy = sidecar_profiler(args, sidecar_pid, f"{case}-{temperature}")
+    t0, started = time.monotonic(), time.time()
+    try:
+        mb_s, rec_s, mb, fetch = consume(dist, broker.bootstrap_servers, topic, args)
+    finally:
+        stop_profiler(spy)
     wall = time.monotonic() - t0
+    if threads0 is not None:
+        print(
+            f"  {case} ({temperature}): broker threads CPU-s: "
+            f"{thread_cpu_line(threads0[0], thread_cpu(broker.pid))}",
+            flush=True,
+        )
+        if sidecar_pid is not None:
+            print(
+                f"  {case} ({temperature}): sidecar threads CPU-s: "
+                f"{thread_cpu_line(threads0[1], thread_cpu(sidecar_pid))}",
+                flush=True,
+            )
+    if args.jfr:  # the window to select this read's samples from a recording
+        print(f"  {case} ({temperature}): read from {started:.3f} to {time.time():.3f} (epoch s)", flush=True)
     k1 = machine_ticks()
     b1, s1, m1 = cpu_seconds(broker.pid), cpu_seconds(sidecar_pid), scrape(metrics_url)
     r = Read(case, temperature, mb_s, rec_s, mb, b1 - b0)
@@ -344,11 +402,54 @@ def lts_properties(dist: KafkaDistribution, storage: Path) -> dict[str, object]:
     return props
 
 
-def jfr_options(args: argparse.Namespace, case: str) -> list[str]:
-    if not args.jfr:
-        return []
-    Path(args.jfr).mkdir(parents=True, exist_ok=True)
-    return [f"-XX:StartFlightRecording=filename={Path(args.jfr).resolve() / case}.jfr,settings=profile"]
+def broker_jvm_options(args: argparse.Namespace, case: str) -> list[str]:
+    """``--jvm-option``s, then JFR's profile settings with execution samples every millisecond
+    (``method-profiling=max``; the default 10-20 ms gives too few samples in a few seconds' read
+    to rank methods) when ``--jfr`` is given. ``{case}`` in an option is the case's name."""
+    options = [o.replace("{case}", case) for o in args.jvm_option]
+    if args.jfr:
+        Path(args.jfr).mkdir(parents=True, exist_ok=True)
+        recording = Path(args.jfr).resolve() / f"{case}.jfr"
+        options.append(f"-XX:StartFlightRecording=filename={recording},settings=profile,method-profiling=max")
+    return options
+
+
+def sidecar_profiler(args: argparse.Namespace, pid: int | None, name: str) -> subprocess.Popen | None:
+    """py-spy sampling the sidecar during one read (``--profile-sidecar DIR``), or None."""
+    if not args.profile_sidecar or pid is None:
+        return None
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out = Path(args.profile_sidecar).resolve() / (re.sub(r"[^A-Za-z0-9+.-]+", "-", name) + ".txt")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spy = subprocess.Popen(
+        [
+            py_spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(0.5)  # attached before the read starts
+    return spy
+
+
+def stop_profiler(spy: subprocess.Popen | None) -> None:
+    if spy is None:
+        return
+    spy.send_signal(2)  # py-spy writes its output on SIGINT
+    try:
+        spy.wait(30)
+    except subprocess.TimeoutExpired:
+        spy.kill()
 
 
 def run_lts(
@@ -358,7 +459,7 @@ def run_lts(
     props = lts_properties(dist, storage)
     out = []
     with KafkaBroker(
-        dist, work / "lts-broker", extra_properties=props, jvm_options=jfr_options(args, "lts")
+        dist, work / "lts-broker", extra_properties=props, jvm_options=broker_jvm_options(args, "lts")
     ) as broker:
         bs = broker.bootstrap_servers
         if "local" in cases:
@@ -390,12 +491,16 @@ def run_ours(
     handoff: bool = True,
     readahead: bool = True,
     remote: bool = False,
+    tls: bool = True,
 ) -> list[Read]:
-    """``remote``: the sidecar in its own network namespace over TCP + mTLS, stream mode."""
+    """``remote``: the sidecar in its own network namespace over TCP, stream mode, with mutual
+    TLS unless ``tls`` is false."""
     port = free_port()
     ns = NetNs("tcp-mtls-bench") if remote else None
     host = ns.inner_ip if ns else "127.0.0.1"
     env = {"RSM__METRICS__LISTEN": f"{host}:{port}"}
+    if remote and not tls:  # the namespace's veth: a network only the broker reaches
+        env["RSM__SERVER__ALLOW_PLAINTEXT_NON_LOOPBACK"] = "true"
     if not transforms:
         env["RSM__SEGMENT__COMPRESSION"] = "false"
     if not handoff:
@@ -412,7 +517,8 @@ def run_ours(
             **dict(kv.split("=", 1) for kv in args.shim),
         },
         transfer_mode="stream" if remote else "path",
-        sidecar_tls=remote,
+        sidecar_tls=remote and tls,
+        sidecar_tcp=remote,
         sidecar_host=host,
         sidecar_prefix=ns.exec_prefix if ns else (),
         shim_jar=args.shim_jar,
@@ -424,9 +530,10 @@ def run_ours(
         stack.start()
         broker = stack.broker
         assert broker is not None
-        if args.jfr:  # restart the broker with the recording on
+        extra = broker_jvm_options(args, re.sub(r"[^A-Za-z0-9+.-]+", "-", name))
+        if extra:  # restart the broker with them
             broker.stop()
-            broker.jvm_options.extend(jfr_options(args, name.replace(" ", "-")))
+            broker.jvm_options.extend(extra)
             broker.start()
         bs = broker.bootstrap_servers
         url = f"http://{host}:{port}/metrics"
@@ -521,7 +628,30 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="records of the remote warm-up topic (default: a quarter of --records)",
     )
+    ap.add_argument(
+        "--warm-up-reads",
+        type=int,
+        default=1,
+        help="how many times the remote warm-up topic is read (default 1)",
+    )
     ap.add_argument("--jfr", default=None, help="write a JFR recording of each broker into this directory")
+    ap.add_argument(
+        "--jvm-option",
+        action="append",
+        default=[],
+        help="one more JVM option of every broker ({case}: the case's name), e.g. -XX:+PrintCompilation",
+    )
+    ap.add_argument(
+        "--thread-cpu",
+        action="store_true",
+        help="print each read's CPU-seconds by thread name of the broker and the sidecar",
+    )
+    ap.add_argument(
+        "--profile-sidecar",
+        default=None,
+        metavar="DIR",
+        help="sample the sidecar with py-spy during each read into DIR (folded stacks; pip install py-spy)",
+    )
     ap.add_argument(
         "--shim-jar",
         type=Path,
@@ -537,7 +667,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     cases = set(args.cases.split(","))
-    unknown = cases - {"local", "lts", "ours", "ours-plain", "ours-no-readahead", "ours-grpc", "ours-tcp"}
+    unknown = cases - {
+        "local",
+        "lts",
+        "ours",
+        "ours-plain",
+        "ours-no-readahead",
+        "ours-grpc",
+        "ours-tcp",
+        "ours-tcp-plaintext",
+    }
     if unknown:
         ap.error(f"unknown cases {sorted(unknown)}")
 
@@ -571,6 +710,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         if "ours-tcp" in cases:
             reads += run_ours("rsm-sidecar zstd+AES TCP+mTLS", True, dist, work, args, payload, remote=True)
+        if "ours-tcp-plaintext" in cases:
+            reads += run_ours(
+                "rsm-sidecar zstd+AES TCP", True, dist, work, args, payload, remote=True, tls=False
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()

@@ -67,6 +67,7 @@ class LocalStack:
         broker_properties: Mapping[str, object] | None = None,
         encryption: bool = True,
         sidecar_tls: bool = False,
+        sidecar_tcp: bool = False,
         sidecar_host: str = "127.0.0.1",
         sidecar_prefix: Sequence[str] = (),
         shim_on_classpath: bool = False,
@@ -76,7 +77,8 @@ class LocalStack:
     ):
         """``sidecar_tls``: the sidecar is reached over TCP with mutual TLS (certificates of a test
         CA in Secret-volume-like directories, ``tls_ca``, ``sidecar_secret``, ``broker_secret``)
-        at ``sidecar_host``, as when it is not in the broker's pod; ``sidecar_prefix`` runs it
+        at ``sidecar_host``, as when it is not in the broker's pod (``sidecar_tcp``: over TCP
+        without TLS, for benchmarks that measure what TLS costs); ``sidecar_prefix`` runs it
         under another command (``ip netns exec NS``). ``shim_on_classpath``: the shim jar is on
         the broker's own class path instead of ``remote.log.storage.manager.class.path`` (what
         KIP-877 plugin metrics need, docs/shim.md). ``shim_jar``: another build of the shim than
@@ -100,7 +102,8 @@ class LocalStack:
         self.tls_ca = None
         self.sidecar_secret = None
         self.broker_secret = None
-        self.sidecar_port = free_port() if sidecar_tls else None
+        self.sidecar_tcp = sidecar_tcp or sidecar_tls
+        self.sidecar_port = free_port() if self.sidecar_tcp else None
         self.storage_server = None
         self.sidecar: SidecarProcess | None = None
         #: whether start_sidecar created the runtime directory (stop removes only that)
@@ -138,7 +141,7 @@ class LocalStack:
 
     @property
     def sidecar_target(self) -> str:
-        if self.sidecar_tls:
+        if self.sidecar_tcp:
             return f"{self.sidecar_host}:{self.sidecar_port}"
         return f"unix://{self.socket_path}"
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests import podman_images
 from tests.keys_fixture import rsa_keys
 
 # Processes the tests start (Spark's Python workers, CLIs) import this checkout, whichever
@@ -88,7 +89,7 @@ TIER_OF_MODULE = {
 def _tier(item: pytest.Item) -> str:
     explicit = {m.name for m in item.iter_markers() if m.name in TIERS}
     fixtures = set(getattr(item, "fixturenames", ()))
-    path = item.path.relative_to(item.config.rootpath).as_posix()
+    path = _module_path(item)
     if "e2e" in explicit or fixtures & BROKER_FIXTURES or path.startswith("tests/e2e/"):
         return "e2e"
     if "integration" in explicit or fixtures & SERVER_FIXTURES or TIER_OF_MODULE.get(path) == "integration":
@@ -106,6 +107,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
+    # the container tests last: their images build in the background meanwhile (tests/podman_images.py)
+    items.sort(key=lambda item: _module_path(item) in podman_images.CONTAINER_MODULES)
+
+
+def _module_path(item: pytest.Item) -> str:
+    return item.path.relative_to(item.config.rootpath).as_posix()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    if any(_module_path(item) in podman_images.CONTAINER_MODULES for item in session.items):
+        podman_images.start_build()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    podman_images.stop()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

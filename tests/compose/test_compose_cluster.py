@@ -18,7 +18,8 @@ debian:bookworm-slim), and checked as a user would:
   back, and every record of that topic is tiered and reads back; `down -v` leaves no container
   or volume.
 
-The cold build (no image cache) and the warm rerun are printed (`-s` shows them)."""
+The images are built in the background while the rest of the suite runs (tests/podman_images.py);
+the cold build's time, the wait for it and the cached rebuild are printed (`-s` shows them)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from devstack.containers import ComposeProject, PodmanService, prepare
+from devstack.containers import ComposeProject, PodmanService
+from tests import podman_images
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "rsm-compose-test"
@@ -73,60 +75,54 @@ def _wait(what: str, predicate, timeout: float, interval: float = 3.0, diagnose=
 
 @pytest.fixture(scope="module")
 def compose(tmp_path_factory):
-    t0 = time.monotonic()
-    engine = prepare()
-    print(f"\nengine ready in {time.monotonic() - t0:.1f}s: {engine}")
-    with PodmanService() as service:
-        c = Compose(service)
-        c.run("down", "-v", "--remove-orphans", timeout=300, check=False)  # leftovers of a killed run
-        t1 = time.monotonic()
-        c.run("build", timeout=2400)
-        print(f"images built in {time.monotonic() - t1:.1f}s")
-        t2 = time.monotonic()
-        try:
-            up_log = tmp_path_factory.getbasetemp() / "compose-up.log"
-            with open(up_log, "w") as out:
-                up = subprocess.Popen([*c.argv, "up", "-d"], cwd=REPO, env=c.env, stdout=out, stderr=out)
-            healthy_at: dict[str, datetime] = {}  # when `ps` first showed each service healthy
+    service = podman_images.podman_service()  # the images, built in the background
+    c = Compose(service)
+    c.run("down", "-v", "--remove-orphans", timeout=300, check=False)  # leftovers of a killed run
+    t2 = time.monotonic()
+    try:
+        up_log = tmp_path_factory.getbasetemp() / "compose-up.log"
+        with open(up_log, "w") as out:
+            up = subprocess.Popen([*c.argv, "up", "-d"], cwd=REPO, env=c.env, stdout=out, stderr=out)
+        healthy_at: dict[str, datetime] = {}  # when `ps` first showed each service healthy
 
-            def one_shots_done():
-                if up.poll() not in (None, 0):
-                    raise AssertionError(f"docker compose up -d failed:\n{up_log.read_text()[-4000:]}")
-                rows = c.containers()
-                for service, row in rows.items():
-                    if row.get("Health") == "healthy":
-                        healthy_at.setdefault(service, datetime.now(UTC).replace(tzinfo=None))
-                done = {s: rows.get(s, {}).get("State") == "exited" for s in ONE_SHOTS}
-                return up.poll() is not None and all(done.values())
+        def one_shots_done():
+            if up.poll() not in (None, 0):
+                raise AssertionError(f"docker compose up -d failed:\n{up_log.read_text()[-4000:]}")
+            rows = c.containers()
+            for service, row in rows.items():
+                if row.get("Health") == "healthy":
+                    healthy_at.setdefault(service, datetime.now(UTC).replace(tzinfo=None))
+            done = {s: rows.get(s, {}).get("State") == "exited" for s in ONE_SHOTS}
+            return up.poll() is not None and all(done.values())
 
-            _wait(
-                "the demo producer and the Iceberg job to finish",
-                one_shots_done,
-                1200,
-                interval=1.0,
-                diagnose=lambda: c.logs("demo-producer")[-3000:] + c.logs("iceberg-convert")[-3000:],
-            )
-            assert up.wait() == 0, f"docker compose up -d failed:\n{up_log.read_text()[-4000:]}"
-            print(f"cluster up and both jobs done in {time.monotonic() - t2:.1f}s")
-            _print_services(c, healthy_at)
-            yield c
-        finally:
-            for name in (*SIDECARS, *BROKERS, "controller", "demo-producer", "iceberg-convert"):
-                (tmp_path_factory.getbasetemp() / f"compose-{name}.log").write_text(c.logs(name))
-            c.run("down", "-v", "--remove-orphans", timeout=600, check=False)
-            left = subprocess.run(
-                ["podman", "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}", "-q"],
-                env=c.env,
-                capture_output=True,
-                text=True,
-            ).stdout.split()
-            volumes = subprocess.run(
-                ["podman", "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"],
-                env=c.env,
-                capture_output=True,
-                text=True,
-            ).stdout.split()
-            assert not left and not volumes, f"down -v left containers {left} and volumes {volumes}"
+        _wait(
+            "the demo producer and the Iceberg job to finish",
+            one_shots_done,
+            1200,
+            interval=1.0,
+            diagnose=lambda: c.logs("demo-producer")[-3000:] + c.logs("iceberg-convert")[-3000:],
+        )
+        assert up.wait() == 0, f"docker compose up -d failed:\n{up_log.read_text()[-4000:]}"
+        print(f"cluster up and both jobs done in {time.monotonic() - t2:.1f}s")
+        _print_services(c, healthy_at)
+        yield c
+    finally:
+        for name in (*SIDECARS, *BROKERS, "controller", "demo-producer", "iceberg-convert"):
+            (tmp_path_factory.getbasetemp() / f"compose-{name}.log").write_text(c.logs(name))
+        c.run("down", "-v", "--remove-orphans", timeout=600, check=False)
+        left = subprocess.run(
+            ["podman", "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}", "-q"],
+            env=c.env,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        volumes = subprocess.run(
+            ["podman", "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"],
+            env=c.env,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert not left and not volumes, f"down -v left containers {left} and volumes {volumes}"
 
 
 def _print_services(compose: Compose, healthy_at: dict[str, datetime]) -> None:

@@ -14,9 +14,9 @@ client certificate gets in; the shim image mounted as an image volume reaches th
 metric the dashboard and the alerts name exists on this sidecar's /metrics and on the broker's
 JMX exporter (run with deploy/strimzi/kafka-metrics.yaml's rules).
 
-Images are the compose test's (tests/compose/test_compose_cluster.py builds rsm-sidecar:dev,
-rsm-sidecar-kafka:dev and rsm-sidecar-seaweedfs:dev first in a `make test` run): only the two
-small targets are new here. `-s` prints the timings.
+Images are the compose test's (tests/podman_images.py builds rsm-sidecar:dev,
+rsm-sidecar-kafka:dev and rsm-sidecar-seaweedfs:dev in the background while the suite runs): only
+the two small targets are new here. `-s` prints the timings.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import pytest
 import yaml
 
 from devstack.common import free_ports
-from devstack.containers import PodmanService, prepare
 from devstack.remote_topology import (
     Topology,
     consume_from_zero,
@@ -45,6 +44,7 @@ from devstack.remote_topology import (
     wait_until_local_log_starts_after,
     wait_until_tiered,
 )
+from tests import podman_images
 from tests.deploy.conftest import CHART, REPO, STRIMZI
 from tests.deploy.k8s import helm_template
 from tests.deploy.test_monitoring import dashboard_queries, metric_names, rules
@@ -59,39 +59,36 @@ RECORD_BYTES = 266  # devstack.remote_topology.record(): key and value
 
 @pytest.fixture(scope="module")
 def topology(tmp_path_factory, jmx_exporter):
-    t0 = time.monotonic()
-    engine = prepare()
-    print(f"\nengine ready in {time.monotonic() - t0:.1f}s: {engine}")
+    service = podman_images.podman_service()  # the compose images, built in the background
     work = tmp_path_factory.mktemp("remote-topology")
     kafka, metrics, s3, broker_metrics = free_ports(4)
     override = _jmx_exporter_override(work, jmx_exporter, broker_metrics)
-    with PodmanService() as service:
-        topo = Topology(
-            service,
-            PROJECT,
-            ports={"kafka": kafka, "metrics": metrics, "s3": s3},
-            extra_files=[override],
-            image_tag=os.environ.get("RSM_IMAGE_TAG"),
-            # a /24 of its own, apart from the demo's (podman refuses two networks on one subnet)
-            subnet_prefix=f"10.213.{random.randrange(100, 250)}",
-        )
-        topo.broker_metrics_url = f"http://127.0.0.1:{broker_metrics}/metrics"
-        topo.down()  # leftovers of a killed run
-        try:
-            print(f"images built in {topo.build():.1f}s")
-            print(f"sidecar and broker healthy {topo.up():.1f}s after `up`")
-            yield topo
-        finally:
-            for name in ("rsm-sidecar", "kafka", "certs-init"):
-                (work / f"{name}.log").write_text(topo.logs(name))
-            topo.down()
-            left = subprocess.run(
-                ["podman", "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"],
-                env=topo.podman_env,
-                capture_output=True,
-                text=True,
-            ).stdout.split()
-            assert not left, f"down left containers {left}"
+    topo = Topology(
+        service,
+        PROJECT,
+        ports={"kafka": kafka, "metrics": metrics, "s3": s3},
+        extra_files=[override],
+        image_tag=os.environ.get("RSM_IMAGE_TAG"),
+        # a /24 of its own, apart from the demo's (podman refuses two networks on one subnet)
+        subnet_prefix=f"10.213.{random.randrange(100, 250)}",
+    )
+    topo.broker_metrics_url = f"http://127.0.0.1:{broker_metrics}/metrics"
+    topo.down()  # leftovers of a killed run
+    try:
+        print(f"images built in {topo.build():.1f}s")
+        print(f"sidecar and broker healthy {topo.up():.1f}s after `up`")
+        yield topo
+    finally:
+        for name in ("rsm-sidecar", "kafka", "certs-init"):
+            (work / f"{name}.log").write_text(topo.logs(name))
+        topo.down()
+        left = subprocess.run(
+            ["podman", "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"],
+            env=topo.podman_env,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert not left, f"down left containers {left}"
 
 
 def _jmx_exporter_override(work: Path, agent: Path, port: int) -> Path:

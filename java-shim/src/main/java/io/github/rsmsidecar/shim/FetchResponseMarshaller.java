@@ -16,7 +16,7 @@ import java.io.InputStream;
 /**
  * Parses {@code FetchSegmentResponse} (one {@code bytes data = 1} field of up to 1 MiB) with one
  * copy: the payload is read from gRPC's buffers straight into the arrays the {@link ByteString}
- * wraps. The generated parser copies it twice (into a message buffer, then into the field), which
+ * wraps (not through {@code InputStream.readNBytes}, which copies twice). The generated parser copies it twice (into a message buffer, then into the field), which
  * a JFR profile of the broker's remote reads showed as its largest allocation (0.8 GB for 382 MiB
  * read). The payload goes into arrays of at most {@link #PIECE_BYTES} (a rope of them): a 1 MiB
  * array is a humongous object for G1 with the 1-2 MiB regions of a broker's heap up to 8 GiB, and
@@ -63,10 +63,11 @@ final class FetchResponseMarshaller implements MethodDescriptor.Marshaller<Fetch
             int length = readVarint(in);
             ByteString data = ByteString.EMPTY;
             for (int read = 0; read < length; ) {
-                byte[] piece = in.readNBytes(Math.min(PIECE_BYTES, length - read));
-                if (piece.length == 0) {
+                byte[] piece = new byte[Math.min(PIECE_BYTES, length - read)];
+                int filled = readInto(in, piece);
+                if (filled < piece.length) {
                     throw Status.INTERNAL.withDescription("FetchSegmentResponse: truncated data field ("
-                            + read + " of " + length + " bytes)").asRuntimeException();
+                            + (read + filled) + " of " + length + " bytes)").asRuntimeException();
                 }
                 read += piece.length;
                 data = data.concat(UnsafeByteOperations.unsafeWrap(piece));
@@ -85,6 +86,23 @@ final class FetchResponseMarshaller implements MethodDescriptor.Marshaller<Fetch
             throw Status.INTERNAL.withDescription("FetchSegmentResponse: " + e.getMessage()).withCause(e)
                     .asRuntimeException();
         }
+    }
+
+    /**
+     * Fills {@code piece} from {@code in} with one copy; returns how many bytes it got (fewer only
+     * at the end of the stream). {@code InputStream.readNBytes(int)}, which grpc's stream does not
+     * override, reads through 8-16 KiB arrays and copies them again into the result.
+     */
+    private static int readInto(InputStream in, byte[] piece) throws IOException {
+        int filled = 0;
+        while (filled < piece.length) {
+            int n = in.read(piece, filled, piece.length - filled);
+            if (n < 0) {
+                break;
+            }
+            filled += n;
+        }
+        return filled;
     }
 
     private static FetchSegmentResponse fallback(byte[] head, InputStream rest) throws IOException {

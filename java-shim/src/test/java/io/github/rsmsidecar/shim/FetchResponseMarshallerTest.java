@@ -32,6 +32,21 @@ class FetchResponseMarshallerTest {
         }
     }
 
+    /** gRPC's stream hands out a message's bytes buffer by buffer: short reads, never a short payload. */
+    @Test
+    void aStreamOfShortReadsGivesTheWholePayload() throws Exception {
+        int size = 3 * FetchResponseMarshaller.PIECE_BYTES + 12_345;
+        byte[] wire = FetchSegmentResponse.newBuilder()
+                .setData(ByteString.copyFrom(Fixtures.content(size, 7))).build().toByteArray();
+        FetchSegmentResponse parsed = FetchResponseMarshaller.INSTANCE.parse(new ByteArrayInputStream(wire) {
+            @Override
+            public synchronized int read(byte[] b, int off, int len) {
+                return super.read(b, off, Math.min(len, 1000)); // at most 1000 bytes a call
+            }
+        });
+        assertArrayEquals(Fixtures.content(size, 7), parsed.getData().toByteArray());
+    }
+
     @Test
     void otherShapesFallBackToTheGeneratedParser() throws Exception {
         FetchSegmentResponse withUnknown = FetchSegmentResponse.newBuilder()
