@@ -21,13 +21,17 @@ SERVERS_STAMP := $(CACHE)/.storage-servers
 COMPOSE_TOOLS_STAMP := $(CACHE)/.compose-tools
 K8S_TOOLS_STAMP := $(CACHE)/.k8s-tools
 TOPOLOGY ?= local
+# `make test` builds `deps` several targets at a time; Maven 3.8's local repository is not safe
+# for two Maven processes at once, so each Maven run on ~/.m2 holds this lock (devstack.common's
+# user_maven_lock; devstack.kafka's own repository in $(CACHE)/m2 has its lock).
+ONE_MAVEN := mkdir -p $(abspath $(CACHE)) && flock $(abspath $(CACHE))/.maven.lock
 
 .PHONY: compose-demo compose-down lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools k8s-tools helm-schema deps demo-deps test test-fast test-unit demo up down clean bench docs
 
 setup: $(VENV)/.installed $(PROTO_OUT)
 
 # Everything the tests need, downloaded into $(CACHE) or built.
-deps: setup shim kafka-jars $(KAFKA39_STAMP) interop-jars iceberg-deps storage-servers compose-tools k8s-tools
+deps: setup k8s-tools compose-tools storage-servers shim kafka-jars $(KAFKA39_STAMP) interop-jars iceberg-deps
 
 # What `make demo` and `make up` use, and nothing more: the sidecar's runtime (no Spark, no dev
 # tools), the shim and Kafka's jars. STORAGE=s3|gcs|azure installs its server when first started.
@@ -51,7 +55,7 @@ $(PROTO_OUT): $(PROTO_SRC) $(RUNTIME_STAMP)
 shim: $(SHIM_JAR)
 # Builds, unit-tests (JUnit) and shades the Java shim; rebuilt only when its sources change.
 $(SHIM_JAR): $(SHIM_SRC)
-	cd java-shim && mvn -q -B package
+	cd java-shim && $(ONE_MAVEN) mvn -q -B package
 	touch $@
 
 kafka-jars: $(KAFKA_STAMP)
@@ -103,10 +107,13 @@ helm-schema: setup
 
 interop-jars: $(BCPROV)
 $(BCPROV):
-	mvn -q -B dependency:copy -Dartifact=org.bouncycastle:bcprov-jdk18on:1.83 -DoutputDirectory=$(CACHE)/interop
+	$(ONE_MAVEN) mvn -q -B dependency:copy -Dartifact=org.bouncycastle:bcprov-jdk18on:1.83 -DoutputDirectory=$(CACHE)/interop
 
-# The README's test command: everything from a fresh clone.
-test: lint deps
+# The README's test command: everything from a fresh clone. The downloads and builds of `deps`
+# run three at a time (the Go builds beside the Maven and npm downloads), each target's output
+# printed in one piece when it ends.
+test: lint
+	$(MAKE) --no-print-directory --output-sync=target -j3 deps
 	$(BIN)/pytest
 
 # Style and types: ruff (lint + format check) and mypy, configured in pyproject.toml.

@@ -32,6 +32,7 @@ __all__ = [
     "ServerProcess",
     "default_cache_dir",
     "file_lock",
+    "user_maven_lock",
     "free_port",
     "free_ports",
     "http_answers",
@@ -396,3 +397,10 @@ def serve_until_stopped(
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def user_maven_lock() -> Path:
+    """The lock every Maven run on the user's local repository (``~/.m2``) holds: Maven 3.8's
+    local repository is not safe for two Maven processes at once, and ``make test`` builds its
+    dependencies several at a time. The Makefile's ``ONE_MAVEN`` takes the same file."""
+    return default_cache_dir() / ".maven.lock"

@@ -433,6 +433,7 @@ class ComposeProject:
 
         cli = compose_command()
         flags = [arg for f in files for arg in ("-f", str(f))]
+        self.name = name
         self.argv = [*cli, *flags, "-p", name]
         self.env = {**service.environment(), **(env or {})}
         #: the same command for a person in the repository root
@@ -464,6 +465,18 @@ class ComposeProject:
 
     def logs(self, service: str) -> str:
         return self.run("logs", "--no-color", service, check=False).stdout
+
+    def leftovers(self) -> tuple[list[str], list[str]]:
+        """The project's containers and volumes that podman still has (after ``down -v``: none)."""
+        label = f"label=com.docker.compose.project={self.name}"
+        found = []
+        for what in (["ps", "-a"], ["volume", "ls"]):
+            found.append(
+                subprocess.run(
+                    ["podman", *what, "-q", "--filter", label], env=self.env, capture_output=True, text=True
+                ).stdout.split()
+            )
+        return found[0], found[1]
 
 
 def demo(cache: Path | None = None, topology: str = "local") -> int:

@@ -43,7 +43,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devstack.common import default_cache_dir, file_lock
+from devstack.common import default_cache_dir, file_lock, user_maven_lock
 from devstack.compose_tools import ToolUnavailable, _go_env
 
 HELM_VERSION = "v3.22.0"
@@ -171,7 +171,9 @@ def _debian_promtool() -> Path | None:
 def _maven_copy(artifact: str, target: Path) -> Path:
     group, name, version = artifact.split(":")
     jar = target / f"{name}-{version}.jar"
-    if not jar.exists():
+    if jar.exists():
+        return jar
+    with file_lock(user_maven_lock()):
         _run(
             [
                 "mvn",

@@ -247,8 +247,11 @@ class KafkaDistribution:
 
 
 def _run_maven(argv: list[str], version: str, timeout: float) -> None:
+    """Maven with ``<cache>/m2`` as its local repository, one process at a time (``make test``
+    gathers two Kafka versions at once; Maven 3.8's repository is not safe for that)."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        with file_lock(default_cache_dir() / "m2.lock"):
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise DevstackError(
             f"Maven did not finish within {timeout:.0f}s gathering Kafka {version}: {' '.join(argv)}"

@@ -110,18 +110,7 @@ def compose(tmp_path_factory):
         for name in (*SIDECARS, *BROKERS, "controller", "demo-producer", "iceberg-convert"):
             (tmp_path_factory.getbasetemp() / f"compose-{name}.log").write_text(c.logs(name))
         c.run("down", "-v", "--remove-orphans", timeout=600, check=False)
-        left = subprocess.run(
-            ["podman", "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}", "-q"],
-            env=c.env,
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        volumes = subprocess.run(
-            ["podman", "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"],
-            env=c.env,
-            capture_output=True,
-            text=True,
-        ).stdout.split()
+        left, volumes = c.leftovers()
         assert not left and not volumes, f"down -v left containers {left} and volumes {volumes}"
 
 

@@ -82,12 +82,7 @@ def topology(tmp_path_factory, jmx_exporter):
         for name in ("rsm-sidecar", "kafka", "certs-init"):
             (work / f"{name}.log").write_text(topo.logs(name))
         topo.down()
-        left = subprocess.run(
-            ["podman", "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"],
-            env=topo.podman_env,
-            capture_output=True,
-            text=True,
-        ).stdout.split()
+        left, _ = topo.compose.leftovers()
         assert not left, f"down left containers {left}"
 
 
