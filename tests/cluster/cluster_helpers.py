@@ -84,10 +84,23 @@ class PartitionState:
     isr: frozenset[int]
 
 
-def partition_state(cluster: ClusterStack, topic: str, partition: int = 0) -> PartitionState:
-    """Leader, replicas and ISR as the controller last told the brokers (a metadata request)."""
-    md = admin(cluster).list_topics(topic, timeout=10).topics[topic].partitions[partition]
-    return PartitionState(md.leader, tuple(md.replicas), frozenset(md.isrs))
+def partition_state(
+    cluster: ClusterStack, topic: str, partition: int = 0, appear_within: float = 30.0
+) -> PartitionState:
+    """Leader, replicas and ISR as the controller last told the brokers (a metadata request).
+    A new admin client may ask a broker that has not applied the topic's creation yet (seen in
+    CI right after ``create_topic`` had it ready on another broker): the partition gets
+    ``appear_within`` seconds to show up; a KeyError after that."""
+    client = admin(cluster)
+    deadline = time.monotonic() + appear_within
+    while True:
+        try:
+            md = client.list_topics(topic, timeout=10).topics[topic].partitions[partition]
+            return PartitionState(md.leader, tuple(md.replicas), frozenset(md.isrs))
+        except KeyError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def wait_state(cluster: ClusterStack, topic: str, what: str, predicate, partition: int = 0, timeout=90):
@@ -96,7 +109,7 @@ def wait_state(cluster: ClusterStack, topic: str, what: str, predicate, partitio
 
     def check():
         try:
-            st = partition_state(cluster, topic, partition)
+            st = partition_state(cluster, topic, partition, appear_within=0)
         except KeyError:  # the topic or partition not in this broker's metadata yet
             return False
         if predicate(st):
