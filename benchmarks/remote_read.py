@@ -402,6 +402,11 @@ def lts_properties(dist: KafkaDistribution, storage: Path) -> dict[str, object]:
     return props
 
 
+def file_name(case: str) -> str:
+    """``case`` as a file name: "rsm-sidecar zstd+AES TCP+mTLS" -> "rsm-sidecar-zstd+AES-TCP+mTLS"."""
+    return re.sub(r"[^A-Za-z0-9+.-]+", "-", case)
+
+
 def broker_jvm_options(args: argparse.Namespace, case: str) -> list[str]:
     """``--jvm-option``s, then JFR's profile settings with execution samples every millisecond
     (``method-profiling=max``; the default 10-20 ms gives too few samples in a few seconds' read
@@ -419,7 +424,7 @@ def sidecar_profiler(args: argparse.Namespace, pid: int | None, name: str) -> su
     if not args.profile_sidecar or pid is None:
         return None
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    out = Path(args.profile_sidecar).resolve() / (re.sub(r"[^A-Za-z0-9+.-]+", "-", name) + ".txt")
+    out = Path(args.profile_sidecar).resolve() / (file_name(name) + ".txt")
     out.parent.mkdir(parents=True, exist_ok=True)
     spy = subprocess.Popen(
         [
@@ -530,7 +535,7 @@ def run_ours(
         stack.start()
         broker = stack.broker
         assert broker is not None
-        extra = broker_jvm_options(args, re.sub(r"[^A-Za-z0-9+.-]+", "-", name))
+        extra = broker_jvm_options(args, file_name(name))
         if extra:  # restart the broker with them
             broker.stop()
             broker.jvm_options.extend(extra)

@@ -469,14 +469,12 @@ class ComposeProject:
     def leftovers(self) -> tuple[list[str], list[str]]:
         """The project's containers and volumes that podman still has (after ``down -v``: none)."""
         label = f"label=com.docker.compose.project={self.name}"
-        found = []
-        for what in (["ps", "-a"], ["volume", "ls"]):
-            found.append(
-                subprocess.run(
-                    ["podman", *what, "-q", "--filter", label], env=self.env, capture_output=True, text=True
-                ).stdout.split()
-            )
-        return found[0], found[1]
+
+        def ids(*what: str) -> list[str]:
+            argv = ["podman", *what, "-q", "--filter", label]
+            return subprocess.run(argv, env=self.env, capture_output=True, text=True).stdout.split()
+
+        return ids("ps", "-a"), ids("volume", "ls")
 
 
 def demo(cache: Path | None = None, topology: str = "local") -> int:

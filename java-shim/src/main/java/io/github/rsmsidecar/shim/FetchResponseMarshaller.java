@@ -16,14 +16,16 @@ import java.io.InputStream;
 /**
  * Parses {@code FetchSegmentResponse} (one {@code bytes data = 1} field of up to 1 MiB) with one
  * copy: the payload is read from gRPC's buffers straight into the arrays the {@link ByteString}
- * wraps (not through {@code InputStream.readNBytes}, which copies twice). The generated parser copies it twice (into a message buffer, then into the field), which
- * a JFR profile of the broker's remote reads showed as its largest allocation (0.8 GB for 382 MiB
- * read). The payload goes into arrays of at most {@link #PIECE_BYTES} (a rope of them): a 1 MiB
- * array is a humongous object for G1 with the 1-2 MiB regions of a broker's heap up to 8 GiB, and
- * over TCP (every fetched byte in messages) those allocations started a G1 collection every second
- * or two, "G1 Humongous Allocation", concurrent cycles included (JFR of benchmarks/remote_read.py
- * ours-tcp; design.md, "Remote reads over TCP + mTLS"). A message of any other shape (other fields, unknown fields, several {@code data}
- * fields) is parsed by the generated parser, so the contract stays the proto's.
+ * wraps (not through {@code InputStream.readNBytes}, which copies twice). The generated parser
+ * copies it twice (into a message buffer, then into the field), which a JFR profile of the
+ * broker's remote reads showed as its largest allocation (0.8 GB for 382 MiB read). The payload
+ * goes into arrays of at most {@link #PIECE_BYTES} (a rope of them): a 1 MiB array is a humongous
+ * object for G1 with the 1-2 MiB regions of a broker's heap up to 8 GiB, and over TCP (every
+ * fetched byte in messages) those allocations started a G1 collection every second or two, "G1
+ * Humongous Allocation", concurrent cycles included (JFR of benchmarks/remote_read.py ours-tcp;
+ * design.md, "Remote reads over TCP + mTLS"). A message of any other shape (other fields, unknown
+ * fields, several {@code data} fields) is parsed by the generated parser, so the contract stays
+ * the proto's.
  */
 final class FetchResponseMarshaller implements MethodDescriptor.Marshaller<FetchSegmentResponse> {
 
