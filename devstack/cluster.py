@@ -234,11 +234,12 @@ class ClusterStack:
         return self
 
     def add_broker(self) -> ClusterNode:
-        """One more broker with its own sidecar (node id: the highest so far + 1), started."""
-        node_id = max(self.nodes) + 1
-        node = ClusterNode(self, node_id)
-        self.nodes[node_id] = node
-        return node.start()
+        """One more broker with its own sidecar (node id: the highest so far + 1), started. It
+        joins ``nodes`` (and so ``bootstrap_servers``) once it has started: a test may call this
+        on another thread while it produces (a failed start stops what it had started)."""
+        node = ClusterNode(self, max(self.nodes) + 1).start()
+        self.nodes[node.node_id] = node
+        return node
 
     def remove_broker(self, node_id: int) -> None:
         """Stop broker ``node_id`` and its sidecar and forget them (the controller keeps the
