@@ -23,6 +23,7 @@ from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.format.manifest import SegmentManifest
 from tests.e2e.kafka_helpers import (
     KEY_PREFIX,
+    BackgroundProducer,
     Rec,
     consume,
     local_segment_offsets,
@@ -396,61 +397,16 @@ def check_read(
     assert_same_records(got, expected)
 
 
-class LoadProducer(threading.Thread):
-    """Produces known records (5 KB values) round-robin to the topic's partitions until
-    stopped, about ``rate`` bytes/s, with idempotence and acks=all; remembers the offset the
-    broker gave each one. Delivery errors are collected, not ignored."""
+class LoadProducer(BackgroundProducer):
+    """A :class:`BackgroundProducer` over the topic's partitions whose records come back as
+    :class:`Written` per partition."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, seed: int, rate: int = 1_000_000):
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.partitions, self.rate = bootstrap, topic, partitions, rate
-        self.rng = random.Random(seed)
-        self.stopping = threading.Event()
-        self.sent: list[tuple[int, Rec]] = []
-        self.offsets: dict[int, int] = {}
-        self.errors: list[str] = []
+        super().__init__(bootstrap, topic, seed, partitions=partitions, rate=rate, prefix="load")
 
-    def run(self) -> None:
-        p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True})
-        t0 = int(time.time() * 1000)
-        per_tick = max(1, self.rate // 10 // 5000)
-        while not self.stopping.is_set():
-            for _ in range(per_tick):
-                i = len(self.sent)
-                part = i % self.partitions
-                rec = Rec(b"load-%d" % i, b"load-%d-" % i + self.rng.randbytes(5000), (), t0 + i)
-                self.sent.append((part, rec))
-
-                def cb(err, msg, i=i):
-                    if err is not None:
-                        self.errors.append(str(err))
-                    else:
-                        self.offsets[i] = msg.offset()
-
-                p.produce(
-                    self.topic,
-                    key=rec.key,
-                    value=rec.value,
-                    timestamp=rec.timestamp,
-                    partition=part,
-                    on_delivery=cb,
-                )
-            p.poll(0)
-            time.sleep(0.1)
-        if p.flush(120) != 0:
-            self.errors.append("flush left messages undelivered")
-
-    def finish(self) -> dict[int, Written]:
+    def finish(self) -> dict[int, Written]:  # type: ignore[override]
         """Stop, wait for every delivery; the records of each partition."""
-        self.stopping.set()
-        self.join(150)
-        assert not self.is_alive(), "the load producer did not stop"
-        assert not self.errors, f"delivery errors: {self.errors[:5]}"
-        assert len(self.offsets) == len(self.sent)
-        out: dict[int, Written] = {p: Written() for p in range(self.partitions)}
-        for i, (part, rec) in enumerate(self.sent):
-            out[part].records.append(dataclasses.replace(rec, offset=self.offsets[i]))
-        return out
+        return {p: Written(records) for p, records in super().finish().items()}
 
 
 def produced_bytes(load: LoadProducer) -> int:

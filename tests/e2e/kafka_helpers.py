@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,76 @@ class Rec:
     headers: tuple[tuple[str, bytes | None], ...]
     timestamp: int
     offset: int = -1
+
+
+class BackgroundProducer(threading.Thread):
+    """Produces known records (5 KB values) round-robin to the topic's first ``partitions``
+    partitions until stopped, about ``rate`` bytes/s, idempotent (acks=all); remembers the
+    offset the broker gave each one. Delivery errors are collected, not ignored: :meth:`finish`
+    fails on any, and on a record without an offset."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        seed: int,
+        partitions: int = 1,
+        rate: int = 1_000_000,
+        prefix: str = "bg",
+    ):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.partitions, self.rate = bootstrap, topic, partitions, rate
+        self.prefix = prefix.encode()
+        self.rng = random.Random(seed)
+        self.stopping = threading.Event()
+        #: (partition, record) in the order produced
+        self.sent: list[tuple[int, Rec]] = []
+        #: index in ``sent`` -> the offset the broker gave the record
+        self.offsets: dict[int, int] = {}
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True})
+        t0 = int(time.time() * 1000)
+        per_tick = max(1, self.rate // 10 // 5000)
+        while not self.stopping.is_set():
+            for _ in range(per_tick):
+                i = len(self.sent)
+                part = i % self.partitions
+                name = b"%s-%d" % (self.prefix, i)
+                rec = Rec(name, name + b"-" + self.rng.randbytes(5000), (), t0 + i)
+                self.sent.append((part, rec))
+
+                def delivered(err, msg, i=i):
+                    if err is not None:
+                        self.errors.append(str(err))
+                    else:
+                        self.offsets[i] = msg.offset()
+
+                p.produce(
+                    self.topic,
+                    key=rec.key,
+                    value=rec.value,
+                    timestamp=rec.timestamp,
+                    partition=part,
+                    on_delivery=delivered,
+                )
+            p.poll(0)
+            time.sleep(0.1)
+        if p.flush(120) != 0:
+            self.errors.append("flush left messages undelivered")
+
+    def finish(self) -> dict[int, list[Rec]]:
+        """Stop, wait for every delivery; each partition's records with their offsets."""
+        self.stopping.set()
+        self.join(150)
+        assert not self.is_alive(), "the background producer did not stop"
+        assert not self.errors, f"delivery errors: {self.errors[:5]}"
+        assert len(self.offsets) == len(self.sent)
+        out: dict[int, list[Rec]] = {p: [] for p in range(self.partitions)}
+        for i, (part, rec) in enumerate(self.sent):
+            out[part].append(dataclasses.replace(rec, offset=self.offsets[i]))
+        return out
 
 
 def tiered_topic_config(**overrides) -> dict[str, str]:

@@ -5,14 +5,11 @@ record is still there, and remote storage holds no partial segment that could be
 from __future__ import annotations
 
 import os
-import random
 import re
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import NotFound
@@ -23,6 +20,7 @@ from rsm_sidecar.transform.keyring import Keyring
 from tests.e2e import scenarios
 from tests.e2e.kafka_helpers import (
     KEY_PREFIX,
+    BackgroundProducer,
     Rec,
     consume,
     create_topic,
@@ -40,57 +38,6 @@ COPY_FAILED = re.compile(r"Error occurred while copying log segments of partitio
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-class BackgroundProducer(threading.Thread):
-    """Produces known records (about ``rate`` bytes/s, 5 KB values) until stopped; remembers the
-    offset the broker gave each one. Delivery errors are collected, not ignored."""
-
-    def __init__(self, bootstrap: str, topic: str, seed: int, rate: int = 1_000_000):
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.rate = bootstrap, topic, rate
-        self.rng = random.Random(seed)
-        self.stopping = threading.Event()
-        self.sent: list[Rec] = []
-        self.offsets: dict[int, int] = {}
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True})
-        t0 = int(time.time() * 1000)
-        per_tick = max(1, self.rate // 10 // 5000)
-        while not self.stopping.is_set():
-            for _ in range(per_tick):
-                i = len(self.sent)
-                rec = Rec(b"bg-%d" % i, b"bg-%d-" % i + self.rng.randbytes(5000), (), t0 + i)
-                self.sent.append(rec)
-
-                def cb(err, msg, i=i):
-                    if err is not None:
-                        self.errors.append(str(err))
-                    else:
-                        self.offsets[i] = msg.offset()
-
-                p.produce(
-                    self.topic,
-                    key=rec.key,
-                    value=rec.value,
-                    timestamp=rec.timestamp,
-                    partition=0,
-                    on_delivery=cb,
-                )
-            p.poll(0)
-            time.sleep(0.1)
-        if p.flush(60) != 0:
-            self.errors.append("flush left messages undelivered")
-
-    def finish(self) -> list[Rec]:
-        self.stopping.set()
-        self.join(90)
-        assert not self.is_alive(), "the background producer did not stop"
-        assert not self.errors, f"delivery errors: {self.errors[:5]}"
-        assert len(self.offsets) == len(self.sent)
-        return [Rec(r.key, r.value, r.headers, r.timestamp, self.offsets[i]) for i, r in enumerate(self.sent)]
 
 
 def manifests(store, topic: str) -> set[str]:
@@ -265,7 +212,7 @@ def test_sidecar_killed_while_producing_loses_nothing(stack, store):
     finally:
         if not stack.sidecar.is_running():
             stack.restart_sidecar()
-    sent = bg.finish()
+    sent = bg.finish()[0]
     assert sent_while_dead > 500, f"only {sent_while_dead} records produced while the sidecar was dead"
     end = filler(stack.bootstrap_servers, topic)
     wait_tiered(stack, topic, sent[-1].offset + 1)  # copies resumed: everything produced is remote
@@ -348,7 +295,7 @@ def test_storage_unwritable_during_copies_loses_nothing(stack, store):
     finally:
         if moved:
             _unblock_prefix(stack.remote_root, moved)
-    sent = bg.finish()
+    sent = bg.finish()[0]
     assert sent_during_outage > 500, f"only {sent_during_outage} records produced during the outage"
     end = filler(stack.bootstrap_servers, topic)
     wait_tiered(stack, topic, sent[-1].offset + 1)  # copies resumed
