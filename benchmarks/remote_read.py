@@ -49,8 +49,9 @@ per byte consumed (``rsm_storage_bytes_read``).
         [--jfr DIR] [--profile-sidecar DIR] [--thread-cpu] [--jvm-option OPTION ...]
 
 ``--warm-up remote`` also has every broker read a tiered topic of a quarter of the records
-through its plugin before the measured reads (a broker that has served remote reads for a while
-has JIT-compiled that path; the default warm-up reads only a local topic).
+through its plugin before the measured reads, each read made cold as the measured cold read is
+(a broker that has served remote reads for a while has JIT-compiled that path, reconnections to a
+restarted sidecar included; the default warm-up reads only a local topic).
 
 ``--jfr DIR`` records a JFR profile of each broker (``-XX:StartFlightRecording``) into DIR,
 for ``jfr print --events jdk.ExecutionSample`` or JDK Mission Control, with a sample every
@@ -74,6 +75,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -285,7 +287,12 @@ def wait_tiered(broker: KafkaBroker, topic: str, timeout: float = 900) -> float:
 
 
 def remote_warm_up(
-    dist: KafkaDistribution, broker: KafkaBroker, args: argparse.Namespace, payload: Path, name: str
+    dist: KafkaDistribution,
+    broker: KafkaBroker,
+    args: argparse.Namespace,
+    payload: Path,
+    name: str,
+    make_cold: Callable[[], None],
 ) -> None:
     """``--warm-up remote``: a tiered topic of a quarter of the records (``--warm-up-records``),
     read ``--warm-up-reads`` times through the broker's RemoteStorageManager and not reported,
@@ -293,7 +300,15 @@ def remote_warm_up(
     (netty's TLS and gRPC's framing, for the shim over TCP) and LocalTieredStorage's equally.
     On 2 cores the JVM has one C2 compiler thread, and the per-frame methods of netty's TLS and
     HTTP/2 path stayed at C1's profiling tier through a whole first read of 381 MiB (their C2
-    compilations came during the next read: ``--jvm-option=-XX:+PrintCompilation``)."""
+    compilations came during the next read: ``--jvm-option=-XX:+PrintCompilation``).
+
+    Each warm-up read is made cold as the measured one is (``make_cold``: for ours the sidecar
+    restarted, so the shim connects again). Without that the measured cold read was the first
+    to reconnect after C2 had compiled netty's TLS path, whose handshake branches C2 had never
+    seen taken: the new connection's handshake deoptimized ``SslHandler.wrap``/``unwrap`` and
+    ``ReferenceCountedOpenSslEngine.wrap``/``unwrap`` (JFR ``jdk.Deoptimization``:
+    ``unstable_if`` in ``mayFinishHandshake``, ``setHandshakeSuccess``) and C2 compiled them
+    again during the read, a cost a broker pays at its first reconnect to a sidecar only."""
     n = args.warm_up_records or max(1, args.records // 4)
     small = argparse.Namespace(**{**vars(args), "records": n})
     bs = broker.bootstrap_servers
@@ -301,6 +316,7 @@ def remote_warm_up(
     produce(dist, bs, "warm-up-remote", small, payload)
     wait_tiered(broker, "warm-up-remote")
     for i in range(args.warm_up_reads):
+        make_cold()
         t0 = thread_cpu(broker.pid)
         mb_s = consume(dist, bs, "warm-up-remote", small)[0]
         compiled = sum(v - t0.get(k, 0.0) for k, v in thread_cpu(broker.pid).items() if "Compiler" in k)
@@ -474,7 +490,9 @@ def run_lts(
             say(out[-1])
         if "lts" in cases:
             if args.warm_up == "remote":
-                remote_warm_up(dist, broker, args, payload, "LocalTieredStorage")
+                remote_warm_up(
+                    dist, broker, args, payload, "LocalTieredStorage", lambda: drop_page_cache(storage)
+                )
             create_topic(dist, bs, "bench-lts", args.segment_mib * MiB, tiered=True)
             produce(dist, bs, "bench-lts", args, payload)
             print(f"  LocalTieredStorage: tiered in {wait_tiered(broker, 'bench-lts'):.1f} s", flush=True)
@@ -484,6 +502,13 @@ def run_lts(
             out.append(measured_read("LocalTieredStorage", "warm", dist, broker, "bench-lts", args))
             say(out[-1])
     return out
+
+
+def cold_sidecar(stack: LocalStack) -> None:
+    """What makes a read of ours cold: the sidecar restarted (its caches empty) and the stored
+    objects dropped from the page cache."""
+    stack.restart_sidecar()
+    drop_page_cache(stack.remote_root)
 
 
 def run_ours(
@@ -549,12 +574,11 @@ def run_ours(
         warmup = measured_read(f"{name} broker warm-up", "local log", dist, broker, "bench-local", args)
         print(f"  {name}: broker warm-up, local read {warmup.mb_s:.1f} MB/s (not reported)", flush=True)
         if args.warm_up == "remote":
-            remote_warm_up(dist, broker, args, payload, name)
+            remote_warm_up(dist, broker, args, payload, name, lambda: cold_sidecar(stack))
         create_topic(dist, bs, "bench", args.segment_mib * MiB, tiered=True)
         produce(dist, bs, "bench", args, payload)
         print(f"  {name}: tiered in {wait_tiered(broker, 'bench'):.1f} s", flush=True)
-        stack.restart_sidecar()
-        drop_page_cache(stack.remote_root)
+        cold_sidecar(stack)
         for temperature in ("cold", "warm"):
             assert stack.sidecar is not None
             out.append(measured_read(name, temperature, dist, broker, "bench", args, stack.sidecar.pid, url))

@@ -5,6 +5,7 @@ Kafka's own ``LocalTieredStorage`` and with rsm-sidecar (issue 31 §2). A siblin
     .venv/bin/python benchmarks/remote_read_partitions.py [--partitions 12,48] [--cases lts,ours]
         [--records 3000000] [--record-size 200] [--segment-mib 4] [--brokers 1] [--transport unix]
         [--kafka-version 4.3.1] [--sidecar-env RSM__KEY=VALUE ...] [--broker-property KEY=VALUE ...]
+        [--warm-up-reads N]
 
 Since Kafka 4.2 (KAFKA-14915) one FetchRequest starts remote reads for every partition it covers,
 on the broker's ``remote.log.reader.threads`` pool (10 threads by default, left at its default
@@ -13,7 +14,8 @@ up to ``max.partition.fetch.bytes`` (1 MiB) of every partition. Each case gets a
 4.3.1 by default: ``LocalTieredStorage``'s test jar must match the broker and 4.4.0's is not on
 Maven Central; ``--kafka-version 4.4.0 --cases ours`` runs ours alone on 4.4), produces
 ``--records`` records over the partitions, waits until every closed segment of every partition is
-tiered and deleted locally, reads a local topic of the same size once (JIT warm-up, not reported),
+tiered and deleted locally, reads a local topic of the same size once (JIT warm-up, not reported;
+``--warm-up-reads N`` also reads a tiered topic of a quarter of the records N times, each cold),
 then reads the tiered topic cold (sidecar restarted, stored objects dropped from the page cache)
 and warm. Reported per read:
 
@@ -275,6 +277,8 @@ def read_tiered(case, dist, brokers, args, payload, partitions, jmx=None, sideca
     ``sidecars()`` gives the (pid, metrics URL) of each sidecar as it runs at that moment."""
     bootstrap = ",".join(b.bootstrap_servers for b in brokers)
     warm_up(dist, bootstrap, args, payload, partitions)
+    if args.warm_up_reads:
+        remote_warm_up(case, dist, brokers, args, payload, partitions, before_cold)
     create_topic(dist, bootstrap, "bench", args, partitions, tiered=True)
     produce(dist, bootstrap, "bench", args, payload)
     took = wait_all_tiered(brokers, "bench", partitions)
@@ -285,6 +289,24 @@ def read_tiered(case, dist, brokers, args, payload, partitions, jmx=None, sideca
         measured(case, partitions, t, dist, brokers, "bench", args, jmx, sidecars() if sidecars else ())
         for t in ("cold", "warm")
     ]
+
+
+def remote_warm_up(case, dist, brokers, args, payload: Path, partitions: int, before_cold) -> None:
+    """``--warm-up-reads N``: a tiered topic of a quarter of the records over as many partitions,
+    read N times, each time cold (``before_cold``), not reported: the plugin's read path is
+    JIT-compiled before the reads that count, reconnection to a restarted sidecar included (see
+    ``remote_warm_up`` in remote_read.py)."""
+    small = argparse.Namespace(**{**vars(args), "records": max(1, args.records // 4)})
+    bootstrap = ",".join(b.bootstrap_servers for b in brokers)
+    create_topic(dist, bootstrap, "warm-up-remote", small, partitions, tiered=True)
+    produce(dist, bootstrap, "warm-up-remote", small, payload)
+    wait_all_tiered(brokers, "warm-up-remote", partitions)
+    for i in range(args.warm_up_reads):
+        if before_cold is not None:
+            before_cold()
+        mb_s = consume(dist, bootstrap, "warm-up-remote", small)[0]
+        what = f"remote warm-up read {i + 1} {mb_s:.1f} MB/s (not reported)"
+        print(f"  {case}, {partitions} partitions: {what}", flush=True)
 
 
 def run_lts(dist, work: Path, args, payload: Path, partitions: int) -> list[PartRead]:
@@ -441,6 +463,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment-mib", type=int, default=4)
     ap.add_argument("--fetch-size", type=int, default=MiB, help="max.partition.fetch.bytes")
     ap.add_argument("--compression", default="none", help="the producer's compression.type")
+    ap.add_argument(
+        "--warm-up-reads",
+        type=int,
+        default=0,
+        help="cold reads of a tiered warm-up topic (a quarter of --records) before the measured ones",
+    )
     ap.add_argument("--kafka-version", default=DEFAULT_VERSION)
     ap.add_argument(
         "--brokers", type=int, default=1, help="1, or a cluster of 3 or more (devstack/cluster.py)"
