@@ -5,7 +5,7 @@ Kafka's own ``LocalTieredStorage`` and with rsm-sidecar (issue 31 §2). A siblin
     .venv/bin/python benchmarks/remote_read_partitions.py [--partitions 12,48] [--cases lts,ours]
         [--records 3000000] [--record-size 200] [--segment-mib 4] [--brokers 1] [--transport unix]
         [--kafka-version 4.3.1] [--sidecar-env RSM__KEY=VALUE ...] [--broker-property KEY=VALUE ...]
-        [--warm-up-reads N]
+        [--warm-up-reads N] [--thread-cpu] [--jfr DIR] [--jvm-option OPTION ...]
 
 Since Kafka 4.2 (KAFKA-14915) one FetchRequest starts remote reads for every partition it covers,
 on the broker's ``remote.log.reader.threads`` pool (10 threads by default, left at its default
@@ -69,12 +69,15 @@ from benchmarks.netns import NetNs
 from benchmarks.netns import available as netns_available
 from benchmarks.remote_read import (
     MiB,
+    broker_jvm_options,
     consume,
     cpu_seconds,
     drop_page_cache,
     lts_properties,
     produce,
     run_tool,
+    thread_cpu,
+    thread_cpu_line,
 )
 from benchmarks.synthetic import value
 from devstack.cluster import ClusterStack
@@ -243,11 +246,17 @@ def measured(case, partitions, temperature, dist, brokers, topic, args, jmx_port
     before = [w.metrics() for w in watches]
     for w in watches:
         w.__enter__()
+    threads0 = [thread_cpu(b.pid) for b in brokers[:1]] if args.thread_cpu else []
+    started = time.time()
     try:
         mb_s, _, mb, fetch = consume(dist, ",".join(b.bootstrap_servers for b in brokers), topic, args)
     finally:
         for w in watches:
             w.__exit__()
+    for b, t0 in zip(brokers, threads0):
+        print(f"  {case} ({temperature}): broker threads CPU-s: {thread_cpu_line(t0, thread_cpu(b.pid))}")
+    if args.jfr:  # to select the read's samples
+        print(f"  {case} ({temperature}): read from {started:.3f} to {time.time():.3f} (epoch s)", flush=True)
     r = PartRead(case, partitions, temperature, mb_s, sum(cpu_seconds(b.pid) for b in brokers) - b0)
     if jmx_port is not None:
         r.fetch_p50_ms, r.fetch_p99_ms = fetch_request_percentiles(dist, jmx_port)
@@ -329,7 +338,7 @@ def run_lts(dist, work: Path, args, payload: Path, partitions: int) -> list[Part
         dist,
         work / f"lts-broker-{partitions}",
         extra_properties=lts_properties(dist, storage),
-        jvm_options=jmx_options(jmx),
+        jvm_options=jmx_options(jmx) + broker_jvm_options(args, f"lts-{partitions}"),
     ) as b:
         return read_tiered(
             "LocalTieredStorage", dist, [b], args, payload, partitions, jmx,
@@ -373,7 +382,7 @@ def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[Par
             dist,
             stack.workdir / "kafka",
             extra_properties=stack.broker_properties(),
-            jvm_options=jmx_options(jmx),
+            jvm_options=jmx_options(jmx) + broker_jvm_options(args, f"ours-{partitions}"),
         )
         stack.broker.start()
 
@@ -463,6 +472,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment-mib", type=int, default=4)
     ap.add_argument("--fetch-size", type=int, default=MiB, help="max.partition.fetch.bytes")
     ap.add_argument("--compression", default="none", help="the producer's compression.type")
+    ap.add_argument(
+        "--thread-cpu", action="store_true", help="each read's CPU-s of the (first) broker's threads, by name"
+    )
+    ap.add_argument("--jfr", metavar="DIR", help="a JFR recording of each one-broker case's broker into DIR")
+    ap.add_argument(
+        "--jvm-option", action="append", default=[], metavar="OPTION", help="a one-broker case's JVM option"
+    )
     ap.add_argument(
         "--warm-up-reads",
         type=int,
