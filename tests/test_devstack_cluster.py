@@ -3,6 +3,9 @@ the real cluster): what a cluster is given, and what is refused."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from devstack import cli
@@ -57,3 +60,40 @@ def test_the_cluster_keeps_the_id_its_data_was_formatted_with(tmp_path):
 def test_make_up_refuses_two_brokers(brokers, capsys):
     assert cli.main(["up", "--brokers", brokers]) == 1
     assert f"BROKERS={brokers}: use 1 (one broker) or 3 and more (a cluster)" in capsys.readouterr().out
+
+
+def test_a_broker_being_added_is_not_in_bootstrap_servers_until_it_has_started(tmp_path, monkeypatch):
+    """`add_broker` on another thread while a test produces (tests/cluster/test_reassign.py):
+    `bootstrap_servers` must not reach the new node before its broker exists (CI once read it in
+    that window and failed on the node's missing broker). Node starts are replaced by a start
+    that waits for the test: the window is a race a real start leaves to chance."""
+    from types import SimpleNamespace
+
+    from devstack.cluster import ClusterNode
+
+    release = threading.Event()
+
+    def start(node):
+        if node.node_id == 4:
+            assert release.wait(30)
+        node.broker = SimpleNamespace(bootstrap_servers=f"127.0.0.1:{9090 + node.node_id}")
+        return node
+
+    monkeypatch.setattr(ClusterNode, "start", start)
+    cluster = ClusterStack(tmp_path)
+    cluster.controller = SimpleNamespace(controller_voter="0@127.0.0.1:9999")
+    for i in (1, 2, 3):
+        cluster.nodes[i] = ClusterNode(cluster, i).start()
+    added: list = []
+    adding = threading.Thread(target=lambda: added.append(cluster.add_broker()))
+    adding.start()
+    try:
+        time.sleep(0.2)  # add_broker is now inside the new node's start
+        assert adding.is_alive()
+        assert cluster.bootstrap_servers == "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
+        assert 4 not in cluster.nodes
+    finally:
+        release.set()
+        adding.join(30)
+    assert added and added[0].node_id == 4
+    assert cluster.bootstrap_servers.endswith(",127.0.0.1:9094")
