@@ -70,6 +70,7 @@ from benchmarks.netns import available as netns_available
 from benchmarks.remote_read import (
     MiB,
     broker_jvm_options,
+    cold_sidecar,
     consume,
     cpu_seconds,
     drop_page_cache,
@@ -387,8 +388,7 @@ def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[Par
         stack.broker.start()
 
         def before_cold() -> None:
-            stack.restart_sidecar()
-            drop_page_cache(stack.remote_root)
+            cold_sidecar(stack)
 
         def sidecars() -> list[tuple[int, str]]:
             assert stack.sidecar is not None and stack.sidecar.pid is not None
