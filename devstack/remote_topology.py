@@ -39,6 +39,29 @@ PORT_VARIABLES = {
 }
 
 
+#: what Kafka 4.4 logs when its topic-based remote log metadata manager gave up creating or
+#: reaching its topic (``remote.log.metadata.initialization.retry.max.timeout.ms``); the broker
+#: then hangs in its own shutdown (docs/operations.md, "A broker stuck after ...")
+BROKER_STUCK = "Stopping the server as it failed to initialize topic-based RLMM resources"
+
+
+def log_problems(log: str, limit: int) -> list[str]:
+    """A Kafka log's WARN, ERROR and FATAL lines, each message once (timestamps aside)."""
+    seen: set[str] = set()
+    problems = []
+    for line in log.splitlines():
+        level = next((lv for lv in (" WARN ", " ERROR ", " FATAL ") if lv in line), None)
+        if level is None:
+            continue
+        message = line.split(level, 1)[1]
+        if message not in seen:
+            seen.add(message)
+            problems.append(line[:400])
+            if len(problems) == limit:
+                break
+    return problems
+
+
 def wait_for(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 1.0, diagnose=None):
     """``predicate()``'s first true value; AssertionError naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -100,16 +123,36 @@ class Topology:
         return time.monotonic() - t0
 
     def up(self, timeout: float = 300) -> float:
-        """Start everything; wait until the sidecar and the broker are healthy."""
+        """Start everything; wait until the sidecar and the broker are healthy. A broker that
+        gave up on its remote log metadata topic never becomes healthy (Kafka's hang,
+        :data:`BROKER_STUCK`): that ends the wait at once, naming it."""
         t0 = time.monotonic()
         self.compose.run("up", "-d", "kafka", "rsm-sidecar", timeout=600)
-        wait_for(
-            "the sidecar and the broker to be healthy",
-            lambda: all(self.health(s) == "healthy" for s in ("rsm-sidecar", "kafka")),
-            timeout,
-            diagnose=lambda: self.logs("rsm-sidecar")[-3000:] + self.logs("kafka")[-3000:],
-        )
+        polls = 0
+
+        def healthy() -> bool:
+            nonlocal polls
+            polls += 1
+            if all(self.health(s) == "healthy" for s in ("rsm-sidecar", "kafka")):
+                return True
+            if polls % 10 == 0 and BROKER_STUCK in self.logs("kafka"):
+                raise AssertionError(f"the broker is stuck: it logged {BROKER_STUCK!r}\n{self.diagnose()}")
+            return False
+
+        wait_for("the sidecar and the broker to be healthy", healthy, timeout, diagnose=self.diagnose)
         return time.monotonic() - t0
+
+    def diagnose(self) -> str:
+        """The broker's warnings and errors (each once, the first 30) and both logs' ends."""
+        kafka = self.logs("kafka")
+        return (
+            "the broker's warnings and errors:\n"
+            + "\n".join(log_problems(kafka, 30))
+            + "\n-- the sidecar's log, its end:\n"
+            + self.logs("rsm-sidecar")[-3000:]
+            + "\n-- the broker's log, its end:\n"
+            + kafka[-3000:]
+        )
 
     def down(self) -> None:
         self.compose.run("down", "-v", "--remove-orphans", timeout=600, check=False)
