@@ -5,7 +5,7 @@ Kafka's own ``LocalTieredStorage`` and with rsm-sidecar (issue 31 §2). A siblin
     .venv/bin/python benchmarks/remote_read_partitions.py [--partitions 12,48] [--cases lts,ours]
         [--records 3000000] [--record-size 200] [--segment-mib 4] [--brokers 1] [--transport unix]
         [--kafka-version 4.3.1] [--sidecar-env RSM__KEY=VALUE ...] [--broker-property KEY=VALUE ...]
-        [--warm-up-reads N] [--thread-cpu] [--jfr DIR] [--jvm-option OPTION ...]
+        [--warm-up-reads N] [--thread-cpu] [--jfr DIR] [--jvm-option OPTION ...] [--shim-jar JAR]
 
 Since Kafka 4.2 (KAFKA-14915) one FetchRequest starts remote reads for every partition it covers,
 on the broker's ``remote.log.reader.threads`` pool (10 threads by default, left at its default
@@ -372,6 +372,7 @@ def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[Par
         sidecar_tls=ns is not None,
         sidecar_host=host,
         sidecar_prefix=ns.exec_prefix if ns else (),
+        shim_jar=args.shim_jar,
     )
     jmx = free_port()
     if ns:
@@ -499,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--broker-property", action="append", default=[], metavar="KEY=VALUE", help="a broker setting (ours)"
+    )
+    ap.add_argument(
+        "--shim-jar",
+        type=Path,
+        default=None,
+        help="the shim jar of the one-broker ours case (default: java-shim/target/rsm-sidecar-shim.jar)",
     )
     args = ap.parse_args(argv)
     if args.brokers < 1 or args.brokers == 2:
