@@ -179,13 +179,18 @@ def test_broker_resolves_its_advertised_name_without_dns(topology):
     listener; its /etc/hosts names it (as Kubernetes writes a pod's), so a slow or failed DNS
     cannot leave those clients unable to reach their broker, which in Kafka 4.4 ends in a
     stuck broker (docs/operations.md)."""
-    proc = topology.exec("kafka", "sh", "-c", "cat /opt/kafka/config/server.properties; echo ---; cat /etc/hosts")
+    proc = topology.exec(
+        "kafka", "sh", "-c", "cat /opt/kafka/config/server.properties; echo ---; cat /etc/hosts"
+    )
     config, hosts = proc.stdout.split("---\n")
     props = dict(line.split("=", 1) for line in config.splitlines() if "=" in line)
     listeners = dict(entry.split("://") for entry in props["advertised.listeners"].split(","))
     advertised = listeners["PLAINTEXT"].rsplit(":", 1)[0]
-    (address,) = {n["IPAddress"] for n in _inspect(topology, "kafka")["NetworkSettings"]["Networks"].values()}
-    names = {name for line in hosts.splitlines() if line.split()[:1] == [address] for name in line.split()[1:]}
+    networks = _inspect(topology, "kafka")["NetworkSettings"]["Networks"]
+    (address,) = {n["IPAddress"] for n in networks.values()}
+    names = {
+        name for line in hosts.splitlines() if line.split()[:1] == [address] for name in line.split()[1:]
+    }
     assert advertised in names, (advertised, address, hosts)
 
 
