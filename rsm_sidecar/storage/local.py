@@ -8,18 +8,23 @@ a directory prunes the empty directories up to the root.
 
 Objects are created with ``file_mode`` (0600 by default, whatever the umask) and
 directories with the matching execute bits, so unencrypted segments are not readable by
-other users. A writer holds an exclusive ``flock`` on its temp file; a temp file nobody
-holds belongs to a writer that died (kill -9), and ``remove_leftovers`` (at start-up and
-with every journal sweep) deletes it.
+other users. A writer creates its temp file as ``<id>.new``, takes an exclusive ``flock`` on
+it and renames it ``<id>.part``, so a ``.part`` file is locked from its first moment while its
+writer lives: one nobody holds belongs to a writer that died (kill -9), and
+``remove_leftovers`` (at start-up and with every journal sweep, of every sidecar sharing the
+directory) deletes it. Other files there (a ``.new`` not yet locked, a start-up probe of another
+sidecar) are deleted only when unlocked and older than ``UNLOCKED_GRACE_SECONDS``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fcntl
 import logging
 import os
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -35,6 +40,13 @@ from rsm_sidecar.storage.base import (
 )
 
 TMP_DIR = ".tmp"
+#: a writer's temp file once it holds the lock on it (see the module's docstring)
+PART_SUFFIX = ".part"
+#: a writer's temp file before it holds the lock
+NEW_SUFFIX = ".new"
+#: how old an unlocked file under ``TMP_DIR`` other than a ``.part`` must be to be deleted: far
+#: more than the moment between a writer's create and its lock, or a probe's create and unlink
+UNLOCKED_GRACE_SECONDS = 60.0
 log = logging.getLogger(__name__)
 
 
@@ -101,8 +113,15 @@ class LocalObjectStore(ObjectStore):
             names = os.listdir(tmp)
         except FileNotFoundError:
             return 0
+        now = time.time()
         for name in names:
             path = os.path.join(tmp, name)
+            if not name.endswith(PART_SUFFIX):
+                try:
+                    if now - os.stat(path).st_mtime < UNLOCKED_GRACE_SECONDS:
+                        continue  # being created, or another sidecar's probe
+                except OSError:
+                    continue
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError:
@@ -237,18 +256,23 @@ class _LocalWriter(ObjectWriter):
         self.key = key
         self.path = path
         tmp_dir = os.path.join(store.root, TMP_DIR)
-        self.tmp_path = os.path.join(tmp_dir, f"{uuid.uuid4().hex}.part")
+        base = os.path.join(tmp_dir, uuid.uuid4().hex)
+        self.tmp_path = base + PART_SUFFIX
         try:
             store._makedirs(tmp_dir)
-            fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, store.file_mode)
+            fd = os.open(
+                base + NEW_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, store.file_mode
+            )
         except OSError as e:
             raise _translate(e, key) from e
         try:
             os.fchmod(fd, store.file_mode)  # the umask may have removed bits the configuration asks for
             fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is renamed or removed: see remove_leftovers
+            os.rename(base + NEW_SUFFIX, self.tmp_path)  # a .part is locked from its first moment
         except OSError as e:
             os.close(fd)
-            os.unlink(self.tmp_path)
+            with contextlib.suppress(OSError):
+                os.unlink(base + NEW_SUFFIX)
             raise _translate(e, key) from e
         self._file = os.fdopen(fd, "wb")
         self._size = 0

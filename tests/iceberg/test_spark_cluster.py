@@ -9,6 +9,7 @@ a conversion: Spark runs its task again elsewhere, and every offset is committed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -182,8 +183,10 @@ def test_an_executor_killed_during_a_conversion_commits_every_offset_once(
         executors = {pid: w for w, pids in spark_cluster.executors().items() for pid in pids}
         (victim,) = [p for p in ancestors(worker_pid) if p in executors]
         doomed = descendants(victim)  # the executor JVM, its Python daemon and workers
+        os.kill(victim, signal.SIGKILL)
         for pid in doomed:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # a Python worker that ended meanwhile
+                os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while any(alive(p) for p in doomed):
             assert time.monotonic() < deadline, "the killed executor's processes are still there"
