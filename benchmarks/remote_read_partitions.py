@@ -6,6 +6,7 @@ Kafka's own ``LocalTieredStorage`` and with rsm-sidecar (issue 31 §2). A siblin
         [--records 3000000] [--record-size 200] [--segment-mib 4] [--brokers 1] [--transport unix]
         [--kafka-version 4.3.1] [--sidecar-env RSM__KEY=VALUE ...] [--broker-property KEY=VALUE ...]
         [--warm-up-reads N] [--thread-cpu] [--jfr DIR] [--jvm-option OPTION ...] [--shim-jar JAR]
+        [--profile-sidecar DIR]
 
 Since Kafka 4.2 (KAFKA-14915) one FetchRequest starts remote reads for every partition it covers,
 on the broker's ``remote.log.reader.threads`` pool (10 threads by default, left at its default
@@ -20,6 +21,8 @@ then reads the tiered topic cold (sidecar restarted, stored objects dropped from
 and warm. Reported per read:
 
 * MB/s as ConsumerPerformance measures it;
+* how busy the machine's cores were during the read (``/proc/stat``: 100 % means the consumer,
+  broker and sidecar shared out all of it, and the read was bound by CPU, not by waiting);
 * broker and sidecar CPU-seconds (``/proc``);
 * the sidecar's peak RSS (``VmHWM``, since its restart before the cold read), the most fetch
   streams it served at once (``rsm_in_flight{op="fetch"}``, sampled every 0.2 s) and the bound
@@ -29,8 +32,19 @@ and warm. Reported per read:
   ``kafka.network:type=RequestMetrics,name=TotalTimeMs,request=FetchConsumer``, read with Kafka's
   ``JmxTool`` right after the read: an exponentially decaying sample, so it reflects that read
   far more than the warm-up minutes before) and the consumer's own ``fetch-latency-avg``;
+* Kafka's remote read time, mean and p99 (JMX
+  ``kafka.log.remote:type=RemoteLogManager,name=RemoteLogReaderFetchRateAndTimeMs``: one sample
+  per partition read from remote storage, the plugin's ``fetchLogSegment`` and the batches read
+  from it; the mean is this read's, from the timer's count and mean before and after). A fetch
+  request waits for the slowest of its partitions' remote reads, so this is where a plugin's
+  latency shows;
 * bytes the sidecar received from storage per byte consumed and its chunk cache's hit ratio (a
   cache too small for that many sequential readers downloads and decodes chunks again).
+
+``--thread-cpu`` prints each read's CPU-seconds by thread name of the (first) broker and sidecar
+(Python threads are all ``python``; gRPC's C core runs ``event_engine``), and
+``--profile-sidecar DIR`` samples the (first) sidecar with py-spy during each read
+(``remote_read.py``'s profiler; raw folded stacks, one file per read).
 
 ``--sidecar-env`` and ``--broker-property`` change one setting of ours (e.g.
 ``RSM__CACHE__CHUNK_BYTES=512MiB``, ``rsm.config.fetch.readahead.max.bytes=201326592``), to size
@@ -75,8 +89,11 @@ from benchmarks.remote_read import (
     cpu_seconds,
     drop_page_cache,
     lts_properties,
+    machine_ticks,
     produce,
     run_tool,
+    sidecar_profiler,
+    stop_profiler,
     thread_cpu,
     thread_cpu_line,
 )
@@ -88,6 +105,7 @@ from devstack.stack import LocalStack
 
 DEFAULT_VERSION = "4.3.1"
 FETCH_REQUEST_TIME = "kafka.network:type=RequestMetrics,name=TotalTimeMs,request=FetchConsumer"
+REMOTE_READ_TIME = "kafka.log.remote:type=RemoteLogManager,name=RemoteLogReaderFetchRateAndTimeMs"
 
 
 @dataclass
@@ -105,6 +123,9 @@ class PartRead:
     fetch_p50_ms: float | None = None
     fetch_p99_ms: float | None = None
     fetch_latency_avg_ms: float | None = None
+    machine_busy: float | None = None
+    remote_read_mean_ms: float | None = None
+    remote_read_p99_ms: float | None = None
     downloaded_per_byte: float | None = None
     chunk_hit_ratio: float | None = None
 
@@ -120,21 +141,33 @@ def jmx_options(port: int) -> list[str]:
     ]
 
 
-def fetch_request_percentiles(dist: KafkaDistribution, jmx_port: int) -> tuple[float | None, float | None]:
-    """The broker's FetchConsumer total request time, p50 and p99 (ms), through Kafka's JmxTool."""
+def jmx_attributes(
+    dist: KafkaDistribution, jmx_port: int, object_name: str, attributes: str
+) -> dict[str, float]:
+    """Numeric attributes of one broker MBean, through Kafka's JmxTool (empty when it is not there)."""
     argv = dist.java_command(
         "org.apache.kafka.tools.JmxTool",
         [
             "--jmx-url", f"service:jmx:rmi:///jndi/rmi://127.0.0.1:{jmx_port}/jmxrmi",
-            "--object-name", FETCH_REQUEST_TIME, "--attributes", "50thPercentile,99thPercentile",
+            "--object-name", object_name, "--attributes", attributes,
             "--one-time", "true", "--report-format", "properties",
         ],
         jvm_options=["-Xmx256m"],
     )  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120).stdout
-    found = dict(re.findall(r"(50thPercentile|99thPercentile)=([0-9.]+)", out))
-    p50, p99 = found.get("50thPercentile"), found.get("99thPercentile")
-    return (float(p50) if p50 else None, float(p99) if p99 else None)
+    return {k: float(v) for k, v in re.findall(r"([A-Za-z0-9]+)=([0-9.]+)\s*$", out, re.M) if k in attributes}
+
+
+def fetch_request_percentiles(dist: KafkaDistribution, jmx_port: int) -> tuple[float | None, float | None]:
+    """The broker's FetchConsumer total request time, p50 and p99 (ms)."""
+    found = jmx_attributes(dist, jmx_port, FETCH_REQUEST_TIME, "50thPercentile,99thPercentile")
+    return found.get("50thPercentile"), found.get("99thPercentile")
+
+
+def remote_read_timer(dist: KafkaDistribution, jmx_port: int) -> dict[str, float]:
+    """Kafka's timer of its remote reads (one per partition read from remote storage: the
+    plugin's ``fetchLogSegment`` and reading the batches from it): Count, Mean, 99thPercentile."""
+    return jmx_attributes(dist, jmx_port, REMOTE_READ_TIME, "Count,Mean,99thPercentile")
 
 
 def create_topic(
@@ -247,20 +280,35 @@ def measured(case, partitions, temperature, dist, brokers, topic, args, jmx_port
     before = [w.metrics() for w in watches]
     for w in watches:
         w.__enter__()
+    timer0 = remote_read_timer(dist, jmx_port) if jmx_port is not None else {}
     threads0 = [thread_cpu(b.pid) for b in brokers[:1]] if args.thread_cpu else []
+    sidecar_threads0 = [thread_cpu(pid) for pid, _ in sidecars[:1]] if args.thread_cpu else []
+    spy = sidecar_profiler(args, sidecars[0][0] if sidecars else None, f"{case}-{partitions}-{temperature}")
+    ticks0 = machine_ticks()
     started = time.time()
     try:
         mb_s, _, mb, fetch = consume(dist, ",".join(b.bootstrap_servers for b in brokers), topic, args)
     finally:
+        stop_profiler(spy)
         for w in watches:
             w.__exit__()
     for b, t0 in zip(brokers, threads0):
         print(f"  {case} ({temperature}): broker threads CPU-s: {thread_cpu_line(t0, thread_cpu(b.pid))}")
+    for (pid, _), t0 in zip(sidecars, sidecar_threads0):
+        print(f"  {case} ({temperature}): sidecar threads CPU-s: {thread_cpu_line(t0, thread_cpu(pid))}")
     if args.jfr:  # to select the read's samples
         print(f"  {case} ({temperature}): read from {started:.3f} to {time.time():.3f} (epoch s)", flush=True)
     r = PartRead(case, partitions, temperature, mb_s, sum(cpu_seconds(b.pid) for b in brokers) - b0)
+    ticks = [after - before for after, before in zip(machine_ticks(), ticks0)]
+    r.machine_busy = ticks[0] / ticks[2] if ticks[2] else None
     if jmx_port is not None:
         r.fetch_p50_ms, r.fetch_p99_ms = fetch_request_percentiles(dist, jmx_port)
+        timer = remote_read_timer(dist, jmx_port)
+        reads = timer.get("Count", 0) - timer0.get("Count", 0)
+        if reads > 0:  # this read's mean, from the timer's lifetime count and mean before and after
+            total = timer["Mean"] * timer["Count"] - timer0.get("Mean", 0) * timer0.get("Count", 0)
+            r.remote_read_mean_ms = total / reads
+            r.remote_read_p99_ms = timer.get("99thPercentile")
     r.fetch_latency_avg_ms = fetch.get("fetch-latency-avg")
     if watches:
         after = [w.metrics() for w in watches]
@@ -439,11 +487,12 @@ def fmt(x, spec: str) -> str:
 
 def table(reads: list[PartRead]) -> str:
     lines = [
-        "| read | partitions | MB/s | ratio to LocalTieredStorage | broker CPU-s | sidecar CPU-s "
+        "| read | partitions | MB/s | ratio to LocalTieredStorage | machine busy | broker CPU-s "
+        "| sidecar CPU-s "
         "| sidecar peak RSS MiB (bound for its peak streams) | RESOURCE_EXHAUSTED "
-        "| fetch request p50 / p99 ms | consumer fetch latency avg ms | storage bytes / byte consumed "
-        "| chunk cache hits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| fetch request p50 / p99 ms | consumer fetch latency avg ms | remote read mean / p99 ms "
+        "| storage bytes / byte consumed | chunk cache hits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lts = {(r.partitions, r.temperature): r.mb_s for r in reads if r.case == "LocalTieredStorage"}
     for r in reads:
@@ -455,10 +504,13 @@ def table(reads: list[PartRead]) -> str:
             else "-"
         )
         lines.append(
-            f"| {r.case} ({r.temperature}) | {r.partitions} | {r.mb_s:.1f} | {ratio} | {r.broker_cpu:.1f} | "
+            f"| {r.case} ({r.temperature}) | {r.partitions} | {r.mb_s:.1f} | {ratio} | "
+            f"{fmt(r.machine_busy, '.0%')} | {r.broker_cpu:.1f} | "
             f"{fmt(r.sidecar_cpu, '.1f')} | {rss} | {fmt(r.resource_exhausted, 'd')} | "
             f"{fmt(r.fetch_p50_ms, '.1f')} / {fmt(r.fetch_p99_ms, '.1f')} | "
-            f"{fmt(r.fetch_latency_avg_ms, '.1f')} | {fmt(r.downloaded_per_byte, '.3f')} | "
+            f"{fmt(r.fetch_latency_avg_ms, '.1f')} | "
+            f"{fmt(r.remote_read_mean_ms, '.1f')} / {fmt(r.remote_read_p99_ms, '.1f')} | "
+            f"{fmt(r.downloaded_per_byte, '.3f')} | "
             f"{fmt(r.chunk_hit_ratio, '.0%')} |"
         )
     return "\n".join(lines)
@@ -474,7 +526,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fetch-size", type=int, default=MiB, help="max.partition.fetch.bytes")
     ap.add_argument("--compression", default="none", help="the producer's compression.type")
     ap.add_argument(
-        "--thread-cpu", action="store_true", help="each read's CPU-s of the (first) broker's threads, by name"
+        "--thread-cpu",
+        action="store_true",
+        help="each read's CPU-s of the (first) broker's and sidecar's threads, by name",
+    )
+    ap.add_argument(
+        "--profile-sidecar",
+        metavar="DIR",
+        help="py-spy samples of the (first) sidecar during each read, into DIR",
     )
     ap.add_argument("--jfr", metavar="DIR", help="a JFR recording of each one-broker case's broker into DIR")
     ap.add_argument(
