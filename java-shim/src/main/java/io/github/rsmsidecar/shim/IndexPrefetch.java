@@ -21,17 +21,25 @@ import java.util.concurrent.atomic.AtomicLong;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 
 /**
- * A segment's time and transaction indexes, asked for in the background when the broker asks for
- * its offset index.
+ * A segment's indexes asked for in the background: its time and transaction indexes when the broker
+ * asks for its offset index, and all three of the partition's next segment when a sequential reader
+ * reads its first window ahead ({@link ReadAhead}).
  *
  * <p>The broker loads a segment's indexes one after the other before its first read of the segment
  * ({@code RemoteIndexCache.createCacheEntry}: offset, time, then transaction, whose absence it
  * expects as {@code RemoteResourceNotFoundException}), each a call to the sidecar, while its
  * consumer waits. The two later calls are started beside the first here, and the broker's own
  * calls for them take their answers ({@link #take}): one round trip at a segment start instead of
- * three ({@code benchmarks/remote_read.py}: each cost 7-10 ms on a loaded 2-core machine).
+ * three ({@code benchmarks/remote_read.py}: each cost 7-10 ms on a loaded 2-core machine). When the
+ * sidecar has named the partition's next segment (read-ahead across a segment's end), its offset
+ * index is asked for too, with the next segment's first window, so the broker's call at the
+ * segment change makes no round trip at all (with 12 partitions read at once, that call took
+ * 27-37 ms at the median over TCP + mTLS, on every segment change).
  *
  * <ul>
+ *   <li>An answer serves only a broker call whose metadata names the same segment id, offsets and
+ *       size as the request it was asked with ({@link ReadAhead.SegmentRef}): a next segment's
+ *       name comes from what storage holds, not from the broker.
  *   <li>An answer is used once, by the broker's call for it, and only within
  *       {@link #MAX_AGE_MS} of its start: a segment is immutable, so a prefetched index is never
  *       stale, but nothing is kept for a broker that never asks.
@@ -55,7 +63,7 @@ final class IndexPrefetch {
     record Answer(byte[] data, Status notFound) {
     }
 
-    private record Key(RemoteLogSegmentId id, IndexType type) {
+    private record Key(ReadAhead.SegmentRef seg, IndexType type) {
     }
 
     private record Entry(CompletableFuture<Answer> answer, long startNanos) {
@@ -65,16 +73,17 @@ final class IndexPrefetch {
     private final AtomicLong heldBytes = new AtomicLong();
 
     /**
-     * Starts a {@code FetchIndex} call for each of {@code types} of {@code request}'s segment that
-     * is not already held or under way.
+     * Starts a {@code FetchIndex} call for each of {@code types} of {@code request}'s segment
+     * ({@code seg}, as the request's metadata names it) that is not already held or under way.
      */
-    void start(Channel channel, RemoteLogSegmentId id, FetchIndexRequest request, long deadlineMs, IndexType... types) {
+    void start(Channel channel, ReadAhead.SegmentRef seg, FetchIndexRequest request, long deadlineMs,
+               IndexType... types) {
         expire();
         for (IndexType type : types) {
             if (entries.size() >= MAX_ENTRIES) {
                 return;
             }
-            Key key = new Key(id, type);
+            Key key = new Key(seg, type);
             CompletableFuture<Answer> answer = new CompletableFuture<>();
             Entry entry = new Entry(answer, System.nanoTime());
             if (entries.putIfAbsent(key, entry) != null) {
@@ -96,11 +105,12 @@ final class IndexPrefetch {
     }
 
     /**
-     * The answer prefetched for index {@code type} of segment {@code id}, waiting at most
-     * {@code timeoutMs} for it; null when there is none or it failed (the caller asks the sidecar).
+     * The answer prefetched for index {@code type} of segment {@code seg} (same id, offsets and
+     * size), waiting at most {@code timeoutMs} for it; null when there is none or it failed (the
+     * caller asks the sidecar).
      */
-    Answer take(RemoteLogSegmentId id, IndexType type, long timeoutMs) throws InterruptedException {
-        Entry e = entries.remove(new Key(id, type));
+    Answer take(ReadAhead.SegmentRef seg, IndexType type, long timeoutMs) throws InterruptedException {
+        Entry e = entries.remove(new Key(seg, type));
         if (e == null) {
             return null;
         }
@@ -117,7 +127,7 @@ final class IndexPrefetch {
     /** Drops what is held for segment {@code id} (it was deleted). */
     void forget(RemoteLogSegmentId id) {
         entries.entrySet().removeIf(en -> {
-            if (en.getKey().id().equals(id)) {
+            if (en.getKey().seg().id().equals(id)) {
                 drop(en.getValue());
                 return true;
             }

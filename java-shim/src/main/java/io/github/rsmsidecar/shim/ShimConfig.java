@@ -62,7 +62,10 @@ public final class ShimConfig {
      * streamed, not handed off): the measured setting (docs/operations.md, remote read path).
      */
     static final int DEFAULT_FETCH_READAHEAD_BYTES = 8 * 1024 * 1024;
-    /** Read-ahead windows kept open in all: eight 8 MiB windows, four partitions read sequentially at once. */
+    /**
+     * Read-ahead windows kept open in all: eight 8 MiB windows, four partitions read sequentially at
+     * once; more partitions share it in smaller windows (ReadAhead#currentWindowBytes).
+     */
     static final long DEFAULT_FETCH_READAHEAD_MAX_BYTES = 64L * 1024 * 1024;
 
     /** Keys the broker itself adds to the map; accepted silently. */

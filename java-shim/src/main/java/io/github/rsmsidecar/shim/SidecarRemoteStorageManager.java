@@ -671,6 +671,16 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         ReadAhead.Claim claim = ra.claimNext(partition, ref.id(), 0, 0, ref.size());
         if (claim != null) {
             readAhead(c, partition, ref, next, 0, true, ra, claim);
+            // and its indexes, which the broker loads before its first read there (IndexPrefetch)
+            try {
+                indexPrefetch.start(channel(), ref, FetchIndexRequest.newBuilder().setMetadata(next)
+                                .setIndexType(io.github.rsmsidecar.proto.v1.IndexType.OFFSET).build(),
+                        c.fetchIndexDeadlineMs(), io.github.rsmsidecar.proto.v1.IndexType.OFFSET,
+                        io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
+                        io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION);
+            } catch (RemoteStorageException e) {
+                // no channel: the broker's own calls ask for the indexes
+            }
         }
     }
 
@@ -683,7 +693,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private void readAhead(ShimConfig c, TopicIdPartition partition, ReadAhead.SegmentRef seg, SegmentMetadata request,
                            long from, boolean follows, ReadAhead ra, ReadAhead.Claim claim) {
         FetchHandoff h = handoff;
-        Integer to = WindowedFetchStream.windowEnd(from, ra.windowBytes(), seg.size());
+        Integer to = WindowedFetchStream.windowEnd(from, (int) claim.bytes(), seg.size());
         long length = (to == null ? seg.size() : (long) to + 1) - from;
         FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
                 .setMetadata(request)
@@ -912,25 +922,26 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 .setMetadata(MetadataMapper.toProto(md))
                 .setIndexType(type)
                 .build();
+        ReadAhead.SegmentRef seg = ReadAhead.SegmentRef.of(md);
         if (indexType == IndexType.OFFSET) {
             // the broker asks for the time and transaction indexes right after this one (IndexPrefetch)
-            indexPrefetch.start(channel(), md.remoteLogSegmentId(), request, c.fetchIndexDeadlineMs(),
+            indexPrefetch.start(channel(), seg, request, c.fetchIndexDeadlineMs(),
                     io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
                     io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION);
-        } else {
-            IndexPrefetch.Answer prefetched;
-            try {
-                prefetched = indexPrefetch.take(md.remoteLogSegmentId(), type, c.fetchIndexDeadlineMs());
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-                throw errorMapper.retriable(op + ": interrupted while waiting for the index", e);
-            }
-            if (prefetched != null && prefetched.notFound() != null) {
-                throw errorMapper.map(op, prefetched.notFound(), false);
-            }
-            if (prefetched != null) {
-                return new java.io.ByteArrayInputStream(prefetched.data());
-            }
+        }
+        // the offset index too was asked for ahead when the segment before was read to its end
+        IndexPrefetch.Answer prefetched;
+        try {
+            prefetched = indexPrefetch.take(seg, type, c.fetchIndexDeadlineMs());
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw errorMapper.retriable(op + ": interrupted while waiting for the index", e);
+        }
+        if (prefetched != null && prefetched.notFound() != null) {
+            throw errorMapper.map(op, prefetched.notFound(), false);
+        }
+        if (prefetched != null) {
+            return new java.io.ByteArrayInputStream(prefetched.data());
         }
         return retrier.call(ShimMetrics.Op.FETCH_INDEX, op, attempt -> {
             GrpcInputStream<FetchIndexResponse> s = GrpcInputStream.start(channel(),

@@ -26,6 +26,7 @@ import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.UUID;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
@@ -128,8 +129,11 @@ class HandoffTest {
         /** Every index is these bytes. */
         static final byte[] INDEX = {1, 2, 3, 4, 5, 6, 7, 8};
 
+        final List<FetchIndexRequest> indexRequests = new CopyOnWriteArrayList<>();
+
         @Override
         public void fetchIndex(FetchIndexRequest req, StreamObserver<FetchIndexResponse> observer) {
+            indexRequests.add(req);
             observer.onNext(FetchIndexResponse.newBuilder().setData(ByteString.copyFrom(INDEX)).build());
             observer.onCompleted();
         }
@@ -809,6 +813,76 @@ class HandoffTest {
             for (FetchSegmentRequest r : from(sidecar.requests, calls)) {
                 assertTrue(isReadAhead(r) && r.getStartPosition() >= MIB, "only the window after it: " + r);
             }
+        }
+    }
+
+    /** The index requests for segment {@code id}, copied. */
+    static List<FetchIndexRequest> indexRequestsFor(HandoffSidecar sidecar, Uuid id) {
+        return List.copyOf(sidecar.indexRequests).stream()
+                .filter(r -> r.getMetadata().getSegmentId().equals(id.toString())).toList();
+    }
+
+    @Test
+    void overTcpTheNextSegmentsIndexesAreAskedForWithItsFirstWindowAndAnswerTheBrokersCalls(@TempDir Path tmp)
+            throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata first = segment(Uuid.randomUuid(), 0, 99);
+        RemoteLogSegmentMetadata next = segment(Uuid.randomUuid(), 100, 199);
+        sidecar.nextSegment = MetadataMapper.toProto(next);
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, tcpReadAheadConfig())) {
+            readToTheEnd(h, first);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+            while (indexRequestsFor(sidecar, next.remoteLogSegmentId().id()).size() < 3
+                    && System.nanoTime() < deadline) {
+                Thread.sleep(5);
+            }
+            List<FetchIndexRequest> asked = indexRequestsFor(sidecar, next.remoteLogSegmentId().id());
+            assertEquals(Set.of(io.github.rsmsidecar.proto.v1.IndexType.OFFSET,
+                            io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
+                            io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION),
+                    asked.stream().map(FetchIndexRequest::getIndexType).collect(java.util.stream.Collectors.toSet()),
+                    "the next segment's three indexes, asked for ahead: " + asked);
+            // the broker changes segment: it loads the indexes (offset, time, transaction), then reads
+            for (IndexType type : List.of(IndexType.OFFSET, IndexType.TIMESTAMP, IndexType.TRANSACTION)) {
+                try (InputStream in = h.rsm.fetchIndex(next, type)) {
+                    assertArrayEquals(HandoffSidecar.INDEX, in.readAllBytes(), type.toString());
+                }
+            }
+            assertEquals(3, indexRequestsFor(sidecar, next.remoteLogSegmentId().id()).size(),
+                    "the broker's index calls made no call of their own");
+            brokerRead(h, next, 0, 200_000);
+            // each answer serves once: the broker loading them again asks the sidecar
+            try (InputStream in = h.rsm.fetchIndex(next, IndexType.OFFSET)) {
+                assertArrayEquals(HandoffSidecar.INDEX, in.readAllBytes());
+            }
+            assertTrue(indexRequestsFor(sidecar, next.remoteLogSegmentId().id()).size() >= 4, "asked again");
+        }
+    }
+
+    @Test
+    void aNextSegmentsIndexesAskedForUnderOtherOffsetsThanTheBrokersAreNeverServed(@TempDir Path tmp)
+            throws Exception {
+        HandoffSidecar sidecar = sidecar(tmp);
+        RemoteLogSegmentMetadata first = segment(Uuid.randomUuid(), 0, 99);
+        RemoteLogSegmentMetadata next = segment(Uuid.randomUuid(), 100, 199);
+        // what storage holds under that id claims other offsets than the broker's metadata says
+        sidecar.nextSegment = MetadataMapper.toProto(next).toBuilder().setEndOffset(150).build();
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, tcpReadAheadConfig())) {
+            readToTheEnd(h, first);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+            while (indexRequestsFor(sidecar, next.remoteLogSegmentId().id()).size() < 3
+                    && System.nanoTime() < deadline) {
+                Thread.sleep(5);
+            }
+            assertEquals(3, indexRequestsFor(sidecar, next.remoteLogSegmentId().id()).size(), "asked ahead as named");
+            try (InputStream in = h.rsm.fetchIndex(next, IndexType.OFFSET)) {
+                assertArrayEquals(HandoffSidecar.INDEX, in.readAllBytes());
+            }
+            List<FetchIndexRequest> asked = indexRequestsFor(sidecar, next.remoteLogSegmentId().id());
+            assertEquals(3, asked.stream().filter(r -> r.getMetadata().getEndOffset() == 150).count(), "" + asked);
+            assertTrue(asked.stream().anyMatch(r -> r.getMetadata().getEndOffset() == 199
+                            && r.getIndexType() == io.github.rsmsidecar.proto.v1.IndexType.OFFSET),
+                    "the broker's call asked for itself, with the broker's metadata: " + asked);
         }
     }
 }

@@ -182,22 +182,22 @@ class IndexPrefetchTest {
                 IndexPrefetch prefetch = new IndexPrefetch();
                 FetchIndexRequest request = FetchIndexRequest.newBuilder()
                         .setMetadata(MetadataMapper.toProto(md)).build();
-                prefetch.start(ch, md.remoteLogSegmentId(), request, 5000,
+                prefetch.start(ch, ReadAhead.SegmentRef.of(md), request, 5000,
                         io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
                         io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION);
-                prefetch.start(ch, md.remoteLogSegmentId(), request, 5000,
+                prefetch.start(ch, ReadAhead.SegmentRef.of(md), request, 5000,
                         io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP); // already under way: no second call
-                IndexPrefetch.Answer ts = prefetch.take(md.remoteLogSegmentId(),
+                IndexPrefetch.Answer ts = prefetch.take(ReadAhead.SegmentRef.of(md),
                         io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP, 5000);
                 assertArrayEquals(IndexSidecar.bytesOf(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP), ts.data());
-                IndexPrefetch.Answer txn = prefetch.take(md.remoteLogSegmentId(),
+                IndexPrefetch.Answer txn = prefetch.take(ReadAhead.SegmentRef.of(md),
                         io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION, 5000);
                 assertEquals(Status.Code.NOT_FOUND, txn.notFound().getCode());
                 assertEquals(0, prefetch.heldBytes(), "taken answers are no longer held");
                 assertEquals(0, prefetch.size());
                 assertEquals(1, sidecar.count(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP));
 
-                prefetch.start(ch, md.remoteLogSegmentId(), request, 5000,
+                prefetch.start(ch, ReadAhead.SegmentRef.of(md), request, 5000,
                         io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP);
                 long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
                 while (prefetch.heldBytes() == 0 && System.nanoTime() < deadline) {
