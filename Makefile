@@ -175,6 +175,7 @@ bench: deps
 	$(BIN)/python -m benchmarks.storage_backends
 	$(BIN)/python benchmarks/shim.py
 	$(BIN)/python benchmarks/remote_read.py
+	$(BIN)/python benchmarks/grpc_stream.py
 	$(BIN)/python benchmarks/disk_cache.py
 	$(BIN)/python -m benchmarks.inspect_startup
 	$(BIN)/python benchmarks/iceberg_decode.py

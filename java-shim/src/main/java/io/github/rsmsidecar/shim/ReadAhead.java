@@ -136,7 +136,7 @@ final class ReadAhead {
      * read than the bound holds two such windows of, an equal share of the bound for each (two
      * windows per partition read in the last {@link #ACTIVE_NANOS}), at least {@link #MIN_WINDOW_BYTES}.
      * A fixed window let the first partitions take the bound and left the others no read-ahead at
-     * all (12 partitions over TCP: 259 of 284 reads waited for the sidecar); smaller windows for
+     * all (12 partitions over TCP: 259 of a run's last 284 reads waited for the sidecar); smaller windows for
      * all keep every sequential reader's next bytes on their way, at one background call per window.
      */
     synchronized int currentWindowBytes() {

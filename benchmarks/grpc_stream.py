@@ -1,0 +1,174 @@
+"""What Python's gRPC server costs per byte it streams: the wire part of the sidecar's fetch path
+(``FetchSegment`` sends a range as messages of at most 1 MiB), apart from reading and decoding.
+
+    .venv/bin/python benchmarks/grpc_stream.py [--mib 512] [--streams 1,12] [--message-kib 256,1024,4096]
+
+A server process (grpcio, a thread pool as the sidecar's) streams ``--mib`` MiB of random bytes,
+in messages of each ``--message-kib`` size, to a client process over loopback TCP, plaintext and
+with TLS (a throwaway self-signed certificate), over 1 and 12 concurrent streams (12: the
+partitions of one consumer fetch read at once). Printed per case: MiB/s and the server's CPU
+milliseconds per MiB sent (``/proc/<pid>/stat``), next to the raw cost of the work TLS adds
+(AES-256-GCM encryption of the same bytes, one core) measured in the same run. The client runs on
+the same cores: compare the server's CPU per MiB, not the MiB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.x509.oid import NameOID
+
+MiB = 1024 * 1024
+METHOD = "/bench.Stream/Send"
+
+
+def write_certificate(directory: Path) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    (directory / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, pkcs8, serialization.NoEncryption())
+    )
+    (directory / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def serve(port: int, tls_dir: str | None, message_bytes: int) -> None:
+    """The server process: answers a request naming a byte count with that many bytes in messages."""
+    payload = os.urandom(message_bytes)
+
+    def send(request: bytes, context: grpc.ServicerContext):
+        for _ in range(int(request) // message_bytes):
+            yield payload
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Stream", {"Send": grpc.unary_stream_rpc_method_handler(send, lambda b: b, lambda b: b)}
+    )
+    server = grpc.server(
+        concurrent.futures.ThreadPoolExecutor(max_workers=32),
+        options=[("grpc.max_send_message_length", 64 * MiB)],
+    )
+    server.add_generic_rpc_handlers((handler,))
+    if tls_dir:
+        d = Path(tls_dir)
+        creds = grpc.ssl_server_credentials([((d / "key.pem").read_bytes(), (d / "cert.pem").read_bytes())])
+        server.add_secure_port(f"127.0.0.1:{port}", creds)
+    else:
+        server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    print("ready", flush=True)
+    sys.stdin.read()  # until the parent closes it
+    server.stop(0)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def one_case(tls_dir: str | None, message_bytes: int, streams: int, total: int) -> tuple[float, float]:
+    """(MiB/s, server CPU ms per MiB) of ``total`` bytes over ``streams`` concurrent calls."""
+    port = free_port()
+    argv = [sys.executable, __file__, "--serve", str(port), str(message_bytes)] + (
+        [tls_dir] if tls_dir else []
+    )
+    server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        if server.stdout is None or server.stdout.readline().strip() != "ready":
+            raise RuntimeError("the server did not start")
+        options = [("grpc.max_receive_message_length", 64 * MiB)]
+        if tls_dir:
+            creds = grpc.ssl_channel_credentials((Path(tls_dir) / "cert.pem").read_bytes())
+            channel = grpc.secure_channel(f"localhost:{port}", creds, options)
+        else:
+            channel = grpc.insecure_channel(f"127.0.0.1:{port}", options)
+        call = channel.unary_stream(METHOD, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        per_stream = total // streams
+
+        def read_one(_: int) -> int:
+            return sum(len(m) for m in call(str(per_stream).encode()))
+
+        cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+            received = sum(pool.map(read_one, range(streams)))
+        elapsed, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
+        channel.close()
+        expected = (per_stream // message_bytes) * message_bytes * streams
+        if received != expected:
+            raise RuntimeError(f"received {received} bytes, expected {expected}")
+        return received / MiB / elapsed, 1000 * cpu / (received / MiB)
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(30)
+
+
+def aes_gcm_ms_per_mib(total: int) -> float:
+    aead, nonce, data = AESGCM(os.urandom(32)), os.urandom(12), os.urandom(MiB)
+    t0 = time.perf_counter()
+    for _ in range(total // MiB):
+        aead.encrypt(nonce, data, None)
+    return 1000 * (time.perf_counter() - t0) / (total // MiB)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--serve":
+        serve(int(argv[1]), argv[3] if len(argv) > 3 else None, int(argv[2]))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mib", type=int, default=512, help="MiB streamed per case")
+    ap.add_argument("--streams", default="1,12")
+    ap.add_argument("--message-kib", default="256,1024,4096")
+    args = ap.parse_args(argv)
+    total = args.mib * MiB
+    print(f"raw AES-256-GCM encryption, one core: {aes_gcm_ms_per_mib(total):.2f} ms per MiB")
+    print()
+    print("| transport | message | streams | MiB/s | server CPU ms per MiB |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="grpc-stream-") as tmp:
+        write_certificate(Path(tmp))
+        for tls_dir in (None, tmp):
+            for kib in (int(k) for k in args.message_kib.split(",")):
+                for streams in (int(s) for s in args.streams.split(",")):
+                    rate, ms = one_case(tls_dir, kib * 1024, streams, total)
+                    name = "TLS" if tls_dir else "plaintext"
+                    print(f"| {name} | {kib} KiB | {streams} | {rate:.0f} | {ms:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
