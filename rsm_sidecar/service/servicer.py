@@ -422,6 +422,7 @@ class RemoteStorageServicer:
     ) -> Iterator[bytes]:
         request: pb.FetchSegmentRequest = _well_formed(message, "FetchSegmentRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
+            test_hooks.hold_fetch_slot()
             md = _metadata(request.metadata)
             start = request.start_position
             if start < 0:
@@ -485,6 +486,7 @@ class RemoteStorageServicer:
     ) -> Iterator[pb.FetchIndexResponse]:
         request: pb.FetchIndexRequest = _well_formed(message, "FetchIndexRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
+            test_hooks.hold_fetch_slot()
             md = _metadata(request.metadata)
             type_name = (
                 pb.IndexType.Name(request.index_type) if request.index_type in pb.IndexType.values() else None

@@ -8,6 +8,11 @@ answers, waits until the caller has gone away or ``<dir>/release`` exists. The o
 cross-check test kills the broker meanwhile: the segment is complete in storage and the broker
 never records COPY_SEGMENT_FINISHED (tests/e2e/test_orphans_kafka.py). No real server can be
 made to die at that instant otherwise.
+
+``RSM_TEST_FETCH_SLOT_HOLD_MS=<ms>``: every fetch and index fetch holds its slot that long before
+it reads anything, so concurrent calls surely meet a full ``fetch.max_concurrent`` (the busy-sidecar
+test, tests/e2e/test_remote_sidecar.py: on a fast machine a broker's parallel remote reads of small
+segments overlapped in the sidecar only 0-2 times, too few to test back-pressure every run).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from collections.abc import Callable
 
 HOLD_COPY_DIR = "RSM_TEST_HOLD_COPY_DIR"
+FETCH_SLOT_HOLD_MS = "RSM_TEST_FETCH_SLOT_HOLD_MS"
 POLL_SECONDS = 0.05
 
 
@@ -32,3 +38,9 @@ def hold_after_copy(segment_id: str, is_active: Callable[[], bool], touch: Calla
     while is_active() and not os.path.exists(release):
         touch()  # no idle timeout while held
         time.sleep(POLL_SECONDS)
+
+
+def hold_fetch_slot() -> None:
+    hold = os.environ.get(FETCH_SLOT_HOLD_MS)
+    if hold:
+        time.sleep(int(hold) / 1000)

@@ -298,7 +298,9 @@ def test_a_busy_sidecar_is_back_pressure_not_an_error(stack):
         filler(stack.bootstrap_servers, topic, partition=p)
     for p in range(4):
         wait_tiered(stack, topic, produced[p][-1].offset + 1, partition=p)
-    stack.restart_sidecar({"RSM__FETCH__MAX_CONCURRENT": "1"})
+    # each call holds the one slot 200 ms (a test hook): the broker's parallel reads surely meet
+    # it taken (without, they overlapped in the sidecar 0-2 times per run: a flake)
+    stack.restart_sidecar({"RSM__FETCH__MAX_CONCURRENT": "1", "RSM_TEST_FETCH_SLOT_HOLD_MS": "200"})
     log_before = len(broker_log(stack))
     busy_before = sidecar_counter(stack, BUSY_PATTERN)
 
@@ -336,7 +338,7 @@ def test_a_busy_sidecar_is_back_pressure_not_an_error(stack):
     busy = sidecar_counter(stack, BUSY_PATTERN)
     busy_seconds = time.monotonic() - started
     log = broker_log(stack)[log_before:]
-    stack.restart_sidecar(unset=["RSM__FETCH__MAX_CONCURRENT"])
+    stack.restart_sidecar(unset=["RSM__FETCH__MAX_CONCURRENT", "RSM_TEST_FETCH_SLOT_HOLD_MS"])
 
     assert busy > busy_before, "the sidecar was never busy: the test did not test anything"
     assert errors == []
