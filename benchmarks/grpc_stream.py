@@ -5,7 +5,7 @@
 
 A server process (grpcio, a thread pool as the sidecar's) streams ``--mib`` MiB of random bytes,
 in messages of each ``--message-kib`` size, to a client process over loopback TCP, plaintext and
-with TLS (a throwaway self-signed certificate), over 1 and 12 concurrent streams (12: the
+with TLS (a certificate from devstack's throwaway test CA), over 1 and 12 concurrent streams (12: the
 partitions of one consumer fetch read at once). Printed per case: MiB/s and the server's CPU
 milliseconds per MiB sent (``/proc/<pid>/stat``), next to the raw cost of the work TLS adds
 (AES-256-GCM encryption of the same bytes, one core) measured in the same run. The client runs on
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import datetime
 import os
 import subprocess
 import sys
@@ -25,37 +24,23 @@ import time
 from pathlib import Path
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.x509.oid import NameOID
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from devstack.tls import TestCA
 
 MiB = 1024 * 1024
 METHOD = "/bench.Stream/Send"
 
 
 def write_certificate(directory: Path) -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    pkcs8 = serialization.PrivateFormat.PKCS8
-    (directory / "key.pem").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, pkcs8, serialization.NoEncryption())
-    )
-    (directory / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    """``ca.pem``, and ``cert.pem`` / ``key.pem`` for ``localhost`` signed by it (devstack's test CA)."""
+    ca = TestCA("grpc-stream-bench")
+    issued = ca.issue("localhost", dns=["localhost"])
+    (directory / "ca.pem").write_bytes(ca.cert_pem)
+    (directory / "cert.pem").write_bytes(issued.cert_pem)
+    (directory / "key.pem").write_bytes(issued.key_pem)
 
 
 def serve(port: int, tls_dir: str | None, message_bytes: int) -> None:
@@ -111,7 +96,7 @@ def one_case(tls_dir: str | None, message_bytes: int, streams: int, total: int) 
             raise RuntimeError("the server did not start")
         options = [("grpc.max_receive_message_length", 64 * MiB)]
         if tls_dir:
-            creds = grpc.ssl_channel_credentials((Path(tls_dir) / "cert.pem").read_bytes())
+            creds = grpc.ssl_channel_credentials((Path(tls_dir) / "ca.pem").read_bytes())
             channel = grpc.secure_channel(f"localhost:{port}", creds, options)
         else:
             channel = grpc.insecure_channel(f"127.0.0.1:{port}", options)

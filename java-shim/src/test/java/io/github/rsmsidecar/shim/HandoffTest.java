@@ -816,6 +816,14 @@ class HandoffTest {
         }
     }
 
+    /** Waits at most 5 s until the sidecar has had {@code n} index requests for segment {@code id}. */
+    static void awaitIndexRequests(HandoffSidecar sidecar, Uuid id, int n) throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+        while (indexRequestsFor(sidecar, id).size() < n && System.nanoTime() < deadline) {
+            Thread.sleep(5);
+        }
+    }
+
     /** The index requests for segment {@code id}, copied. */
     static List<FetchIndexRequest> indexRequestsFor(HandoffSidecar sidecar, Uuid id) {
         return List.copyOf(sidecar.indexRequests).stream()
@@ -831,11 +839,7 @@ class HandoffTest {
         sidecar.nextSegment = MetadataMapper.toProto(next);
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, tcpReadAheadConfig())) {
             readToTheEnd(h, first);
-            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-            while (indexRequestsFor(sidecar, next.remoteLogSegmentId().id()).size() < 3
-                    && System.nanoTime() < deadline) {
-                Thread.sleep(5);
-            }
+            awaitIndexRequests(sidecar, next.remoteLogSegmentId().id(), 3);
             List<FetchIndexRequest> asked = indexRequestsFor(sidecar, next.remoteLogSegmentId().id());
             assertEquals(Set.of(io.github.rsmsidecar.proto.v1.IndexType.OFFSET,
                             io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
@@ -869,11 +873,7 @@ class HandoffTest {
         sidecar.nextSegment = MetadataMapper.toProto(next).toBuilder().setEndOffset(150).build();
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, tcpReadAheadConfig())) {
             readToTheEnd(h, first);
-            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-            while (indexRequestsFor(sidecar, next.remoteLogSegmentId().id()).size() < 3
-                    && System.nanoTime() < deadline) {
-                Thread.sleep(5);
-            }
+            awaitIndexRequests(sidecar, next.remoteLogSegmentId().id(), 3);
             assertEquals(3, indexRequestsFor(sidecar, next.remoteLogSegmentId().id()).size(), "asked ahead as named");
             try (InputStream in = h.rsm.fetchIndex(next, IndexType.OFFSET)) {
                 assertArrayEquals(HandoffSidecar.INDEX, in.readAllBytes());
