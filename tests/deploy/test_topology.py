@@ -174,6 +174,28 @@ def test_broker_runs_the_strimzi_kafka_image_with_stream_mode_over_mtls(topology
     assert props["rsm.config.tls.key.file"] == "/mnt/rsm-tls/tls.key"
 
 
+def test_only_the_sidecar_holds_its_fixed_address_and_the_rest_lease_from_another_range(topology):
+    """The sidecar's fixed .10 (its Service's address) lies outside the range podman leases to
+    the other containers, so no container started before it can have taken .10 (which once
+    failed `up` with "requested ip address ... is already allocated")."""
+    prefix = topology.compose.env["RSM_REMOTE_SUBNET_PREFIX"]
+
+    def address(service: str) -> str:
+        (ip,) = {n["IPAddress"] for n in _inspect(topology, service)["NetworkSettings"]["Networks"].values()}
+        return ip
+
+    assert address("rsm-sidecar") == f"{prefix}.10"
+    broker = address("kafka")
+    assert broker.startswith(f"{prefix}.") and int(broker.rsplit(".", 1)[1]) >= 129, broker
+    (network,) = {n for n in _inspect(topology, "kafka")["NetworkSettings"]["Networks"]}
+    out = subprocess.run(
+        ["podman", "network", "inspect", network], env=topology.podman_env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    (subnet,) = json.loads(out.stdout)[0]["subnets"]
+    assert subnet["lease_range"]["start_ip"] == f"{prefix}.129", subnet
+
+
 def test_broker_resolves_its_advertised_name_without_dns(topology):
     """The broker's remote log metadata clients bootstrap from its own advertised PLAINTEXT
     listener; its /etc/hosts names it (as Kubernetes writes a pod's), so a slow or failed DNS
