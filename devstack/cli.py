@@ -21,6 +21,7 @@ from pathlib import Path
 
 from devstack.cluster import ClusterStack
 from devstack.common import wait_for_stop_signal
+from devstack.kafka import create_topics
 from devstack.kafka_tools import write_wrappers
 from devstack.stack import LocalStack
 
@@ -136,7 +137,7 @@ def down(args) -> int:
 # -- demo --------------------------------------------------------------------------------------
 def demo(args) -> int:
     from confluent_kafka import Consumer, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
     from rsm_sidecar.format.keys import KeyLayout
     from rsm_sidecar.format.manifest import SegmentManifest
@@ -156,8 +157,8 @@ def demo(args) -> int:
         bootstrap = stack.bootstrap_servers
         _say(f"      broker {bootstrap} (Kafka {stack.broker.dist.version}), sidecar {stack.sidecar_target}")
         topic = "demo-orders"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        for f in admin.create_topics(
+        create_topics(
+            bootstrap,
             [
                 NewTopic(
                     topic,
@@ -171,9 +172,8 @@ def demo(args) -> int:
                         "file.delete.delay.ms": "1000",
                     },
                 )
-            ]
-        ).values():
-            f.result(30)
+            ],
+        )
 
         _say(f"[2/5] producing {args.records} order events to {topic} (1 MiB segments) ...")
         rng = random.Random(2026)
@@ -200,7 +200,7 @@ def demo(args) -> int:
                 if i:
                     _say(f"      {i} records")
         p.flush(60)
-        del p, admin  # no client left to complain while the broker stops
+        del p  # no client left to complain while the broker stops
         _say(f"      {args.records} records produced")
 
         _say(

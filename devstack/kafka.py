@@ -43,7 +43,7 @@ import subprocess
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -684,6 +684,43 @@ class KafkaBroker:
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.is_running() else "stopped"
         return f"KafkaBroker({self.dist.version}, {self.bootstrap_servers}, {state})"
+
+
+#: librdkafka's errors for a request it dropped with its connection (not the broker's answer)
+_DROPPED_REQUEST = ("_DESTROY_BROKER", "_TRANSPORT", "_TIMED_OUT")
+
+
+def create_topics(bootstrap: str, topics: Sequence[object], timeout: float = 30, attempts: int = 3) -> None:
+    """Create ``topics`` (confluent_kafka ``NewTopic``s) and wait until the controller answered.
+
+    Right after a cluster starts, librdkafka may drop a CreateTopics request with the connection
+    it was sent on (``_DESTROY_BROKER``: "Broker handle destroyed without termination", seen in
+    CI when it replaced its bootstrap connection with the broker's own): such a request is sent
+    again, and on that retry a topic that exists counts as created (the first request may have
+    reached the controller). Any answer from the broker itself (bad config, a topic that existed
+    before the first attempt) raises at once."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient  # dev dependency; imported lazily
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.list_topics(timeout=timeout)  # learn the brokers before asking them anything
+    pending = list(topics)
+    for attempt in range(1, attempts + 1):
+        dropped = []
+        for topic, future in admin.create_topics(pending).items():
+            try:
+                future.result(timeout)
+            except KafkaException as e:
+                error = e.args[0]
+                if attempt > 1 and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue
+                if error.name() not in _DROPPED_REQUEST or attempt == attempts:
+                    raise
+                dropped.append(topic)
+        if not dropped:
+            return
+        logging.getLogger(__name__).info("CreateTopics for %s dropped by the client; sent again", dropped)
+        pending = [t for t in pending if t.topic in dropped]  # type: ignore[attr-defined]
 
 
 def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:

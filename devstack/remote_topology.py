@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from devstack.containers import ComposeProject, PodmanService
+from devstack.kafka import create_topics
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = REPO / "docker-compose.remote.yml"
@@ -247,7 +248,7 @@ def record(i: int) -> tuple[bytes, bytes]:
 
 
 def create_tiered_topic(bootstrap: str, topic: str, segment_bytes: int = 1 << 20) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
     config = {
         "remote.storage.enable": "true",
@@ -255,9 +256,7 @@ def create_tiered_topic(bootstrap: str, topic: str, segment_bytes: int = 1 << 20
         "local.retention.ms": "1000",
         "retention.ms": "-1",
     }
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for fut in admin.create_topics([NewTopic(topic, 1, 1, config=config)]).values():
-        fut.result(60)
+    create_topics(bootstrap, [NewTopic(topic, 1, 1, config=config)], timeout=60)
 
 
 def produce(bootstrap: str, topic: str, count: int) -> bytes:

@@ -18,6 +18,7 @@ from confluent_kafka import ElectionType, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from devstack.cluster import ClusterNode, ClusterStack
+from devstack.kafka import create_topics
 from devstack.kafka_tools import tool_command
 from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.format.manifest import SegmentManifest
@@ -64,9 +65,8 @@ def create_topic(
         topic = NewTopic(name, len(assignment), replica_assignment=assignment, config=cfg)
     else:
         topic = NewTopic(name, partitions, 3, config=cfg)
+    create_topics(cluster.bootstrap_servers, [topic])
     client = admin(cluster)
-    for f in client.create_topics([topic]).values():
-        f.result(30)
     count = len(assignment) if assignment is not None else partitions
 
     def ready() -> bool:

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
+from devstack.kafka import create_topics
 from rsm_sidecar.format.keys import KeyLayout
 
 SEGMENT_BYTES = 1024 * 1024  # the smallest topic segment.bytes Kafka 4.1+ accepts
@@ -112,11 +113,7 @@ def tiered_topic_config(**overrides) -> dict[str, str]:
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1, **config) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics(
-        [NewTopic(name, partitions, 1, config=tiered_topic_config(**config))]
-    ).values():
-        f.result(30)
+    create_topics(bootstrap, [NewTopic(name, partitions, 1, config=tiered_topic_config(**config))])
 
 
 def records(n: int, rng: random.Random, t0: int, big_every: int = 0) -> list[Rec]:

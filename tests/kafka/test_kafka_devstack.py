@@ -211,3 +211,44 @@ def test_controller_and_broker_roles_of_a_cluster(tmp_path):
         KafkaBroker(dist, tmp_path, quorum_voters="0@127.0.0.1:1")
     with pytest.raises(ValueError, match="unknown role 'observer'"):
         KafkaBroker(dist, tmp_path, role="observer")
+
+
+class _DroppingAdmin:
+    """A stand-in AdminClient. A real broker cannot make librdkafka drop a request with its
+    connection on demand (the ``_DESTROY_BROKER`` CI met right after a cluster started), so this
+    one does: the first CreateTopics per topic fails as librdkafka reports it, the next answers
+    as the broker would if the first request had reached the controller."""
+
+    created: list[list[str]] = []
+
+    def __init__(self, config):
+        pass
+
+    def list_topics(self, timeout):
+        return None
+
+    def create_topics(self, topics):
+        from concurrent.futures import Future
+
+        from confluent_kafka import KafkaError, KafkaException
+
+        names = [t.topic for t in topics]
+        first = not _DroppingAdmin.created
+        _DroppingAdmin.created.append(names)
+        futures = {}
+        for name in names:
+            f: Future = Future()
+            code = KafkaError._DESTROY_BROKER if first else KafkaError.TOPIC_ALREADY_EXISTS
+            f.set_exception(KafkaException(KafkaError(code, "Broker handle destroyed without termination")))
+            futures[name] = f
+        return futures
+
+
+def test_create_topics_sends_a_dropped_request_again_and_takes_the_topic_it_created(monkeypatch):
+    from confluent_kafka import admin
+    from confluent_kafka.admin import NewTopic
+
+    monkeypatch.setattr(admin, "AdminClient", _DroppingAdmin)
+    _DroppingAdmin.created = []
+    dk.create_topics("127.0.0.1:1", [NewTopic("a", 1, 1), NewTopic("b", 1, 1)])
+    assert _DroppingAdmin.created == [["a", "b"], ["a", "b"]]

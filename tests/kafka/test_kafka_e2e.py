@@ -9,10 +9,10 @@ from pathlib import Path
 
 import kafka_fixture_checks as checks
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from devstack.kafka import KafkaBroker, KafkaDistribution
+from devstack.kafka import KafkaBroker, KafkaDistribution, create_topics
 from rsm_sidecar.kafka import read_batches
 
 pytestmark = pytest.mark.e2e
@@ -61,8 +61,11 @@ def test_broker_lifecycle(kafka_broker_factory):
     )
     startup = time.monotonic() - t0
     assert broker.is_running() and startup < 120
+    create_topics(broker.bootstrap_servers, [NewTopic("life", 1, 1)])
+    # a topic that existed before the first request is the broker's answer, not a retry's
+    with pytest.raises(KafkaException, match="TOPIC_ALREADY_EXISTS"):
+        create_topics(broker.bootstrap_servers, [NewTopic("life", 1, 1)])
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    admin.create_topics([NewTopic("life", 1, 1)])["life"].result(30)
     # extra properties reach the broker
     res = ConfigResource(ConfigResource.Type.BROKER, "1")
     cfg = admin.describe_configs([res])[res].result(30)
