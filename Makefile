@@ -111,10 +111,11 @@ $(BCPROV):
 
 # The README's test command: everything from a fresh clone. The downloads and builds of `deps`
 # run three at a time (the Go builds beside the Maven and npm downloads), each target's output
-# printed in one piece when it ends.
+# printed in one piece when it ends. The tests run in two lanes at once (tests/lanes.py): the
+# container modules beside the rest.
 test: lint
 	$(MAKE) --no-print-directory --output-sync=target -j3 deps
-	$(BIN)/pytest
+	$(BIN)/python -m tests.lanes
 
 # Style and types: ruff (lint + format check) and mypy, configured in pyproject.toml.
 lint: setup
