@@ -110,11 +110,12 @@ $(BCPROV):
 	$(ONE_MAVEN) mvn -q -B dependency:copy -Dartifact=org.bouncycastle:bcprov-jdk18on:1.83 -DoutputDirectory=$(CACHE)/interop
 
 # The README's test command: everything from a fresh clone. The downloads and builds of `deps`
-# run three at a time (the Go builds beside the Maven and npm downloads), each target's output
-# printed in one piece when it ends. The tests run in two lanes at once (tests/lanes.py): the
-# container modules beside the rest.
+# run five at a time (the three Go builds, which take 2 cores for about 4 minutes, beside the
+# Maven and npm downloads and the shim's build; Maven runs on ~/.m2 one at a time, ONE_MAVEN),
+# each target's output printed in one piece when it ends. The tests run in two lanes at once
+# (tests/lanes.py): the container modules beside the rest.
 test: lint
-	$(MAKE) --no-print-directory --output-sync=target -j3 deps
+	$(MAKE) --no-print-directory --output-sync=target -j5 deps
 	$(BIN)/python -m tests.lanes
 
 # Style and types: ruff (lint + format check) and mypy, configured in pyproject.toml.

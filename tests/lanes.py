@@ -25,11 +25,16 @@ from tests.podman_images import CONTAINER_MODULES
 REPO = Path(__file__).resolve().parents[1]
 
 
-def main(argv: list[str], side: tuple[str, ...] = CONTAINER_MODULES, cwd: Path = REPO) -> int:
+def main(
+    argv: list[str], side: tuple[str, ...] = CONTAINER_MODULES, cwd: Path = REPO, work: Path | None = None
+) -> int:
     """Runs pytest with ``argv`` on the modules ``side`` (paths relative to ``cwd``) and, at the
-    same time, on everything else; the exit status is the worse of the two."""
+    same time, on everything else; the exit status is the worse of the two. The side lane's log
+    and base temp go to ``work`` (a new temp directory by default, removed when that lane passed)."""
     pytest = [sys.executable, "-m", "pytest", *argv]
-    work = Path(tempfile.mkdtemp(prefix="rsm-test-lanes-"))
+    if work is None:
+        work = Path(tempfile.mkdtemp(prefix="rsm-test-lanes-"))
+    work.mkdir(parents=True, exist_ok=True)
     log = work / "containers.log"
     with log.open("wb") as out:
         containers = subprocess.Popen(

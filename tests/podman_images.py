@@ -3,7 +3,8 @@
 Building docker/Dockerfile's targets cold (no image cache, as on a fresh CI machine) took 4-7
 minutes of a 53-minute ``make test``: debootstrap, then apt, pip and Maven inside the build
 stages. The tests that need the images (``CONTAINER_MODULES``) run last (tests/conftest.py
-orders them), and the build starts as soon as collection ends, in a thread whose processes run
+orders them; `make test` runs them in a pytest process of their own beside the rest,
+tests/lanes.py), and the build starts as soon as collection ends, in a thread whose processes run
 at a lower CPU priority (``nice`` 10: Linux keeps the nice value per thread, and the processes
 a thread starts inherit it), so the other tests run meanwhile and keep the CPU when they want
 it. The container tests then share the build's podman service (one per session: a second

@@ -33,7 +33,7 @@ def _suite(tmp_path, side_passes: bool):
 
 def test_both_lanes_pass_together(tmp_path, capfd):
     side = _suite(tmp_path, side_passes=True)
-    assert lanes.main(["-q", "-p", "no:cacheprovider"], side=side, cwd=tmp_path) == 0
+    assert lanes.main(["-q", "-p", "no:cacheprovider"], side=side, cwd=tmp_path, work=tmp_path / "lanes") == 0
     out = capfd.readouterr().out
     # each module ran once, in its own lane
     assert out.count("1 passed") == 2, out
@@ -42,6 +42,6 @@ def test_both_lanes_pass_together(tmp_path, capfd):
 
 def test_a_failing_container_lane_fails_the_run(tmp_path, capfd):
     side = _suite(tmp_path, side_passes=False)
-    assert lanes.main(["-q", "-p", "no:cacheprovider"], side=side, cwd=tmp_path) == 1
+    assert lanes.main(["-q", "-p", "no:cacheprovider"], side=side, cwd=tmp_path, work=tmp_path / "lanes") == 1
     out = capfd.readouterr().out
     assert "the side lane fails" in out and "1 failed" in out and "1 passed" in out
