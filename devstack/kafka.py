@@ -46,6 +46,7 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from devstack.common import (
     default_cache_dir,
@@ -55,6 +56,9 @@ from devstack.common import (
     terminate_process,
     wait_for_stop_signal,
 )
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import NewTopic
 
 #: The newest Kafka release whose whole dependency set resolves from Maven Central (4.4.0's
 #: ``kafka-tools-api`` was missing until late November 2026). 3.9.2 is tested too.
@@ -690,7 +694,7 @@ class KafkaBroker:
 _DROPPED_REQUEST = ("_DESTROY_BROKER", "_TRANSPORT", "_TIMED_OUT")
 
 
-def create_topics(bootstrap: str, topics: Sequence[object], timeout: float = 30, attempts: int = 3) -> None:
+def create_topics(bootstrap: str, topics: Sequence[NewTopic], timeout: float = 30, attempts: int = 3) -> None:
     """Create ``topics`` (confluent_kafka ``NewTopic``s) and wait until the controller answered.
 
     Right after a cluster starts, librdkafka may drop a CreateTopics request with the connection
@@ -720,7 +724,7 @@ def create_topics(bootstrap: str, topics: Sequence[object], timeout: float = 30,
         if not dropped:
             return
         logging.getLogger(__name__).info("CreateTopics for %s dropped by the client; sent again", dropped)
-        pending = [t for t in pending if t.topic in dropped]  # type: ignore[attr-defined]
+        pending = [t for t in pending if t.topic in dropped]
 
 
 def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:

@@ -2,8 +2,8 @@
 cluster and the remote topology, ``podman_images.CONTAINER_MODULES``) in one pytest process,
 everything else in another.
 
-Run one after the other they took 5 of a 40-minute suite, after it, waiting for nothing but the
-CPU. In their own lane their images build and their containers run at a lower CPU priority
+Run after everything else, as `pytest` alone runs them, they added 5 minutes to a 40-minute
+suite. In their own lane their images build and their containers run at a lower CPU priority
 (``podman_images.NICE``: the podman service, and with it every container, inherits it), beside
 the main lane's brokers and Spark, which wait on timers and I/O for much of their time. The main
 lane's output streams; the container lane's is printed in one piece after it, then the exit
@@ -13,7 +13,6 @@ status is the worse of the two. Arguments go to both lanes (``python -m tests.la
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -61,5 +60,4 @@ def main(
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main(sys.argv[1:]))

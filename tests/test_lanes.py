@@ -6,7 +6,7 @@ from __future__ import annotations
 from tests import lanes
 
 
-def _suite(tmp_path, side_passes: bool):
+def _suite(tmp_path, side_passes: bool = True, main_passes: bool = True):
     # each test waits until the other one has started: they pass only when run at the same time
     wait = (
         "def wait_for(name):\n"
@@ -19,6 +19,7 @@ def _suite(tmp_path, side_passes: bool):
         "import pathlib, time\n" + wait + "def test_main():\n"
         "    pathlib.Path('main.started').write_text('')\n"
         "    wait_for('side.started')\n"
+        f"    assert {main_passes}, 'the main lane fails'\n"
     )
     side = tmp_path / "side"
     side.mkdir()
@@ -45,3 +46,10 @@ def test_a_failing_container_lane_fails_the_run(tmp_path, capfd):
     assert lanes.main(["-q", "-p", "no:cacheprovider"], side=side, cwd=tmp_path, work=tmp_path / "lanes") == 1
     out = capfd.readouterr().out
     assert "the side lane fails" in out and "1 failed" in out and "1 passed" in out
+
+
+def test_a_failing_main_lane_fails_the_run(tmp_path, capfd):
+    side = _suite(tmp_path, main_passes=False)
+    assert lanes.main(["-q", "-p", "no:cacheprovider"], side=side, cwd=tmp_path, work=tmp_path / "lanes") == 1
+    out = capfd.readouterr().out
+    assert "the main lane fails" in out and "the container lane: side/test_side.py" in out
