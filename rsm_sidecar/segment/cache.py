@@ -74,6 +74,15 @@ class ByteLRU(Generic[K, V]):
                 self._pop_locked(next(iter(self._items)))
                 self._on_event("eviction")
 
+    def replace(self, key: K, old: V, new: V, size: int) -> None:
+        """Puts ``new`` in place of ``key``'s value if that is still ``old`` (the same object):
+        nothing when the entry was evicted or dropped meanwhile."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is None or item[0] is not old:
+                return
+        self.put(key, new, size)
+
     def discard(self, key: K) -> None:
         with self._lock:
             self._pop_locked(key)

@@ -53,7 +53,8 @@ class Metrics:
             "rsm_bytes",
             "Bytes moved: copy_original (segment bytes received), copy_stored "
             "(bytes written to storage), fetch_served (original bytes sent), fetch_handoff (the part of "
-            "fetch_served handed off in files), index_served.",
+            "fetch_served handed off in files), fetch_zstd (zstd frame bytes sent for the part of "
+            "fetch_served a client decompresses itself), index_served.",
             ["kind"],
             registry=r,
         )

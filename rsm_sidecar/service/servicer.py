@@ -33,7 +33,7 @@ from rsm_sidecar.errors import (
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.segment import sources
 from rsm_sidecar.segment.objects import delete_segment_objects
-from rsm_sidecar.segment.reader import INDEX_BY_TYPE, OpenSegment
+from rsm_sidecar.segment.reader import INDEX_BY_TYPE, FrameSlice, OpenSegment
 from rsm_sidecar.service import test_hooks
 from rsm_sidecar.service.admission import IdleWatchdog, Slots, Watch
 from rsm_sidecar.service.handoff import HandoffDir, HandoffError
@@ -226,6 +226,22 @@ def _fetch_messages(piece: bytes | memoryview, served: Counter, watch: Watch) ->
         served.inc(len(msg))
         yield encode_fetch_response(msg)
         watch.touch()
+
+
+def encode_zstd_response(piece: FrameSlice) -> bytes:
+    """A serialized ``FetchSegmentResponse{zstd}``, with one copy of the frame."""
+    slice_ = (
+        b"\x0a"
+        + _varint(len(piece.frame))
+        + piece.frame
+        + b"\x10"
+        + _varint(piece.size)
+        + b"\x18"
+        + _varint(piece.offset)
+        + b"\x20"
+        + _varint(piece.length)
+    )
+    return b"\x22" + _varint(len(slice_)) + slice_
 
 
 def encode_handoff_response(
@@ -462,8 +478,20 @@ class RemoteStorageServicer:
                         handoff.discard(name)
                         raise
                     return
-            for piece in reader.read(seg, start, end, views=True):
-                yield from _fetch_messages(piece, served, watch)
+            zstd_max = request.accept_zstd_max_bytes
+            pieces = (
+                reader.read_frames(seg, start, end, zstd_max)
+                if zstd_max > 0
+                else reader.read(seg, start, end, views=True)
+            )
+            for piece in pieces:
+                if isinstance(piece, FrameSlice):
+                    served.inc(piece.length)
+                    self.sidecar.metrics.bytes.labels("fetch_zstd").inc(len(piece.frame))
+                    yield encode_zstd_response(piece)
+                    watch.touch()
+                else:
+                    yield from _fetch_messages(piece, served, watch)
                 del piece  # not held while the reader fetches the next chunk
             if request.want_next_segment and end == size - 1:
                 following = self._next_segment_hint(seg)

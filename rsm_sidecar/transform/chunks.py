@@ -92,10 +92,24 @@ class ChunkCodec:
         would keep the run alive). ``where`` names the object and chunk in errors."""
         data = self._verify_and_decrypt(stored, where, crc, "chunk")
         if self.compression:
-            try:
-                data = self._decompressor().decompress(data, max_output_size=original_size)
-            except zstandard.ZstdError as e:
-                raise DataLoss(f"{where}: zstd frame is corrupt: {e}") from None
+            return self.decompress(data, original_size, where)
+        if len(data) != original_size:
+            raise DataLoss(f"{where}: decoded to {len(data)} bytes, expected {original_size}")
+        return _own_bytes(data)
+
+    def decode_to_frame(self, stored: Buffer, where: str, crc: int | None = None) -> bytes:
+        """Verify and decrypt one stored chunk of a compressed segment, leaving its zstd frame
+        (for a client that decompresses it: rsm.proto ``ZstdSlice``; ``decompress`` undoes it)."""
+        assert self.compression, "only chunks of compressed segments are zstd frames"
+        return _own_bytes(self._verify_and_decrypt(stored, where, crc, "chunk"))
+
+    def decompress(self, frame: Buffer, original_size: int, where: str) -> bytes:
+        """The original bytes of a verified chunk's zstd frame; ``DataLoss`` unless it is a frame
+        that decompresses to exactly ``original_size`` bytes."""
+        try:
+            data = self._decompressor().decompress(frame, max_output_size=original_size)
+        except zstandard.ZstdError as e:
+            raise DataLoss(f"{where}: zstd frame is corrupt: {e}") from None
         if len(data) != original_size:
             raise DataLoss(f"{where}: decoded to {len(data)} bytes, expected {original_size}")
         return _own_bytes(data)

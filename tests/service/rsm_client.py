@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 
 import grpc
+import zstandard
 
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2_grpc
@@ -145,6 +146,31 @@ class Client:
         if end is not None:
             req.end_position = end
         return b"".join(r.data for r in self.stub.FetchSegment(req, timeout=timeout))
+
+    def fetch_zstd(
+        self, md, start: int = 0, end: int | None = None, max_bytes: int = 8 * MiB, timeout: float = 120
+    ) -> tuple[bytes, int, int]:
+        """A fetch that accepts zstd frames of chunks up to ``max_bytes``, decoded as rsm.proto's
+        ``ZstdSlice`` tells a client to (exact size, slice in range): (the bytes, frame bytes
+        received, bytes received in ``data``)."""
+        req = pb.FetchSegmentRequest(metadata=md, start_position=start, accept_zstd_max_bytes=max_bytes)
+        if end is not None:
+            req.end_position = end
+        out = bytearray()
+        framed = plain = 0
+        for r in self.stub.FetchSegment(req, timeout=timeout):
+            if r.HasField("zstd"):
+                z = r.zstd
+                assert not r.data and 0 < z.size <= max_bytes and len(z.frame) <= MiB, z
+                assert 0 <= z.offset < z.offset + z.length <= z.size, z
+                whole = zstandard.ZstdDecompressor().decompress(z.frame, max_output_size=z.size)
+                assert len(whole) == z.size
+                out += whole[z.offset : z.offset + z.length]
+                framed += len(z.frame)
+            else:
+                out += r.data
+                plain += len(r.data)
+        return bytes(out), framed, plain
 
     def fetch_stream(self, md, start: int = 0, end: int | None = None, timeout: float = 120):
         req = pb.FetchSegmentRequest(metadata=md, start_position=start)
