@@ -27,8 +27,9 @@ import org.slf4j.LoggerFactory;
  *
  * <ul>
  *   <li>Flow control: one message is requested ahead of the one being read, so at most two
- *       messages (2 MiB) are held per stream and the sidecar produces no faster than the broker
- *       reads.
+ *       messages (2 MiB; the one being read as the data function made it: a zstd slice
+ *       decompressed, {@link ZstdSlices}) are held per stream and the sidecar produces no faster
+ *       than the broker reads.
  *   <li>{@link #close()} cancels the call if it has not ended; the sidecar sees the cancellation.
  *   <li>An error after the stream started is an {@link IOException} from {@code read}: the stream
  *       never ends early with a silent EOF. Only a call that ended with {@code OK} returns -1.

@@ -54,6 +54,11 @@ final class PluginMetricsBinding implements ShimMetrics.Listener {
                 "transfer", "grpc");
         b.counter("fetch-bytes-total", "Fetched bytes received in hand-off files", m.fetchHandoffBytes,
                 "transfer", "handoff");
+        b.counter("fetch-zstd-frame-bytes-total", "Bytes of the zstd frames received in gRPC messages (compressed)",
+                m.fetchZstdFrameBytes);
+        b.counter("fetch-zstd-slice-bytes-total",
+                "Fetched bytes delivered from zstd frames (also in fetch-bytes-total, transfer grpc)",
+                m.fetchZstdSliceBytes);
         b.counter("handoff-fallbacks-total", "Times fetch hand-off or read-ahead was turned off for a while",
                 m.handoffFallbacks);
         b.counter("tls-reloads-total", "Times changed TLS files were loaded", m.tlsReloads);

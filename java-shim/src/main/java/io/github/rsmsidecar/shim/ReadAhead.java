@@ -239,6 +239,14 @@ final class ReadAhead {
     }
 
     /**
+     * Whether {@code bytes} more fit under the bound beside the windows kept and being read ahead
+     * (a window that grows by its last chunk's tail must not push out another partition's).
+     */
+    synchronized boolean hasRoomFor(long bytes) {
+        return keptBytes + pendingBytes + bytes <= maxBytes;
+    }
+
+    /**
      * Keeps {@code file} (bytes {@code [start, start + its length)} of segment {@code seg}) as the
      * window of {@code partition}, taking a reference of its own, with the sidecar's name for the
      * next segment ({@code next}, nullable); the partition's previous window and, beyond the bound,

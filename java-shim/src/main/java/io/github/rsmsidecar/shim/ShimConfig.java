@@ -36,6 +36,7 @@ public final class ShimConfig {
     public static final String FETCH_HANDOFF = "fetch.handoff";
     public static final String FETCH_READAHEAD_BYTES = "fetch.readahead.bytes";
     public static final String FETCH_READAHEAD_MAX_BYTES = "fetch.readahead.max.bytes";
+    public static final String FETCH_ZSTD_MAX_CHUNK_BYTES = "fetch.zstd.max.chunk.bytes";
     public static final String FETCH_INDEX_DEADLINE_MS = "fetch.index.deadline.ms";
     public static final String DELETE_DEADLINE_MS = "delete.deadline.ms";
     public static final String RETRY_MAX_ATTEMPTS = "retry.max.attempts";
@@ -67,6 +68,17 @@ public final class ShimConfig {
      * once; more partitions share it in smaller windows (ReadAhead#currentWindowBytes).
      */
     static final long DEFAULT_FETCH_READAHEAD_MAX_BYTES = 64L * 1024 * 1024;
+    /**
+     * Off: on one node (the sidecar beside its broker, as a DaemonSet or over a Unix socket) frames
+     * cost the broker more CPU than the sidecar saves (docs/operations.md, "Compressed transfer");
+     * they pay where the bytes between the two cost, e.g. across zones.
+     */
+    static final int DEFAULT_FETCH_ZSTD_MAX_CHUNK_BYTES = 0;
+    /**
+     * A decompressed chunk is held in the heap while its message is read: at most as much as the
+     * largest hand-off file ({@link FetchHandoff#MAX_FILE_BYTES}).
+     */
+    static final int MAX_FETCH_ZSTD_MAX_CHUNK_BYTES = 64 * 1024 * 1024;
 
     /** Keys the broker itself adds to the map; accepted silently. */
     static final Set<String> BROKER_KEYS = Set.of("broker.id", "node.id");
@@ -86,6 +98,7 @@ public final class ShimConfig {
         k.put(FETCH_HANDOFF, "true");
         k.put(FETCH_READAHEAD_BYTES, String.valueOf(DEFAULT_FETCH_READAHEAD_BYTES));
         k.put(FETCH_READAHEAD_MAX_BYTES, String.valueOf(DEFAULT_FETCH_READAHEAD_MAX_BYTES));
+        k.put(FETCH_ZSTD_MAX_CHUNK_BYTES, String.valueOf(DEFAULT_FETCH_ZSTD_MAX_CHUNK_BYTES));
         k.put(FETCH_INDEX_DEADLINE_MS, "30000");
         k.put(DELETE_DEADLINE_MS, "30000");
         k.put(RETRY_MAX_ATTEMPTS, "3");
@@ -155,6 +168,7 @@ public final class ShimConfig {
     private final boolean fetchHandoff;
     private final int fetchReadaheadBytes;
     private final long fetchReadaheadMaxBytes;
+    private final int fetchZstdMaxChunkBytes;
     private final long fetchIndexDeadlineMs;
     private final long deleteDeadlineMs;
     private final int retryMaxAttempts;
@@ -215,6 +229,12 @@ public final class ShimConfig {
             throw new ShimConfigException(FETCH_READAHEAD_MAX_BYTES, raw.get(FETCH_READAHEAD_MAX_BYTES),
                     "must be at least " + FETCH_READAHEAD_BYTES + " (" + readahead + ")");
         }
+        long zstdMax = longValue(raw, FETCH_ZSTD_MAX_CHUNK_BYTES);
+        if (zstdMax != 0 && (zstdMax < 65536 || zstdMax > MAX_FETCH_ZSTD_MAX_CHUNK_BYTES)) {
+            throw new ShimConfigException(FETCH_ZSTD_MAX_CHUNK_BYTES, raw.get(FETCH_ZSTD_MAX_CHUNK_BYTES),
+                    "must be 0 (off) or between 65536 and " + MAX_FETCH_ZSTD_MAX_CHUNK_BYTES);
+        }
+        this.fetchZstdMaxChunkBytes = (int) zstdMax;
         this.fetchIndexDeadlineMs = positiveMillis(raw, FETCH_INDEX_DEADLINE_MS);
         this.deleteDeadlineMs = positiveMillis(raw, DELETE_DEADLINE_MS);
         long attempts = longValue(raw, RETRY_MAX_ATTEMPTS);
@@ -491,6 +511,14 @@ public final class ShimConfig {
         return fetchReadaheadMaxBytes;
     }
 
+    /**
+     * The largest decompressed chunk a fetch accepts as a zstd frame (rsm.proto
+     * {@code accept_zstd_max_bytes}; see ZstdSlices); 0 = none.
+     */
+    public int fetchZstdMaxChunkBytes() {
+        return fetchZstdMaxChunkBytes;
+    }
+
     public long fetchIndexDeadlineMs() {
         return fetchIndexDeadlineMs;
     }
@@ -580,6 +608,7 @@ public final class ShimConfig {
                 + ", fetch.read.timeout.ms=" + fetchReadTimeoutMs + ", fetch.idle.timeout.ms=" + fetchIdleTimeoutMs
                 + ", fetch.window.bytes=" + fetchWindowBytes + ", fetch.handoff=" + fetchHandoff
                 + ", fetch.readahead.bytes=" + fetchReadaheadBytes + ", fetch.readahead.max.bytes=" + fetchReadaheadMaxBytes
+                + ", fetch.zstd.max.chunk.bytes=" + fetchZstdMaxChunkBytes
                 + ", fetch.index.deadline.ms=" + fetchIndexDeadlineMs + ", delete.deadline.ms=" + deleteDeadlineMs
                 + ", retry.max.attempts=" + retryMaxAttempts + ", retry.initial.backoff.ms=" + retryInitialBackoffMs
                 + ", retry.max.backoff.ms=" + retryMaxBackoffMs

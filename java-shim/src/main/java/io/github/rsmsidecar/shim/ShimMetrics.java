@@ -51,8 +51,12 @@ final class ShimMetrics {
     private final Map<Op, OpCounters> ops = new EnumMap<>(Op.class);
     /** Segment bytes copied (stream and path mode alike: the log file and its indexes). */
     final LongAdder copyBytes = new LongAdder();
-    /** Fetched bytes that came in gRPC messages. */
+    /** Fetched bytes that came in gRPC messages (those decompressed from zstd frames included). */
     final LongAdder fetchGrpcBytes = new LongAdder();
+    /** Bytes of the zstd frames received in gRPC messages: compressed, as they crossed gRPC (ZstdSlices). */
+    final LongAdder fetchZstdFrameBytes = new LongAdder();
+    /** Fetched bytes delivered from zstd frames (a part of {@link #fetchGrpcBytes}). */
+    final LongAdder fetchZstdSliceBytes = new LongAdder();
     /** Fetched bytes that came in hand-off files. */
     final LongAdder fetchHandoffBytes = new LongAdder();
     /** Times hand-off (or read-ahead over it) was turned off for a while after a failure. */

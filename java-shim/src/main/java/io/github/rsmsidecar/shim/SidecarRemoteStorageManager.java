@@ -86,6 +86,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private volatile FetchHandoff handoff;
     /** Null when read-ahead is off (or hand-off is: it reads ahead in hand-off files). */
     private volatile ReadAhead readAhead;
+    /**
+     * The {@code accept_zstd_max_bytes} of every fetch: {@code fetch.zstd.max.chunk.bytes}, or 0
+     * without zstd-jni ({@link ZstdSlices#acceptMaxBytes}).
+     */
+    private volatile int zstdMaxBytes;
     /** Read-ahead is used again from this {@link System#nanoTime()} on (see {@link #readAheadRests}). */
     private volatile long readAheadOffUntilNanos = System.nanoTime();
     private volatile Retrier retrier;
@@ -168,6 +173,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                         c.tlsReloadIntervalMs(), TimeUnit.MILLISECONDS);
             }
             this.handoff = c.handoffDir() == null ? null : new FetchHandoff(c.handoffDir());
+            this.zstdMaxBytes = ZstdSlices.acceptMaxBytes(c.fetchZstdMaxChunkBytes());
             ReadAhead previous = this.readAhead;
             this.readAhead = c.fetchReadaheadBytes() == 0 ? null
                     : new ReadAhead(c.fetchReadaheadBytes(), c.fetchReadaheadMaxBytes());
@@ -699,7 +705,8 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 .setMetadata(request)
                 .setStartPosition((int) from)
                 .setAcceptHandoff(h != null)
-                .setWantNextSegment(to == null);
+                .setWantNextSegment(to == null)
+                .setAcceptZstdMaxBytes(zstdMaxBytes);
         if (to != null) {
             req.setEndPosition(to);
         }
@@ -715,7 +722,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 + ") at " + from;
         metrics.call(ShimMetrics.Op.BACKGROUND);
         if (h == null) {
-            readAheadReceived(call, partition, seg, from, length, follows, ra, claim, op);
+            readAheadReceived(call, partition, seg, from, length, follows, ra, claim, req.getAcceptZstdMaxBytes(), op);
         } else {
             readAheadHandedOff(call, h, partition, seg, from, length, follows, ra, claim, op);
         }
@@ -766,39 +773,67 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     /**
      * The read-ahead window in gRPC messages (a sidecar reached over TCP): every message is asked
      * for at once (the window is bounded, so is what arrives), their arrays are kept as they came
-     * (no copy), and the window is kept once the call ended OK with exactly its bytes; anything
-     * else keeps nothing and the reader asks for the window itself. The sidecar names the next
-     * segment in a message of its own after the data (rsm.proto {@code want_next_segment}).
+     * (no copy; zstd slices decompressed, {@link ZstdSlices}), and the window is kept once the call
+     * ended OK with exactly its bytes; anything else (a message refused: the call is cancelled)
+     * keeps nothing and the reader asks for the window itself. The sidecar names the next segment
+     * in a message of its own after the data (rsm.proto {@code want_next_segment}).
      */
     private void readAheadReceived(ClientCall<FetchSegmentRequest, FetchSegmentResponse> call,
                                    TopicIdPartition partition, ReadAhead.SegmentRef seg, long from, long length,
-                                   boolean follows, ReadAhead ra, ReadAhead.Claim claim, String op) {
+                                   boolean follows, ReadAhead ra, ReadAhead.Claim claim, int acceptZstd, String op) {
         call.start(new ClientCall.Listener<>() {
             private ByteString bytes = ByteString.EMPTY;
+            /** The rest of the chunk after the last message's zstd slice (ZstdSlices.Decoded). */
+            private ByteString tail = ByteString.EMPTY;
             private SegmentMetadata next;
+            /** Set once a message was refused: nothing is kept, whatever still arrives or however the call ends. */
+            private boolean refused;
 
             @Override
             public void onMessage(FetchSegmentResponse response) {
+                if (refused) {
+                    return;
+                }
                 if (response.hasHandoff()) {
-                    call.cancel("the sidecar answered with a hand-off file that was not asked for", null);
+                    refuse("the sidecar answered with a hand-off file that was not asked for", null);
                     return;
                 }
                 if (response.hasNextSegment()) {
                     next = response.getNextSegment();
                 }
-                bytes = bytes.concat(response.getData());
-                metrics.fetchGrpcBytes.add(response.getData().size());
+                try {
+                    ZstdSlices.Decoded got = received(response, acceptZstd, true);
+                    bytes = bytes.concat(got.slice());
+                    tail = got.tail();
+                } catch (IOException e) {
+                    LOG.debug("{}: {}", op, e.getMessage()); // the reader asks for the window itself
+                    refuse(e.getMessage(), e);
+                    return;
+                }
                 if (bytes.size() > length) {
-                    call.cancel("the sidecar sent more than the " + length + " bytes asked for", null);
+                    refuse("the sidecar sent more than the " + length + " bytes asked for", null);
                     return;
                 }
                 call.request(1);
             }
 
+            private void refuse(String why, Throwable cause) {
+                refused = true;
+                bytes = ByteString.EMPTY;
+                tail = ByteString.EMPTY;
+                call.cancel(why, cause);
+            }
+
             @Override
             public void onClose(Status status, io.grpc.Metadata trailers) {
                 try {
-                    if (status.isOk() && bytes.size() == length) {
+                    if (!refused && status.isOk() && bytes.size() == length) {
+                        // the window's last chunk, decompressed whole, to its end: the next window
+                        // then starts at a chunk boundary (unless that would overrun the bound)
+                        if (!tail.isEmpty() && from + length + tail.size() <= seg.size()
+                                && ra.hasRoomFor(tail.size())) {
+                            bytes = bytes.concat(tail);
+                        }
                         FetchHandoff.OpenFile window = FetchHandoff.OpenFile.received(bytes, op);
                         ra.keep(partition, seg, from, window, next, follows);
                         window.release(); // keep() took its own reference
@@ -807,11 +842,37 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     }
                 } finally {
                     bytes = ByteString.EMPTY;
+                    tail = ByteString.EMPTY;
                     ra.pendingDone(partition, claim);
                 }
             }
         }, new io.grpc.Metadata());
         call.request(4); // a few messages in flight; each one received asks for one more
+    }
+
+    /**
+     * The bytes of one streamed message of a fetch whose request had {@code acceptZstd} as
+     * {@code accept_zstd_max_bytes}: its data, or its zstd slice decompressed; counted.
+     *
+     * @throws IOException the message is refused ({@link ZstdSlices#bytes}); the message says why
+     */
+    private ByteString received(FetchSegmentResponse response, int acceptZstd) throws IOException {
+        return received(response, acceptZstd, false).slice();
+    }
+
+    /** As above, with the chunk's tail after a zstd slice when {@code keepTail} ({@link ZstdSlices.Decoded}). */
+    private ZstdSlices.Decoded received(FetchSegmentResponse response, int acceptZstd, boolean keepTail)
+            throws IOException {
+        if (response.hasZstd()) {
+            metrics.fetchZstdFrameBytes.add(response.getZstd().getFrame().size());
+        }
+        ZstdSlices.Decoded got = ZstdSlices.bytes(response, acceptZstd, keepTail);
+        int bytes = got.slice().size() + got.tail().size();
+        if (response.hasZstd()) {
+            metrics.fetchZstdSliceBytes.add(bytes);
+        }
+        metrics.fetchGrpcBytes.add(bytes);
+        return got;
     }
 
     private void readAheadRests(String op, int windowBytes) {
@@ -838,7 +899,8 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                                   Consumer<FetchHandoff.OpenFile> keep) throws RemoteStorageException {
         FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
                 .setMetadata(MetadataMapper.toProto(md))
-                .setStartPosition(start);
+                .setStartPosition(start)
+                .setAcceptZstdMaxBytes(zstdMaxBytes);
         if (end != null) {
             req.setEndPosition(end);
         }
@@ -863,9 +925,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                         ? "the sidecar answered with a hand-off file that was not asked for"
                         : "the sidecar sent a hand-off file after other messages"));
             }
-            ByteString bytes = response.getData();
-            metrics.fetchGrpcBytes.add(bytes.size());
-            return bytes;
+            try {
+                return received(response, request.getAcceptZstdMaxBytes());
+            } catch (IOException e) {
+                throw new UncheckedIOException(e.getMessage(), e); // the stream cancels the call and fails the read
+            }
         };
         Function<FetchSegmentResponse, InputStream> handedOff = handoff == null ? null
                 : response -> {
