@@ -94,6 +94,21 @@ def test_frames_only_where_smaller_and_within_what_the_client_accepts(start_side
     assert (got, framed, plain) == (noise, 0, len(noise))
 
 
+def test_a_frame_over_one_mib_comes_as_data(start_sidecar, tmp_path):
+    """A gRPC message carries at most 1 MiB: a chunk whose frame is larger (8 MiB of records
+    compress to about 1.6 MiB) comes decompressed, however much the client accepts; the same
+    records in 4 MiB chunks (frames of about 0.8 MiB) come as frames."""
+    for n, chunk_size, sent_as_frames in ((1, 8 * 1024 * KiB, False), (2, 4 * 1024 * KiB, True)):
+        sc = start_sidecar(
+            encryption=True, segment__chunk_size=chunk_size, segment__compression_heuristic=False
+        )
+        log = _records(chunk_size)
+        md = _copied(sc, tmp_path, log, n)
+        got, framed, plain = sc.client.fetch_zstd(md, max_bytes=16 * 1024 * KiB)
+        assert got == log
+        assert (framed > 0, plain) == ((True, 0) if sent_as_frames else (False, len(log)))
+
+
 def test_cached_frames_serve_a_plain_reader_and_cached_bytes_serve_a_frame_reader(start_sidecar, tmp_path):
     """The chunk cache holds frames for a reader that takes them, and a chunk some reader needed
     decompressed stays cached decompressed (read in parts, it is decompressed once); either kind

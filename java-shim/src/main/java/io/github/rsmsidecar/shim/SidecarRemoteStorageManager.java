@@ -833,6 +833,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                         if (!tail.isEmpty() && from + length + tail.size() <= seg.size()
                                 && ra.hasRoomFor(tail.size())) {
                             bytes = bytes.concat(tail);
+                            countTail(tail);
                         }
                         FetchHandoff.OpenFile window = FetchHandoff.OpenFile.received(bytes, op);
                         ra.keep(partition, seg, from, window, next, follows);
@@ -852,27 +853,29 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     /**
      * The bytes of one streamed message of a fetch whose request had {@code acceptZstd} as
-     * {@code accept_zstd_max_bytes}: its data, or its zstd slice decompressed; counted.
+     * {@code accept_zstd_max_bytes}: its data, or its zstd slice decompressed, and with
+     * {@code keepTail} the rest of that slice's chunk ({@link ZstdSlices.Decoded}); the slice is
+     * counted (a tail only once it is kept: {@link #countTail}).
      *
      * @throws IOException the message is refused ({@link ZstdSlices#bytes}); the message says why
      */
-    private ByteString received(FetchSegmentResponse response, int acceptZstd) throws IOException {
-        return received(response, acceptZstd, false).slice();
-    }
-
-    /** As above, with the chunk's tail after a zstd slice when {@code keepTail} ({@link ZstdSlices.Decoded}). */
     private ZstdSlices.Decoded received(FetchSegmentResponse response, int acceptZstd, boolean keepTail)
             throws IOException {
         if (response.hasZstd()) {
             metrics.fetchZstdFrameBytes.add(response.getZstd().getFrame().size());
         }
         ZstdSlices.Decoded got = ZstdSlices.bytes(response, acceptZstd, keepTail);
-        int bytes = got.slice().size() + got.tail().size();
         if (response.hasZstd()) {
-            metrics.fetchZstdSliceBytes.add(bytes);
+            metrics.fetchZstdSliceBytes.add(got.slice().size());
         }
-        metrics.fetchGrpcBytes.add(bytes);
+        metrics.fetchGrpcBytes.add(got.slice().size());
         return got;
+    }
+
+    /** Counts a chunk's tail that a read-ahead window kept (see {@link #received}). */
+    private void countTail(ByteString tail) {
+        metrics.fetchZstdSliceBytes.add(tail.size());
+        metrics.fetchGrpcBytes.add(tail.size());
     }
 
     private void readAheadRests(String op, int windowBytes) {
@@ -926,7 +929,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                         : "the sidecar sent a hand-off file after other messages"));
             }
             try {
-                return received(response, request.getAcceptZstdMaxBytes());
+                return received(response, request.getAcceptZstdMaxBytes(), false).slice();
             } catch (IOException e) {
                 throw new UncheckedIOException(e.getMessage(), e); // the stream cancels the call and fails the read
             }

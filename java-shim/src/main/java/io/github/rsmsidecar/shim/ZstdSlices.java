@@ -75,17 +75,6 @@ final class ZstdSlices {
     }
 
     /**
-     * The bytes one message of a {@code FetchSegment} stream carries: its {@code data}, or its
-     * {@code zstd} slice decompressed ({@link #decode}). {@code maxBytes}: the request's
-     * {@code accept_zstd_max_bytes}.
-     *
-     * @throws IOException the message is refused; the message says why
-     */
-    static ByteString bytes(FetchSegmentResponse response, int maxBytes) throws IOException {
-        return bytes(response, maxBytes, false).slice();
-    }
-
-    /**
      * The bytes of a message ({@code slice}) and, for a zstd slice that ends before its chunk does
      * and when {@code keepTail}, the rest of the chunk ({@code tail}: the segment's bytes that
      * follow the slice, decompressed anyway to check the frame's size); otherwise an empty tail.
@@ -94,9 +83,13 @@ final class ZstdSlices {
     }
 
     /**
-     * As {@link #bytes(FetchSegmentResponse, int)}, with the chunk's tail after a zstd slice when
+     * The bytes one message of a {@code FetchSegment} stream carries: its {@code data}, or its
+     * {@code zstd} slice decompressed ({@link #decode}), with the chunk's tail after the slice when
      * {@code keepTail} (a read-ahead window keeps it: the next window then starts at a chunk
-     * boundary and no chunk is decompressed twice, see {@link #decode(ZstdSlice, int, boolean)}).
+     * boundary and no chunk is decompressed twice). {@code maxBytes}: the request's
+     * {@code accept_zstd_max_bytes}.
+     *
+     * @throws IOException the message is refused; the message says why
      */
     static Decoded bytes(FetchSegmentResponse response, int maxBytes, boolean keepTail) throws IOException {
         if (!response.hasZstd()) {
@@ -116,22 +109,14 @@ final class ZstdSlices {
     /**
      * Bytes {@code [offset, offset + length)} of what {@code slice}'s frame decompresses to, as a
      * rope of arrays of at most {@link FetchResponseMarshaller#PIECE_BYTES}, once the whole frame
-     * decompressed to exactly {@code size} bytes. {@code maxBytes}: the request's
-     * {@code accept_zstd_max_bytes} (> 0).
-     *
-     * @throws IOException the slice is refused (see the class comment); the message says why
-     */
-    static ByteString decode(ZstdSlice slice, int maxBytes) throws IOException {
-        return decode(slice, maxBytes, false).slice();
-    }
-
-    /**
-     * As {@link #decode(ZstdSlice, int)}, and with {@code keepTail} also the chunk's bytes after the
-     * slice ({@code [offset + length, size)}, in the same pieces) instead of dropping them. A
+     * decompressed to exactly {@code size} bytes; with {@code keepTail} also the chunk's bytes after
+     * the slice ({@code [offset + length, size)}, in the same pieces) instead of dropping them. A
      * window that ends inside a chunk costs that chunk's whole decompression, and the window after
      * it would decompress the chunk again for its first bytes: with read-ahead windows of 2.7 MiB
      * over 4 MiB chunks (12 partitions at the default bound) each chunk was decompressed about
-     * twice and a half.
+     * twice and a half. {@code maxBytes}: the request's {@code accept_zstd_max_bytes} (> 0).
+     *
+     * @throws IOException the slice is refused (see the class comment); the message says why
      */
     static Decoded decode(ZstdSlice slice, int maxBytes, boolean keepTail) throws IOException {
         int size = slice.getSize();

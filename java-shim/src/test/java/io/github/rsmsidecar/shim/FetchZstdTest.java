@@ -425,11 +425,11 @@ class FetchZstdTest {
         ByteString frame = handMadeFrame(16, block(1, 1000, false, (byte) 'a'), block(1, 1000, false, (byte) 'b'),
                 block(2, 4, true, (byte) 0xff, (byte) 0xff, (byte) 0xff, (byte) 0xff));
         assertEquals(null, ZstdSlices.notOneFrame(frame));
-        IOException e = assertThrows(IOException.class, () -> ZstdSlices.decode(slice(frame, 1000, 10, 20), 65536));
+        IOException e = assertThrows(IOException.class, () -> ZstdSlices.decode(slice(frame, 1000, 10, 20), 65536, false).slice());
         assertEquals("the sidecar's zstd frame decompressed to more than the 1000 bytes the message declared",
                 e.getMessage());
         // the frame is what it says: decompressing on reaches the bad block
-        e = assertThrows(IOException.class, () -> ZstdSlices.decode(slice(frame, 3000, 0, 3000), 65536));
+        e = assertThrows(IOException.class, () -> ZstdSlices.decode(slice(frame, 3000, 0, 3000), 65536, false).slice());
         assertTrue(e.getMessage().startsWith("the sidecar's zstd frame (" + frame.size()
                 + " bytes, declared to decompress to 3000) cannot be decompressed: "), e.getMessage());
         // a frame of 64 GiB (2 MiB of RLE blocks), declared as 128 KiB: refused after its first block
@@ -439,7 +439,7 @@ class FetchZstdTest {
         ByteString huge = handMadeFrame(17, blocks);
         assertEquals(null, ZstdSlices.notOneFrame(huge));
         long started = System.nanoTime();
-        e = assertThrows(IOException.class, () -> ZstdSlices.decode(slice(huge, 131_072, 0, 1), 131_072));
+        e = assertThrows(IOException.class, () -> ZstdSlices.decode(slice(huge, 131_072, 0, 1), 131_072, false).slice());
         assertTrue(e.getMessage().contains("more than the 131072 bytes"), e.getMessage());
         assertTrue(System.nanoTime() - started < TimeUnit.SECONDS.toNanos(1), "64 GiB were not decompressed");
     }
@@ -472,18 +472,18 @@ class FetchZstdTest {
     void aFrameMayNotAskForALargerWindowThanTheRequestAccepts() throws Exception {
         ByteString frame = handMadeFrame(24, block(1, 1000, true, (byte) 'x')); // a 16 MiB window for 1000 bytes
         IOException e = assertThrows(IOException.class,
-                () -> ZstdSlices.decode(slice(frame, 1000, 0, 1000), 8 * 1024 * 1024));
+                () -> ZstdSlices.decode(slice(frame, 1000, 0, 1000), 8 * 1024 * 1024, false).slice());
         assertTrue(e.getMessage().contains("cannot be decompressed"), e.getMessage());
         byte[] x = new byte[1000];
         Arrays.fill(x, (byte) 'x');
-        assertArrayEquals(x, ZstdSlices.decode(slice(frame, 1000, 0, 1000), 16 * 1024 * 1024).toByteArray());
+        assertArrayEquals(x, ZstdSlices.decode(slice(frame, 1000, 0, 1000), 16 * 1024 * 1024, false).slice().toByteArray());
     }
 
     @Test
     void aSliceComesInPiecesOfAtMost256KiB() throws Exception {
         byte[] chunk = Arrays.copyOf(SEGMENT, 2 * 1024 * 1024 + 5);
         ByteString frame = ByteString.copyFrom(Zstd.compress(chunk));
-        ByteString slice = ZstdSlices.decode(slice(frame, chunk.length, 3, chunk.length - 4), ACCEPT);
+        ByteString slice = ZstdSlices.decode(slice(frame, chunk.length, 3, chunk.length - 4), ACCEPT, false).slice();
         assertArrayEquals(Arrays.copyOfRange(chunk, 3, chunk.length - 1), slice.toByteArray());
         for (ByteBuffer piece : slice.asReadOnlyByteBufferList()) {
             assertTrue(piece.remaining() <= FetchResponseMarshaller.PIECE_BYTES, "piece of " + piece.remaining());
@@ -526,10 +526,13 @@ class FetchZstdTest {
         Method accept = slices.getDeclaredMethod("acceptMaxBytes", int.class);
         accept.setAccessible(true);
         assertEquals(0, accept.invoke(null, ACCEPT));
-        Method bytes = slices.getDeclaredMethod("bytes", FetchSegmentResponse.class, int.class);
+        Method bytes = slices.getDeclaredMethod("bytes", FetchSegmentResponse.class, int.class, boolean.class);
         bytes.setAccessible(true);
         FetchSegmentResponse data = FetchSegmentResponse.newBuilder().setData(ByteString.copyFromUtf8("abc")).build();
-        assertEquals(ByteString.copyFromUtf8("abc"), bytes.invoke(null, data, 0));
+        Object decoded = bytes.invoke(null, data, 0, false);
+        Method slice = decoded.getClass().getDeclaredMethod("slice");
+        slice.setAccessible(true);
+        assertEquals(ByteString.copyFromUtf8("abc"), slice.invoke(decoded));
         assertEquals(ACCEPT, ZstdSlices.acceptMaxBytes(ACCEPT), "here zstd-jni is there");
         assertEquals(0, ZstdSlices.acceptMaxBytes(0));
     }
