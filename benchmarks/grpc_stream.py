@@ -10,17 +10,24 @@ partitions of one consumer fetch read at once). Printed per case: MiB/s and the 
 milliseconds per MiB sent (``/proc/<pid>/stat``), next to the raw cost of the work TLS adds
 (AES-256-GCM encryption of the same bytes, one core) measured in the same run. The client runs on
 the same cores: compare the server's CPU per MiB, not the MiB/s.
+
+``--raw-tls`` adds the floor under any TLS data plane written in Python: the same bytes sent by a
+server process over plain TLS sockets (Python's ``ssl``, OpenSSL; one connection and thread per
+stream, ``sendall`` of one message-sized buffer at a time, no framing), so the gRPC rows can be
+read against what TLS itself costs from Python.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -71,6 +78,82 @@ def serve(port: int, tls_dir: str | None, message_bytes: int) -> None:
     server.stop(0)
 
 
+def serve_raw_tls(port: int, tls_dir: str, message_bytes: int) -> None:
+    """The ``--raw-tls`` server process: each connection sends a byte count, gets that many bytes."""
+    import socket
+    import ssl
+    import threading
+
+    payload = os.urandom(message_bytes)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(Path(tls_dir) / "cert.pem", Path(tls_dir) / "key.pem")
+
+    def answer(conn: socket.socket) -> None:
+        with context.wrap_socket(conn, server_side=True) as tls, tls.makefile("rb") as request:
+            for _ in range(int(request.readline()) // message_bytes):
+                tls.sendall(payload)
+
+    listener = socket.create_server(("127.0.0.1", port))
+    threading.Thread(target=lambda: [sys.stdin.read(), os._exit(0)], daemon=True).start()
+    print("ready", flush=True)
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+
+def raw_tls_case(tls_dir: str, message_bytes: int, streams: int, total: int) -> tuple[float, float]:
+    """As ``one_case``, over ``--raw-tls``'s plain TLS sockets."""
+    import socket
+    import ssl
+
+    port = free_port()
+    argv = [sys.executable, __file__, "--serve-raw-tls", str(port), str(message_bytes), tls_dir]
+    with server_process(argv) as server:
+        context = ssl.create_default_context(cafile=str(Path(tls_dir) / "ca.pem"))
+        per_stream = total // streams
+
+        def read_one(_: int) -> int:
+            with socket.create_connection(("127.0.0.1", port)) as raw:
+                with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                    tls.sendall(f"{per_stream}\n".encode())
+                    buf, got = bytearray(MiB), 0
+                    while n := tls.recv_into(buf):
+                        got += n
+                    return got
+
+        return timed_streams(
+            server.pid, streams, read_one, (per_stream // message_bytes) * message_bytes * streams
+        )
+
+
+@contextlib.contextmanager
+def server_process(argv: list[str]) -> Iterator[subprocess.Popen]:
+    """A server process of this script, once it printed ``ready``; stopped by closing its stdin."""
+    server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        if server.stdout is None or server.stdout.readline().strip() != "ready":
+            raise RuntimeError("the server did not start")
+        yield server
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(30)
+
+
+def timed_streams(
+    server_pid: int, streams: int, read_one: Callable[[int], int], expected: int
+) -> tuple[float, float]:
+    """(MiB/s, server CPU ms per MiB) of ``streams`` concurrent ``read_one`` calls, which must
+    receive ``expected`` bytes in all."""
+    cpu0, t0 = cpu_seconds(server_pid), time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        received = sum(pool.map(read_one, range(streams)))
+    elapsed, cpu = time.perf_counter() - t0, cpu_seconds(server_pid) - cpu0
+    if received != expected:
+        raise RuntimeError(f"received {received} bytes, expected {expected}")
+    return received / MiB / elapsed, 1000 * cpu / (received / MiB)
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -90,10 +173,7 @@ def one_case(tls_dir: str | None, message_bytes: int, streams: int, total: int) 
     argv = [sys.executable, __file__, "--serve", str(port), str(message_bytes)] + (
         [tls_dir] if tls_dir else []
     )
-    server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        if server.stdout is None or server.stdout.readline().strip() != "ready":
-            raise RuntimeError("the server did not start")
+    with server_process(argv) as server:
         options = [("grpc.max_receive_message_length", 64 * MiB)]
         if tls_dir:
             creds = grpc.ssl_channel_credentials((Path(tls_dir) / "ca.pem").read_bytes())
@@ -106,19 +186,12 @@ def one_case(tls_dir: str | None, message_bytes: int, streams: int, total: int) 
         def read_one(_: int) -> int:
             return sum(len(m) for m in call(str(per_stream).encode()))
 
-        cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-            received = sum(pool.map(read_one, range(streams)))
-        elapsed, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
-        channel.close()
-        expected = (per_stream // message_bytes) * message_bytes * streams
-        if received != expected:
-            raise RuntimeError(f"received {received} bytes, expected {expected}")
-        return received / MiB / elapsed, 1000 * cpu / (received / MiB)
-    finally:
-        if server.stdin is not None:
-            server.stdin.close()
-        server.wait(30)
+        try:
+            return timed_streams(
+                server.pid, streams, read_one, (per_stream // message_bytes) * message_bytes * streams
+            )
+        finally:
+            channel.close()
 
 
 def aes_gcm_ms_per_mib(total: int) -> float:
@@ -134,10 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--serve":
         serve(int(argv[1]), argv[3] if len(argv) > 3 else None, int(argv[2]))
         return 0
+    if argv and argv[0] == "--serve-raw-tls":
+        serve_raw_tls(int(argv[1]), argv[3], int(argv[2]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mib", type=int, default=512, help="MiB streamed per case")
     ap.add_argument("--streams", default="1,12")
     ap.add_argument("--message-kib", default="256,1024,4096")
+    ap.add_argument("--raw-tls", action="store_true", help="also plain TLS sockets from Python (no gRPC)")
     args = ap.parse_args(argv)
     total = args.mib * MiB
     print(f"raw AES-256-GCM encryption, one core: {aes_gcm_ms_per_mib(total):.2f} ms per MiB")
@@ -152,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                     rate, ms = one_case(tls_dir, kib * 1024, streams, total)
                     name = "TLS" if tls_dir else "plaintext"
                     print(f"| {name} | {kib} KiB | {streams} | {rate:.0f} | {ms:.2f} |", flush=True)
+        for kib in (int(k) for k in args.message_kib.split(",")) if args.raw_tls else ():
+            for streams in (int(s) for s in args.streams.split(",")):
+                rate, ms = raw_tls_case(tmp, kib * 1024, streams, total)
+                print(f"| TLS socket, no gRPC | {kib} KiB | {streams} | {rate:.0f} | {ms:.2f} |", flush=True)
     return 0
 
 
