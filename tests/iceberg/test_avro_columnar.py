@@ -185,21 +185,28 @@ def avro_type(draw, names: Names, depth: int, in_union: bool = False) -> Any:
 
 @st.composite
 def union(draw, names: Names, depth: int) -> list:
-    """Branches of different kinds (a row tells them apart), records apart by name, maybe null."""
+    """Branches of different kinds (a row tells them apart), records apart by name (the Avro
+    spec allows two records in a union only under different names, and registries refuse
+    others; fastavro's parser does not check it), maybe null."""
     branches: list = []
     kinds: set[str] = set()
+    record_names: set[str] = set()
     for _ in range(draw(st.integers(1, 3))):
         before = dict(names.done)
         b = draw(avro_type(names, depth, in_union=True))
         k = kind_of(b, names)
+        name = (b if isinstance(b, str) else b["name"]) if k == "record" else None
         if (
             (k in kinds and k != "record")
             or (k == "record" and "dict" in kinds)
             or (k == "dict" and "record" in kinds)
+            or name in record_names
         ):
             names.done = before  # the branch and the named types in it are dropped
             continue
         kinds.add(k)
+        if name is not None:
+            record_names.add(name)
         branches.append(b)
     if draw(st.booleans()) or not branches:
         branches.insert(draw(st.integers(0, len(branches))), "null")
