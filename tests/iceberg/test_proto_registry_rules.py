@@ -6,6 +6,7 @@ framed the Kafka-on-Pulsar way (unsupported: ``__err__`` + ``__raw__``)."""
 from __future__ import annotations
 
 import collections
+import http.client
 import http.server
 import json
 import threading
@@ -103,17 +104,23 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 
     def _forward(self) -> None:
         srv = self.server
-        with srv.lock:
-            srv.counts[(self.command, self.path.split("?")[0])] += 1
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
         headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "accept")}
-        req = urllib.request.Request(srv.upstream + self.path, body, headers, method=self.command)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                status, ctype, data = resp.status, resp.headers.get("Content-Type"), resp.read()
-        except urllib.error.HTTPError as exc:
-            status, ctype, data = exc.code, exc.headers.get("Content-Type"), exc.read()
+        for attempt in (1, 2):  # a connection the registry dropped unanswered is the proxy's to retry
+            req = urllib.request.Request(srv.upstream + self.path, body, headers, method=self.command)
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    status, ctype, data = resp.status, resp.headers.get("Content-Type"), resp.read()
+            except urllib.error.HTTPError as exc:
+                status, ctype, data = exc.code, exc.headers.get("Content-Type"), exc.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError):
+                if attempt == 2:
+                    raise
+                continue
+            break
+        with srv.lock:  # counted once answered: what the client asked for, not the proxy's retries
+            srv.counts[(self.command, self.path.split("?")[0])] += 1
         self.send_response(status)
         if ctype:
             self.send_header("Content-Type", ctype)
