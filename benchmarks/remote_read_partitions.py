@@ -44,7 +44,8 @@ and warm. Reported per read:
 ``--thread-cpu`` prints each read's CPU-seconds by thread name of the (first) broker and sidecar
 (Python threads are all ``python``; gRPC's C core runs ``event_engine``), and
 ``--profile-sidecar DIR`` samples the (first) sidecar with py-spy during each read
-(``remote_read.py``'s profiler; raw folded stacks, one file per read).
+(``remote_read.py``'s profiler; raw folded stacks, one file per read; ``--profile-gil``: only the
+thread holding the GIL).
 
 ``--sidecar-env`` and ``--broker-property`` change one setting of ours (e.g.
 ``RSM__CACHE__CHUNK_BYTES=512MiB``, ``rsm.config.fetch.readahead.max.bytes=201326592``), to size
@@ -534,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-sidecar",
         metavar="DIR",
         help="py-spy samples of the (first) sidecar during each read, into DIR",
+    )
+    ap.add_argument(
+        "--profile-gil", action="store_true", help="with --profile-sidecar: sample only the thread holding the GIL"
     )
     ap.add_argument("--jfr", metavar="DIR", help="a JFR recording of each one-broker case's broker into DIR")
     ap.add_argument(
