@@ -685,7 +685,9 @@ def main(argv: list[str] | None = None) -> int:
         help="sample the sidecar with py-spy during each read into DIR (folded stacks; pip install py-spy)",
     )
     ap.add_argument(
-        "--profile-gil", action="store_true", help="with --profile-sidecar: sample only the thread holding the GIL"
+        "--profile-gil",
+        action="store_true",
+        help="with --profile-sidecar: sample only the thread holding the GIL",
     )
     ap.add_argument(
         "--shim-jar",
