@@ -467,13 +467,29 @@ class StreamingUpload(abc.ABC):
         self._sent += len(part)
         self._store._buffer_delta(len(part))
 
+        # The pool thread holds the part only while it sends it. Its slot is released in the done
+        # callback, which runs before the pool drops its work item (and with it ``run``): were the
+        # part reachable from ``run``, a pool thread waiting for the GIL after the release would
+        # keep it beside the window's parts and the one being filled.
+        held = [part]
+        nbytes = len(part)
+        del part
+
         def run() -> None:
-            if self._state == "open":  # not aborted while queued
-                self._send_part(number, offset, part)
+            body = held.pop()
+            try:
+                if self._state == "open":  # not aborted while queued
+                    self._send_part(number, offset, body)
+            finally:
+                del body  # not kept by a traceback either
 
         future = self._store._executor().submit(run)
-        future.add_done_callback(functools.partial(self._part_done, nbytes=len(part)))
+        future.add_done_callback(functools.partial(self._part_done, nbytes=nbytes))
         self._futures.append(future)
+
+    def _submit_buffer(self) -> None:
+        part, self._buf = self._buf, bytearray()
+        self._submit(part)
 
     def _part_done(self, future: concurrent.futures.Future[None], nbytes: int) -> None:
         self._store._buffer_delta(-nbytes)
@@ -489,8 +505,7 @@ class StreamingUpload(abc.ABC):
             self._raise_if_failed()
             while mv:
                 if len(self._buf) >= self._part_size:
-                    part, self._buf = self._buf, bytearray()
-                    self._submit(part)
+                    self._submit_buffer()  # no local keeps the part while the next one fills
                 n = min(len(mv), self._part_size - len(self._buf))
                 piece = mv[:n]
                 self._buf += piece
