@@ -77,17 +77,17 @@ $(ICEBERG_STAMP): rsm_sidecar/iceberg/jars.py devstack/registry.py | $(VENV)/.in
 # SeaweedFS (S3), fake-gcs-server (GCS) and Azurite (Azure Blob, npm) for the tests and
 # `make demo STORAGE=s3|gcs|azure`.
 storage-servers: $(SERVERS_STAMP)
-$(SERVERS_STAMP): devstack/s3server.py devstack/gcsserver.py devstack/azurite.py | $(VENV)/.installed
-	$(BIN)/python -m devstack.s3server install
-	$(BIN)/python -m devstack.gcsserver install
-	$(BIN)/python -m devstack.azurite install
+$(SERVERS_STAMP): devstack/s3server.py devstack/gcsserver.py devstack/azurite.py
+	$(PYTHON) -m devstack.s3server install
+	$(PYTHON) -m devstack.gcsserver install
+	$(PYTHON) -m devstack.azurite install
 	touch $@
 
 # docker compose (built from the Go module proxy) and BuildKit's Dockerfile checks, which
 # tests/compose uses to validate docker-compose.yml without a Docker engine.
 compose-tools: $(COMPOSE_TOOLS_STAMP)
-$(COMPOSE_TOOLS_STAMP): devstack/compose_tools.py tests/compose/tools/go.mod | $(VENV)/.installed
-	$(BIN)/python -c 'from devstack.compose_tools import ensure_compose_cli, ensure_dockerfilecheck; \
+$(COMPOSE_TOOLS_STAMP): devstack/compose_tools.py tests/compose/tools/go.mod
+	$(PYTHON) -c 'from devstack.compose_tools import ensure_compose_cli, ensure_dockerfilecheck; \
 	  print(ensure_compose_cli()); print(ensure_dockerfilecheck())'
 	touch $@
 
@@ -97,8 +97,8 @@ $(COMPOSE_TOOLS_STAMP): devstack/compose_tools.py tests/compose/tools/go.mod | $
 # Strimzi's CRD generator; cert-manager's and the Prometheus operator's CRDs from their Go
 # modules; the Prometheus JMX exporter agent (Maven Central).
 k8s-tools: $(K8S_TOOLS_STAMP)
-$(K8S_TOOLS_STAMP): devstack/k8s_tools.py | $(VENV)/.installed
-	$(BIN)/python -m devstack.k8s_tools
+$(K8S_TOOLS_STAMP): devstack/k8s_tools.py
+	$(PYTHON) -m devstack.k8s_tools
 	touch $@
 
 # Regenerate the Helm chart's values.schema.json from the configuration code.
@@ -109,13 +109,15 @@ interop-jars: $(BCPROV)
 $(BCPROV):
 	$(ONE_MAVEN) mvn -q -B dependency:copy -Dartifact=org.bouncycastle:bcprov-jdk18on:1.83 -DoutputDirectory=$(CACHE)/interop
 
-# The README's test command: everything from a fresh clone. The downloads and builds of `deps`
-# run five at a time (the three Go builds, which take 2 cores for about 4 minutes, beside the
-# Maven and npm downloads and the shim's build; Maven runs on ~/.m2 one at a time, ONE_MAVEN),
-# each target's output printed in one piece when it ends. The tests run in two lanes at once
-# (tests/lanes.py): the container modules beside the rest.
-test: lint
-	$(MAKE) --no-print-directory --output-sync=target -j5 deps
+# The README's test command: everything from a fresh clone. The lint and the downloads and builds
+# of `deps` run five at a time, each target's output printed in one piece when it ends. The three
+# Go builds (docker compose, helm, fake-gcs-server: 2 cores for about 4 minutes) run on the
+# machine's $(PYTHON) (their modules import only the standard library), so they start at once,
+# beside pip's install of the virtualenv and the shim's build; Maven runs on ~/.m2 one at a time
+# (ONE_MAVEN). The tests run in two lanes at once (tests/lanes.py): the container modules beside
+# the rest.
+test:
+	$(MAKE) --no-print-directory --output-sync=target -j5 lint deps
 	$(BIN)/python -m tests.lanes
 
 # Style and types: ruff (lint + format check) and mypy, configured in pyproject.toml.

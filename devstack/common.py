@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from rsm_sidecar.iceberg.jars import cache_dir, file_lock
+from rsm_sidecar.local_cache import cache_dir, file_lock
 
 __all__ = [
     "HOST",

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devstack.common import file_lock, free_port, pip_install_target, terminate_process, wait_for_stop_signal
-from rsm_sidecar.iceberg.jars import MavenArtifact, cache_dir, download_verified, maven_repo_url
+from rsm_sidecar.iceberg.jars import MavenArtifact, download_verified, maven_repo_url
+from rsm_sidecar.local_cache import cache_dir
 
 DEFAULT_VERSION = "3.3.3"
 #: SHA-256 of the ``-all.tar.gz`` assemblies we have checked (others: Central's SHA-1 only).

@@ -14,6 +14,7 @@ PACKAGE = REPO / "rsm_sidecar"
 
 #: lowest first; a package may import only the ones before it
 LAYERS = (
+    "local_cache",
     "errors",
     "durations",
     "config",

@@ -19,22 +19,20 @@ runtime jar), so 1.11.0 is used with the 1.12.0 runtime.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import hashlib
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rsm_sidecar.errors import ConfigError, Unavailable
+from rsm_sidecar.local_cache import cache_dir, file_lock
 
 MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 ICEBERG_VERSION = "1.12.0"
 SPARK_MINOR = "4.1"
@@ -96,14 +94,6 @@ CORE_JARS: tuple[MavenArtifact, ...] = (ICEBERG_SPARK_RUNTIME, SQLITE_JDBC)
 CLOUD_JARS: dict[str, MavenArtifact] = {"aws": ICEBERG_AWS_BUNDLE, "gcp": ICEBERG_GCP_BUNDLE}
 
 
-def cache_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """``explicit``, else ``$RSM_CACHE_DIR``, else ``<repo>/.cache``."""
-    if explicit is not None:
-        return Path(explicit)
-    env = os.environ.get("RSM_CACHE_DIR", "").strip()
-    return Path(env) if env else REPO_ROOT / ".cache"
-
-
 def maven_repo_url() -> str:
     """``$RSM_MAVEN_REPO`` (a Central mirror) or Maven Central."""
     return os.environ.get("RSM_MAVEN_REPO", "").strip().rstrip("/") or MAVEN_CENTRAL
@@ -111,18 +101,6 @@ def maven_repo_url() -> str:
 
 def artifact_path(artifact: MavenArtifact, cache: Path | None = None) -> Path:
     return cache_dir(cache) / "maven" / artifact.relpath
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` so that concurrent set-ups (pytest workers, make -j) do not race."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _fetch(url: str, timeout: float) -> bytes:

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rsm_sidecar.errors import ConfigError
-from rsm_sidecar.iceberg import jars as _jars
 from rsm_sidecar.iceberg.settings import JobSettings
+from rsm_sidecar.local_cache import REPO_ROOT
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyiceberg.catalog.sql import SqlCatalog
@@ -155,7 +155,7 @@ def _write_transactions_wait(engine) -> None:
 def default_catalog() -> LocalCatalog:
     """``$RSM_ICEBERG_DIR`` (default ``<repo>/run/iceberg``) as the embedded catalog root."""
     env = os.environ.get("RSM_ICEBERG_DIR", "").strip()
-    return LocalCatalog(Path(env) if env else _jars.REPO_ROOT / "run" / "iceberg")
+    return LocalCatalog(Path(env) if env else REPO_ROOT / "run" / "iceberg")
 
 
 @dataclasses.dataclass(frozen=True)
