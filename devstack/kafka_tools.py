@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
-from devstack.kafka import KafkaDistribution
+from devstack.kafka import QUICK_START_JVM_OPTIONS, KafkaDistribution
 
 #: script name (without ``.sh``) -> main class on Kafka 4.x
 TOOLS: dict[str, str] = {
@@ -89,12 +89,18 @@ def tools_log_config(dist: KafkaDistribution) -> Path:
     return path
 
 
+#: the perf tools measure throughput: they keep the JVM's own compilers and collector
+PERF_TOOLS = frozenset({"kafka-producer-perf-test", "kafka-consumer-perf-test"})
+
+
 def tool_command(dist: KafkaDistribution, name: str, args: Iterable[str] = ()) -> list[str]:
-    """The argv that runs tool ``name`` with ``args`` on ``dist``."""
+    """The argv that runs tool ``name`` with ``args`` on ``dist``. Every tool but the perf tools
+    runs for seconds and starts on the JVM's quick-start options (``QUICK_START_JVM_OPTIONS``)."""
+    quick = () if name.removesuffix(".sh") in PERF_TOOLS else QUICK_START_JVM_OPTIONS
     return dist.java_command(
         tool_class(dist, name),
         args,
-        jvm_options=["-Xmx512m", *dist.log_config_options(tools_log_config(dist))],
+        jvm_options=["-Xmx512m", *quick, *dist.log_config_options(tools_log_config(dist))],
     )
 
 

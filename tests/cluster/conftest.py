@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from devstack.cluster import ClusterStack
+from tests.helpers import BROKER_JVM_OPTIONS
 
 #: test timings: a broker that stops heartbeating is fenced after 6 s (not 9), a restarted
 #: broker deletes tiered segments from its disk 1 s after start (not 30), and leaders move
@@ -23,9 +24,6 @@ BROKER_PROPERTIES = {
     "auto.leader.rebalance.enable": "false",
 }
 CONTROLLER_PROPERTIES = {"broker.session.timeout.ms": 6000}
-#: the JIT's first tier only: a Kafka JVM is ready after about 40 % less CPU (3.7 s instead of
-#: 6.2 s per broker, measured), and the tests move tens of megabytes, not gigabytes
-JVM_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 
 
 def pytest_collection_modifyitems(items):
@@ -41,7 +39,7 @@ def start_cluster(workdir, **kwargs) -> ClusterStack:
         metrics=True,
         broker_properties=BROKER_PROPERTIES,
         controller_properties=CONTROLLER_PROPERTIES,
-        jvm_options=JVM_OPTIONS,
+        jvm_options=BROKER_JVM_OPTIONS,
         **kwargs,
     )
     cluster.start()

@@ -6,6 +6,7 @@ import pytest
 
 from devstack.common import free_port
 from devstack.stack import LocalStack
+from tests.helpers import BROKER_JVM_OPTIONS
 
 
 def pytest_collection_modifyitems(items):
@@ -24,6 +25,7 @@ def stack(tmp_path_factory, request):
         storage=storage,
         transfer_mode=mode,
         sidecar_env={"RSM__METRICS__LISTEN": f"127.0.0.1:{port}"},
+        broker_jvm_options=BROKER_JVM_OPTIONS,
     )
     st.metrics_url = f"http://127.0.0.1:{port}/metrics"
     st.start()

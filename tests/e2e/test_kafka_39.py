@@ -15,6 +15,7 @@ from tests.e2e.kafka_helpers import (
     produce_and_tier,
     remote_segments,
 )
+from tests.helpers import BROKER_JVM_OPTIONS
 
 KAFKA_VERSION = "3.9.2"
 TRANSFER_MODE = "path"
@@ -27,6 +28,7 @@ def stack(tmp_path_factory, request):
         tmp_path_factory.mktemp("stack39"),
         transfer_mode=TRANSFER_MODE,
         kafka_version=request.module.KAFKA_VERSION,
+        broker_jvm_options=BROKER_JVM_OPTIONS,
     )
     st.start()
     yield st

@@ -21,11 +21,16 @@ from tests.e2e.kafka_helpers import (
     wait_all_closed_tiered,
     wait_for,
 )
+from tests.helpers import BROKER_JVM_OPTIONS
 
 
 @pytest.fixture(scope="module", params=["s3", "gcs", "azure"])
 def object_stack(request, tmp_path_factory):
-    st = LocalStack(tmp_path_factory.mktemp(f"stack-{request.param}"), storage=request.param)
+    st = LocalStack(
+        tmp_path_factory.mktemp(f"stack-{request.param}"),
+        storage=request.param,
+        broker_jvm_options=BROKER_JVM_OPTIONS,
+    )
     st.start()
     yield st
     st.stop()

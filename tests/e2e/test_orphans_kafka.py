@@ -27,6 +27,7 @@ from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
 from rsm_sidecar.segment.tiered_writer import TieredWriter
 from rsm_sidecar.transform.keyring import Keyring
 from tests.e2e.kafka_helpers import KEY_PREFIX, create_topic, filler, remote_segments, wait_for
+from tests.helpers import BROKER_JVM_OPTIONS
 from tests.inspect.conftest import InspectCli
 
 TOPIC = "crash"
@@ -44,7 +45,11 @@ def crashed(tmp_path_factory):
     hold = work / "hold"
     hold.mkdir()
     (hold / "hold").write_text("")
-    stack = LocalStack(work / "stack", sidecar_env={"RSM_TEST_HOLD_COPY_DIR": str(hold)})
+    stack = LocalStack(
+        work / "stack",
+        sidecar_env={"RSM_TEST_HOLD_COPY_DIR": str(hold)},
+        broker_jvm_options=BROKER_JVM_OPTIONS,
+    )
     stack.start()
     try:
         bs = stack.bootstrap_servers

@@ -42,6 +42,7 @@ from tests.e2e.kafka_helpers import (
     wait_for,
     wait_tiered,
 )
+from tests.helpers import BROKER_JVM_OPTIONS
 
 SHIM_CLASS = "io.github.rsmsidecar.shim.MonitorableSidecarRemoteStorageManager"
 #: what the broker logs when a remote read fails (RemoteLogReader), with the stack trace
@@ -67,6 +68,7 @@ def stack(tmp_path_factory):
             "rsm.config.fetch.zstd.max.chunk.bytes": "8388608",
         },
         broker_jvm_options=[
+            *BROKER_JVM_OPTIONS,
             f"-Dcom.sun.management.jmxremote.port={jmx}",
             f"-Dcom.sun.management.jmxremote.rmi.port={jmx}",
             "-Dcom.sun.management.jmxremote.host=127.0.0.1",

@@ -43,6 +43,7 @@ from tests.e2e.kafka_helpers import (
     wait_all_closed_tiered,
     wait_tiered,
 )
+from tests.helpers import BROKER_JVM_OPTIONS
 from tests.iceberg.test_registry import proto_ser
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +57,9 @@ T0 = int(time.time() * 1000) - 3_600_000
 def stack(tmp_path_factory):
     from devstack.stack import LocalStack
 
-    st = LocalStack(tmp_path_factory.mktemp("stack"), storage="local").start()
+    st = LocalStack(
+        tmp_path_factory.mktemp("stack"), storage="local", broker_jvm_options=BROKER_JVM_OPTIONS
+    ).start()
     yield st
     st.stop()
 

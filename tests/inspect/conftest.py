@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from devstack.stack import LocalStack
+from tests.helpers import BROKER_JVM_OPTIONS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,9 @@ def stack_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, stack_env):
-    st = LocalStack(tmp_path_factory.mktemp("inspect-stack"), sidecar_env=stack_env)
+    st = LocalStack(
+        tmp_path_factory.mktemp("inspect-stack"), sidecar_env=stack_env, broker_jvm_options=BROKER_JVM_OPTIONS
+    )
     st.start()
     try:
         yield st
