@@ -105,6 +105,7 @@ def pip_install_target(requirement: str, target: Path, timeout: float = 600) -> 
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
+                "--root-user-action=ignore",  # a --target install touches no system package
                 "--no-deps",
                 "--target",
                 str(tmp),
