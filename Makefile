@@ -37,15 +37,18 @@ deps: setup k8s-tools compose-tools storage-servers shim kafka-jars $(KAFKA39_ST
 # tools), the shim and Kafka's jars. STORAGE=s3|gcs|azure installs its server when first started.
 demo-deps: $(RUNTIME_STAMP) $(PROTO_OUT) shim kafka-jars
 
+# pip works on the virtualenv one run at a time (`make -j` may start both installs): the runtime's
+# install, waiting behind the full one, then finds its stamp fresh and does nothing.
+VENV_LOCK = mkdir -p $(CACHE) && flock $(CACHE)/.venv.lock
+
 $(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev,demo,iceberg,s3,gcs,azure]'
-	touch $@ $(RUNTIME_STAMP)
+	$(VENV_LOCK) sh -c 'set -e; test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+	  $(BIN)/pip install --quiet -e ".[dev,demo,iceberg,s3,gcs,azure]"; touch $@ $(RUNTIME_STAMP)'
 
 $(RUNTIME_STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[demo,s3,gcs,azure]'
-	touch $@
+	$(VENV_LOCK) sh -c 'set -e; test $@ -nt pyproject.toml && exit 0; \
+	  test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+	  $(BIN)/pip install --quiet -e ".[demo,s3,gcs,azure]"; touch $@'
 
 proto: $(PROTO_OUT)
 $(PROTO_OUT): $(PROTO_SRC) $(RUNTIME_STAMP)
