@@ -38,8 +38,12 @@ deps: setup k8s-tools compose-tools storage-servers shim kafka-jars $(KAFKA39_ST
 demo-deps: $(RUNTIME_STAMP) $(PROTO_OUT) shim kafka-jars
 
 # pip works on the virtualenv one run at a time (`make -j` may start both installs): the runtime's
-# install, waiting behind the full one, then finds its stamp fresh and does nothing.
+# install, behind the full one, then finds its stamp fresh and does nothing. Where the full one
+# is wanted, it goes first.
 VENV_LOCK = mkdir -p $(CACHE) && flock $(CACHE)/.venv.lock
+ifneq ($(filter setup lint deps test test-fast test-unit docs helm-schema,$(MAKECMDGOALS)),)
+$(RUNTIME_STAMP): | $(VENV)/.installed
+endif
 
 $(VENV)/.installed: pyproject.toml
 	$(VENV_LOCK) sh -c 'set -e; test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
