@@ -19,6 +19,7 @@ docker/README.md says what was run.
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import os
@@ -334,6 +335,68 @@ def test_dockerfiles_copy_only_what_exists_in_the_build_context(dockerfiles):
     assert ignore.splitlines()[[line.strip() for line in ignore.splitlines()].index("*")] == "*", (
         "the context is an allow-list (.cache/ and .venv/ hold gigabytes)"
     )
+
+
+def _module_file(module: str) -> Path | None:
+    """The repository file of ``module`` (``a.b`` -> ``a/b.py`` or ``a/b/__init__.py``)."""
+    base = REPO.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+def _imported_at_load(path: Path) -> set[str]:
+    """The repository modules ``path`` imports when it is loaded (statements at module level,
+    outside ``if TYPE_CHECKING``), with their packages' ``__init__``."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in ("devstack", "rsm_sidecar"):
+                found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return {m for m in found if _module_file(m) is not None}
+
+
+def test_each_fetch_stage_copies_every_module_its_fetcher_imports(dockerfiles):
+    """A fetch stage (``RUN /opt/fetch-venv/bin/python -m <module>``) has the files of every
+    repository module the fetcher loads, copied in that stage or a stage it is built on; a file
+    missing there fails the image build ten minutes into `make test` (ModuleNotFoundError)."""
+    (report,) = dockerfiles.values()
+    base = {s["name"]: s["base"] for s in report["stages"]}
+    copied: dict[str, set[str]] = {}
+    for src in report["sources"]:
+        if src.get("stage") and src["instruction"] == "COPY" and not src["source"].startswith("/"):
+            copied.setdefault(src["stage"], set()).add(src["source"].rstrip("/"))
+    runs, stage = [], None
+    for line in DOCKERFILE.read_text().splitlines():
+        if m := re.match(r"FROM \S+ AS (\S+)", line):
+            stage = m.group(1)
+        elif m := re.search(r"/opt/fetch-venv/bin/python -m ((?:devstack|rsm_sidecar)[\w.]*)", line):
+            runs.append((stage, m.group(1)))
+    assert {m for _, m in runs} >= {"devstack.s3server", "devstack.kafka", "devstack.registry"}
+    for stage, module in runs:
+        chain, s = set(), stage
+        while s in base:
+            chain |= copied.get(s, set())
+            s = base[s]
+        needed, todo = set(), [module]
+        while todo:
+            m = todo.pop()
+            if m not in needed:
+                needed.add(m)
+                todo.extend(_imported_at_load(_module_file(m)))
+        for m in sorted(needed):
+            rel = _module_file(m).relative_to(REPO).as_posix()
+            assert any(rel == c or rel.startswith(c + "/") for c in chain), (
+                f"stage {stage}: `python -m {module}` imports {m}, but {rel} is not copied into it"
+            )
 
 
 def test_build_targets_exist(services, dockerfiles):
