@@ -252,3 +252,15 @@ def test_create_topics_sends_a_dropped_request_again_and_takes_the_topic_it_crea
     _DroppingAdmin.created = []
     dk.create_topics("127.0.0.1:1", [NewTopic("a", 1, 1), NewTopic("b", 1, 1)])
     assert _DroppingAdmin.created == [["a", "b"], ["a", "b"]]
+
+
+def test_tools_start_on_the_quick_start_options_but_the_perf_tools_keep_the_jvms_own(tmp_path):
+    from devstack.kafka_tools import PERF_TOOLS, TOOLS, tool_command
+
+    dist = KafkaDistribution("4.3.1", tmp_path)
+    for name in TOOLS:
+        argv = tool_command(dist, f"{name}.sh")
+        options = argv[1 : argv.index("-cp")]
+        quick = [o for o in options if o in dk.QUICK_START_JVM_OPTIONS]
+        assert quick == ([] if name in PERF_TOOLS else list(dk.QUICK_START_JVM_OPTIONS)), name
+    assert PERF_TOOLS <= set(TOOLS)

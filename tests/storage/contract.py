@@ -15,6 +15,7 @@ import concurrent.futures
 import datetime
 import gc
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,20 @@ def blob(n: int, seed: int = 0) -> bytes:
     return (bytes((i * 31 + seed) & 0xFF for i in range(256))) * (n // 256) + bytes(
         (i * 31 + seed) & 0xFF for i in range(n % 256)
     )
+
+
+def traced_upload_peak(store, key: str, piece: bytes, times: int) -> int:
+    """Writes ``piece`` ``times`` over into one upload of ``key`` and commits it; the peak of
+    Python's traced memory meanwhile (tracemalloc), in bytes."""
+    tracemalloc.start()
+    try:
+        with store.open_writer(key) as w:
+            for _ in range(times):
+                w.write(piece)
+            w.commit()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 class ObjectStoreContract:

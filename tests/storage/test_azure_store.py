@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import tracemalloc
 import urllib.parse
 
 import pytest
@@ -35,7 +34,7 @@ from tests.storage.conftest import (
     CannedPostEndpoint,
     make_azure_store,
 )
-from tests.storage.contract import RemoteStoreContract, blob, request_delta
+from tests.storage.contract import RemoteStoreContract, blob, request_delta, traced_upload_peak
 
 MiB = 1024 * 1024
 BLOCK = 1 * MiB  # the block size of the test stores
@@ -157,16 +156,7 @@ def test_upload_memory_is_bounded_by_the_block_window(azurite, p):
     block = 4 * MiB
     store = make_azure_store(azurite, block_size=block, max_blocks_in_flight=2)
     try:
-        piece = blob(MiB, seed=3)
-        tracemalloc.start()
-        try:
-            with store.open_writer(p + "bounded") as w:
-                for _ in range(40):
-                    w.write(piece)
-                w.commit()
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = traced_upload_peak(store, p + "bounded", blob(MiB, seed=3), 40)
         assert store.peak_buffered_bytes <= 2 * block  # the window: two blocks queued or uploading
         assert store.buffered_bytes == 0
         # two blocks in flight, the one being filled, this test's piece and request objects; blocks
@@ -205,15 +195,7 @@ def test_a_sent_block_is_freed_before_its_slot_goes_to_the_next(azurite, p):
     store._executor = StallingPool  # type: ignore[method-assign]
     try:
         piece = blob(MiB, seed=4)
-        tracemalloc.start()
-        try:
-            with store.open_writer(p + "stalled") as w:
-                for _ in range(24):
-                    w.write(piece)
-                w.commit()
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = traced_upload_peak(store, p + "stalled", piece, 24)
         assert peak < 3 * block + 3 * MiB, f"peak traced memory {peak / MiB:.1f} MiB"
         assert store.get(p + "stalled") == piece * 24
     finally:

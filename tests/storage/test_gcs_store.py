@@ -6,7 +6,6 @@ sources, and faults against real servers."""
 from __future__ import annotations
 
 import json
-import tracemalloc
 
 import pytest
 
@@ -16,7 +15,7 @@ from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageTimeou
 from rsm_sidecar.storage.gcs import GcsObjectStore
 from rsm_sidecar.storage.gcs_settings import GcsSettings
 from tests.storage.conftest import GCS, GCS_BUCKET, CannedPostEndpoint, make_gcs_store
-from tests.storage.contract import RemoteStoreContract, blob, request_delta
+from tests.storage.contract import RemoteStoreContract, blob, request_delta, traced_upload_peak
 
 MiB = 1024 * 1024
 CHUNK = 1 * MiB  # the chunk size of the test stores
@@ -110,16 +109,7 @@ def test_upload_memory_is_bounded_by_two_chunks(fake_gcs, p):
     chunk = 4 * MiB
     store = make_gcs_store(fake_gcs, chunk_size=chunk)
     try:
-        piece = blob(MiB, seed=3)
-        tracemalloc.start()
-        try:
-            with store.open_writer(p + "bounded") as w:
-                for _ in range(40):
-                    w.write(piece)
-                w.commit()
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = traced_upload_peak(store, p + "bounded", blob(MiB, seed=3), 40)
         assert store.peak_buffered_bytes == chunk  # one chunk in flight (one more being filled)
         assert store.buffered_bytes == 0
         # the chunk in flight, the chunk being filled, 1 MiB CRC32C copies, this test's piece

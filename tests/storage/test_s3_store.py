@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-import tracemalloc
 
 import pytest
 
@@ -24,7 +23,7 @@ from tests.storage.conftest import (
     CannedPostEndpoint,
     make_s3_store,
 )
-from tests.storage.contract import RemoteStoreContract, blob, request_delta
+from tests.storage.contract import RemoteStoreContract, blob, request_delta, traced_upload_peak
 
 MiB = 1024 * 1024
 PART = 5 * MiB
@@ -116,17 +115,8 @@ def test_object_above_part_size_is_multipart(s3_store, seaweedfs, p):
 def test_parts_in_flight_and_memory_are_bounded(seaweedfs, p):
     store = make_s3_store(seaweedfs, max_parts_in_flight=2, upload_threads=8)
     try:
-        piece = blob(MiB, seed=9)
         total = 48 * MiB
-        tracemalloc.start()
-        try:
-            with store.open_writer(p + "bounded") as w:
-                for _ in range(total // MiB):
-                    w.write(piece)
-                w.commit()
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = traced_upload_peak(store, p + "bounded", blob(MiB, seed=9), total // MiB)
         # part buffers queued or uploading never exceeded the window ...
         assert store.peak_buffered_bytes <= 2 * PART
         # ... and the window was used: two parts did upload concurrently
