@@ -496,6 +496,11 @@ class KafkaBroker:
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def _java_tmp(self) -> Path:
+        path = self.workdir / "tmp"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def start(self) -> KafkaBroker:
         """Write the config, format the storage if new, start the JVM and wait until ready.
 
@@ -535,6 +540,9 @@ class KafkaBroker:
                 "-XX:+UseG1GC",
                 "-Djava.awt.headless=true",
                 f"-Dkafka.logs.dir={self.logs_dir}",
+                # native libraries the broker extracts (lz4, snappy, zstd), which a broker killed
+                # with -9 would leave in /tmp
+                f"-Djava.io.tmpdir={self._java_tmp()}",
                 *self.dist.log_config_options(log_config),
                 *self.jvm_options,
             ],

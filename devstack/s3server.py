@@ -121,6 +121,7 @@ class SeaweedS3Server(BucketServer):
     def command(self) -> list[str]:
         return [
             str(self.weed),
+            *self.global_flags(),
             "server",
             "-filer",
             "-s3",
@@ -136,6 +137,12 @@ class SeaweedS3Server(BucketServer):
             "-volume.preStopSeconds=0",  # stop at once
             *self.port_flags(),
         ]
+
+    def global_flags(self) -> list[str]:
+        """Flags before the command: weed's own log files in the work directory, not in /tmp
+        (where every start left one). Its gRPC sockets' paths are fixed by weed (0-byte
+        ``/tmp/seaweedfs-*-grpc-<port>.sock``), no flag moves them."""
+        return [f"-logdir={self.workdir}"]
 
     def port_flags(self) -> list[str]:
         """Loopback addresses and the free ports chosen at construction (``weed server`` and

@@ -15,6 +15,7 @@ PACKAGE = REPO / "rsm_sidecar"
 #: lowest first; a package may import only the ones before it
 LAYERS = (
     "local_cache",
+    "private_dir",
     "errors",
     "durations",
     "config",

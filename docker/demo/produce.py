@@ -82,13 +82,16 @@ def order_module():
     import grpc_tools
     from grpc_tools import protoc
 
-    out = tempfile.mkdtemp(prefix="demo-pb2-")
     wkt = Path(grpc_tools.__file__).parent / "_proto"
-    rc = protoc.main(["protoc", f"-I{HERE}", f"-I{wkt}", f"--python_out={out}", "demo/v1/order.proto"])
-    if rc != 0:
-        raise SystemExit("demo: protoc failed on demo/v1/order.proto")
-    sys.path.insert(0, out)
-    return importlib.import_module("demo.v1.order_pb2")
+    with tempfile.TemporaryDirectory(prefix="demo-pb2-") as out:  # imported, then not needed
+        rc = protoc.main(["protoc", f"-I{HERE}", f"-I{wkt}", f"--python_out={out}", "demo/v1/order.proto"])
+        if rc != 0:
+            raise SystemExit("demo: protoc failed on demo/v1/order.proto")
+        sys.path.insert(0, out)
+        try:
+            return importlib.import_module("demo.v1.order_pb2")
+        finally:
+            sys.path.remove(out)
 
 
 def orders(rng: random.Random, pb2) -> Iterator[tuple[bytes, object]]:

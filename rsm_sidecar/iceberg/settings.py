@@ -233,6 +233,17 @@ CONFIG_KEYS = [
         "Spark master of the job when it starts its own session (`spark-submit` overrides it).",
     ),
     Key(
+        "iceberg.spark.scratch_dir",
+        "str",
+        "",
+        "Where a job that starts its own Spark session keeps the driver's temporary files "
+        "(`spark.local.dir` and the JVM's `java.io.tmpdir`: a copy of the jars, 58 MiB, block and "
+        "artifact directories), in a directory of its own that it removes at exit; a job killed with "
+        "-9 leaves its directory, and the next job to start removes it. Empty: "
+        "`<temp dir>/rsm-iceberg-<uid>`. Created 0700; refused if another user owns it or may write "
+        "it. Not used under `spark-submit` (its own `spark.local.dir`).",
+    ),
+    Key(
         "iceberg.batch_records",
         "int",
         10_000,
@@ -384,6 +395,7 @@ class JobSettings:
     uint32_as_long: bool = False
     well_known_types: bool = True
     master: str = "local[2]"
+    scratch_dir: Path | None = None
     batch_records: int = 10_000
     batch_bytes: int = 16 * MiB
     chunk_cache_bytes: int = 24 * MiB
@@ -480,6 +492,7 @@ class JobSettings:
             uint32_as_long=cfg["iceberg.proto.uint32_as_long"],
             well_known_types=cfg["iceberg.proto.well_known_types"],
             master=cfg["iceberg.spark.master"],
+            scratch_dir=Path(cfg["iceberg.spark.scratch_dir"]) if cfg["iceberg.spark.scratch_dir"] else None,
             batch_records=cfg["iceberg.batch_records"],
             batch_bytes=cfg["iceberg.batch_bytes"],
             chunk_cache_bytes=cfg["iceberg.read.chunk_cache_bytes"],

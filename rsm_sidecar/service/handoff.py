@@ -25,10 +25,11 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from rsm_sidecar.private_dir import private_dir_problem
 
 log = logging.getLogger(__name__)
 
@@ -152,21 +153,10 @@ class HandoffDir:
 
 def _prepare(path: Path) -> str | None:
     """Creates the directory 0700 (or checks the existing one) and empties it; a problem or None."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if st.st_uid != os.geteuid():
-        return f"is owned by uid {st.st_uid}, not by the sidecar's uid {os.geteuid()}"
-    if st.st_mode & 0o022:
-        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); make it 0700"
-    _remove_files(path)
-    return None
+    problem = private_dir_problem(path)
+    if problem is None:
+        _remove_files(path)
+    return problem
 
 
 def _remove_files(path: Path) -> None:

@@ -966,15 +966,20 @@ def test_health_check_script_against_a_real_sidecar(services, tmp_path):
     assert gone.returncode == 1 and "UNAVAILABLE" in gone.stdout
 
 
-def test_demo_producer_schemas_compile(tmp_path):
-    """The demo's Protobuf file compiles with the bundled protoc and its Avro schema parses."""
+def test_demo_producer_schemas_compile(tmp_path, monkeypatch):
+    """The demo's Protobuf file compiles with the bundled protoc (into a temporary directory
+    that is gone once the module is imported) and its Avro schema parses."""
+    import tempfile
+
     import fastavro
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     sys.path.insert(0, str(REPO / "docker" / "demo"))
     try:
         import produce
 
         pb2 = produce.order_module()
+        assert list(tmp_path.iterdir()) == []
         o = pb2.Order(order_id="o-1", status=pb2.Order.PAID)
         assert pb2.Order.FromString(o.SerializeToString()).order_id == "o-1"
         schema = fastavro.parse_schema(json.loads((REPO / "docker/demo/click.avsc").read_text()))
@@ -1077,7 +1082,7 @@ def test_seaweedfs_accepts_the_compose_command_and_creates_the_buckets(services,
                 name = arg.lstrip("-").split("=", 1)[0]
                 compose_flags.append(f"-{name}={moved[name]}" if name in moved else arg)
             own = [*self.port_flags(), f"-admin.port={admin}", f"-admin.port.grpc={admin_grpc}"]
-            return [str(self.weed), "mini", *own, *compose_flags]
+            return [str(self.weed), *self.global_flags(), "mini", *own, *compose_flags]
 
     weed = ComposeWeed(
         tmp_path / "s3", access_key=ident["AWS_ACCESS_KEY_ID"], secret_key=ident["AWS_SECRET_ACCESS_KEY"]

@@ -10,6 +10,7 @@ import pytest
 
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.iceberg.committing import markers as mk
+from rsm_sidecar.iceberg.session import scratch
 from tests.iceberg.convert_helpers import SyntheticTopic, kill_group, offsets, result_json, rows, wait_paused
 
 
@@ -56,9 +57,28 @@ def test_rerun_adds_nothing_and_new_segments_are_appended(spark, tmp_path, write
 def test_killed_at_any_point_then_rerun_gives_one_row_per_offset(spark, tmp_path, point):
     t = build(tmp_path)
     pause_dir = tmp_path / "pause"
-    proc = t.cli("convert", "--json", pause_at=point, pause_dir=pause_dir)
+    scratch_base = tmp_path / "scratch"
+    proc = t.cli(
+        "convert",
+        "--json",
+        pause_at=point,
+        pause_dir=pause_dir,
+        extra_env={"RSM__ICEBERG__SPARK__SCRATCH_DIR": str(scratch_base)},
+    )
     wait_paused(proc, pause_dir, point)
     kill_group(proc)
+    # what the killed driver left is in its own scratch directory (Spark starts after "planned"),
+    # and it goes at the next job's start (sweep: what claiming does first)
+    left = sorted(scratch_base.glob("job-*")) if scratch_base.exists() else []
+    if point == "planned":
+        assert left == []
+    else:
+        assert len(left) == 1, left
+        spark_left = {p.name.split("-")[0] for p in left[0].iterdir()}
+        assert {"spark", "artifacts", "liblz4"} <= spark_left, spark_left  # not in /tmp
+        if point == "write":  # the session is up: Spark's copy of the jars (58 MiB) is there too
+            assert list(left[0].rglob("iceberg-spark-runtime-*.jar")) and "blockmgr" in spark_left
+        assert scratch.sweep(scratch_base) == left and list(scratch_base.iterdir()) == []
     table = t.table()
     if point == "published":
         assert rows(table) == t.expected()
@@ -78,7 +98,14 @@ def test_killed_at_any_point_then_rerun_gives_one_row_per_offset(spark, tmp_path
 def test_two_jobs_racing_on_a_table_commit_the_offsets_once(spark, tmp_path):
     t = build(tmp_path)
     pause_dir = tmp_path / "pause"
-    slow = t.cli("convert", "--json", pause_at="staged", pause_dir=pause_dir)
+    scratch_base = tmp_path / "scratch"
+    slow = t.cli(
+        "convert",
+        "--json",
+        pause_at="staged",
+        pause_dir=pause_dir,
+        extra_env={"RSM__ICEBERG__SPARK__SCRATCH_DIR": str(scratch_base)},
+    )
     wait_paused(slow, pause_dir, "staged")  # staged, not published yet
     fast = t.convert(spark)  # a second job reads the same markers, commits
     assert fast.committed and fast.records == 185
@@ -86,6 +113,7 @@ def test_two_jobs_racing_on_a_table_commit_the_offsets_once(spark, tmp_path):
     code, out, err = result_json(slow)
     assert code == 1 and out is None
     assert "main moved from None to" in err and "nothing was committed" in err, err[-2000:]
+    assert list(scratch_base.iterdir()) == []  # a job that ends removes its scratch directory
     table = t.table()
     assert rows(table) == t.expected()
     assert len(table.metadata.snapshots) == 1  # the slow job's files were never committed

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rsm_sidecar.iceberg import jars as _jars
+from rsm_sidecar.iceberg.session import scratch
 from rsm_sidecar.iceberg.session.catalogs import CatalogSpec, LocalCatalog, default_catalog
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,8 +32,11 @@ def spark_conf(
     cloud: Sequence[str] = (),
     cache_dir: Path | None = None,
     extra: Mapping[str, Any] | None = None,
+    scratch: Path | None = None,
 ) -> dict[str, str]:
-    """Every Spark setting :func:`spark_session` uses, for inspection or ``spark-submit``."""
+    """Every Spark setting :func:`spark_session` uses, for inspection or ``spark-submit``;
+    ``scratch``: the driver's directory for temporary files (:mod:`.scratch`), else the JVM's
+    default (``/tmp``)."""
     jar_paths = [str(j) for j in (jars if jars is not None else _jars.spark_jars(cache_dir, cloud))]
     conf = {
         "spark.master": master,
@@ -49,6 +53,11 @@ def spark_conf(
         "spark.pyspark.driver.python": sys.executable,
         "spark.driver.extraJavaOptions": "-Dderby.system.home=/tmp -XX:+UseParallelGC",
     }
+    if scratch is not None:
+        conf["spark.local.dir"] = str(scratch)
+        conf["spark.driver.extraJavaOptions"] = (
+            f"-Djava.io.tmpdir={scratch} -Dderby.system.home={scratch} -XX:+UseParallelGC"
+        )
     conf.update(catalog.spark_conf())
     for k, v in (extra or {}).items():
         conf[k] = str(v)
@@ -64,8 +73,12 @@ def spark_session(
     cloud: Sequence[str] = (),
     cache_dir: Path | None = None,
     extra: Mapping[str, Any] | None = None,
+    scratch_dir: Path | None = None,
 ) -> SparkSession:
     """A local SparkSession with Iceberg and the embedded catalog as the default catalog.
+
+    The driver's temporary files go to a directory of this process under ``scratch_dir``
+    (:func:`.scratch.claim`: removed at exit, and by the next job if this one is killed).
 
     ``jars`` defaults to the cached set-up jars (``cloud`` adds ``"aws"``/``"gcp"`` bundles);
     a missing jar raises :class:`~rsm_sidecar.errors.ConfigError` naming the set-up command.
@@ -75,7 +88,15 @@ def spark_session(
     from pyspark.sql import SparkSession
 
     catalog = (catalog or default_catalog()).prepare()
-    conf = spark_conf(catalog, master=master, jars=jars, cloud=cloud, cache_dir=cache_dir, extra=extra)
+    conf = spark_conf(
+        catalog,
+        master=master,
+        jars=jars,
+        cloud=cloud,
+        cache_dir=cache_dir,
+        extra=extra,
+        scratch=scratch.claim(scratch_dir),
+    )
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     builder = SparkSession.builder.appName(app_name)
@@ -99,7 +120,14 @@ def open_session(
     application's session, given only the Iceberg extensions and the job's catalog - master,
     jars, Python and resources are what ``spark-submit`` was told (docs/iceberg.md)."""
     if not under_spark_submit():
-        return spark_session(spec, master=settings.master, app_name=app_name, cloud=spec.cloud(), extra=extra)
+        return spark_session(
+            spec,
+            master=settings.master,
+            app_name=app_name,
+            cloud=spec.cloud(),
+            extra=extra,
+            scratch_dir=settings.scratch_dir,
+        )
     from pyspark.sql import SparkSession
 
     builder = (
