@@ -1,12 +1,15 @@
 """`make test`'s pytest run in three lanes at once, each a pytest process of its own:
 
 * **containers**: the container modules (podman: the compose cluster and the remote topology,
-  ``podman_images.CONTAINER_MODULES``) and the three-broker cluster tests (``tests/cluster``). The
-  images build in a background thread at a lower CPU priority (``podman_images.NICE``: the podman
-  service, and with it every container, inherits it) while the cluster tests run.
+  ``podman_images.CONTAINER_MODULES``), the three-broker cluster tests (``tests/cluster``), the
+  service's and the storage backends' tests (``tests/service``, ``tests/storage``). The images
+  build in a background thread at a lower CPU priority (``podman_images.NICE``: the podman
+  service, and with it every container, inherits it) while the other tests of the lane run.
 * **brokers**: the end-to-end modules on one broker (``tests/e2e``), the inspection tools
   (``tests/inspect``) and Kafka's formats (``tests/kafka``).
-* **main**: everything else (Spark and Iceberg, the service, storage, formats).
+* **main**: everything else (Spark and Iceberg, the shim, formats, segments). Spark slows the
+  most when the cores are shared, so this lane got the least besides it: with the service and
+  storage tests here it ended 10-14 minutes after the other two.
 
 Why: in one lane the suite kept the 2 cores about half busy (vmstat every 10 s through a run:
 user + system 30-60 %, often under 10 %): brokers, Kafka's tiering timers, Spark and the
@@ -32,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: (name, paths) of each lane beside the main one; a path is a module or a directory
 SIDE_LANES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("containers", ("tests/cluster", *CONTAINER_MODULES)),
+    ("containers", ("tests/cluster", "tests/service", "tests/storage", *CONTAINER_MODULES)),
     ("brokers", ("tests/e2e", "tests/inspect", "tests/kafka")),
 )
 
