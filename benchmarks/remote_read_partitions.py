@@ -17,14 +17,19 @@ Maven Central; ``--kafka-version 4.4.0 --cases ours`` runs ours alone on 4.4), p
 ``--records`` records over the partitions, waits until every closed segment of every partition is
 tiered and deleted locally, reads a local topic of the same size once (JIT warm-up, not reported;
 ``--warm-up-reads N`` also reads a tiered topic of a quarter of the records N times, each cold),
-then reads the tiered topic cold (sidecar restarted, stored objects dropped from the page cache)
-and warm. Reported per read:
+then reads the tiered topic cold and warm. Cold: the topic was never read (no cache of the
+sidecar or the broker holds it: the storage bytes per byte consumed show it) and its stored
+objects are dropped from the page cache, as ``LocalTieredStorage``'s directory is.
+``--reconnect-before-cold`` also restarts the sidecars before each cold read (as this benchmark
+did until 2026-11-30): the broker then reconnects, and over TCP + mTLS the new TLS session makes
+the JVM recompile netty's TLS path (docs/design.md), a cost of each reconnection rather than of
+a cold read. Reported per read:
 
 * MB/s as ConsumerPerformance measures it;
 * how busy the machine's cores were during the read (``/proc/stat``: 100 % means the consumer,
   broker and sidecar shared out all of it, and the read was bound by CPU, not by waiting);
 * broker and sidecar CPU-seconds (``/proc``);
-* the sidecar's peak RSS (``VmHWM``, since its restart before the cold read), the most fetch
+* the sidecar's peak RSS (``VmHWM``, reset before the cold read), the most fetch
   streams it served at once (``rsm_in_flight{op="fetch"}``, sampled every 0.2 s) and the bound
   docs/operations.md §4 gives for that many streams with the settings of the run;
 * RESOURCE_EXHAUSTED answers of the sidecar (``rsm_operations_total{outcome="RESOURCE_EXHAUSTED"}``);
@@ -254,6 +259,11 @@ class SidecarWatch:
         self._thread.join(5)
 
 
+def reset_peak_rss(pid: int) -> None:
+    """``VmHWM`` starts again from the current RSS (``clear_refs`` 5, Linux 4.0+)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 def vm_hwm_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -362,8 +372,8 @@ def read_tiered(case, dist, brokers, args, payload, partitions, jmx=None, sideca
 def remote_warm_up(case, dist, brokers, args, payload: Path, partitions: int, before_cold) -> None:
     """``--warm-up-reads N``: a tiered topic of a quarter of the records over as many partitions,
     read N times, each time cold (``before_cold``), not reported: the plugin's read path is
-    JIT-compiled before the reads that count, reconnection to a restarted sidecar included (see
-    ``remote_warm_up`` in remote_read.py)."""
+    JIT-compiled before the reads that count (with ``--reconnect-before-cold``, reconnection to a
+    restarted sidecar included: ``remote_warm_up`` in remote_read.py)."""
     small = argparse.Namespace(**{**vars(args), "records": max(1, args.records // 4)})
     bootstrap = ",".join(b.bootstrap_servers for b in brokers)
     create_topic(dist, bootstrap, "warm-up-remote", small, partitions, tiered=True)
@@ -447,7 +457,12 @@ def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[Par
         stack.broker.start()
 
         def before_cold() -> None:
-            cold_sidecar(stack)
+            if args.reconnect_before_cold:
+                cold_sidecar(stack)
+            else:
+                drop_page_cache(stack.remote_root)
+                assert stack.sidecar is not None and stack.sidecar.pid is not None
+                reset_peak_rss(stack.sidecar.pid)
 
         def sidecars() -> list[tuple[int, str]]:
             assert stack.sidecar is not None and stack.sidecar.pid is not None
@@ -475,7 +490,10 @@ def run_ours_cluster(dist, work: Path, args, payload, partitions: int, env, prop
 
         def before_cold() -> None:
             for node in nodes:
-                node.restart_sidecar()
+                if args.reconnect_before_cold:
+                    node.restart_sidecar()
+                elif node.sidecar is not None and node.sidecar.pid:
+                    reset_peak_rss(node.sidecar.pid)
             drop_page_cache(cluster.shared.remote_root)
 
         def sidecars() -> list[tuple[int, str]]:
@@ -560,6 +578,11 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="cold reads of a tiered warm-up topic (a quarter of --records) before the measured ones",
     )
+    ap.add_argument(
+        "--reconnect-before-cold",
+        action="store_true",
+        help="restart the sidecars before each cold read (the broker reconnects; see above)",
+    )
     ap.add_argument("--kafka-version", default=DEFAULT_VERSION)
     ap.add_argument(
         "--brokers", type=int, default=1, help="1, or a cluster of 3 or more (devstack/cluster.py)"
@@ -600,7 +623,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
         f"({args.records * args.record_size / MiB:.0f} MiB) over {args.partitions} partitions, "
         f"{args.segment_mib} MiB segments, consumer max.partition.fetch.bytes {args.fetch_size}, "
-        f"{args.brokers} broker(s), transport {args.transport}",
+        f"{args.brokers} broker(s), transport {args.transport}"
+        f"{', sidecars restarted before each cold read' if args.reconnect_before_cold else ''}",
         flush=True,
     )
     reads: list[PartRead] = []

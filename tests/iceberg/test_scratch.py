@@ -86,6 +86,7 @@ def test_a_killed_jobs_directory_is_removed_by_the_next_job_to_start(tmp_path):
 
 
 def test_only_job_directories_are_swept_and_one_being_created_is_left(tmp_path):
+    """Other names, links and a directory whose job has not locked it yet are left alone."""
     base = tmp_path / "scratch"
     base.mkdir(mode=0o700)
     (base / "notes.txt").write_text("mine")
@@ -96,8 +97,13 @@ def test_only_job_directories_are_swept_and_one_being_created_is_left(tmp_path):
     stale.mkdir()
     old = time.time() - scratch.UNLOCKED_GRACE_SECONDS - 60
     os.utime(stale, (old, old))
+    outside = tmp_path / "outside"  # a link named like a job's directory is never followed
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    (base / "job-789-link").symlink_to(outside)
     assert scratch.sweep(base) == [stale]
-    assert sorted(p.name for p in base.iterdir()) == ["job-123-new", "notes.txt", "other"]
+    assert sorted(p.name for p in base.iterdir()) == ["job-123-new", "job-789-link", "notes.txt", "other"]
+    assert (outside / "keep").read_text() == "x"
 
 
 @pytest.mark.parametrize("how", ["group-writable", "symlink", "a file"])
