@@ -507,49 +507,62 @@ class LoadConsumer(threading.Thread):
         seen[m.offset()] = i
 
     def finish(self, written: dict[int, Written]) -> int:
-        """Stop; every pass read each partition from offset 0 without a gap, each offset holding
-        the record the producer was told it got. Returns the number of records read.
-
-        One exception, the producer's and not the broker's or the plugin's: librdkafka's
-        idempotent producer may write a record twice when a leader change makes it bump its
-        producer epoch (a batch the old leader appended and never acknowledged is sent again
-        under the new epoch; confluentinc/librdkafka#4953, open in 2.16). Such a record is read
-        at an offset no delivery report named, and at the offset its report named; it is
-        collected in :attr:`duplicates` (the caller expects it there in later reads), anything
-        else at an unnamed offset fails."""
+        """Stop; :func:`check_passes` on what it read (its duplicates go to
+        :attr:`duplicates`). Returns the number of records read."""
         self.stopping.set()
         self.join(60)
         assert not self.wrong, self.wrong[:10]
-        by_offset = {
-            p: {r.offset: int(r.key[5:]) for r in w.records if r.key.startswith(b"load-")}
-            for p, w in written.items()
-        }
-        total = 0
-        told = {  # record index -> (partition, offset) the producer's delivery report gave
-            int(r.key[5:]): (p, r.offset)
-            for p, w in written.items()
-            for r in w.records
-            if r.key.startswith(b"load-")
-        }
         who = f"{'re-reader' if self.rewind else 'head reader'} ({self.group})"
-        total = 0
-        for n, seen_pass in enumerate(self.passes):
-            for p, seen in seen_pass.items():
-                offsets = sorted(seen)
-                assert offsets == list(range(len(offsets))), (
-                    f"{who}, pass {n}, partition {p}: a gap in {offsets[:5]}..."
-                )
-                for o in offsets:
-                    if seen[o] >= 0 and by_offset[p].get(o) is None and told.get(seen[o], (p, o))[1] != o:
-                        self.duplicates.add((p, o, seen[o]))  # the producer's duplicate (above)
-                    elif seen[o] >= 0:  # a record of the load (the others were compared when read)
-                        assert by_offset[p].get(o) == seen[o], (
-                            f"{who}, pass {n}: offset {p}/{o} holds record {seen[o]}, which the producer "
-                            f"was told went to {told.get(seen[o])}; the producer was told offset {p}/{o} "
-                            f"holds record {by_offset[p].get(o)}; this pass read record {seen[o]} at "
-                            f"offsets {sorted(x for x, i in seen.items() if i == seen[o])}; near it: "
-                            f"{[(x, seen.get(x), by_offset[p].get(x)) for x in range(o - 3, o + 4)]} "
-                            f"(offset, read, told)"
-                        )
-                total += len(offsets)
+        total, self.duplicates = check_passes(who, self.passes, written)
         return total
+
+
+def check_passes(
+    who: str, passes: list[dict[int, dict[int, int]]], written: dict[int, Written]
+) -> tuple[int, set[tuple[int, int, int]]]:
+    """Every pass (partition -> offset -> index of the load's record read there, -1 for a
+    record written before the load) read each partition from offset 0 without a gap, each offset
+    holding the record the producer was told it got. Returns the records read and the duplicates.
+
+    One exception, the producer's and not the broker's or the plugin's: librdkafka's idempotent
+    producer may write a record twice when a leader change makes it bump its producer epoch (a
+    batch the old leader appended and never acknowledged is sent again under the new epoch;
+    confluentinc/librdkafka#4953, open in 2.16). Such a record is read at an offset no delivery
+    report named, and at the offset its report named: it is returned as (partition, offset,
+    record index) for the caller to expect in later reads. Anything else at an unnamed offset,
+    and any record at an offset named for another, fails."""
+    by_offset = {
+        p: {r.offset: int(r.key[5:]) for r in w.records if r.key.startswith(b"load-")}
+        for p, w in written.items()
+    }
+    told = {  # record index -> (partition, offset) its delivery report gave
+        int(r.key[5:]): (p, r.offset)
+        for p, w in written.items()
+        for r in w.records
+        if r.key.startswith(b"load-")
+    }
+    total = 0
+    duplicates: set[tuple[int, int, int]] = set()
+    for n, seen_pass in enumerate(passes):
+        for p, seen in seen_pass.items():
+            offsets = sorted(seen)
+            assert offsets == list(range(len(offsets))), (
+                f"{who}, pass {n}, partition {p}: a gap in {offsets[:5]}..."
+            )
+            for o in offsets:
+                i = seen[o]
+                if i < 0:  # written before the load (compared when read)
+                    continue
+                acked = told.get(i)
+                if by_offset[p].get(o) is None and acked is not None and acked[0] == p and acked[1] > o:
+                    duplicates.add((p, o, i))  # sent again later, and acknowledged there
+                    continue
+                assert by_offset[p].get(o) == i, (
+                    f"{who}, pass {n}: offset {p}/{o} holds record {i}, which the producer was told "
+                    f"went to {told.get(i)}; the producer was told offset {p}/{o} holds record "
+                    f"{by_offset[p].get(o)}; this pass read record {i} at offsets "
+                    f"{sorted(x for x, r in seen.items() if r == i)}; near it (offset, read, told): "
+                    f"{[(x, seen.get(x), by_offset[p].get(x)) for x in range(o - 3, o + 4)]}"
+                )
+            total += len(offsets)
+    return total, duplicates
