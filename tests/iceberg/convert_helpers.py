@@ -223,6 +223,8 @@ class SyntheticTopic:
     ) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RSM__")}
         env["PYTHONPATH"] = str(REPO)
+        # the job's Spark temporary files in the test's directory, not the machine's temp dir
+        env["RSM__ICEBERG__SPARK__SCRATCH_DIR"] = str(self.workdir / "spark-scratch")
         if pause_at:
             env["RSM_ICEBERG_PAUSE_AT"] = pause_at
             env["RSM_ICEBERG_PAUSE_DIR"] = str(pause_dir)
