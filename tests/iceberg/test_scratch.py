@@ -125,6 +125,18 @@ def test_a_base_someone_else_could_write_is_refused(tmp_path, how):
     assert str(e.value) == f"iceberg.spark.scratch_dir: {base} {said}"
 
 
+def test_a_base_that_cannot_be_created_is_a_clear_error(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    base = tmp_path / "a-file" / "scratch"
+    with pytest.raises(ConfigError) as e:
+        scratch.claim(base)
+    # the file in the way is named
+    assert (
+        str(e.value)
+        == f"iceberg.spark.scratch_dir: cannot create {base}: [Errno 17] File exists: '{base.parent}'"
+    )
+
+
 def test_the_default_base_is_per_user_in_the_temp_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR

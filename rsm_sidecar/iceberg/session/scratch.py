@@ -54,8 +54,11 @@ def claim(base: Path | None = None) -> Path:
     base = Path(base) if base is not None else default_base()
     if base in _claimed:
         return _claimed[base][0]
-    base.parent.mkdir(parents=True, exist_ok=True)
-    problem = private_dir_problem(base)
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        problem = private_dir_problem(base)
+    except OSError as e:  # a read-only or missing temp dir, a file in the way
+        raise ConfigError(f"iceberg.spark.scratch_dir: cannot create {base}: {e}") from e
     if problem:
         raise ConfigError(f"iceberg.spark.scratch_dir: {base} {problem}")
     sweep(base)
