@@ -2,7 +2,8 @@
 
 * **containers**: the container modules (podman: the compose cluster and the remote topology,
   ``podman_images.CONTAINER_MODULES``), the three-broker cluster tests (``tests/cluster``), the
-  service's and the storage backends' tests (``tests/service``, ``tests/storage``). The images
+  service's (but its memory-bound measurements, ``MEMORY_MODULES``) and the storage backends'
+  tests (``tests/service``, ``tests/storage``). The images
   build in a background thread at a lower CPU priority (``podman_images.NICE``: the podman
   service, and with it every container, inherits it) while the other tests of the lane run.
 * **brokers**: the end-to-end modules on one broker (``tests/e2e``), the inspection tools
@@ -33,9 +34,19 @@ from tests.podman_images import CONTAINER_MODULES
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: the service's memory-bound measurements (RSS of a sidecar process while it copies 1 GiB) stay
+#: in the main lane: beside the container builds a stream-mode copy once grew RSS by 67.6 MiB
+#: (bound 64; 32-39 measured in the main lane), not yet explained (operations.md "Memory")
+MEMORY_MODULES = ("tests/service/test_resources.py",)
+SERVICE_MODULES = tuple(
+    str(p.relative_to(REPO))
+    for p in sorted((REPO / "tests" / "service").glob("test_*.py"))
+    if str(p.relative_to(REPO)) not in MEMORY_MODULES
+)
+
 #: (name, paths) of each lane beside the main one; a path is a module or a directory
 SIDE_LANES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("containers", ("tests/cluster", "tests/service", "tests/storage", *CONTAINER_MODULES)),
+    ("containers", ("tests/cluster", *SERVICE_MODULES, "tests/storage", *CONTAINER_MODULES)),
     ("brokers", ("tests/e2e", "tests/inspect", "tests/kafka")),
 )
 
