@@ -113,3 +113,17 @@ def test_azurite_run_prints_endpoint_and_a_working_connection_string(tmp_path):
         assert not _processes_using(workdir)
     finally:
         _kill_all(proc, workdir)
+
+
+def test_the_s3_server_writes_its_logs_in_its_work_directory(tmp_path):
+    """weed writes its own log files to the temp directory unless told otherwise: every test
+    server left one in /tmp. They now go to the server's work directory."""
+    import tempfile
+
+    from devstack.s3server import SeaweedS3Server
+
+    before = {p.name for p in Path(tempfile.gettempdir()).glob("weed.*")}
+    with SeaweedS3Server(tmp_path / "s3"):
+        pass
+    assert list((tmp_path / "s3").glob("weed.*.log.INFO.*"))
+    assert {p.name for p in Path(tempfile.gettempdir()).glob("weed.*")} <= before

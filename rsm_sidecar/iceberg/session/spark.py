@@ -51,13 +51,11 @@ def spark_conf(
         # Python workers use the interpreter running this code (the venv), which has pyarrow.
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
-        "spark.driver.extraJavaOptions": "-Dderby.system.home=/tmp -XX:+UseParallelGC",
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={scratch or '/tmp'} -XX:+UseParallelGC",
     }
     if scratch is not None:
         conf["spark.local.dir"] = str(scratch)
-        conf["spark.driver.extraJavaOptions"] = (
-            f"-Djava.io.tmpdir={scratch} -Dderby.system.home={scratch} -XX:+UseParallelGC"
-        )
+        conf["spark.driver.extraJavaOptions"] += f" -Djava.io.tmpdir={scratch}"
     conf.update(catalog.spark_conf())
     for k, v in (extra or {}).items():
         conf[k] = str(v)
