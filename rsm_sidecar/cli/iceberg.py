@@ -254,12 +254,12 @@ def _status(args) -> int:
     else:
         out.update(exists=True, **dataclasses.asdict(mk.read_state(table)))
     if settings.kafka_bootstrap:
-        from rsm_sidecar.iceberg.copy_lag import client_config, read_copy_lag
+        from rsm_sidecar.iceberg.copy_lag import CopyLagUnavailable, client_config, read_copy_lag
 
         conf = client_config(settings.kafka_bootstrap, settings.kafka_client)
         try:
             out["copy_lag"] = read_copy_lag(args.topic, conf, settings.kafka_timeout).as_dict()
-        except Exception as exc:  # the markers are still worth printing
-            out["copy_lag"] = {"error": f"{type(exc).__name__}: {exc}"}
+        except CopyLagUnavailable as exc:  # the markers are still worth printing
+            out["copy_lag"] = {"error": str(exc), "kind": exc.kind}
     print(json.dumps(out, default=str))
     return 0

@@ -120,14 +120,41 @@ def client_config(bootstrap: str, client: Mapping[str, str]) -> dict[str, str]:
     return conf
 
 
+class CopyLagUnavailable(Exception):
+    """The broker did not tell the topic's copy lag. ``kind`` names the failure (a librdkafka
+    error name such as ``_TRANSPORT`` or ``UNKNOWN_TOPIC_OR_PART``; ``_TIMED_OUT`` for no answer
+    in time, however the wait ended), so a caller can say each kind once."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
 def read_copy_lag(topic: str, conf: Mapping[str, str], timeout: float = 15.0) -> CopyLag:
-    """The topic's settings from the broker (``DescribeConfigs``); raises what the admin
-    client raises (``KafkaException``: broker unreachable, unknown topic, not authorized)."""
+    """The topic's settings from the broker (``DescribeConfigs``); raises
+    :class:`CopyLagUnavailable` (broker unreachable or silent, unknown topic, not authorized)."""
+    import concurrent.futures
+
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, ConfigResource
 
     admin = AdminClient(dict(conf))
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout)
+    future = admin.describe_configs([resource], request_timeout=timeout)[resource]
+    try:
+        # the request's own timeout normally answers first; both ends mean the same to a caller
+        entries = future.result(timeout + 1)
+    except concurrent.futures.TimeoutError:
+        raise CopyLagUnavailable("_TIMED_OUT", f"no answer from the broker within {timeout:g} s") from None
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is None:
+            raise CopyLagUnavailable(type(exc).__name__, str(exc)) from exc
+        if err.code() == KafkaError._TIMED_OUT:
+            raise CopyLagUnavailable(
+                "_TIMED_OUT", f"no answer from the broker within {timeout:g} s ({err.str()})"
+            ) from exc
+        raise CopyLagUnavailable(err.name(), err.str()) from exc
     values: dict[str, int | None] = {}
     for name in SETTINGS:
         entry = entries.get(name)

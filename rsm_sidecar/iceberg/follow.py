@@ -308,28 +308,32 @@ class Follower:
         :class:`~rsm_sidecar.iceberg.copy_lag.CopyLag`, or None."""
         if not self.settings.kafka_bootstrap:
             return None
-        from rsm_sidecar.iceberg.copy_lag import client_config, read_copy_lag
+        from rsm_sidecar.iceberg.copy_lag import CopyLagUnavailable, client_config, read_copy_lag
 
         conf = client_config(self.settings.kafka_bootstrap, self.settings.kafka_client)
         try:
             lag = read_copy_lag(self.topic, conf, self.settings.kafka_timeout)
-        except Exception as exc:  # the broker is optional to the follower: say so once, go on
+        except CopyLagUnavailable as exc:  # the broker is optional to the follower: say so once, go on
             self.metrics.copy_lag_seconds.set(math.nan)
             self.metrics.copy_lag_bytes.set(math.nan)
             self._say_once(
+                f"unavailable {exc.kind}",
                 f"[follow] {self.topic}: cannot read the topic's copy lag from "
-                f"{self.settings.kafka_bootstrap}: {type(exc).__name__}: {exc}"
+                f"{self.settings.kafka_bootstrap}: {exc}",
             )
             return None
         delayed = lag.delays_uploads
         self.metrics.copy_lag_seconds.set(lag.ms / 1000 if delayed else 0.0)
         self.metrics.copy_lag_bytes.set(lag.bytes if delayed else 0.0)
-        self._say_once(f"[follow] {'WARNING: ' if delayed else ''}{lag.describe()}")
+        line = f"[follow] {'WARNING: ' if delayed else ''}{lag.describe()}"
+        self._say_once(line, line)
         return lag
 
-    def _say_once(self, line: str) -> None:
-        if line not in self._copy_lag_said:
-            self._copy_lag_said.add(line)
+    def _say_once(self, key: str, line: str) -> None:
+        """Log ``line`` unless something with the same ``key`` was logged before (a setting's
+        description, or one kind of failure whatever its message says this time)."""
+        if key not in self._copy_lag_said:
+            self._copy_lag_said.add(key)
             self.log(line)
 
     def run(self, stop: threading.Event) -> None:
