@@ -10,6 +10,7 @@ import io.grpc.netty.shaded.io.netty.channel.ChannelOption;
 import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollChannelOption;
 import java.io.IOException;
+import java.util.concurrent.TimeUnit;
 
 /**
  * Creates the gRPC channel to the sidecar. Package-private seam so tests can use an in-process
@@ -55,6 +56,7 @@ interface ChannelFactory {
             // The shim retries idempotent calls itself (see Retrier): grpc's own retry buffers at most
             // 1 MiB per call, so it cannot replay a streamed copy, and two layers would multiply attempts.
             builder.disableRetry();
+            builder.idleTimeout(idleTimeoutMillis(config), TimeUnit.MILLISECONDS);
             builder.userAgent("rsm-sidecar-shim/" + Version.get());
             return builder.build();
         }
@@ -81,6 +83,23 @@ interface ChannelFactory {
                     .withOption(EpollChannelOption.TCP_KEEPINTVL, 1)
                     .withOption(EpollChannelOption.TCP_USER_TIMEOUT, (int) config.keepaliveTimeoutMs());
         }
+    }
+
+    /** grpc-java turns idle mode off for a timeout of 30 days or more. */
+    long IDLE_OFF_DAYS = 31;
+
+    /**
+     * What the channel's idle timeout is given: {@code channel.idle.timeout.ms}, or for 0 a value
+     * past gRPC's 30-day ceiling, which turns idle mode off. With grpc-java's own default (30
+     * minutes) a broker that read nothing remote for half an hour would lose its connection, and
+     * its next remote fetch would wait for a new one and, over TCP, a TLS handshake; the broker
+     * would also JIT-compile netty's TLS path again (operations.md "Longer reads, longer
+     * warm-ups"). An open connection costs nothing to keep: the keepalive probes that watch it
+     * are the kernel's (see tcpOptions).
+     */
+    static long idleTimeoutMillis(ShimConfig config) {
+        long configured = config.channelIdleTimeoutMs();
+        return configured == 0 ? TimeUnit.DAYS.toMillis(IDLE_OFF_DAYS) : configured;
     }
 
     /** Why the keepalive settings cannot apply here, or null when they do (or are off). */

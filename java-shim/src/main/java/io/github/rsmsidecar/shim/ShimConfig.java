@@ -52,6 +52,7 @@ public final class ShimConfig {
     public static final String CONNECT_TIMEOUT_MS = "connect.timeout.ms";
     public static final String KEEPALIVE_TIME_MS = "keepalive.time.ms";
     public static final String KEEPALIVE_TIMEOUT_MS = "keepalive.timeout.ms";
+    public static final String CHANNEL_IDLE_TIMEOUT_MS = "channel.idle.timeout.ms";
 
 
     /** A consumer's default fetch (1 MiB) plus room for the index lookup's skip to the offset. */
@@ -114,6 +115,7 @@ public final class ShimConfig {
         k.put(CONNECT_TIMEOUT_MS, "5000");
         k.put(KEEPALIVE_TIME_MS, "2000");
         k.put(KEEPALIVE_TIMEOUT_MS, "5000");
+        k.put(CHANNEL_IDLE_TIMEOUT_MS, "0");
         KEYS = Collections.unmodifiableMap(k);
     }
 
@@ -184,6 +186,7 @@ public final class ShimConfig {
     private final long connectTimeoutMs;
     private final long keepaliveTimeMs;
     private final long keepaliveTimeoutMs;
+    private final long channelIdleTimeoutMs;
     private final String brokerId;
     private final List<String> unknownKeys;
 
@@ -264,6 +267,11 @@ public final class ShimConfig {
         if (keepaliveTimeoutMs > Integer.MAX_VALUE) {
             throw new ShimConfigException(KEEPALIVE_TIMEOUT_MS, raw.get(KEEPALIVE_TIMEOUT_MS),
                     "must be at most " + Integer.MAX_VALUE + " (milliseconds)");
+        }
+        this.channelIdleTimeoutMs = nonNegativeMillis(raw, CHANNEL_IDLE_TIMEOUT_MS);
+        if (channelIdleTimeoutMs != 0 && channelIdleTimeoutMs < 1000) {
+            throw new ShimConfigException(CHANNEL_IDLE_TIMEOUT_MS, raw.get(CHANNEL_IDLE_TIMEOUT_MS),
+                    "must be 0 (never) or at least 1000 (gRPC's minimum)");
         }
 
         this.tlsEnabled = bool(raw, TLS_ENABLED);
@@ -589,6 +597,14 @@ public final class ShimConfig {
         return keepaliveTimeoutMs;
     }
 
+    /**
+     * After this long without a call, the channel closes its connection and opens a new one for
+     * the next call (0: never; see ChannelFactory#idleTimeoutMillis).
+     */
+    public long channelIdleTimeoutMs() {
+        return channelIdleTimeoutMs;
+    }
+
     /** {@code node.id} (Kafka 4.4+) or {@code broker.id} as passed by the broker, for logs. */
     public String brokerId() {
         return brokerId;
@@ -611,7 +627,7 @@ public final class ShimConfig {
                 + ", fetch.zstd.max.chunk.bytes=" + fetchZstdMaxChunkBytes
                 + ", fetch.index.deadline.ms=" + fetchIndexDeadlineMs + ", delete.deadline.ms=" + deleteDeadlineMs
                 + ", retry.max.attempts=" + retryMaxAttempts + ", retry.initial.backoff.ms=" + retryInitialBackoffMs
-                + ", retry.max.backoff.ms=" + retryMaxBackoffMs
+                + ", retry.max.backoff.ms=" + retryMaxBackoffMs + ", channel.idle.timeout.ms=" + channelIdleTimeoutMs
                 + (isUnixSocket() ? "" : ", connect.timeout.ms=" + connectTimeoutMs + ", keepalive.time.ms="
                         + keepaliveTimeMs + ", keepalive.timeout.ms=" + keepaliveTimeoutMs);
     }

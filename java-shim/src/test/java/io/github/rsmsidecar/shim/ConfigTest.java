@@ -67,6 +67,8 @@ class ConfigTest {
         "connect.timeout.ms; 0; must be > 0",
         "keepalive.time.ms; 500; must be 0 (off) or between 1000 and 3600000",
         "keepalive.timeout.ms; 0; must be > 0",
+        "channel.idle.timeout.ms; 500; must be 0 (never) or at least 1000",
+        "channel.idle.timeout.ms; -1; must be >= 0",
     })
     void invalidValuesNameTheKey(String key, String value, String reason) {
         ConfigException e = configureFails(Map.of(key, value));

@@ -288,6 +288,85 @@ class NettyTransportTest {
     }
 
     /** A shim configured with {@code config} cannot reach the TLS sidecar: UNAVAILABLE. */
+    /**
+     * The channel's idle timeout: by default (0) the connection stays open between calls however
+     * long the broker reads nothing remote, so the next fetch needs no new connection and no TLS
+     * handshake; set, the channel closes the connection after that long without a call and the
+     * next call opens a new one.
+     */
+    @Test
+    void idleChannelKeepsItsConnectionUnlessTold() throws Exception {
+        TestCerts.Issued authority = TestCerts.ca("CN=rsm test CA").write(dir, "ca");
+        TestCerts.leaf(authority, "CN=sidecar.test", "sidecar.test").write(dir, "server");
+        TestCerts.leaf(authority, "CN=broker-1").write(dir, "client");
+        java.util.concurrent.atomic.AtomicInteger opened = new java.util.concurrent.atomic.AtomicInteger();
+        java.util.concurrent.atomic.AtomicInteger closed = new java.util.concurrent.atomic.AtomicInteger();
+        io.grpc.ServerTransportFilter counter = new io.grpc.ServerTransportFilter() {
+            @Override
+            public io.grpc.Attributes transportReady(io.grpc.Attributes attributes) {
+                opened.incrementAndGet();
+                return attributes;
+            }
+
+            @Override
+            public void transportTerminated(io.grpc.Attributes attributes) {
+                closed.incrementAndGet();
+            }
+        };
+        TlsServerCredentials creds = (TlsServerCredentials) TlsServerCredentials.newBuilder()
+                .keyManager(dir.resolve("server.pem").toFile(), dir.resolve("server.key").toFile())
+                .trustManager(dir.resolve("ca.pem").toFile())
+                .clientAuth(TlsServerCredentials.ClientAuth.REQUIRE)
+                .build();
+        Server server = NettyServerBuilder.forAddress(new InetSocketAddress("127.0.0.1", 0), creds)
+                .addTransportFilter(counter).addService(new MiniSidecar()).build().start();
+        Map<String, String> base = Map.of("sidecar.target", "127.0.0.1:" + server.getPort(), "tls.enabled", "true",
+                "tls.ca.file", dir.resolve("ca.pem").toString(), "tls.cert.file", dir.resolve("client.pem").toString(),
+                "tls.key.file", dir.resolve("client.key").toString(), "tls.authority.override", "sidecar.test");
+        try {
+            // the default: past grpc-java's 30-day ceiling, which turns its idle mode (30 min by default) off
+            ShimConfig defaults = ShimConfig.parse(base);
+            assertEquals(0, defaults.channelIdleTimeoutMs());
+            assertTrue(ChannelFactory.idleTimeoutMillis(defaults) >= TimeUnit.DAYS.toMillis(30));
+            SidecarRemoteStorageManager rsm = new SidecarRemoteStorageManager();
+            try {
+                rsm.configure(base);
+                rsm.deleteLogSegmentData(Fixtures.metadata());
+                Thread.sleep(2500); // longer than the 1 s timeout below needs to close it
+                rsm.deleteLogSegmentData(Fixtures.metadata());
+                assertEquals(1, opened.get(), "one connection for both calls");
+                assertEquals(0, closed.get());
+            } finally {
+                rsm.close();
+            }
+            waitFor(() -> closed.get() == 1, "the closed shim's connection to end");
+
+            Map<String, String> idle = new java.util.HashMap<>(base);
+            idle.put("channel.idle.timeout.ms", "1000");
+            SidecarRemoteStorageManager idling = new SidecarRemoteStorageManager();
+            try {
+                idling.configure(idle);
+                idling.deleteLogSegmentData(Fixtures.metadata());
+                assertEquals(2, opened.get());
+                waitFor(() -> closed.get() == 2, "the idle channel to close its connection");
+                idling.deleteLogSegmentData(Fixtures.metadata()); // a new connection, not an error
+                assertEquals(3, opened.get());
+            } finally {
+                idling.close();
+            }
+        } finally {
+            server.shutdownNow().awaitTermination(5, TimeUnit.SECONDS);
+        }
+    }
+
+    private static void waitFor(java.util.function.BooleanSupplier condition, String what) throws Exception {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+        while (!condition.getAsBoolean()) {
+            assertTrue(System.nanoTime() < deadline, "waited 10 s for " + what);
+            Thread.sleep(20);
+        }
+    }
+
     private static void assertRefused(Map<String, String> config) throws Exception {
         SidecarRemoteStorageManager rsm = new SidecarRemoteStorageManager();
         rsm.configure(config);
