@@ -238,6 +238,18 @@ CONFIG_KEYS = [
         max=1024,
     ),
     Key(
+        "server.stream_window_bytes",
+        "size",
+        4 * 1024 * 1024,
+        "HTTP/2 flow-control window of each call the sidecar receives: how many bytes of a stream-mode "
+        "copy its gRPC transport takes in ahead of the copy, per copy. Fixed, so a copy's memory has a "
+        "bound that does not depend on the machine's load; 0 lets gRPC size it from its bandwidth-delay "
+        "probes, which on a busy host let a 1 GiB copy's memory grow by up to 30 MiB more "
+        "(docs/operations.md, Memory). Otherwise at least 65535 (HTTP/2's default window).",
+        min=0,
+        max=256 * 1024 * 1024,
+    ),
+    Key(
         "server.shutdown_grace_seconds",
         "seconds",
         30.0,

@@ -45,6 +45,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def stream_window_options(window: int) -> list[tuple[str, int]]:
+    """gRPC core's options for ``server.stream_window_bytes``: a fixed window of that size, or
+    (0) its own sizing. Left to itself, gRPC core sets each stream's window to the larger of
+    4 MiB and twice the bandwidth-delay product it measures with HTTP/2 pings; on a loaded host
+    the pings' answers come late, the product looks large, and a stream-mode copy's bytes pile
+    up in the transport ahead of the copy."""
+    if window == 0:
+        return []
+    return [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", window)]
+
+
 class SidecarServer:
     def __init__(self, cfg: Config, sidecar: Sidecar | None = None):
         self.cfg = cfg
@@ -58,6 +69,12 @@ class SidecarServer:
             )
         if not cfg["server.listen"].startswith("unix:"):
             split_listen(cfg["server.listen"], "server.listen")
+        window = cfg["server.stream_window_bytes"]
+        if 0 < window < 65535:
+            raise ConfigError(
+                f"server.stream_window_bytes: {window} is below HTTP/2's default window of 65535 bytes "
+                f"(0: gRPC's automatic sizing)"
+            )
         self.sidecar = sidecar or Sidecar.from_config(cfg)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.server = grpc.server(
@@ -68,6 +85,7 @@ class SidecarServer:
                 ("grpc.max_receive_message_length", 4 * 1024 * 1024),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),
+                *stream_window_options(window),
             ],
             maximum_concurrent_rpcs=None,
         )

@@ -71,13 +71,21 @@ class PeakRss:
     def __init__(self, sidecar: SidecarProcess):
         self.sidecar = sidecar
         self.baseline = self.peak = 0
+        self.threads_at_peak = 0  # every transform thread that compressed holds a zstd context
+        self.failure: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample)
 
     def _sample(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.sidecar.rss())
-            time.sleep(0.02)
+        try:
+            while not self._stop.is_set():
+                rss = self.sidecar.rss()
+                if rss > self.peak:
+                    self.peak = rss
+                    self.threads_at_peak = self.sidecar.ps.num_threads()
+                time.sleep(0.02)
+        except BaseException as e:  # a sampler that died would report the baseline as the peak
+            self.failure = e
 
     def __enter__(self) -> PeakRss:
         self.baseline = self.peak = self.sidecar.rss()
@@ -87,6 +95,8 @@ class PeakRss:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        if self.failure is not None:
+            raise AssertionError(f"the RSS sampler failed: {self.failure!r}") from self.failure
         self.peak = max(self.peak, self.sidecar.rss())
 
 
@@ -118,15 +128,16 @@ allowed_dirs = ["{tmp_path}"]
                 reqs = files.path_request(md) if mode == "path" else files.stream_requests(md)
                 resp = client.copy(reqs, timeout=600)
                 elapsed = time.monotonic() - t0
-            results[mode] = (rss.peak - rss.baseline, elapsed, resp.stored_bytes, rss.baseline)
-        for mode, (growth, elapsed, stored, baseline) in results.items():
+            growth = rss.peak - rss.baseline
+            results[mode] = (growth, elapsed, resp.stored_bytes, rss.baseline, rss.threads_at_peak)
+        for mode, (growth, elapsed, stored, baseline, threads) in results.items():
             print(
                 f"\n1 GiB copy ({mode} mode): RSS +{growth / MiB:.1f} MiB over a "
                 f"{baseline / MiB:.0f} MiB baseline, "
-                f"{1024 / elapsed:.0f} MiB/s, {stored / MiB:.0f} MiB stored"
+                f"{1024 / elapsed:.0f} MiB/s, {stored / MiB:.0f} MiB stored; {threads} threads at the peak"
             )
-        for mode, (growth, _, _, _) in results.items():
-            assert growth <= 64 * MiB, f"{mode} mode grew RSS by {growth / MiB:.1f} MiB"
+        for mode, (growth, _, _, _, threads) in results.items():
+            assert growth <= 64 * MiB, f"{mode} mode: RSS +{growth / MiB:.1f} MiB, {threads} threads"
     finally:
         sidecar.stop()
 
