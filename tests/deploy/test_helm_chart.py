@@ -284,10 +284,12 @@ def documented_memory_bound_mib(cfg: Config) -> int:
         "gcs": 2 * cfg["storage.gcs.chunk_size"],
         "azure": cfg["storage.azure.block_size"] * (cfg["storage.azure.max_blocks_in_flight"] + 1),
     }.get(cfg["storage.backend"], 0)
-    copies = cfg["copy.max_concurrent"] * ((cfg["copy.parallelism"] + 2) * chunk + upload)
+    window = cfg["server.stream_window_bytes"]
+    copies = cfg["copy.max_concurrent"] * ((cfg["copy.parallelism"] + 2) * chunk + upload + window)
     fetches = cfg["fetch.max_concurrent"] * (ranged + chunk + 2 * MiB)
     prefetch = 4 * (ranged + chunk) if cfg["cache.prefetch_bytes"] and cfg["cache.chunk_bytes"] else 0
-    return math.ceil((caches + copies + fetches + prefetch + 85 * MiB) / MiB)
+    zstd = min(64, cfg["copy.max_concurrent"] * cfg["copy.parallelism"]) * 7 * MiB // 2
+    return math.ceil((caches + copies + fetches + prefetch + zstd + 85 * MiB) / MiB)
 
 
 @pytest.mark.parametrize(
@@ -330,7 +332,7 @@ def test_memory_can_be_set_by_hand(helm):
 def test_default_memory_limit(helm):
     """The defaults' figure, as docs/kubernetes.md quotes it."""
     (container,) = _workload(render(helm))["spec"]["template"]["spec"]["containers"]
-    assert container["resources"]["limits"]["memory"] == "1242Mi"
+    assert container["resources"]["limits"]["memory"] == "1363Mi"
 
 
 # -- how the brokers reach it ---------------------------------------------------------------------

@@ -146,9 +146,11 @@ and the sidecar's defaults (tests/deploy/test_helm_chart.py checks these default
 code's and the result against the formula):
 
   caches    cache.manifest_bytes + cache.index_bytes + cache.chunk_bytes
-  copies    copy.max_concurrent x ((copy.parallelism + 2) x C + upload buffer)
+  copies    copy.max_concurrent x ((copy.parallelism + 2) x C + upload buffer
+            + server.stream_window_bytes)
   fetches   fetch.max_concurrent x (R + C + 2 MiB)
   prefetch  4 x (R + C), when cache.prefetch_bytes and cache.chunk_bytes are not 0
+  zstd      min(64, copy.max_concurrent x copy.parallelism) x 3.5 MiB
   base      85 MiB
   C = segment.chunk_size, R = max(fetch.max_range_bytes, C); upload buffer (docs/storage.md):
   S3 part_size x (max_parts_in_flight + 1) + 1 MiB x max_parts_in_flight, GCS 2 x chunk_size,
@@ -157,6 +159,7 @@ code's and the result against the formula):
 {{- define "rsm-sidecar.defaults" -}}
 cache: {manifest_bytes: 32MiB, index_bytes: 64MiB, chunk_bytes: 256MiB, prefetch_bytes: 16MiB}
 copy: {max_concurrent: 16, parallelism: 2}
+server: {stream_window_bytes: 4MiB}
 segment: {chunk_size: 4MiB}
 fetch: {max_concurrent: 32, max_range_bytes: 8MiB}
 storage:
@@ -182,13 +185,15 @@ storage:
 {{- else if eq $b "azure" -}}
 {{- $upload = mul (include "rsm-sidecar.bytes" $c.storage.azure.block_size | int64) (add (int64 $c.storage.azure.max_blocks_in_flight) 1) -}}
 {{- end -}}
-{{- $copies := mul (int64 $c.copy.max_concurrent) (add (mul (add (int64 $c.copy.parallelism) 2) $chunk) $upload) -}}
+{{- $window := include "rsm-sidecar.bytes" $c.server.stream_window_bytes | int64 -}}
+{{- $copies := mul (int64 $c.copy.max_concurrent) (add (mul (add (int64 $c.copy.parallelism) 2) $chunk) $upload $window) -}}
+{{- $zstd := div (mul (min 64 (mul (int64 $c.copy.max_concurrent) (int64 $c.copy.parallelism))) 7 $mib) 2 -}}
 {{- $fetches := mul (int64 $c.fetch.max_concurrent) (add $range $chunk (mul 2 $mib)) -}}
 {{- $prefetch := 0 -}}
 {{- if and (ne (include "rsm-sidecar.bytes" $c.cache.prefetch_bytes) "0") (ne $cacheChunk 0) -}}
 {{- $prefetch = mul 4 (add $range $chunk) -}}
 {{- end -}}
-{{- $total := add $caches $copies $fetches $prefetch (mul 85 $mib) -}}
+{{- $total := add $caches $copies $fetches $prefetch $zstd (mul 85 $mib) -}}
 {{- div (add $total (sub $mib 1)) $mib -}}
 {{- end -}}
 
