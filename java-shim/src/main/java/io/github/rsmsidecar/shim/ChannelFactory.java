@@ -92,10 +92,9 @@ interface ChannelFactory {
      * What the channel's idle timeout is given: {@code channel.idle.timeout.ms}, or for 0 a value
      * past gRPC's 30-day ceiling, which turns idle mode off. With grpc-java's own default (30
      * minutes) a broker that read nothing remote for half an hour would lose its connection, and
-     * its next remote fetch would wait for a new one and, over TCP, a TLS handshake; the broker
-     * would also JIT-compile netty's TLS path again (operations.md "Longer reads, longer
-     * warm-ups"). An open connection costs nothing to keep: the keepalive probes that watch it
-     * are the kernel's (see tcpOptions).
+     * its next remote fetch would wait for a new one and, over TCP, a TLS handshake (docs/shim.md
+     * "A connection that carries nothing for long stays open"). An open connection costs
+     * nothing to keep: the keepalive probes that watch it are the kernel's (see tcpOptions).
      */
     static long idleTimeoutMillis(ShimConfig config) {
         long configured = config.channelIdleTimeoutMs();
