@@ -4,12 +4,14 @@ check and reads the frames the real server sends back."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
 import pytest
 
 from rsm_sidecar.errors import ConfigError
+from tests.service.rsm_client import SegmentFilesOnDisk, metadata, seg_id
 
 SETTINGS, PING, HEADERS, DATA = 4, 6, 1, 0
 INITIAL_WINDOW_SIZE = 0x4
@@ -105,3 +107,14 @@ def test_zero_leaves_the_window_to_grpc_which_probes(start_sidecar):
 def test_a_window_below_http2s_default_is_refused(start_sidecar, window):
     with pytest.raises(ConfigError, match=r"server\.stream_window_bytes: .* below HTTP/2's default window"):
         start_sidecar(server__stream_window_bytes=window)
+
+
+def test_messages_larger_than_the_smallest_window_still_flow(start_sidecar, tmp_path):
+    """The smallest window allowed (65535 bytes) is smaller than a copy's 1 MiB messages (and a
+    fetch's): a stream-mode copy of 3.5 MiB and its fetch still round-trip, byte for byte."""
+    sc = start_sidecar(server__stream_window_bytes=65535)
+    log = os.urandom(3 * MiB + MiB // 2)
+    files = SegmentFilesOnDisk(str(tmp_path / "segment"), log)
+    md = metadata(seg_id(1), size=len(log))
+    sc.client.copy(files.stream_requests(md), timeout=60)
+    assert sc.client.fetch(md) == log
