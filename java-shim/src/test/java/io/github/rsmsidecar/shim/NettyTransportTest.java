@@ -150,11 +150,7 @@ class NettyTransportTest {
                 return next.startCall(call, headers);
             }
         };
-        TlsServerCredentials creds = (TlsServerCredentials) TlsServerCredentials.newBuilder()
-                .keyManager(dir.resolve("server.pem").toFile(), dir.resolve("server.key").toFile())
-                .trustManager(dir.resolve("ca.pem").toFile())
-                .clientAuth(TlsServerCredentials.ClientAuth.REQUIRE)
-                .build();
+        TlsServerCredentials creds = mutualTlsServer("ca.pem");
         Server server = NettyServerBuilder.forAddress(new InetSocketAddress("127.0.0.1", 0), creds)
                 .addService(ServerInterceptors.intercept(new MiniSidecar(), whoIsCalling)).build().start();
         String target = "127.0.0.1:" + server.getPort();
@@ -240,11 +236,7 @@ class NettyTransportTest {
                 observer.onCompleted();
             }
         };
-        TlsServerCredentials creds = (TlsServerCredentials) TlsServerCredentials.newBuilder()
-                .keyManager(dir.resolve("server.pem").toFile(), dir.resolve("server.key").toFile())
-                .trustManager(dir.resolve("both.pem").toFile()) // the overlap: both CAs trusted
-                .clientAuth(TlsServerCredentials.ClientAuth.REQUIRE)
-                .build();
+        TlsServerCredentials creds = mutualTlsServer("both.pem"); // the overlap: both CAs trusted
         Server server = NettyServerBuilder.forAddress(new InetSocketAddress("127.0.0.1", 0), creds)
                 .addService(ServerInterceptors.intercept(slow, whoIsCalling)).build().start();
         // the shim's files, as a Secret volume holds them
@@ -313,11 +305,7 @@ class NettyTransportTest {
                 closed.incrementAndGet();
             }
         };
-        TlsServerCredentials creds = (TlsServerCredentials) TlsServerCredentials.newBuilder()
-                .keyManager(dir.resolve("server.pem").toFile(), dir.resolve("server.key").toFile())
-                .trustManager(dir.resolve("ca.pem").toFile())
-                .clientAuth(TlsServerCredentials.ClientAuth.REQUIRE)
-                .build();
+        TlsServerCredentials creds = mutualTlsServer("ca.pem");
         Server server = NettyServerBuilder.forAddress(new InetSocketAddress("127.0.0.1", 0), creds)
                 .addTransportFilter(counter).addService(new MiniSidecar()).build().start();
         Map<String, String> base = Map.of("sidecar.target", "127.0.0.1:" + server.getPort(), "tls.enabled", "true",
@@ -357,6 +345,15 @@ class NettyTransportTest {
         } finally {
             server.shutdownNow().awaitTermination(5, TimeUnit.SECONDS);
         }
+    }
+
+    /** The sidecar's side of mutual TLS: server.pem/server.key, clients must present a certificate {@code ca} signed. */
+    private TlsServerCredentials mutualTlsServer(String ca) throws Exception {
+        return (TlsServerCredentials) TlsServerCredentials.newBuilder()
+                .keyManager(dir.resolve("server.pem").toFile(), dir.resolve("server.key").toFile())
+                .trustManager(dir.resolve(ca).toFile())
+                .clientAuth(TlsServerCredentials.ClientAuth.REQUIRE)
+                .build();
     }
 
     private static void waitFor(java.util.function.BooleanSupplier condition, String what) throws Exception {
