@@ -17,6 +17,7 @@ KAFKA_STAMP := $(CACHE)/.kafka-jars-$(or $(KAFKA_VERSION),default)
 KAFKA39_STAMP := $(CACHE)/.kafka-jars-3.9.2
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 ICEBERG_STAMP := $(CACHE)/.iceberg-deps
+ICEBERG_LOCAL_STAMP := $(CACHE)/.iceberg-jars-local
 SERVERS_STAMP := $(CACHE)/.storage-servers
 COMPOSE_TOOLS_STAMP := $(CACHE)/.compose-tools
 K8S_TOOLS_STAMP := $(CACHE)/.k8s-tools
@@ -33,9 +34,11 @@ setup: $(VENV)/.installed $(PROTO_OUT)
 # Everything the tests need, downloaded into $(CACHE) or built.
 deps: setup k8s-tools compose-tools storage-servers shim kafka-jars $(KAFKA39_STAMP) interop-jars iceberg-deps
 
-# What `make demo` and `make up` use, and nothing more: the sidecar's runtime (no Spark, no dev
-# tools), the shim and Kafka's jars. STORAGE=s3|gcs|azure installs its server when first started.
-demo-deps: $(RUNTIME_STAMP) $(PROTO_OUT) shim kafka-jars
+# What `make demo` and `make up` use, and nothing more: the sidecar's runtime with PySpark and
+# PyIceberg (no dev tools), the Iceberg Spark runtime and SQLite JDBC jars (no cloud bundles: the
+# demo's table is in a local catalog), the shim and Kafka's jars. STORAGE=s3|gcs|azure installs
+# its server when first started.
+demo-deps: $(RUNTIME_STAMP) $(PROTO_OUT) shim kafka-jars $(ICEBERG_LOCAL_STAMP)
 
 # pip works on the virtualenv one run at a time (`make -j` may start both installs): the runtime's
 # install, behind the full one, then finds its stamp fresh and does nothing. Where the full one
@@ -52,7 +55,7 @@ $(VENV)/.installed: pyproject.toml
 $(RUNTIME_STAMP): pyproject.toml
 	$(VENV_LOCK) sh -c 'set -e; test $@ -nt pyproject.toml && exit 0; \
 	  test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
-	  $(BIN)/pip install --quiet -e ".[demo,s3,gcs,azure]"; touch $@'
+	  $(BIN)/pip install --quiet -e ".[demo,iceberg,s3,gcs,azure]"; touch $@'
 
 proto: $(PROTO_OUT)
 $(PROTO_OUT): $(PROTO_SRC) $(RUNTIME_STAMP)
@@ -72,6 +75,11 @@ $(KAFKA_STAMP): devstack/kafka-jars.pom.xml | $(RUNTIME_STAMP)
 # the 3.x compatibility tests
 $(KAFKA39_STAMP): devstack/kafka-jars.pom.xml | $(RUNTIME_STAMP)
 	KAFKA_VERSION=3.9.2 $(BIN)/python -m devstack.kafka jars
+	touch $@
+
+# The Iceberg Spark runtime and SQLite JDBC: what the demo's local catalog needs.
+$(ICEBERG_LOCAL_STAMP): rsm_sidecar/iceberg/jars.py | $(RUNTIME_STAMP)
+	$(BIN)/python -m rsm_sidecar.iceberg.jars --no-cloud
 	touch $@
 
 # Iceberg Spark runtime, SQLite JDBC, AWS/GCP bundles, and the Apicurio schema registry.

@@ -135,6 +135,60 @@ def down(args) -> int:
 
 
 # -- demo --------------------------------------------------------------------------------------
+def _demo_iceberg(stack: LocalStack, topic: str, workdir: Path, record_hashes: list[bytes]) -> dict:
+    """``rsm-sidecar iceberg convert`` on what the demo tiered (Spark on local[2], reading the
+    stored segments, not the broker), then the table read back with PyIceberg: one row per
+    tiered record, at its offset, with the key and value that were produced."""
+    import subprocess
+
+    from rsm_sidecar.iceberg.job import load_config
+    from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
+    from rsm_sidecar.iceberg.settings import JobSettings
+
+    config_file, sidecar_env = stack.sidecar_config_env()
+    lake, log = workdir / "lake", workdir / "iceberg-convert.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RSM__")}
+    env.update(sidecar_env)
+    env["RSM__ICEBERG__SPARK__SCRATCH_DIR"] = str(workdir / "spark-scratch")
+    cmd = [sys.executable, "-m", "rsm_sidecar.cli.main", "iceberg", "convert", "--config", str(config_file)]
+    cmd += ["--topic", topic, "--catalog-root", str(lake), "--master", "local[2]"]
+    t0 = time.monotonic()
+    with open(log, "w") as out:
+        done = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+    seconds = time.monotonic() - t0
+    if done.returncode != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        raise RuntimeError(f"iceberg convert exited {done.returncode}; its log is {log}:\n{tail}")
+
+    cfg, _ = load_config(
+        config_file, environ=sidecar_env, overrides={"iceberg.catalog.local.root": str(lake)}
+    )
+    settings = JobSettings.from_config(cfg)
+    ident = (settings.namespace, settings.table_name(topic))
+    table = CatalogSpec.from_settings(settings).prepare().pyiceberg().load_table(ident)
+    rows = table.scan(selected_fields=("key", "val", "kafka")).to_arrow().to_pylist()
+    rows.sort(key=lambda r: r["kafka"]["offset"])
+    offsets = [r["kafka"]["offset"] for r in rows]
+    if not rows or offsets != list(range(len(rows))):
+        raise RuntimeError(
+            f"the table's offsets are not 0..{len(rows) - 1}: {offsets[:5]} ... {offsets[-5:]}"
+        )
+    for r in rows:
+        if (
+            hashlib.sha256(r["key"]["__raw__"] + b"\0" + r["val"]["__raw__"]).digest()
+            != record_hashes[r["kafka"]["offset"]]
+        ):
+            raise RuntimeError(f"the table's row at offset {r['kafka']['offset']} is not the record produced")
+    return {
+        "name": ".".join(ident),
+        "rows": len(rows),
+        "files": sum(1 for _ in table.scan().plan_files()),
+        "seconds": seconds,
+        "hint": f"PyIceberg SqlCatalog at {lake} (rsm-sidecar iceberg status --config {config_file} "
+        f"--catalog-root {lake} --topic {topic})",
+    }
+
+
 def demo(args) -> int:
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import NewTopic
@@ -145,7 +199,7 @@ def demo(args) -> int:
     t_start = time.monotonic()
     workdir = RUN / "demo"
     shutil.rmtree(workdir, ignore_errors=True)
-    _say(f"[1/5] starting Kafka with tiered storage ({args.storage} storage, {args.transfer_mode} mode) ...")
+    _say(f"[1/6] starting Kafka with tiered storage ({args.storage} storage, {args.transfer_mode} mode) ...")
     stack = LocalStack(
         workdir,
         storage=args.storage,
@@ -175,9 +229,10 @@ def demo(args) -> int:
             ],
         )
 
-        _say(f"[2/5] producing {args.records} order events to {topic} (1 MiB segments) ...")
+        _say(f"[2/6] producing {args.records} order events to {topic} (1 MiB segments) ...")
         rng = random.Random(2026)
         digest = hashlib.sha256()
+        record_hashes: list[bytes] = []  # by offset: what the Iceberg table must hold
         p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
         statuses = ["created", "paid", "packed", "shipped", "delivered"]
         for i in range(args.records):
@@ -194,6 +249,7 @@ def demo(args) -> int:
                 )
             )
             digest.update(key + b"\0" + value + b"\n")
+            record_hashes.append(hashlib.sha256(key + b"\0" + value).digest())
             p.produce(topic, key=key, value=value)
             if i % 10000 == 0:
                 p.poll(0)
@@ -204,7 +260,7 @@ def demo(args) -> int:
         _say(f"      {args.records} records produced")
 
         _say(
-            "[3/5] waiting until closed segments are in remote storage and deleted from the broker's disk ..."
+            "[3/6] waiting until closed segments are in remote storage and deleted from the broker's disk ..."
         )
         part_dir = stack.broker.partition_dir(topic)
         store = stack.object_store()
@@ -232,7 +288,7 @@ def demo(args) -> int:
         first_local = local[0]
 
         _say(
-            f"[4/5] consuming everything from offset 0 "
+            f"[4/6] consuming everything from offset 0 "
             f"(offsets below {first_local} are served from remote) ..."
         )
         c = Consumer(
@@ -278,7 +334,12 @@ def demo(args) -> int:
             stored += sum(store.size(base + s) for s in (".log", ".indexes", ".rsm-manifest"))
             compressed += m.compression
             encrypted += m.encryption is not None
-        _say("[5/5] summary")
+        _say(
+            f"[5/6] writing the tiered segments to an Iceberg table (Spark local[2], local catalog in "
+            f"{workdir / 'lake'}) ..."
+        )
+        table = _demo_iceberg(stack, topic, workdir, record_hashes)
+        _say("[6/6] summary")
         _say(
             f"      segments tiered:        {len(manifests)} ({compressed} zstd-compressed, {encrypted} "
             f"AES-256-GCM encrypted)"
@@ -293,6 +354,12 @@ def demo(args) -> int:
         _say(
             f"      remote objects:         {stack.remote_root if args.storage == 'local' else args.storage}"
         )
+        _say(
+            f"      Iceberg table:          {table['name']}: {table['rows']:,} rows = every record of the "
+            f"tiered segments (offsets 0-{table['rows'] - 1:,}, sha256 of each key and value matches), "
+            f"{table['files']} data files, written in {table['seconds']:.0f}s"
+        )
+        _say(f"      read it:                {table['hint']}")
         _say(f"      total time:             {time.monotonic() - t_start:.0f}s")
     finally:
         _say("stopping the stack ...")
