@@ -197,7 +197,7 @@ def demo(args) -> int:
     from rsm_sidecar.format.manifest import SegmentManifest
 
     t_start = time.monotonic()
-    workdir = RUN / "demo"
+    workdir = Path(args.workdir).resolve() if args.workdir else RUN / "demo"
     shutil.rmtree(workdir, ignore_errors=True)
     _say(f"[1/6] starting Kafka with tiered storage ({args.storage} storage, {args.transfer_mode} mode) ...")
     stack = LocalStack(
@@ -395,6 +395,7 @@ def main(argv=None) -> int:
             )
         if name == "demo":
             p.add_argument("--records", type=int, default=int(os.environ.get("RECORDS") or 60000))
+            p.add_argument("--workdir", help="where the broker, sidecar, objects and table go (run/demo)")
     args = ap.parse_args(argv)
     return args.func(args)
 
