@@ -179,9 +179,12 @@ def _demo_iceberg(stack: LocalStack, topic: str, workdir: Path, record_hashes: l
             != record_hashes[r["kafka"]["offset"]]
         ):
             raise RuntimeError(f"the table's row at offset {r['kafka']['offset']} is not the record produced")
+    first = rows[0]
     return {
         "name": ".".join(ident),
         "rows": len(rows),
+        "first_row": f"kafka.offset {first['kafka']['offset']}, key.__raw__ "
+        f"{first['key']['__raw__'].decode()!r}, val.__raw__ {first['val']['__raw__'][:60].decode()!r}...",
         "files": sum(1 for _ in table.scan().plan_files()),
         "seconds": seconds,
         "hint": f"PyIceberg SqlCatalog at {lake} (rsm-sidecar iceberg status --config {config_file} "
@@ -359,6 +362,7 @@ def demo(args) -> int:
             f"tiered segments (offsets 0-{table['rows'] - 1:,}, sha256 of each key and value matches), "
             f"{table['files']} data files, written in {table['seconds']:.0f}s"
         )
+        _say(f"      its first row:          {table['first_row']}")
         _say(f"      read it:                {table['hint']}")
         _say(f"      total time:             {time.monotonic() - t_start:.0f}s")
     finally:

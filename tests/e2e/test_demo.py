@@ -34,6 +34,8 @@ def test_make_demo_tiers_reads_back_and_writes_the_iceberg_table(tmp_path):
     table = re.search(r"Iceberg table:\s+kafka\.demo_orders: ([\d,]+) rows", out)
     rows = int(table.group(1).replace(",", ""))
     assert rows == tiered, out
+    first = re.search(r"first row:\s+kafka\.offset 0, key\.__raw__ 'customer-\d+', val\.__raw__ '(.*)'", out)
+    assert first and first.group(1).startswith('{"order_id":0,"status":"created"'), out
     assert (workdir / "lake" / "catalog.db").is_file()
     assert len(list((workdir / "remote").rglob("*.rsm-manifest"))) == segments
     # the Spark job's scratch space was its own and is gone
