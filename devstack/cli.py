@@ -201,7 +201,13 @@ def demo(args) -> int:
 
     t_start = time.monotonic()
     workdir = Path(args.workdir).resolve() if args.workdir else RUN / "demo"
+    marker = workdir / ".rsm-demo"  # a directory the demo may empty: run/demo, or one it made
+    if args.workdir and workdir.exists() and any(workdir.iterdir()) and not marker.exists():
+        _say(f"{workdir} is not empty and no earlier demo made it: give --workdir a new or empty directory")
+        return 2
     shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    marker.touch()
     _say(f"[1/6] starting Kafka with tiered storage ({args.storage} storage, {args.transfer_mode} mode) ...")
     stack = LocalStack(
         workdir,

@@ -40,3 +40,21 @@ def test_make_demo_tiers_reads_back_and_writes_the_iceberg_table(tmp_path):
     assert len(list((workdir / "remote").rglob("*.rsm-manifest"))) == segments
     # the Spark job's scratch space was its own and is gone
     assert not any((workdir / "spark-scratch").glob("job-*")), list((workdir / "spark-scratch").iterdir())
+
+
+def test_the_demo_empties_no_directory_it_did_not_make(tmp_path):
+    """``--workdir`` is emptied before the demo starts, so a directory with someone's files in
+    it is refused (nothing started, nothing removed)."""
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    run = subprocess.run(
+        [sys.executable, "-m", "devstack.cli", "demo", "--workdir", str(precious)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "is not empty and no earlier demo made it" in run.stdout
+    assert (precious / "notes.txt").read_text() == "mine"
