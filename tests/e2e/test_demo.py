@@ -13,15 +13,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def demo(workdir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """What `make demo` runs, with its own work directory."""
+    cmd = [sys.executable, "-m", "devstack.cli", "demo", "--workdir", str(workdir)]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
 def test_make_demo_tiers_reads_back_and_writes_the_iceberg_table(tmp_path):
     workdir = tmp_path / "demo"
-    run = subprocess.run(
-        [sys.executable, "-m", "devstack.cli", "demo", "--workdir", str(workdir)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    run = demo(workdir, timeout=900)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     assert run.stdout.rstrip().endswith("demo OK"), out
@@ -48,13 +48,7 @@ def test_the_demo_empties_no_directory_it_did_not_make(tmp_path):
     precious = tmp_path / "home"
     precious.mkdir()
     (precious / "notes.txt").write_text("mine")
-    run = subprocess.run(
-        [sys.executable, "-m", "devstack.cli", "demo", "--workdir", str(precious)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = demo(precious, timeout=60)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "is not empty and no earlier demo made it" in run.stdout
     assert (precious / "notes.txt").read_text() == "mine"
