@@ -2,6 +2,7 @@
 (``FetchSegment`` sends a range as messages of at most 1 MiB), apart from reading and decoding.
 
     .venv/bin/python benchmarks/grpc_stream.py [--mib 512] [--streams 1,12] [--message-kib 256,1024,4096]
+        [--raw-tls] [--aio]
 
 A server process (grpcio, a thread pool as the sidecar's) streams ``--mib`` MiB of random bytes,
 in messages of each ``--message-kib`` size, to a client process over loopback TCP, plaintext and
@@ -14,7 +15,8 @@ the same cores: compare the server's CPU per MiB, not the MiB/s.
 ``--raw-tls`` adds the floor under any TLS data plane written in Python: the same bytes sent by a
 server process over plain TLS sockets (Python's ``ssl``, OpenSSL; one connection and thread per
 stream, ``sendall`` of one message-sized buffer at a time, no framing), so the gRPC rows can be
-read against what TLS itself costs from Python.
+read against what TLS itself costs from Python. ``--aio`` adds each gRPC row again with the server
+on ``grpc.aio`` (one asyncio loop instead of the thread pool the sidecar uses).
 """
 
 from __future__ import annotations
@@ -50,6 +52,16 @@ def write_certificate(directory: Path) -> None:
     (directory / "key.pem").write_bytes(issued.key_pem)
 
 
+def add_port(server: grpc.Server | grpc.aio.Server, port: int, tls_dir: str | None) -> None:
+    """Loopback ``port`` on ``server``, with TLS from ``write_certificate``'s files if ``tls_dir``."""
+    if tls_dir:
+        d = Path(tls_dir)
+        key_and_cert = ((d / "key.pem").read_bytes(), (d / "cert.pem").read_bytes())
+        server.add_secure_port(f"127.0.0.1:{port}", grpc.ssl_server_credentials([key_and_cert]))
+    else:
+        server.add_insecure_port(f"127.0.0.1:{port}")
+
+
 def serve(port: int, tls_dir: str | None, message_bytes: int) -> None:
     """The server process: answers a request naming a byte count with that many bytes in messages."""
     payload = os.urandom(message_bytes)
@@ -66,16 +78,36 @@ def serve(port: int, tls_dir: str | None, message_bytes: int) -> None:
         options=[("grpc.max_send_message_length", 64 * MiB)],
     )
     server.add_generic_rpc_handlers((handler,))
-    if tls_dir:
-        d = Path(tls_dir)
-        creds = grpc.ssl_server_credentials([((d / "key.pem").read_bytes(), (d / "cert.pem").read_bytes())])
-        server.add_secure_port(f"127.0.0.1:{port}", creds)
-    else:
-        server.add_insecure_port(f"127.0.0.1:{port}")
+    add_port(server, port, tls_dir)
     server.start()
     print("ready", flush=True)
     sys.stdin.read()  # until the parent closes it
     server.stop(0)
+
+
+def serve_aio(port: int, tls_dir: str | None, message_bytes: int) -> None:
+    """The ``--aio`` server process: ``serve`` on ``grpc.aio`` (one asyncio loop, no thread pool)."""
+    import asyncio
+
+    payload = os.urandom(message_bytes)
+
+    async def send(request: bytes, context: grpc.aio.ServicerContext):
+        for _ in range(int(request) // message_bytes):
+            yield payload
+
+    async def run() -> None:
+        handler = grpc.method_handlers_generic_handler(
+            "bench.Stream", {"Send": grpc.unary_stream_rpc_method_handler(send, lambda b: b, lambda b: b)}
+        )
+        server = grpc.aio.server(options=[("grpc.max_send_message_length", 64 * MiB)])
+        server.add_generic_rpc_handlers((handler,))
+        add_port(server, port, tls_dir)
+        await server.start()
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await server.stop(0)
+
+    asyncio.run(run())
 
 
 def serve_raw_tls(port: int, tls_dir: str, message_bytes: int) -> None:
@@ -167,10 +199,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def one_case(tls_dir: str | None, message_bytes: int, streams: int, total: int) -> tuple[float, float]:
+def one_case(
+    tls_dir: str | None, message_bytes: int, streams: int, total: int, serve_flag: str = "--serve"
+) -> tuple[float, float]:
     """(MiB/s, server CPU ms per MiB) of ``total`` bytes over ``streams`` concurrent calls."""
     port = free_port()
-    argv = [sys.executable, __file__, "--serve", str(port), str(message_bytes)] + (
+    argv = [sys.executable, __file__, serve_flag, str(port), str(message_bytes)] + (
         [tls_dir] if tls_dir else []
     )
     with server_process(argv) as server:
@@ -207,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--serve":
         serve(int(argv[1]), argv[3] if len(argv) > 3 else None, int(argv[2]))
         return 0
+    if argv and argv[0] == "--serve-aio":
+        serve_aio(int(argv[1]), argv[3] if len(argv) > 3 else None, int(argv[2]))
+        return 0
     if argv and argv[0] == "--serve-raw-tls":
         serve_raw_tls(int(argv[1]), argv[3], int(argv[2]))
         return 0
@@ -215,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", default="1,12")
     ap.add_argument("--message-kib", default="256,1024,4096")
     ap.add_argument("--raw-tls", action="store_true", help="also plain TLS sockets from Python (no gRPC)")
+    ap.add_argument("--aio", action="store_true", help="also the server on grpc.aio (asyncio), not threads")
     args = ap.parse_args(argv)
     total = args.mib * MiB
     print(f"raw AES-256-GCM encryption, one core: {aes_gcm_ms_per_mib(total):.2f} ms per MiB")
@@ -229,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                     rate, ms = one_case(tls_dir, kib * 1024, streams, total)
                     name = "TLS" if tls_dir else "plaintext"
                     print(f"| {name} | {kib} KiB | {streams} | {rate:.0f} | {ms:.2f} |", flush=True)
+                    if args.aio:
+                        rate, ms = one_case(tls_dir, kib * 1024, streams, total, "--serve-aio")
+                        row = f"| {name}, grpc.aio | {kib} KiB | {streams} | {rate:.0f} | {ms:.2f} |"
+                        print(row, flush=True)
         if args.raw_tls:
             for kib in (int(k) for k in args.message_kib.split(",")):
                 for streams in (int(s) for s in args.streams.split(",")):
