@@ -505,12 +505,14 @@ def test_leftovers_of_a_killed_copy_are_removed_at_start_up(start_sidecar, tmp_p
     store.put(base + ".log", b"partial data")
     store.put(base + ".indexes", b"partial indexes")
     sc = start_sidecar(store=store, copy__journal_dir=str(journal_dir))
-    # the first sweep runs beside serving (right after start-up), not before it
+    # the first sweep runs beside serving (right after start-up), not before it; it deletes the
+    # objects first and the journal entry after them, so wait for both
+    journal = sc.sidecar.copier.journal
     deadline = time.monotonic() + 30
-    while sc.objects() and time.monotonic() < deadline:
+    while (sc.objects() or journal.pending()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sc.objects() == []
-    assert sc.sidecar.copier.journal.pending() == []
+    assert journal.pending() == []
     import prometheus_client
 
     assert "rsm_copy_leftovers 0.0" in prometheus_client.generate_latest(sc.sidecar.metrics.registry).decode()
