@@ -379,8 +379,26 @@ def test_sidecar_killed_while_tiering_loses_nothing(compose):
         contiguous = all(a["end_offset"] + 1 == b["start_offset"] for a, b in zip(segs, segs[1:]))
         return segs if len(segs) >= 6 and segs[0]["start_offset"] == 0 and contiguous else None
 
+    def what_was_tiered() -> str:  # on a timeout: the listed ranges and what the two sides logged last
+        try:
+            ranges = [
+                (s["start_offset"], s["end_offset"])
+                for s in _inspect(compose, "ls", "--topic", topic)["segments"]
+            ]
+        except Exception as e:  # the listing's own failure is part of the story
+            ranges = [f"inspect ls failed: {e}"]
+        broker = f"kafka-{leader}"
+        logs = f"{sidecar}:\n{compose.logs(sidecar)[-2000:]}\n{broker}:\n{compose.logs(broker)[-4000:]}"
+        return f"listed: {ranges}\n{logs}"
+
     # every closed segment, the ones rolled while the sidecar was down included, gets tiered
-    _wait(f"{topic} to be tiered from offset 0 without a gap", tiered_segments, 300, interval=5)
+    _wait(
+        f"{topic} to be tiered from offset 0 without a gap",
+        tiered_segments,
+        300,
+        interval=5,
+        diagnose=what_was_tiered,
+    )
     verified = _inspect(compose, "verify", "--topic", topic, "--deep")
     assert verified["summary"]["failed"] == 0, verified
     n, read_digest = _consume_all(topic, count)
