@@ -77,7 +77,7 @@ def _describe(parser: argparse.ArgumentParser) -> None:
             for name, sub in action.choices.items():
                 text = listed.get(name)
                 if not sub.description and text:
-                    sub.description = text[0].upper() + text[1:] + "."
+                    sub.description = text[0].upper() + text[1:].rstrip(".") + "."
                 _describe(sub)
 
 
