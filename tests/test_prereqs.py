@@ -130,3 +130,25 @@ def test_the_makefile_checks_before_anything_else():
     for target in ("demo", "up"):
         line = next(line for line in text.splitlines() if line.startswith(f"{target}:"))
         assert line.split(":", 1)[1].split()[0] == "prereqs-demo", line
+
+
+def test_the_readme_names_every_prerequisite_before_anything_else():
+    """A newcomer reads the prerequisites of both commands at the top of the README: every tool
+    the check looks for, at the versions it wants."""
+    readme = (REPO / "README.md").read_text()
+    top = readme.split("## What it is")[0]
+    (low, high) = prereqs._requires_python()
+    wanted = [
+        f"Python {low[0]}.{low[1]} or {high[0]}.{high[1] - 1}",
+        f"Java {prereqs._java_release()} JDK",
+        "javac",
+        "Maven",
+        f"Go {GO_WANTED} or newer",
+        "Node.js with npm",
+        "podman",
+        "runc",
+        "debootstrap",
+        "python3 -m devstack.prereqs",
+    ]
+    missing = [w for w in wanted if w not in top]
+    assert not missing, f"README.md's prerequisites do not name {missing}"
