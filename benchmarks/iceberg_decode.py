@@ -23,7 +23,8 @@ transfer on 2 cores (no segment reading, no Parquet/Iceberg write).
 the JVM with Spark's own ``from_avro`` (the ``spark-avro`` module, fetched from Maven Central into
 ``.cache/`` on first use): the value's 5-byte preamble cut off with ``substring`` and the rest
 decoded against the same writer schema, key and headers passed through. That is the
-"decode on the JVM" design of issue 14 without any of the seed's mapping rules on top (no
+"decode on the JVM" design (docs/performance.md, "Iceberg: converting segments") without any of
+the seed's mapping rules on top (no
 ``__err__``/``__raw__`` for a value that does not decode: ``from_avro`` in ``PERMISSIVE`` mode
 gives null; no schema-id check per record; no evolution), so it is an upper bound for that design.
 """

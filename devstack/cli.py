@@ -27,6 +27,8 @@ from devstack.stack import LocalStack
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = REPO / "run"
+#: where `make setup` installs the `rsm-sidecar` command, as a user types it from the checkout
+VENV_BIN = ".venv/bin"
 
 
 def _port_free(port: int) -> bool:
@@ -192,6 +194,35 @@ def _demo_iceberg(stack: LocalStack, topic: str, workdir: Path, record_hashes: l
     }
 
 
+def write_inspect_config(config_file: Path, environ: dict[str, str], path: Path) -> str:
+    """A configuration file of what a sidecar with ``config_file`` and ``environ`` (its RSM__
+    overrides) stored on local storage, for `rsm-sidecar inspect` once the sidecar is gone: its
+    storage root, key prefix and keyring and nothing else. Returns the command that lists it."""
+    import json
+
+    from rsm_sidecar.config import Config
+
+    cfg = Config.load(config_file, environ=environ)
+    lines = [
+        "# What `make demo` stored, for `rsm-sidecar inspect` (written by the demo; docs/inspect.md)",
+        "[storage]",
+        'backend = "local"',
+        f"key_prefix = {json.dumps(cfg['storage.key_prefix'])}",
+        "[storage.local]",
+        f"root = {json.dumps(os.path.abspath(cfg['storage.local.root']))}",
+        "[encryption]",
+        f"enabled = {'true' if cfg['encryption.enabled'] else 'false'}",
+    ]
+    if cfg["encryption.enabled"]:
+        lines.append(f"active_key_id = {json.dumps(cfg['encryption.active_key_id'])}")
+        for key_id, files in sorted(cfg.family("encryption.keys").items()):
+            lines.append(f"[encryption.keys.{key_id}]")
+            lines += [f"{leaf} = {json.dumps(os.path.abspath(v))}" for leaf, v in sorted(files.items())]
+    path.write_text("\n".join(lines) + "\n")
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    return f"{VENV_BIN}/rsm-sidecar inspect ls -c {shown}"
+
+
 def demo(args) -> int:
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import NewTopic
@@ -348,6 +379,11 @@ def demo(args) -> int:
             f"{workdir / 'lake'}) ..."
         )
         table = _demo_iceberg(stack, topic, workdir, record_hashes)
+        if args.storage == "local":
+            inspect = write_inspect_config(*stack.sidecar_config_env(), workdir / "inspect.toml")
+            look = f"{inspect}   (then du, verify, dump SEGMENT: docs/inspect.md)"
+        else:
+            look = f"the {args.storage} server stops with the demo; with local storage the store stays"
         _say("[6/6] summary")
         _say(
             f"      segments tiered:        {len(manifests)} ({compressed} zstd-compressed, {encrypted} "
@@ -370,6 +406,7 @@ def demo(args) -> int:
         )
         _say(f"      its first row:          {table['first_row']}")
         _say(f"      read it:                {table['hint']}")
+        _say(f"      look at what it stored: {look}")
         _say(f"      total time:             {time.monotonic() - t_start:.0f}s")
     finally:
         _say("stopping the stack ...")

@@ -5,6 +5,7 @@ tiered segments written to an Iceberg table that the demo reads back row by row.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -40,6 +41,14 @@ def test_make_demo_tiers_reads_back_and_writes_the_iceberg_table(tmp_path):
     assert len(list((workdir / "remote").rglob("*.rsm-manifest"))) == segments
     # the Spark job's scratch space was its own and is gone
     assert not any((workdir / "spark-scratch").glob("job-*")), list((workdir / "spark-scratch").iterdir())
+    # the summary says how to look at what it stored, and that command works on the store as the
+    # demo left it (its sidecar gone, no RSM__ variables)
+    command = re.search(r"look at what it stored: (\S+/rsm-sidecar inspect ls -c \S+)", out).group(1)
+    argv = [sys.executable, "-m", "rsm_sidecar.cli.main", *command.split()[1:]]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RSM__")}
+    ls = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert ls.returncode == 0, ls.stdout + ls.stderr
+    assert f"\n{segments} segments, " in ls.stdout, ls.stdout
 
 
 def test_the_demo_empties_no_directory_it_did_not_make(tmp_path):
