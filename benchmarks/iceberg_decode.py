@@ -179,12 +179,13 @@ def make_avro_values(n: int) -> list[bytes]:
     return out
 
 
-def make_json_values(n: int) -> list[bytes]:
-    """The same events as :func:`make_values`, as JSON behind the Confluent preamble."""
+def make_json_values(n: int, first: int = 0, seed: int = 1) -> list[bytes]:
+    """The same events as :func:`make_values`, as JSON behind the Confluent preamble (events
+    ``first`` to ``first + n - 1``, their random values drawn from ``seed``)."""
     pre = framing.encode_preamble(JSON_ID)
-    rnd = random.Random(1)
+    rnd = random.Random(seed)
     out = []
-    for i in range(n):
+    for i in range(first, first + n):
         at = datetime.datetime.fromtimestamp(1_700_000_000 + i, datetime.UTC).replace(microsecond=123)
         event = {
             "id": f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",

@@ -387,9 +387,8 @@ def _jtype(v: Any) -> str:
 
 
 def _same(a: Node, b: Node) -> bool:
-    from rsm_sidecar.iceberg.mapping.evolution import same_type
-
-    return same_type(a.iceberg, b.iceberg)
+    """The same type, field ids aside (the Arrow types carry no ids)."""
+    return a.arrow == b.arrow
 
 
 # ============================================================================ conversion
