@@ -296,6 +296,25 @@ class RawSide(Side):
         return [], pa.nulls(n, pa.binary()), pa.nulls(n, pa.string()), None
 
 
+def resolve_id(
+    registry: SchemaRegistry, sid: int, schema_type: str
+) -> tuple[ResolvedSchema | None, str | None]:
+    """The schema of id ``sid`` if it is of ``schema_type``, else why a record framed with it is
+    a record-level error (unknown, unusable, another type); a registry that is down or refuses
+    our credentials raises (job-level)."""
+    try:
+        res = registry.resolve(sid)
+    except (RegistryUnavailable, RegistryAuthError):
+        raise
+    except UnknownSchema:
+        return None, f"unknown schema id {sid}"
+    except SchemaUnusable as exc:
+        return None, str(exc)
+    if res.schema_type != schema_type:
+        return None, f"schema id {sid} is {res.schema_type}, not {schema_type}"
+    return res, None
+
+
 def _null_rows(children: list[pa.Array], bad: list[bool], arrow_fields: list[pa.Field]) -> list[pa.Array]:
     """Null out rows where ``bad`` (via a temporary struct's validity, then flatten)."""
     if not children or not any(bad):
@@ -543,23 +562,14 @@ class AvroSide(Side):
     def _writer(self, sid: int) -> tuple[Any, str | None, str | None]:
         if sid in self._writers:
             return self._writers[sid]
-        w = err = loss = None
-        try:
-            res = self.registry.resolve(sid)
-            if res.schema_type == AVRO:
-                w = res.avro
-                try:
-                    loss = resolution_loss(w, self.reader)
-                except Exception as exc:  # a schema shape the check does not know: keep the bytes
-                    loss = f"cannot compare schema id {sid} with the table's: {type(exc).__name__}: {exc}"
-            else:
-                err = f"schema id {sid} is {res.schema_type}, not AVRO"
-        except (RegistryUnavailable, RegistryAuthError):
-            raise
-        except UnknownSchema:
-            err = f"unknown schema id {sid}"
-        except SchemaUnusable as exc:
-            err = str(exc)
+        w = loss = None
+        res, err = resolve_id(self.registry, sid, AVRO)
+        if res is not None:
+            w = res.avro
+            try:
+                loss = resolution_loss(w, self.reader)
+            except Exception as exc:  # a schema shape the check does not know: keep the bytes
+                loss = f"cannot compare schema id {sid} with the table's: {type(exc).__name__}: {exc}"
         self._writers[sid] = (w, err, loss)
         return w, err, loss
 
@@ -741,19 +751,8 @@ class JsonSide(Side):
     def _check_id(self, sid: int) -> str | None:
         if sid in self._ids:
             return self._ids[sid]
-        err: str | None = None
         assert self.registry is not None
-        try:
-            res = self.registry.resolve(sid)
-            if res.schema_type != JSON:
-                err = f"schema id {sid} is {res.schema_type}, not JSON"
-        except (RegistryUnavailable, RegistryAuthError):
-            raise
-        except UnknownSchema:
-            err = f"unknown schema id {sid}"
-        except SchemaUnusable as exc:
-            err = str(exc)
-        self._ids[sid] = err
+        err = self._ids[sid] = resolve_id(self.registry, sid, JSON)[1]
         return err
 
     def _columnar(self, payloads: pa.Array):
