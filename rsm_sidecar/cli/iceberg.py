@@ -30,11 +30,15 @@ OVERRIDES = {
     "key_descriptor_set": "iceberg.key.descriptor_set",
     "key_raw": "iceberg.key.raw",
     "key_unframed": "iceberg.key.unframed",
+    "key_json_schema": "iceberg.key.json_schema",
+    "key_json_infer": "iceberg.key.json_infer",
     "value_subject": "iceberg.value.subject",
     "value_message": "iceberg.value.message",
     "value_descriptor_set": "iceberg.value.descriptor_set",
     "value_raw": "iceberg.value.raw",
     "value_unframed": "iceberg.value.unframed",
+    "value_json_schema": "iceberg.value.json_schema",
+    "value_json_infer": "iceberg.value.json_infer",
     "master": "iceberg.spark.master",
     "max_segments": "iceberg.max_segments",
     "interval": "iceberg.follow.interval",
@@ -125,6 +129,13 @@ def register(sub) -> None:
         r.add_argument(f"--{side}-message", help=f"Protobuf message of the {side}s (pkg.Msg)")
         r.add_argument(f"--{side}-descriptor-set", help=f"descriptor-set file for unframed Protobuf {side}s")
         r.add_argument(f"--{side}-raw", action="store_const", const=True, help=f"keep {side}s raw")
+        r.add_argument(f"--{side}-json-schema", help=f"JSON Schema file for unframed JSON {side}s")
+        r.add_argument(
+            f"--{side}-json-infer",
+            type=int,
+            metavar="N",
+            help=f"infer a JSON Schema for unframed JSON {side}s from the first N of each partition",
+        )
         r.add_argument(
             f"--{side}-unframed",
             choices=("error", "latest"),
