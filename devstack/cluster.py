@@ -77,7 +77,8 @@ class ClusterNode(LocalStack):
                 "node_id": node_id,
                 "cluster_id": cluster.cluster_id,
                 "role": "broker",
-                "quorum_voters": cluster.quorum_voters,
+                # read when the broker starts: the controller may have moved to other ports
+                "quorum_voters": lambda: cluster.quorum_voters,
             },
         )
 
