@@ -203,6 +203,36 @@ def test_a_server_whose_port_was_taken_starts_again_on_new_ports(tmp_path, make:
     assert note.endswith("starting again on ports " + ", ".join(f"{n} {p}" for n, p in restarted.items()))
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("which", ["sidecar_port", "metrics_port"])
+def test_a_sidecar_whose_port_was_taken_starts_again_on_new_ports(tmp_path, which):
+    """The same for the sidecar of the local stack over TCP: its gRPC port (gRPC reports "Failed
+    to bind to address") or its metrics port."""
+    import urllib.request
+
+    from devstack.stack import LocalStack
+
+    stack = LocalStack(tmp_path / "stack", sidecar_tcp=True, metrics=True, encryption=False)
+    taken = getattr(stack, which)
+    try:
+        with socket.socket() as other:
+            other.bind(("127.0.0.1", taken))
+            other.listen()
+            sidecar = stack.start_sidecar()  # serving: its health check answered
+            assert getattr(stack, which) != taken
+            assert sidecar.target == stack.sidecar_target
+            with urllib.request.urlopen(stack.metrics_url, timeout=10) as r:
+                assert b"rsm_" in r.read()
+        notes = [line for line in sidecar.log_file.read_text().splitlines() if line.startswith("devstack: ")]
+        assert len(notes) == 1 and f" {taken}" in notes[0].split("failed")[0], notes
+        assert "rsm-sidecar start-up attempt 1 of 5" in notes[0]
+        port = stack.sidecar_port
+        stack.restart_sidecar()  # the broker dials the same address
+        assert stack.sidecar_port == port
+    finally:
+        stack.stop()
+
+
 def test_a_start_that_fails_for_another_reason_is_not_retried(tmp_path):
     log = tmp_path / "server.log"
     attempts = []
