@@ -173,12 +173,14 @@ def _azure(tmp_path: Path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("make", [_s3, _gcs, _azure], ids=["s3", "gcs", "azure"])
-def test_a_server_whose_port_was_taken_starts_again_on_new_ports(tmp_path, make: Callable):
+@pytest.mark.parametrize(
+    ("make", "restart"), [(_s3, False), (_gcs, True), (_azure, False)], ids=["s3", "gcs", "azure"]
+)
+def test_a_server_whose_port_was_taken_starts_again_on_new_ports(tmp_path, make: Callable, restart: bool):
     """Another program listens on a port the server was given, between the choice and the
     server's own bind (a program that does not lease its ports): the first start fails, the
     second runs on new ports, and the server's log says which port was taken and what the
-    server said."""
+    server said. A restart keeps the new ports (checked on the quickest server to start)."""
     server, name, use = make(tmp_path)
     taken = getattr(server, name)
     before = server.ports()
@@ -190,9 +192,10 @@ def test_a_server_whose_port_was_taken_starts_again_on_new_ports(tmp_path, make:
             assert getattr(server, name) != taken
             assert not set(server.ports().values()) & set(before.values())
             restarted = server.ports()
-            server.restart()  # later starts keep their ports: clients know them
-            assert server.ports() == restarted
-            use()
+            if restart:
+                server.restart()  # later starts keep their ports: clients know them
+                assert server.ports() == restarted
+                use()
     log = server.log_file.read_text(errors="replace")
     note = next(line for line in log.splitlines() if line.startswith("devstack: "))
     shown = ", ".join(f"{n} {p}" for n, p in before.items())
