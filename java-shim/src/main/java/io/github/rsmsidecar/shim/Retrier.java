@@ -167,14 +167,18 @@ final class Retrier {
                     LOG.warn("{}: the sidecar's fetch slots stayed busy for {} ms ({} ms allowed); giving up",
                             operation, waitedMs, slotDeadlineMs);
                 }
-                long readWaitMs = status.getCode() == Status.Code.UNAVAILABLE ? readWaitLeftMs(readBudgetMs, operation,
-                        status) : 0;
-                if (status.getCode() == Status.Code.UNAVAILABLE && (n < maxAttempts || readWaitMs > 0)) {
+                // a sidecar that shuts down cancels the calls it had received but not started (gRPC core)
+                boolean attempts = status.getCode() == Status.Code.UNAVAILABLE && n < maxAttempts;
+                boolean away = status.getCode() == Status.Code.UNAVAILABLE
+                        || (status.getCode() == Status.Code.CANCELLED && readBudgetMs > 0);
+                long readWaitMs = away ? readWaitLeftMs(readBudgetMs, operation, status) : 0;
+                if (attempts || readWaitMs > 0) {
                     metrics.of(op).retries.increment();
                     long delay = backoffMs(n, initialBackoffMs, maxBackoffMs, ThreadLocalRandom.current().nextDouble());
-                    if (n >= maxAttempts) { // waiting for a sidecar that went away: see readBudgetMs
-                        delay = Math.max(1, Math.min(Math.min(delay, READ_RETRY_MAX_BACKOFF_MS), readWaitMs));
-                        LOG.debug("{}: attempt {} failed with UNAVAILABLE ({}); retrying in {} ms", operation, n,
+                    if (readBudgetMs > 0) { // a read: one WARN for the outage (readWaitLeftMs), see readBudgetMs
+                        delay = Math.max(1, Math.min(delay, readWaitMs > 0 ? Math.min(READ_RETRY_MAX_BACKOFF_MS,
+                                readWaitMs) : READ_RETRY_MAX_BACKOFF_MS));
+                        LOG.debug("{}: attempt {} failed ({}); retrying in {} ms", operation, n,
                                 ErrorMapper.describe("call", status), delay);
                     } else {
                         LOG.warn("{}: attempt {} of {} failed with UNAVAILABLE ({}); retrying in {} ms",

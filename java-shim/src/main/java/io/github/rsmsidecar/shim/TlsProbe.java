@@ -28,14 +28,21 @@ import javax.net.ssl.X509ExtendedKeyManager;
  * connection without an alert, so the failed call cannot tell a refused certificate from a crashed
  * sidecar. The probe does the handshake with the JDK's TLS, the same trust (host name included)
  * and the same client certificate, sends the HTTP/2 connection preface and reads: the sidecar's
- * first HTTP/2 frame means TLS works; an alert or the connection closed means it refused the
- * client certificate. Over TCP only; bounded by {@code connect.timeout.ms} (at most
- * {@link #MAX_WAIT_MS}) per step.
+ * first HTTP/2 frame means TLS works; an alert, or the connection closed right after the
+ * handshake in two probes {@link #CONFIRM_AFTER_MS} apart (a sidecar that is stopping or starting
+ * may close one connection, and then refuses the next or serves it), means it refused the client
+ * certificate. A connection reset or closed during the handshake without an alert is not taken for
+ * a refusal: that is how a sidecar dies. Over TCP only; bounded by {@code connect.timeout.ms} (at
+ * most {@link #MAX_WAIT_MS}) per step.
  */
 final class TlsProbe {
 
     /** The longest the probe waits to connect, and then for each read. */
     static final long MAX_WAIT_MS = 3_000;
+    /** The wait before the second probe that confirms a connection closed after the handshake. */
+    static final long CONFIRM_AFTER_MS = 200;
+    /** What {@link #once} found when the sidecar closed the connection right after the handshake. */
+    private static final String CLOSED = "it closed the connection right after the TLS handshake";
 
     /** HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 §3.4). */
     private static final byte[] PREFACE;
@@ -59,6 +66,21 @@ final class TlsProbe {
         if (config.isUnixSocket()) {
             return null;
         }
+        String found = once(config, tls);
+        if (!CLOSED.equals(found)) {
+            return found;
+        }
+        try {
+            Thread.sleep(CONFIRM_AFTER_MS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            return null;
+        }
+        return CLOSED.equals(once(config, tls)) ? TlsRefusal.clientRefused(CLOSED, config, tls) : null;
+    }
+
+    /** One probe: a reason, {@link #CLOSED}, or null. */
+    private static String once(ShimConfig config, TlsFiles tls) {
         String target = config.target();
         int colon = target.lastIndexOf(':');
         String host = target.substring(0, colon).replace("[", "").replace("]", "");
@@ -94,12 +116,12 @@ final class TlsProbe {
                 if (why != null) {
                     return why;
                 }
-                if (TlsRefusal.timedOut(e)) {
-                    return null;
+                if (e instanceof SSLException && String.valueOf(e.getMessage()).contains("Unsupported or unrecognized")) {
+                    return TlsRefusal.PREFIX + "the sidecar at " + target + " does not answer in TLS (" + StatusText
+                            .oneLine(String.valueOf(e.getMessage())) + "): it serves without TLS (no server.tls."
+                            + "cert_file), or rsm.config." + ShimConfig.TLS_ENABLED + " should be false";
                 }
-                return TlsRefusal.PREFIX + "the sidecar at " + target + " ended the TLS handshake: "
-                        + StatusText.oneLine(String.valueOf(e.getMessage())) + " (is it serving TLS there? rsm.config."
-                        + ShimConfig.TLS_ENABLED + "=true)";
+                return null; // closed or reset without a word: a sidecar stopping or starting, not a refusal
             }
             try {
                 OutputStream out = s.getOutputStream();
@@ -109,14 +131,12 @@ final class TlsProbe {
                 if (in.read() >= 0) {
                     return null; // its first HTTP/2 frame: TLS works
                 }
-                return TlsRefusal.clientRefused("it closed the connection right after the TLS handshake", config, tls);
+                return CLOSED;
             } catch (SSLException e) {
-                String why = TlsRefusal.fromChain(e, config, tls);
-                return why != null ? why
-                        : TlsRefusal.clientRefused("TLS error after the handshake: "
-                                + StatusText.oneLine(String.valueOf(e.getMessage())), config, tls);
+                String why = TlsRefusal.fromChain(e, config, tls); // the alert it sent
+                return why != null ? why : CLOSED;
             } catch (SocketException e) { // a reset: closed with the preface unread
-                return TlsRefusal.clientRefused("it closed the connection right after the TLS handshake", config, tls);
+                return CLOSED;
             } catch (IOException e) {
                 return null; // no answer in time: nothing to say
             }

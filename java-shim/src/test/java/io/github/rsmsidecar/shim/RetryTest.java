@@ -310,6 +310,24 @@ class RetryTest {
     }
 
     /**
+     * A sidecar that shuts down (gRPC core's server) cancels the calls it had received but not
+     * started yet: for a read that is the sidecar going away, waited for like UNAVAILABLE; a copy
+     * or a delete is not retried for it (the broker retries them).
+     */
+    @Test
+    void aReadCancelledByASidecarShuttingDownIsAskedAgain() throws Exception {
+        FlakySidecar sidecar = new FlakySidecar(2, Status.CANCELLED.withDescription("CANCELLED"));
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config(ShimConfig.RETRY_FETCH_MAX_MS, "5000"))) {
+            try (InputStream in = h.rsm.fetchLogSegment(Fixtures.metadata(), 0)) {
+                assertEquals("segment", new String(in.readAllBytes()));
+            }
+            assertThrows(RemoteStorageException.class, () -> h.rsm.deleteLogSegmentData(Fixtures.metadata()));
+        }
+        assertEquals(3, sidecar.fetch.get());
+        assertEquals(1, sidecar.delete.get());
+    }
+
+    /**
      * The wait is counted from when the sidecar was first missed, not per call: once a sidecar has
      * been away for retry.fetch.max.ms, fetches fail after their attempts instead of each holding a
      * broker thread that long again; and once it is back, the next outage gets the whole wait.
