@@ -307,6 +307,19 @@ class TlsRefusalTest {
         }
     }
 
+    /** A sidecar that serves without TLS (no server.tls.cert_file) while the shim speaks TLS. */
+    @Test
+    void aSidecarWithoutTls() throws Exception {
+        Server server = NettyServerBuilder.forAddress(new InetSocketAddress("127.0.0.1", 0),
+                        io.grpc.InsecureServerCredentials.create())
+                .addService(new NettyTransportTest.MiniSidecar()).build().start();
+        servers.add(server);
+        String target = "127.0.0.1:" + server.getPort();
+        assertRefused(shim(target, "client"), "TLS refused: the sidecar at " + target + " does not answer in TLS "
+                + "(Unsupported or unrecognized SSL message): it serves without TLS (no server.tls.cert_file), or "
+                + "rsm.config.tls.enabled should be false");
+    }
+
     /** A sidecar that is down is not a TLS matter: the status says so, and nothing says TLS. */
     @Test
     void aSidecarThatIsNotThereIsNotATlsRefusal() throws Exception {
