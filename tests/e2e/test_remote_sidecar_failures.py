@@ -26,7 +26,6 @@ import datetime
 import random
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +38,7 @@ from devstack.tls import EXPIRED, NOT_YET_VALID, Issued, TestCA
 from tests.e2e import scenarios
 from tests.e2e.kafka_helpers import (
     SEGMENT_BYTES,
+    PassReader,
     Rec,
     create_topic,
     filler,
@@ -102,62 +102,16 @@ def assert_one_line_statuses(log: str) -> None:
     assert not split, split[:3]
 
 
-class Reader(threading.Thread):
-    """A catch-up consumer: reads every partition of ``failures`` from offset 0 to the known
-    records' end, 32 KiB per partition and fetch (many small remote reads), again and again until
-    stopped after a pass that started after the stop was asked; keeps each pass, every error the
-    consumer reported, and the longest wait between two records."""
-
-    def __init__(self, stack, produced: dict[int, list[Rec]]):
-        super().__init__(daemon=True)
-        self.stack, self.produced = stack, produced
-        self.passes: list[dict[int, list[Rec]]] = []
-        self.errors: list[str] = []
-        self.stop_after = threading.Event()
-        self.received = 0
-        self.longest_wait = 0.0
-
-    def run(self) -> None:
-        c = Consumer(
-            {
-                "bootstrap.servers": self.stack.bootstrap_servers,
-                "group.id": "restarts",
-                "enable.auto.commit": False,
-                "max.partition.fetch.bytes": 32 * 1024,
-                "error_cb": lambda err: self.errors.append(str(err)),
-            }
-        )
-        try:
-            while True:
-                last_pass = self.stop_after.is_set()
-                c.assign([TopicPartition("failures", p, 0) for p in range(PARTITIONS)])
-                got: dict[int, list[Rec]] = {p: [] for p in range(PARTITIONS)}
-                deadline = time.monotonic() + 120
-                last = time.monotonic()
-                while any(len(got[p]) < len(self.produced[p]) for p in got) and time.monotonic() < deadline:
-                    for m in c.consume(100, 0.5):
-                        if m.error():
-                            self.errors.append(str(m.error()))
-                            continue
-                        now = time.monotonic()
-                        self.longest_wait, last = max(self.longest_wait, now - last), now
-                        if len(got[m.partition()]) < len(self.produced[m.partition()]):
-                            got[m.partition()].append(
-                                Rec(
-                                    m.key(), m.value(), tuple(m.headers() or ()), m.timestamp()[1], m.offset()
-                                )
-                            )
-                        self.received += 1
-                self.passes.append(got)
-                if last_pass:
-                    return
-        finally:
-            c.close()
-
-
 def test_reads_ride_out_sidecar_restarts(stack, tiered):
     log_before = len(broker_log(stack))
-    reader = Reader(stack, tiered)
+    # a catch-up consumer: 32 KiB per partition and fetch, many small remote reads
+    reader = PassReader(
+        stack.bootstrap_servers,
+        "failures",
+        tiered,
+        group="restarts",
+        **{"max.partition.fetch.bytes": 32 * 1024},
+    )
     reader.start()
     wait_for("the first records", lambda: reader.received > 0, 60, 0.05)
     gaps = {}

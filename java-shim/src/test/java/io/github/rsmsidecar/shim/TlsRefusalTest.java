@@ -124,20 +124,31 @@ class TlsRefusalTest {
         } finally {
             rsm.close();
         }
-        List<String> args = new ArrayList<>();
-        args.add(shim.get("sidecar.target"));
-        shim.forEach((k, v) -> {
-            if (!k.equals("sidecar.target")) {
-                args.add(k + "=" + v);
-            }
-        });
         ByteArrayOutputStream out = new ByteArrayOutputStream();
         ByteArrayOutputStream err = new ByteArrayOutputStream();
-        int exit = Diagnose.run(args.toArray(new String[0]), new PrintStream(out, true, StandardCharsets.UTF_8),
+        int exit = Diagnose.run(diagnoseArgs(shim), new PrintStream(out, true, StandardCharsets.UTF_8),
                 new PrintStream(err, true, StandardCharsets.UTF_8));
         assertEquals("FetchIndex to the sidecar at " + shim.get("sidecar.target") + " ended with UNAVAILABLE: "
                 + reason + "\n", out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
         assertEquals(2, exit);
+    }
+
+    /** The reason when the sidecar at {@code target} refused {@code <client>.pem} (CN=broker-1, by {@code issuer}). */
+    private String clientRefused(String target, String client, String issuer, String how, String why) {
+        return "TLS refused: the sidecar at " + target + " refused the shim's client certificate "
+                + "rsm.config.tls.cert.file=" + file(client + ".pem") + " (CN=broker-1, issued by " + issuer + ") (" + how
+                + "): " + why;
+    }
+
+    /** The connectivity check's arguments for the shim's settings {@code config}: the target, then key=value. */
+    private static String[] diagnoseArgs(Map<String, String> config) {
+        List<String> args = new ArrayList<>(List.of(config.get("sidecar.target")));
+        config.forEach((k, v) -> {
+            if (!k.equals("sidecar.target")) {
+                args.add(k + "=" + v);
+            }
+        });
+        return args.toArray(new String[0]);
     }
 
     private static String instant(java.util.Date d) {
@@ -198,31 +209,28 @@ class TlsRefusalTest {
     void aClientCertificateFromAnotherCa() throws Exception {
         TestCerts.client(other, "CN=broker-1").write(dir, "client-other");
         String target = sidecar("server", "ca");
-        assertRefused(shim(target, "client-other"), "TLS refused: the sidecar at " + target + " refused the shim's "
-                + "client certificate rsm.config.tls.cert.file=" + file("client-other.pem") + " (CN=broker-1, issued "
-                + "by CN=other CA) (it asked for a certificate from another CA: alert certificate_required): the "
-                + "sidecar's server.tls.client_ca_file must hold the CA that issued it");
+        assertRefused(shim(target, "client-other"), clientRefused(target, "client-other", "CN=other CA",
+                "it asked for a certificate from another CA: alert certificate_required",
+                "the sidecar's server.tls.client_ca_file must hold the CA that issued it"));
     }
 
     @Test
     void anExpiredClientCertificate() throws Exception {
         X509Certificate cert = TestCerts.expired(ca, "CN=broker-1").write(dir, "client-expired").cert();
         String target = sidecar("server", "ca");
-        assertRefused(shim(target, "client-expired"), "TLS refused: the sidecar at " + target + " refused the shim's "
-                + "client certificate rsm.config.tls.cert.file=" + file("client-expired.pem") + " (CN=broker-1, "
-                + "issued by CN=rsm test CA) (alert certificate_expired): it expired at " + instant(cert.getNotAfter())
-                + ": renew rsm.config.tls.cert.file and rsm.config.tls.key.file");
+        assertRefused(shim(target, "client-expired"), clientRefused(target, "client-expired", "CN=rsm test CA",
+                "alert certificate_expired", "it expired at " + instant(cert.getNotAfter())
+                        + ": renew rsm.config.tls.cert.file and rsm.config.tls.key.file"));
     }
 
     @Test
     void aClientCertificateNotValidYet() throws Exception {
         X509Certificate cert = TestCerts.notYetValid(ca, "CN=broker-1").write(dir, "client-early").cert();
         String target = sidecar("server", "ca");
-        assertRefused(shim(target, "client-early"), "TLS refused: the sidecar at " + target + " refused the shim's "
-                + "client certificate rsm.config.tls.cert.file=" + file("client-early.pem") + " (CN=broker-1, "
-                + "issued by CN=rsm test CA) (alert certificate_expired): it is not valid before "
-                + instant(cert.getNotBefore()) + " (or the clock of this host is behind): reissue "
-                + "rsm.config.tls.cert.file and rsm.config.tls.key.file");
+        assertRefused(shim(target, "client-early"), clientRefused(target, "client-early", "CN=rsm test CA",
+                "alert certificate_expired", "it is not valid before " + instant(cert.getNotBefore())
+                        + " (or the clock of this host is behind): reissue rsm.config.tls.cert.file and "
+                        + "rsm.config.tls.key.file"));
     }
 
     /** A key that is not its certificate's is refused before any connection, naming both files. */
@@ -236,12 +244,9 @@ class TlsRefusalTest {
         SidecarRemoteStorageManager rsm = new SidecarRemoteStorageManager();
         ConfigException e = assertThrows(ConfigException.class, () -> rsm.configure(config));
         assertEquals(reason, e.getMessage());
-        List<String> args = new ArrayList<>(List.of(config.get("sidecar.target")));
-        config.forEach((k, v) -> args.add(k + "=" + v));
-        args.remove(1); // sidecar.target=...
         ByteArrayOutputStream out = new ByteArrayOutputStream();
         ByteArrayOutputStream err = new ByteArrayOutputStream();
-        assertEquals(64, Diagnose.run(args.toArray(new String[0]), new PrintStream(out, true, StandardCharsets.UTF_8),
+        assertEquals(64, Diagnose.run(diagnoseArgs(config), new PrintStream(out, true, StandardCharsets.UTF_8),
                 new PrintStream(err, true, StandardCharsets.UTF_8)));
         assertEquals(reason + "\n", err.toString(StandardCharsets.UTF_8));
     }
@@ -300,10 +305,9 @@ class TlsRefusalTest {
             acceptor.setDaemon(true);
             acceptor.start();
             String target = "127.0.0.1:" + listener.getLocalPort();
-            assertRefused(shim(target, "client-other"), "TLS refused: the sidecar at " + target + " refused the "
-                    + "shim's client certificate rsm.config.tls.cert.file=" + file("client-other.pem") + " (CN=broker-1, "
-                    + "issued by CN=other CA) (it closed the connection right after the TLS handshake): the sidecar's "
-                    + "server.tls.client_ca_file must hold the CA that issued it");
+            assertRefused(shim(target, "client-other"), clientRefused(target, "client-other", "CN=other CA",
+                    "it closed the connection right after the TLS handshake",
+                    "the sidecar's server.tls.client_ca_file must hold the CA that issued it"));
         }
     }
 
@@ -329,10 +333,7 @@ class TlsRefusalTest {
         }
         ByteArrayOutputStream out = new ByteArrayOutputStream();
         Map<String, String> config = shim("127.0.0.1:" + port, "client");
-        List<String> args = new ArrayList<>(List.of(config.get("sidecar.target")));
-        config.forEach((k, v) -> args.add(k + "=" + v));
-        args.remove(1);
-        assertEquals(2, Diagnose.run(args.toArray(new String[0]), new PrintStream(out, true, StandardCharsets.UTF_8),
+        assertEquals(2, Diagnose.run(diagnoseArgs(config), new PrintStream(out, true, StandardCharsets.UTF_8),
                 System.err));
         String line = out.toString(StandardCharsets.UTF_8);
         assertTrue(line.startsWith("FetchIndex to the sidecar at 127.0.0.1:" + port + " ended with UNAVAILABLE: "), line);
