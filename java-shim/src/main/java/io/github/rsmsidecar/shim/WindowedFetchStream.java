@@ -128,7 +128,7 @@ final class WindowedFetchStream extends InputStream {
             try {
                 n = current.read(b, off, len);
             } catch (IOException e) {
-                if (resumes >= MAX_RESUMES || !brokenConnection(e)) {
+                if (resumes >= MAX_RESUMES || position >= windowEnd || !brokenConnection(e)) {
                     throw e;
                 }
                 resumes++;
