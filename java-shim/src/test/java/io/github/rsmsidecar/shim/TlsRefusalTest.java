@@ -324,6 +324,33 @@ class TlsRefusalTest {
                 + "rsm.config.tls.enabled should be false");
     }
 
+    /**
+     * A connection closed before the TLS handshake ends, without an alert, is how a sidecar that
+     * is stopping or starting behaves (the socket of a killed one going away): not a refusal.
+     */
+    @Test
+    void aConnectionClosedDuringTheHandshakeIsNotARefusal() throws Exception {
+        try (ServerSocket listener = new ServerSocket(0, 50, java.net.InetAddress.getLoopbackAddress())) {
+            Thread closer = new Thread(() -> {
+                while (!listener.isClosed()) {
+                    try {
+                        listener.accept().close();
+                    } catch (java.io.IOException e) {
+                        // closed
+                    }
+                }
+            }, "closing-at-once");
+            closer.setDaemon(true);
+            closer.start();
+            ByteArrayOutputStream out = new ByteArrayOutputStream();
+            assertEquals(2, Diagnose.run(diagnoseArgs(shim("127.0.0.1:" + listener.getLocalPort(), "client")),
+                    new PrintStream(out, true, StandardCharsets.UTF_8), System.err));
+            String line = out.toString(StandardCharsets.UTF_8);
+            assertTrue(line.contains(" ended with UNAVAILABLE: "), line);
+            assertFalse(line.contains("TLS refused"), line);
+        }
+    }
+
     /** A sidecar that is down is not a TLS matter: the status says so, and nothing says TLS. */
     @Test
     void aSidecarThatIsNotThereIsNotATlsRefusal() throws Exception {
