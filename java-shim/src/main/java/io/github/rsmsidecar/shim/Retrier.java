@@ -182,7 +182,8 @@ final class Retrier {
                                 ErrorMapper.describe("call", status), delay);
                     } else {
                         LOG.warn("{}: attempt {} of {} failed with UNAVAILABLE ({}); retrying in {} ms",
-                                operation, n, maxAttempts, ErrorMapper.describe("call", status), delay);
+                                operation, n, maxAttempts, status.getDescription() != null
+                                        ? StatusText.oneLine(status.getDescription()) : "no description", delay);
                     }
                     try {
                         TimeUnit.MILLISECONDS.sleep(delay);

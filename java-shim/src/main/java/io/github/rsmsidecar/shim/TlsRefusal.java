@@ -5,7 +5,6 @@ import java.io.IOException;
 import java.net.ConnectException;
 import java.net.NoRouteToHostException;
 import java.net.Socket;
-import java.net.SocketTimeoutException;
 import java.net.UnknownHostException;
 import java.security.KeyStore;
 import java.security.cert.CertPathBuilderException;
@@ -401,10 +400,5 @@ final class TlsRefusal {
             // no names
         }
         return out.isEmpty() ? "no subject alternative name (" + subject(cert) + ")" : String.join(", ", out);
-    }
-
-    /** Whether {@code e} is a read timeout (the probe's). */
-    static boolean timedOut(Throwable e) {
-        return causedBy(e, SocketTimeoutException.class);
     }
 }
