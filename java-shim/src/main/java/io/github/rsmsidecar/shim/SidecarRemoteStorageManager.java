@@ -151,7 +151,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             if (closed) {
                 throw new IllegalStateException("configure() after close()");
             }
-            this.retrier = new Retrier(c, mapper, this::resetConnectBackoff, metrics);
+            this.retrier = new Retrier(c, mapper, this::resetConnectBackoff, metrics, () -> tlsFiles);
             this.errorMapper = mapper;
             if (scheduler == null) {
                 ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
@@ -189,6 +189,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         LOG.info("SidecarRemoteStorageManager {} configured on broker {}: {}; transient errors raise {}",
                 Version.get(), c.brokerId(), c,
                 mapper.hasRetriableClass() ? "RetriableRemoteStorageException" : "RemoteStorageException");
+        warnIfNotValidNow(tls, c);
     }
 
     /** Shuts the channel down, waiting at most {@code close.timeout.ms} for calls to end. */
@@ -283,7 +284,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         try {
             now = TlsFiles.read(c);
         } catch (IOException e) {
-            LOG.warn("TLS files: {}; keeping the ones in use", e.getMessage());
+            LOG.warn("TLS files: {}; keeping the ones in use", StatusText.oneLine(String.valueOf(e.getMessage())));
             return;
         }
         if (now.sameAs(tlsFiles) || now.sameAs(rejectedTls)) {
@@ -294,7 +295,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         } catch (IOException e) {
             rejectedTls = now;
             LOG.warn("TLS files changed but are not usable yet ({}); keeping the ones in use and checking again "
-                    + "in {} ms", e.getMessage(), c.tlsReloadIntervalMs());
+                    + "in {} ms", StatusText.oneLine(String.valueOf(e.getMessage())), c.tlsReloadIntervalMs());
             return;
         }
         ManagedChannel old;
@@ -309,7 +310,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     fresh = channelFactory.create(c, now);
                 } catch (IOException | RuntimeException e) {
                     LOG.warn("TLS files changed but no channel could be made of them ({}); keeping the ones in use",
-                            e.getMessage());
+                            StatusText.oneLine(String.valueOf(e.getMessage())));
                     rejectedTls = now;
                     return;
                 }
@@ -325,6 +326,15 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
         LOG.info("TLS files changed: new connections to the sidecar use them (client certificate {}){}",
                 now.subject(), old != null ? "; calls in flight finish on the previous connection" : "");
+        warnIfNotValidNow(now, c);
+    }
+
+    /** A WARN line when the client certificate in {@code tls} (null: none) is expired or not yet valid. */
+    private static void warnIfNotValidNow(TlsFiles tls, ShimConfig c) {
+        String why = tls == null ? null : tls.notValidNow(c);
+        if (why != null) {
+            LOG.warn("TLS files: {}", why);
+        }
     }
 
     private synchronized void resetConnectBackoff() {

@@ -92,14 +92,8 @@ final class TlsFiles {
     /** Channel credentials of exactly these bytes. */
     ChannelCredentials credentials(ShimConfig c) throws IOException {
         TlsChannelCredentials.Builder tls = TlsChannelCredentials.newBuilder();
-        if (ca != null) {
-            try {
-                tls.trustManager(new ByteArrayInputStream(ca));
-            } catch (IOException | RuntimeException e) {
-                throw new IOException("rsm.config." + ShimConfig.TLS_CA_FILE + "=" + c.tlsCaFile()
-                        + ": cannot load the CA certificates: " + e.getMessage(), e);
-            }
-        }
+        // the JDK's PKIX checks of the sidecar's certificate, which say why they refuse (TlsRefusal)
+        tls.trustManager(TlsRefusal.trustManager(c, caCertificates()));
         if (cert != null) {
             try {
                 tls.keyManager(new ByteArrayInputStream(cert), new ByteArrayInputStream(key));
@@ -110,6 +104,42 @@ final class TlsFiles {
             }
         }
         return tls.build();
+    }
+
+    /** The CA certificates of {@code tls.ca.file}, or null when it is not set (the JDK's default trust store). */
+    List<X509Certificate> caCertificates() {
+        return ca == null ? null : parsed(ca);
+    }
+
+    /** The client certificate chain of {@code tls.cert.file} (empty when it is not set or does not parse). */
+    List<X509Certificate> clientChain() {
+        List<X509Certificate> chain = cert == null ? null : parsed(cert);
+        return chain == null ? List.of() : chain;
+    }
+
+    /** The private key of {@code tls.key.file}. */
+    PrivateKey clientKey(ShimConfig c) throws IOException {
+        return privateKey(key, c.tlsKeyFile());
+    }
+
+    private static List<X509Certificate> parsed(byte[] pem) {
+        try {
+            return CertificateFactory.getInstance("X.509").generateCertificates(new ByteArrayInputStream(pem))
+                    .stream().map(X509Certificate.class::cast).toList();
+        } catch (GeneralSecurityException e) {
+            return null; // check() refused such files before they were used
+        }
+    }
+
+    /**
+     * Why the client certificate is not valid now (expired, or not yet valid: the sidecar will
+     * refuse it), for a WARN line before the first refused call says it; null when it is valid.
+     */
+    String notValidNow(ShimConfig c) {
+        List<X509Certificate> chain = clientChain();
+        String dates = chain.isEmpty() ? null : TlsRefusal.validity(chain.get(0), "it");
+        return dates == null ? null : "rsm.config." + ShimConfig.TLS_CERT_FILE + "=" + c.tlsCertFile() + " ("
+                + TlsRefusal.subject(chain.get(0)) + "): " + dates + "; the sidecar will refuse it";
     }
 
     /** The subject of the certificate (for logs), or "none". */
