@@ -18,7 +18,7 @@ import importlib
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Self
 
 from rsm_sidecar.durations import ACCEPTED as DURATION_FORMS
@@ -88,44 +88,89 @@ class Key:
         return str(self.default)
 
 
-def setting(type: str, default: Any, doc: str, **options: Any) -> Any:
+def setting(type: str, default: Any, doc: str, *, key: str | None = None, **options: Any) -> Any:
     """A field of a ``Settings`` dataclass, declared by its configuration key: the key's path is
-    the class's ``KEY_PREFIX``, a dot and the field name; type, default, doc and options as for
-    ``Key``. Secret keys stay out of the dataclass's repr."""
+    the group's prefix, a dot and the field name (or ``key``, a path below the prefix, when the
+    two differ); type, default, doc and options as for ``Key``. Secret keys stay out of the
+    dataclass's repr."""
     return dataclasses.field(
         default=default,
         repr=not options.get("secret", False),
-        metadata={"key": (type, default, doc, options)},
+        metadata={"key": (type, default, doc, options), "path": key},
     )
+
+
+def group(cls: type[Settings], *, key: str | None = None, **doc_vars: str) -> Any:
+    """A field of a ``Settings`` dataclass that holds a nested group of keys, ``cls``'s, under the
+    prefix, a dot and the field name (or ``key``; ``key=""``: under the prefix itself). One class
+    may serve several groups (``iceberg.key``, ``iceberg.value``): its docs are then templates
+    whose ``{prefix}`` is the group's prefix and whose other fields are ``doc_vars``."""
+    return dataclasses.field(default_factory=cls, metadata={"group": (cls, doc_vars), "path": key})
+
+
+def family(type: str, doc: str, *, name: str = "name", **options: Any) -> Any:
+    """A field of a ``Settings`` dataclass that holds a family of keys, ``<prefix>.<field>.<name>``,
+    as a dict from ``<name>`` to the value; type, doc and options as for ``Key``."""
+    return dataclasses.field(
+        default_factory=dict,
+        repr=not options.get("secret", False),
+        metadata={"family": (type, doc, name, options)},
+    )
+
+
+def _below(prefix: str, path: str) -> str:
+    return f"{prefix}.{path}" if prefix and path else prefix or path
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Base of the frozen dataclasses that hold one group of keys: each field made by
-    ``setting()`` is a key, declared only there, read by ``from_config``."""
+    ``setting()`` is a key, declared only there; ``group()`` nests a group, ``family()`` a
+    ``<name>`` family. ``keys()`` lists them (the docs and the Helm schema are made from it),
+    ``from_config`` reads them. ``KEY_PREFIX``: where the group stands when it is not nested."""
 
     KEY_PREFIX: ClassVar[str] = ""
 
     @classmethod
-    def keys(cls) -> list[Key]:
-        """The ``Key`` of every ``setting()`` field, in field order."""
-        return [
-            Key(f"{cls.KEY_PREFIX}.{f.name}", t, default, doc, **options)
-            for f in dataclasses.fields(cls)
-            if "key" in f.metadata
-            for t, default, doc, options in [f.metadata["key"]]
-        ]
+    def _paths(cls, prefix: str | None) -> Iterator[tuple[dataclasses.Field, str]]:
+        prefix = cls.KEY_PREFIX if prefix is None else prefix
+        for f in dataclasses.fields(cls):
+            if f.metadata.keys() & {"key", "group", "family"}:
+                path = f.metadata.get("path")
+                yield f, _below(prefix, f.name if path is None else path)
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Self:
+    def keys(cls, prefix: str | None = None, **doc_vars: str) -> list[Key]:
+        """The ``Key`` of every ``setting()`` field, nested groups' and families' included, in
+        field order."""
+        out: list[Key] = []
+        own = cls.KEY_PREFIX if prefix is None else prefix
+        for f, path in cls._paths(prefix):
+            if "key" in f.metadata:
+                t, default, doc, options = f.metadata["key"]
+                if doc_vars:
+                    doc = doc.format(prefix=own, **doc_vars)
+                out.append(Key(path, t, default, doc, **options))
+            elif "group" in f.metadata:
+                inner, inner_vars = f.metadata["group"]
+                out.extend(inner.keys(path, **inner_vars))
+            else:
+                t, doc, name, options = f.metadata["family"]
+                out.append(Key(f"{path}.<{name}>", t, None, doc, **options))
+        return out
+
+    @classmethod
+    def from_config(cls, cfg: Config, prefix: str | None = None) -> Self:
         """The configured value of each key."""
-        return cls(
-            **{
-                f.name: cfg.get(f"{cls.KEY_PREFIX}.{f.name}")
-                for f in dataclasses.fields(cls)
-                if "key" in f.metadata
-            }
-        )
+        values: dict[str, Any] = {}
+        for f, path in cls._paths(prefix):
+            if "key" in f.metadata:
+                values[f.name] = cfg.get(path)
+            elif "group" in f.metadata:
+                values[f.name] = f.metadata["group"][0].from_config(cfg, path)
+            else:
+                values[f.name] = {name: leaf[""] for name, leaf in cfg.family(path).items()}
+        return cls(**values)
 
 
 def parse_size(value: Any, what: str) -> int:

@@ -89,8 +89,8 @@ def load_config(
         rsm_env = {k: v for k, v in rsm_env.items() if cfg.env_path(k) not in over}
         values = {**values, **over}
         cfg = cfg.with_overrides(**over)
-    settings = JobSettings.from_config(cfg)
-    params = StorageParams(values, rsm_env, settings.chunk_cache_bytes, settings.prefetch_bytes)
+    read = JobSettings.from_config(cfg).read
+    params = StorageParams(values, rsm_env, read.chunk_cache_bytes, read.prefetch_bytes)
     return cfg, params
 
 
@@ -163,7 +163,7 @@ class ConvertJob:
         self.topic = topic
         self.topic_id = topic_id
         self.settings = JobSettings.from_config(cfg)
-        self.catalog_spec = CatalogSpec.from_settings(self.settings)
+        self.catalog_spec = CatalogSpec(self.settings.catalog)
         self.identifier = (self.settings.namespace, self.settings.table_name(topic))
         self.spark = spark
         self.spark_conf = dict(spark_conf or {})
@@ -293,8 +293,9 @@ class ConvertJob:
         from rsm_sidecar.iceberg.mapping.rows import EncoderSpec
 
         s = self.settings
-        opts = ProtoOptions(uint32_as_long=s.uint32_as_long, well_known_types=s.well_known_types)
-        registry = SchemaRegistry.shared(s.registry) if s.registry else None
+        opts = ProtoOptions(uint32_as_long=s.proto.uint32_as_long, well_known_types=s.proto.well_known_types)
+        registry_config = s.registry.client_config()
+        registry = SchemaRegistry.shared(registry_config) if registry_config else None
         if registry is not None:
             # each run pins the subjects' latest versions as of now (the client caches them)
             registry.client.clear_latest_caches()
@@ -341,7 +342,7 @@ class ConvertJob:
             self._register_catalog(self.spark)
             return self.spark, False
         return open_session(
-            self.catalog_spec, self.settings, f"rsm-iceberg-{self.topic}", self.spark_conf
+            self.catalog_spec, self.settings.spark, f"rsm-iceberg-{self.topic}", self.spark_conf
         ), True
 
     def _register_catalog(self, spark) -> None:

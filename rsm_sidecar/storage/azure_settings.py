@@ -11,7 +11,7 @@ import binascii
 import dataclasses
 import re
 
-from rsm_sidecar.config import Key, Settings, setting
+from rsm_sidecar.config import Settings, setting
 from rsm_sidecar.errors import ConfigError
 
 KiB = 1024
@@ -37,7 +37,9 @@ class AzureSettings(Settings):
 
     KEY_PREFIX = "storage.azure"
 
-    container: str = setting("str", None, "Container that holds the blobs.")
+    container: str = setting(
+        "str", None, "Container that holds the blobs.", required_when=("storage.backend", "azure")
+    )
     account_name: str | None = setting(
         "str",
         None,
@@ -139,15 +141,6 @@ class AzureSettings(Settings):
     def bucket(self) -> str:
         """The container (what the other backends call the bucket)."""
         return self.container
-
-    @classmethod
-    def keys(cls) -> list[Key]:
-        return [
-            dataclasses.replace(k, required_when=("storage.backend", "azure"))
-            if k.path == "storage.azure.container"
-            else k
-            for k in super().keys()
-        ]
 
     def __post_init__(self) -> None:
         if not self.container:

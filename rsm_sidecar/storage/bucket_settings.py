@@ -16,13 +16,13 @@ class BucketSettings(Settings):
     bucket: str = setting("str", None, "Bucket that holds the objects.")
 
     @classmethod
-    def keys(cls) -> list[Key]:
+    def keys(cls, prefix: str | None = None, **doc_vars: str) -> list[Key]:
         backend = cls.KEY_PREFIX.rsplit(".", 1)[1]
         return [
             dataclasses.replace(k, required_when=("storage.backend", backend))
             if k.path == f"{cls.KEY_PREFIX}.bucket"
             else k
-            for k in super().keys()
+            for k in super().keys(prefix, **doc_vars)
         ]
 
     def __post_init__(self) -> None:

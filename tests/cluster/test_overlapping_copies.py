@@ -191,9 +191,7 @@ def _convert(cluster, spark, topic: str) -> dict[int, dict]:
     cfg, _ = load_config(cfg_file, env, lake)
     settings = JobSettings.from_config(cfg)
     table = (
-        CatalogSpec.from_settings(settings)
-        .pyiceberg()
-        .load_table((settings.namespace, settings.table_name(topic)))
+        CatalogSpec(settings.catalog).pyiceberg().load_table((settings.namespace, settings.table_name(topic)))
     )
     rows = table.scan().to_arrow().to_pylist()
     offsets = [r["kafka"]["offset"] for r in rows]

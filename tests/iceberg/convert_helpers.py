@@ -212,7 +212,7 @@ class SyntheticTopic:
 
         cfg, _ = load_config(self.config_file, {}, overrides)
         s = JobSettings.from_config(cfg)
-        return CatalogSpec.from_settings(s).pyiceberg().load_table((s.namespace, s.table_name(self.topic)))
+        return CatalogSpec(s.catalog).pyiceberg().load_table((s.namespace, s.table_name(self.topic)))
 
     def cli(
         self,

@@ -81,7 +81,7 @@ def table(stack, lake, topic, **overrides):
     cfg_file, env = stack.sidecar_config_env()
     cfg, _ = load_config(cfg_file, env, {**lake, **overrides})
     s = JobSettings.from_config(cfg)
-    return CatalogSpec.from_settings(s).pyiceberg().load_table((s.namespace, s.table_name(topic)))
+    return CatalogSpec(s.catalog).pyiceberg().load_table((s.namespace, s.table_name(topic)))
 
 
 def by_offset(t) -> dict[int, dict]:
