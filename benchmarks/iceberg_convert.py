@@ -100,7 +100,7 @@ url = "{registry_url}"
         schema_id = client.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
         value_of = _protobuf_values(schema_id)
     cfg = Config.load(cfg_file, environ={})
-    from rsm_sidecar.segment.copy import CopySettings
+    from rsm_sidecar.segment.settings import CopySettings
 
     writer = TieredWriter(
         open_store(cfg),

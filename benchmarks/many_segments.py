@@ -106,7 +106,7 @@ def _write_partitions(config: str, partitions: list[int], per_partition: int) ->
     """Worker: ``per_partition`` segments in each of ``partitions``."""
     from rsm_sidecar.config import Config
     from rsm_sidecar.format.keys import KeyLayout
-    from rsm_sidecar.segment.copy import CopySettings
+    from rsm_sidecar.segment.settings import CopySettings
     from rsm_sidecar.segment.tiered_writer import TieredWriter
     from rsm_sidecar.storage.factory import open_store
     from rsm_sidecar.transform.keyring import Keyring
@@ -194,7 +194,7 @@ def run_op(op: str, config: Path, scale: int, partitions: int) -> dict:
         out.update(r)
     elif op == "next":
         from rsm_sidecar.segment.access import SegmentAccess
-        from rsm_sidecar.segment.reader import ReaderSettings
+        from rsm_sidecar.segment.settings import ReaderSettings
 
         cfg = Config.load(config)
         access = SegmentAccess(cfg, ReaderSettings.from_config(cfg))

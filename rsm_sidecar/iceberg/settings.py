@@ -45,10 +45,7 @@ class RestCatalogSettings(Settings):
         required_when=("iceberg.catalog.type", "rest"),
     )
     credential: str | None = setting(
-        "str",
-        None,
-        "OAuth2 client credential `client_id:client_secret` for the REST catalog.",
-        secret=True,
+        "str", None, "OAuth2 client credential `client_id:client_secret` for the REST catalog.", secret=True
     )
     token: str | None = setting("str", None, "Bearer token for the REST catalog.", secret=True)
 
@@ -67,9 +64,7 @@ class WarehouseS3Settings(Settings):
         "str", None, "S3 secret key of an `s3://` warehouse.", secret=True
     )
     path_style_access: bool = setting(
-        "bool",
-        False,
-        "Path-style S3 URLs (`endpoint/bucket/key`), as most S3-compatible servers need.",
+        "bool", False, "Path-style S3 URLs (`endpoint/bucket/key`), as most S3-compatible servers need."
     )
 
 
@@ -192,9 +187,7 @@ class SideSettings(Settings):
     ``iceberg.value.*``); the docs say which (``{side}``, ``{column}``)."""
 
     raw: bool = setting(
-        "bool",
-        False,
-        "Never decode record {side}s: the `{column}` struct holds only `__raw__`.",
+        "bool", False, "Never decode record {side}s: the `{column}` struct holds only `__raw__`."
     )
     subject: str | None = setting(
         "str",
@@ -271,10 +264,7 @@ class SparkSettings(Settings):
 @dataclasses.dataclass(frozen=True)
 class ReadSettings(Settings):
     chunk_cache_bytes: int = setting(
-        "size",
-        24 * MiB,
-        "Per executor process: decoded segment chunks kept for read-ahead.",
-        min=0,
+        "size", 24 * MiB, "Per executor process: decoded segment chunks kept for read-ahead.", min=0
     )
     prefetch_bytes: int = setting(
         "size",
@@ -371,10 +361,7 @@ class JobSettings(Settings):
         "replaced by `_`. One table holds one topic.",
     )
     partitioning: str = setting(
-        "str",
-        "day",
-        "Time partitioning of `kafka.ingest_timestamp` for new tables.",
-        choices=PARTITIONINGS,
+        "str", "day", "Time partitioning of `kafka.ingest_timestamp` for new tables.", choices=PARTITIONINGS
     )
     target_file_size: int = setting("size", 512 * MiB, "Target size of the Parquet data files.")
     writer: str = setting(
@@ -393,11 +380,7 @@ class JobSettings(Settings):
     # -- Spark and executors
     spark: SparkSettings = group(SparkSettings)
     batch_records: int = setting(
-        "int",
-        10_000,
-        "Records per Arrow batch an executor hands to Spark.",
-        min=100,
-        max=1_000_000,
+        "int", 10_000, "Records per Arrow batch an executor hands to Spark.", min=100, max=1_000_000
     )
     batch_bytes: int = setting(
         "size",
@@ -408,10 +391,7 @@ class JobSettings(Settings):
     )
     read: ReadSettings = group(ReadSettings)
     max_segments: int = setting(
-        "int",
-        0,
-        "At most this many segments per run (0: no limit); the next run continues.",
-        min=0,
+        "int", 0, "At most this many segments per run (0: no limit); the next run continues.", min=0
     )
     task_bytes: int = setting(
         "size",

@@ -27,7 +27,6 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from rsm_sidecar.errors import Cancelled, DataLoss, FailedPrecondition
 from rsm_sidecar.format import custom_metadata as cm
@@ -52,6 +51,7 @@ from rsm_sidecar.segment.objects import (
     object_keys,
 )
 from rsm_sidecar.segment.rate_limit import RateLimiter
+from rsm_sidecar.segment.settings import CopySettings
 from rsm_sidecar.segment.sources import Piece, SegmentSource
 from rsm_sidecar.storage.base import ObjectNotFound, ObjectStore
 from rsm_sidecar.transform import authentication
@@ -59,34 +59,7 @@ from rsm_sidecar.transform.chunks import ChunkCodec, crc32c
 from rsm_sidecar.transform.heuristic import batches_already_compressed
 from rsm_sidecar.transform.keyring import Keyring
 
-if TYPE_CHECKING:
-    from rsm_sidecar.config import Config
-
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class CopySettings:
-    chunk_size: int = 4 * 1024 * 1024
-    compression: bool = True
-    compression_heuristic: bool = True
-    compression_level: int = 3
-    parallelism: int = 2
-    custom_metadata_fields: tuple[str, ...] = ("REMOTE_SIZE", "OBJECT_PREFIX")
-    #: bytes per second all copies of this copier together may store; 0: no limit
-    upload_rate_limit: int = 0
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> CopySettings:
-        return cls(
-            cfg["segment.chunk_size"],
-            cfg["segment.compression"],
-            cfg["segment.compression_heuristic"],
-            cfg["segment.compression_level"],
-            cfg["copy.parallelism"],
-            tuple(cfg["segment.custom_metadata_fields"]),
-            cfg["copy.upload_rate_limit"],
-        )
 
 
 @dataclasses.dataclass(frozen=True)

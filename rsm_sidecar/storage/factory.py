@@ -7,12 +7,14 @@ one is a ``ConfigError`` that names the extra to install.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 
-from rsm_sidecar.config import Config, Key
+from rsm_sidecar.config import Config, Settings, setting
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.base import ObjectStore
+from rsm_sidecar.storage.local_settings import LocalSettings
 
 #: backend -> (its module, the pip extra that installs its SDK, the SDK, the SDK's top-level modules)
 BACKENDS: dict[str, tuple[str, str | None, str, tuple[str, ...]]] = {
@@ -27,41 +29,37 @@ BACKENDS: dict[str, tuple[str, str | None, str, tuple[str, ...]]] = {
     ),
 }
 
-CONFIG_KEYS = [
-    Key("storage.backend", "str", "local", "Where segments are stored.", choices=tuple(BACKENDS)),
-    Key(
-        "storage.key_prefix",
+
+@dataclasses.dataclass(frozen=True)
+class StorageSettings(Settings):
+    """Which backend stores the segments, and under which keys (the backend's own keys are its
+    ``<backend>_settings.py``'s)."""
+
+    KEY_PREFIX = "storage"
+
+    backend: str = setting(
+        "str",
+        "local",
+        "Where segments are stored.",
+        choices=tuple(BACKENDS),
+    )
+    key_prefix: str = setting(
         "str",
         "",
         "Prefix of every object key, concatenated verbatim (include a trailing `/` for a folder).",
-    ),
-    Key(
-        "storage.hashed_prefix_chars",
+    )
+    hashed_prefix_chars: int = setting(
         "int",
         0,
-        "When > 0, insert this many hex characters of a hash of (topic id, partition) after the prefix, "
-        "spreading partitions over storage key ranges (S3 request-rate partitions). Keys stay derivable "
-        "from the segment metadata. 0 keeps the Aiven-compatible layout.",
+        "When > 0, insert this many hex characters of a hash of (topic id, partition) after the "
+        "prefix, spreading partitions over storage key ranges (S3 request-rate partitions). Keys stay"
+        " derivable from the segment metadata. 0 keeps the Aiven-compatible layout.",
         min=0,
         max=16,
-    ),
-    Key(
-        "storage.local.root",
-        "path",
-        None,
-        "Directory that holds the objects.",
-        required_when=("storage.backend", "local"),
-    ),
-    Key("storage.local.fsync", "bool", True, "fsync files and directories before a write is acknowledged."),
-    Key(
-        "storage.local.file_mode",
-        "str",
-        "0600",
-        "Permissions of stored objects (octal); directories get the matching execute bits. The default keeps "
-        "segments readable by the sidecar's user only, whatever the umask.",
-        choices=("0600", "0640", "0644"),
-    ),
-]
+    )
+
+
+CONFIG_KEYS = StorageSettings.keys()
 
 
 def backend_module(backend: str) -> ModuleType:
@@ -82,13 +80,12 @@ def backend_module(backend: str) -> ModuleType:
 
 
 def open_store(cfg: Config) -> ObjectStore:
-    backend = cfg["storage.backend"]
+    backend = StorageSettings.from_config(cfg).backend
     module = backend_module(backend)
     if backend == "local":
+        local = LocalSettings.from_config(cfg)
         store: ObjectStore = module.LocalObjectStore(
-            cfg["storage.local.root"],
-            fsync=cfg["storage.local.fsync"],
-            file_mode=int(cfg["storage.local.file_mode"], 8),
+            local.root, fsync=local.fsync, file_mode=int(local.file_mode, 8)
         )
         return store
     if backend == "s3":

@@ -29,7 +29,8 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.keys import KeyLayout
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.settings import ReaderSettings
 from rsm_sidecar.transform.keyring import Keyring
 from tests.cluster.cluster_helpers import (
     Written,

@@ -15,7 +15,8 @@ from rsm_sidecar.config import Config
 from rsm_sidecar.errors import NotFound
 from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.kafka.reader import read_batches
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.settings import ReaderSettings
 from rsm_sidecar.transform.keyring import Keyring
 from tests.e2e import scenarios
 from tests.e2e.kafka_helpers import (

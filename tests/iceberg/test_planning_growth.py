@@ -206,7 +206,8 @@ def test_a_first_run_opens_each_new_segment_once_whatever_the_manifest_cache_hol
     from rsm_sidecar.format.keys import KeyLayout
     from rsm_sidecar.iceberg.planning.chains import plan_partition
     from rsm_sidecar.iceberg.planning.listing import list_topic_segments
-    from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+    from rsm_sidecar.segment.reader import SegmentReader
+    from rsm_sidecar.segment.settings import ReaderSettings
 
     writer = _write_topic(tmp_path, "orders", 30, partitions=1)
     store = writer.store

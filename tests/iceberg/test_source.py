@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rsm_sidecar.errors import ConfigError, DataLoss
-from rsm_sidecar.segment.copy import CopySettings
+from rsm_sidecar.segment.settings import CopySettings
 from tests.iceberg.convert_helpers import REPO, SyntheticTopic
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,8 @@ from rsm_sidecar.inspect.cat import byte_range
 from rsm_sidecar.inspect.context import UsageError
 from rsm_sidecar.inspect.decoders import plain, render_text
 from rsm_sidecar.inspect.output import JsonStream
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.copy import SegmentCopier
+from rsm_sidecar.segment.settings import CopySettings
 from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.local import LocalObjectStore
 
