@@ -175,8 +175,9 @@ def _op_plan(config: Path, next_offsets: dict[int, int], incremental: bool) -> d
 def run_op(op: str, config: Path, scale: int, partitions: int) -> dict:
     """One operation; returns its figures (the store's requests counted around the work)."""
     from rsm_sidecar.config import Config
-    from rsm_sidecar.inspect import du, listing, ls, orphans
+    from rsm_sidecar.inspect import du, ls, orphans
     from rsm_sidecar.inspect.context import InspectContext
+    from rsm_sidecar.segment import listing
 
     per_partition = scale // partitions
     out: dict = {}

@@ -242,10 +242,10 @@ def _dump(ctx, args) -> int:
                 "segment",
                 {
                     "base": seg.base,
-                    "topic": seg.key.topic,
-                    "partition": seg.key.partition,
-                    "segment_id": seg.key.segment_id,
-                    "start_offset": seg.key.start_offset,
+                    "topic": seg.topic,
+                    "partition": seg.partition,
+                    "segment_id": seg.segment_id,
+                    "start_offset": seg.start_offset,
                 },
             )
             with doc.list("batches") as items:
@@ -275,7 +275,7 @@ def _dump(ctx, args) -> int:
             + (" (--limit reached)" if stats.limited else "")
         )
     if failure:
-        error_line(seg.describe(), failure)
+        error_line(seg.describe, failure)
         return EXIT_PROBLEMS
     return EXIT_OK
 
@@ -311,15 +311,16 @@ def _cat(ctx, args) -> int:
         if args.json:
             dump_json(result)
         else:
-            print(f"{result['bytes']} bytes of {seg.describe()} written to {args.output}", file=sys.stderr)
+            print(f"{result['bytes']} bytes of {seg.describe} written to {args.output}", file=sys.stderr)
     return EXIT_OK
 
 
 def _verify(ctx, args) -> int:
-    from rsm_sidecar.inspect import listing, verify
+    from rsm_sidecar.inspect import verify
     from rsm_sidecar.inspect.context import UsageError
     from rsm_sidecar.inspect.locate import locate
     from rsm_sidecar.inspect.output import JsonStream, human_bytes
+    from rsm_sidecar.segment import listing
 
     if args.segment and (args.topic or args.partition is not None or args.sample):
         raise UsageError("give either SEGMENT or --topic/--partition/--sample, not both")
@@ -348,8 +349,9 @@ def _verify(ctx, args) -> int:
 
 
 def _rekey(ctx, args) -> int:
-    from rsm_sidecar.inspect import listing, rekey
+    from rsm_sidecar.inspect import rekey
     from rsm_sidecar.inspect.output import JsonStream, error_line
+    from rsm_sidecar.segment import listing
 
     segs = listing.segments(ctx.store, ctx.layout, None if args.all else args.topic)
     progress = _progress(args, "rekey")
@@ -379,8 +381,9 @@ def _rekey(ctx, args) -> int:
 
 
 def _seal(ctx, args) -> int:
-    from rsm_sidecar.inspect import listing, seal
+    from rsm_sidecar.inspect import seal
     from rsm_sidecar.inspect.output import JsonStream, error_line
+    from rsm_sidecar.segment import listing
 
     segs = listing.segments(ctx.store, ctx.layout, None if args.all else args.topic)
     progress = _progress(args, "seal")
@@ -430,7 +433,7 @@ def _orphans(ctx, args) -> int:
     if args.command_config and not args.bootstrap_server:
         raise UsageError("--command-config needs --bootstrap-server")
     client_config = kafka_metadata.load_client_config(args.command_config)
-    stored: list[orphans.StoredSegment] | None = [] if args.bootstrap_server else None
+    stored: list[orphans.CompleteSegment] | None = [] if args.bootstrap_server else None
     found, errors = orphans.run(
         ctx,
         args.older_than,

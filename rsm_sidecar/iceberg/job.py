@@ -49,7 +49,6 @@ from rsm_sidecar.config import ENV_PREFIX, Config, read_toml
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.planning.chains import PartitionPlan, plan_partition
-from rsm_sidecar.iceberg.planning.listing import RemoteSegment, list_partition_segments, list_topic_segments
 from rsm_sidecar.iceberg.planning.splitting import split_segments
 from rsm_sidecar.iceberg.planning.tasks import SegmentTask
 from rsm_sidecar.iceberg.reading.segment_tasks import (
@@ -70,6 +69,7 @@ from rsm_sidecar.iceberg.stages import (
     with_static_archive_imports,
     write_files_fn,
 )
+from rsm_sidecar.segment.listing import StoredSegment, list_partition_segments, list_topic_segments
 
 
 def load_config(
@@ -216,7 +216,7 @@ class ConvertJob:
         return ids[0] if ids else None
 
     # ------------------------------------------------------------------ planning
-    def _list_new(self, state: mk.MarkerState) -> tuple[str, dict[int, list[RemoteSegment]]]:
+    def _list_new(self, state: mk.MarkerState) -> tuple[str, dict[int, list[StoredSegment]]]:
         """The partitions the table knows, each listed from its next offset on (one LIST per
         partition, costing what is new, not what exists). A partition whose new segments do not
         start exactly at its next offset (a hole, retention ahead of the table, or a re-upload
@@ -246,7 +246,7 @@ class ConvertJob:
         topic's whole listing, which also finds new partitions and a re-upload straddling a
         next offset with nothing tiered after it yet."""
         reader, store, layout = self._reader()
-        partitions: dict[int, list[RemoteSegment]]
+        partitions: dict[int, list[StoredSegment]]
         topic_id: str | None
         if incremental and (self.topic_id or state.topic_id) and state.next_offsets:
             topic_id, partitions = self._list_new(state)

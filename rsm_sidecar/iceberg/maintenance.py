@@ -37,10 +37,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rsm_sidecar.iceberg.committing import markers as mk
-from rsm_sidecar.iceberg.planning.listing import list_topic_segments
 from rsm_sidecar.iceberg.reading.segment_tasks import StorageParams, executor_context
 from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.settings import JobSettings
+from rsm_sidecar.segment.listing import list_topic_segments
 
 
 @dataclasses.dataclass

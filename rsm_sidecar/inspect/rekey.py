@@ -31,11 +31,11 @@ from typing import Any
 from rsm_sidecar.errors import ConfigError, RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import EncryptionInfo, SegmentManifest
-from rsm_sidecar.inspect import listing
+from rsm_sidecar.inspect import manifests
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.parallel import ordered_map
 from rsm_sidecar.inspect.rewrite import Rewriter
+from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.keyring import Keyring
 
@@ -81,13 +81,13 @@ def _preserved(old: SegmentManifest, new: SegmentManifest) -> list[str]:
 
 
 def rekey_segment(
-    ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dry_run: bool, rewriter: Rewriter
+    ctx: InspectContext, keyring: Keyring, seg: StoredSegment, dry_run: bool, rewriter: Rewriter
 ) -> RekeyOutcome:
-    out = RekeyOutcome(seg.base, seg.describe(), ERROR)
-    manifest_key = seg.key.key(fkeys.MANIFEST)
-    log_key = seg.key.key(fkeys.LOG)
+    out = RekeyOutcome(seg.base, seg.describe, ERROR)
+    manifest_key = seg.object_key(fkeys.MANIFEST)
+    log_key = seg.object_key(fkeys.LOG)
     try:
-        raw, manifest = listing.read_manifest(ctx.store, seg.base)
+        raw, manifest = manifests.read_manifest(ctx.store, seg.base)
         if manifest.encryption is None:
             out.action, out.detail = SKIPPED, "not encrypted"
             return out
@@ -129,7 +129,7 @@ def rekey_segment(
         if skipped is not None:
             out.action, out.detail = SKIPPED, skipped.reason
             return out
-        _, written = listing.read_manifest(ctx.store, seg.base)
+        _, written = manifests.read_manifest(ctx.store, seg.base)
         if (
             written.encryption is None
             or keyring.unwrap(written.encryption.key_id, written.encryption.wrapped_key, manifest_key)
@@ -170,7 +170,7 @@ class RekeySummary:
 
 def run(
     ctx: InspectContext,
-    segs: Iterable[SegmentObjects],
+    segs: Iterable[StoredSegment],
     on_outcome: Callable[[RekeyOutcome], None],
     dry_run: bool = False,
     workers: int = 4,

@@ -34,9 +34,8 @@ from typing import Any, TypeVar
 from rsm_sidecar.errors import RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import SegmentManifest
-from rsm_sidecar.inspect import listing
+from rsm_sidecar.inspect import manifests
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.output import human_bytes
 from rsm_sidecar.kafka import (
     BatchHeader,
@@ -51,6 +50,7 @@ from rsm_sidecar.kafka import (
 )
 from rsm_sidecar.kafka.checkpoint import EpochEntry, epoch_for_offset
 from rsm_sidecar.kafka.reader import RecordBatch
+from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.segment.log_file import StoredLogFile
 from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
 
@@ -120,7 +120,7 @@ class SegmentVerifier:
     def __init__(
         self,
         ctx: InspectContext,
-        seg: SegmentObjects,
+        seg: StoredSegment,
         deep: bool = False,
         on_bytes: Callable[[int], None] = lambda n: None,
         reader: SegmentReader | None = None,
@@ -131,7 +131,7 @@ class SegmentVerifier:
         self.seg = seg
         self.deep = deep
         self.on_bytes = on_bytes
-        self.report = SegmentReport(seg.base, seg.describe())
+        self.report = SegmentReport(seg.base, seg.describe)
 
     def run(self) -> SegmentReport:
         try:
@@ -145,7 +145,7 @@ class SegmentVerifier:
     def _run(self) -> None:
         r = self.report
         try:
-            _, manifest = listing.read_manifest(self.ctx.store, self.seg.base)
+            _, manifest = manifests.read_manifest(self.ctx.store, self.seg.base)
         except RsmError as e:
             r.problem("manifest", str(e))
             return
@@ -159,15 +159,15 @@ class SegmentVerifier:
             r.notes.append(
                 "the manifest has no start/end offsets (no remoteLogSegmentMetadata): offsets not checked"
             )
-        elif r.start_offset != self.seg.key.start_offset:
+        elif r.start_offset != self.seg.start_offset:
             r.problem(
                 "manifest",
-                f"manifest startOffset {r.start_offset} differs from the key's {self.seg.key.start_offset}",
+                f"manifest startOffset {r.start_offset} differs from the key's {self.seg.start_offset}",
             )
         if not self._check_objects(manifest):
             return
         try:
-            opened = self.reader.open_base(self.seg.base, self.seg.describe())
+            opened = self.reader.open_base(self.seg.base, self.seg.describe)
         except RsmError as e:
             r.problem("key", str(e))
             return
@@ -177,27 +177,27 @@ class SegmentVerifier:
     # -- 2. objects ----------------------------------------------------------------
     def _check_objects(self, manifest: SegmentManifest) -> bool:
         r = self.report
-        log_size = self.seg.size(fkeys.LOG)
+        log_size = self.seg.object_size(fkeys.LOG)
         expected_log = manifest.chunk_index.transformed_file_size
         usable = True
         if log_size is None:
-            r.problem("objects", f"data object {self.seg.key.key(fkeys.LOG)} is missing")
+            r.problem("objects", f"data object {self.seg.object_key(fkeys.LOG)} is missing")
             usable = False
         elif log_size != expected_log:
             r.problem(
                 "objects",
-                f"{self.seg.key.key(fkeys.LOG)} is {log_size} bytes, the chunk index says {expected_log}",
+                f"{self.seg.object_key(fkeys.LOG)} is {log_size} bytes, the chunk index says {expected_log}",
             )
         expected_idx = max(
             (x.position + x.size for x in manifest.indexes.values() if x is not None), default=0
         )
-        idx_size = self.seg.size(fkeys.INDEXES)
+        idx_size = self.seg.object_size(fkeys.INDEXES)
         if idx_size is None:
-            r.problem("objects", f"indexes object {self.seg.key.key(fkeys.INDEXES)} is missing")
+            r.problem("objects", f"indexes object {self.seg.object_key(fkeys.INDEXES)} is missing")
         elif idx_size != expected_idx:
             r.problem(
                 "objects",
-                f"{self.seg.key.key(fkeys.INDEXES)} is {idx_size} bytes, the manifest's index "
+                f"{self.seg.object_key(fkeys.INDEXES)} is {idx_size} bytes, the manifest's index "
                 f"ranges end at {expected_idx}",
             )
         return usable
@@ -205,9 +205,9 @@ class SegmentVerifier:
     # -- 4. indexes ------------------------------------------------------------------
     def _read_indexes(self, opened: OpenSegment) -> _Indexes:
         r = self.report
-        base = self.seg.key.start_offset
+        base = self.seg.start_offset
         out = _Indexes()
-        where = self.seg.key.key(fkeys.INDEXES)
+        where = self.seg.object_key(fkeys.INDEXES)
 
         def load(name: str, parse):
             if opened.manifest.indexes.get(name) is None:
@@ -421,13 +421,13 @@ def print_report(r: SegmentReport) -> None:
 
 
 def sample_segments(
-    segs: Iterable[SegmentObjects], n: int, rng: random.Random | None = None
-) -> list[SegmentObjects]:
+    segs: Iterable[StoredSegment], n: int, rng: random.Random | None = None
+) -> list[StoredSegment]:
     """``n`` segments chosen uniformly at random from ``segs`` (all of them if fewer), in
     listing order. Reservoir sampling over the streamed listing: memory is ``n`` segments,
     whatever the bucket holds."""
     rng = rng or random.Random()
-    chosen: list[SegmentObjects] = []
+    chosen: list[StoredSegment] = []
     for i, seg in enumerate(segs):
         if i < n:
             chosen.append(seg)
@@ -441,7 +441,7 @@ def sample_segments(
 
 def run(
     ctx: InspectContext,
-    segs: list[SegmentObjects],
+    segs: list[StoredSegment],
     on_report: Callable[[SegmentReport], None],
     deep: bool = False,
     progress=None,

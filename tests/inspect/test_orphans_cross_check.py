@@ -86,7 +86,7 @@ def world(tmp_path):
 
 def check(world, hours_later: float, min_age: float = HOUR, delete: bool = False):
     ctx, store, layout, segs, kafka, lost = world
-    stored: list[orphans.StoredSegment] = []
+    stored: list[orphans.CompleteSegment] = []
     orphans.run(ctx, stored=stored)
     now = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=hours_later)
     return orphans.cross_check(ctx, stored, kafka, min_age, delete, now)
