@@ -316,10 +316,9 @@ def _cat(ctx, args) -> int:
 
 
 def _verify(ctx, args) -> int:
-    from rsm_sidecar.inspect import verify
+    from rsm_sidecar.inspect import runner, verify
     from rsm_sidecar.inspect.context import UsageError
     from rsm_sidecar.inspect.locate import locate
-    from rsm_sidecar.inspect.output import JsonStream, human_bytes
     from rsm_sidecar.segment import listing
 
     if args.segment and (args.topic or args.partition is not None or args.sample):
@@ -334,83 +333,32 @@ def _verify(ctx, args) -> int:
         segs = list(listing.segments(ctx.store, ctx.layout, args.topic, args.partition))
         segs.sort(key=lambda s: s.sort_key)
     progress = _progress(args, "verify", len(segs))
-    if args.json:
-        with JsonStream(sys.stdout) as doc:
-            with doc.list("segments") as items:
-                summary = verify.run(ctx, segs, lambda r: items.append(r.to_json()), args.deep, progress)
-            doc.member("summary", summary.to_json())
-    else:
-        summary = verify.run(ctx, segs, verify.print_report, args.deep, progress)
-        print(
-            f"{summary.segments} segments verified: {summary.ok} ok, {summary.failed} with problems "
-            f"({human_bytes(summary.bytes)} of original data read)"
-        )
-    return EXIT_PROBLEMS if summary.failed else EXIT_OK
+    summary = runner.report(args.json, lambda out: verify.run(ctx, segs, out, args.deep, progress))
+    return EXIT_PROBLEMS if summary.has_problems else EXIT_OK
 
 
 def _rekey(ctx, args) -> int:
     from rsm_sidecar.inspect import rekey
-    from rsm_sidecar.inspect.output import JsonStream, error_line
-    from rsm_sidecar.segment import listing
 
-    segs = listing.segments(ctx.store, ctx.layout, None if args.all else args.topic)
-    progress = _progress(args, "rekey")
-
-    def text(o: rekey.RekeyOutcome) -> None:
-        if o.action == rekey.ERROR:
-            error_line(o.segment, o.detail)
-            return
-        arrow = f"{o.from_key} -> {o.to_key}" if o.to_key else ""
-        print(f"{o.action:<12}{o.segment}  {arrow}{('  (' + o.detail + ')') if o.detail else ''}", flush=True)
-
-    if args.json:
-        with JsonStream(sys.stdout) as doc:
-            with doc.list("segments") as items:
-                summary = rekey.run(
-                    ctx, segs, lambda o: items.append(o.to_json()), args.dry_run, args.parallel, progress
-                )
-            doc.member("summary", summary.to_json())
-    else:
-        summary = rekey.run(ctx, segs, text, args.dry_run, args.parallel, progress)
-        done = f"{summary.would_rekey} would be re-keyed" if args.dry_run else f"{summary.rekeyed} re-keyed"
-        print(
-            f"{summary.segments} segments: {done}, {summary.skipped} skipped, {summary.errors} errors "
-            f"(active key {summary.active_key}{', dry run' if args.dry_run else ''})"
-        )
-    return EXIT_PROBLEMS if summary.errors else EXIT_OK
+    return _rewrite_all(ctx, args, "rekey", rekey.run)
 
 
 def _seal(ctx, args) -> int:
     from rsm_sidecar.inspect import seal
-    from rsm_sidecar.inspect.output import JsonStream, error_line
+
+    return _rewrite_all(ctx, args, "seal", seal.run)
+
+
+def _rewrite_all(ctx, args, name: str, run) -> int:
+    """``rekey`` and ``seal``: every segment of the topic (or of every topic), ``--parallel``
+    at a time, ``--dry-run`` or not."""
+    from rsm_sidecar.inspect import runner
     from rsm_sidecar.segment import listing
 
     segs = listing.segments(ctx.store, ctx.layout, None if args.all else args.topic)
-    progress = _progress(args, "seal")
-
-    def text(o: seal.SealOutcome) -> None:
-        if o.action == seal.ERROR:
-            error_line(o.segment, o.detail)
-            return
-        print(f"{o.action:<12}{o.segment}{('  (' + o.detail + ')') if o.detail else ''}", flush=True)
-        for p in o.problems:
-            print(f"  - {p}", flush=True)
-
-    if args.json:
-        with JsonStream(sys.stdout) as doc:
-            with doc.list("segments") as items:
-                summary = seal.run(
-                    ctx, segs, lambda o: items.append(o.to_json()), args.dry_run, args.parallel, progress
-                )
-            doc.member("summary", summary.to_json())
-    else:
-        summary = seal.run(ctx, segs, text, args.dry_run, args.parallel, progress)
-        done = f"{summary.would_seal} would be sealed" if args.dry_run else f"{summary.sealed} sealed"
-        print(
-            f"{summary.segments} segments: {done}, {summary.skipped} skipped, {summary.refused} refused, "
-            f"{summary.errors} errors{' (dry run)' if args.dry_run else ''}"
-        )
-    return EXIT_PROBLEMS if summary.refused or summary.errors else EXIT_OK
+    progress = _progress(args, name)
+    summary = runner.report(args.json, lambda out: run(ctx, segs, out, args.dry_run, args.parallel, progress))
+    return EXIT_PROBLEMS if summary.has_problems else EXIT_OK
 
 
 def _du(ctx, args) -> int:

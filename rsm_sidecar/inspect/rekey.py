@@ -25,16 +25,17 @@ the DEK and the AAD do not change.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from rsm_sidecar.errors import ConfigError, RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import EncryptionInfo, SegmentManifest
-from rsm_sidecar.inspect import manifests
+from rsm_sidecar.inspect import manifests, runner
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.parallel import ordered_map
+from rsm_sidecar.inspect.output import error_line
 from rsm_sidecar.inspect.rewrite import Rewriter
+from rsm_sidecar.inspect.runner import Tally
 from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.keyring import Keyring
@@ -53,6 +54,14 @@ class RekeyOutcome:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def print_text(self) -> None:
+        if self.action == ERROR:
+            error_line(self.segment, self.detail)
+            return
+        arrow = f"{self.from_key} -> {self.to_key}" if self.to_key else ""
+        detail = f"  ({self.detail})" if self.detail else ""
+        print(f"{self.action:<12}{self.segment}  {arrow}{detail}", flush=True)
 
 
 def _preserved(old: SegmentManifest, new: SegmentManifest) -> list[str]:
@@ -150,7 +159,9 @@ def rekey_segment(
 
 
 @dataclasses.dataclass
-class RekeySummary:
+class RekeySummary(Tally):
+    ACTIONS = {REKEYED: "rekeyed", WOULD_REKEY: "would_rekey", SKIPPED: "skipped", ERROR: "errors"}
+
     active_key: str
     dry_run: bool
     segments: int = 0
@@ -159,13 +170,16 @@ class RekeySummary:
     skipped: int = 0
     errors: int = 0
 
-    def count(self, o: RekeyOutcome) -> None:
-        self.segments += 1
-        attr = {REKEYED: "rekeyed", WOULD_REKEY: "would_rekey", SKIPPED: "skipped", ERROR: "errors"}[o.action]
-        setattr(self, attr, getattr(self, attr) + 1)
+    @property
+    def has_problems(self) -> bool:
+        return self.errors > 0
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def text(self) -> str:
+        done = f"{self.would_rekey} would be re-keyed" if self.dry_run else f"{self.rekeyed} re-keyed"
+        return (
+            f"{self.segments} segments: {done}, {self.skipped} skipped, {self.errors} errors "
+            f"(active key {self.active_key}{', dry run' if self.dry_run else ''})"
+        )
 
 
 def run(
@@ -181,24 +195,19 @@ def run(
         raise ConfigError(
             "encryption.enabled is false in this configuration: there is no keyring to re-key with"
         )
-    summary = RekeySummary(keyring.active_id, dry_run)
     rewriter = Rewriter(ctx.store)
-    for outcome in ordered_map(lambda s: rekey_segment(ctx, keyring, s, dry_run, rewriter), segs, workers):
-        summary.count(outcome)
-        on_outcome(outcome)
-        if progress:
-            progress.advance()
-    for base in rewriter.settle():
-        summary.rekeyed -= 1
-        summary.skipped += 1
-        on_outcome(
-            RekeyOutcome(
-                base,
-                base,
-                SKIPPED,
-                detail=f"{base}.log was deleted after the rewrite; manifest removed again",
-            )
-        )
-    if progress:
-        progress.done()
-    return summary
+
+    def undone() -> Iterator[tuple[str, RekeyOutcome]]:
+        for base in rewriter.settle():
+            detail = f"{base}.log was deleted after the rewrite; manifest removed again"
+            yield REKEYED, RekeyOutcome(base, base, SKIPPED, detail=detail)
+
+    return runner.run(
+        segs,
+        lambda s: rekey_segment(ctx, keyring, s, dry_run, rewriter),
+        RekeySummary(keyring.active_id, dry_run),
+        on_outcome,
+        workers=workers,
+        progress=progress,
+        revisions=undone,
+    )

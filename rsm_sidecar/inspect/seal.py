@@ -36,17 +36,18 @@ from __future__ import annotations
 import array
 import dataclasses
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from rsm_sidecar import __version__
 from rsm_sidecar.errors import DataLoss, RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import TAG_BYTES, SegmentIdentity, SegmentManifest
-from rsm_sidecar.inspect import manifests
+from rsm_sidecar.inspect import manifests, runner
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.parallel import ordered_map
+from rsm_sidecar.inspect.output import error_line
 from rsm_sidecar.inspect.rewrite import Rewriter
+from rsm_sidecar.inspect.runner import Tally
 from rsm_sidecar.inspect.verify import SegmentVerifier
 from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
@@ -75,6 +76,15 @@ class SealOutcome:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def print_text(self) -> None:
+        if self.action == ERROR:
+            error_line(self.segment, self.detail)
+            return
+        detail = f"  ({self.detail})" if self.detail else ""
+        print(f"{self.action:<12}{self.segment}{detail}", flush=True)
+        for p in self.problems:
+            print(f"  - {p}", flush=True)
 
 
 def missing_block(manifest: SegmentManifest) -> str | None:
@@ -296,7 +306,15 @@ class Sealer:
 
 
 @dataclasses.dataclass
-class SealSummary:
+class SealSummary(Tally):
+    ACTIONS = {
+        SEALED: "sealed",
+        WOULD_SEAL: "would_seal",
+        SKIPPED: "skipped",
+        REFUSED: "refused",
+        ERROR: "errors",
+    }
+
     dry_run: bool
     segments: int = 0
     sealed: int = 0
@@ -305,19 +323,16 @@ class SealSummary:
     refused: int = 0
     errors: int = 0
 
-    def count(self, o: SealOutcome) -> None:
-        self.segments += 1
-        attr = {
-            SEALED: "sealed",
-            WOULD_SEAL: "would_seal",
-            SKIPPED: "skipped",
-            REFUSED: "refused",
-            ERROR: "errors",
-        }[o.action]
-        setattr(self, attr, getattr(self, attr) + 1)
+    @property
+    def has_problems(self) -> bool:
+        return self.refused > 0 or self.errors > 0
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def text(self) -> str:
+        done = f"{self.would_seal} would be sealed" if self.dry_run else f"{self.sealed} sealed"
+        return (
+            f"{self.segments} segments: {done}, {self.skipped} skipped, {self.refused} refused, "
+            f"{self.errors} errors{' (dry run)' if self.dry_run else ''}"
+        )
 
 
 def run(
@@ -330,23 +345,18 @@ def run(
 ) -> SealSummary:
     _ = ctx.reader  # loads the keyring: a configuration error stops here, not once per segment
     sealer = Sealer(ctx, dry_run, on_bytes=progress.add_bytes if progress else lambda n: None)
-    summary = SealSummary(dry_run)
-    for outcome in ordered_map(sealer.seal, segs, workers):
-        summary.count(outcome)
-        on_outcome(outcome)
-        if progress:
-            progress.advance()
-    for base in sealer.rewriter.settle():
-        summary.sealed -= 1
-        summary.skipped += 1
-        on_outcome(
-            SealOutcome(
-                base,
-                base,
-                SKIPPED,
-                detail="its .log was deleted after sealing: the manifest was removed again",
-            )
-        )
-    if progress:
-        progress.done()
-    return summary
+
+    def undone() -> Iterator[tuple[str, SealOutcome]]:
+        for base in sealer.rewriter.settle():
+            detail = "its .log was deleted after sealing: the manifest was removed again"
+            yield SEALED, SealOutcome(base, base, SKIPPED, detail=detail)
+
+    return runner.run(
+        segs,
+        sealer.seal,
+        SealSummary(dry_run),
+        on_outcome,
+        workers=workers,
+        progress=progress,
+        revisions=undone,
+    )

@@ -34,9 +34,10 @@ from typing import Any, TypeVar
 from rsm_sidecar.errors import RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import SegmentManifest
-from rsm_sidecar.inspect import manifests
+from rsm_sidecar.inspect import manifests, runner
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.output import human_bytes
+from rsm_sidecar.inspect.runner import Tally
 from rsm_sidecar.kafka import (
     BatchHeader,
     OffsetPosition,
@@ -90,6 +91,10 @@ class SegmentReport:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def action(self) -> str:
+        return "ok" if self.ok else "failed"
+
     def problem(self, kind: str, message: str) -> None:
         n = self._counts[kind] = self._counts.get(kind, 0) + 1
         if n <= MAX_PROBLEMS_PER_CHECK:
@@ -103,8 +108,23 @@ class SegmentReport:
 
     def to_json(self) -> dict[str, Any]:
         d = {k: v for k, v in dataclasses.asdict(self).items() if not k.startswith("_")}
-        d["status"] = "ok" if self.ok else "failed"
+        d["status"] = self.action
         return d
+
+    def print_text(self) -> None:
+        if self.ok:
+            print(
+                f"OK      {self.segment}  offsets {self.start_offset}..{self.end_offset}, "
+                f"{self.chunks} chunks, {self.batches} batches, {human_bytes(self.original_bytes)}"
+                + (f", {self.aborted_txns} aborted transactions" if self.aborted_txns else ""),
+                flush=True,
+            )
+        else:
+            print(f"FAILED  {self.segment}  {self.base}", flush=True)
+            for p in self.problems:
+                print(f"  - {p}", flush=True)
+        for n in self.notes:
+            print(f"  note: {n}", flush=True)
 
 
 @dataclasses.dataclass
@@ -394,30 +414,27 @@ class SegmentVerifier:
 
 
 @dataclasses.dataclass
-class VerifySummary:
+class VerifySummary(Tally):
+    ACTIONS = {"ok": "ok", "failed": "failed"}
+
     segments: int = 0
     ok: int = 0
     failed: int = 0
-    bytes: int = 0
+    bytes: int = 0  # of original data read
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def count(self, outcome: SegmentReport) -> None:  # type: ignore[override]
+        super().count(outcome)
+        self.bytes += outcome.original_bytes
 
+    @property
+    def has_problems(self) -> bool:
+        return self.failed > 0
 
-def print_report(r: SegmentReport) -> None:
-    if r.ok:
-        print(
-            f"OK      {r.segment}  offsets {r.start_offset}..{r.end_offset}, {r.chunks} chunks, {r.batches} "
-            f"batches, {human_bytes(r.original_bytes)}"
-            + (f", {r.aborted_txns} aborted transactions" if r.aborted_txns else ""),
-            flush=True,
+    def text(self) -> str:
+        return (
+            f"{self.segments} segments verified: {self.ok} ok, {self.failed} with problems "
+            f"({human_bytes(self.bytes)} of original data read)"
         )
-    else:
-        print(f"FAILED  {r.segment}  {r.base}", flush=True)
-        for p in r.problems:
-            print(f"  - {p}", flush=True)
-    for n in r.notes:
-        print(f"  note: {n}", flush=True)
 
 
 def sample_segments(
@@ -449,21 +466,9 @@ def run(
     """Verify each segment in turn (one at a time: memory is one ranged GET); call
     ``on_report`` as each finishes."""
     _ = ctx.reader  # loads the keyring: a configuration error stops here, not once per segment
-    summary = VerifySummary()
-    for seg in segs:
-        verifier = SegmentVerifier(
-            ctx, seg, deep, on_bytes=(progress.add_bytes if progress else lambda n: None)
-        )
-        report = verifier.run()
-        summary.segments += 1
-        summary.bytes += report.original_bytes
-        if report.ok:
-            summary.ok += 1
-        else:
-            summary.failed += 1
-        on_report(report)
-        if progress:
-            progress.advance()
-    if progress:
-        progress.done()
-    return summary
+    on_bytes = progress.add_bytes if progress else lambda n: None
+
+    def one(seg: StoredSegment) -> SegmentReport:
+        return SegmentVerifier(ctx, seg, deep, on_bytes).run()
+
+    return runner.run(segs, one, VerifySummary(), on_report, progress=progress)
