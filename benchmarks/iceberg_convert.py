@@ -64,9 +64,9 @@ def make_topic(
     from rsm_sidecar.format.keys import KeyLayout
     from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
     from rsm_sidecar.kafka.records import Header
-    from rsm_sidecar.segment.tiered_writer import TieredWriter
     from rsm_sidecar.storage.factory import open_store
     from rsm_sidecar.transform.keyring import Keyring, write_key_pair
+    from tests.tiered_writer import TieredWriter
 
     cfg_file = workdir / "sidecar.toml"
     if not (workdir / "k.pub").exists():

@@ -107,9 +107,9 @@ def _write_partitions(config: str, partitions: list[int], per_partition: int) ->
     from rsm_sidecar.config import Config
     from rsm_sidecar.format.keys import KeyLayout
     from rsm_sidecar.segment.settings import CopySettings
-    from rsm_sidecar.segment.tiered_writer import TieredWriter
     from rsm_sidecar.storage.factory import open_store
     from rsm_sidecar.transform.keyring import Keyring
+    from tests.tiered_writer import TieredWriter
 
     cfg = Config.load(config)
     store = open_store(cfg)

@@ -20,9 +20,9 @@ from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.kafka import ControlType
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch, build_control_batch
 from rsm_sidecar.kafka.records import Header
-from rsm_sidecar.segment.tiered_writer import TieredWriter
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.transform.keyring import Keyring, write_key_pair
+from tests.tiered_writer import TieredWriter
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000

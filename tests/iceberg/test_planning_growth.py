@@ -87,8 +87,8 @@ def test_a_partition_of_many_segments_is_planned_in_n_log_n():
 def _write_topic(tmp_path, name: str, per_partition: int, partitions: int = 3, close: bool = True):
     from rsm_sidecar.format.keys import KeyLayout
     from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
-    from rsm_sidecar.segment.tiered_writer import TieredWriter
     from rsm_sidecar.storage.local import LocalObjectStore
+    from tests.tiered_writer import TieredWriter
 
     store = LocalObjectStore(tmp_path / "remote", fsync=False)
     writer = TieredWriter(store, KeyLayout("tiered/"), None, name)

@@ -17,8 +17,8 @@ from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.kafka_metadata import fold
 from rsm_sidecar.kafka import remote_log_metadata as rlm
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
-from rsm_sidecar.segment.tiered_writer import TieredWriter, new_uuid
 from rsm_sidecar.storage.local import LocalObjectStore
+from tests.tiered_writer import TieredWriter, new_uuid
 
 TOPIC_ID = "MWJ6FHTfRYy67jzwZdeqSQ"
 NOW_MS = int(time.time() * 1000)

@@ -1,5 +1,5 @@
-"""Tiered segments written exactly as the sidecar writes them, without a broker: for tests,
-benchmarks and demos of every reader of tiered segments (the Iceberg job, ``inspect``).
+"""Tiered segments written exactly as the sidecar writes them, without a broker: for the tests
+and benchmarks of every reader of tiered segments (the Iceberg job, ``inspect``).
 
 :class:`TieredWriter` takes v2 record batches (built with :mod:`rsm_sidecar.kafka.builder`),
 derives the indexes a broker would hand over - offset index, time index, producer snapshot (the
