@@ -32,7 +32,8 @@ class LocalCatalogSettings(Settings):
         "path",
         None,
         "Directory of the embedded catalog (`catalog.db`, default warehouse `warehouse/`). Unset: "
-        "`$RSM_ICEBERG_DIR`, else `run/iceberg` in the repository.",
+        "`$RSM_ICEBERG_DIR`, else `$XDG_DATA_HOME/rsm-sidecar/iceberg` (`~/.local/share/rsm-sidecar/iceberg` "
+        "when `XDG_DATA_HOME` is unset): the user's data directory, wherever rsm-sidecar is installed.",
     )
 
 

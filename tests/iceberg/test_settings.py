@@ -151,3 +151,22 @@ def test_side_settings_that_cannot_apply_are_refused(tmp_path):
         _settings({"value": {"descriptor_set": str(tmp_path / "nope.pb"), "message": "a.B"}})
     with pytest.raises(ConfigError, match="iceberg.registry.bearer_logical_cluster: required"):
         _settings({"registry": {"url": "http://r", "bearer_token": "t"}})
+
+
+def test_the_embedded_catalog_defaults_to_the_users_data_directory_not_the_checkout(tmp_path, monkeypatch):
+    """Unset ``iceberg.catalog.local.root``: ``$RSM_ICEBERG_DIR``, else the XDG data directory; never
+    a path inside the source tree that rsm-sidecar happens to be installed from."""
+    monkeypatch.delenv("RSM_ICEBERG_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    spec = CatalogSpec(CatalogSettings())
+    assert spec.local is not None and spec.local.root == (tmp_path / "data" / "rsm-sidecar" / "iceberg")
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    spec = CatalogSpec(CatalogSettings())
+    assert spec.local is not None
+    assert spec.local.root == tmp_path / "home" / ".local" / "share" / "rsm-sidecar" / "iceberg"
+    monkeypatch.setenv("RSM_ICEBERG_DIR", str(tmp_path / "env"))
+    spec = CatalogSpec(CatalogSettings())
+    assert spec.local is not None and spec.local.root == tmp_path / "env"
+    spec = CatalogSpec(_settings({"catalog": {"local": {"root": str(tmp_path / "explicit")}}}).catalog)
+    assert spec.local is not None and spec.local.root == tmp_path / "explicit"

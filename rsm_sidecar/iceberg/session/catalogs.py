@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rsm_sidecar.iceberg.settings import CatalogSettings
-from rsm_sidecar.local_cache import REPO_ROOT
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyiceberg.catalog.sql import SqlCatalog
@@ -151,10 +150,22 @@ def _write_transactions_wait(engine) -> None:
     engine.dispose()
 
 
-def default_catalog() -> LocalCatalog:
-    """``$RSM_ICEBERG_DIR`` (default ``<repo>/run/iceberg``) as the embedded catalog root."""
+def default_catalog_root() -> Path:
+    """Where the embedded catalog is when ``iceberg.catalog.local.root`` does not say:
+    ``$RSM_ICEBERG_DIR``, else the user's data directory (XDG: ``$XDG_DATA_HOME/rsm-sidecar/iceberg``,
+    ``~/.local/share/rsm-sidecar/iceberg`` without it), wherever rsm-sidecar is installed or run
+    from."""
     env = os.environ.get("RSM_ICEBERG_DIR", "").strip()
-    return LocalCatalog(Path(env) if env else REPO_ROOT / "run" / "iceberg")
+    if env:
+        return Path(env)
+    data = os.environ.get("XDG_DATA_HOME", "").strip()
+    base = Path(data) if os.path.isabs(data) else Path.home() / ".local" / "share"  # XDG: absolute only
+    return base / "rsm-sidecar" / "iceberg"
+
+
+def default_catalog() -> LocalCatalog:
+    """The embedded catalog at :func:`default_catalog_root`."""
+    return LocalCatalog(default_catalog_root())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +182,7 @@ class CatalogSpec:
         s = self.settings
         local = None
         if s.type == "local":
-            root = Path(s.local.root) if s.local.root else default_catalog().root
+            root = Path(s.local.root) if s.local.root else default_catalog_root()
             local = LocalCatalog(root, name=s.name)
         object.__setattr__(self, "local", local)
 
