@@ -233,7 +233,7 @@ def run_op(op: str, config: Path, scale: int, partitions: int) -> dict:
             from rsm_sidecar.inspect import verify
 
             summary = verify.run(ctx, segs, lambda report: None)
-            assert summary.failed == 0
+            assert summary["failed"] == 0
             out["verified"] = summary.segments
         elif op == "raw":  # the physical limit: the bare listing of every key, nothing else
             if ctx.cfg["storage.backend"] == "local":

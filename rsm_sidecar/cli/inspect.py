@@ -103,25 +103,24 @@ def register(sub) -> None:
     )
     c.set_defaults(func=_wrap(_verify))
 
-    c = isub.add_parser("rekey", parents=[common], help="re-wrap data keys under the active key id")
-    which = c.add_mutually_exclusive_group(required=True)
-    which.add_argument("--topic", help="the segments of this topic")
-    which.add_argument("--all", action="store_true", help="every segment under the key prefix")
-    c.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
-    c.add_argument("--parallel", type=_int_min(1), default=4, help="segments processed at once (default 4)")
-    c.set_defaults(func=_wrap(_rekey))
-
-    c = isub.add_parser(
-        "seal",
-        parents=[common],
-        help="verify segments without an authenticator (Aiven's, rsm-sidecar 0.1) and add one",
-    )
-    which = c.add_mutually_exclusive_group(required=True)
-    which.add_argument("--topic", help="the segments of this topic")
-    which.add_argument("--all", action="store_true", help="every segment under the key prefix")
-    c.add_argument("--dry-run", action="store_true", help="verify and report, write nothing")
-    c.add_argument("--parallel", type=_int_min(1), default=4, help="segments processed at once (default 4)")
-    c.set_defaults(func=_wrap(_seal))
+    for name, func, what, dry_run in (
+        ("rekey", _rekey, "re-wrap data keys under the active key id", "report what would change"),
+        (
+            "seal",
+            _seal,
+            "verify segments without an authenticator (Aiven's, rsm-sidecar 0.1) and add one",
+            "verify and report",
+        ),
+    ):
+        c = isub.add_parser(name, parents=[common], help=what)
+        which = c.add_mutually_exclusive_group(required=True)
+        which.add_argument("--topic", help="the segments of this topic")
+        which.add_argument("--all", action="store_true", help="every segment under the key prefix")
+        c.add_argument("--dry-run", action="store_true", help=f"{dry_run}, write nothing")
+        c.add_argument(
+            "--parallel", type=_int_min(1), default=4, help="segments processed at once (default 4)"
+        )
+        c.set_defaults(func=_wrap(func))
 
     c = isub.add_parser("du", parents=[common], help="bytes stored per topic and partition")
     c.add_argument("--topic", help="only this topic")

@@ -33,35 +33,23 @@ from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import EncryptionInfo, SegmentManifest
 from rsm_sidecar.inspect import manifests, runner
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.output import error_line
 from rsm_sidecar.inspect.rewrite import Rewriter
-from rsm_sidecar.inspect.runner import Tally
+from rsm_sidecar.inspect.runner import ERROR, SKIPPED, SegmentOutcome, Tally
 from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.keyring import Keyring
 
-REKEYED, WOULD_REKEY, SKIPPED, ERROR = "rekeyed", "would-rekey", "skipped", "error"
+REKEYED, WOULD_REKEY = "rekeyed", "would-rekey"
 
 
 @dataclasses.dataclass
-class RekeyOutcome:
-    base: str
-    segment: str
-    action: str
+class RekeyOutcome(SegmentOutcome):
     from_key: str | None = None
     to_key: str | None = None
-    detail: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def print_text(self) -> None:
-        if self.action == ERROR:
-            error_line(self.segment, self.detail)
-            return
+    def text(self) -> str:
         arrow = f"{self.from_key} -> {self.to_key}" if self.to_key else ""
-        detail = f"  ({self.detail})" if self.detail else ""
-        print(f"{self.action:<12}{self.segment}  {arrow}{detail}", flush=True)
+        return f"  {arrow}{super().text()}"
 
 
 def _preserved(old: SegmentManifest, new: SegmentManifest) -> list[str]:
@@ -158,26 +146,24 @@ def rekey_segment(
         return out
 
 
-@dataclasses.dataclass
 class RekeySummary(Tally):
     ACTIONS = {REKEYED: "rekeyed", WOULD_REKEY: "would_rekey", SKIPPED: "skipped", ERROR: "errors"}
 
-    active_key: str
-    dry_run: bool
-    segments: int = 0
-    rekeyed: int = 0
-    would_rekey: int = 0
-    skipped: int = 0
-    errors: int = 0
+    def __init__(self, active_key: str, dry_run: bool):
+        super().__init__()
+        self.active_key, self.dry_run = active_key, dry_run
+
+    def facts(self) -> dict[str, Any]:
+        return {"active_key": self.active_key, "dry_run": self.dry_run}
 
     @property
     def has_problems(self) -> bool:
-        return self.errors > 0
+        return self["errors"] > 0
 
     def text(self) -> str:
-        done = f"{self.would_rekey} would be re-keyed" if self.dry_run else f"{self.rekeyed} re-keyed"
+        done = f"{self['would_rekey']} would be re-keyed" if self.dry_run else f"{self['rekeyed']} re-keyed"
         return (
-            f"{self.segments} segments: {done}, {self.skipped} skipped, {self.errors} errors "
+            f"{self.segments} segments: {done}, {self['skipped']} skipped, {self['errors']} errors "
             f"(active key {self.active_key}{', dry run' if self.dry_run else ''})"
         )
 

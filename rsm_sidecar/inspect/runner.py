@@ -16,9 +16,14 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from rsm_sidecar.inspect.output import JsonStream
+from rsm_sidecar.inspect.output import JsonStream, error_line
 from rsm_sidecar.inspect.parallel import ordered_map
 from rsm_sidecar.segment.listing import StoredSegment
+
+#: the action of a segment the job could not process (its outcome's ``detail`` says why)
+ERROR = "error"
+#: the action of a segment the job left as it was
+SKIPPED = "skipped"
 
 
 class Outcome(Protocol):
@@ -33,28 +38,58 @@ class Outcome(Protocol):
         """Its lines for people (an error on stderr)."""
 
 
+@dataclasses.dataclass
+class SegmentOutcome:
+    """What a job that rewrites segments (``rekey``, ``seal``) did with one: ``segment`` as people
+    read it, ``action`` (the job's, ``SKIPPED`` or ``ERROR``) and why (``detail``)."""
+
+    base: str
+    segment: str
+    action: str
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def print_text(self) -> None:
+        if self.action == ERROR:
+            error_line(self.segment, self.detail)
+        else:
+            print(f"{self.action:<12}{self.segment}{self.text()}", flush=True)
+
+    def text(self) -> str:
+        """What the line says after the action and the segment."""
+        return f"  ({self.detail})" if self.detail else ""
+
+
 R = TypeVar("R", bound=Outcome)
 
 
 class Tally:
-    """Base of a job's summary: a dataclass with ``segments`` and a count per action
-    (``ACTIONS``: action -> the field that counts it)."""
+    """A run's summary: the segments done and how many had each action (``ACTIONS``: action ->
+    its name in the summary), after the job's own facts (``facts()``: the active key, dry run,
+    ...). ``tally["errors"]``: a count by its name."""
 
     ACTIONS: ClassVar[Mapping[str, str]] = {}
-    segments: int
+
+    def __init__(self) -> None:
+        self.segments = 0
+        self.counts = dict.fromkeys(self.ACTIONS.values(), 0)
+
+    def __getitem__(self, name: str) -> int:
+        return self.counts[name]
 
     def count(self, outcome: Outcome) -> None:
         self.segments += 1
-        self._add(outcome.action, 1)
+        self.counts[self.ACTIONS[outcome.action]] += 1
 
     def revise(self, was: str, outcome: Outcome) -> None:
         """``outcome`` replaces an outcome of action ``was`` already counted."""
-        self._add(was, -1)
-        self._add(outcome.action, 1)
+        self.counts[self.ACTIONS[was]] -= 1
+        self.counts[self.ACTIONS[outcome.action]] += 1
 
-    def _add(self, action: str, n: int) -> None:
-        name = self.ACTIONS[action]
-        setattr(self, name, getattr(self, name) + n)
+    def facts(self) -> dict[str, Any]:
+        return {}
 
     @property
     def has_problems(self) -> bool:
@@ -66,7 +101,7 @@ class Tally:
         raise NotImplementedError
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {**self.facts(), "segments": self.segments, **self.counts}
 
 
 T = TypeVar("T", bound=Tally)

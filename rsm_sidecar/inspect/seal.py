@@ -45,9 +45,8 @@ from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import TAG_BYTES, SegmentIdentity, SegmentManifest
 from rsm_sidecar.inspect import manifests, runner
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.output import error_line
 from rsm_sidecar.inspect.rewrite import Rewriter
-from rsm_sidecar.inspect.runner import Tally
+from rsm_sidecar.inspect.runner import ERROR, SKIPPED, SegmentOutcome, Tally
 from rsm_sidecar.inspect.verify import SegmentVerifier
 from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
@@ -55,7 +54,7 @@ from rsm_sidecar.storage.base import ObjectNotFound
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.chunks import Buffer, crc32c
 
-SEALED, WOULD_SEAL, SKIPPED, REFUSED, ERROR = "sealed", "would-seal", "skipped", "refused", "error"
+SEALED, WOULD_SEAL, REFUSED = "sealed", "would-seal", "refused"
 #: the ``writer`` of a sealed manifest
 WRITER = f"rsm-sidecar {__version__} seal"
 PLAINTEXT_NOTE = (
@@ -65,26 +64,13 @@ PLAINTEXT_NOTE = (
 
 
 @dataclasses.dataclass
-class SealOutcome:
-    base: str
-    segment: str
-    action: str
+class SealOutcome(SegmentOutcome):
     encrypted: bool | None = None
     key_id: str | None = None
-    detail: str = ""
     problems: list[str] = dataclasses.field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def print_text(self) -> None:
-        if self.action == ERROR:
-            error_line(self.segment, self.detail)
-            return
-        detail = f"  ({self.detail})" if self.detail else ""
-        print(f"{self.action:<12}{self.segment}{detail}", flush=True)
-        for p in self.problems:
-            print(f"  - {p}", flush=True)
+    def text(self) -> str:
+        return super().text() + "".join(f"\n  - {p}" for p in self.problems)
 
 
 def missing_block(manifest: SegmentManifest) -> str | None:
@@ -305,7 +291,6 @@ class Sealer:
             raise DataLoss(f"{seg.object_key(fkeys.MANIFEST)}: read back after sealing, the manifest differs")
 
 
-@dataclasses.dataclass
 class SealSummary(Tally):
     ACTIONS = {
         SEALED: "sealed",
@@ -315,23 +300,22 @@ class SealSummary(Tally):
         ERROR: "errors",
     }
 
-    dry_run: bool
-    segments: int = 0
-    sealed: int = 0
-    would_seal: int = 0
-    skipped: int = 0
-    refused: int = 0
-    errors: int = 0
+    def __init__(self, dry_run: bool):
+        super().__init__()
+        self.dry_run = dry_run
+
+    def facts(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run}
 
     @property
     def has_problems(self) -> bool:
-        return self.refused > 0 or self.errors > 0
+        return self["refused"] > 0 or self["errors"] > 0
 
     def text(self) -> str:
-        done = f"{self.would_seal} would be sealed" if self.dry_run else f"{self.sealed} sealed"
+        done = f"{self['would_seal']} would be sealed" if self.dry_run else f"{self['sealed']} sealed"
         return (
-            f"{self.segments} segments: {done}, {self.skipped} skipped, {self.refused} refused, "
-            f"{self.errors} errors{' (dry run)' if self.dry_run else ''}"
+            f"{self.segments} segments: {done}, {self['skipped']} skipped, {self['refused']} refused, "
+            f"{self['errors']} errors{' (dry run)' if self.dry_run else ''}"
         )
 
 

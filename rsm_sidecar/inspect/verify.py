@@ -413,14 +413,12 @@ class SegmentVerifier:
             )
 
 
-@dataclasses.dataclass
 class VerifySummary(Tally):
     ACTIONS = {"ok": "ok", "failed": "failed"}
 
-    segments: int = 0
-    ok: int = 0
-    failed: int = 0
-    bytes: int = 0  # of original data read
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0  # of original data read
 
     def count(self, outcome: SegmentReport) -> None:  # type: ignore[override]
         super().count(outcome)
@@ -428,13 +426,16 @@ class VerifySummary(Tally):
 
     @property
     def has_problems(self) -> bool:
-        return self.failed > 0
+        return self["failed"] > 0
 
     def text(self) -> str:
         return (
-            f"{self.segments} segments verified: {self.ok} ok, {self.failed} with problems "
+            f"{self.segments} segments verified: {self['ok']} ok, {self['failed']} with problems "
             f"({human_bytes(self.bytes)} of original data read)"
         )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "bytes": self.bytes}
 
 
 def sample_segments(
