@@ -16,13 +16,21 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.base import ObjectStore
 from rsm_sidecar.storage.local_settings import LocalSettings
 
-#: backend -> (its module, the pip extra that installs its SDK, the SDK, the SDK's top-level modules)
-BACKENDS: dict[str, tuple[str, str | None, str, tuple[str, ...]]] = {
-    "local": ("rsm_sidecar.storage.local", None, "", ()),
-    "s3": ("rsm_sidecar.storage.s3", "s3", "boto3", ("boto3", "botocore", "awscrt")),
-    "gcs": ("rsm_sidecar.storage.gcs", "gcs", "google-cloud-storage", ("google", "requests", "urllib3")),
+#: backend -> (its module, its store class, the pip extra that installs its SDK, the SDK, the SDK's
+#: top-level modules)
+BACKENDS: dict[str, tuple[str, str, str | None, str, tuple[str, ...]]] = {
+    "local": ("rsm_sidecar.storage.local", "LocalObjectStore", None, "", ()),
+    "s3": ("rsm_sidecar.storage.s3", "S3ObjectStore", "s3", "boto3", ("boto3", "botocore", "awscrt")),
+    "gcs": (
+        "rsm_sidecar.storage.gcs",
+        "GcsObjectStore",
+        "gcs",
+        "google-cloud-storage",
+        ("google", "requests", "urllib3"),
+    ),
     "azure": (
         "rsm_sidecar.storage.azure",
+        "AzureObjectStore",
         "azure",
         "azure-storage-blob",
         ("azure", "requests", "urllib3", "msal", "isodate"),
@@ -67,7 +75,7 @@ def backend_module(backend: str) -> ModuleType:
     pip extra that installs it."""
     if backend not in BACKENDS:
         raise ConfigError(f"storage.backend: unknown backend {backend!r}")
-    module, extra, sdk, sdk_modules = BACKENDS[backend]
+    module, _, extra, sdk, sdk_modules = BACKENDS[backend]
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -80,19 +88,13 @@ def backend_module(backend: str) -> ModuleType:
 
 
 def open_store(cfg: Config) -> ObjectStore:
-    backend = StorageSettings.from_config(cfg).backend
-    module = backend_module(backend)
-    if backend == "local":
+    """The configured backend's store: a remote one from its settings class (``settings_type``),
+    its start-up probe under ``storage.key_prefix``."""
+    storage = StorageSettings.from_config(cfg)
+    store_type = getattr(backend_module(storage.backend), BACKENDS[storage.backend][1])
+    if storage.backend == "local":
         local = LocalSettings.from_config(cfg)
-        store: ObjectStore = module.LocalObjectStore(
-            local.root, fsync=local.fsync, file_mode=int(local.file_mode, 8)
-        )
-        return store
-    if backend == "s3":
-        store = module.S3ObjectStore.from_config(cfg)
-        return store
-    if backend == "gcs":
-        store = module.GcsObjectStore.from_config(cfg)
-        return store
-    store = module.AzureObjectStore.from_config(cfg)
+        store: ObjectStore = store_type(local.root, fsync=local.fsync, file_mode=int(local.file_mode, 8))
+    else:
+        store = store_type(store_type.settings_type.from_config(cfg), probe_prefix=storage.key_prefix)
     return store
