@@ -173,7 +173,7 @@ class Follower:
 
             self.spark = open_session(
                 CatalogSpec(self.settings.catalog),
-                self.settings,
+                self.settings.spark,
                 f"rsm-iceberg-follow-{self.topic}",
                 self.spark_conf,
             )
