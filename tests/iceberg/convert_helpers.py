@@ -287,6 +287,32 @@ def env_without_checkout() -> dict[str, str]:
     }
 
 
+def spark_submit_convert(
+    master: str,
+    pkg: Path,
+    t: SyntheticTopic,
+    *args: str,
+    cloud: tuple[str, ...] = (),
+    conf: dict | None = None,
+) -> list[str]:
+    """``spark-submit`` of ``iceberg convert`` of ``t`` (the shipped job script, the package zip
+    ``pkg`` for the executors, the set-up's jars, ``--conf`` each of ``conf``) on ``master``."""
+    from rsm_sidecar.iceberg import jars
+
+    return [
+        str(Path(sys.executable).parent / "spark-submit"),
+        "--master",
+        master,
+        "--jars",
+        ",".join(str(p) for p in jars.spark_jars(cloud=cloud)),
+        "--py-files",
+        str(pkg),
+        *[a for k, v in (conf or {}).items() for a in ("--conf", f"{k}={v}")],
+        str(REPO / "rsm_sidecar/iceberg/submit/rsm_iceberg_job.py"),
+        *("convert", "--config", str(t.config_file), "--topic", t.topic, *args),
+    ]
+
+
 def rows(table) -> list[tuple]:
     """(partition, offset, key, value, headers, event ms) of every row, sorted."""
     out = []
