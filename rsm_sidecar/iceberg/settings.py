@@ -210,6 +210,22 @@ class SideSettings(Settings):
         "`buf build -o`): decode unframed {side}s with `{prefix}.message` from it, without "
         "a registry (the embedded default).",
     )
+    json_schema: str | None = setting(
+        "path",
+        None,
+        "A JSON Schema file: decode unframed JSON {side}s with it into columns, without a "
+        'registry (docs/iceberg.md "JSON → Iceberg").',
+    )
+    json_infer: int = setting(
+        "int",
+        0,
+        "Infer a JSON Schema for unframed JSON {side}s from the first this many {side}s of each "
+        "partition's new records in every run, merged with the schema the table recorded "
+        "(`rsm.{side}.json-schema`), so that columns are added as new properties appear; "
+        '0: off (docs/iceberg.md "Inferred JSON schemas").',
+        min=0,
+        max=100_000,
+    )
     unframed: str = setting(
         "str",
         "error",
@@ -407,16 +423,29 @@ class JobSettings(Settings):
 
     def __post_init__(self) -> None:
         for name, side in (("key", self.key), ("value", self.value)):
+            ways = [
+                f"iceberg.{name}.{k}"
+                for k, on in (
+                    ("raw", side.raw),
+                    ("descriptor_set", side.descriptor_set),
+                    ("json_schema", side.json_schema),
+                    ("json_infer", side.json_infer),
+                )
+                if on
+            ]
+            if len(ways) > 1:
+                raise ConfigError(f"{' and '.join(ways)} are different ways to decode the {name}s: set one")
+            if side.json_schema and not Path(side.json_schema).is_file():
+                raise ConfigError(f"iceberg.{name}.json_schema: {side.json_schema} is not a file")
             if side.unframed == "latest" and not self.registry.url:
                 raise ConfigError(
                     f"iceberg.{name}.unframed = 'latest' decodes {name}s with the registry subject's "
                     f"latest schema: set iceberg.registry.url"
                 )
-            if side.unframed == "latest" and (side.raw or side.descriptor_set):
+            if side.unframed == "latest" and ways:
                 raise ConfigError(
                     f"iceberg.{name}.unframed = 'latest' decodes {name}s with the registry subject's "
-                    f"latest schema: it cannot go with iceberg.{name}."
-                    f"{'raw' if side.raw else 'descriptor_set'}"
+                    f"latest schema: it cannot go with {ways[0]}"
                 )
             if side.descriptor_set and not side.message:
                 raise ConfigError(

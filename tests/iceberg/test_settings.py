@@ -149,6 +149,14 @@ def test_side_settings_that_cannot_apply_are_refused(tmp_path):
         _settings({"key": {"descriptor_set": str(tmp_path)}})
     with pytest.raises(ConfigError, match=r"iceberg.value.descriptor_set: .* is not a file"):
         _settings({"value": {"descriptor_set": str(tmp_path / "nope.pb"), "message": "a.B"}})
+    with pytest.raises(
+        ConfigError, match=r"iceberg.value.raw and iceberg.value.json_infer are different ways"
+    ):
+        _settings({"value": {"raw": True, "json_infer": 100}})
+    with pytest.raises(ConfigError, match=r"iceberg.key.json_schema: .* is not a file"):
+        _settings({"key": {"json_schema": str(tmp_path / "nope.json")}})
+    with pytest.raises(ConfigError, match="it cannot go with iceberg.value.json_infer"):
+        _settings({"value": {"json_infer": 10, "unframed": "latest"}, "registry": {"url": "http://r"}})
     with pytest.raises(ConfigError, match="iceberg.registry.bearer_logical_cluster: required"):
         _settings({"registry": {"url": "http://r", "bearer_token": "t"}})
 
