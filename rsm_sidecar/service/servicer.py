@@ -34,7 +34,7 @@ from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.segment import sources
 from rsm_sidecar.segment.objects import delete_segment_objects
 from rsm_sidecar.segment.reader import INDEX_BY_TYPE, FrameSlice, OpenSegment
-from rsm_sidecar.service import test_hooks
+from rsm_sidecar.service import hooks
 from rsm_sidecar.service.admission import IdleWatchdog, Slots, Watch
 from rsm_sidecar.service.handoff import HandoffDir, HandoffError
 from rsm_sidecar.service.metrics import Metrics
@@ -413,7 +413,7 @@ class RemoteStorageServicer:
                 }
             },
         )
-        test_hooks.hold_after_copy(md.segment_id, context.is_active, watch.touch)
+        hooks.after_copy(md.segment_id, context.is_active, watch.touch)
         resp = pb.CopySegmentResponse(stored_bytes=result.stored_bytes, object_key_base=result.base_key)
         if result.custom_metadata is not None:
             resp.custom_metadata = result.custom_metadata
@@ -438,7 +438,7 @@ class RemoteStorageServicer:
     ) -> Iterator[bytes]:
         request: pb.FetchSegmentRequest = _well_formed(message, "FetchSegmentRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
-            test_hooks.hold_fetch_slot()
+            hooks.before_fetch()
             md = _metadata(request.metadata)
             start = request.start_position
             if start < 0:
@@ -514,7 +514,7 @@ class RemoteStorageServicer:
     ) -> Iterator[pb.FetchIndexResponse]:
         request: pb.FetchIndexRequest = _well_formed(message, "FetchIndexRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
-            test_hooks.hold_fetch_slot()
+            hooks.before_fetch()
             md = _metadata(request.metadata)
             type_name = (
                 pb.IndexType.Name(request.index_type) if request.index_type in pb.IndexType.values() else None
