@@ -21,6 +21,11 @@ from rsm_sidecar.errors import ConfigError
 
 MiB = 1024 * 1024
 PARTITIONINGS = ("hour", "day", "month", "none")
+#: what a conversion maintains (``iceberg.mode``): every committed record, or one row per key
+APPEND, UPSERT = "append", "upsert"
+MODES = (APPEND, UPSERT)
+#: the default table name of ``iceberg.mode = upsert``: the append table's, with this suffix
+CURRENT_SUFFIX = "_current"
 
 _SIDE_KEYS = []
 for _side, _what in (("key", "keys"), ("value", "values")):
@@ -155,11 +160,23 @@ CONFIG_KEYS = [
     # -- table ----------------------------------------------------------------------------
     Key("iceberg.namespace", "str", "kafka", "Iceberg namespace of the topic tables."),
     Key(
+        "iceberg.mode",
+        "str",
+        APPEND,
+        "What the table holds: `append`, every committed record of the topic (one row per "
+        "offset); `upsert`, its current state, one row per key (the key's latest committed "
+        "record; a tombstone deletes the key's row), kept with Iceberg's row-level `MERGE INTO` "
+        '(docs/iceberg.md "Current-state tables"); `iceberg.partitioning` and `iceberg.writer` '
+        "apply to append tables only. Both tables can exist for one topic, under their own names.",
+        choices=MODES,
+    ),
+    Key(
         "iceberg.table",
         "str",
         None,
         "Table name; unset: the topic name with every character other than letters, digits and `_` "
-        "replaced by `_`. One table holds one topic.",
+        f"replaced by `_` (with `iceberg.mode = upsert`, followed by `{CURRENT_SUFFIX}`). One table "
+        "holds one topic.",
     ),
     Key(
         "iceberg.partitioning",
@@ -385,6 +402,7 @@ class JobSettings:
     s3: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     gcs: dict[str, Any] = dataclasses.field(default_factory=dict)
     namespace: str = "kafka"
+    mode: str = APPEND
     table: str | None = None
     partitioning: str = "day"
     target_file_size: int = 512 * MiB
@@ -482,6 +500,7 @@ class JobSettings:
             s3=s3,
             gcs=gcs,
             namespace=cfg["iceberg.namespace"],
+            mode=cfg["iceberg.mode"],
             table=cfg["iceberg.table"],
             partitioning=cfg["iceberg.partitioning"],
             target_file_size=cfg["iceberg.target_file_size"],
@@ -509,4 +528,6 @@ class JobSettings:
         )
 
     def table_name(self, topic: str) -> str:
-        return self.table or default_table_name(topic)
+        if self.table:
+            return self.table
+        return default_table_name(topic) + (CURRENT_SUFFIX if self.mode == UPSERT else "")
