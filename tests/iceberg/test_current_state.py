@@ -538,6 +538,24 @@ def test_compact_deletes_drops_the_delete_files_of_rewritten_data_files(spark, t
     assert_state(spark, t)
 
 
+def test_retention_removes_the_keys_whose_latest_record_kafka_deleted(spark, tmp_path):
+    """``maintain --drop-deleted-offsets`` on a current-state table: a key whose latest record
+    is below the earliest offset remote storage still has leaves the table, as it left the
+    topic; the other keys stay."""
+    t = small_topic(tmp_path, "ret")
+    t.convert(spark, **UPSERT)
+    first = next(md for md in t.segments if md.partition == 0)
+    for path in t.objects_of(first):  # retention deletes partition 0's oldest segment
+        path.unlink()
+    earliest = first.end_offset + 1
+    gone = {k for k, r in reference(t.records).items() if r.partition == 0 and r.offset < earliest}
+    assert gone and len(gone) < len(reference(t.records))
+    res = t.maintain(spark, UPSERT, drop_deleted_offsets=True)
+    assert res.dropped == {0: len(gone), 1: 0}
+    want = {k: (r.partition, r.offset) for k, r in reference(t.records).items() if k not in gone}
+    assert {k: v[:2] for k, v in table_state(t.table(**UPSERT)).items()} == want
+
+
 def _sample(metrics, name: str, **labels) -> float:
     value = metrics.registry.get_sample_value(name, labels or None)
     return 0.0 if value is None else value
