@@ -145,6 +145,13 @@ def read_cost(spark, catalog, name: str) -> dict:
     }
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=10_000_000)
@@ -274,21 +281,34 @@ def main() -> None:
             f"{dt.date.today()}, local[2], {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
             f"{args.records:,} records over {args.keys:,} keys, rounds of {per_round:,}:"
         )
-        print(
-            "| conversion | merge mode | records | s | records/s | keys inserted / updated / deleted | "
-            "files added (data / delete) | MB added | data files / MB removed |"
+        markdown_table(
+            [
+                "conversion",
+                "merge mode",
+                "records",
+                "s",
+                "records/s",
+                "keys inserted / updated / deleted",
+                "files added (data / delete)",
+                "MB added",
+                "data files / MB removed",
+            ],
+            rows,
         )
-        print("|---|---|---|---|---|---|---|---|---|")
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
         print()
-        print(
-            "| read after | merge mode | rows | Spark full scan s | PyIceberg full scan s | "
-            "files read (data / delete) | position deletes | MB |"
+        markdown_table(
+            [
+                "read after",
+                "merge mode",
+                "rows",
+                "Spark full scan s",
+                "PyIceberg full scan s",
+                "files read (data / delete)",
+                "position deletes",
+                "MB",
+            ],
+            reads,
         )
-        print("|---|---|---|---|---|---|---|---|")
-        for row in reads:
-            print("| " + " | ".join(row) + " |")
     finally:
         if spark is not None:
             spark.stop()
