@@ -23,7 +23,7 @@ long each time (up to 30 intervals), with a fresh Spark session when it started 
 configuration error (:class:`~rsm_sidecar.errors.ConfigError`: a wrong table, a field named like
 a synthesized column, registry credentials refused) stops it: no later round could succeed.
 Every ``iceberg.follow.maintain_interval`` it expires old snapshots, removes old orphans,
-merges a current-state table's position-delete files and, unless
+compacts a current-state table (its data files and their delete files) and, unless
 ``iceberg.follow.drop_deleted_offsets`` is off, deletes the rows whose offsets Kafka's
 retention removed from remote storage (:func:`~rsm_sidecar.iceberg.maintenance.maintain`).
 With ``iceberg.kafka.bootstrap_servers`` it reads the topic's copy lag (KIP-1241,
@@ -290,8 +290,9 @@ class Follower:
                 self.topic,
                 expire=True,
                 remove_orphans=True,
-                # a current-state table's rounds each add position-delete files: merge them
-                compact_deletes=self.settings.mode == UPSERT,
+                # a current-state table's rounds each add a data file, and delete rows of the
+                # older ones: compact them (with their delete files)
+                compact=self.settings.mode == UPSERT,
                 drop_deleted_offsets=self.settings.follow_drop_deleted_offsets,
                 drop_when_none_left=False,
                 spark=self._session(),

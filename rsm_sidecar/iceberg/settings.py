@@ -350,8 +350,8 @@ CONFIG_KEYS = [
         "`convert --follow`: every this many seconds, expire snapshots older than 5 days (the "
         "marker-tagged one is kept), delete files no snapshot references that are older than "
         "1 day (the orphans of killed or out-raced rounds), drop the rows Kafka's retention "
-        "deleted (`iceberg.follow.drop_deleted_offsets`), merge a current-state table's "
-        "position-delete files (`maintain --compact-deletes`) and read the topic's copy lag again "
+        "deleted (`iceberg.follow.drop_deleted_offsets`), compact a current-state table "
+        "(`maintain --compact`) and read the topic's copy lag again "
         "(`iceberg.kafka.bootstrap_servers`); 0: never.",
         min=0,
     ),

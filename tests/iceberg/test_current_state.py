@@ -506,16 +506,16 @@ def test_the_follower_and_maintenance_keep_the_table(spark, tmp_path):
     # delete file of a data file it deletes rows of (file-scoped deletes, Iceberg 1.12)
     per_file = _deletes_per_data_file(spark, name)
     assert len(per_file) >= 2 and set(per_file.values()) == {1}
-    assert follower.maintain()  # the follower's maintenance: expiry, orphans, delete files
-    assert_state(spark, t)
-    # compaction rewrites the data files with deleted rows and drops their delete files
+    # the follower's maintenance (expiry, orphans, compaction) rewrites the small data files
+    # and those with deleted rows, without those rows, and drops their delete files
     data_files = t.table(**UPSERT).inspect.data_files().num_rows
-    res = t.maintain(spark, UPSERT, compact=True)
-    assert res.compacted["rewritten_data_files_count"] == data_files
+    assert data_files >= 3 and follower.maintain()
     table = t.table(**UPSERT)
-    assert table.inspect.delete_files().num_rows == 0 and table.inspect.data_files().num_rows < data_files
+    assert table.inspect.data_files().num_rows == 1 and table.inspect.delete_files().num_rows == 0
     assert spark.table(f"{name}.position_deletes").count() == 0
     assert_state(spark, t)
+    res = t.maintain(spark, UPSERT, compact=True)  # nothing left to rewrite
+    assert res.compacted.get("rewritten_data_files_count", 0) == 0
     assert t.convert(spark, **UPSERT).records == 0  # the markers survive the maintenance
 
 
