@@ -23,8 +23,8 @@ Flow of one run (docs/iceberg.md "The convert job"); each step names the package
    moves the ``rsm-marker`` tag with it.
 
 With ``iceberg.mode = upsert`` the table holds one row per key (:mod:`.current_state`): step 4
-reduces the rows to the latest per key and merges them into the table (``MERGE INTO``), staged like the
-``spark`` writer's snapshot, and step 5 publishes it the same way.
+reduces the rows to the latest per key and merges them into the table (``MERGE INTO``), staged
+like the ``spark`` writer's snapshot, and step 5 publishes it the same way.
 
 A run killed anywhere leaves no partial commit: before step 5 only unreferenced data files
 (``maintain --remove-orphans`` deletes them) or an unreferenced staged snapshot (expired by
@@ -64,7 +64,7 @@ from rsm_sidecar.iceberg.reading.segment_tasks import (
 )
 from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.session.spark import open_session
-from rsm_sidecar.iceberg.settings import UPSERT, JobSettings
+from rsm_sidecar.iceberg.settings import APPEND, UPSERT, JobSettings
 from rsm_sidecar.iceberg.stages import (
     FILES_DDL,
     ExecutorParams,
@@ -122,7 +122,7 @@ class ConvertResult:
     #: executor tasks of the run (segments, or pieces of segments larger than iceberg.task_bytes)
     tasks: int = 0
     #: ``iceberg.mode``
-    mode: str = "append"
+    mode: str = APPEND
     #: a current-state table's rows the run inserted, updated and deleted (upsert mode)
     merged: dict[str, int] = dataclasses.field(default_factory=dict)
 
