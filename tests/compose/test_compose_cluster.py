@@ -103,7 +103,7 @@ def compose(tmp_path_factory):
             diagnose=lambda: "".join(c.logs(s)[-3000:] for s in ONE_SHOTS[1:]),
         )
         assert up.wait() == 0, f"docker compose up -d failed:\n{up_log.read_text()[-4000:]}"
-        print(f"cluster up and both jobs done in {time.monotonic() - t2:.1f}s")
+        print(f"cluster up and the one-shot jobs done in {time.monotonic() - t2:.1f}s")
         _print_services(c, healthy_at)
         yield c
     finally:
