@@ -206,6 +206,7 @@ bench: deps
 	$(BIN)/python -m benchmarks.inspect_startup
 	$(BIN)/python benchmarks/iceberg_decode.py
 	$(BIN)/python benchmarks/iceberg_convert.py
+	$(BIN)/python benchmarks/iceberg_upsert.py
 	$(BIN)/python benchmarks/iceberg_source.py
 	$(BIN)/python benchmarks/iceberg_freshness.py
 	$(BIN)/python benchmarks/iceberg_cluster.py

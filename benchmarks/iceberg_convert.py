@@ -47,27 +47,10 @@ RECORDS_PER_BATCH = 110
 TOPIC = "bench-events"
 
 
-def make_topic(
-    workdir: Path,
-    registry_url: str,
-    records: int,
-    partitions: int,
-    segment_mb: int,
-    topic: str,
-    seed: int = 1,
-    fmt: str = "protobuf",
-) -> tuple[Path, float]:
-    """Tier ``records`` framed Protobuf (or Avro) records; returns the sidecar configuration file
-    and the average value size (bytes, framing included)."""
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-
-    from rsm_sidecar.config import Config
-    from rsm_sidecar.format.keys import KeyLayout
-    from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
-    from rsm_sidecar.kafka.records import Header
-    from rsm_sidecar.storage.factory import open_store
-    from rsm_sidecar.transform.keyring import Keyring, write_key_pair
-    from tests.tiered_writer import TieredWriter
+def sidecar_config(workdir: Path, registry_url: str) -> Path:
+    """The sidecar configuration of the benchmarks' topics (local directory, zstd + AES-GCM,
+    the embedded catalog, the registry), written once per work directory."""
+    from rsm_sidecar.transform.keyring import write_key_pair
 
     cfg_file = workdir / "sidecar.toml"
     if not (workdir / "k.pub").exists():
@@ -93,6 +76,32 @@ root = "{workdir / "catalog"}"
 [iceberg.registry]
 url = "{registry_url}"
 """)
+    return cfg_file
+
+
+def make_topic(
+    workdir: Path,
+    registry_url: str,
+    records: int,
+    partitions: int,
+    segment_mb: int,
+    topic: str,
+    seed: int = 1,
+    fmt: str = "protobuf",
+) -> tuple[Path, float]:
+    """Tier ``records`` framed Protobuf (or Avro) records; returns the sidecar configuration file
+    and the average value size (bytes, framing included)."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    from rsm_sidecar.config import Config
+    from rsm_sidecar.format.keys import KeyLayout
+    from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
+    from rsm_sidecar.kafka.records import Header
+    from rsm_sidecar.storage.factory import open_store
+    from rsm_sidecar.transform.keyring import Keyring
+    from tests.tiered_writer import TieredWriter
+
+    cfg_file = sidecar_config(workdir, registry_url)
     client = SchemaRegistryClient({"url": registry_url})
     if fmt == "avro":
         schema_id = client.register_schema(f"{topic}-value", Schema(AVRO_SCHEMA, "AVRO"))

@@ -89,12 +89,15 @@ def _local_demo(service: PodmanService) -> int:
     if project.run("up", "-d", check=False, capture=False).returncode != 0:
         return 1
     deadline = time.monotonic() + 1200
-    while project.containers().get("iceberg-convert", {}).get("State") != "exited":
+    jobs = ("demo-producer", "iceberg-convert", "iceberg-current")  # each starts after the one before
+    while (rows := project.containers()).get(jobs[-1], {}).get("State") != "exited":
+        if any(int(rows.get(job, {}).get("ExitCode") or 0) != 0 for job in jobs):
+            break  # a later job will not start: the logs below say why
         if time.monotonic() > deadline:
-            print("the Iceberg job did not finish within 20 minutes", file=sys.stderr)
+            print("the Iceberg jobs did not finish within 20 minutes", file=sys.stderr)
             return 1
         time.sleep(3)
-    for job in ("demo-producer", "iceberg-convert"):
+    for job in jobs:
         print(f"\n== {job} ==", flush=True)
         project.run("logs", "--no-color", "--no-log-prefix", job, check=False, capture=False)
     failed = [name for name, row in project.containers().items() if int(row.get("ExitCode") or 0) != 0]

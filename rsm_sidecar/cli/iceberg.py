@@ -18,6 +18,7 @@ OVERRIDES = {
     "catalog_uri": "iceberg.catalog.rest.uri",
     "warehouse": "iceberg.warehouse",
     "namespace": "iceberg.namespace",
+    "mode": "iceberg.mode",
     "table": "iceberg.table",
     "partitioning": "iceberg.partitioning",
     "registry_url": "iceberg.registry.url",
@@ -76,7 +77,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--catalog-uri", help="REST catalog URI")
     g.add_argument("--warehouse", help="file:///..., s3://bucket/prefix or gs://bucket/prefix")
     g.add_argument("--namespace", help="the table's namespace (default kafka)")
-    g.add_argument("--table", help="default: the topic name with non-alphanumerics as _")
+    g.add_argument(
+        "--mode",
+        choices=("append", "upsert"),
+        help="append: every committed record (default); upsert: the current state, one row per key "
+        "(iceberg.mode)",
+    )
+    g.add_argument(
+        "--table",
+        help="default: the topic name with non-alphanumerics as _ (+ _current with --mode upsert)",
+    )
     g.add_argument("--master", help="Spark master (default local[2])")
     g.add_argument(
         "--spark-conf",
@@ -167,7 +177,16 @@ def register(sub) -> None:
         help="age of snapshots to expire (default 5d; e.g. 12h, 1h30m)",
     )
     m.add_argument("--retain-last", type=int, default=1, help="snapshots of main always kept (default 1)")
-    m.add_argument("--compact", action="store_true", help="rewrite small data files (bin-pack)")
+    m.add_argument(
+        "--compact",
+        action="store_true",
+        help="rewrite small data files (and those of a current-state table with many deleted rows)",
+    )
+    m.add_argument(
+        "--compact-deletes",
+        action="store_true",
+        help="merge a current-state table's position-delete files (rewrite_position_delete_files)",
+    )
     m.add_argument(
         "--min-input-files",
         type=int,
@@ -261,6 +280,7 @@ def _maintain(args) -> int:
         expire_older_than=dt.timedelta(seconds=args.expire_older_than),
         retain_last=args.retain_last,
         compact=args.compact,
+        compact_deletes=args.compact_deletes,
         min_input_files=args.min_input_files,
         remove_orphans=args.remove_orphans,
         orphan_older_than=dt.timedelta(seconds=args.orphan_older_than),
@@ -283,7 +303,7 @@ def _status(args) -> int:
     settings = JobSettings.from_config(cfg)
     spec = CatalogSpec(settings.catalog).prepare()
     ident = (settings.namespace, settings.table_name(args.topic))
-    out: dict = {"table": ".".join(ident)}
+    out: dict = {"table": ".".join(ident), "mode": settings.mode}
     try:
         table = spec.pyiceberg().load_table(ident)
     except NoSuchTableError:

@@ -22,8 +22,9 @@ Between rounds the follower waits ``iceberg.follow.interval``; after a failed ro
 long each time (up to 30 intervals), with a fresh Spark session when it started its own. A
 configuration error (:class:`~rsm_sidecar.errors.ConfigError`: a wrong table, a field named like
 a synthesized column, registry credentials refused) stops it: no later round could succeed.
-Every ``iceberg.follow.maintain_interval`` it expires old snapshots, removes old orphans and,
-unless ``iceberg.follow.drop_deleted_offsets`` is off, deletes the rows whose offsets Kafka's
+Every ``iceberg.follow.maintain_interval`` it expires old snapshots, removes old orphans,
+compacts a current-state table (its data files and their delete files) and, unless
+``iceberg.follow.drop_deleted_offsets`` is off, deletes the rows whose offsets Kafka's
 retention removed from remote storage (:func:`~rsm_sidecar.iceberg.maintenance.maintain`).
 With ``iceberg.kafka.bootstrap_servers`` it reads the topic's copy lag (KIP-1241,
 :mod:`~rsm_sidecar.iceberg.copy_lag`) when it starts and at each maintenance, exports it, and
@@ -52,7 +53,7 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg.committing.markers import CommitConflict
 from rsm_sidecar.iceberg.job import ConvertJob, ConvertResult, Prepared
 from rsm_sidecar.iceberg.reading.segment_tasks import StorageParams
-from rsm_sidecar.iceberg.settings import JobSettings
+from rsm_sidecar.iceberg.settings import UPSERT, JobSettings
 
 #: rounds that failed in a row multiply the pause up to this many intervals
 MAX_BACKOFF_INTERVALS = 30
@@ -289,6 +290,9 @@ class Follower:
                 self.topic,
                 expire=True,
                 remove_orphans=True,
+                # a current-state table's rounds each add a data file, and delete rows of the
+                # older ones: compact them (with their delete files)
+                compact=self.settings.mode == UPSERT,
                 drop_deleted_offsets=self.settings.follow.drop_deleted_offsets,
                 drop_when_none_left=False,
                 spark=self._session(),

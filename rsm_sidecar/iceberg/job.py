@@ -22,6 +22,10 @@ Flow of one run (docs/iceberg.md "The convert job"); each step names the package
    or moves ``main`` to the staged snapshot (spark; :func:`.committing.markers.publish`), and
    moves the ``rsm-marker`` tag with it.
 
+With ``iceberg.mode = upsert`` the table holds one row per key (:mod:`.current_state`): step 4
+reduces the rows to the latest per key and merges them into the table (``MERGE INTO``), staged
+like the ``spark`` writer's snapshot, and step 5 publishes it the same way.
+
 A run killed anywhere leaves no partial commit: before step 5 only unreferenced data files
 (``maintain --remove-orphans`` deletes them) or an unreferenced staged snapshot (expired by
 ``maintain --expire``) exist; the next run starts from the same markers.
@@ -47,6 +51,7 @@ from typing import Any
 
 from rsm_sidecar.config import ENV_PREFIX, Config, read_toml
 from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.iceberg import current_state
 from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.planning.chains import PartitionPlan, plan_partition
 from rsm_sidecar.iceberg.planning.splitting import split_segments
@@ -58,7 +63,7 @@ from rsm_sidecar.iceberg.reading.segment_tasks import (
 )
 from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.session.spark import open_session
-from rsm_sidecar.iceberg.settings import JobSettings
+from rsm_sidecar.iceberg.settings import APPEND, UPSERT, JobSettings
 from rsm_sidecar.iceberg.stages import (
     FILES_DDL,
     ExecutorParams,
@@ -116,6 +121,10 @@ class ConvertResult:
     seconds: float = 0.0
     #: executor tasks of the run (segments, or pieces of segments larger than iceberg.task_bytes)
     tasks: int = 0
+    #: ``iceberg.mode``
+    mode: str = APPEND
+    #: a current-state table's rows the run inserted, updated and deleted (upsert mode)
+    merged: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -400,9 +409,11 @@ class ConvertJob:
     def prepare(self) -> Prepared:
         """Steps 1-3: markers, plan (split tasks included), schemas and table (no Spark yet)."""
         t0 = time.monotonic()
-        result = ConvertResult(self.table_name, self.job_id)
+        result = ConvertResult(self.table_name, self.job_id, mode=self.settings.mode)
         catalog = self.catalog_spec.prepare().pyiceberg()
         table = self._load_table(catalog)
+        if table is not None:
+            current_state.check_mode(table.properties, self.settings.mode, self.table_name)
         state = mk.read_state(table)
         if state.topic is not None and state.topic != self.topic:
             raise ConfigError(f"table {self.table_name} holds topic {state.topic!r}, not {self.topic!r}")
@@ -442,7 +453,10 @@ class ConvertJob:
 
         spec = self.encoder_spec(plans, table.properties if table is not None else {})
         target = RowEncoder(spec).schema
+        upsert = self.settings.mode == UPSERT
         props = {"write.wap.enabled": "true", "rsm.topic": self.topic}
+        if upsert:
+            props[current_state.MODE_PROPERTY] = UPSERT
         for is_key, side in ((True, spec.key), (False, spec.val)):
             if side.kind == "protobuf" and side.message:
                 props[message_property(is_key)] = side.message
@@ -450,7 +464,10 @@ class ConvertJob:
                 props[json_schema_property(is_key)] = side.json_schema
         if table is None:
             partition = None if self.settings.partitioning == "none" else self.settings.partitioning
-            table = ensure_table(catalog, self.identifier, target, partition=partition, properties=props)
+            if upsert:  # one row per key, not a history: no time partitions (docs/iceberg.md)
+                partition = None
+            created = {**current_state.TABLE_PROPERTIES, **props} if upsert else props
+            table = ensure_table(catalog, self.identifier, target, partition=partition, properties=created)
             result.schema_changes = "created"
         else:
             changes = plan_update(table.schema(), target)
@@ -493,7 +510,11 @@ class ConvertJob:
         """Steps 4-5: the Spark write (staged) and the conditional publish."""
         result = prepared.result
         pause_point("planned")
-        if self.settings.writer == "arrow":
+        if self.settings.mode == UPSERT:
+            counts = self._merge(prepared)
+            pause_point("staged")
+            snap = mk.publish(prepared.catalog, self.identifier, self.job_id, prepared.state.main_snapshot_id)
+        elif self.settings.writer == "arrow":
             counts, files = self._write_files(prepared)
             pause_point("staged")
             snap = mk.commit_files(
@@ -519,9 +540,15 @@ class ConvertJob:
                     f"[convert] partition {pr.partition}: {pr.segments} segment(s), {pr.records} "
                     f"records, offsets {pr.first_offset}..{pr.next_offset - 1}"
                 )
+        merged = ""
+        if self.settings.mode == UPSERT:
+            result.merged = current_state.merge_counts(mk.summary_properties(snap))
+            merged = " ({inserted} key(s) inserted, {updated} updated, {deleted} deleted)".format(
+                **result.merged
+            )
         self.log(
             f"[convert] {self.topic} -> {self.table_name}: committed snapshot {snap.snapshot_id}: "
-            f"{result.segments} segment(s), {result.records} records in {result.seconds:.1f}s"
+            f"{result.segments} segment(s), {result.records} records{merged} in {result.seconds:.1f}s"
         )
         return result
 
@@ -645,6 +672,27 @@ class ConvertJob:
                     writer.append()
             finally:
                 spark.conf.unset("spark.wap.id")
+            return dict(acc.value)
+        finally:
+            if own:
+                spark.stop()
+
+    def _merge(self, prepared: Prepared) -> dict[int, list[int]]:
+        """``iceberg.mode = upsert``: the round's rows reduced to one per key and merged into the
+        table, staged under the job's id with the markers (:func:`.current_state.merge`);
+        returns the per partition ``[segments, records]`` read (nothing published)."""
+        spark, own = self._spark()
+        try:
+            acc = spark.sparkContext.accumulator({}, counts_param())
+            rows = self.dataframe(spark, prepared, acc)
+            with self._stage(spark, prepared):
+                current_state.merge(
+                    spark,
+                    rows,
+                    f"{self.catalog_spec.name}.{self.table_name}",
+                    self.job_id,
+                    prepared.marker,
+                )
             return dict(acc.value)
         finally:
             if own:

@@ -10,7 +10,15 @@ Each step is an Iceberg Spark procedure or a Spark SQL statement on the job's ca
   partition has at least ``min_input_files`` files): the ``sort`` strategy when the table
   declares a sort order (``kafka.partition, kafka.offset``: the rewritten files keep the order
   the table declares, which bin-packing files of several Kafka partitions together would not),
-  bin-packing otherwise. Rows are unchanged.
+  bin-packing otherwise. Rows are unchanged. On a current-state table it also rewrites the data
+  files of which 30 % or more of the rows are deleted (Iceberg's ``delete-ratio-threshold``),
+  leaving out the deleted rows, and removes the delete files of the data files it rewrote.
+* ``compact_deletes``: ``system.rewrite_position_delete_files`` with ``rewrite-all``: every
+  position-delete file rewritten, merged per data file, and those whose data files are gone
+  (rewritten by a compaction that kept them: "dangling") dropped. Iceberg 1.12's
+  Spark writer already keeps one delete file per data file (each ``MERGE`` replaces the one of
+  a data file it deletes rows of), so this is for delete files other writers left. Rows are
+  unchanged.
 * ``remove_orphans``: Iceberg's ``DeleteOrphanFiles`` Spark action (what the
   ``remove_orphan_files`` procedure runs, without its 24 h minimum): files under the table
   location that no snapshot references, e.g. what a convert job killed during its Spark write
@@ -36,10 +44,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from rsm_sidecar.iceberg import current_state
 from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.reading.segment_tasks import StorageParams, executor_context
 from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
-from rsm_sidecar.iceberg.settings import JobSettings
+from rsm_sidecar.iceberg.settings import UPSERT, JobSettings
 from rsm_sidecar.segment.listing import list_topic_segments
 
 
@@ -48,6 +57,7 @@ class MaintainResult:
     table: str
     expired: dict[str, int] = dataclasses.field(default_factory=dict)
     compacted: dict[str, int] = dataclasses.field(default_factory=dict)
+    compacted_deletes: dict[str, int] = dataclasses.field(default_factory=dict)
     orphans: list[str] = dataclasses.field(default_factory=list)
     dropped: dict[int, int] = dataclasses.field(default_factory=dict)  # partition -> rows deleted
 
@@ -69,6 +79,7 @@ def maintain(
     expire_older_than: dt.timedelta = dt.timedelta(days=5),
     retain_last: int = 1,
     compact: bool = False,
+    compact_deletes: bool = False,
     min_input_files: int = 2,
     remove_orphans: bool = False,
     orphan_older_than: dt.timedelta = dt.timedelta(days=1),
@@ -101,14 +112,27 @@ def maintain(
         if compact:
             table = spec.pyiceberg().load_table((settings.namespace, settings.table_name(topic)))
             strategy = "binpack" if table.sort_order().is_unsorted else "sort"
+            # a current-state table: the delete files of the rewritten data files go too
+            dangling = (
+                ", 'remove-dangling-deletes', 'true'"
+                if current_state.table_mode(table.properties) == UPSERT
+                else ""
+            )
             row = spark.sql(
                 f"CALL {spec.name}.system.rewrite_data_files(table => '{ident}', "
                 f"strategy => '{strategy}', options => map("
                 f"'min-input-files', '{min_input_files}', "
-                f"'target-file-size-bytes', '{settings.target_file_size}'))"
+                f"'target-file-size-bytes', '{settings.target_file_size}'{dangling}))"
             ).collect()[0]
             result.compacted = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
             log(f"[maintain] {ident}: compaction ({strategy}) {result.compacted}")
+        if compact_deletes:
+            row = spark.sql(
+                f"CALL {spec.name}.system.rewrite_position_delete_files(table => '{ident}', "
+                "options => map('rewrite-all', 'true'))"
+            ).collect()[0]
+            result.compacted_deletes = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
+            log(f"[maintain] {ident}: delete files {result.compacted_deletes}")
         if expire:
             row = spark.sql(
                 f"CALL {spec.name}.system.expire_snapshots(table => '{ident}', "

@@ -23,6 +23,11 @@ from rsm_sidecar.errors import ConfigError
 
 MiB = 1024 * 1024
 PARTITIONINGS = ("hour", "day", "month", "none")
+#: what a conversion maintains (``iceberg.mode``): every committed record, or one row per key
+APPEND, UPSERT = "append", "upsert"
+MODES = (APPEND, UPSERT)
+#: the default table name of ``iceberg.mode = upsert``: the append table's, with this suffix
+CURRENT_SUFFIX = "_current"
 
 
 # -- catalog and warehouse ----------------------------------------------------------------
@@ -335,7 +340,8 @@ class FollowSettings(Settings):
         "`convert --follow`: every this many seconds, expire snapshots older than 5 days (the "
         "marker-tagged one is kept), delete files no snapshot references that are older than "
         "1 day (the orphans of killed or out-raced rounds), drop the rows Kafka's retention "
-        "deleted (`iceberg.follow.drop_deleted_offsets`) and read the topic's copy lag again "
+        "deleted (`iceberg.follow.drop_deleted_offsets`), compact a current-state table "
+        "(`maintain --compact`) and read the topic's copy lag again "
         "(`iceberg.kafka.bootstrap_servers`); 0: never.",
         min=0,
     )
@@ -371,11 +377,22 @@ class JobSettings(Settings):
     catalog: CatalogSettings = group(CatalogSettings, key="")
     # -- table
     namespace: str = setting("str", "kafka", "Iceberg namespace of the topic tables.")
+    mode: str = setting(
+        "str",
+        APPEND,
+        "What the table holds: `append`, every committed record of the topic (one row per "
+        "offset); `upsert`, its current state, one row per key (the key's latest committed "
+        "record; a tombstone deletes the key's row), kept with Iceberg's row-level `MERGE INTO` "
+        '(docs/iceberg.md "Current-state tables"); `iceberg.partitioning` and `iceberg.writer` '
+        "apply to append tables only. Both tables can exist for one topic, under their own names.",
+        choices=MODES,
+    )
     table: str | None = setting(
         "str",
         None,
         "Table name; unset: the topic name with every character other than letters, digits and `_` "
-        "replaced by `_`. One table holds one topic.",
+        f"replaced by `_` (with `iceberg.mode = upsert`, followed by `{CURRENT_SUFFIX}`). One table "
+        "holds one topic.",
     )
     partitioning: str = setting(
         "str", "day", "Time partitioning of `kafka.ingest_timestamp` for new tables.", choices=PARTITIONINGS
@@ -456,7 +473,9 @@ class JobSettings(Settings):
                 raise ConfigError(f"iceberg.{name}.descriptor_set: {side.descriptor_set} is not a file")
 
     def table_name(self, topic: str) -> str:
-        return self.table or default_table_name(topic)
+        if self.table:
+            return self.table
+        return default_table_name(topic) + (CURRENT_SUFFIX if self.mode == UPSERT else "")
 
 
 CONFIG_KEYS = JobSettings.keys()

@@ -65,11 +65,12 @@ SERVICES = {
     "iceberg-rest",
     "demo-producer",
     "iceberg-convert",
+    "iceberg-current",
     "spark-master",
     "spark-worker",
     "iceberg-follow",
 }
-ONE_SHOT = {"keys-init", "demo-producer", "iceberg-convert"}
+ONE_SHOT = {"keys-init", "demo-producer", "iceberg-convert", "iceberg-current"}
 #: service -> {dependency: condition}: the start order the demo needs
 START_ORDER = {
     **{
@@ -87,6 +88,7 @@ START_ORDER = {
     },
     "spark-worker": {"spark-master": "service_healthy"},
     "iceberg-follow": {"iceberg-convert": "service_completed_successfully"},
+    "iceberg-current": {"iceberg-convert": "service_completed_successfully"},
 }
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 #: service -> the docker/Dockerfile target its image is built from
@@ -100,6 +102,7 @@ BUILD_TARGETS = {
     "iceberg-rest": "iceberg-rest",
     "demo-producer": "jobs",
     "iceberg-convert": "jobs",
+    "iceberg-current": "jobs",
     "spark-master": "jobs",
     "spark-worker": "jobs",
     "iceberg-follow": "jobs",
@@ -438,7 +441,7 @@ def test_every_rsm_variable_names_a_configuration_key(services):
     from rsm_sidecar.config import ENV_PREFIX
 
     users = [n for n, s in services.items() if _rsm_env(s)]
-    assert set(users) == {*SIDECARS, "demo-producer", "iceberg-convert", "iceberg-follow"}
+    assert set(users) == {*SIDECARS, "demo-producer", "iceberg-convert", "iceberg-current", "iceberg-follow"}
     for name in users:
         env = _rsm_env(services[name])
         cfg = _sidecar_config(services[name])  # raises ConfigError on an unknown key or a bad value
@@ -477,7 +480,7 @@ def test_sidecar_configuration_validates_and_points_at_the_compose_services(serv
     assert services["keys-init"]["entrypoint"][1] == keys[active]["private_key_file"]
     keys_volume = _mounts(services["keys-init"])[out_dir]
     assert keys_volume["type"] == "volume" and not keys_volume.get("read_only")
-    for name in (*SIDECARS, "iceberg-convert"):
+    for name in (*SIDECARS, "iceberg-convert", "iceberg-current"):
         vol = _mounts(services[name])[out_dir]
         assert vol["source"] == keys_volume["source"] and vol.get("read_only"), name
     # metrics published (each sidecar on a host port of its own), on the port the sidecars serve them
@@ -672,16 +675,18 @@ def test_iceberg_convert_command_parses_with_the_cli(services):
 
 
 def test_iceberg_jobs_run_on_the_spark_cluster(services):
-    """Both Iceberg jobs are applications of the compose Spark master (drivers in client mode,
-    reachable by their host names), one core each so that both fit the worker; the follower
-    serves its metrics and reads the copy lag from the broker; the worker has the key files."""
+    """The Iceberg jobs are applications of the compose Spark master (drivers in client mode,
+    reachable by their host names), one core each so that the two that run at once (the
+    follower and the current-state conversion, both after the one-shot conversion) fit the
+    worker; the follower serves its metrics and reads the copy lag from the broker; the worker
+    has the key files; the current-state conversion keeps its own table of the same topic."""
     master = services["spark-master"]["command"]
     worker = services["spark-worker"]["command"]
     assert master[:2] == ["spark-class", "org.apache.spark.deploy.master.Master"]
     assert worker[:3] == ["spark-class", "org.apache.spark.deploy.worker.Worker", "spark://spark-master:7077"]
     assert _arg(master, "--port") == "7077" and _arg(master, "--host") == "spark-master"
     cores = int(_arg(worker, "--cores"))
-    for name in ("iceberg-convert", "iceberg-follow"):
+    for name in ("iceberg-convert", "iceberg-current", "iceberg-follow"):
         svc = services[name]
         assert _sidecar_config(svc)["iceberg.spark.master"] == "spark://spark-master:7077"
         args = _parse(svc["command"])
@@ -697,6 +702,9 @@ def test_iceberg_jobs_run_on_the_spark_cluster(services):
     keys = [v for v in services["spark-worker"]["volumes"] if v["target"] == "/etc/rsm-sidecar/keys"]
     assert keys and keys[0]["source"] == "rsm-keys" and keys[0].get("read_only")
     assert _env(services["iceberg-follow"]) == _env(services["iceberg-convert"])
+    assert _env(services["iceberg-current"]) == _env(services["iceberg-convert"])
+    assert _parse(services["iceberg-current"]["command"]).mode == "upsert"
+    assert _parse(services["iceberg-convert"]["command"]).mode is None  # append, the default
 
 
 def test_iceberg_settings_point_at_the_catalog_warehouse_and_registry(services):

@@ -11,7 +11,7 @@ debian:bookworm-slim), and checked as a user would:
 * the Iceberg job wrote every record of the tiered demo-orders segments to the REST catalog
   (read back on the host with PyIceberg), as an application of the compose Spark master whose
   executor ran on the worker; the follower keeps converting on the same cluster and serves its
-  metrics;
+  metrics; the current-state table beside it holds one row per key, the key's latest record;
 * every sidecar's health check and metrics endpoint answer, and the sidecars' fetch counters
   grow when a consumer on the host reads from offset 0;
 * the sidecar of a topic's leader, killed with SIGKILL while its broker tiers the topic, comes
@@ -48,7 +48,7 @@ SIDECARS = ("sidecar-1", "sidecar-2", "sidecar-3")
 #: each sidecar's metrics, published on the host
 METRICS_URLS = tuple(f"http://127.0.0.1:{port}/metrics" for port in (9096, 9097, 9098))
 SIDECAR_CONFIG = "/etc/rsm-sidecar/sidecar.toml"
-ONE_SHOTS = ("keys-init", "demo-producer", "iceberg-convert")
+ONE_SHOTS = ("keys-init", "demo-producer", "iceberg-convert", "iceberg-current")
 # the first test also builds every image and starts the cluster (cold: see the module docstring)
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2700)]
 
@@ -96,18 +96,18 @@ def compose(tmp_path_factory):
             return up.poll() is not None and all(done.values())
 
         _wait(
-            "the demo producer and the Iceberg job to finish",
+            "the demo producer and the Iceberg jobs to finish",
             one_shots_done,
             1200,
             interval=1.0,
-            diagnose=lambda: c.logs("demo-producer")[-3000:] + c.logs("iceberg-convert")[-3000:],
+            diagnose=lambda: "".join(c.logs(s)[-3000:] for s in ONE_SHOTS[1:]),
         )
         assert up.wait() == 0, f"docker compose up -d failed:\n{up_log.read_text()[-4000:]}"
-        print(f"cluster up and both jobs done in {time.monotonic() - t2:.1f}s")
+        print(f"cluster up and the one-shot jobs done in {time.monotonic() - t2:.1f}s")
         _print_services(c, healthy_at)
         yield c
     finally:
-        for name in (*SIDECARS, *BROKERS, "controller", "demo-producer", "iceberg-convert"):
+        for name in (*SIDECARS, *BROKERS, "controller", *ONE_SHOTS[1:]):
             (tmp_path_factory.getbasetemp() / f"compose-{name}.log").write_text(c.logs(name))
         c.run("down", "-v", "--remove-orphans", timeout=600, check=False)
         left, volumes = c.leftovers()
@@ -222,12 +222,10 @@ def test_inspect_in_the_sidecar_agrees_with_the_bucket(compose):
     assert verified["summary"]["failed"] == 0 and verified["summary"]["ok"] >= 2, verified["summary"]
 
 
-def test_iceberg_table_holds_every_tiered_demo_orders_record(compose):
+def _catalog():
     from pyiceberg.catalog import load_catalog
 
-    tiered = [s for s in _inspect(compose, "ls", "--topic", "demo-orders")["segments"]]
-    expected = sum(s["end_offset"] - s["start_offset"] + 1 for s in tiered)
-    catalog = load_catalog(
+    return load_catalog(
         "compose",
         type="rest",
         uri="http://127.0.0.1:8181",
@@ -239,11 +237,46 @@ def test_iceberg_table_holds_every_tiered_demo_orders_record(compose):
             "s3.secret-access-key": S3_CREDENTIALS["aws_secret_access_key"],
         },
     )
-    table = catalog.load_table("kafka.demo_orders")
+
+
+def test_iceberg_table_holds_every_tiered_demo_orders_record(compose):
+    tiered = [s for s in _inspect(compose, "ls", "--topic", "demo-orders")["segments"]]
+    expected = sum(s["end_offset"] - s["start_offset"] + 1 for s in tiered)
+    table = _catalog().load_table("kafka.demo_orders")
     rows = table.scan(selected_fields=("kafka",)).to_arrow()
     offsets = sorted(r["offset"] for r in rows.column("kafka").to_pylist())
     assert len(offsets) == expected > 0
     assert offsets == sorted({o for s in tiered for o in range(s["start_offset"], s["end_offset"] + 1)})
+
+
+def test_the_current_state_table_holds_the_latest_record_of_every_customer(compose):
+    """``iceberg-current`` kept ``kafka.demo_orders_current``: one row per key (the customer),
+    its latest record among the offsets it converted, as the append table (kept by the
+    follower) has them."""
+    from rsm_sidecar.iceberg.committing import markers as mk
+
+    catalog = _catalog()
+    current = catalog.load_table("kafka.demo_orders_current")
+    upto = mk.read_state(current).next_offsets
+    assert upto and current.properties["rsm.mode"] == "upsert"
+
+    def append_table_covers():
+        table = catalog.load_table("kafka.demo_orders")
+        have = mk.read_state(table).next_offsets
+        return table if all(have.get(p, 0) >= n for p, n in upto.items()) else None
+
+    appended = _wait("the follower to convert what iceberg-current did", append_table_covers, 300)
+    latest: dict[bytes, tuple] = {}
+    for r in appended.scan(selected_fields=("key", "val", "kafka")).to_arrow().to_pylist():
+        k, where = r["key"]["__raw__"], (r["kafka"]["partition"], r["kafka"]["offset"])
+        if where[1] < upto.get(where[0], 0) and (k not in latest or where > latest[k][0]):
+            latest[k] = (where, r["val"] is None)
+    want = {k: where for k, (where, tombstone) in latest.items() if not tombstone}
+    rows = current.scan(selected_fields=("key", "val", "kafka")).to_arrow().to_pylist()
+    got = {r["key"]["__raw__"]: (r["kafka"]["partition"], r["kafka"]["offset"]) for r in rows}
+    assert len(got) == len(rows) > 0  # one row per key
+    assert got == want
+    assert all(r["val"]["order_id"] for r in rows)  # the decoded columns of the append table
 
 
 def test_the_iceberg_jobs_ran_on_the_spark_cluster(compose):

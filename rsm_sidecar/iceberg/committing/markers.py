@@ -80,7 +80,8 @@ class MarkerState:
         return self.ingest_ms.get(partition, -1)
 
 
-def _props(snapshot) -> dict[str, str]:
+def summary_properties(snapshot) -> dict[str, str]:
+    """The extra properties of a snapshot's summary (the markers, Spark's metrics, ...)."""
     return dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
 
 
@@ -89,7 +90,7 @@ def _int_map(text: str | None) -> dict[int, int]:
 
 
 def marker_of(snapshot) -> dict[str, str] | None:
-    props = _props(snapshot)
+    props = summary_properties(snapshot)
     return props if props.get(P_VERSION) else None
 
 
@@ -160,7 +161,7 @@ def marker_properties(
 def staged_snapshot(table, job_id: str):
     """The snapshot Spark staged for ``job_id`` (write-audit-publish), or None."""
     for snap in table.metadata.snapshots:
-        if _props(snap).get(WAP_ID) == job_id:
+        if summary_properties(snap).get(WAP_ID) == job_id:
             return snap
     return None
 
