@@ -4,6 +4,7 @@ and reading tables back."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -11,8 +12,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from rsm_sidecar.config import Config
@@ -249,6 +252,38 @@ class SyntheticTopic:
             text=True,
             start_new_session=True,
         )
+
+
+@contextlib.contextmanager
+def following(spark, t: SyntheticTopic, maintain_interval: float, **overrides) -> Iterator[tuple]:
+    """A follower of ``t`` running in a thread (rounds every 0.2 s; ``overrides`` by key path)
+    until the block ends; it, its metrics and its log lines."""
+    from rsm_sidecar.iceberg.follow import Follower, FollowMetrics
+    from rsm_sidecar.iceberg.job import load_config
+
+    overrides = {
+        "iceberg.follow.interval": 0.2,
+        "iceberg.follow.maintain_interval": maintain_interval,
+        **overrides,
+    }
+    cfg, storage = load_config(t.config_file, {}, overrides)
+    metrics, lines = FollowMetrics(), []
+    follower = Follower(cfg, storage, t.topic, spark=spark, metrics=metrics, log=lines.append)
+    stop = threading.Event()
+    thread = threading.Thread(target=follower.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield follower, metrics, lines
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not thread.is_alive()
+
+
+def sample(metrics, name: str, **labels) -> float:
+    """The value of one sample of a follower's metrics (0 when it has none yet)."""
+    value = metrics.registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
 
 
 def zip_package(dest: Path) -> Path:

@@ -27,7 +27,15 @@ from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.settings import CURRENT_SUFFIX, JobSettings
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
 from rsm_sidecar.kafka.records import Header
-from tests.iceberg.convert_helpers import T0, Produced, SyntheticTopic, kill_group, wait_paused
+from tests.iceberg.convert_helpers import (
+    T0,
+    Produced,
+    SyntheticTopic,
+    following,
+    kill_group,
+    sample,
+    wait_paused,
+)
 
 UPSERT = {"iceberg.mode": "upsert"}
 # confluent-kafka 2.16 defaults to the ASSOCIATED strategy, which Apicurio does not serve
@@ -475,19 +483,8 @@ def test_a_key_in_several_partitions_takes_its_latest_record_by_ingest_time(spar
 
 
 def test_the_follower_and_maintenance_keep_the_table(spark, tmp_path):
-    from rsm_sidecar.iceberg.follow import Follower, FollowMetrics
-    from rsm_sidecar.iceberg.job import load_config
-
     t = small_topic(tmp_path, "fo")
-    cfg, storage = load_config(
-        t.config_file, {}, {**UPSERT, "iceberg.follow.interval": 0.2, "iceberg.follow.maintain_interval": 0}
-    )
-    lines: list[str] = []
-    follower = Follower(cfg, storage, t.topic, spark=spark, metrics=FollowMetrics(), log=lines.append)
-    stop = threading.Event()
-    thread = threading.Thread(target=follower.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with following(spark, t, maintain_interval=0, **UPSERT) as (follower, metrics, lines):
         _wait_for_state(t)
         scenario_round_2(t, raw_codec())
         _wait_for_state(t)
@@ -495,12 +492,8 @@ def test_the_follower_and_maintenance_keep_the_table(spark, tmp_path):
         for p in (0, 1):  # one more round: more delete files
             t.segment(p, [extra.batch(p, [(raw_codec().key(i), b"third %d" % i) for i in range(p, 10, 2)])])
         _wait_for_state(t)
-    finally:
-        stop.set()
-        thread.join(120)
-    assert not thread.is_alive()
     assert any("key(s) inserted" in line for line in lines), lines
-    assert _sample(follower.metrics, "rsm_iceberg_follow_rounds_total", outcome="committed") >= 3
+    assert sample(metrics, "rsm_iceberg_follow_rounds_total", outcome="committed") >= 3
     name = f"{t.catalog_name}.kafka.fo_current"
     # three rounds, but a read applies one delete file per data file: each merge replaces the
     # delete file of a data file it deletes rows of (file-scoped deletes, Iceberg 1.12)
@@ -554,11 +547,6 @@ def test_retention_removes_the_keys_whose_latest_record_kafka_deleted(spark, tmp
     assert res.dropped == {0: len(gone), 1: 0}
     want = {k: (r.partition, r.offset) for k, r in reference(t.records).items() if k not in gone}
     assert {k: v[:2] for k, v in table_state(t.table(**UPSERT)).items()} == want
-
-
-def _sample(metrics, name: str, **labels) -> float:
-    value = metrics.registry.get_sample_value(name, labels or None)
-    return 0.0 if value is None else value
 
 
 def _deletes_per_data_file(spark, name: str) -> dict[str, int]:

@@ -6,7 +6,6 @@ stored by the sidecar's own copy code, kills with SIGKILL on the follower's proc
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sqlite3
 import threading
@@ -22,7 +21,15 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.follow import CATALOG_BUSY, CONFLICT, FAILED, Follower, FollowMetrics
 from rsm_sidecar.iceberg.job import load_config
-from tests.iceberg.convert_helpers import SyntheticTopic, kill_group, offsets, rows, wait_paused
+from tests.iceberg.convert_helpers import (
+    SyntheticTopic,
+    following,
+    kill_group,
+    offsets,
+    rows,
+    sample,
+    wait_paused,
+)
 
 
 def _wait_for_rows(t: SyntheticTopic, timeout: float = 180.0) -> None:
@@ -48,11 +55,6 @@ def _segments_now(t: SyntheticTopic, partition: int, count: int, per_segment: in
         )
 
 
-def _sample(metrics: FollowMetrics, name: str, **labels) -> float:
-    value = metrics.registry.get_sample_value(name, labels or None)
-    return 0.0 if value is None else value
-
-
 def _scrape(port: int) -> dict[tuple, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = {}
@@ -62,29 +64,10 @@ def _scrape(port: int) -> dict[tuple, float]:
     return out
 
 
-@contextlib.contextmanager
-def _following(spark, t: SyntheticTopic, maintain_interval: float):
-    """A follower of ``t`` running in a thread (rounds every 0.2 s) until the block ends; it, its
-    metrics and its log lines."""
-    overrides = {"iceberg.follow.interval": 0.2, "iceberg.follow.maintain_interval": maintain_interval}
-    cfg, storage = load_config(t.config_file, {}, overrides)
-    metrics, lines = FollowMetrics(), []
-    follower = Follower(cfg, storage, t.topic, spark=spark, metrics=metrics, log=lines.append)
-    stop = threading.Event()
-    thread = threading.Thread(target=follower.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        yield follower, metrics, lines
-    finally:
-        stop.set()
-        thread.join(120)
-    assert not thread.is_alive()
-
-
 def test_a_follower_converts_segments_as_they_are_tiered(spark, tmp_path):
     t = SyntheticTopic(tmp_path / "f", "f")
     _segments_now(t, 0, 2)
-    with _following(spark, t, maintain_interval=0) as (_, metrics, lines):
+    with following(spark, t, maintain_interval=0) as (_, metrics, lines):
         _wait_for_rows(t)
         _segments_now(t, 0, 1)
         _segments_now(t, 1, 2)
@@ -92,15 +75,15 @@ def test_a_follower_converts_segments_as_they_are_tiered(spark, tmp_path):
     table = t.table()
     assert len(offsets(table)) == len(set(offsets(table))) == len(t.records) == 200
     assert mk.read_state(table).next_offsets == {0: 120, 1: 80}
-    assert _sample(metrics, "rsm_iceberg_follow_records_total") == 200
-    assert _sample(metrics, "rsm_iceberg_follow_segments_total") == 5
-    assert _sample(metrics, "rsm_iceberg_follow_rounds_total", outcome="committed") >= 2
-    assert _sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=FAILED) == 0, "\n".join(lines)
-    assert _sample(metrics, "rsm_iceberg_follow_freshness_seconds_count") == 5
-    assert 0 < _sample(metrics, "rsm_iceberg_follow_freshness_seconds_sum") < 5 * 180
+    assert sample(metrics, "rsm_iceberg_follow_records_total") == 200
+    assert sample(metrics, "rsm_iceberg_follow_segments_total") == 5
+    assert sample(metrics, "rsm_iceberg_follow_rounds_total", outcome="committed") >= 2
+    assert sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=FAILED) == 0, "\n".join(lines)
+    assert sample(metrics, "rsm_iceberg_follow_freshness_seconds_count") == 5
+    assert 0 < sample(metrics, "rsm_iceberg_follow_freshness_seconds_sum") < 5 * 180
     for p in ("0", "1"):
-        assert _sample(metrics, "rsm_iceberg_follow_lag_offsets", partition=p) == 0
-        assert _sample(metrics, "rsm_iceberg_follow_lag_seconds", partition=p) == 0
+        assert sample(metrics, "rsm_iceberg_follow_lag_offsets", partition=p) == 0
+        assert sample(metrics, "rsm_iceberg_follow_lag_seconds", partition=p) == 0
 
 
 def test_lag_counts_what_is_tiered_and_not_converted(spark, tmp_path):
@@ -114,13 +97,13 @@ def test_lag_counts_what_is_tiered_and_not_converted(spark, tmp_path):
     metrics = FollowMetrics()
     follower = Follower(cfg, storage, t.topic, spark=spark, metrics=metrics, log=lambda line: None)
     assert follower.round() == "committed"
-    assert _sample(metrics, "rsm_iceberg_follow_lag_offsets", partition="0") == 80
-    assert 59 <= _sample(metrics, "rsm_iceberg_follow_lag_seconds", partition="0") < 120
+    assert sample(metrics, "rsm_iceberg_follow_lag_offsets", partition="0") == 80
+    assert 59 <= sample(metrics, "rsm_iceberg_follow_lag_seconds", partition="0") < 120
     assert follower.round() == "committed"
-    assert _sample(metrics, "rsm_iceberg_follow_lag_offsets", partition="0") == 40
+    assert sample(metrics, "rsm_iceberg_follow_lag_offsets", partition="0") == 40
     assert follower.round() == "committed"
     assert follower.round() == "nothing_new"
-    assert _sample(metrics, "rsm_iceberg_follow_lag_offsets", partition="0") == 0
+    assert sample(metrics, "rsm_iceberg_follow_lag_offsets", partition="0") == 0
     assert rows(t.table()) == t.expected()
 
 
@@ -132,7 +115,7 @@ def test_the_follower_drops_what_kafka_retention_deleted_at_its_maintenance(spar
     t = SyntheticTopic(tmp_path / "ret", "ret")
     _segments_now(t, 0, 3)
     _segments_now(t, 1, 1)
-    with _following(spark, t, maintain_interval=1) as (follower, metrics, lines):
+    with following(spark, t, maintain_interval=1) as (follower, metrics, lines):
         _wait_for_rows(t)
         for path in t.objects_of(t.segments[0]):  # retention deleted partition 0's first segment
             path.unlink()
@@ -141,8 +124,8 @@ def test_the_follower_drops_what_kafka_retention_deleted_at_its_maintenance(spar
             time.sleep(0.3)
     kept = [r for r in t.expected() if not (r[0] == 0 and r[1] < 40)]
     assert rows(t.table()) == kept, "\n".join(lines)
-    assert _sample(metrics, "rsm_iceberg_follow_dropped_rows_total") == 40
-    assert _sample(metrics, "rsm_iceberg_follow_maintenance_total", outcome="failed") == 0
+    assert sample(metrics, "rsm_iceberg_follow_dropped_rows_total") == 40
+    assert sample(metrics, "rsm_iceberg_follow_maintenance_total", outcome="failed") == 0
 
     for path in t.objects_of(t.segments[1]):
         path.unlink()
@@ -239,7 +222,7 @@ def test_a_configuration_error_stops_the_follower(spark, tmp_path):
     stop = threading.Event()
     with pytest.raises(ConfigError, match="holds topic 'first', not 'second'"):
         follower.run(stop)
-    assert _sample(metrics, "rsm_iceberg_follow_failures_total", error="ConfigError") == 1
+    assert sample(metrics, "rsm_iceberg_follow_failures_total", error="ConfigError") == 1
 
 
 def test_failed_rounds_back_off_and_a_lost_commit_plans_again_at_once(tmp_path):
@@ -289,9 +272,9 @@ def test_a_round_that_finds_the_catalog_locked_counts_as_busy_not_failed(tmp_pat
     assert follower.round() == CATALOG_BUSY
     assert follower.failures_in_a_row == 0 and follower.pause_after(CATALOG_BUSY) == 2
     assert "locked by another writer" in lines[-1] and "raised at" in lines[-1], lines
-    assert _sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=CATALOG_BUSY) == 1
-    assert _sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=FAILED) == 0
+    assert sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=CATALOG_BUSY) == 1
+    assert sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=FAILED) == 0
 
     follower._job = lambda: Job(OperationalError("SELECT 1", {}, sqlite3.OperationalError("disk I/O error")))
     assert follower.round() == FAILED
-    assert _sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=FAILED) == 1
+    assert sample(metrics, "rsm_iceberg_follow_rounds_total", outcome=FAILED) == 1
