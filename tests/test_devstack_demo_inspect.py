@@ -17,7 +17,7 @@ from rsm_sidecar.cli.main import main
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
-from rsm_sidecar.segment.tiered_writer import TieredWriter
+from tests.tiered_writer import TieredWriter
 from rsm_sidecar.storage.local import LocalObjectStore
 from rsm_sidecar.transform.keyring import Keyring
 
