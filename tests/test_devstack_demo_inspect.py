@@ -17,9 +17,9 @@ from rsm_sidecar.cli.main import main
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
-from tests.tiered_writer import TieredWriter
 from rsm_sidecar.storage.local import LocalObjectStore
 from rsm_sidecar.transform.keyring import Keyring
+from tests.tiered_writer import TieredWriter
 
 
 def test_the_printed_inspect_command_lists_and_verifies_the_demos_store(tmp_path, capsys, monkeypatch):
