@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from devstack.ports import free_port, free_ports, port_pair, start_retrying
 from rsm_sidecar.local_cache import cache_dir, file_lock
@@ -357,6 +358,27 @@ def launcher_parser(
 def work_dir(given: str | None, prefix: str) -> Path:
     """The ``--dir`` given, else a new temporary directory named ``prefix...``."""
     return Path(given or tempfile.mkdtemp(prefix=prefix))
+
+
+def wait_for(
+    what: str,
+    predicate: Callable[[], Any],
+    timeout: float = 180,
+    interval: float = 0.5,
+    diagnose: Callable[[], str] | None = None,
+):
+    """``predicate()``'s first true value; AssertionError naming ``what`` (and, when given,
+    ``diagnose()``'s account of the state) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what}\n{diagnose() if diagnose else ''}"
+            )
+        time.sleep(interval)
 
 
 def wait_for_stop_signal(alive: Callable[[], bool] | None = None, poll: float = 0.5) -> None:

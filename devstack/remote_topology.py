@@ -21,8 +21,8 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
+from devstack.common import wait_for
 from devstack.containers import ComposeProject, PodmanService
 from devstack.kafka import create_topics
 
@@ -61,20 +61,6 @@ def log_problems(log: str, limit: int) -> list[str]:
             if len(problems) == limit:
                 break
     return problems
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 1.0, diagnose=None):
-    """``predicate()``'s first true value; AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f}s waiting for {what}\n{diagnose() if diagnose else ''}"
-            )
-        time.sleep(interval)
 
 
 class Topology:

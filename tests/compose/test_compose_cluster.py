@@ -23,6 +23,7 @@ the cold build's time, the wait for it and the cached rebuild are printed (`-s` 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from devstack import common
 from devstack.containers import ComposeProject, PodmanService
 from tests import podman_images
 
@@ -63,14 +65,8 @@ class Compose(ComposeProject):
         return self.run("exec", "-T", service, *argv, timeout=timeout, check=False)
 
 
-def _wait(what: str, predicate, timeout: float, interval: float = 3.0, diagnose=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{diagnose()}")
+#: a podman call per poll: every 3 s unless a caller says otherwise
+wait_for = functools.partial(common.wait_for, interval=3.0)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +91,7 @@ def compose(tmp_path_factory):
             done = {s: rows.get(s, {}).get("State") == "exited" for s in ONE_SHOTS}
             return up.poll() is not None and all(done.values())
 
-        _wait(
+        wait_for(
             "the demo producer and the Iceberg jobs to finish",
             one_shots_done,
             1200,
@@ -265,7 +261,7 @@ def test_the_current_state_table_holds_the_latest_record_of_every_customer(compo
         have = mk.read_state(table).next_offsets
         return table if all(have.get(p, 0) >= n for p, n in upto.items()) else None
 
-    appended = _wait("the follower to convert what iceberg-current did", append_table_covers, 300)
+    appended = wait_for("the follower to convert what iceberg-current did", append_table_covers, 300)
     latest: dict[bytes, tuple] = {}
     for r in appended.scan(selected_fields=("key", "val", "kafka")).to_arrow().to_pylist():
         k, where = r["key"]["__raw__"], (r["kafka"]["partition"], r["kafka"]["offset"])
@@ -310,7 +306,7 @@ def test_the_iceberg_jobs_ran_on_the_spark_cluster(compose):
         assert failed and float(failed[0].rsplit(" ", 1)[1]) == 0, text
         return ok >= 1
 
-    _wait(
+    wait_for(
         "a follower round",
         follower_rounds,
         300,
@@ -386,7 +382,7 @@ def test_sidecar_killed_while_tiering_loses_nothing(compose):
         partition = admin.list_topics(topic, timeout=10).topics[topic].partitions.get(0)
         return partition.leader if partition is not None and partition.leader > 0 else None
 
-    leader = _wait(f"{topic} to have a leader", leader_of_partition_0, 60, interval=0.5)
+    leader = wait_for(f"{topic} to have a leader", leader_of_partition_0, 60, interval=0.5)
     sidecar = f"sidecar-{leader}"  # the sidecar of the broker that tiers the topic
     producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 20, "compression.type": "none"})
     digest = hashlib.sha256()
@@ -400,7 +396,7 @@ def test_sidecar_killed_while_tiering_loses_nothing(compose):
         producer.poll(0)
     assert producer.flush(60) == 0
     compose.run("start", sidecar)
-    _wait(
+    wait_for(
         f"{sidecar} to be healthy again",
         lambda: compose.containers()[sidecar].get("Health") == "healthy",
         180,
@@ -425,7 +421,7 @@ def test_sidecar_killed_while_tiering_loses_nothing(compose):
         return f"listed: {ranges}\n{logs}"
 
     # every closed segment, the ones rolled while the sidecar was down included, gets tiered
-    _wait(
+    wait_for(
         f"{topic} to be tiered from offset 0 without a gap",
         tiered_segments,
         300,

@@ -33,14 +33,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devstack.common import free_ports
+from devstack.common import free_ports, wait_for
 from devstack.remote_topology import (
     Topology,
     consume_from_zero,
     create_tiered_topic,
     metric_sum,
     produce,
-    wait_for,
     wait_until_local_log_starts_after,
     wait_until_tiered,
 )

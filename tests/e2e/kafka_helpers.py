@@ -15,6 +15,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
+from devstack.common import wait_for
 from devstack.kafka import create_topics
 from rsm_sidecar.format.keys import KeyLayout
 
@@ -318,17 +319,6 @@ def remote_segments(store, topic: str | None = None) -> dict[str, dict]:
         )
         seg["suffixes"].add(parsed.suffix)
     return out
-
-
-def wait_for(what: str, condition, timeout: float = 180, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def wait_tiered(stack, topic: str, up_to: int, partition: int = 0, timeout: float = 180) -> None:

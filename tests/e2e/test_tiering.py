@@ -171,8 +171,20 @@ def test_size_retention_deletes_remote_segments(stack, store):
             and min(s["start_offset"] for s in segs.values()) >= _earliest(admin, topic) - 1
         )
 
-    # retention deletes a segment at a time, each run of the broker's retention task
-    wait_for("size retention to delete the remote segments beyond it", remote_within_limit, timeout=120)
+    def state() -> str:
+        segs = sorted(
+            (s["start_offset"], sorted(s["suffixes"])) for s in remote_segments(store, topic).values()
+        )
+        log = stack.workdir / "kafka" / "logs" / "server.log"
+        lines = (
+            [ln for ln in log.read_text(errors="replace").splitlines() if topic in ln] if log.exists() else []
+        )
+        return f"log start {_earliest(admin, topic)}, remote segments {segs}\n" + "\n".join(lines[-40:])
+
+    # retention deletes a segment at a time, each run of the broker's retention task (every second)
+    wait_for(
+        "size retention to delete the remote segments beyond it", remote_within_limit, 180, diagnose=state
+    )
     # retention goes on while the consumer reads (the log start may move again): the read from 0
     # starts at the log start of some moment of the read and has every offset from there to the end
     before = _earliest(admin, topic)

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from devstack.azurite import AzuriteServer
+from devstack.common import wait_for
 from devstack.tls import self_signed
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
@@ -140,7 +141,7 @@ def test_requests_are_not_logged_at_the_sidecars_default_level(azure_store, p, c
     assert not [r for r in caplog.records if r.name.startswith("azure.core")]
 
 
-def test_concurrent_writers_of_one_key_publish_one_whole_version(azure_store, p):
+def test_concurrent_writers_of_one_key_publish_one_whole_version(azurite, azure_store, p):
     # Block ids are unique per upload, so interleaved writers never commit each other's blocks; the
     # first commit drops the other writer's staged blocks (Azure's rule), whose commit then fails
     # as retriable and leaves the first version whole.
@@ -150,6 +151,14 @@ def test_concurrent_writers_of_one_key_publish_one_whole_version(azure_store, p)
     wb.write(b[: BLOCK + 1])
     wa.write(a[BLOCK + 1 :])
     wb.write(b[BLOCK + 1 :])
+    # Blocks are staged in the background: B's must be on the server before A commits, or (as
+    # once on a loaded CI machine) they arrive after it, survive, and B's commit rightly succeeds.
+    wait_for(
+        "both writers' full blocks staged",
+        lambda: _block_lists(azurite, p + "k") == ([], [BLOCK] * 4),
+        30,
+        0.05,
+    )
     wa.commit()
     assert azure_store.get(p + "k") == a
     with pytest.raises(StorageUnavailable) as e:
