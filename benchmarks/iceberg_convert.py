@@ -23,6 +23,14 @@ Timed, each ``--repeat`` times on fresh tables (best reported), the formats one 
 3. **write-only**: the same decoded rows, cached in Spark memory beforehand, written to an
    Iceberg table with the same partitioning and write options (the Parquet/Iceberg cost alone).
 
+Each ``arrow`` convert line also splits its time into planning (``prepare()``), the Spark stage
+and the commit. After the Spark runs of each repeat, the executor work of a convert (the same
+functions a Spark task runs: read, parse, decode, Parquet) runs once more in this process on one
+core, without Spark, with the CPU per record of each stage (:class:`StageClock`), for each format:
+the table at the end ("executor stages") says where a worker's CPU goes, and the difference to the
+workers' CPU in Spark is Spark's own share (task set-up, Arrow transfer, Python worker
+round-trips).
+
     .venv/bin/python benchmarks/iceberg_convert.py [--format both|all|protobuf|avro|json] [--records 1000000]
         [--partitions 2] [--segment-mb 32] [--task-mb N] [--repeat 2]
 """
@@ -34,6 +42,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -225,6 +234,138 @@ def per_record(cpu: dict[str, float], records: int) -> str:
     return ", ".join(f"{k} {v / records * 1e6:.1f} us" for k, v in cpu.items())
 
 
+class StageClock:
+    """CPU seconds of this thread spent in each stage of the executor work, each stage's own
+    time only (a stage called from another is taken out of the caller's).
+
+    A stage is a method or function wrapped for the duration of a ``with`` block
+    (:meth:`method`, :meth:`generator`): the wrappers read ``time.thread_time`` around each call
+    (or each step of a generator), a few per Arrow batch or Kafka batch, never per record."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._stack: list[float] = []
+        self._undo: list[tuple[object, str, object]] = []
+
+    def _enter(self) -> float:
+        self._stack.append(0.0)
+        return time.thread_time()
+
+    def _leave(self, stage: str, t0: float) -> None:
+        spent = time.thread_time() - t0
+        inner = self._stack.pop()
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + spent - inner
+        if self._stack:
+            self._stack[-1] += spent
+
+    def _replace(self, owner: object, name: str, wrapper: object) -> None:
+        self._undo.append((owner, name, vars(owner)[name]))
+        setattr(owner, name, wrapper)
+
+    def method(self, owner: object, name: str, stage) -> None:
+        """Time ``owner.name`` (``stage``: a name, or a function of the call's arguments that
+        returns one)."""
+        fn = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            t0 = self._enter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._leave(stage if isinstance(stage, str) else stage(*args), t0)
+
+        self._replace(owner, name, timed)
+
+    def generator(self, owner: object, name: str, stage: str) -> None:
+        """Time each step of the iterators ``owner.name`` returns."""
+        fn = getattr(owner, name)
+
+        def steps(it):
+            while True:
+                t0 = self._enter()
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+                finally:
+                    self._leave(stage, t0)
+                yield item
+
+        self._replace(owner, name, lambda *args, **kwargs: steps(iter(fn(*args, **kwargs))))
+
+    def __enter__(self) -> StageClock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
+
+
+#: the stages of :func:`executor_stages`, in the order the data goes through them
+STAGES = (
+    "segment bytes: fetch, verify, decrypt, decompress (this thread)",
+    "segment bytes: read ahead (the prefetch thread)",
+    "Kafka batches: framing, CRC",
+    "records: columnar parse",
+    "key decode",
+    "value decode",
+    "row batch: kafka struct, alignment",
+    "Parquet: partition split",
+    "Parquet: encode, compress, write",
+    "data files: open, close, statistics",
+    "the rest",
+)
+
+
+def executor_stages(job, prepared) -> tuple[dict[str, float], int]:
+    """CPU seconds per stage (:data:`STAGES`) of the executor work of ``prepared``'s tasks, run
+    here on one core as a Spark task of ``iceberg.writer = arrow`` runs it (``read_task`` ->
+    ``RowEncoder`` -> ``TaskFileWriter``; the files it writes are deleted, nothing is committed),
+    and the records. The first task runs once before, untimed (imports, caches)."""
+    from rsm_sidecar.iceberg import stages as executor
+    from rsm_sidecar.iceberg.committing.data_files import FileTarget, TaskFileWriter
+    from rsm_sidecar.iceberg.mapping.rows import RowEncoder
+    from rsm_sidecar.iceberg.reading import segment_tasks
+    from rsm_sidecar.iceberg.reading.raw_records import SegmentRowReader
+    from rsm_sidecar.segment.reader import SegmentReader
+
+    table = prepared.catalog.load_table(job.identifier)
+    target = FileTarget.for_table(table, target_file_size=job.settings.target_file_size, write_id=job.job_id)
+    params = job._executor_params(prepared, target)
+
+    def run(tasks) -> int:
+        records = 0
+        for task in tasks:
+            writer = TaskFileWriter(params.files, task.index)
+            for out in executor.encoded_batches(params, task):
+                records += out.num_rows
+                writer.write(out)
+            writer.close()
+            writer.abort()  # deletes the files: nothing will commit them
+        return records
+
+    run(prepared.tasks[:1])
+    with StageClock() as clock:
+        clock.generator(SegmentReader, "read", STAGES[0])
+        clock.generator(segment_tasks, "read_batches", STAGES[2])
+        clock.method(SegmentRowReader, "_flush", STAGES[3])
+        clock.method(RowEncoder, "_side", lambda enc, side, *rest: STAGES[4 if side is enc.key_side else 5])
+        clock.method(RowEncoder, "_encode", STAGES[6])
+        clock.method(TaskFileWriter, "write", STAGES[7])
+        clock.method(TaskFileWriter, "_write_row_group", STAGES[8])
+        for name in ("__init__", "_new_file", "_finish"):
+            clock.method(TaskFileWriter, name, STAGES[9])
+        process0, thread0 = time.process_time(), time.thread_time()
+        records = run(prepared.tasks)
+        process1, thread1 = time.process_time(), time.thread_time()
+    out = dict.fromkeys(STAGES, 0.0)
+    out.update(clock.seconds)
+    out[STAGES[1]] = (process1 - process0) - (thread1 - thread0)
+    out[STAGES[10]] = (thread1 - thread0) - sum(clock.seconds.values())
+    return out, records
+
+
 def topic_arguments(description: str) -> argparse.ArgumentParser:
     """The command line of the benchmarks on :func:`make_topic`'s topic."""
     ap = argparse.ArgumentParser(description=description)
@@ -283,12 +424,24 @@ def main() -> None:
         env = {}
         reg_pid = reg.proc.pid if reg.proc else None
 
-        def job(topic: str, table: str, writer: str = "arrow", task_bytes: int | None = None) -> ConvertJob:
+        class TimedJob(ConvertJob):
+            """The job, with the seconds of its Spark stage (``iceberg.writer = arrow``)."""
+
+            stage_seconds = 0.0
+
+            def _write_files(self, prepared):
+                t0 = time.perf_counter()
+                try:
+                    return super()._write_files(prepared)
+                finally:
+                    self.stage_seconds = time.perf_counter() - t0
+
+        def job(topic: str, table: str, writer: str = "arrow", task_bytes: int | None = None) -> TimedJob:
             overrides: dict = {"iceberg.table": table, "iceberg.writer": writer}
             if task_bytes is not None:
                 overrides["iceberg.task_bytes"] = task_bytes
             cfg, storage = load_config(cfg_file, env, overrides)
-            return ConvertJob(cfg, storage, topic, spark=spark, log=lambda line: None)
+            return TimedJob(cfg, storage, topic, spark=spark, log=lambda line: None)
 
         task_bytes = None if args.task_mb is None else args.task_mb << 20
         cases = [("arrow", task_bytes), ("spark", task_bytes)]
@@ -304,6 +457,10 @@ def main() -> None:
             return f"convert, iceberg.writer={writer}" + ("" if task_bytes != 0 else ", whole segments")
 
         best: dict[tuple[str, str], float] = {}
+        #: per format: per stage, the µs of CPU per record of each repeat (executor_stages)
+        in_process: dict[str, dict[str, list[float]]] = {fmt: {} for fmt in formats}
+        #: per format: the workers' µs of CPU per record in each arrow convert (the first case)
+        spark_workers: dict[str, list[float]] = {fmt: [] for fmt in formats}
 
         def keep(fmt: str, what: str, rate: float) -> None:
             best[(fmt, what)] = max(best.get((fmt, what), 0.0), rate)
@@ -322,10 +479,18 @@ def main() -> None:
                     cpu = {k: v - cpu0[k] for k, v in cpu_seconds(reg_pid).items()}
                     assert res.records == args.records, (res.records, args.records)
                     keep(fmt, label(writer, tb), args.records / dt)
+                    if writer == "arrow" and n == 0:
+                        spark_workers[fmt].append(cpu["workers"] / args.records * 1e6)
+                    after = time.perf_counter() - t1
+                    split = (
+                        f"Spark stage {j.stage_seconds:.2f}s, commit {after - j.stage_seconds:.2f}s"
+                        if writer == "arrow"
+                        else f"write + commit {after:.2f}s"
+                    )
                     print(
                         f"  run {r} {fmt}: {label(writer, tb)} {dt:.2f}s = "
                         f"{args.records / dt:,.0f} records/s ({res.segments} segments, {res.tasks} tasks; "
-                        f"planning {t1 - t0:.2f}s, write + commit {time.perf_counter() - t1:.2f}s; "
+                        f"planning {t1 - t0:.2f}s, {split}; "
                         f"CPU per record: {per_record(cpu, args.records)})"
                     )
 
@@ -340,6 +505,16 @@ def main() -> None:
                 print(
                     f"  run {r} {fmt}: read+decode (noop sink) {dt:.2f}s = "
                     f"{args.records / dt:,.0f} records/s (CPU per record: {per_record(cpu, args.records)})"
+                )
+
+                j = job(topics[fmt], f"stages_{fmt}_{r}", task_bytes=task_bytes)
+                seconds, records = executor_stages(j, j.prepare())
+                assert records == args.records, (records, args.records)
+                for stage, sec in seconds.items():
+                    in_process[fmt].setdefault(stage, []).append(sec / records * 1e6)
+                total = sum(seconds.values()) / records * 1e6
+                print(
+                    f"  run {r} {fmt}: executor stages in this process, one core: {total:.2f} us per record"
                 )
 
             first = formats[0]
@@ -373,6 +548,25 @@ def main() -> None:
         for what in dict.fromkeys(w for _, w in best):
             cells = [f"{best[(fmt, what)]:,.0f}" if (fmt, what) in best else "" for fmt in formats]
             print(f"| {what} | " + " | ".join(cells) + " |")
+        print(
+            "executor stages, µs of CPU per record (median of the repeats; one core in this process, "
+            f"iceberg.writer = arrow, iceberg.batch_records = {j.settings.batch_records}):"
+        )
+        print("| stage | " + " | ".join(formats) + " |")
+        print("|---|" + "---|" * len(formats))
+        for stage in (*STAGES, "total"):
+            cells = []
+            for fmt in formats:
+                per = in_process[fmt]
+                values = [sum(v) for v in zip(*per.values())] if stage == "total" else per[stage]
+                cells.append(f"{statistics.median(values):.3f}")
+            print(f"| {stage} | " + " | ".join(cells) + " |")
+        cells = []
+        for fmt in formats:
+            spark_total = statistics.median(spark_workers[fmt])
+            here = statistics.median([sum(v) for v in zip(*in_process[fmt].values())])
+            cells.append(f"{spark_total:.2f} ({spark_total - here:+.2f})")
+        print("| the workers in Spark (their difference: Spark's share) | " + " | ".join(cells) + " |")
         for fmt in formats:
             what = label("arrow", task_bytes)
             if fmt != "protobuf" and "protobuf" in formats:

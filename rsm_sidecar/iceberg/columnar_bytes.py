@@ -76,19 +76,80 @@ def varint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarray
 
 
 def fixed(buf: np.ndarray, pos: np.ndarray, size: int) -> np.ndarray:
-    """Little-endian ``size``-byte (4 or 8) values at ``pos`` as uint32/uint64."""
+    """Little-endian ``size``-byte (4 or 8) values at ``pos`` as uint32/uint64.
+
+    Read through a view of ``buf`` as overlapping ``size``-byte values, one starting at every
+    byte (stride 1, no copy): one gather, about 13x faster than gathering the bytes and
+    reassembling them (10,000 values)."""
     dtype = np.dtype("<u4") if size == 4 else np.dtype("<u8")
-    raw = buf[pos[:, None] + _ARANGE12[:size]]
-    return np.ascontiguousarray(raw).view(dtype).reshape(len(pos)).astype(dtype.newbyteorder("="))
+    every = np.ndarray((max(len(buf) - size + 1, 0),), dtype, buffer=buf, strides=(1,))
+    return every[pos].astype(dtype.newbyteorder("="), copy=False)
 
 
 def gather(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, typ: pa.DataType) -> pa.Array:
     """A binary/string array of ``buf[start:start+len]`` slices (negative length: null).
 
+    A ``string`` result is validated as UTF-8 (``pa.ArrowInvalid`` otherwise). Slices in buffer
+    order that do not overlap (the keys of a window's records, a field's values in message
+    order), the common case, are cut by :func:`_gather_in_order`; any others by
+    :func:`_gather_views`.
+    """
+    arr = _gather_in_order(buf, starts, lengths)
+    if arr is None:
+        arr = _gather_views(buf, starts, lengths)
+    if typ == pa.string():
+        arr = arr.cast(pa.string())  # validates UTF-8; raises ArrowInvalid otherwise
+    return arr
+
+
+def _gather_in_order(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array | None:
+    """:func:`gather` of slices that follow each other in ``buf`` (each ends at or before the
+    next one starts; slices without bytes may be anywhere), else None.
+
+    ``buf`` is read as a binary array of 2n values, each slice followed by the gap up to the
+    next one (int32 offsets into ``buf``, no copy), and Arrow's ``take`` of the even values copies
+    the slices out in C++: 4-6x faster than building views (10,000 values of 5 to 92 bytes).
+    """
+    n = len(starts)
+    if n == 0 or len(buf) >= 2**31:
+        return None
+    lens = np.maximum(lengths, 0)
+    ends = starts + lens
+    if n > 1 and not (starts[1:] >= ends[:-1]).all():
+        empty = lens == 0
+        if not empty.any():
+            return None
+        # a slice without bytes (null, absent, empty) moves to where the slice before it ended
+        reach = np.maximum.accumulate(np.where(empty, 0, ends))
+        starts = np.where(empty, np.concatenate(([0], reach[:-1])), starts)
+        ends = starts + lens
+        if not (starts[1:] >= ends[:-1]).all():
+            return None
+    if starts[0] < 0 or ends[-1] > len(buf):
+        return None
+    offsets = np.empty(2 * n + 1, np.int32)
+    offsets[0 : 2 * n : 2] = starts
+    offsets[1 : 2 * n : 2] = ends
+    offsets[2 * n] = ends[-1]  # the last gap is empty
+    valid = lengths >= 0
+    null_count = n - int(np.count_nonzero(valid))
+    validity = None
+    if null_count:
+        both = np.ones(2 * n, bool)
+        both[0::2] = valid
+        validity = pa.py_buffer(np.packbits(both, bitorder="little"))
+    pieces = pa.Array.from_buffers(
+        pa.binary(), 2 * n, [validity, pa.py_buffer(offsets), pa.py_buffer(buf)], null_count
+    )
+    return pieces.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int32)))
+
+
+def _gather_views(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """:func:`gather` of slices in any order, as a ``binary`` array.
+
     Built as an Arrow ``binary_view`` array whose 16-byte views point into ``buf`` (values of at
     most 12 bytes are inlined in the view), then cast to
     ``binary``: Arrow copies the bytes in C++, about 7x faster than gathering them with numpy.
-    A ``string`` result is validated as UTF-8 (``pa.ArrowInvalid`` otherwise).
     """
     n = len(starts)
     valid = lengths >= 0
@@ -112,7 +173,4 @@ def gather(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, typ: pa.Dat
     arr = pa.Array.from_buffers(
         pa.binary_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(buf)], null_count
     )
-    arr = arr.cast(pa.binary())
-    if typ == pa.string():
-        arr = arr.cast(pa.string())  # validates UTF-8; raises ArrowInvalid otherwise
-    return arr
+    return arr.cast(pa.binary())

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rsm_sidecar.format.varint import encode_unsigned_varint
+from rsm_sidecar.iceberg.columnar_bytes import Malformed, column_buffer
 from rsm_sidecar.iceberg.decoding import proto_columnar
 from rsm_sidecar.iceberg.decoding.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
@@ -253,6 +254,78 @@ def test_valid_messages_decode_columnar_exactly_as_upb(payloads):
 )
 def test_changed_wire_bytes_agree_or_decline(payloads, skip):
     assert_agree(DEC3, payloads, skip)
+
+
+def _occurrences_by_field(tok, numbers=None) -> dict:
+    """{field number: [(message, wire, value, start, length), ...] in message then byte order}."""
+    out: dict = {}
+    for i in range(len(tok.msg)):
+        number = int(tok.field[i]) if numbers is None else numbers
+        v = int(tok.value[i]) if int(tok.wire[i]) != 2 else 0
+        s, n = (int(tok.start[i]), int(tok.length[i])) if int(tok.wire[i]) == 2 else (0, 0)
+        out.setdefault(number, []).append((int(tok.msg[i]), int(tok.wire[i]), v, s, n))
+    return {k: sorted(v, key=lambda o: o[0]) for k, v in out.items()}  # stable: byte order kept
+
+
+@SETTINGS
+@given(st.lists(st.one_of(all_message(), wire_variant(all_message())), min_size=1, max_size=8))
+def test_the_in_order_walk_reads_what_the_tokenizer_reads(payloads):
+    """Messages with their fields in field-number order (as every Protobuf library writes them)
+    are read field by field (``_tokenize_in_order``), without a sort; it reads per field exactly
+    the occurrences the general tokenizer reads, and leaves to it any batch with a field out of
+    order or unknown (two messages concatenated, an unknown field appended)."""
+    plan = proto_columnar.plan_for(DEC3)
+    col = pa.array(payloads, pa.binary())
+    buf, offsets = column_buffer(col)
+    starts, ends = offsets[:-1], offsets[1:]
+
+    def run(fn):
+        try:
+            return fn()
+        except (Malformed, IndexError):
+            return "malformed"
+
+    general = run(lambda: proto_columnar._tokenize(buf, starts, ends))
+    walked = run(lambda: proto_columnar._tokenize_in_order(plan.walk, buf, starts, ends))
+    if walked == "malformed":
+        assert general == "malformed"
+        return
+    if walked is None:
+        return  # left to the tokenizer
+    assert general != "malformed"
+    expected = _occurrences_by_field(general)
+    got = {}
+    for number, tok in walked.items():
+        got.update(_occurrences_by_field(tok, number))
+    assert got == expected
+
+
+@SETTINGS
+@given(st.lists(all_message(), min_size=1, max_size=8))
+def test_messages_as_the_library_writes_them_take_the_in_order_walk(payloads):
+    plan = proto_columnar.plan_for(DEC3)
+    buf, offsets = column_buffer(pa.array(payloads, pa.binary()))
+    assert proto_columnar._tokenize_in_order(plan.walk, buf, offsets[:-1], offsets[1:]) is not None
+
+
+def test_the_in_order_walk_of_repeated_unpacked_and_nested_fields():
+    plan = proto_columnar.plan_for(DEC3)
+    m = DEC3.cls(i32=1, s="x", c_str="y")
+    m.r_unpacked.extend([1, 2])
+    m.r_i64.extend([3, 4])
+    m.inners.add().name = "a"
+    m.inners.add().at.seconds = 5
+    col = pa.array([m.SerializeToString(), b"", DEC3.cls(d=2.5).SerializeToString()], pa.binary())
+    buf, offsets = column_buffer(col)
+    walked = proto_columnar._tokenize_in_order(plan.walk, buf, offsets[:-1], offsets[1:])
+    assert walked is not None and sorted(walked) == [1, 13, 14, 21, 22, 34, 36]
+    assert walked[36].msg.tolist() == [0, 0] and walked[21].msg.tolist() == [0, 0]
+    # a field before one it follows in number order: left to the general tokenizer
+    swapped = DEC3.cls(s="x").SerializeToString() + DEC3.cls(i32=1).SerializeToString()
+    col = pa.array([swapped], pa.binary())
+    buf, offsets = column_buffer(col)
+    assert proto_columnar._tokenize_in_order(plan.walk, buf, offsets[:-1], offsets[1:]) is None
+    assert assert_agree(DEC3, [swapped])
 
 
 @st.composite

@@ -96,6 +96,30 @@ def test_valid_batches_are_parsed_columnar_without_the_fallback(monkeypatch, siz
     ]
 
 
+def test_records_of_8_kib_and_more_among_small_ones_are_parsed_columnar(monkeypatch):
+    """A record of 8 KiB or more has a length of three bytes or more: the sections walked
+    together read that step's lengths in full, and the rows still match the library."""
+    rng = random.Random(7)
+    data, off = b"", 0
+    for b in range(12):
+        recs = _random_records(rng, 20, T0 + off)
+        if b % 3 == 0:
+            big = SimpleRecord(b"big", rng.randbytes(rng.choice([8192, 20_000, 70_000])), T0 + off)
+            recs.insert(rng.randrange(len(recs)), big)
+        data += build_batch(recs, base_offset=off)
+        off += len(recs)
+
+    def no_fallback(self, w):
+        raise AssertionError("the columnar parse fell back to the library parser")
+
+    monkeypatch.setattr(SegmentRowReader, "_slow", no_fallback)
+    _, got = _read(data, max_records=100_000, max_bytes=1 << 30)
+    expected = list(read_records(data))
+    assert [(g["offset"], g["key"], g["value"]) for g in got] == [
+        (e.offset, e.key, e.value) for e in expected
+    ]
+
+
 def test_ingest_timestamp_is_the_running_maximum_and_control_batches_count():
     data = build_batch([SimpleRecord(b"k", b"a", T0 + 50), SimpleRecord(b"k", b"b", T0 + 10)], base_offset=0)
     data += build_control_batch(ControlType.COMMIT, base_offset=2, producer_id=9, timestamp=T0 + 500)

@@ -7,7 +7,7 @@ Python objects. This module reads the same columns straight from the bytes of al
 once. An Avro datum has no tags: a record is its fields one after the other, so the decoder walks
 the *schema*, not the bytes, and reads each field of every datum of the batch in one vectorised
 step (a position per datum, advanced by what was read): zig-zag varints, 4/8-byte floats,
-length-prefixed strings and bytes (Arrow views into the batch's buffer, copied once in C++),
+length-prefixed strings and bytes (copied once out of the batch's buffer, in C++),
 enums by lookup, unions by branch index (each branch read on the datums that chose it), and
 arrays and maps one item per datum per step. It gives exactly the Arrow arrays of the fastavro
 path (with the writer's schema resolved against the table's, as fastavro resolves it), or it

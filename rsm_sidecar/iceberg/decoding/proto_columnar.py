@@ -3,9 +3,12 @@
 :class:`~rsm_sidecar.iceberg.decoding.proto_mapping.ProtoDecoder` parses each payload with upb
 and pulls every column out of the parsed messages; about 55 % of that time is upb creating and
 freeing Python objects (docs/iceberg.md "Performance"). This module reads the same columns
-straight from the bytes of all payloads at once: a loop over the *n*-th field of every message
-(not over messages), then one vectorised pass per column. It gives exactly the Arrow arrays and
-loss flags the upb path gives, or refuses, and the caller then runs the upb path on the batch:
+straight from the bytes of all payloads at once: a loop over the schema's fields in number order,
+reading each field where every message has it (:func:`_tokenize_in_order`: the order every
+Protobuf library writes), or, for a batch with a message whose fields are in another order, a loop
+over the *n*-th field of every message (:func:`_tokenize`); never a loop over messages. Then one
+vectorised pass per column. It gives exactly the Arrow arrays and loss flags the upb path gives,
+or refuses, and the caller then runs the upb path on the batch:
 
 * at build time (:func:`plan_for` returns None), for a schema with a map, a group, a wrapper or
   ``Struct``/``Value`` well-known type, a recursion point, or a ``required`` field;
@@ -85,6 +88,33 @@ class _Plan:
 
     def __post_init__(self) -> None:
         self.numbers = np.array(sorted(f.number for f in self.fields), np.int64)
+        self.walk = _walk([(f.number, f.wire, f.repeated) for f in self.fields])
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One field of :func:`_tokenize_in_order`'s walk: the bytes of its tag and its wire type."""
+
+    number: int
+    wire: int
+    repeated: bool
+    tag: tuple[int, ...]  # the tag's varint bytes (one or two)
+
+
+def _walk(fields: list[tuple[int, int, bool]]) -> list[_Step] | None:
+    """The steps of :func:`_tokenize_in_order` for fields ``(number, wire, repeated)``: by field
+    number, a repeated scalar as its packed form then its unpacked one. None when a tag takes
+    more than two bytes (field numbers from 2048 on)."""
+    steps = []
+    for number, wire, repeated in sorted(fields):
+        wires = (2, wire) if repeated and wire != 2 else (wire,)
+        for w in wires:
+            tag = number << 3 | w
+            if tag >= 1 << 14:
+                return None
+            raw = (tag,) if tag < 0x80 else (tag & 0x7F | 0x80, tag >> 7)
+            steps.append(_Step(number, w, repeated, raw))
+    return steps
 
 
 # ----------------------------------------------------------------------------- plans
@@ -216,6 +246,93 @@ def _tokenize(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> _Tokens:
                    out.start[:used], out.length[:used])  # fmt: skip
 
 
+def _tokenize_in_order(
+    walk: list[_Step], buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> dict[int, _Tokens] | None:
+    """The field occurrences of the messages at the spans, per field number, when every message
+    has its fields in field-number order (what upb and the other Protobuf libraries write); None
+    when one does not (a field out of order, a field the walk does not know, a scalar given twice),
+    and the caller then runs :func:`_tokenize`.
+
+    One step per field (``walk``): the tag at every message's position is compared with the
+    field's, and the messages where it is read that field's value; a repeated field takes steps
+    until no message has one more. The occurrences are the ones :func:`_tokenize` reads, in the
+    same order for each message, so the same bytes raise :class:`Malformed` in both. Cheaper than
+    :func:`_tokenize`: each step reads one wire type, and nothing is sorted by field afterwards.
+    """
+    pos = starts.copy()
+    out: dict[int, list] = {}
+    for step in walk:
+        tag = step.tag
+        cand = None  # the messages that may have one more occurrence (None: all)
+        while True:
+            p = pos if cand is None else pos[cand]
+            e = ends if cand is None else ends[cand]
+            hit = (buf[p] == tag[0]) & (p < e)
+            if len(tag) == 2:
+                hit &= buf[p + 1] == tag[1]
+            idx = np.flatnonzero(hit)
+            if len(idx) == 0:
+                break
+            msg = idx if cand is None else cand[idx]
+            q = p[idx] + len(tag)
+            wire = step.wire
+            if wire == 0:
+                value, nb = uvarint(buf, q, 10)
+                after = q + nb
+                start = length = None
+            elif wire == 2:
+                v, nb = uvarint(buf, q, 5)
+                if (v >= np.uint64(1 << 31)).any():
+                    raise Malformed("length out of range")
+                start, length = q + nb, v.astype(np.int64)
+                after = start + length
+                value = None
+            else:
+                value, after = fixed(buf, q, _SIZE[wire]).astype(np.uint64), q + _SIZE[wire]
+                start = length = None
+            if (after > e[idx]).any():
+                raise Malformed("field runs past its message")
+            pos[msg] = after
+            out.setdefault(step.number, []).append((msg, wire, value, start, length))
+            if not step.repeated:
+                break
+            cand = msg
+    if not np.array_equal(pos, ends):
+        return None
+    return {number: _joined(pieces) for number, pieces in out.items()}
+
+
+_NO_TOKENS = _new_tokens(0)
+
+
+def _joined(pieces: list) -> _Tokens:
+    """The :class:`_Tokens` of one field's steps (the fields a wire type has no use for read as
+    zeros)."""
+    k = sum(len(msg) for msg, *_ in pieces)
+    if len(pieces) == 1:
+        msg, wire, value, start, length = pieces[0]
+        zeros = np.broadcast_to(np.int64(0), (k,))
+        return _Tokens(
+            msg,
+            np.broadcast_to(np.int64(0), (k,)),  # the field: known to the caller
+            np.broadcast_to(np.int64(wire), (k,)),
+            np.broadcast_to(np.uint64(0), (k,)) if value is None else value,
+            zeros if start is None else start,
+            zeros if length is None else length,
+        )
+    tok = _new_tokens(k)
+    at = 0
+    for msg, wire, value, start, length in pieces:
+        sl = slice(at, at + len(msg))
+        tok.msg[sl], tok.field[sl], tok.wire[sl] = msg, 0, wire
+        tok.value[sl] = 0 if value is None else value
+        tok.start[sl] = 0 if start is None else start
+        tok.length[sl] = 0 if length is None else length
+        at += len(msg)
+    return tok
+
+
 def _typed(f: _Field, v: np.ndarray) -> np.ndarray:
     """Wire values (uint64) -> the column's numpy values."""
     t = f.type
@@ -295,17 +412,28 @@ def _unpack(f: _Field, buf: np.ndarray, tok: _Tokens, t: np.ndarray) -> tuple[np
     return owner, values
 
 
+#: :func:`_tokenize_in_order`'s walk of a ``Timestamp``/``Duration``: ``seconds``, ``nanos``
+_TIME_WALK: list[_Step] = _walk([(1, 0, False), (2, 0, False)]) or []
+
+
 def _times(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Timestamps/Durations at the given spans -> (µs, whether µs cut their nanos)."""
-    tok = _tokenize(buf, starts, ends)
-    if len(tok.field) and (((tok.field != 1) & (tok.field != 2)).any() or (tok.wire != 0).any()):
-        raise Malformed("unknown field in a Timestamp/Duration")
     n = len(starts)
     secs = np.zeros(n, np.int64)
     nanos = np.zeros(n, np.int64)
-    one, two = tok.field == 1, tok.field == 2  # later occurrences assign later: last one wins
-    secs[tok.msg[one]] = tok.value[one].view(np.int64)
-    nanos[tok.msg[two]] = (tok.value[two] & _U32).astype(np.uint32).view(np.int32)
+    by_field = _tokenize_in_order(_TIME_WALK, buf, starts, ends)
+    if by_field is not None:  # seconds then nanos, each at most once
+        if (tok := by_field.get(1)) is not None:
+            secs[tok.msg] = tok.value.view(np.int64)
+        if (tok := by_field.get(2)) is not None:
+            nanos[tok.msg] = (tok.value & _U32).astype(np.uint32).view(np.int32)
+    else:
+        tok = _tokenize(buf, starts, ends)
+        if len(tok.field) and (((tok.field != 1) & (tok.field != 2)).any() or (tok.wire != 0).any()):
+            raise Malformed("unknown field in a Timestamp/Duration")
+        one, two = tok.field == 1, tok.field == 2  # later occurrences assign later: last one wins
+        secs[tok.msg[one]] = tok.value[one].view(np.int64)
+        nanos[tok.msg[two]] = (tok.value[two] & _U32).astype(np.uint32).view(np.int32)
     q = np.where(nanos < 0, -(-nanos // 1000), nanos // 1000)
     return secs * 1_000_000 + q, q * 1000 != nanos
 
@@ -414,9 +542,17 @@ def _stable_order(keys: np.ndarray) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
-def _message(plan: _Plan, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, lossy: np.ndarray) -> list:
-    """The columns (fields, then ``__unrecognized__``: null) of the messages at the spans."""
-    n = len(starts)
+def _occurrences(plan: _Plan, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list:
+    """For each field of ``plan`` (in column order), its occurrences in the messages at the spans:
+    ``(tokens, indexes into them)``, in message order and, within a message, in byte order."""
+    walk = plan.walk
+    by_field = None if walk is None else _tokenize_in_order(walk, buf, starts, ends)
+    if by_field is not None:
+        out = []
+        for f in plan.fields:
+            tok = by_field.get(f.number, _NO_TOKENS)
+            out.append((tok, np.arange(len(tok.msg))))
+        return out
     tok = _tokenize(buf, starts, ends)
     order = _stable_order(tok.field)  # by field; each field's occurrences in order
     fields = tok.field[order]
@@ -426,11 +562,20 @@ def _message(plan: _Plan, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
         raise Malformed("unknown field (upb keeps it for __unrecognized__)")
     bounds = dict(zip(numbers.tolist(), zip(first.tolist(), [*first[1:].tolist(), len(fields)])))
     empty = np.zeros(0, np.int64)
-    columns = []
-    presence = {}
+    out = []
     for f in plan.fields:
         lo, hi = bounds.get(f.number, (0, 0))
-        col, present = _column(f, buf, tok, order[lo:hi] if hi > lo else empty, n, lossy)
+        out.append((tok, order[lo:hi] if hi > lo else empty))
+    return out
+
+
+def _message(plan: _Plan, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, lossy: np.ndarray) -> list:
+    """The columns (fields, then ``__unrecognized__``: null) of the messages at the spans."""
+    n = len(starts)
+    columns = []
+    presence = {}
+    for f, (tok, t) in zip(plan.fields, _occurrences(plan, buf, starts, ends), strict=True):
+        col, present = _column(f, buf, tok, t, n, lossy)
         columns.append(col)
         presence[f.number] = present
     for members in plan.oneofs:

@@ -275,7 +275,10 @@ class SegmentRowReader:
         hkeys = gather(buf, ks, kl, pa.string())
         hvals = gather(buf, vs, vl, pa.binary())
         struct = pa.StructArray.from_arrays([hkeys, hvals], fields=list(_HEADER_STRUCT))
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), struct, type=HEADER_TYPE)
+        # the offsets are those of the headers just read: nothing for from_arrays to check
+        return pa.Array.from_buffers(
+            HEADER_TYPE, n, [None, pa.py_buffer(offsets.astype(np.int32))], children=[struct]
+        )
 
     def _slow(self, w: _Window):
         """The library parser (precise errors; Java-like UTF-8 replacement in header keys)."""
@@ -360,41 +363,53 @@ def _record_spans(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Body start and end of every length-prefixed record of the sections, in order.
 
-    Step *k* reads the length of the *k*-th record of every section that has one, vectorised;
-    once fewer than :data:`_MIN_WIDTH` sections are left, each goes on in :func:`_record_bounds`.
-    Raises :class:`Malformed` when a length is not positive, runs past its section, or the
-    records do not end exactly at their section's end."""
+    Step *k* reads the length of the *k*-th record of every section that has one, vectorised
+    (the sections sorted by record count, most first, so that those still walking are the first
+    ones: a slice, not a selection); once fewer than :data:`_MIN_WIDTH` sections are left, each
+    goes on in :func:`_record_bounds`. A length of one or two bytes (records below 8 KiB) is read
+    in a few numpy operations; a step with a longer one reads all its lengths as varints. A step
+    does not check what it read: the records are checked together at the end. Raises
+    :class:`Malformed` when a length is not positive, runs past its section, or the records do
+    not end exactly at their section's end (a length that sends a step outside the buffer raises
+    ``IndexError``, which the caller treats alike)."""
     first_out = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     S = np.empty(int(counts.sum()), np.int64)
     E = np.empty_like(S)
-    pos = sec_starts.astype(np.int64)
-    active = np.nonzero(counts > 0)[0]
+    order = np.argsort(-counts, kind="stable")
+    left = counts[order].tolist()
+    pos = sec_starts[order].astype(np.int64)
+    out0 = first_out[order]
+    m = int(np.count_nonzero(counts))
     k = 0
-    while len(active) >= _MIN_WIDTH:
-        p = pos[active]
-        end = sec_ends[active]
-        if (p >= end).any():
-            raise Malformed("record lengths do not add up")
-        length, nb = varint(buf, p, 5)
-        body = p + nb
-        after = body + length
-        if (length < 1).any() or (after > end).any():
-            raise Malformed("record lengths do not add up")
-        out = first_out[active] + k
-        S[out], E[out] = body, after
-        pos[active] = after
+    while m >= _MIN_WIDTH:
+        p = pos[:m]
+        b0 = buf[p]
+        raw = np.where(b0 >= 0x80, (b0 & 0x7F) | (buf[p + 1].astype(np.int64) << 7), b0)
+        if raw.max() < 1 << 14:  # one or two bytes
+            length = (raw >> 1) ^ -(raw & 1)
+            body = p + 1 + (b0 >= 0x80)
+        else:
+            length, nb = varint(buf, p, 5)
+            body = p + nb
+        out = out0[:m] + k
+        S[out] = body
+        E[out] = pos[:m] = body + length
         k += 1
-        active = active[counts[active] > k]
-    for sec in active.tolist():
+        while m and left[m - 1] <= k:
+            m -= 1
+    for i in range(m):
+        sec = int(order[i])
         starts: list[int] = []
         ends: list[int] = []
-        left = int(counts[sec]) - k
-        pos[sec] = _record_bounds(buf_bytes, int(pos[sec]), int(sec_ends[sec]), left, starts, ends)
-        if len(starts) != left:
+        rest = left[i] - k
+        pos[i] = _record_bounds(buf_bytes, int(pos[i]), int(sec_ends[sec]), rest, starts, ends)
+        if len(starts) != rest:
             raise Malformed("record lengths do not add up")
-        at = slice(first_out[sec] + k, first_out[sec] + k + left)
+        at = slice(first_out[sec] + k, first_out[sec] + k + rest)
         S[at], E[at] = starts, ends
-    if not np.array_equal(pos, sec_ends):
+    # every record at least one byte long and the last one ending at its section's end: the
+    # records of each section follow each other inside it
+    if (E - S < 1).any() or not np.array_equal(pos, sec_ends[order]):
         raise Malformed("record lengths do not add up")
     return S, E
 
