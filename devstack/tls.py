@@ -72,9 +72,17 @@ class TestCA:
         )
         self.cert_pem = self.cert.public_bytes(serialization.Encoding.PEM)
 
-    def issue(self, common_name: str, dns: Iterable[str] = (), ips: Iterable[str] = ()) -> Issued:
+    def issue(
+        self,
+        common_name: str,
+        dns: Iterable[str] = (),
+        ips: Iterable[str] = (),
+        valid_from: datetime.datetime | None = None,
+        valid_until: datetime.datetime | None = None,
+    ) -> Issued:
         """A leaf certificate for ``common_name`` with these DNS names and IP addresses, usable
-        by a TLS server and a TLS client."""
+        by a TLS server and a TLS client; valid from 5 minutes ago for a day, unless
+        ``valid_from`` / ``valid_until`` say otherwise (an expired certificate, one not valid yet)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
@@ -85,8 +93,8 @@ class TestCA:
             .issuer_name(self.name)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(valid_from or now - datetime.timedelta(minutes=5))
+            .not_valid_after(valid_until or now + datetime.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 x509.ExtendedKeyUsage(

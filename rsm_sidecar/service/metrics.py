@@ -58,6 +58,15 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.tls_refusals = prom.Counter(
+            "rsm_tls_handshake_failures",
+            "TLS handshakes the sidecar's listener refused or that failed, by reason (see "
+            "docs/operations.md: client_certificate_untrusted, client_certificate_expired, "
+            "client_certificate_invalid, no_client_certificate, server_certificate_refused, not_tls, "
+            "no_common_protocol, closed, timeout, other).",
+            ["reason"],
+            registry=r,
+        )
         self.segments = prom.Counter(
             "rsm_segments_copied", "Segments copied, by whether zstd was applied.", ["compressed"], registry=r
         )

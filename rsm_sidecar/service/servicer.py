@@ -9,6 +9,7 @@ in a string field, garbage) reaches the handler as ``Malformed`` and is answered
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
@@ -98,7 +99,9 @@ def _metadata(m: pb.SegmentMetadata) -> fkeys.SegmentMetadata:
     return fkeys.SegmentMetadata.from_proto(m)
 
 
-def _abort(context: grpc.ServicerContext, op: str, metrics: Metrics, err: BaseException) -> None:
+def report_failure(op: str, metrics: Metrics, err: BaseException) -> tuple[grpc.StatusCode, str]:
+    """Logs and counts a failed call of ``op``; the status and message the client gets (both
+    transports of a fetch answer failures the same way)."""
     if isinstance(err, RsmError):
         code, msg = err.grpc_code, str(err)
         # routine answers (a segment without that index: most have no transaction index; a reader
@@ -119,6 +122,11 @@ def _abort(context: grpc.ServicerContext, op: str, metrics: Metrics, err: BaseEx
     metrics.operations.labels(op, code.name).inc()
     if len(msg) > MAX_STATUS_CHARS:
         msg = msg[:MAX_STATUS_CHARS] + f"... ({len(msg)} characters)"
+    return code, msg
+
+
+def _abort(context: grpc.ServicerContext, op: str, metrics: Metrics, err: BaseException) -> None:
+    code, msg = report_failure(op, metrics, err)
     context.abort(code, msg)
 
 
@@ -136,7 +144,7 @@ def _gone(context: grpc.ServicerContext) -> bool:
 
 
 @contextlib.contextmanager
-def _measured(metrics: Metrics, op: str) -> Iterator[float]:
+def measured(metrics: Metrics, op: str) -> Iterator[float]:
     """Counts ``op`` in flight and observes its latency; yields its start time."""
     metrics.in_flight.labels(op).inc()
     t0 = time.monotonic()
@@ -156,7 +164,7 @@ def unary(op: str) -> Callable[[Method[R]], Method[R]]:
         @functools.wraps(fn)
         def handler(self: RemoteStorageServicer, request: Any, context: grpc.ServicerContext) -> R:
             m = self.sidecar.metrics
-            with _measured(m, op):
+            with measured(m, op):
                 try:
                     result = fn(self, request, context)
                 except Exception as e:  # every failure becomes a status
@@ -176,7 +184,7 @@ def streaming(op: str) -> Callable[[Method[Iterator[R]]], Method[Iterator[R]]]:
         @functools.wraps(fn)
         def handler(self: RemoteStorageServicer, request: Any, context: grpc.ServicerContext) -> Iterator[R]:
             m = self.sidecar.metrics
-            with _measured(m, op) as t0:
+            with measured(m, op) as t0:
                 first = True
                 try:
                     for msg in fn(self, request, context):
@@ -267,6 +275,21 @@ def encode_next_segment_response(next_segment: fkeys.SegmentMetadata) -> bytes:
 
 def _pre_encoded(message: bytes) -> bytes:
     return message
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchRange:
+    """Bytes ``[start, end]`` (inclusive, clamped to the segment) of an open segment of ``size`` bytes."""
+
+    seg: OpenSegment
+    start: int
+    end: int
+    size: int
+    want_next_segment: bool
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start + 1
 
 
 class RemoteStorageServicer:
@@ -439,32 +462,15 @@ class RemoteStorageServicer:
         request: pb.FetchSegmentRequest = _well_formed(message, "FetchSegmentRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
             test_hooks.hold_fetch_slot()
-            md = _metadata(request.metadata)
-            start = request.start_position
-            if start < 0:
-                raise InvalidArgument(f"start position {start} is negative")
-            if request.HasField("end_position") and request.end_position < start:
-                raise InvalidArgument(f"end position {request.end_position} is before start position {start}")
+            rng = self.fetch_range(request)
+            seg, start, end = rng.seg, rng.start, rng.end
             reader = self.sidecar.reader
-            seg = reader.open(md)
-            size = seg.manifest.original_size
-            if start > size:
-                raise OutOfRange(
-                    f"start position {start} is beyond the end of segment {md.describe} ({size} bytes)"
-                )
-            end = min(request.end_position if request.HasField("end_position") else size - 1, size - 1)
             served = self.sidecar.metrics.bytes.labels("fetch_served")
             handoff = self.handoff
             length = end - start + 1
-            if (
-                request.accept_handoff
-                and handoff is not None
-                and handoff.accepts(length)
-                and context.peer().startswith("unix:")
-            ):
-                following = (
-                    self._next_segment_hint(seg) if request.want_next_segment and end == size - 1 else None
-                )
+            # (handoff is set only when the sidecar listens on a Unix socket: every client is on the host)
+            if request.accept_handoff and handoff is not None and handoff.accepts(length):
+                following = self.next_segment_hint(rng)
                 try:
                     name = handoff.write(reader.read(seg, start, end, views=True), length)
                 except HandoffError as e:
@@ -493,10 +499,34 @@ class RemoteStorageServicer:
                 else:
                     yield from _fetch_messages(piece, served, watch)
                 del piece  # not held while the reader fetches the next chunk
-            if request.want_next_segment and end == size - 1:
-                following = self._next_segment_hint(seg)
-                if following is not None:  # streamed: the name comes in a last message of its own
-                    yield encode_next_segment_response(following)
+            following = self.next_segment_hint(rng)
+            if following is not None:  # streamed: the name comes in a last message of its own
+                yield encode_next_segment_response(following)
+
+    def fetch_range(self, request: pb.FetchSegmentRequest) -> FetchRange:
+        """The range a fetch asks for, checked, in its segment (opened: manifest, identity,
+        authenticity); what both transports of a fetch serve (gRPC's ``FetchSegment`` and the
+        fetch channel)."""
+        md = _metadata(request.metadata)
+        start = request.start_position
+        if start < 0:
+            raise InvalidArgument(f"start position {start} is negative")
+        if request.HasField("end_position") and request.end_position < start:
+            raise InvalidArgument(f"end position {request.end_position} is before start position {start}")
+        seg = self.sidecar.reader.open(md)
+        size = seg.manifest.original_size
+        if start > size:
+            raise OutOfRange(
+                f"start position {start} is beyond the end of segment {md.describe} ({size} bytes)"
+            )
+        end = min(request.end_position if request.HasField("end_position") else size - 1, size - 1)
+        return FetchRange(seg, start, end, size, request.want_next_segment)
+
+    def next_segment_hint(self, rng: FetchRange) -> fkeys.SegmentMetadata | None:
+        """``next_segment`` for a range that asked for it and ends at its segment's end; None otherwise."""
+        if not rng.want_next_segment or rng.end != rng.size - 1:
+            return None
+        return self._next_segment_hint(rng.seg)
 
     def _next_segment_hint(self, seg: OpenSegment) -> fkeys.SegmentMetadata | None:
         """``FetchSegmentResponse.next_segment`` for a range that ends at ``seg``'s end; None
