@@ -378,7 +378,6 @@ class LocalStack:
             return
         for leftover in (self.socket_path, self.socket_path.with_name(self.socket_path.name + ".lock")):
             leftover.unlink(missing_ok=True)
-        shutil.rmtree(self.socket_path.with_name(self.socket_path.name + ".handoff"), ignore_errors=True)
         if self._created_runtime_dir:
             try:
                 self.runtime_dir.rmdir()

@@ -496,20 +496,6 @@ CONFIG_KEYS = [
         min=1024,
     ),
     Key(
-        "fetch.handoff_max_bytes",
-        "size",
-        8 * MiB,
-        "Fetch hand-off (only on a Unix socket, for a client that accepts it, as the shim does): a fetch "
-        "of up to this many bytes is written to a file in `<socket path>.handoff/` (created 0700, files "
-        "0600) that the client reads and deletes, instead of being sent over gRPC; larger fetches stream "
-        "(docs/operations.md, Remote reads, has what it saves). Files waiting for their client are bounded "
-        "by `fetch.max_concurrent` x this (and 2 x `fetch.max_concurrent` files); beyond it fetches "
-        "stream. 0 disables. A directory that is a symlink, another user's, or group/other-writable "
-        "turns it off with a warning.",
-        min=0,
-        max=64 * MiB,
-    ),
-    Key(
         "fetch.max_concurrent",
         "int",
         32,
@@ -572,6 +558,14 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: keys of earlier versions that do nothing now, with what replaced them: a configuration that still
+#: sets one is accepted (an upgrade must not stop a sidecar from starting), with a warning
+REMOVED_KEYS = {
+    "fetch.handoff_max_bytes": "fetches come over the fetch channel, on the Unix socket too (docs/design.md, "
+    '"The fetch channel"); hand-off files are no longer written',
+}
+
+
 class Config:
     """Validated configuration values by dotted key path."""
 
@@ -589,8 +583,11 @@ class Config:
             if name.startswith(ENV_PREFIX):
                 merged[self._env_to_path(name)] = (val, True)
         self._values: dict[str, Any] = {}
+        #: keys of earlier versions that were set (they do nothing now; ``serve`` warns about each)
+        self.removed: dict[str, str] = {p: REMOVED_KEYS[p] for p in merged if p in REMOVED_KEYS}
         for path, (val, from_env) in merged.items():
-            self._values[path] = _coerce(self._find(path, from_env), path, val, from_env)
+            if path not in REMOVED_KEYS:
+                self._values[path] = _coerce(self._find(path, from_env), path, val, from_env)
         for key in self._keys:
             if "<" in key.path:
                 continue

@@ -150,6 +150,7 @@ class FetchChannel:
         sidecar = self.servicer.sidecar
         metrics = sidecar.metrics
         served = metrics.bytes.labels("fetch_served")
+        over_channel = metrics.bytes.labels("fetch_channel")
         sent = 0
         with measured(metrics, "fetch") as t0:
             try:
@@ -165,6 +166,7 @@ class FetchChannel:
                             metrics.first_byte.observe(time.monotonic() - t0)
                         sent += n
                         served.inc(n)
+                        over_channel.inc(n)
                     following = self.servicer.next_segment_hint(rng)
                     hint = None
                     if following is not None:

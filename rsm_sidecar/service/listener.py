@@ -197,6 +197,7 @@ class Listener:
                 conn.close()
                 return
             if first == PREFACE:
+                conn.sendall(PREFACE)  # the client learns it reached a fetch channel (rsm.proto)
                 self.fetch_channel.serve(conn, peer)
             elif first is not None and first == H2_PREFACE[:PREFACE_BYTES]:
                 conn.settimeout(None)

@@ -52,9 +52,8 @@ class Metrics:
         self.bytes = prom.Counter(
             "rsm_bytes",
             "Bytes moved: copy_original (segment bytes received), copy_stored "
-            "(bytes written to storage), fetch_served (original bytes sent), fetch_handoff (the part of "
-            "fetch_served handed off in files), fetch_zstd (zstd frame bytes sent for the part of "
-            "fetch_served a client decompresses itself), index_served.",
+            "(bytes written to storage), fetch_served (original bytes sent), fetch_channel (the part of "
+            "fetch_served sent over the fetch channel; the rest went over gRPC), index_served.",
             ["kind"],
             registry=r,
         )

@@ -29,7 +29,6 @@ from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.segment.journal import lock_exclusively
 from rsm_sidecar.service.fetch_channel import ALPN_PROTOCOL, FetchChannel
-from rsm_sidecar.service.handoff import HandoffDir
 from rsm_sidecar.service.listener import Listener
 from rsm_sidecar.service.metrics_http import serve_metrics, split_listen
 from rsm_sidecar.service.servicer import RemoteStorageServicer
@@ -112,10 +111,6 @@ class SidecarServer:
         self._socket_lock: int | None = None
         self.tls: ServerTls | None = None
         self.address = self._bind(cfg["server.listen"])
-        # after _bind: the socket's lock is ours, so the hand-off directory is too
-        self.servicer.handoff = HandoffDir.open(
-            cfg["server.listen"], cfg["fetch.handoff_max_bytes"], cfg["fetch.max_concurrent"]
-        )
         self._metrics_server: WSGIServer | None = None
         self._stopped = threading.Event()
 

@@ -34,10 +34,9 @@ from rsm_sidecar.errors import (
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.segment import sources
 from rsm_sidecar.segment.objects import delete_segment_objects
-from rsm_sidecar.segment.reader import INDEX_BY_TYPE, FrameSlice, OpenSegment
+from rsm_sidecar.segment.reader import INDEX_BY_TYPE, OpenSegment
 from rsm_sidecar.service import test_hooks
 from rsm_sidecar.service.admission import IdleWatchdog, Slots, Watch
-from rsm_sidecar.service.handoff import HandoffDir, HandoffError
 from rsm_sidecar.service.metrics import Metrics
 from rsm_sidecar.service.sidecar import Sidecar
 
@@ -236,34 +235,6 @@ def _fetch_messages(piece: bytes | memoryview, served: Counter, watch: Watch) ->
         watch.touch()
 
 
-def encode_zstd_response(piece: FrameSlice) -> bytes:
-    """A serialized ``FetchSegmentResponse{zstd}``, with one copy of the frame."""
-    slice_ = (
-        b"\x0a"
-        + _varint(len(piece.frame))
-        + piece.frame
-        + b"\x10"
-        + _varint(piece.size)
-        + b"\x18"
-        + _varint(piece.offset)
-        + b"\x20"
-        + _varint(piece.length)
-    )
-    return b"\x22" + _varint(len(slice_)) + slice_
-
-
-def encode_handoff_response(
-    name: str, length: int, next_segment: fkeys.SegmentMetadata | None = None
-) -> bytes:
-    """A serialized ``FetchSegmentResponse{handoff}``, with ``next_segment`` when given (the
-    members rsm.proto lists for it)."""
-    response = pb.FetchSegmentResponse(handoff=pb.HandoffFile(name=name, length=length))
-    if next_segment is not None:
-        next_segment.fill_proto(response.next_segment)
-    encoded: bytes = response.SerializeToString()
-    return encoded
-
-
 def encode_next_segment_response(next_segment: fkeys.SegmentMetadata) -> bytes:
     """A serialized ``FetchSegmentResponse{next_segment}`` without data: the last message of a
     streamed range that reaches the segment's end, when the request asked ``want_next_segment``."""
@@ -303,8 +274,6 @@ class RemoteStorageServicer:
         self.fetch_idle = cfg["fetch.idle_timeout_seconds"]
         self.allowed_dirs = sources.allowed_dirs(cfg["copy.allowed_dirs"])
         self.max_index_bytes = cfg["copy.max_index_file_bytes"]
-        #: Set by the server once it holds the socket (handoff.py); None: fetches stream over gRPC.
-        self.handoff: HandoffDir | None = None
 
     def handlers(self) -> grpc.GenericRpcHandler:
         """The service's method handlers, with lenient request parsing."""
@@ -466,38 +435,8 @@ class RemoteStorageServicer:
             seg, start, end = rng.seg, rng.start, rng.end
             reader = self.sidecar.reader
             served = self.sidecar.metrics.bytes.labels("fetch_served")
-            handoff = self.handoff
-            length = end - start + 1
-            # (handoff is set only when the sidecar listens on a Unix socket: every client is on the host)
-            if request.accept_handoff and handoff is not None and handoff.accepts(length):
-                following = self.next_segment_hint(rng)
-                try:
-                    name = handoff.write(reader.read(seg, start, end, views=True), length)
-                except HandoffError as e:
-                    handoff.warn_once(str(e))
-                else:
-                    served.inc(length)
-                    self.sidecar.metrics.bytes.labels("fetch_handoff").inc(length)
-                    try:
-                        yield encode_handoff_response(name, length, following)
-                    except GeneratorExit:  # cancelled before the client could open it
-                        handoff.discard(name)
-                        raise
-                    return
-            zstd_max = request.accept_zstd_max_bytes
-            pieces = (
-                reader.read_frames(seg, start, end, zstd_max)
-                if zstd_max > 0
-                else reader.read(seg, start, end, views=True)
-            )
-            for piece in pieces:
-                if isinstance(piece, FrameSlice):
-                    served.inc(piece.length)
-                    self.sidecar.metrics.bytes.labels("fetch_zstd").inc(len(piece.frame))
-                    yield encode_zstd_response(piece)
-                    watch.touch()
-                else:
-                    yield from _fetch_messages(piece, served, watch)
+            for piece in reader.read(seg, start, end, views=True):
+                yield from _fetch_messages(piece, served, watch)
                 del piece  # not held while the reader fetches the next chunk
             following = self.next_segment_hint(rng)
             if following is not None:  # streamed: the name comes in a last message of its own

@@ -9,7 +9,6 @@ import ssl
 from collections.abc import Iterator
 
 import grpc
-import zstandard
 
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2_grpc
@@ -150,31 +149,6 @@ class Client:
             req.end_position = end
         return b"".join(r.data for r in self.stub.FetchSegment(req, timeout=timeout))
 
-    def fetch_zstd(
-        self, md, start: int = 0, end: int | None = None, max_bytes: int = 8 * MiB, timeout: float = 120
-    ) -> tuple[bytes, int, int]:
-        """A fetch that accepts zstd frames of chunks up to ``max_bytes``, decoded as rsm.proto's
-        ``ZstdSlice`` tells a client to (exact size, slice in range): (the bytes, frame bytes
-        received, bytes received in ``data``)."""
-        req = pb.FetchSegmentRequest(metadata=md, start_position=start, accept_zstd_max_bytes=max_bytes)
-        if end is not None:
-            req.end_position = end
-        out = bytearray()
-        framed = plain = 0
-        for r in self.stub.FetchSegment(req, timeout=timeout):
-            if r.HasField("zstd"):
-                z = r.zstd
-                assert not r.data and 0 < z.size <= max_bytes and len(z.frame) <= MiB, z
-                assert 0 <= z.offset < z.offset + z.length <= z.size, z
-                whole = zstandard.ZstdDecompressor().decompress(z.frame, max_output_size=z.size)
-                assert len(whole) == z.size
-                out += whole[z.offset : z.offset + z.length]
-                framed += len(z.frame)
-            else:
-                out += r.data
-                plain += len(r.data)
-        return bytes(out), framed, plain
-
     def fetch_stream(self, md, start: int = 0, end: int | None = None, timeout: float = 120):
         req = pb.FetchSegmentRequest(metadata=md, start_position=start)
         if end is not None:
@@ -240,6 +214,7 @@ class FetchChannelClient:
         raw.connect(address)
         self.sock = ssl_context.wrap_socket(raw, server_hostname=server_hostname) if ssl_context else raw
         self.sock.sendall(fetch_channel.PREFACE)
+        assert fetch_channel.read_exactly(self.sock, len(fetch_channel.PREFACE)) == fetch_channel.PREFACE
 
     def request(self, md, start: int = 0, end: int | None = None, want_next_segment: bool = False) -> None:
         req = pb.FetchSegmentRequest(metadata=md, start_position=start, want_next_segment=want_next_segment)

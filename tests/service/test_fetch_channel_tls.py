@@ -170,7 +170,7 @@ def _attempt(server: SidecarServer, ctx: ssl.SSLContext | None) -> None:
             return
         conn = ctx.wrap_socket(raw, server_hostname=HOST)
         conn.sendall(fetch_channel.PREFACE)
-        conn.recv(1)  # TLS 1.3: a refused client certificate shows only here
+        conn.recv(8)  # TLS 1.3: a refused client certificate shows only here
     except (ssl.SSLError, OSError):
         pass
     finally:

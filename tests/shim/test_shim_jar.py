@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -191,20 +190,36 @@ def test_connectivity_check_over_a_unix_socket(jar: zipfile.ZipFile, uds_sidecar
     assert run.returncode == 0, run.stdout + run.stderr
     assert "ended with NOT_FOUND: no such segment (pytest sidecar)" in run.stdout, run.stdout + run.stderr
     assert len(seen) == 1 and b"rsm-sidecar-shim-diagnose" in seen[0]
-    # this pytest sidecar made no hand-off directory beside its socket
-    assert f"fetch hand-off: {sock}.handoff does not exist" in run.stdout, run.stdout
-    os.mkdir(f"{sock}.handoff", 0o700)
-    run = subprocess.run(
-        [_java(), "-jar", str(JAR), f"unix://{sock}"], capture_output=True, text=True, timeout=120
+    # this pytest sidecar is gRPC alone: an older sidecar, without the fetch channel
+    assert "fetch channel: not offered" in run.stdout and "fetches go over gRPC" in run.stdout, run.stdout
+
+
+def test_connectivity_check_finds_the_fetch_channel_of_a_real_sidecar(
+    jar: zipfile.ZipFile, tmp_path: Path
+) -> None:
+    from rsm_sidecar.config import Config
+    from rsm_sidecar.service.server import SidecarServer
+
+    sock = tmp_path / "s" / "rsm.sock"
+    cfg = Config(
+        {
+            "server": {"listen": f"unix://{sock}", "shutdown_grace_seconds": 1},
+            "metrics": {"listen": ""},
+            "storage": {"local": {"root": str(tmp_path / "remote"), "fsync": False}},
+        },
+        environ={},
     )
-    assert f"fetch hand-off: ready ({sock}.handoff)" in run.stdout, run.stdout + run.stderr
-    run = subprocess.run(
-        [_java(), "-jar", str(JAR), f"unix://{sock}", "fetch.handoff=false"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert "fetch hand-off: off (fetch.handoff=false)" in run.stdout, run.stdout + run.stderr
+    server = SidecarServer(cfg)
+    server.start()
+    try:
+        run = subprocess.run(
+            [_java(), "-jar", str(JAR), f"unix://{sock}"], capture_output=True, text=True, timeout=120
+        )
+    finally:
+        server.stop(grace=0)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ended with NOT_FOUND" in run.stdout, run.stdout + run.stderr
+    assert f"fetch channel: ready (unix://{sock})" in run.stdout, run.stdout + run.stderr
 
 
 def test_connectivity_check_reports_an_absent_sidecar(jar: zipfile.ZipFile, tmp_path: Path) -> None:

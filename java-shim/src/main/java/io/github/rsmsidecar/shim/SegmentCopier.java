@@ -36,6 +36,8 @@ final class SegmentCopier {
 
     /** The proto's limit for {@code CopyData.data}. */
     static final int MAX_MESSAGE_BYTES = 1 << 20;
+    /** A message's bytes are read into arrays of at most this size: never a humongous object for G1. */
+    static final int PIECE_BYTES = 256 * 1024;
 
     /** A file to stream: its kind, path and the size declared in {@code CopyBegin}. */
     static final class FilePart {
@@ -160,7 +162,7 @@ final class SegmentCopier {
                 int messageBytes = (int) Math.min(MAX_MESSAGE_BYTES, remaining);
                 com.google.protobuf.ByteString data = com.google.protobuf.ByteString.EMPTY;
                 for (int filled = 0; filled < messageBytes; ) {
-                    byte[] piece = new byte[Math.min(FetchResponseMarshaller.PIECE_BYTES, messageBytes - filled)];
+                    byte[] piece = new byte[Math.min(PIECE_BYTES, messageBytes - filled)];
                     ByteBuffer buffer = ByteBuffer.wrap(piece);
                     while (buffer.hasRemaining()) {
                         if (in.read(buffer) < 0) {

@@ -16,6 +16,7 @@ import io.github.rsmsidecar.proto.v1.RemoteStorageGrpc;
 import io.github.rsmsidecar.proto.v1.SegmentFiles;
 import io.github.rsmsidecar.proto.v1.SegmentMetadata;
 import io.github.rsmsidecar.proto.v1.TransferMode;
+import io.github.rsmsidecar.shim.read.RemoteReader;
 import io.grpc.CallOptions;
 import io.grpc.ClientCall;
 import io.grpc.Channel;
@@ -70,33 +71,16 @@ import org.slf4j.LoggerFactory;
 public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     private static final Logger LOG = LoggerFactory.getLogger(SidecarRemoteStorageManager.class);
-    /** Room over the partition's last read for the first window of its next read. */
-    static final int FETCH_WINDOW_SLACK = 64 * 1024;
-    /** Partitions whose last read size is remembered (forgotten all at once beyond this). */
-    static final int MAX_TRACKED_PARTITIONS = 100_000;
-
-    /** Bytes the last windowed read of each partition took (see {@link WindowedFetchStream}). */
-    private final ConcurrentHashMap<TopicIdPartition, Long> lastFetchBytes = new ConcurrentHashMap<>();
-
     private final ChannelFactory channelFactory;
     private final ErrorMapper errorMapperOverride;
 
     private volatile ShimConfig config;
-    /** Null when fetch hand-off is off or the sidecar is reached over TCP. */
-    private volatile FetchHandoff handoff;
-    /** Null when read-ahead is off (or hand-off is: it reads ahead in hand-off files). */
-    private volatile ReadAhead readAhead;
-    /**
-     * The {@code accept_zstd_max_bytes} of every fetch: {@code fetch.zstd.max.chunk.bytes}, or 0
-     * without zstd-jni ({@link ZstdSlices#acceptMaxBytes}).
-     */
-    private volatile int zstdMaxBytes;
-    /** Read-ahead is used again from this {@link System#nanoTime()} on (see {@link #readAheadRests}). */
-    private volatile long readAheadOffUntilNanos = System.nanoTime();
     private volatile Retrier retrier;
     private volatile ErrorMapper errorMapper;
-    /** The time and transaction indexes asked for beside a segment's offset index. */
-    private final IndexPrefetch indexPrefetch = new IndexPrefetch();
+    /** The read path: fetchLogSegment and fetchIndex ({@link RemoteReader}); made by configure(). */
+    private volatile RemoteReader reader;
+    /** The TLS context of the fetch channel's connections (null without TLS); follows the TLS files. */
+    private volatile io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchTls;
     /** The shim's counters; published through the broker's plugin metrics on Kafka 4.1+ (KIP-877). */
     final ShimMetrics metrics = new ShimMetrics();
     private volatile ScheduledThreadPoolExecutor scheduler;
@@ -133,15 +117,20 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     public void configure(Map<String, ?> configs) {
         ShimConfig c;
         TlsFiles tls;
+        io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchContext;
         try {
             c = ShimConfig.parse(configs);
             // reads the TLS files now so a bad path fails start-up clearly
             tls = c.tlsEnabled() ? TlsFiles.read(c).check(c) : null;
             ChannelFactory.credentials(c, tls);
+            fetchContext = fetchTlsContext(c, tls);
         } catch (ShimConfig.ShimConfigException e) {
             throw new ConfigException(e.getMessage());
         } catch (IOException e) {
             throw new ConfigException(e.getMessage());
+        }
+        for (String removed : c.removedKeys()) {
+            LOG.warn("rsm.config.{} is no longer used ({}); remove it", removed, ShimConfig.REMOVED_KEYS.get(removed));
         }
         for (String unknown : c.unknownKeys()) {
             LOG.warn("Ignoring unknown configuration rsm.config.{} (known keys: {})", unknown, ShimConfig.KEYS.keySet());
@@ -172,11 +161,14 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 tlsReload = scheduler.scheduleWithFixedDelay(this::reloadTls, c.tlsReloadIntervalMs(),
                         c.tlsReloadIntervalMs(), TimeUnit.MILLISECONDS);
             }
-            this.handoff = c.handoffDir() == null ? null : new FetchHandoff(c.handoffDir());
-            this.zstdMaxBytes = ZstdSlices.acceptMaxBytes(c.fetchZstdMaxChunkBytes());
-            ReadAhead previous = this.readAhead;
-            this.readAhead = c.fetchReadaheadBytes() == 0 ? null
-                    : new ReadAhead(c.fetchReadaheadBytes(), c.fetchReadaheadMaxBytes());
+            this.fetchTls = fetchContext;
+            RemoteReader previous = this.reader;
+            String[] address = c.fetchChannelAddress();
+            String host = !c.tlsAuthorityOverride().isEmpty() ? c.tlsAuthorityOverride()
+                    : address.length == 2 ? address[0] : "localhost";
+            int port = address.length == 2 ? Integer.parseInt(address[1]) : 0;
+            this.reader = new RemoteReader(c, retrier, mapper, metrics, this::channel, scheduler,
+                    channelFactory.fetchChannel(), c.tlsEnabled() ? () -> TlsFiles.newEngine(fetchTls, host, port) : null);
             if (previous != null) {
                 previous.close();
             }
@@ -209,9 +201,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         for (ManagedChannel r : old) {
             r.shutdownNow();
         }
-        ReadAhead ra = readAhead;
-        if (ra != null) {
-            ra.close();
+        RemoteReader r = reader;
+        if (r != null) {
+            r.close();
         }
         ScheduledThreadPoolExecutor s = scheduler;
         if (s != null) {
@@ -318,6 +310,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 retired.add(old);
             }
             tlsFiles = now;
+        }
+        try {
+            fetchTls = fetchTlsContext(c, now);
+        } catch (IOException e) {
+            LOG.warn("TLS files changed but the fetch channel cannot use them ({}); its new connections keep the "
+                    + "ones in use", e.getMessage());
         }
         metrics.tlsReloads.increment();
         if (old != null) {
@@ -443,7 +441,13 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
     }
 
-    // ---- fetch -------------------------------------------------------------------------------
+    /** The fetch channel's TLS context of {@code tls} (null without TLS). */
+    private static io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchTlsContext(ShimConfig c, TlsFiles tls)
+            throws IOException {
+        return tls == null ? null : tls.fetchChannelContext(c, "rsm-fetch/1");
+    }
+
+    // ---- fetch (the read path: RemoteReader) -------------------------------------------------
 
     @Override
     public InputStream fetchLogSegment(RemoteLogSegmentMetadata md, int startPosition) throws RemoteStorageException {
@@ -496,528 +500,14 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         if (end != null && end < start) {
             throw new IllegalArgumentException("endPosition (" + end + ") must be >= startPosition (" + start + ")");
         }
-        ShimConfig c = config();
-        String op = "fetchLogSegment(" + MetadataMapper.describe(md) + ", start=" + start
-                + (end != null ? ", end=" + end : "") + ")";
-        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
-        long size = md.segmentSizeInBytes();
-        ReadAhead ra = readAhead();
-        if (end == null && ra != null) {
-            WindowedFetchStream.Window kept = ra.find(partition, ReadAhead.SegmentRef.of(md), start);
-            if (kept != null) {
-                LOG.debug("{}: read from the read-ahead window up to {}", op, kept.end());
-                readAheadNext(c, md, start, kept.end(), ra);
-                return windowed(c, md, start, kept, true, op);
-            }
-        }
-        int window = c.fetchWindowBytes();
-        Long lastRead = lastFetchBytes.get(partition);
-        if (window > 0 && lastRead != null) {
-            // what the partition's last read took, plus room: a sequential consumer's fetches alike
-            window = (int) Math.min(Math.max(window, lastRead + FETCH_WINDOW_SLACK), ShimConfig.MAX_FETCH_WINDOW_BYTES);
-        }
-        if (end != null || window == 0 || (ra == null && WindowedFetchStream.windowEnd(start, window, size) == null)) {
-            InputStream in = openFetch(c, md, start, end, op);
-            LOG.debug("{}: stream open", op);
-            return in;
-        }
-        // no end: read in windows (see WindowedFetchStream), so the sidecar sends about what is read;
-        // with read-ahead also when the first window reaches the segment's end, so the read is seen
-        boolean sequential = ra != null && ra.sequential(partition, md.remoteLogSegmentId(), start);
-        WindowedFetchStream.Window first = sequential ? keptOrReadAhead(c, md, start, window, ra, op)
-                : plainWindow(c, md, start, window, op);
-        LOG.debug("{}: stream open, first window up to {}{}", op, first.end(), sequential ? " (read-ahead)" : "");
-        if (lastFetchBytes.size() > MAX_TRACKED_PARTITIONS) {
-            lastFetchBytes.clear();
-        }
-        return windowed(c, md, start, first, sequential, op);
-    }
-
-    /**
-     * The read-ahead, or null while it is off or resting. Over a Unix socket with hand-off it reads
-     * ahead in hand-off files, and rests while hand-off does; otherwise (TCP) in gRPC messages kept
-     * in the heap.
-     */
-    private ReadAhead readAhead() {
-        ReadAhead ra = readAhead;
-        FetchHandoff h = handoff;
-        if (ra == null || (h != null && !h.active()) || System.nanoTime() - readAheadOffUntilNanos < 0) {
-            return null;
-        }
-        return ra;
-    }
-
-    /**
-     * A read of segment {@code md} from {@code start} in windows, the first one open; later windows
-     * come from the read-ahead when it holds them, as read-ahead windows when the read is
-     * {@code sequential}, and otherwise as plain continuations (see {@link WindowedFetchStream}).
-     */
-    private InputStream windowed(ShimConfig c, RemoteLogSegmentMetadata md, long start, WindowedFetchStream.Window first,
-                                 boolean sequential, String op) {
-        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
-        long size = md.segmentSizeInBytes();
-        return new WindowedFetchStream(first, start, ShimConfig.MAX_FETCH_WINDOW_BYTES, size,
-                (from, suggested) -> {
-                    String windowOp = op + " window at " + from;
-                    try {
-                        ReadAhead ra = readAhead();
-                        if (ra != null) {
-                            if (sequential) {
-                                return keptOrReadAhead(c, md, from, suggested, ra, windowOp);
-                            }
-                            WindowedFetchStream.Window kept = ra.find(partition, ReadAhead.SegmentRef.of(md), from);
-                            if (kept != null) {
-                                return kept;
-                            }
-                        }
-                        return plainWindow(c, md, from, suggested, windowOp);
-                    } catch (RemoteStorageException e) {
-                        throw new IOException(op + ": opening the next window at " + from + " failed: "
-                                + e.getMessage(), e);
-                    }
-                }, reached -> {
-                    lastFetchBytes.put(partition, reached - start);
-                    ReadAhead ra = readAhead;
-                    if (ra != null) {
-                        ra.readEnded(partition, md.remoteLogSegmentId(), start, reached, size);
-                    }
-                }, op);
-    }
-
-    /** One {@code FetchSegment} call for {@code size} bytes from {@code start} (to the end if they reach it). */
-    private WindowedFetchStream.Window plainWindow(ShimConfig c, RemoteLogSegmentMetadata md, long start, int size,
-                                                   String op) throws RemoteStorageException {
-        return plainWindow(c, md, start, size, op, null);
-    }
-
-    /** As above; a handed-off window of the right size is kept by {@code ra} (when not null) too. */
-    private WindowedFetchStream.Window plainWindow(ShimConfig c, RemoteLogSegmentMetadata md, long start, int size,
-                                                   String op, ReadAhead ra) throws RemoteStorageException {
-        Integer to = WindowedFetchStream.windowEnd(start, size, md.segmentSizeInBytes());
-        long end = to == null ? md.segmentSizeInBytes() : (long) to + 1;
-        return new WindowedFetchStream.Window(openFetch(c, md, (int) start, to, op, ra == null ? null : file -> {
-            if (file.length() == end - start) { // anything else fails the read; never kept
-                ra.keep(md.remoteLogSegmentId().topicIdPartition(), ReadAhead.SegmentRef.of(md), start, file,
-                        null, false);
-            }
-        }), end);
-    }
-
-    /**
-     * The window from {@code start} of a sequential read: a kept one (waiting for the background
-     * read-ahead of it if one is under way); else a plain window of {@code size} bytes, kept too,
-     * whose end is read ahead in the background at once (the reader waits for no more than one fetch's
-     * bytes). Once a read starts inside a kept window, the next one is read ahead.
-     */
-    private WindowedFetchStream.Window keptOrReadAhead(ShimConfig c, RemoteLogSegmentMetadata md, long start,
-                                                      int size, ReadAhead ra, String op) throws RemoteStorageException {
-        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
-        WindowedFetchStream.Window w = ra.find(partition, ReadAhead.SegmentRef.of(md), start);
-        if (w == null) {
-            try {
-                ra.awaitPending(partition, md.remoteLogSegmentId(), start, c.fetchDeadlineMs());
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-                throw new RemoteStorageException(op + ": interrupted while waiting for the read-ahead", e);
-            }
-            w = ra.find(partition, ReadAhead.SegmentRef.of(md), start);
-        }
-        if (w == null) {
-            w = plainWindow(c, md, start, size, op, ra); // kept: the next reads may start inside it
-            readAheadNext(c, md, w.end(), w.end(), ra);
-        } else {
-            readAheadNext(c, md, start, w.end(), ra);
-        }
-        return w;
-    }
-
-    /**
-     * Starts the background read-ahead of the window from {@code windowEnd} when {@code ra} says a
-     * read at {@code position} of the window ending there calls for it ({@link ReadAhead#claimNext});
-     * at the segment's end, of the first window of the next segment, when the sidecar named one
-     * ({@link #readAheadNextSegment}). The call runs on gRPC's executor; its hand-off file is opened
-     * and kept there. Any failure only means the reader asks for the window itself when it gets there.
-     */
-    private void readAheadNext(ShimConfig c, RemoteLogSegmentMetadata md, long position, long windowEnd, ReadAhead ra) {
-        if (windowEnd >= md.segmentSizeInBytes()) {
-            readAheadNextSegment(c, md, ra);
-            return;
-        }
-        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
-        ReadAhead.Claim claim = ra.claimNext(partition, md.remoteLogSegmentId(), position, windowEnd,
-                md.segmentSizeInBytes());
-        if (claim != null) {
-            readAhead(c, partition, ReadAhead.SegmentRef.of(md), MetadataMapper.toProto(md), windowEnd, false, ra,
-                    claim);
-        }
-    }
-
-    /**
-     * A read in the last window of segment {@code md}: reads the first window of the partition's
-     * next segment ahead, as the sidecar named it with that window (rsm.proto
-     * {@code want_next_segment}). The name comes from what storage holds, so it is checked for the
-     * same topic and partition here, and its window serves only a broker read whose metadata
-     * names the same segment id, offsets and size ({@link ReadAhead#find}).
-     */
-    private void readAheadNextSegment(ShimConfig c, RemoteLogSegmentMetadata md, ReadAhead ra) {
-        TopicIdPartition partition = md.remoteLogSegmentId().topicIdPartition();
-        SegmentMetadata next = ra.nextSegment(partition, md.remoteLogSegmentId());
-        if (next == null || !next.getTopicId().equals(partition.topicId().toString())
-                || !next.getTopicName().equals(partition.topic()) || next.getPartition() != partition.partition()
-                || next.getStartOffset() != md.endOffset() + 1 || next.getSegmentSizeInBytes() <= 0) {
-            return;
-        }
-        ReadAhead.SegmentRef ref;
-        try {
-            ref = new ReadAhead.SegmentRef(new RemoteLogSegmentId(partition, Uuid.fromString(next.getSegmentId())),
-                    next.getStartOffset(), next.getEndOffset(), next.getSegmentSizeInBytes());
-        } catch (IllegalArgumentException e) {
-            return; // not a Kafka Uuid: no read-ahead
-        }
-        ReadAhead.Claim claim = ra.claimNext(partition, ref.id(), 0, 0, ref.size());
-        if (claim != null) {
-            readAhead(c, partition, ref, next, 0, true, ra, claim);
-            // and its indexes, which the broker loads before its first read there (IndexPrefetch)
-            try {
-                indexPrefetch.start(channel(), ref, FetchIndexRequest.newBuilder().setMetadata(next)
-                                .setIndexType(io.github.rsmsidecar.proto.v1.IndexType.OFFSET).build(),
-                        c.fetchIndexDeadlineMs(), io.github.rsmsidecar.proto.v1.IndexType.OFFSET,
-                        io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
-                        io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION);
-            } catch (RemoteStorageException e) {
-                // no channel: the broker's own calls ask for the indexes
-            }
-        }
-    }
-
-    /**
-     * The background call for the window of {@code seg} ({@code request} its metadata) from
-     * {@code from}, claimed in {@code ra} ({@code claim}); a window that reaches the segment's end
-     * asks the sidecar to name the next segment. {@code follows}: the first window of the segment
-     * after the one being read (see {@link ReadAhead#keep}).
-     */
-    private void readAhead(ShimConfig c, TopicIdPartition partition, ReadAhead.SegmentRef seg, SegmentMetadata request,
-                           long from, boolean follows, ReadAhead ra, ReadAhead.Claim claim) {
-        FetchHandoff h = handoff;
-        Integer to = WindowedFetchStream.windowEnd(from, (int) claim.bytes(), seg.size());
-        long length = (to == null ? seg.size() : (long) to + 1) - from;
-        FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
-                .setMetadata(request)
-                .setStartPosition((int) from)
-                .setAcceptHandoff(h != null)
-                .setWantNextSegment(to == null)
-                .setAcceptZstdMaxBytes(zstdMaxBytes);
-        if (to != null) {
-            req.setEndPosition(to);
-        }
-        ClientCall<FetchSegmentRequest, FetchSegmentResponse> call;
-        try {
-            call = channel().newCall(FetchResponseMarshaller.FETCH_SEGMENT,
-                    CallOptions.DEFAULT.withDeadlineAfter(c.fetchDeadlineMs(), TimeUnit.MILLISECONDS));
-        } catch (RemoteStorageException e) {
-            ra.pendingDone(partition, claim);
-            return;
-        }
-        String op = "read-ahead of " + seg.id() + " (offsets " + seg.startOffset() + ".." + seg.endOffset()
-                + ") at " + from;
-        metrics.call(ShimMetrics.Op.BACKGROUND);
-        if (h == null) {
-            readAheadReceived(call, partition, seg, from, length, follows, ra, claim, req.getAcceptZstdMaxBytes(), op);
-        } else {
-            readAheadHandedOff(call, h, partition, seg, from, length, follows, ra, claim, op);
-        }
-        call.sendMessage(req.build());
-        call.halfClose();
-    }
-
-    /** The read-ahead window as a hand-off file, kept when it is exactly the window asked for. */
-    private void readAheadHandedOff(ClientCall<FetchSegmentRequest, FetchSegmentResponse> call, FetchHandoff h,
-                                    TopicIdPartition partition, ReadAhead.SegmentRef seg, long from, long length,
-                                    boolean follows, ReadAhead ra, ReadAhead.Claim claim, String op) {
-        call.start(new ClientCall.Listener<>() {
-            @Override
-            public void onMessage(FetchSegmentResponse response) {
-                if (!response.hasHandoff()) {
-                    call.cancel("the sidecar streamed the read-ahead window instead of handing it off", null);
-                    readAheadRests(op, ra.windowBytes());
-                    return;
-                }
-                try {
-                    FetchHandoff.OpenFile file = h.open(response.getHandoff());
-                    metrics.fetchHandoffBytes.add(file.length());
-                    try {
-                        if (file.length() == length) {
-                            ra.keep(partition, seg, from, file,
-                                    response.hasNextSegment() ? response.getNextSegment() : null, follows);
-                        }
-                    } finally {
-                        file.release();
-                        ra.pendingDone(partition, claim); // kept: a read inside it may claim the next now
-                    }
-                } catch (FetchHandoff.HandoffException e) {
-                    LOG.debug("{}: {}", op, e.getMessage()); // the reader asks for the window itself
-                }
-            }
-
-            @Override
-            public void onClose(Status status, io.grpc.Metadata trailers) {
-                if (!status.isOk() && status.getCode() != Status.Code.CANCELLED) {
-                    LOG.debug("{}: {}", op, status);
-                }
-                ra.pendingDone(partition, claim);
-            }
-        }, new io.grpc.Metadata());
-        call.request(1);
-    }
-
-    /**
-     * The read-ahead window in gRPC messages (a sidecar reached over TCP): every message is asked
-     * for at once (the window is bounded, so is what arrives), their arrays are kept as they came
-     * (no copy; zstd slices decompressed, {@link ZstdSlices}), and the window is kept once the call
-     * ended OK with exactly its bytes; anything else (a message refused: the call is cancelled)
-     * keeps nothing and the reader asks for the window itself. The sidecar names the next segment
-     * in a message of its own after the data (rsm.proto {@code want_next_segment}).
-     */
-    private void readAheadReceived(ClientCall<FetchSegmentRequest, FetchSegmentResponse> call,
-                                   TopicIdPartition partition, ReadAhead.SegmentRef seg, long from, long length,
-                                   boolean follows, ReadAhead ra, ReadAhead.Claim claim, int acceptZstd, String op) {
-        call.start(new ClientCall.Listener<>() {
-            private ByteString bytes = ByteString.EMPTY;
-            /** The rest of the chunk after the last message's zstd slice (ZstdSlices.Decoded). */
-            private ByteString tail = ByteString.EMPTY;
-            private SegmentMetadata next;
-            /** Set once a message was refused: nothing is kept, whatever still arrives or however the call ends. */
-            private boolean refused;
-
-            @Override
-            public void onMessage(FetchSegmentResponse response) {
-                if (refused) {
-                    return;
-                }
-                if (response.hasHandoff()) {
-                    refuse("the sidecar answered with a hand-off file that was not asked for", null);
-                    return;
-                }
-                if (response.hasNextSegment()) {
-                    next = response.getNextSegment();
-                }
-                try {
-                    ZstdSlices.Decoded got = received(response, acceptZstd, true);
-                    bytes = bytes.concat(got.slice());
-                    tail = got.tail();
-                } catch (IOException e) {
-                    LOG.debug("{}: {}", op, e.getMessage()); // the reader asks for the window itself
-                    refuse(e.getMessage(), e);
-                    return;
-                }
-                if (bytes.size() > length) {
-                    refuse("the sidecar sent more than the " + length + " bytes asked for", null);
-                    return;
-                }
-                call.request(1);
-            }
-
-            private void refuse(String why, Throwable cause) {
-                refused = true;
-                bytes = ByteString.EMPTY;
-                tail = ByteString.EMPTY;
-                call.cancel(why, cause);
-            }
-
-            @Override
-            public void onClose(Status status, io.grpc.Metadata trailers) {
-                try {
-                    if (!refused && status.isOk() && bytes.size() == length) {
-                        // the window's last chunk, decompressed whole, to its end: the next window
-                        // then starts at a chunk boundary (unless that would overrun the bound)
-                        if (!tail.isEmpty() && from + length + tail.size() <= seg.size()
-                                && ra.hasRoomFor(tail.size())) {
-                            bytes = bytes.concat(tail);
-                            countTail(tail);
-                        }
-                        FetchHandoff.OpenFile window = FetchHandoff.OpenFile.received(bytes, op);
-                        ra.keep(partition, seg, from, window, next, follows);
-                        window.release(); // keep() took its own reference
-                    } else if (!status.isOk() && status.getCode() != Status.Code.CANCELLED) {
-                        LOG.debug("{}: {}", op, status);
-                    }
-                } finally {
-                    bytes = ByteString.EMPTY;
-                    tail = ByteString.EMPTY;
-                    ra.pendingDone(partition, claim);
-                }
-            }
-        }, new io.grpc.Metadata());
-        call.request(4); // a few messages in flight; each one received asks for one more
-    }
-
-    /**
-     * The bytes of one streamed message of a fetch whose request had {@code acceptZstd} as
-     * {@code accept_zstd_max_bytes}: its data, or its zstd slice decompressed, and with
-     * {@code keepTail} the rest of that slice's chunk ({@link ZstdSlices.Decoded}); the slice is
-     * counted (a tail only once it is kept: {@link #countTail}).
-     *
-     * @throws IOException the message is refused ({@link ZstdSlices#bytes}); the message says why
-     */
-    private ZstdSlices.Decoded received(FetchSegmentResponse response, int acceptZstd, boolean keepTail)
-            throws IOException {
-        if (response.hasZstd()) {
-            metrics.fetchZstdFrameBytes.add(response.getZstd().getFrame().size());
-        }
-        ZstdSlices.Decoded got = ZstdSlices.bytes(response, acceptZstd, keepTail);
-        if (response.hasZstd()) {
-            metrics.fetchZstdSliceBytes.add(got.slice().size());
-        }
-        metrics.fetchGrpcBytes.add(got.slice().size());
-        return got;
-    }
-
-    /** Counts a chunk's tail that a read-ahead window kept (see {@link #received}). */
-    private void countTail(ByteString tail) {
-        metrics.fetchZstdSliceBytes.add(tail.size());
-        metrics.fetchGrpcBytes.add(tail.size());
-    }
-
-    private void readAheadRests(String op, int windowBytes) {
-        metrics.handoffFallbacks.increment();
-        readAheadOffUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(FetchHandoff.RETRY_AFTER_MS);
-        LOG.warn("{}: the sidecar did not hand off a read-ahead window of {} bytes (its fetch.handoff_max_bytes "
-                        + "is smaller, or its hand-off files are at their bound); read-ahead rests for {} s "
-                        + "(rsm.config.{}=0 turns it off)", op, windowBytes,
-                FetchHandoff.RETRY_AFTER_MS / 1000, ShimConfig.FETCH_READAHEAD_BYTES);
-    }
-
-    /**
-     * One {@code FetchSegment} call for {@code [start, end]} ({@code end} null: to the end), open.
-     * Offers fetch hand-off when it is on (see {@link FetchHandoff}); if reading the handed-off
-     * file fails, asks again without.
-     */
-    private InputStream openFetch(ShimConfig c, RemoteLogSegmentMetadata md, int start, Integer end, String op)
-            throws RemoteStorageException {
-        return openFetch(c, md, start, end, op, null);
-    }
-
-    /** As above; {@code keep} (nullable) sees a handed-off file before the stream reads it. */
-    private InputStream openFetch(ShimConfig c, RemoteLogSegmentMetadata md, int start, Integer end, String op,
-                                  Consumer<FetchHandoff.OpenFile> keep) throws RemoteStorageException {
-        FetchSegmentRequest.Builder req = FetchSegmentRequest.newBuilder()
-                .setMetadata(MetadataMapper.toProto(md))
-                .setStartPosition(start)
-                .setAcceptZstdMaxBytes(zstdMaxBytes);
-        if (end != null) {
-            req.setEndPosition(end);
-        }
-        FetchHandoff handoff = this.handoff;
-        if (handoff != null && handoff.active()) {
-            try {
-                return openFetch(c, req.setAcceptHandoff(true).build(), handoff, keep, op);
-            } catch (FetchHandoff.HandoffException e) {
-                handoff.turnOff(op, e);
-                metrics.handoffFallbacks.increment();
-                req.setAcceptHandoff(false);
-            }
-        }
-        return openFetch(c, req.build(), null, null, op);
-    }
-
-    private InputStream openFetch(ShimConfig c, FetchSegmentRequest request, FetchHandoff handoff,
-                                  Consumer<FetchHandoff.OpenFile> keep, String op) throws RemoteStorageException {
-        Function<FetchSegmentResponse, ByteString> data = response -> {
-            if (response.hasHandoff()) {
-                throw new UncheckedIOException(new IOException(handoff == null
-                        ? "the sidecar answered with a hand-off file that was not asked for"
-                        : "the sidecar sent a hand-off file after other messages"));
-            }
-            try {
-                return received(response, request.getAcceptZstdMaxBytes(), false).slice();
-            } catch (IOException e) {
-                throw new UncheckedIOException(e.getMessage(), e); // the stream cancels the call and fails the read
-            }
-        };
-        Function<FetchSegmentResponse, InputStream> handedOff = handoff == null ? null
-                : response -> {
-                    if (!response.hasHandoff()) {
-                        return null;
-                    }
-                    FetchHandoff.OpenFile file = handoff.open(response.getHandoff());
-                    metrics.fetchHandoffBytes.add(file.length());
-                    try {
-                        if (keep != null) {
-                            keep.accept(file);
-                        }
-                        return file.stream(0, file.length());
-                    } finally {
-                        file.release();
-                    }
-                };
-        try {
-            return retrier.call(ShimMetrics.Op.FETCH, op, attempt -> {
-                GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(channel(),
-                        FetchResponseMarshaller.FETCH_SEGMENT, STREAM_CALL, request,
-                        data, op, c.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS)
-                        .substitutingFirst(handedOff);
-                s.awaitFirst(c.fetchDeadlineMs(), ShimConfig.FETCH_DEADLINE_MS);
-                s.armIdleTimeout(scheduler, c.fetchIdleTimeoutMs());
-                return s;
-            });
-        } catch (FetchHandoff.HandoffException e) {
-            throw e; // the caller asks again without hand-off
-        } catch (UncheckedIOException e) {
-            throw new RemoteStorageException(op + ": " + e.getCause().getMessage(), e.getCause());
-        }
+        config();
+        return reader.fetch(md, start, end);
     }
 
     @Override
     public InputStream fetchIndex(RemoteLogSegmentMetadata md, IndexType indexType) throws RemoteStorageException {
-        Objects.requireNonNull(md, "remoteLogSegmentMetadata");
-        Objects.requireNonNull(indexType, "indexType");
-        ShimConfig c = config();
-        String op = "fetchIndex(" + MetadataMapper.describe(md) + ", " + indexType + ")";
-        io.github.rsmsidecar.proto.v1.IndexType type = MetadataMapper.indexType(indexType);
-        if (type == null) {
-            throw new RemoteStorageException(op + ": index type " + indexType + " is not known to rsm.v1");
-        }
-        ReadAhead ra = readAhead();
-        if (ra != null && indexType == IndexType.OFFSET
-                && ra.sequential(md.remoteLogSegmentId().topicIdPartition(), md.remoteLogSegmentId(), 0)) {
-            // The broker loads a segment's indexes (offset, time, transaction: three calls) right
-            // before its first read of it; a sequential reader that reached the end of the previous
-            // segment reads this one from 0, so its first window is read ahead now, beside those calls.
-            readAheadNext(c, md, 0, 0, ra);
-        }
-        FetchIndexRequest request = FetchIndexRequest.newBuilder()
-                .setMetadata(MetadataMapper.toProto(md))
-                .setIndexType(type)
-                .build();
-        ReadAhead.SegmentRef seg = ReadAhead.SegmentRef.of(md);
-        if (indexType == IndexType.OFFSET) {
-            // the broker asks for the time and transaction indexes right after this one (IndexPrefetch)
-            indexPrefetch.start(channel(), seg, request, c.fetchIndexDeadlineMs(),
-                    io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
-                    io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION);
-        }
-        // the offset index too was asked for ahead when the segment before was read to its end
-        IndexPrefetch.Answer prefetched;
-        try {
-            prefetched = indexPrefetch.take(seg, type, c.fetchIndexDeadlineMs());
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-            throw errorMapper.retriable(op + ": interrupted while waiting for the index", e);
-        }
-        if (prefetched != null && prefetched.notFound() != null) {
-            throw errorMapper.map(op, prefetched.notFound(), false);
-        }
-        if (prefetched != null) {
-            return new java.io.ByteArrayInputStream(prefetched.data());
-        }
-        return retrier.call(ShimMetrics.Op.FETCH_INDEX, op, attempt -> {
-            GrpcInputStream<FetchIndexResponse> s = GrpcInputStream.start(channel(),
-                    RemoteStorageGrpc.getFetchIndexMethod(),
-                    STREAM_CALL.withDeadlineAfter(c.fetchIndexDeadlineMs(), TimeUnit.MILLISECONDS), request,
-                    FetchIndexResponse::getData, op, 0, ShimConfig.FETCH_INDEX_DEADLINE_MS);
-            s.awaitFirst(0, ShimConfig.FETCH_INDEX_DEADLINE_MS);
-            return s;
-        });
+        config();
+        return reader.index(md, indexType);
     }
 
     // ---- delete ------------------------------------------------------------------------------
@@ -1031,11 +521,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         Objects.requireNonNull(md, "remoteLogSegmentMetadata");
         ShimConfig c = config();
         String op = "deleteLogSegmentData(" + MetadataMapper.describe(md) + ")";
-        ReadAhead ra = readAhead;
-        if (ra != null) {
-            ra.forget(md.remoteLogSegmentId()); // nothing of a deleted segment is served again
-        }
-        indexPrefetch.forget(md.remoteLogSegmentId());
+        reader.forget(md.remoteLogSegmentId()); // nothing of a deleted segment is served again
         DeleteSegmentRequest request = DeleteSegmentRequest.newBuilder().setMetadata(MetadataMapper.toProto(md)).build();
         long started = System.nanoTime();
         retrier.call(ShimMetrics.Op.DELETE, op, attempt -> {

@@ -112,6 +112,54 @@ final class TlsFiles {
         return tls.build();
     }
 
+    /**
+     * A TLS context of exactly these bytes for the sidecar's fetch channel (ALPN
+     * {@code rsm-fetch/1}): BoringSSL through netty-tcnative where it loads (as gRPC's channel
+     * uses), else the JDK's provider. Each connection takes a new engine of it
+     * ({@link #newEngine}).
+     */
+    io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchChannelContext(ShimConfig c, String alpn)
+            throws IOException {
+        io.grpc.netty.shaded.io.netty.handler.ssl.SslContextBuilder b =
+                io.grpc.netty.shaded.io.netty.handler.ssl.SslContextBuilder.forClient()
+                        .sslProvider(io.grpc.netty.shaded.io.netty.handler.ssl.OpenSsl.isAvailable()
+                                ? io.grpc.netty.shaded.io.netty.handler.ssl.SslProvider.OPENSSL
+                                : io.grpc.netty.shaded.io.netty.handler.ssl.SslProvider.JDK)
+                        .applicationProtocolConfig(new io.grpc.netty.shaded.io.netty.handler.ssl.ApplicationProtocolConfig(
+                                io.grpc.netty.shaded.io.netty.handler.ssl.ApplicationProtocolConfig.Protocol.ALPN,
+                                io.grpc.netty.shaded.io.netty.handler.ssl.ApplicationProtocolConfig
+                                        .SelectorFailureBehavior.NO_ADVERTISE,
+                                io.grpc.netty.shaded.io.netty.handler.ssl.ApplicationProtocolConfig
+                                        .SelectedListenerFailureBehavior.ACCEPT,
+                                alpn));
+        try {
+            if (ca != null) {
+                b.trustManager(new ByteArrayInputStream(ca));
+            }
+            if (cert != null) {
+                b.keyManager(new ByteArrayInputStream(cert), new ByteArrayInputStream(key));
+            }
+            return b.build();
+        } catch (IOException | RuntimeException e) {
+            throw new IOException("the fetch channel's TLS context from rsm.config." + ShimConfig.TLS_CA_FILE + ", "
+                    + ShimConfig.TLS_CERT_FILE + " and " + ShimConfig.TLS_KEY_FILE + ": " + e.getMessage(), e);
+        }
+    }
+
+    /**
+     * A client engine of {@code context} for the sidecar at {@code host} (checked against its
+     * certificate, as gRPC checks it: {@code tls.authority.override} when set).
+     */
+    static javax.net.ssl.SSLEngine newEngine(io.grpc.netty.shaded.io.netty.handler.ssl.SslContext context,
+                                            String host, int port) {
+        javax.net.ssl.SSLEngine engine = context.newEngine(
+                io.grpc.netty.shaded.io.netty.buffer.ByteBufAllocator.DEFAULT, host, port);
+        javax.net.ssl.SSLParameters p = engine.getSSLParameters();
+        p.setEndpointIdentificationAlgorithm("HTTPS");
+        engine.setSSLParameters(p);
+        return engine;
+    }
+
     /** The subject of the certificate (for logs), or "none". */
     String subject() {
         if (cert == null) {

@@ -111,10 +111,18 @@ final class Fixtures {
         Harness(BindableService service, Map<String, String> config, ErrorMapper mapper, boolean monitorable,
                 ClientInterceptor... interceptors) throws IOException {
             server = InProcessServerBuilder.forName(name).addService(service).build().start();
-            ChannelFactory factory = c -> {
-                ManagedChannel ch = InProcessChannelBuilder.forName(name).intercept(interceptors).build();
-                channels.add(ch);
-                return ch;
+            ChannelFactory factory = new ChannelFactory() {
+                @Override
+                public ManagedChannel create(ShimConfig c) {
+                    ManagedChannel ch = InProcessChannelBuilder.forName(name).intercept(interceptors).build();
+                    channels.add(ch);
+                    return ch;
+                }
+
+                @Override
+                public boolean fetchChannel() {
+                    return false; // in-process: fetches go over gRPC (FetchChannelTest has the fetch channel)
+                }
             };
             rsm = monitorable ? new MonitorableSidecarRemoteStorageManager(factory, mapper)
                     : new SidecarRemoteStorageManager(factory, mapper);

@@ -88,7 +88,7 @@ class WindowedFetchTest {
             assertEquals(start, r[0], "window " + i);
             assertEquals(start + window - 1, r[1], "window " + i);
             start += window;
-            window = i == 0 ? WindowedFetchStream.CONTINUATION_WINDOW : window * 2;
+            window = i == 0 ? (256 * 1024) : window * 2;
         }
         long[] last = sidecar.requests.get(sidecar.requests.size() - 1);
         assertEquals(start, last[0]);
@@ -110,7 +110,7 @@ class WindowedFetchTest {
         }
         assertEquals(3, sidecar.requests.size(), "one call per fetch");
         // the first read's window, then windows of what it took plus 64 KiB
-        long later = WINDOW - 4096 + SidecarRemoteStorageManager.FETCH_WINDOW_SLACK;
+        long later = WINDOW - 4096 + (64 * 1024);
         int[] starts = {0, 70_000, 2_000_000};
         long[] sizes = {WINDOW, later, later};
         for (int i = 0; i < 3; i++) {
@@ -135,7 +135,7 @@ class WindowedFetchTest {
                 assertArrayEquals(Arrays.copyOfRange(SEGMENT, 100_000, 200_000), in.readNBytes(100_000));
             }
             assertEquals(3, sidecar.requests.size(), "one call: the window grew to the last read + 64 KiB");
-            assertEquals(100_000 + 100_000 + SidecarRemoteStorageManager.FETCH_WINDOW_SLACK - 1,
+            assertEquals(100_000 + 100_000 + (64 * 1024) - 1,
                     sidecar.requests.get(2)[1]);
         }
     }

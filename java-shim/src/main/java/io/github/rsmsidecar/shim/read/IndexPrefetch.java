@@ -1,4 +1,4 @@
-package io.github.rsmsidecar.shim;
+package io.github.rsmsidecar.shim.read;
 
 import io.github.rsmsidecar.proto.v1.FetchIndexRequest;
 import io.github.rsmsidecar.proto.v1.FetchIndexResponse;
