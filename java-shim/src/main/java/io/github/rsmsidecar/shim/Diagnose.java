@@ -52,14 +52,8 @@ public final class Diagnose {
             String host = !config.tlsAuthorityOverride().isEmpty() ? config.tlsAuthorityOverride()
                     : address.length == 2 ? address[0] : "localhost";
             int port = address.length == 2 ? Integer.parseInt(address[1]) : 0;
-            io.github.rsmsidecar.shim.read.RemoteReader reader = new io.github.rsmsidecar.shim.read.RemoteReader(
-                    config, null, null, new ShimMetrics(), null, null, true,
+            return io.github.rsmsidecar.shim.read.FetchChannel.probe(config,
                     context == null ? null : () -> TlsFiles.newEngine(context, host, port));
-            try {
-                return reader.probeFetchChannel();
-            } finally {
-                reader.close();
-            }
         } catch (IOException e) {
             return "fetch channel: not checked (" + e.getMessage() + ")";
         }

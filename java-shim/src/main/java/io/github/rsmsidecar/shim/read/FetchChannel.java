@@ -34,9 +34,12 @@ import org.slf4j.LoggerFactory;
  * retries and error mapping treat as gRPC's); after bytes, and any broken connection, it is an
  * {@link IOException} from {@code read}: never a short read.
  */
-final class FetchChannel implements AutoCloseable {
+public final class FetchChannel implements AutoCloseable {
 
-    private static final Logger LOG = LoggerFactory.getLogger(FetchChannel.class);
+    /** The logger, loaded at its first use: the connectivity check runs without slf4j. */
+    private static final class Log {
+        static final Logger LOG = LoggerFactory.getLogger(FetchChannel.class);
+    }
 
     /** What the client sends first, and the sidecar answers with (rsm.proto). */
     static final byte[] PREFACE = "RSMFv1\r\n".getBytes(StandardCharsets.US_ASCII);
@@ -133,7 +136,7 @@ final class FetchChannel implements AutoCloseable {
             } catch (IOException e) {
                 close(c);
                 if (reused) {
-                    LOG.debug("{}: a kept fetch channel connection had ended ({}); asking on a new one", op, e.toString());
+                    Log.LOG.debug("{}: a kept fetch channel connection had ended ({}); asking on a new one", op, e.toString());
                     continue; // the sidecar closed it while it was idle: nothing was read yet
                 }
                 throw Status.UNAVAILABLE.withDescription("fetch channel to " + endpoint + ": " + e)
@@ -191,10 +194,22 @@ final class FetchChannel implements AutoCloseable {
     }
 
     /**
-     * Opens one connection and exchanges the prefaces, as the first fetch would: a line saying
-     * whether the sidecar's fetch channel is there (the connectivity check, {@code Diagnose}).
+     * One line saying whether the sidecar at {@code config}'s target has its fetch channel: one
+     * connection and the prefaces exchanged, as the first fetch would (the connectivity check,
+     * {@code Diagnose}, which runs without Kafka's classes).
      */
-    String probe() {
+    public static String probe(io.github.rsmsidecar.shim.ShimConfig config, Supplier<SSLEngine> tls) {
+        String[] address = config.fetchChannelAddress();
+        ChannelConnection.Endpoint endpoint = address.length == 1
+                ? new ChannelConnection.Endpoint(null, 0, address[0])
+                : new ChannelConnection.Endpoint(address[0], Integer.parseInt(address[1]), null);
+        try (FetchChannel c = new FetchChannel(endpoint, tls, config.connectTimeoutMs(), config.fetchDeadlineMs(),
+                config.fetchReadTimeoutMs(), new java.util.concurrent.atomic.LongAdder())) {
+            return c.probe();
+        }
+    }
+
+    private String probe() {
         try {
             connect("the connectivity check").close();
             return "fetch channel: ready (" + endpoint + (tls != null ? ", TLS" : "") + ")";
@@ -402,7 +417,7 @@ final class FetchChannel implements AutoCloseable {
                 idleCheck = scheduler.schedule(() -> {
                     long idle = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - lastReadNanos);
                     if (idle >= idleMs) {
-                        LOG.warn("{}: the broker has not read from the stream for {} ms; closing it (rsm.config."
+                        Log.LOG.warn("{}: the broker has not read from the stream for {} ms; closing it (rsm.config."
                                 + "fetch.idle.timeout.ms={})", op, idle, idleMs);
                         abandon();
                     } else {

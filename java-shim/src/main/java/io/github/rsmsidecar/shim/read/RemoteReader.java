@@ -464,11 +464,6 @@ public final class RemoteReader implements AutoCloseable {
         });
     }
 
-    /** One line on the sidecar's fetch channel for the connectivity check ({@link FetchChannel#probe}). */
-    public String probeFetchChannel() {
-        return channel == null ? "fetch channel: not used" : channel.probe();
-    }
-
     // ---- lifecycle ---------------------------------------------------------------------------
 
     /** Drops what is kept of segment {@code id} (it is being deleted): nothing of it is served again. */
