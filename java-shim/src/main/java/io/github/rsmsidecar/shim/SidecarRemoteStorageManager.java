@@ -7,43 +7,26 @@ import io.github.rsmsidecar.proto.v1.CopyBegin;
 import io.github.rsmsidecar.proto.v1.CopySegmentResponse;
 import io.github.rsmsidecar.proto.v1.DeleteSegmentRequest;
 import io.github.rsmsidecar.proto.v1.DeleteSegmentResponse;
-import io.github.rsmsidecar.proto.v1.FetchIndexRequest;
-import io.github.rsmsidecar.proto.v1.FetchIndexResponse;
-import io.github.rsmsidecar.proto.v1.FetchSegmentRequest;
-import io.github.rsmsidecar.proto.v1.FetchSegmentResponse;
-import io.github.rsmsidecar.proto.v1.FileKind;
 import io.github.rsmsidecar.proto.v1.RemoteStorageGrpc;
-import io.github.rsmsidecar.proto.v1.SegmentFiles;
 import io.github.rsmsidecar.proto.v1.SegmentMetadata;
-import io.github.rsmsidecar.proto.v1.TransferMode;
 import io.github.rsmsidecar.shim.read.RemoteReader;
 import io.grpc.CallOptions;
-import io.grpc.ClientCall;
 import io.grpc.Channel;
 import io.grpc.ManagedChannel;
 import io.grpc.Status;
 import io.grpc.stub.ClientCalls;
 import java.io.IOException;
 import java.io.InputStream;
-import java.io.UncheckedIOException;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.Objects;
 import java.util.Optional;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
-import java.util.function.Consumer;
-import java.util.function.Function;
-import org.apache.kafka.common.TopicIdPartition;
-import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.config.ConfigException;
 import org.apache.kafka.server.log.remote.storage.LogSegmentData;
-import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata.CustomMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundException;
@@ -53,9 +36,13 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * KIP-405 {@link RemoteStorageManager} that forwards every call over gRPC ({@code rsm.v1}) to the
- * rsm-sidecar. The shim only translates types, streams bytes, applies deadlines and retries, and
- * maps gRPC statuses to KIP-405 exceptions; the sidecar does the storage work.
+ * KIP-405 {@link RemoteStorageManager} that forwards every call to the rsm-sidecar ({@code rsm.v1}).
+ * This class translates the KIP-405 calls: copies and deletes go over gRPC from here
+ * ({@link SegmentCopier}), with deadlines, retries ({@link Retrier}) and gRPC statuses mapped to
+ * KIP-405 exceptions ({@link ErrorMapper}); reads ({@code fetchLogSegment}, {@code fetchIndex}) go
+ * to the read path, {@link io.github.rsmsidecar.shim.read.RemoteReader}, the one part of the shim
+ * that keeps state of its own (read-ahead windows, index prefetch) and reads over the sidecar's
+ * fetch channel. The sidecar does the storage work.
  *
  * <p>Broker configuration (see docs/shim.md for every key):
  *
@@ -355,54 +342,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         // duplicate(): never move the broker's buffer; copyFrom reads position..limit, array or not.
         ByteString leaderEpochs = ByteString.copyFrom(data.leaderEpochIndex().duplicate());
 
-        CopyBegin.Builder begin = CopyBegin.newBuilder().setMetadata(metadata).setLeaderEpochCheckpoint(leaderEpochs);
         List<SegmentCopier.FilePart> parts = new ArrayList<>();
-        if (c.transferMode() == ShimConfig.TransferMode.PATH) {
-            SegmentFiles.Builder files = SegmentFiles.newBuilder()
-                    .setLogPath(absolute(data.logSegment()))
-                    .setOffsetIndexPath(absolute(data.offsetIndex()))
-                    .setTimeIndexPath(absolute(data.timeIndex()))
-                    .setProducerSnapshotPath(absolute(data.producerSnapshotIndex()));
-            data.transactionIndex().ifPresent(p -> files.setTransactionIndexPath(absolute(p)));
-            begin.setMode(TransferMode.PATH).setFiles(files);
-        } else {
-            SegmentFiles.Builder files = SegmentFiles.newBuilder();
-            // The proto's file order: LOG, OFFSET_INDEX, TIME_INDEX, PRODUCER_SNAPSHOT_FILE, TRANSACTION_INDEX.
-            parts.add(part(op, FileKind.LOG, data.logSegment()));
-            parts.add(part(op, FileKind.OFFSET_INDEX, data.offsetIndex()));
-            parts.add(part(op, FileKind.TIME_INDEX, data.timeIndex()));
-            parts.add(part(op, FileKind.PRODUCER_SNAPSHOT_FILE, data.producerSnapshotIndex()));
-            if (data.transactionIndex().isPresent()) {
-                parts.add(part(op, FileKind.TRANSACTION_INDEX, data.transactionIndex().get()));
-            }
-            for (SegmentCopier.FilePart p : parts) {
-                switch (p.kind) {
-                    case LOG:
-                        files.setLogSize(p.size);
-                        break;
-                    case OFFSET_INDEX:
-                        files.setOffsetIndexSize(p.size);
-                        break;
-                    case TIME_INDEX:
-                        files.setTimeIndexSize(p.size);
-                        break;
-                    case PRODUCER_SNAPSHOT_FILE:
-                        files.setProducerSnapshotSize(p.size);
-                        break;
-                    case TRANSACTION_INDEX:
-                        files.setTransactionIndexSize(p.size);
-                        break;
-                    default:
-                        throw new IllegalStateException(p.kind.toString());
-                }
-            }
-            begin.setMode(TransferMode.STREAM).setFiles(files);
-        }
-        CopyBegin beginMessage = begin.build();
+        CopyBegin beginMessage = SegmentCopier.begin(op, metadata, leaderEpochs, data, c.transferMode(), parts);
         long started = System.nanoTime();
         CopySegmentResponse response = retrier.call(ShimMetrics.Op.COPY, op, attempt -> SegmentCopier.copy(
                 channel(), deadline(c.copyDeadlineMs()), op, beginMessage, parts));
-        metrics.copyBytes.add(copiedBytes(data));
+        metrics.copyBytes.add(SegmentCopier.copiedBytes(data));
         LOG.info("{}: copied in {} ms ({} mode, {} bytes stored as {}, custom metadata: {} bytes)", op,
                 TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started), c.transferMode(),
                 response.getStoredBytes(), response.getObjectKeyBase(),
@@ -410,35 +355,6 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return response.hasCustomMetadata()
                 ? Optional.of(new CustomMetadata(response.getCustomMetadata().toByteArray()))
                 : Optional.empty();
-    }
-
-    /** The bytes of a segment's files, as counted in {@link ShimMetrics#copyBytes}. */
-    private static long copiedBytes(LogSegmentData data) {
-        long n = data.leaderEpochIndex().remaining();
-        List<Path> files = new ArrayList<>(List.of(data.logSegment(), data.offsetIndex(), data.timeIndex(),
-                data.producerSnapshotIndex()));
-        data.transactionIndex().ifPresent(files::add);
-        for (Path p : files) {
-            try {
-                n += Files.size(p);
-            } catch (IOException e) {
-                // gone after the copy: not counted
-            }
-        }
-        return n;
-    }
-
-    private static String absolute(Path p) {
-        return p.toAbsolutePath().toString();
-    }
-
-    private static SegmentCopier.FilePart part(String op, FileKind kind, Path path) throws RemoteStorageException {
-        try {
-            return new SegmentCopier.FilePart(kind, path, Files.size(path));
-        } catch (IOException e) {
-            throw new RemoteStorageException(op + " failed: cannot read the size of " + kind + " file " + path
-                    + ": " + e, e);
-        }
     }
 
     /** The fetch channel's TLS context of {@code tls} (null without TLS). */

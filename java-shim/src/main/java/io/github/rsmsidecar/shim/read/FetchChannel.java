@@ -7,7 +7,6 @@ import io.grpc.Status;
 import io.grpc.StatusException;
 import java.io.EOFException;
 import java.io.IOException;
-import java.io.InputStream;
 import java.io.InterruptedIOException;
 import java.net.ConnectException;
 import java.nio.ByteBuffer;
