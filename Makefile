@@ -27,12 +27,17 @@ TOPOLOGY ?= local
 # user_maven_lock; devstack.kafka's own repository in $(CACHE)/m2 has its lock).
 ONE_MAVEN := mkdir -p $(abspath $(CACHE)) && flock $(abspath $(CACHE))/.maven.lock
 
-.PHONY: compose-demo compose-down lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools k8s-tools helm-schema deps demo-deps test test-fast test-unit demo up down clean bench docs
+.PHONY: prereqs-demo compose-demo compose-down lint setup proto shim kafka-jars interop-jars iceberg-deps storage-servers compose-tools k8s-tools helm-schema deps demo-deps test test-fast test-unit demo up down clean bench docs
 
 setup: $(VENV)/.installed $(PROTO_OUT)
 
 # Everything the tests need, downloaded into $(CACHE) or built.
 deps: setup k8s-tools compose-tools storage-servers shim kafka-jars $(KAFKA39_STAMP) interop-jars iceberg-deps
+
+# The tools `make demo` and `make up` need on the machine (Python, a JDK, Maven), checked first so that
+# a missing one is named at once (devstack/prereqs.py; `make test` checks its own list first).
+prereqs-demo:
+	@$(PYTHON) -m devstack.prereqs demo
 
 # What `make demo` and `make up` use, and nothing more: the sidecar's runtime with PySpark and
 # PyIceberg (no dev tools), the Iceberg Spark runtime and SQLite JDBC jars (no cloud bundles: the
@@ -133,6 +138,7 @@ $(BCPROV):
 # 3 minutes sooner but the set-up no sooner (7.7 min against 7.3). The tests run in three lanes
 # at once (tests/lanes.py).
 test:
+	$(PYTHON) -m devstack.prereqs test
 	$(MAKE) --no-print-directory --output-sync=target -j5 lint deps
 	$(BIN)/python -m tests.lanes
 
@@ -161,14 +167,14 @@ docs: setup
 
 # The demo on the embedded default (local-directory storage); STORAGE=s3|gcs|azure selects a
 # local S3 (SeaweedFS), GCS (fake-gcs-server) or Azure Blob (Azurite) server instead.
-demo: demo-deps
+demo: prereqs-demo demo-deps
 	$(BIN)/python -m devstack.cli demo
 
 # A tiered-storage broker on 127.0.0.1:9092 for manual use, in the background; logs in run/stack/.
 # BROKERS=3 (or more): a controller and brokers on 127.0.0.1:9092-9094, a sidecar each, one
 # shared object store; logs in run/cluster/. `make down` stops either.
 BROKERS ?= 1
-up: demo-deps
+up: prereqs-demo demo-deps
 	mkdir -p run
 	nohup $(BIN)/python -m devstack.cli up --brokers $(BROKERS) > run/stack.out 2>&1 < /dev/null &
 	for i in $$(seq 1 120); do grep -q '^up:' run/stack.out 2>/dev/null && break; \

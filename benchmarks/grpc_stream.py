@@ -52,17 +52,17 @@ def write_certificate(directory: Path) -> None:
     (directory / "key.pem").write_bytes(issued.key_pem)
 
 
-def add_port(server: grpc.Server | grpc.aio.Server, port: int, tls_dir: str | None) -> None:
-    """Loopback ``port`` on ``server``, with TLS from ``write_certificate``'s files if ``tls_dir``."""
+def add_port(server: grpc.Server | grpc.aio.Server, tls_dir: str | None) -> int:
+    """A loopback port the kernel picks on ``server`` (returned: the server holds it from now on),
+    with TLS from ``write_certificate``'s files if ``tls_dir``."""
     if tls_dir:
         d = Path(tls_dir)
         key_and_cert = ((d / "key.pem").read_bytes(), (d / "cert.pem").read_bytes())
-        server.add_secure_port(f"127.0.0.1:{port}", grpc.ssl_server_credentials([key_and_cert]))
-    else:
-        server.add_insecure_port(f"127.0.0.1:{port}")
+        return server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([key_and_cert]))
+    return server.add_insecure_port("127.0.0.1:0")
 
 
-def serve(port: int, tls_dir: str | None, message_bytes: int) -> None:
+def serve(tls_dir: str | None, message_bytes: int) -> None:
     """The server process: answers a request naming a byte count with that many bytes in messages."""
     payload = os.urandom(message_bytes)
 
@@ -78,14 +78,14 @@ def serve(port: int, tls_dir: str | None, message_bytes: int) -> None:
         options=[("grpc.max_send_message_length", 64 * MiB)],
     )
     server.add_generic_rpc_handlers((handler,))
-    add_port(server, port, tls_dir)
+    port = add_port(server, tls_dir)
     server.start()
-    print("ready", flush=True)
+    print(f"ready {port}", flush=True)
     sys.stdin.read()  # until the parent closes it
     server.stop(0)
 
 
-def serve_aio(port: int, tls_dir: str | None, message_bytes: int) -> None:
+def serve_aio(tls_dir: str | None, message_bytes: int) -> None:
     """The ``--aio`` server process: ``serve`` on ``grpc.aio`` (one asyncio loop, no thread pool)."""
     import asyncio
 
@@ -101,16 +101,16 @@ def serve_aio(port: int, tls_dir: str | None, message_bytes: int) -> None:
         )
         server = grpc.aio.server(options=[("grpc.max_send_message_length", 64 * MiB)])
         server.add_generic_rpc_handlers((handler,))
-        add_port(server, port, tls_dir)
+        port = add_port(server, tls_dir)
         await server.start()
-        print("ready", flush=True)
+        print(f"ready {port}", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         await server.stop(0)
 
     asyncio.run(run())
 
 
-def serve_raw_tls(port: int, tls_dir: str, message_bytes: int) -> None:
+def serve_raw_tls(tls_dir: str, message_bytes: int) -> None:
     """The ``--raw-tls`` server process: each connection sends a byte count, gets that many bytes."""
     import socket
     import ssl
@@ -125,9 +125,9 @@ def serve_raw_tls(port: int, tls_dir: str, message_bytes: int) -> None:
             for _ in range(int(request.readline()) // message_bytes):
                 tls.sendall(payload)
 
-    listener = socket.create_server(("127.0.0.1", port))
+    listener = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=lambda: [sys.stdin.read(), os._exit(0)], daemon=True).start()
-    print("ready", flush=True)
+    print(f"ready {listener.getsockname()[1]}", flush=True)
     while True:
         conn, _ = listener.accept()
         threading.Thread(target=answer, args=(conn,), daemon=True).start()
@@ -138,9 +138,8 @@ def raw_tls_case(tls_dir: str, message_bytes: int, streams: int, total: int) -> 
     import socket
     import ssl
 
-    port = free_port()
-    argv = [sys.executable, __file__, "--serve-raw-tls", str(port), str(message_bytes), tls_dir]
-    with server_process(argv) as server:
+    argv = [sys.executable, __file__, "--serve-raw-tls", str(message_bytes), tls_dir]
+    with server_process(argv) as (server, port):
         context = ssl.create_default_context(cafile=str(Path(tls_dir) / "ca.pem"))
         per_stream = total // streams
 
@@ -159,13 +158,15 @@ def raw_tls_case(tls_dir: str, message_bytes: int, streams: int, total: int) -> 
 
 
 @contextlib.contextmanager
-def server_process(argv: list[str]) -> Iterator[subprocess.Popen]:
-    """A server process of this script, once it printed ``ready``; stopped by closing its stdin."""
+def server_process(argv: list[str]) -> Iterator[tuple[subprocess.Popen, int]]:
+    """A server process of this script and its port, once it printed ``ready <port>`` (it bound a
+    port the kernel picked, and holds it); stopped by closing its stdin."""
     server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        if server.stdout is None or server.stdout.readline().strip() != "ready":
+        ready = server.stdout.readline().split() if server.stdout is not None else []
+        if len(ready) != 2 or ready[0] != "ready":
             raise RuntimeError("the server did not start")
-        yield server
+        yield server, int(ready[1])
     finally:
         if server.stdin is not None:
             server.stdin.close()
@@ -191,23 +192,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def one_case(
     tls_dir: str | None, message_bytes: int, streams: int, total: int, serve_flag: str = "--serve"
 ) -> tuple[float, float]:
     """(MiB/s, server CPU ms per MiB) of ``total`` bytes over ``streams`` concurrent calls."""
-    port = free_port()
-    argv = [sys.executable, __file__, serve_flag, str(port), str(message_bytes)] + (
-        [tls_dir] if tls_dir else []
-    )
-    with server_process(argv) as server:
+    argv = [sys.executable, __file__, serve_flag, str(message_bytes)] + ([tls_dir] if tls_dir else [])
+    with server_process(argv) as (server, port):
         options = [("grpc.max_receive_message_length", 64 * MiB)]
         if tls_dir:
             creds = grpc.ssl_channel_credentials((Path(tls_dir) / "ca.pem").read_bytes())
@@ -239,13 +229,13 @@ def aes_gcm_ms_per_mib(total: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--serve":
-        serve(int(argv[1]), argv[3] if len(argv) > 3 else None, int(argv[2]))
+        serve(argv[2] if len(argv) > 2 else None, int(argv[1]))
         return 0
     if argv and argv[0] == "--serve-aio":
-        serve_aio(int(argv[1]), argv[3] if len(argv) > 3 else None, int(argv[2]))
+        serve_aio(argv[2] if len(argv) > 2 else None, int(argv[1]))
         return 0
     if argv and argv[0] == "--serve-raw-tls":
-        serve_raw_tls(int(argv[1]), argv[3], int(argv[2]))
+        serve_raw_tls(argv[2], int(argv[1]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mib", type=int, default=512, help="MiB streamed per case")

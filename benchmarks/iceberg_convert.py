@@ -1,15 +1,16 @@
-"""Records/s of ``rsm-sidecar iceberg convert`` on tiered segments of ~90-byte Protobuf and Avro
+"""Records/s of ``rsm-sidecar iceberg convert`` on tiered segments of Protobuf, Avro and JSON
 values, next to the write-only cost of the same rows, in the same run and Spark session.
 
 Set-up (not timed): a real Apicurio registry (devstack.registry) with the schemas of
-``iceberg_decode.py``; per ``--format`` (both by default) a topic of ``--records``
-Confluent-framed values (Protobuf: magic, schema id, ``[0]`` index, ``bench.Event``, ~92 bytes;
-Avro: magic, schema id, the Avro event with a nested record, an array, a map, a nullable union
-and logical types, ~84 bytes), 16-byte keys, two headers, 110 records per producer batch (a 16 KiB
-batch.size), split over ``--partitions`` partitions and tiered as segments of ``--segment-mb`` by
-the sidecar's own copy code (zstd chunks, AES-256-GCM, manifest) into a local directory, exactly
-as the sidecar stores them. One ``local[2]`` SparkSession is started and warmed up on a small
-topic of each format first.
+``iceberg_decode.py``; per ``--format`` (``both``, the default: Protobuf and Avro; ``all`` adds
+JSON) a topic of ``--records`` Confluent-framed values (Protobuf: magic, schema id, ``[0]``
+index, ``bench.Event``, ~92 bytes; Avro: magic, schema id, the Avro event with a nested record,
+an array, a map, a nullable union and logical types, ~84 bytes; JSON: magic, schema id, the
+event as JSON Schema JSON, ~220 bytes), 16-byte keys, two headers, 110 records per producer
+batch (a 16 KiB batch.size), split over ``--partitions`` partitions and tiered as segments of
+``--segment-mb`` by the sidecar's own copy code (zstd chunks, AES-256-GCM, manifest) into a
+local directory, exactly as the sidecar stores them. One ``local[2]`` SparkSession is started
+and warmed up on a small topic of each format first.
 
 Timed, each ``--repeat`` times on fresh tables (best reported), the formats one after the other:
 
@@ -22,7 +23,7 @@ Timed, each ``--repeat`` times on fresh tables (best reported), the formats one 
 3. **write-only**: the same decoded rows, cached in Spark memory beforehand, written to an
    Iceberg table with the same partitioning and write options (the Parquet/Iceberg cost alone).
 
-    .venv/bin/python benchmarks/iceberg_convert.py [--format both|protobuf|avro] [--records 1000000]
+    .venv/bin/python benchmarks/iceberg_convert.py [--format both|all|protobuf|avro|json] [--records 1000000]
         [--partitions 2] [--segment-mb 32] [--task-mb N] [--repeat 2]
 """
 
@@ -40,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devstack
 
-from iceberg_decode import AVRO_SCHEMA, PROTO, avro_event, proto_event
+from iceberg_decode import AVRO_SCHEMA, JSON_SCHEMA, PROTO, avro_event, make_json_values, proto_event
 
 RECORDS_PER_BATCH = 110
 TOPIC = "bench-events"
@@ -96,6 +97,9 @@ url = "{registry_url}"
     if fmt == "avro":
         schema_id = client.register_schema(f"{topic}-value", Schema(AVRO_SCHEMA, "AVRO"))
         value_of = _avro_values(schema_id)
+    elif fmt == "json":
+        schema_id = client.register_schema(f"{topic}-value", Schema(JSON_SCHEMA, "JSON"))
+        value_of = _json_values(schema_id)
     else:
         schema_id = client.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
         value_of = _protobuf_values(schema_id)
@@ -169,6 +173,18 @@ def _avro_values(schema_id: int):
     return value
 
 
+def _json_values(schema_id: int):
+    from rsm_sidecar.iceberg.decoding import framing
+
+    pre = framing.encode_preamble(schema_id)
+
+    def value(i: int, rnd: random.Random) -> bytes:
+        # the event of iceberg_decode.py (its own id and random draws), one per record
+        return pre + make_json_values(1, first=i, seed=rnd.randrange(1 << 30))[0][5:]
+
+    return value
+
+
 def cpu_seconds(registry_pid: int | None = None) -> dict[str, float]:
     """CPU seconds so far of this driver, Spark's JVM (a child) and its Python workers (the
     JVM's descendants, including those that have exited: counted by the OS in their parent).
@@ -221,9 +237,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--format",
-        choices=("both", "protobuf", "avro"),
+        choices=("both", "all", "protobuf", "avro", "json"),
         default="both",
-        help="the values' format; both: a topic of each, converted one after the other in each run",
+        help="the values' format; both: a topic of Protobuf and one of Avro, converted one after the "
+        "other in each run; all: JSON too",
     )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
@@ -233,8 +250,10 @@ def main() -> None:
     from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
     from rsm_sidecar.iceberg.session.spark import spark_session
 
-    formats = ("protobuf", "avro") if args.format == "both" else (args.format,)
-    topics = {fmt: TOPIC if fmt == "protobuf" else f"{TOPIC}-avro" for fmt in formats}
+    formats = {"both": ("protobuf", "avro"), "all": ("protobuf", "avro", "json")}.get(
+        args.format, (args.format,)
+    )
+    topics = {fmt: TOPIC if fmt == "protobuf" else f"{TOPIC}-{fmt}" for fmt in formats}
     workdir = Path(tempfile.mkdtemp(prefix="iceberg-convert-bench-"))
     reg = ApicurioRegistry(ApicurioDistribution.ensure(), workdir / "apicurio").start()
     spark = None
@@ -345,6 +364,11 @@ def main() -> None:
         for what in dict.fromkeys(w for _, w in best):
             cells = [f"{best[(fmt, what)]:,.0f}" if (fmt, what) in best else "" for fmt in formats]
             print(f"| {what} | " + " | ".join(cells) + " |")
+        for fmt in formats:
+            what = label("arrow", task_bytes)
+            if fmt != "protobuf" and "protobuf" in formats:
+                ratio = best[(fmt, what)] / best[("protobuf", what)]
+                print(f"{fmt} / protobuf, {what}, same run: {ratio:.2f}x")
     finally:
         if spark is not None:
             spark.stop()

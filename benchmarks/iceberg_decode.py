@@ -1,4 +1,4 @@
-"""Decode + Arrow-build throughput of the Iceberg row encoder for ~90-byte Protobuf and Avro values.
+"""Decode + Arrow-build throughput of the Iceberg row encoder for Protobuf, Avro and JSON values.
 
 Measures :meth:`rsm_sidecar.iceberg.mapping.rows.RowEncoder.encode` on one core: Confluent-framed
 values (Protobuf: magic, schema id, ``[0]`` index, the 9-field ``bench.Event``, 91 bytes; Avro:
@@ -7,11 +7,13 @@ besides, 84 bytes), 16-byte keys without a schema, two headers, in batches of 10
 ``arrow.maxRecordsPerBatch`` in :func:`rsm_sidecar.iceberg.session.spark.spark_session`). The
 schemas are put into the registry client's id cache, so no registry server is involved: this is
 the pure per-record cost that runs inside ``mapInArrow``. Each format is measured with its
-columnar decoder and with its library path alone (upb, fastavro); with ``--format both`` (the
-default) the four alternate in one process, and the table ends with Avro's columnar rate over
-Protobuf's.
+columnar decoder and with its library path alone (upb, fastavro, :func:`json.loads` value by
+value); with ``--format all`` (the default; ``both`` is Protobuf and Avro) they alternate in one
+process, and the table ends with Avro's and JSON's columnar rates over Protobuf's. The JSON value
+is the same event as Confluent-framed JSON Schema JSON (``JSON_SCHEMA``: ``at`` a ``date-time``,
+``device`` an object, ``tags`` an array), 213 bytes, read by PyArrow's JSON reader.
 
-    .venv/bin/python benchmarks/iceberg_decode.py [--format both|protobuf|avro] [--records 200000]
+    .venv/bin/python benchmarks/iceberg_decode.py [--format all|both|protobuf|avro|json] [--records 200000]
     .venv/bin/python benchmarks/iceberg_decode.py --spark --format protobuf|avro [--records 400000]
 
 ``--spark`` runs the same encoder inside ``mapInArrow`` on a local[2] Spark (jars from
@@ -23,7 +25,8 @@ transfer on 2 cores (no segment reading, no Parquet/Iceberg write).
 the JVM with Spark's own ``from_avro`` (the ``spark-avro`` module, fetched from Maven Central into
 ``.cache/`` on first use): the value's 5-byte preamble cut off with ``substring`` and the rest
 decoded against the same writer schema, key and headers passed through. That is the
-"decode on the JVM" design of issue 14 without any of the seed's mapping rules on top (no
+"decode on the JVM" design (docs/performance.md, "Iceberg: converting segments") without any of
+the seed's mapping rules on top (no
 ``__err__``/``__raw__`` for a value that does not decode: ``from_avro`` in ``PERMISSIVE`` mode
 gives null; no schema-id check per record; no evolution), so it is an upper bound for that design.
 """
@@ -31,6 +34,7 @@ gives null; no schema-id check per record; no evolution), so it is an upper boun
 from __future__ import annotations
 
 import argparse
+import datetime
 import io
 import json
 import os
@@ -47,6 +51,7 @@ from rsm_sidecar.iceberg.decoding import framing
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
 from rsm_sidecar.iceberg.decoding.schema_registry import (
     AVRO,
+    JSON,
     PROTOBUF,
     ResolvedSchema,
     SchemaRegistry,
@@ -76,6 +81,28 @@ message Device { string os = 1; int32 version = 2; }
 """
 REGISTRY_CONF = {"url": "http://127.0.0.1:9/unused-benchmark"}
 AVRO_ID = 2  # the Protobuf schema is id 1
+JSON_ID = 3
+JSON_SCHEMA = json.dumps(
+    {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "Event",
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "user_id": {"type": "integer"},
+            "kind": {"type": "string", "enum": ["CLICK", "VIEW"]},
+            "amount": {"type": "number"},
+            "ok": {"type": "boolean"},
+            "at": {"type": "string", "format": "date-time"},
+            "device": {
+                "type": "object",
+                "properties": {"os": {"type": "string"}, "version": {"type": "integer"}},
+            },
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "count": {"type": "integer"},
+        },
+    }
+)
 
 #: ``bench.Event`` as an Avro record, as a Confluent producer of Avro writes it: the Timestamp as
 #: ``timestamp-micros``, plus what Avro schemas usually have and Protobuf's event has not: a map,
@@ -153,6 +180,29 @@ def make_avro_values(n: int) -> list[bytes]:
     return out
 
 
+def make_json_values(n: int, first: int = 0, seed: int = 1) -> list[bytes]:
+    """The same events as :func:`make_values`, as JSON behind the Confluent preamble (events
+    ``first`` to ``first + n - 1``, their random values drawn from ``seed``)."""
+    pre = framing.encode_preamble(JSON_ID)
+    rnd = random.Random(seed)
+    out = []
+    for i in range(first, first + n):
+        at = datetime.datetime.fromtimestamp(1_700_000_000 + i, datetime.UTC).replace(microsecond=123)
+        event = {
+            "id": f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",
+            "user_id": rnd.randrange(1 << 40),
+            "kind": rnd.choice(["CLICK", "VIEW"]),
+            "amount": rnd.random() * 100,
+            "ok": bool(i & 1),
+            "tags": ["alpha", "beta"][: rnd.randrange(3)],
+            "count": rnd.randrange(1000),
+            "at": at.isoformat().replace("+00:00", "Z"),
+            "device": {"os": "linux-x86_64", "version": 6},
+        }
+        out.append(pre + json.dumps(event, separators=(",", ":")).encode())
+    return out
+
+
 def avro_event(i: int, rnd: random.Random) -> dict:
     """The ``i``-th event of :data:`AVRO_SCHEMA` (~80 bytes framed; ``rnd`` draws the values)."""
     return {
@@ -172,6 +222,8 @@ def avro_event(i: int, rnd: random.Random) -> dict:
 
 
 def resolved(fmt: str) -> ResolvedSchema:
+    if fmt == "json":
+        return ResolvedSchema(JSON_ID, JSON, JSON_SCHEMA, json=json.loads(JSON_SCHEMA))
     if fmt == "avro":
         named: dict = {}
         return ResolvedSchema(
@@ -183,11 +235,10 @@ def resolved(fmt: str) -> ResolvedSchema:
 
 
 def spec(fmt: str) -> EncoderSpec:
-    value = (
-        SideSpec("avro", REGISTRY_CONF, AVRO_ID)
-        if fmt == "avro"
-        else SideSpec("protobuf", REGISTRY_CONF, 1, "bench.Event")
-    )
+    value = {
+        "avro": SideSpec("avro", REGISTRY_CONF, AVRO_ID),
+        "json": SideSpec("json", REGISTRY_CONF, JSON_ID),
+    }.get(fmt, SideSpec("protobuf", REGISTRY_CONF, 1, "bench.Event"))
     return EncoderSpec(SideSpec(), value)
 
 
@@ -196,7 +247,7 @@ def _seed_worker_registry(fmt: str):
 
     def fn(batches):
         reg = SchemaRegistry.shared(REGISTRY_CONF)
-        if (AVRO_ID if fmt == "avro" else 1) not in reg._resolved:
+        if {"avro": AVRO_ID, "json": JSON_ID}.get(fmt, 1) not in reg._resolved:
             reg.add_resolved(resolved(fmt))
         from rsm_sidecar.iceberg.mapping.rows import map_in_arrow_fn
 
@@ -280,15 +331,18 @@ def main() -> None:
     ap.add_argument("--spark", action="store_true", help="measure inside Spark mapInArrow on local[2]")
     ap.add_argument(
         "--format",
-        choices=("protobuf", "avro", "both"),
-        default="both",
-        help="both: the two formats alternately in one process, and their ratio",
+        choices=("protobuf", "avro", "json", "both", "all"),
+        default="all",
+        help="all: the three formats alternately in one process, and their ratios to Protobuf; "
+        "both: Protobuf and Avro",
     )
     args = ap.parse_args()
 
-    if args.spark and args.format == "both":
-        ap.error("--spark measures one format: --format protobuf or --format avro")
-    formats = ("protobuf", "avro") if args.format == "both" else (args.format,)
+    if args.spark and args.format in ("both", "all"):
+        ap.error("--spark measures one format: --format protobuf, avro or json")
+    formats = {"both": ("protobuf", "avro"), "all": ("protobuf", "avro", "json")}.get(
+        args.format, (args.format,)
+    )
     cases = {fmt: _case(fmt, args.batch) for fmt in formats}
     if args.spark:
         (fmt,) = formats
@@ -309,24 +363,29 @@ def main() -> None:
     print("| format | value (framed) | path | records per CPU-second | records/s wall |")
     print("|---|---|---|---|---|")
     for (fmt, path), (wall, cpu) in best.items():
-        what = {"columnar": f"columnar ({'proto' if fmt == 'protobuf' else 'avro'}_columnar)",
-                "library": "upb" if fmt == "protobuf" else "fastavro"}[path]  # fmt: skip
+        short = {"protobuf": "proto"}.get(fmt, fmt)
+        library = {"protobuf": "upb", "avro": "fastavro", "json": "json.loads per value"}[fmt]
+        what = {"columnar": f"columnar ({short}_columnar)", "library": library}[path]
         print(f"| {fmt} | {cases[fmt][1]:.0f} B | {what} | {cpu:,.0f} | {wall:,.0f} |")
     for fmt in formats:
         fast, slow = best[(fmt, "columnar")], best[(fmt, "library")]
         print(f"{fmt}: columnar / library {fast[1] / slow[1]:.2f}x per CPU-second")
-    if len(formats) == 2:
-        ratio = best[("avro", "columnar")][1] / best[("protobuf", "columnar")][1]
-        print(f"avro / protobuf, columnar, per CPU-second: {ratio:.2f}x")
+    for fmt in formats:
+        if fmt != "protobuf" and "protobuf" in formats:
+            ratio = best[(fmt, "columnar")][1] / best[("protobuf", "columnar")][1]
+            print(f"{fmt} / protobuf, columnar, per CPU-second: {ratio:.2f}x")
 
 
 def _case(fmt: str, batch_size: int):
     """(raw record batch, average framed value size) of ``batch_size`` events in ``fmt``."""
     schema = resolved(fmt)
     SchemaRegistry.shared(REGISTRY_CONF).add_resolved(schema)
-    values = (
-        make_values(batch_size, schema.proto) if schema.proto is not None else make_avro_values(batch_size)
-    )
+    if fmt == "json":
+        values = make_json_values(batch_size)
+    elif schema.proto is not None:
+        values = make_values(batch_size, schema.proto)
+    else:
+        values = make_avro_values(batch_size)
     recs = [
         KafkaRecord(
             0,
@@ -351,7 +410,7 @@ def _encode_rate(enc: RowEncoder, batch, n_batches: int, columnar: bool) -> tupl
     if not columnar:
         if plan is not None:  # Protobuf: the side's plan
             side.columnar_plan = None
-        else:  # Avro: the side's decode_arrow
+        else:  # Avro and JSON: the side's decode_arrow
             side.decode_arrow = lambda col: None  # type: ignore[method-assign]
     try:
         enc.encode(batch)  # warm-up

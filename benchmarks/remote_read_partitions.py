@@ -1,5 +1,6 @@
 """Many partitions read at once: a catch-up consumer over 12 and 48 partitions of tiered data, with
-Kafka's own ``LocalTieredStorage`` and with rsm-sidecar (issue 31 §2). A sibling of
+Kafka's own ``LocalTieredStorage`` and with rsm-sidecar (docs/performance.md, "Many partitions
+read at once"). A sibling of
 ``benchmarks/remote_read.py`` (one partition), built from its pieces.
 
     .venv/bin/python benchmarks/remote_read_partitions.py [--partitions 12,48] [--cases lts,ours]

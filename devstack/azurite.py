@@ -4,7 +4,7 @@
   into ``<cache_dir>/azurite-<version>`` (``npm install --prefix``, install scripts off) and
   returns the path of its ``azurite-blob`` command. A stamp file makes it idempotent, a lock file
   safe for concurrent processes. ``RSM_AZURITE_BIN`` points at another ``azurite-blob`` instead.
-* :class:`AzuriteServer` runs the Blob service alone on 127.0.0.1 at a free port, with
+* :class:`AzuriteServer` runs the Blob service alone on 127.0.0.1 (port: :mod:`devstack.ports`), with
   ``--skipApiVersionCheck`` (the SDK speaks a newer service version than the emulator knows),
   ``--loose`` (unknown headers are ignored, not refused) and telemetry off. It serves one account
   of its own, named :data:`ACCOUNT` with a random key made per server unless one is given
@@ -40,7 +40,6 @@ from devstack.common import (
     BucketServer,
     default_cache_dir,
     file_lock,
-    free_port,
     http_answers,
     launcher_parser,
     serve_until_stopped,
@@ -113,6 +112,8 @@ class AzuriteServer(BucketServer):
 
     name = "azurite"
     kind = "Azure Blob"
+    port_names = ("port",)
+    port: int
 
     def __init__(
         self,
@@ -131,7 +132,7 @@ class AzuriteServer(BucketServer):
         self.in_memory = in_memory
         self.data_dir = self.workdir / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
+        self.choose_ports(port=port)
         self.account = account
         self.account_key = account_key or base64.b64encode(os.urandom(64)).decode()
         self.tls = tls  # (certificate, key) PEM files: serve https

@@ -27,6 +27,8 @@ from devstack.stack import LocalStack
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = REPO / "run"
+#: where `make setup` installs the `rsm-sidecar` command, as a user types it from the checkout
+VENV_BIN = ".venv/bin"
 
 
 def _port_free(port: int) -> bool:
@@ -135,10 +137,17 @@ def down(args) -> int:
 
 
 # -- demo --------------------------------------------------------------------------------------
+#: The JSON Schema of the demo's order values: their properties become the table's columns.
+DEMO_SCHEMA = Path(__file__).resolve().parents[1] / "config" / "demo-orders.schema.json"
+#: How the demo writes an order value; the table's columns must give back exactly these bytes.
+ORDER_JSON = '{"order_id":%d,"status":"%s","amount":%.2f,"currency":"%s","items":%d,"note":"%s"}'
+
+
 def _demo_iceberg(stack: LocalStack, topic: str, workdir: Path, record_hashes: list[bytes]) -> dict:
     """``rsm-sidecar iceberg convert`` on what the demo tiered (Spark on local[2], reading the
-    stored segments, not the broker), then the table read back with PyIceberg: one row per
-    tiered record, at its offset, with the key and value that were produced."""
+    stored segments, not the broker), with the orders' JSON Schema (``DEMO_SCHEMA``), then the
+    table read back with PyIceberg: one row per tiered record, at its offset, with the key that
+    was produced and the value's columns giving back the value that was produced."""
     import subprocess
 
     from rsm_sidecar.iceberg.job import load_config
@@ -152,6 +161,7 @@ def _demo_iceberg(stack: LocalStack, topic: str, workdir: Path, record_hashes: l
     env["RSM__ICEBERG__SPARK__SCRATCH_DIR"] = str(workdir / "spark-scratch")
     cmd = [sys.executable, "-m", "rsm_sidecar.cli.main", "iceberg", "convert", "--config", str(config_file)]
     cmd += ["--topic", topic, "--catalog-root", str(lake), "--master", "local[2]"]
+    cmd += ["--value-json-schema", str(DEMO_SCHEMA)]
     t0 = time.monotonic()
     with open(log, "w") as out:
         done = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900)
@@ -174,22 +184,58 @@ def _demo_iceberg(stack: LocalStack, topic: str, workdir: Path, record_hashes: l
             f"the table's offsets are not 0..{len(rows) - 1}: {offsets[:5]} ... {offsets[-5:]}"
         )
     for r in rows:
+        v = r["val"]
+        if v["__err__"] is not None or v["__raw__"] is not None:
+            raise RuntimeError(f"the table's row at offset {r['kafka']['offset']} was not decoded: {v}")
+        value = ORDER_JSON % (v["order_id"], v["status"], v["amount"], v["currency"], v["items"], v["note"])
         if (
-            hashlib.sha256(r["key"]["__raw__"] + b"\0" + r["val"]["__raw__"]).digest()
+            hashlib.sha256(r["key"]["__raw__"] + b"\0" + value.encode()).digest()
             != record_hashes[r["kafka"]["offset"]]
         ):
             raise RuntimeError(f"the table's row at offset {r['kafka']['offset']} is not the record produced")
     first = rows[0]
+    columns = ", ".join(
+        f"{k} {x!r}" for k, x in first["val"].items() if k not in ("__raw__", "__prefix__", "__err__")
+    )
     return {
         "name": ".".join(ident),
         "rows": len(rows),
         "first_row": f"kafka.offset {first['kafka']['offset']}, key.__raw__ "
-        f"{first['key']['__raw__'].decode()!r}, val.__raw__ {first['val']['__raw__'][:60].decode()!r}...",
+        f"{first['key']['__raw__'].decode()!r}, val: {columns}",
         "files": sum(1 for _ in table.scan().plan_files()),
         "seconds": seconds,
         "hint": f"PyIceberg SqlCatalog at {lake} (rsm-sidecar iceberg status --config {config_file} "
         f"--catalog-root {lake} --topic {topic})",
     }
+
+
+def write_inspect_config(config_file: Path, environ: dict[str, str], path: Path) -> str:
+    """A configuration file of what a sidecar with ``config_file`` and ``environ`` (its RSM__
+    overrides) stored on local storage, for `rsm-sidecar inspect` once the sidecar is gone: its
+    storage root, key prefix and keyring and nothing else. Returns the command that lists it."""
+    import json
+
+    from rsm_sidecar.config import Config
+
+    cfg = Config.load(config_file, environ=environ)
+    lines = [
+        "# What `make demo` stored, for `rsm-sidecar inspect` (written by the demo; docs/inspect.md)",
+        "[storage]",
+        'backend = "local"',
+        f"key_prefix = {json.dumps(cfg['storage.key_prefix'])}",
+        "[storage.local]",
+        f"root = {json.dumps(os.path.abspath(cfg['storage.local.root']))}",
+        "[encryption]",
+        f"enabled = {'true' if cfg['encryption.enabled'] else 'false'}",
+    ]
+    if cfg["encryption.enabled"]:
+        lines.append(f"active_key_id = {json.dumps(cfg['encryption.active_key_id'])}")
+        for key_id, files in sorted(cfg.family("encryption.keys").items()):
+            lines.append(f"[encryption.keys.{key_id}]")
+            lines += [f"{leaf} = {json.dumps(os.path.abspath(v))}" for leaf, v in sorted(files.items())]
+    path.write_text("\n".join(lines) + "\n")
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    return f"{VENV_BIN}/rsm-sidecar inspect ls -c {shown}"
 
 
 def demo(args) -> int:
@@ -246,17 +292,11 @@ def demo(args) -> int:
         statuses = ["created", "paid", "packed", "shipped", "delivered"]
         for i in range(args.records):
             key = b"customer-%05d" % rng.randrange(20000)
+            cents = rng.randrange(100, 90000)
             value = (
-                b'{"order_id":%d,"status":"%s","amount":%d.%02d,"currency":"EUR","items":%d,"note":"%s"}'
-                % (
-                    i,
-                    statuses[i % 5].encode(),
-                    rng.randrange(1, 900),
-                    rng.randrange(100),
-                    rng.randrange(1, 9),
-                    rng.randbytes(24).hex().encode(),
-                )
-            )
+                ORDER_JSON
+                % (i, statuses[i % 5], cents / 100, "EUR", rng.randrange(1, 9), rng.randbytes(24).hex())
+            ).encode()
             digest.update(key + b"\0" + value + b"\n")
             record_hashes.append(hashlib.sha256(key + b"\0" + value).digest())
             p.produce(topic, key=key, value=value)
@@ -348,6 +388,11 @@ def demo(args) -> int:
             f"{workdir / 'lake'}) ..."
         )
         table = _demo_iceberg(stack, topic, workdir, record_hashes)
+        if args.storage == "local":
+            inspect = write_inspect_config(*stack.sidecar_config_env(), workdir / "inspect.toml")
+            look = f"{inspect}   (then du, verify, dump SEGMENT: docs/inspect.md)"
+        else:
+            look = f"the {args.storage} server stops with the demo; with local storage the store stays"
         _say("[6/6] summary")
         _say(
             f"      segments tiered:        {len(manifests)} ({compressed} zstd-compressed, {encrypted} "
@@ -365,11 +410,13 @@ def demo(args) -> int:
         )
         _say(
             f"      Iceberg table:          {table['name']}: {table['rows']:,} rows = every record of the "
-            f"tiered segments (offsets 0-{table['rows'] - 1:,}, sha256 of each key and value matches), "
+            f"tiered segments (offsets 0-{table['rows'] - 1:,}; the value's JSON as columns, "
+            f"{DEMO_SCHEMA.relative_to(DEMO_SCHEMA.parents[1])}; each key and value matches), "
             f"{table['files']} data files, written in {table['seconds']:.0f}s"
         )
         _say(f"      its first row:          {table['first_row']}")
         _say(f"      read it:                {table['hint']}")
+        _say(f"      look at what it stored: {look}")
         _say(f"      total time:             {time.monotonic() - t_start:.0f}s")
     finally:
         _say("stopping the stack ...")

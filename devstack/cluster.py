@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from devstack.common import default_cache_dir, free_port
+from devstack.common import default_cache_dir
 from devstack.kafka import KafkaBroker, KafkaDistribution, random_cluster_id
 from devstack.stack import CONFIG_DIR, LocalStack, read_properties
 
@@ -58,17 +58,14 @@ class ClusterNode(LocalStack):
     def __init__(self, cluster: ClusterStack, node_id: int, port: int | None = None):
         self.cluster = cluster
         self.node_id = node_id
-        self.metrics_port = free_port() if cluster.metrics else None
-        sidecar_env = dict(cluster.extra_sidecar_env)
-        if self.metrics_port is not None:
-            sidecar_env["RSM__METRICS__LISTEN"] = f"127.0.0.1:{self.metrics_port}"
         super().__init__(
             cluster.workdir / f"broker-{node_id}",
             storage=cluster.storage,
             transfer_mode=cluster.transfer_mode,
             kafka_version=cluster.kafka_version,
             broker_port=port,
-            sidecar_env=sidecar_env,
+            sidecar_env=cluster.extra_sidecar_env,
+            metrics=cluster.metrics,
             broker_properties=cluster.extra_broker_properties,
             encryption=cluster.encryption,
             broker_jvm_options=cluster.jvm_options,
@@ -77,7 +74,8 @@ class ClusterNode(LocalStack):
                 "node_id": node_id,
                 "cluster_id": cluster.cluster_id,
                 "role": "broker",
-                "quorum_voters": cluster.quorum_voters,
+                # read when the broker starts: the controller may have moved to other ports
+                "quorum_voters": lambda: cluster.quorum_voters,
             },
         )
 
@@ -109,12 +107,6 @@ class ClusterNode(LocalStack):
     def log_dir(self) -> Path:
         """The broker's ``log.dirs``: the only directory its sidecar reads in path mode."""
         return self.broker_log_dir
-
-    @property
-    def metrics_url(self) -> str:
-        if self.metrics_port is None:
-            raise RuntimeError("the cluster was started without sidecar metrics (metrics=True)")
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def __repr__(self) -> str:
         return f"ClusterNode({self.node_id}, {self.broker!r})"

@@ -1,8 +1,9 @@
 """Helpers every devstack launcher uses: where downloads go, a cross-process lock for
-set-up steps (both shared with the Iceberg jar resolver), free loopback ports, wheels installed
-into the cache, the server process we start (:class:`ServerProcess`), stopping a process
-(:func:`terminate_process`, :func:`kill_process`) and the ``run`` command of a launcher
-(:func:`launcher_parser`, :func:`serve_until_stopped`, :func:`wait_for_stop_signal`)."""
+set-up steps (both shared with the Iceberg jar resolver), loopback ports for servers (from
+:mod:`devstack.ports`), wheels installed into the cache, the server process we start
+(:class:`ServerProcess`), stopping a process (:func:`terminate_process`,
+:func:`kill_process`) and the ``run`` command of a launcher (:func:`launcher_parser`,
+:func:`serve_until_stopped`, :func:`wait_for_stop_signal`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from devstack.ports import free_port, free_ports, port_pair, start_retrying
 from rsm_sidecar.local_cache import cache_dir, file_lock
 
 __all__ = [
@@ -54,43 +55,6 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 def default_cache_dir() -> Path:
     """``$RSM_CACHE_DIR`` if set, else ``.cache`` at the repository root."""
     return cache_dir()
-
-
-# -- ports ----------------------------------------------------------------------------------
-def free_port(host: str = HOST) -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def free_ports(n: int, host: str = HOST) -> list[int]:
-    """``n`` distinct ports that were free a moment ago (held open together while chosen)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def port_pair(offset: int, host: str = HOST) -> tuple[int, int]:
-    """A free port ``p`` such that ``p + offset`` is free too."""
-    for _ in range(200):
-        p = free_port(host)
-        if p + offset > 65535:
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind((host, p + offset))
-            return p, p + offset
-        except OSError:
-            continue
-    raise RuntimeError(f"no free port pair with offset {offset}")
 
 
 def pip_install_target(requirement: str, target: Path, timeout: float = 600) -> None:
@@ -125,15 +89,21 @@ def pip_install_target(requirement: str, target: Path, timeout: float = 600) -> 
 class ServerProcess:
     """One server process we started: log file, readiness wait, stop/kill, pause/resume.
 
-    Subclasses provide :meth:`command`, :meth:`environment` and :meth:`is_ready`. The
-    process runs in its own session so a Ctrl+C of the test run does not reach it first;
-    it is stopped at interpreter exit if the owner forgot.
+    Subclasses provide :meth:`command`, :meth:`environment` and :meth:`is_ready`, and name
+    the attributes that hold their ports in :attr:`port_names`, set by :meth:`choose_ports`
+    (ports given, or leased: :mod:`devstack.ports`). The first start tries again on new ports
+    when the server finds one taken, unless a port was given (:func:`~devstack.ports.start_retrying`,
+    noted in the log); later starts (:meth:`restart`) keep the ports. The process runs in its
+    own session so a Ctrl+C of the test run does not reach it first; it is stopped at
+    interpreter exit if the owner forgot.
     """
 
     name = "server"
     startup_timeout = 30.0
     #: seconds :meth:`stop` waits after SIGTERM before SIGKILL
     stop_timeout = 15.0
+    #: the attributes that hold the ports the server listens on (:meth:`choose_ports`)
+    port_names: tuple[str, ...] = ()
 
     def __init__(self, workdir: Path):
         self.workdir = Path(workdir)
@@ -141,6 +111,8 @@ class ServerProcess:
         self.log_file = self.workdir / f"{self.name}.log"
         self.proc: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
+        self._ports_given = False
+        self._started_once = False
         atexit.register(self._atexit)
 
     # to override
@@ -153,6 +125,18 @@ class ServerProcess:
     def is_ready(self) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    # ports
+    def choose_ports(self, **given: int | None) -> None:
+        """Set each attribute of :attr:`port_names`: to the port ``given`` for it, else to a
+        leased one. With any port given, a start that finds a port taken is not retried."""
+        self._ports_given = any(given.values())
+        leased = iter(free_ports(sum(1 for name in self.port_names if not given.get(name))))
+        for name in self.port_names:
+            setattr(self, name, given.get(name) or next(leased))
+
+    def ports(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.port_names}
+
     # lifecycle
     @property
     def pid(self) -> int | None:
@@ -164,6 +148,17 @@ class ServerProcess:
     def start(self):
         if self.is_running():
             return self
+        start_retrying(
+            self._start_once,
+            what=self.name,
+            log_file=self.log_file,
+            ports=self.ports,
+            choose_new_ports=None if self._ports_given or self._started_once else self.choose_ports,
+        )
+        self._started_once = True
+        return self
+
+    def _start_once(self) -> None:
         t0 = time.monotonic()
         log = open(self.log_file, "ab")
         # A stop signal must not interrupt Popen between the child's exec and the assignment:
@@ -201,7 +196,6 @@ class ServerProcess:
                 )
             time.sleep(0.05)
         self.startup_seconds = time.monotonic() - t0
-        return self
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` (default :attr:`stop_timeout`); waits for

@@ -27,11 +27,13 @@ from devstack.common import default_cache_dir, file_lock
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "tests" / "compose" / "tools"
 COMPOSE_VERSION = "v5.5.1"
+#: the oldest Go that builds it (its go.mod's ``go`` line, below); devstack/prereqs.py checks it
+MIN_GO = (1, 26, 3)
 # Copied from github.com/docker/compose/v5's go.mod: a build outside that module must
 # repeat them (go install of the module itself refuses modules with exclude directives).
 COMPOSE_GO_MOD = f"""module rsm-sidecar/compose-cli
 
-go 1.26.3
+go {".".join(map(str, MIN_GO))}
 
 require github.com/docker/compose/v5 {COMPOSE_VERSION}
 
@@ -58,8 +60,9 @@ def _go_env() -> dict[str, str]:
         raise ToolUnavailable("Go is not installed (needed to build the compose tools)")
     out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, timeout=60).stdout.strip()
     version = tuple(int(p) for p in out.removeprefix("go").split(".")[:3] if p.isdigit())
-    if version < (1, 26, 3):
-        raise ToolUnavailable(f"Go {out} is older than 1.26.3 (needed by docker compose {COMPOSE_VERSION})")
+    if version < MIN_GO:
+        wanted = ".".join(map(str, MIN_GO))
+        raise ToolUnavailable(f"Go {out} is older than {wanted} (needed by docker compose {COMPOSE_VERSION})")
     gocache = cache_dir() / "go"
     env = dict(os.environ)
     env.update(

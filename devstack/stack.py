@@ -16,8 +16,9 @@ import socket
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from devstack.common import REPO_ROOT, default_cache_dir, free_port
+from devstack.common import REPO_ROOT, default_cache_dir, free_ports
 from devstack.kafka import KafkaBroker, KafkaDistribution
+from devstack.ports import start_retrying
 from devstack.sidecar import SidecarProcess
 
 CONFIG_DIR = REPO_ROOT / "config"
@@ -74,6 +75,7 @@ class LocalStack:
         broker_jvm_options: Sequence[str] = (),
         shim_jar: Path | None = None,
         broker_options: Mapping[str, object] | None = None,
+        metrics: bool = False,
     ):
         """``sidecar_tls``: the sidecar is reached over TCP with mutual TLS (certificates of a test
         CA in Secret-volume-like directories, ``tls_ca``, ``sidecar_secret``, ``broker_secret``)
@@ -83,7 +85,12 @@ class LocalStack:
         the broker's own class path instead of ``remote.log.storage.manager.class.path`` (what
         KIP-877 plugin metrics need, docs/shim.md). ``shim_jar``: another build of the shim than
         ``make shim``'s (benchmarks compare builds). ``broker_options``: more arguments of the
-        broker's :class:`~devstack.kafka.KafkaBroker` (a broker of a cluster: devstack/cluster.py)."""
+        broker's :class:`~devstack.kafka.KafkaBroker` (a broker of a cluster: devstack/cluster.py).
+        ``metrics``: the sidecar serves its metrics at :attr:`metrics_url`.
+
+        The sidecar's TCP and metrics ports come from :mod:`devstack.ports`; its first start
+        tries again on new ones if it finds one taken (noted in its log), later starts
+        (:meth:`restart_sidecar`) keep them: the broker dials the same address."""
         self.workdir = Path(workdir).resolve()
         self.storage = storage
         self.transfer_mode = transfer_mode
@@ -103,7 +110,11 @@ class LocalStack:
         self.sidecar_secret = None
         self.broker_secret = None
         self.sidecar_tcp = sidecar_tcp or sidecar_tls
-        self.sidecar_port = free_port() if self.sidecar_tcp else None
+        self.metrics = metrics
+        self.sidecar_port: int | None = None
+        self.metrics_port: int | None = None
+        self._choose_sidecar_ports()
+        self._sidecar_started_once = False
         self.storage_server = None
         self.sidecar: SidecarProcess | None = None
         #: whether start_sidecar created the runtime directory (stop removes only that)
@@ -175,10 +186,22 @@ class LocalStack:
         self.keys_dir.mkdir(parents=True, exist_ok=True)
         write_key_pair(pub, priv, 2048, overwrite=True)
 
+    @property
+    def metrics_url(self) -> str:
+        if self.metrics_port is None:
+            raise RuntimeError("the stack was set up without sidecar metrics (metrics=True)")
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def _choose_sidecar_ports(self) -> None:
+        """The sidecar's TCP port (``sidecar_tcp``) and metrics port (``metrics``), leased."""
+        leased = iter(free_ports(int(self.sidecar_tcp) + int(self.metrics)))
+        self.sidecar_port = next(leased) if self.sidecar_tcp else None
+        self.metrics_port = next(leased) if self.metrics else None
+
     def sidecar_environment(self) -> dict[str, str]:
         env = {
             "RSM__SERVER__LISTEN": self.sidecar_target,
-            "RSM__METRICS__LISTEN": "",
+            "RSM__METRICS__LISTEN": f"127.0.0.1:{self.metrics_port}" if self.metrics_port else "",
             "RSM__STORAGE__BACKEND": self.storage,
             "RSM__COPY__JOURNAL_DIR": str(self.workdir / "journal"),
             "RSM__COPY__ALLOWED_DIRS": str(self.broker_log_dir),
@@ -261,6 +284,23 @@ class LocalStack:
         if not self.socket_path.parent.exists():
             self.socket_path.parent.mkdir(mode=0o700, parents=True)
             self._created_runtime_dir = True
+        retry = not self._sidecar_started_once and (self.sidecar_tcp or self.metrics)
+        start_retrying(
+            self._start_sidecar_once,
+            what="rsm-sidecar",
+            log_file=self.workdir / "logs" / "sidecar.log",  # SidecarProcess.log_file
+            ports=lambda: {"server.listen": self.sidecar_port, "metrics.listen": self.metrics_port},
+            choose_new_ports=self._new_sidecar_ports if retry else None,
+        )
+        self._sidecar_started_once = True
+        assert self.sidecar is not None
+        return self.sidecar
+
+    def _new_sidecar_ports(self) -> None:
+        self._choose_sidecar_ports()
+        self.sidecar = None  # made again with the new addresses
+
+    def _start_sidecar_once(self) -> None:
         if self.sidecar is None:
             env = self.sidecar_environment()
             tls = None
@@ -276,8 +316,11 @@ class LocalStack:
                 authority=TLS_AUTHORITY if self.sidecar_tls else None,
                 prefix=self.sidecar_prefix,
             )
-        self.sidecar.start()
-        return self.sidecar
+        try:
+            self.sidecar.start()
+        except BaseException:
+            self.sidecar.kill()  # not serving after all (a start that timed out): no second one beside it
+            raise
 
     def restart_sidecar(
         self, env: Mapping[str, str] | None = None, unset: Iterable[str] = ()

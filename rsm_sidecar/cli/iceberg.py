@@ -30,11 +30,15 @@ OVERRIDES = {
     "key_descriptor_set": "iceberg.key.descriptor_set",
     "key_raw": "iceberg.key.raw",
     "key_unframed": "iceberg.key.unframed",
+    "key_json_schema": "iceberg.key.json_schema",
+    "key_json_infer": "iceberg.key.json_infer",
     "value_subject": "iceberg.value.subject",
     "value_message": "iceberg.value.message",
     "value_descriptor_set": "iceberg.value.descriptor_set",
     "value_raw": "iceberg.value.raw",
     "value_unframed": "iceberg.value.unframed",
+    "value_json_schema": "iceberg.value.json_schema",
+    "value_json_infer": "iceberg.value.json_infer",
     "master": "iceberg.spark.master",
     "max_segments": "iceberg.max_segments",
     "interval": "iceberg.follow.interval",
@@ -53,17 +57,25 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--config",
         "-c",
         required=True,
-        help="the sidecar's configuration file (storage, prefix, encryption keys) with the "
-        "[iceberg] settings; RSM__ environment variables override it, these options both",
+        help="the sidecar's TOML configuration (storage, key prefix, encryption keys) with its "
+        "[iceberg] settings; RSM__ environment variables override the file, and the options below "
+        "override both",
     )
-    p.add_argument("--topic", required=True)
+    p.add_argument(
+        "--topic", required=True, help="the Kafka topic: its tiered segments, and the table named after it"
+    )
     g = p.add_argument_group("catalog and table")
-    g.add_argument("--catalog-type", choices=("local", "rest"))
-    g.add_argument("--catalog-name")
+    g.add_argument(
+        "--catalog-type",
+        choices=("local", "rest"),
+        help="local: the embedded SQLite catalog in --catalog-root (the default); rest: an Iceberg "
+        "REST catalog at --catalog-uri",
+    )
+    g.add_argument("--catalog-name", help="the catalog's name in Spark and PyIceberg (default rsm)")
     g.add_argument("--catalog-root", help="directory of the embedded catalog")
     g.add_argument("--catalog-uri", help="REST catalog URI")
     g.add_argument("--warehouse", help="file:///..., s3://bucket/prefix or gs://bucket/prefix")
-    g.add_argument("--namespace")
+    g.add_argument("--namespace", help="the table's namespace (default kafka)")
     g.add_argument("--table", help="default: the topic name with non-alphanumerics as _")
     g.add_argument("--master", help="Spark master (default local[2])")
     g.add_argument(
@@ -76,7 +88,18 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("iceberg", help="convert tiered segments into Iceberg tables (PySpark)")
+    p = sub.add_parser(
+        "iceberg",
+        help="convert tiered segments into Iceberg tables (PySpark)",
+        description="Write a topic's tiered segments to an Apache Iceberg table with PySpark, reading "
+        "them straight from object storage with the sidecar's configuration (never through Kafka): "
+        "committed records only, exactly once per (partition, offset), in Bufstream's table layout. "
+        "`convert` converts what is new (or, with --follow, keeps converting in rounds), `maintain` "
+        "expires, compacts and drops what Kafka's retention removed, `status` says what the table "
+        "holds. Guide: docs/iceberg.md; the [iceberg] settings: docs/configuration.md.",
+        epilog="RSM__ICEBERG__... environment variables set any [iceberg] key, e.g. "
+        "RSM__ICEBERG__SPARK__MASTER=spark://master:7077.",
+    )
     isub = p.add_subparsers(dest="iceberg_command", required=True)
 
     c = isub.add_parser("convert", help="convert what is new of a topic's tiered segments, exactly once")
@@ -89,7 +112,9 @@ def register(sub) -> None:
     )
     c.add_argument("--max-segments", type=int, help="at most this many segments in this run")
     r = c.add_argument_group("schema registry / decoding (key and value independently)")
-    r.add_argument("--registry-url")
+    r.add_argument(
+        "--registry-url", help="Confluent-compatible schema registry that decodes framed keys and values"
+    )
     r.add_argument(
         "--registry-user-info",
         help="basic auth user:password (prefer RSM__ICEBERG__REGISTRY__BASIC_AUTH_USER_INFO)",
@@ -104,6 +129,13 @@ def register(sub) -> None:
         r.add_argument(f"--{side}-message", help=f"Protobuf message of the {side}s (pkg.Msg)")
         r.add_argument(f"--{side}-descriptor-set", help=f"descriptor-set file for unframed Protobuf {side}s")
         r.add_argument(f"--{side}-raw", action="store_const", const=True, help=f"keep {side}s raw")
+        r.add_argument(f"--{side}-json-schema", help=f"JSON Schema file for unframed JSON {side}s")
+        r.add_argument(
+            f"--{side}-json-infer",
+            type=int,
+            metavar="N",
+            help=f"infer a JSON Schema for unframed JSON {side}s from the first N of each partition",
+        )
         r.add_argument(
             f"--{side}-unframed",
             choices=("error", "latest"),
@@ -136,7 +168,12 @@ def register(sub) -> None:
     )
     m.add_argument("--retain-last", type=int, default=1, help="snapshots of main always kept (default 1)")
     m.add_argument("--compact", action="store_true", help="rewrite small data files (bin-pack)")
-    m.add_argument("--min-input-files", type=int, default=2)
+    m.add_argument(
+        "--min-input-files",
+        type=int,
+        default=2,
+        help="with --compact: rewrite a time partition only when it has at least this many files (default 2)",
+    )
     m.add_argument("--remove-orphans", action="store_true", help="delete files no snapshot references")
     m.add_argument(
         "--orphan-older-than",
@@ -150,7 +187,7 @@ def register(sub) -> None:
         action="store_true",
         help="delete rows whose offsets Kafka retention removed from remote storage",
     )
-    m.add_argument("--json", action="store_true")
+    m.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     m.set_defaults(func=_maintain)
 
     s = isub.add_parser(

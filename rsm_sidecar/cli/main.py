@@ -64,7 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """A command registered with only a ``help`` (its line in the list of commands) says the same
+    at the top of its own ``--help``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            listed = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                text = listed.get(name)
+                if not sub.description and text:
+                    sub.description = text[0].upper() + text[1:].rstrip(".") + "."
+                _describe(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

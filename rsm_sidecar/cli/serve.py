@@ -9,7 +9,15 @@ from rsm_sidecar.config import Config
 
 
 def register(sub) -> None:
-    p = sub.add_parser("serve", help="run the gRPC sidecar next to a Kafka broker")
+    p = sub.add_parser(
+        "serve",
+        help="run the gRPC sidecar next to a Kafka broker",
+        description="Run the sidecar next to a Kafka broker: the gRPC service its shim calls to copy, "
+        "fetch and delete tiered segments, until SIGTERM (running calls get "
+        "server.shutdown_grace_seconds). Everything is checked at start-up; a problem stops it with "
+        "one line naming the key. Guides: docs/operations.md (running it), docs/configuration.md "
+        "(every key).",
+    )
     p.add_argument(
         "--config", "-c", help="TOML configuration file (environment variables RSM__... override it)"
     )

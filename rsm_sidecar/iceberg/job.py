@@ -287,6 +287,9 @@ class ConvertJob:
         from rsm_sidecar.iceberg.decoding.sides import (
             SideSpec,
             descriptor_set_side,
+            inferred_json_side,
+            json_schema_property,
+            json_schema_side,
             message_property,
             resolve_side,
         )
@@ -305,6 +308,11 @@ class ConvertJob:
             elif side.descriptor_set:
                 assert side.message is not None  # the settings refuse a descriptor set without a message
                 specs.append(descriptor_set_side(side.descriptor_set, side.message, opts))
+            elif side.json_schema:
+                specs.append(json_schema_side(side.json_schema))
+            elif side.json_infer:
+                recorded = table_properties.get(json_schema_property(is_key))
+                specs.append(inferred_json_side(self._values(plans, is_key, side.json_infer), recorded))
             elif registry is not None:
                 specs.append(
                     resolve_side(
@@ -334,6 +342,24 @@ class ConvertJob:
                     for v in raw.column("key" if is_key else "value").to_pylist():
                         if v and v[0] == 0:
                             yield v
+
+    def _values(self, plans: list[PartitionPlan], is_key: bool, per_partition: int) -> Iterator[bytes]:
+        """The first ``per_partition`` non-null keys/values of each partition's new records (the
+        sample an inferred JSON Schema is made from)."""
+        ctx = executor_context(self.storage)
+        for plan in plans:
+            left = per_partition
+            for task in plan.tasks(0):
+                for raw in read_task(ctx, task, max_records=min(left, 10_000), max_bytes=1 << 20):
+                    for v in raw.column("key" if is_key else "value").drop_null().to_pylist():
+                        yield v
+                        left -= 1
+                        if left == 0:
+                            break
+                    if left == 0:
+                        break
+                if left == 0:
+                    break
 
     # ------------------------------------------------------------------ Spark
     def _spark(self):
@@ -403,7 +429,7 @@ class ConvertJob:
             result.seconds = time.monotonic() - t0
             return prepared
 
-        from rsm_sidecar.iceberg.decoding.sides import message_property
+        from rsm_sidecar.iceberg.decoding.sides import json_schema_property, message_property
         from rsm_sidecar.iceberg.mapping.evolution import (
             describe,
             ensure_table,
@@ -419,6 +445,8 @@ class ConvertJob:
         for is_key, side in ((True, spec.key), (False, spec.val)):
             if side.kind == "protobuf" and side.message:
                 props[message_property(is_key)] = side.message
+            if side.json_inferred and side.json_schema:
+                props[json_schema_property(is_key)] = side.json_schema
         if table is None:
             partition = None if self.settings.partitioning == "none" else self.settings.partitioning
             table = ensure_table(catalog, self.identifier, target, partition=partition, properties=props)

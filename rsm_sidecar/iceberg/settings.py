@@ -56,6 +56,24 @@ for _side, _what in (("key", "keys"), ("value", "values")):
             f"a registry (the embedded default).",
         ),
         Key(
+            f"iceberg.{_side}.json_schema",
+            "path",
+            None,
+            f"A JSON Schema file: decode unframed JSON {_what} with it into columns, without a "
+            f'registry (docs/iceberg.md "JSON → Iceberg").',
+        ),
+        Key(
+            f"iceberg.{_side}.json_infer",
+            "int",
+            0,
+            f"Infer a JSON Schema for unframed JSON {_what} from the first this many {_what} of each "
+            f"partition's new records in every run, merged with the schema the table recorded "
+            f"(`rsm.{_side}.json-schema`), so that columns are added as new properties appear; "
+            f'0: off (docs/iceberg.md "Inferred JSON schemas").',
+            min=0,
+            max=100_000,
+        ),
+        Key(
             f"iceberg.{_side}.unframed",
             "str",
             "error",
@@ -369,6 +387,8 @@ class SideSettings:
     message: str | None = None
     descriptor_set: str | None = None
     unframed: str = "error"
+    json_schema: str | None = None
+    json_infer: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,17 +471,32 @@ class JobSettings:
                 cfg[f"iceberg.{side}.message"],
                 cfg[f"iceberg.{side}.descriptor_set"],
                 cfg[f"iceberg.{side}.unframed"],
+                cfg[f"iceberg.{side}.json_schema"],
+                cfg[f"iceberg.{side}.json_infer"],
             )
+            ways = [
+                f"iceberg.{side}.{k}"
+                for k, on in (
+                    ("raw", s.raw),
+                    ("descriptor_set", s.descriptor_set),
+                    ("json_schema", s.json_schema),
+                    ("json_infer", s.json_infer),
+                )
+                if on
+            ]
+            if len(ways) > 1:
+                raise ConfigError(f"{' and '.join(ways)} are different ways to decode the {side}s: set one")
+            if s.json_schema and not Path(s.json_schema).is_file():
+                raise ConfigError(f"iceberg.{side}.json_schema: {s.json_schema} is not a file")
             if s.unframed == "latest" and registry is None:
                 raise ConfigError(
                     f"iceberg.{side}.unframed = 'latest' decodes {side}s with the registry subject's "
                     f"latest schema: set iceberg.registry.url"
                 )
-            if s.unframed == "latest" and (s.raw or s.descriptor_set):
+            if s.unframed == "latest" and ways:
                 raise ConfigError(
                     f"iceberg.{side}.unframed = 'latest' decodes {side}s with the registry subject's "
-                    f"latest schema: it cannot go with iceberg.{side}."
-                    f"{'raw' if s.raw else 'descriptor_set'}"
+                    f"latest schema: it cannot go with {ways[0]}"
                 )
             if s.descriptor_set and not s.message:
                 raise ConfigError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from rsm_sidecar.config import Config
-from rsm_sidecar.errors import InvalidArgument
+from rsm_sidecar.errors import ConfigError, InvalidArgument
 from rsm_sidecar.segment.access import SegmentAccess
 from rsm_sidecar.segment.reader import ReaderSettings
 from rsm_sidecar.storage.base import ObjectStore
@@ -40,4 +40,20 @@ class InspectContext(SegmentAccess):
 
     @classmethod
     def load(cls, config_path: str | os.PathLike[str] | None) -> InspectContext:
-        return cls(Config.load(config_path))
+        cfg = Config.load(config_path)
+        require_local_root(cfg)
+        return cls(cfg)
+
+
+def require_local_root(cfg: Config) -> None:
+    """The tools read what a sidecar stored: a local root that is not a directory is a wrong
+    path, not an empty store (``serve`` creates it; the tools never do)."""
+    if cfg["storage.backend"] != "local":
+        return
+    root = os.path.abspath(cfg["storage.local.root"])
+    if not os.path.isdir(root):
+        what = "is not a directory" if os.path.exists(root) else "does not exist"
+        raise ConfigError(
+            f"storage.local.root: {root} {what}, so there is nothing to inspect: point "
+            f"storage.local.root (or RSM__STORAGE__LOCAL__ROOT) at the directory the sidecar stores in"
+        )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from devstack.common import free_port
 from devstack.stack import LocalStack
 from tests.helpers import BROKER_JVM_OPTIONS
 
@@ -19,15 +18,13 @@ def pytest_collection_modifyitems(items):
 def stack(tmp_path_factory, request):
     mode = getattr(request.module, "TRANSFER_MODE", "path")
     storage = getattr(request.module, "STORAGE", "local")
-    port = free_port()
     st = LocalStack(
         tmp_path_factory.mktemp("stack"),
         storage=storage,
         transfer_mode=mode,
-        sidecar_env={"RSM__METRICS__LISTEN": f"127.0.0.1:{port}"},
+        metrics=True,
         broker_jvm_options=BROKER_JVM_OPTIONS,
     )
-    st.metrics_url = f"http://127.0.0.1:{port}/metrics"
     st.start()
     yield st
     st.stop()

@@ -53,13 +53,12 @@ BUSY_PATTERN = r'rsm_operations_total\{op="fetch(?:_index)?",outcome="RESOURCE_E
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     jmx = free_port()
-    metrics = free_port()
     st = LocalStack(
         tmp_path_factory.mktemp("remote-sidecar"),
         transfer_mode="stream",
         sidecar_tls=True,
         shim_on_classpath=True,
-        sidecar_env={"RSM__METRICS__LISTEN": f"127.0.0.1:{metrics}"},
+        metrics=True,
         broker_properties={
             "remote.log.storage.manager.class.name": SHIM_CLASS,
             "rsm.config.tls.reload.interval.ms": "300",
@@ -76,7 +75,6 @@ def stack(tmp_path_factory):
         ],
     )
     st.jmx_url = f"service:jmx:rmi:///jndi/rmi://127.0.0.1:{jmx}/jmxrmi"
-    st.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
     st.start()
     yield st
     st.stop()

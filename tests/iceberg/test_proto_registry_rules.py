@@ -1,5 +1,5 @@
 """The seed's mapping rules that involve the registry, against a real Apicurio: Protobuf
-extensions declared in a schema and in its reference, JSON Schema sides kept raw, schema ids
+extensions declared in a schema and in its reference, schema ids
 fetched once per process (HTTP requests counted by a proxy in front of Apicurio), and values
 framed the Kafka-on-Pulsar way (unsupported: ``__err__`` + ``__raw__``)."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import http.client
 import http.server
-import json
 import threading
 import urllib.error
 import urllib.request
@@ -63,26 +62,6 @@ def test_extension_values_from_registered_schemas_land_in_unrecognized(registry_
             assert val["__unrecognized__"] == top
             assert val["base"]["name"] == "b" and val["base"]["__unrecognized__"] == base
             assert val["base"]["inner"] == {"n": i, "__unrecognized__": inner}
-
-
-def test_json_schema_sides_stay_raw(registry_url, sr_client, topic):
-    """Seed: for formats other than Protobuf the key/value is an opaque binary column. A JSON
-    Schema subject gives a raw side: the framed bytes in ``__raw__``, no decoded fields, no error."""
-    js = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})
-    sid = sr_client.register_schema(topic_subject(topic, False), Schema(js, "JSON"))
-    kid = sr_client.register_schema(topic_subject(topic, True), Schema(js, "JSON"))
-    value = framing.encode_preamble(sid) + b'{"a": 1}'
-    key = framing.encode_preamble(kid) + b'{"a": 2}'
-    reg = SchemaRegistry(registry_url)
-    spec = EncoderSpec(resolve_side(reg, topic, True), resolve_side(reg, topic, False))
-    assert (spec.key.kind, spec.val.kind) == ("raw", "raw")
-    enc = RowEncoder(spec)
-    names = [f.name for f in enc.schema.find_field("val").field_type.fields]
-    assert names == ["__raw__", "__prefix__", "__err__"]
-    (row, tomb) = enc.encode(raw_batch([rec(0, value, key), rec(1, None, key)])).to_pylist()
-    assert row["val"] == {"__raw__": value, "__prefix__": None, "__err__": None}
-    assert row["key"] == {"__raw__": key, "__prefix__": None, "__err__": None}
-    assert tomb["val"] is None
 
 
 class _CountingProxy(http.server.ThreadingHTTPServer):

@@ -114,24 +114,76 @@ def test_regenerated_fixtures_parse(tmp_path):
         checks.check_case(tmp_path / "fixtures" / case)
 
 
-def test_port_taken_between_choice_and_bind_is_retried(kafka_distribution, tmp_path, monkeypatch):
+def test_port_taken_between_choice_and_bind_is_retried(kafka_distribution, tmp_path):
+    """Another program listens on the broker's port, chosen but not yet bound (one that does not
+    lease its ports: devstack/ports.py): the broker starts on new ports, and its log says why."""
     import socket
 
-    from devstack import kafka as dk
-
-    squatter = socket.socket()
-    squatter.bind(("127.0.0.1", 0))
-    squatter.listen()
-    taken = squatter.getsockname()[1]
-    real_free_port = dk.free_port
-    ports = iter([taken])
-    monkeypatch.setattr(dk, "free_port", lambda: next(ports, None) or real_free_port())
-    try:
-        broker = KafkaBroker(kafka_distribution, tmp_path / "b")
-        assert broker.broker_port == taken
+    broker = KafkaBroker(kafka_distribution, tmp_path / "b")
+    taken = broker.broker_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
         with broker:
             assert broker.broker_port != taken
             AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10)
-        assert "Address already in use" in broker.server_log.read_text()
+    log = broker.server_log.read_text()
+    assert "Address already in use" in log
+    assert f"devstack: Kafka node 1 (combined) start-up attempt 1 of 5 on ports broker {taken}, " in log
+
+
+def test_a_broker_follows_its_controller_to_new_ports(kafka_distribution, tmp_path):
+    """A cluster's controller and broker start at once (devstack/cluster.py); the controller's
+    port is taken, so it starts again on another: the broker, which was given the first one,
+    starts again with the new one and registers."""
+    import socket
+    import threading
+
+    controller = KafkaBroker(
+        kafka_distribution, tmp_path / "c", role="controller", node_id=0, heap_options=("-Xmx256m",)
+    )
+    broker = KafkaBroker(
+        kafka_distribution,
+        tmp_path / "b",
+        role="broker",
+        node_id=1,
+        cluster_id=controller.cluster_id,
+        quorum_voters=lambda: controller.controller_voter,
+        heap_options=("-Xmx512m",),
+    )
+    taken = controller.controller_port
+    failures: list[BaseException] = []
+    try:
+        with socket.socket() as other:
+            other.bind(("127.0.0.1", taken))
+            other.listen()
+            thread = threading.Thread(target=lambda: _collect(failures, controller.start))
+            thread.start()
+            broker.start()  # registered and unfenced: its controller answered
+            thread.join()
+        assert not failures and controller.controller_port != taken
+        assert (
+            f"controller.quorum.voters={controller.controller_voter}\n" in broker.properties_file.read_text()
+        )
+        log = broker.server_log.read_text()
+        assert (
+            f"devstack: the controller moved from 0@127.0.0.1:{taken} to {controller.controller_voter}" in log
+        )
     finally:
-        squatter.close()
+        broker.stop()
+        controller.stop()
+
+
+def _collect(failures: list[BaseException], call) -> None:
+    try:
+        call()
+    except BaseException as e:  # the test asserts there was none
+        failures.append(e)
+
+
+def test_a_broker_starts_while_outgoing_connections_hold_every_ephemeral_port(kafka_distribution, tmp_path):
+    """tests/test_devstack_ports.py's race, for the broker (a combined node, in a network
+    namespace where outgoing connections hold every port of the ephemeral range)."""
+    from tests import port_race
+
+    port_race.assert_all_started(port_race.run(tmp_path, ["kafka"]))

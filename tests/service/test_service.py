@@ -426,12 +426,11 @@ def test_delete_removes_the_manifest_first(start_sidecar, tmp_path):
 
 
 def test_metrics_are_served_over_http(start_sidecar, tmp_path):
-    import socket
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from devstack.common import free_port
+
+    port = free_port()
     sc = start_sidecar(metrics__listen=f"127.0.0.1:{port}")
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(10 * KiB))
     md = metadata(seg_id(20), size=10 * KiB)

@@ -12,7 +12,8 @@ id and the latest-version TTL cache (``cache.latest.ttl.sec``) are confluent-kaf
 * subject naming (:func:`topic_subject`, :class:`SubjectSpec`);
 * turning a registered schema into something that decodes: Protobuf sources with their
   references fetched recursively and compiled by protoc (:mod:`.protobuf_schema`), Avro with
-  named-type references parsed by fastavro; other types (JSON Schema, unknown) stay raw.
+  named-type references parsed by fastavro, JSON Schema documents parsed with the documents
+  they reference (by reference name); other types stay raw.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class ResolvedSchema:
     proto: ProtoSchema | None = None
     avro: Any = None  # fastavro parsed schema
     avro_named: dict[str, Any] = field(default_factory=dict)
+    json: Any = None  # the parsed JSON Schema document
+    #: the documents its ``$ref``s may name: reference name -> parsed document
+    json_refs: dict[str, Any] = field(default_factory=dict)
     subject: str | None = None
     version: int | None = None
 
@@ -214,6 +218,13 @@ class SchemaRegistry:
             except Exception as exc:
                 raise SchemaUnusable(f"schema id {schema_id}: invalid Avro schema: {exc}") from None
             return ResolvedSchema(schema_id, stype, text, avro=parsed, avro_named=named)
+        if stype == JSON:
+            try:
+                docs = {name: json.loads(dep.schema_str) for name, dep in refs.items()}
+                doc = json.loads(text)
+            except ValueError as exc:
+                raise SchemaUnusable(f"schema id {schema_id}: invalid JSON Schema: {exc}") from None
+            return ResolvedSchema(schema_id, stype, text, json=doc, json_refs=docs)
         return ResolvedSchema(schema_id, stype, text)
 
     def close(self) -> None:

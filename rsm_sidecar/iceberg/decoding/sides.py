@@ -1,11 +1,13 @@
 """Key and value bytes -> the decoded columns of one side (``key`` or ``val``) of the table.
 
 :func:`resolve_side` / :func:`descriptor_set_side` decide, on the driver, how a side is decoded
-(raw, Protobuf through the registry or a descriptor set, Avro through the registry) and give a
+(raw, Protobuf through the registry or a descriptor set, Avro through the registry, JSON through
+the registry or a JSON Schema of its own) and give a
 picklable :class:`SideSpec`; :func:`build_side` rebuilds it on an executor as a :class:`Side`,
 whose ``decode`` turns a column of framed values into ``__raw__``, ``__prefix__``, ``__err__``
 and the decoded fields (:mod:`~rsm_sidecar.iceberg.decoding.proto_mapping`,
-:mod:`~rsm_sidecar.iceberg.decoding.avro_mapping`). Record-level problems (no magic byte,
+:mod:`~rsm_sidecar.iceberg.decoding.avro_mapping`,
+:mod:`~rsm_sidecar.iceberg.decoding.json_mapping`). Record-level problems (no magic byte,
 unknown schema id, bytes that do not decode) set ``__err__`` and ``__raw__``; a registry that is
 down raises :class:`~rsm_sidecar.iceberg.decoding.schema_registry.RegistryUnavailable`.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,12 +38,14 @@ from pyiceberg.types import (
 )
 
 from rsm_sidecar.errors import ConfigError
-from rsm_sidecar.iceberg.decoding import avro_columnar, framing, proto_columnar
+from rsm_sidecar.iceberg.decoding import avro_columnar, framing, json_columnar, proto_columnar
 from rsm_sidecar.iceberg.decoding.avro_mapping import AvroMapper, read_datum, resolution_loss
+from rsm_sidecar.iceberg.decoding.json_mapping import JsonMapper, Mismatch, parse, schema_from_text
 from rsm_sidecar.iceberg.decoding.proto_mapping import ProtoDecoder, ProtoOptions
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
 from rsm_sidecar.iceberg.decoding.schema_registry import (
     AVRO,
+    JSON,
     PROTOBUF,
     RegistryAuthError,
     RegistryUnavailable,
@@ -63,11 +68,13 @@ UNFRAMED_MODES = ("error", "latest")
 class SideSpec:
     """Picklable description of how one side (key or value) is decoded.
 
-    ``kind``: ``raw`` (no schema), ``protobuf`` / ``avro`` (Confluent-framed, schema ids from
-    ``registry``; the table schema is ``schema_id``, pinned at job start), or
-    ``protobuf-unframed`` (no preamble; the message from ``descriptor_set``). ``unframed_latest``
-    (``protobuf`` / ``avro``): values without the registry's framing are decoded with the
-    pinned latest schema ``schema_id`` instead of being record-level errors.
+    ``kind``: ``raw`` (no schema), ``protobuf`` / ``avro`` / ``json`` (Confluent-framed, schema
+    ids from ``registry``; the table schema is ``schema_id``, pinned at job start),
+    ``protobuf-unframed`` (no preamble; the message from ``descriptor_set``) or ``json-unframed``
+    (no preamble; the JSON Schema document ``json_schema``, from a file or inferred, as
+    ``json_source`` says). ``unframed_latest`` (``protobuf`` / ``avro`` / ``json``): values
+    without the registry's framing are decoded with the pinned latest schema ``schema_id``
+    instead of being record-level errors.
     """
 
     kind: str = "raw"
@@ -80,16 +87,23 @@ class SideSpec:
     #: the subject and version of ``schema_id`` (for the log)
     subject: str | None = None
     version: int | None = None
+    #: ``json-unframed``: the JSON Schema's text, and where it comes from (for the log)
+    json_schema: str | None = None
+    json_source: str | None = None
+    #: ``json_schema`` was inferred (the table records it: :func:`json_schema_property`)
+    json_inferred: bool = False
 
     def describe(self) -> str:
         """How the side is decoded, for the job's log."""
-        if self.kind in ("protobuf", "avro"):
+        if self.kind in ("protobuf", "avro", "json"):
             what = " ".join(filter(None, (self.kind, self.message)))
             schema = f"{self.subject} version {self.version} (schema id {self.schema_id})"
             unframed = "decoded with it" if self.unframed_latest else "a record error"
             return f"{what} of {schema}; values without framing: {unframed}"
         if self.kind == "protobuf-unframed":
             return f"unframed protobuf {self.message} from a descriptor set"
+        if self.kind == "json-unframed":
+            return f"unframed JSON with {self.json_source}"
         return "raw"
 
 
@@ -135,8 +149,8 @@ def resolve_side(
         msg = subject.message or _default_message(res, name, samples, recorded)
         res.proto.message_by_name(msg)  # fail early on a wrong message name
         kind = PROTOBUF
-    elif res.schema_type == AVRO:
-        msg, kind = None, AVRO
+    elif res.schema_type in (AVRO, JSON):
+        msg, kind = None, res.schema_type
     else:
         return SideSpec("raw", proto_options=opts)
     return SideSpec(
@@ -202,6 +216,48 @@ def descriptor_set_side(
     )
 
 
+def json_schema_side(path: str | os.PathLike[str]) -> SideSpec:
+    """Unframed JSON decoded with the JSON Schema in the file ``path`` (no registry)."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    where = f"the JSON Schema file {os.fspath(path)}"
+    JsonMapper(schema_from_text(text, where), where=where)  # fail at start on a schema it cannot map
+    return SideSpec("json-unframed", json_schema=text, json_source=where)
+
+
+def json_schema_property(is_key: bool) -> str:
+    """Table property holding a side's inferred JSON Schema (later runs merge with it)."""
+    return f"rsm.{'key' if is_key else 'value'}.json-schema"
+
+
+def inferred_json_side(values: Iterable[bytes], recorded: str | None = None) -> SideSpec:
+    """Unframed JSON decoded with a JSON Schema inferred from ``values`` (a sample of the
+    side's records; those that are not JSON are skipped) merged with ``recorded``, the schema
+    an earlier run inferred (:mod:`.json_inference`); ``raw`` while nothing is known."""
+    from rsm_sidecar.iceberg.decoding.json_inference import infer
+
+    seen = 0
+
+    def parsed():
+        nonlocal seen
+        for v in values:
+            try:
+                doc = parse(v)
+            except (ValueError, RecursionError):
+                continue
+            seen += 1
+            yield doc
+
+    schema = infer(
+        parsed(), schema_from_text(recorded, "the table's recorded JSON Schema") if recorded else None
+    )
+    if schema is None:
+        return SideSpec("raw")
+    text = json.dumps(schema, separators=(",", ":"))
+    source = f"a JSON Schema inferred from {seen} value(s)" + (" and the table's" if recorded else "")
+    return SideSpec("json-unframed", json_schema=text, json_source=source, json_inferred=True)
+
+
 class Side:
     """Decodes one column of key or value bytes into the side's struct children."""
 
@@ -238,6 +294,25 @@ class RawSide(Side):
     def decode_arrow(self, col):
         n = len(col)
         return [], pa.nulls(n, pa.binary()), pa.nulls(n, pa.string()), None
+
+
+def resolve_id(
+    registry: SchemaRegistry, sid: int, schema_type: str
+) -> tuple[ResolvedSchema | None, str | None]:
+    """The schema of id ``sid`` if it is of ``schema_type``, else why a record framed with it is
+    a record-level error (unknown, unusable, another type); a registry that is down or refuses
+    our credentials raises (job-level)."""
+    try:
+        res = registry.resolve(sid)
+    except (RegistryUnavailable, RegistryAuthError):
+        raise
+    except UnknownSchema:
+        return None, f"unknown schema id {sid}"
+    except SchemaUnusable as exc:
+        return None, str(exc)
+    if res.schema_type != schema_type:
+        return None, f"schema id {sid} is {res.schema_type}, not {schema_type}"
+    return res, None
 
 
 def _null_rows(children: list[pa.Array], bad: list[bool], arrow_fields: list[pa.Field]) -> list[pa.Array]:
@@ -487,23 +562,14 @@ class AvroSide(Side):
     def _writer(self, sid: int) -> tuple[Any, str | None, str | None]:
         if sid in self._writers:
             return self._writers[sid]
-        w = err = loss = None
-        try:
-            res = self.registry.resolve(sid)
-            if res.schema_type == AVRO:
-                w = res.avro
-                try:
-                    loss = resolution_loss(w, self.reader)
-                except Exception as exc:  # a schema shape the check does not know: keep the bytes
-                    loss = f"cannot compare schema id {sid} with the table's: {type(exc).__name__}: {exc}"
-            else:
-                err = f"schema id {sid} is {res.schema_type}, not AVRO"
-        except (RegistryUnavailable, RegistryAuthError):
-            raise
-        except UnknownSchema:
-            err = f"unknown schema id {sid}"
-        except SchemaUnusable as exc:
-            err = str(exc)
+        w = loss = None
+        res, err = resolve_id(self.registry, sid, AVRO)
+        if res is not None:
+            w = res.avro
+            try:
+                loss = resolution_loss(w, self.reader)
+            except Exception as exc:  # a schema shape the check does not know: keep the bytes
+                loss = f"cannot compare schema id {sid} with the table's: {type(exc).__name__}: {exc}"
         self._writers[sid] = (w, err, loss)
         return w, err, loss
 
@@ -659,6 +725,153 @@ class AvroSide(Side):
             return pa.concat_arrays(out)
 
 
+class JsonSide(Side):
+    """JSON values: Confluent-framed with a registry schema id of type JSON (``json``; any
+    JSON id decodes with the side's pinned schema, as Protobuf does, since JSON needs no
+    writer schema), or unframed with a JSON Schema of the side's own (``json-unframed``).
+    Batches are read columnar by PyArrow's JSON reader (:mod:`.json_columnar`) where it can,
+    else value by value (:func:`~.json_mapping.parse`, :class:`~.json_mapping.JsonMapper`)."""
+
+    def __init__(self, spec: SideSpec, registry: SchemaRegistry | None):
+        self.registry = registry
+        self.framed = spec.kind == "json"
+        if self.framed:
+            assert registry is not None and spec.schema_id is not None
+            res = registry.resolve(spec.schema_id)
+            where = f"schema id {spec.schema_id}"
+            self.mapper = JsonMapper(res.json, res.json_refs, where)
+        else:
+            where = spec.json_source or "the JSON Schema"
+            self.mapper = JsonMapper(schema_from_text(spec.json_schema or "true", where), where=where)
+        self.plan = json_columnar.plan_for(self.mapper)
+        self.decoded_type = self.mapper.iceberg_type
+        self._fields = list(self.mapper.arrow_type)
+        self._ids: dict[int, str | None] = {}
+
+    def _check_id(self, sid: int) -> str | None:
+        if sid in self._ids:
+            return self._ids[sid]
+        assert self.registry is not None
+        err = self._ids[sid] = resolve_id(self.registry, sid, JSON)[1]
+        return err
+
+    def _columnar(self, payloads: pa.Array):
+        """``(children, lossy)`` of a column of JSON texts, or None (:mod:`.json_columnar`)."""
+        if self.plan is None:
+            return None
+        decoded = json_columnar.decode(self.plan, payloads)
+        if decoded is None:
+            return None
+        struct, lossy = decoded
+        return struct.flatten(), lossy
+
+    def decode_arrow(self, col: pa.Array):
+        """Vectorised: every non-null value framed with a JSON schema id (or, unframed, any
+        batch) that the columnar reader accepts; None otherwise (:meth:`decode_keeping`)."""
+        if len(col) == 0:
+            return None
+        col = col.cast(pa.binary())
+        n = len(col)
+        if not self.framed:
+            decoded = self._columnar(col)
+            if decoded is None:
+                return None
+            return decoded[0], pa.nulls(n, pa.binary()), pa.nulls(n, pa.string()), decoded[1]
+        nonnull = col.drop_null() if col.null_count else col
+        if len(nonnull) == 0 or pc.min(pc.binary_length(nonnull)).as_py() < 6:
+            return None
+        if not pc.all(pc.equal(pc.binary_slice(nonnull, 0, 1), b"\x00")).as_py():
+            return None
+        for sid_bytes in pc.unique(pc.binary_slice(nonnull, 1, 5)).to_pylist():
+            if self._check_id(int.from_bytes(sid_bytes, "big", signed=True)) is not None:
+                return None
+        decoded = self._columnar(pc.binary_slice(col, 5, 2**31 - 1))
+        if decoded is None:
+            return None
+        return decoded[0], pc.binary_slice(col, 0, 5), pa.nulls(n, pa.string()), decoded[1]
+
+    def decode(self, datas):
+        return self.decode_keeping(datas)[:3]
+
+    def framed_value(self, data: bytes) -> bool:
+        """Whether ``data`` is taken for a framed value (:class:`UnframedLatest`): it starts with
+        the magic byte, which no JSON text does, or with KoP's marker (an error, never decoded)."""
+        return data[:1] == b"\x00" or (data[:2] == framing.KOP_MARKER and len(data) >= 10)
+
+    def why_unframed(self, data: bytes) -> str:
+        return "missing magic byte"
+
+    def decode_unframed_arrow(self, col: pa.Array):
+        return self._columnar(col.cast(pa.binary()))
+
+    def decode_unframed(self, datas: list) -> tuple[list[pa.Array], list[str | None], Sequence[int]]:
+        children, _, errs, keep = self._decode_values(datas, False)
+        return children, errs, keep
+
+    def decode_keeping(self, datas):
+        return self._decode_values(datas, self.framed)
+
+    def _decode_values(self, datas: list, framed: bool):
+        n = len(datas)
+        values: list[Any] = [None] * n
+        prefixes: list[bytes | None] = [None] * n
+        errs: list[str | None] = [None] * n
+        for i, d in enumerate(datas):
+            if d is None:
+                continue
+            payload = d
+            if framed:
+                try:
+                    fr = framing.parse(d, protobuf=False)
+                except framing.FramingError as exc:
+                    errs[i] = str(exc)
+                    continue
+                prefixes[i], payload = d[:5], d[5:]
+                if (err := self._check_id(fr.schema_id)) is not None:
+                    errs[i] = err
+                    continue
+            try:
+                values[i] = parse(payload)
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+                errs[i] = f"invalid JSON: {type(exc).__name__}: {exc}"
+        rows, lossy = self._rows(values, errs)
+        keep = [i for i in range(n) if lossy[i] and errs[i] is None]
+        return self._children(rows, errs), prefixes, errs, keep
+
+    def _rows(self, values: list, errs: list) -> tuple[list[Any], list[bool]]:
+        """The Python values Arrow takes (rows that do not fit the schema become errors)."""
+        rows: list[Any] = [None] * len(values)
+        lossy = [False] * len(values)
+        convert = self.mapper.convert
+        for i, v in enumerate(values):
+            if v is None or errs[i] is not None:
+                continue
+            try:
+                rows[i], lossy[i] = convert(v)
+            except Mismatch as exc:
+                errs[i] = f"JSON does not match {self.mapper.where}: {exc}"
+            except RecursionError:
+                errs[i] = f"JSON nested too deeply for {self.mapper.where}"
+        return rows, lossy
+
+    def _children(self, rows: list, errs: list[str | None]) -> list[pa.Array]:
+        try:
+            arr = pa.array(rows, self.mapper.arrow_type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            # a value Arrow rejects (a lone surrogate in a string) makes its row an error
+            parts = []
+            for i, r in enumerate(rows):
+                try:
+                    parts.append(pa.array([r], self.mapper.arrow_type))
+                except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                    errs[i] = f"JSON value does not fit the table types: {type(exc).__name__}: {exc}"
+                    parts.append(pa.array([None], self.mapper.arrow_type))
+            arr = pa.concat_arrays(parts)
+        return pa.StructArray.from_arrays(
+            [arr.field(i) for i in range(arr.type.num_fields)], fields=self._fields, mask=arr.is_null()
+        ).flatten()
+
+
 class UnframedLatest(Side):
     """A registry side whose values without the registry's framing are decoded with the
     side's pinned latest schema instead of being errors (the seed's deserializer rule: KoP
@@ -674,7 +887,7 @@ class UnframedLatest(Side):
     decoded (errors, tombstones).
     """
 
-    def __init__(self, inner: ProtoSide | AvroSide, schema_id: int):
+    def __init__(self, inner: ProtoSide | AvroSide | JsonSide, schema_id: int):
         self.inner, self.schema_id = inner, schema_id
         for f in inner.decoded_type.fields:
             check_reserved(
@@ -789,9 +1002,11 @@ def build_side(spec: SideSpec) -> Side:
     elif spec.kind == "avro":
         assert registry is not None
         side = AvroSide(spec, registry)
+    elif spec.kind in ("json", "json-unframed"):
+        side = JsonSide(spec, registry)
     else:
         raise ValueError(f"unknown side kind {spec.kind!r}")
     if spec.unframed_latest:
-        assert spec.schema_id is not None and isinstance(side, ProtoSide | AvroSide)
+        assert spec.schema_id is not None and isinstance(side, ProtoSide | AvroSide | JsonSide)
         return UnframedLatest(side, spec.schema_id)
     return side

@@ -1,4 +1,4 @@
-"""``spark-submit`` entry point of the Iceberg jobs (docs/iceberg.md "On a cluster").
+"""``spark-submit`` entry point of the Iceberg jobs (docs/iceberg.md "On a Spark cluster").
 
     spark-submit [Spark options] --py-files rsm_sidecar.zip \
         rsm_sidecar/iceberg/submit/rsm_iceberg_job.py convert --config sidecar.toml --topic T
