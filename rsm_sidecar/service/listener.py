@@ -184,11 +184,12 @@ class Listener:
             raw.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
             conn = raw
             if self.tls is not None:
+                conn = self.tls.context().wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
                 try:
-                    conn = self.tls.context().wrap_socket(raw, server_side=True)
+                    conn.do_handshake()
                 except (OSError, ssl.SSLError) as e:
                     self._refused(peer, e)
-                    raw.close()
+                    _close_gently(conn)
                     return
             try:
                 first = read_exactly(conn, PREFACE_BYTES)
@@ -242,6 +243,26 @@ class Listener:
                 "fields": {"peer": peer, "tls_refusal": reason, "detail": detail, "suppressed": suppressed}
             },
         )
+
+
+#: how long a refused connection is drained before it is closed (``_close_gently``)
+LINGER_SECONDS = 1.0
+
+
+def _close_gently(sock: socket.socket) -> None:
+    """Closes a connection whose handshake failed so that the client reads the TLS alert saying
+    why: a plain close with the client's bytes unread sends a reset, and a reset makes the client's
+    kernel drop the alert it has not read yet (the client then sees only "connection reset")."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(LINGER_SECONDS)
+        deadline = time.monotonic() + LINGER_SECONDS
+        while time.monotonic() < deadline and sock.recv(65536):
+            pass
+    except OSError:
+        pass
+    finally:
+        sock.close()
 
 
 def _describe_peer(addr: object) -> str:

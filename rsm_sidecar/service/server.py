@@ -129,7 +129,8 @@ class SidecarServer:
             raise ConfigError("server.tls.client_ca_file needs server.tls.cert_file and server.tls.key_file")
         if cert:
             # read again when renewed in place (tls.py); checked now, so bad files fail start-up
-            self.tls = ServerTls(cert, key, ca or None, ["h2", ALPN_PROTOCOL])
+            # the fetch channel's protocol first: a client offering both gets it, gRPC's offer only h2
+            self.tls = ServerTls(cert, key, ca or None, [ALPN_PROTOCOL, "h2"])
         socket_path = None
         if listen.startswith("unix:"):
             socket_path = Path(

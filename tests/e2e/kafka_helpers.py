@@ -223,6 +223,73 @@ def produce_and_tier(
     return out
 
 
+class PassReader(threading.Thread):
+    """A consumer reading ``produced`` (partition -> its records, from offset 0) again and again,
+    ``batch`` records per poll, until stopped after a pass that started after the stop was asked
+    (:attr:`stop_after`). Keeps each pass (partition -> the records read, at most as many as
+    produced), every error the consumer reported, how many records arrived and the longest wait
+    between two of them. ``config``: more consumer settings (``max.partition.fetch.bytes`` for
+    many small remote reads)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        produced: dict[int, list[Rec]],
+        group: str,
+        batch: int = 100,
+        **config,
+    ):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.produced = bootstrap, topic, produced
+        self.group, self.batch, self.config = group, batch, config
+        self.passes: list[dict[int, list[Rec]]] = []
+        self.errors: list[str] = []
+        self.stop_after = threading.Event()
+        self.received = 0
+        self.longest_wait = 0.0
+
+    def run(self) -> None:
+        c = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,
+                "enable.auto.commit": False,
+                "error_cb": lambda err: self.errors.append(str(err)),
+                **self.config,
+            }
+        )
+        try:
+            while True:
+                last_pass = self.stop_after.is_set()
+                c.assign([TopicPartition(self.topic, p, 0) for p in self.produced])
+                got: dict[int, list[Rec]] = {p: [] for p in self.produced}
+                deadline = last = time.monotonic()
+                deadline += 120
+                while (
+                    any(len(got[p]) < len(r) for p, r in self.produced.items())
+                    and time.monotonic() < deadline
+                ):
+                    for m in c.consume(self.batch, 0.5):
+                        if m.error():
+                            self.errors.append(str(m.error()))
+                            continue
+                        now = time.monotonic()
+                        self.longest_wait, last = max(self.longest_wait, now - last), now
+                        if len(got[m.partition()]) < len(self.produced[m.partition()]):
+                            got[m.partition()].append(
+                                Rec(
+                                    m.key(), m.value(), tuple(m.headers() or ()), m.timestamp()[1], m.offset()
+                                )
+                            )
+                        self.received += 1
+                self.passes.append(got)
+                if last_pass:
+                    return
+        finally:
+            c.close()
+
+
 def local_segment_offsets(broker, topic: str, partition: int = 0) -> list[int]:
     d: Path = broker.partition_dir(topic, partition)
     if not d.exists():

@@ -19,7 +19,6 @@ import datetime
 import random
 import re
 import subprocess
-import threading
 import time
 import urllib.request
 
@@ -32,6 +31,7 @@ from devstack.stack import LocalStack
 from devstack.tls import SecretVolume, TestCA
 from tests.e2e import scenarios
 from tests.e2e.kafka_helpers import (
+    PassReader,
     Rec,
     create_topic,
     filler,
@@ -158,50 +158,6 @@ def test_the_shims_metrics_are_in_the_brokers_jmx(stack, store, tiered):
     assert not any(k.startswith("errors-total{op=fetch,") for k in m), m
 
 
-class Reader(threading.Thread):
-    """Reads ``topic`` from offset 0 to ``recs``' end again and again, 20 records per poll, until
-    stopped after a pass that started after the stop was asked; records every pass."""
-
-    def __init__(self, stack, topic: str, recs: list[Rec]):
-        super().__init__(daemon=True)
-        self.stack, self.topic, self.recs = stack, topic, recs
-        self.passes: list[list[Rec]] = []
-        self.errors: list[str] = []
-        self.stop_after = threading.Event()
-        self.received = 0
-
-    def run(self) -> None:
-        c = Consumer(
-            {
-                "bootstrap.servers": self.stack.bootstrap_servers,
-                "group.id": "rotation",
-                "enable.auto.commit": False,
-                "max.partition.fetch.bytes": 65536,  # many small remote reads
-                "error_cb": lambda err: self.errors.append(str(err)),
-            }
-        )
-        try:
-            while True:
-                last_pass = self.stop_after.is_set()
-                c.assign([TopicPartition(self.topic, 0, 0)])
-                got: list[Rec] = []
-                deadline = time.monotonic() + 120
-                while len(got) < len(self.recs) and time.monotonic() < deadline:
-                    for m in c.consume(20, 1.0):
-                        if m.error():
-                            self.errors.append(str(m.error()))
-                            continue
-                        got.append(
-                            Rec(m.key(), m.value(), tuple(m.headers() or ()), m.timestamp()[1], m.offset())
-                        )
-                        self.received += 1
-                self.passes.append(got[: len(self.recs)])
-                if last_pass:
-                    return
-        finally:
-            c.close()
-
-
 def test_certificates_renewed_with_a_new_ca_while_a_consumer_reads_from_remote(stack, tiered):
     topic, recs = tiered
     broker, sidecar = stack.broker_secret, stack.sidecar_secret
@@ -222,7 +178,15 @@ def test_certificates_renewed_with_a_new_ca_while_a_consumer_reads_from_remote(s
             time.sleep(0.2)
         raise AssertionError(f"{log}: the renewal was not loaded on both sides within 30 s")
 
-    reader = Reader(stack, topic, recs)
+    # many small remote reads
+    reader = PassReader(
+        stack.bootstrap_servers,
+        topic,
+        {0: recs},
+        group="rotation",
+        batch=20,
+        **{"max.partition.fetch.bytes": 65536},
+    )
     reader.start()
     deadline = time.monotonic() + 60
     while reader.received == 0 and reader.is_alive() and time.monotonic() < deadline:
@@ -255,7 +219,7 @@ def test_certificates_renewed_with_a_new_ca_while_a_consumer_reads_from_remote(s
     assert reader.errors == []
     assert len(reader.passes) >= 2
     for got in reader.passes:  # the passes during and the one after the renewals, each whole
-        scenarios.assert_same_records(got, recs)
+        scenarios.assert_same_records(got[0], recs)
     log = broker_log(stack)
     assert READ_ERROR not in log
     # after the renewals only the new CA is trusted: a client with the old CA's certificate is refused

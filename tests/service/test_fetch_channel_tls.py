@@ -4,7 +4,6 @@ counted and logged once with the peer and the reason."""
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import socket
@@ -15,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from devstack.tls import Issued, SecretVolume, TestCA
+from devstack.tls import EXPIRED, Issued, SecretVolume, TestCA
 from rsm_sidecar.config import Config
 from rsm_sidecar.service import fetch_channel
 from rsm_sidecar.service.server import SidecarServer
@@ -183,10 +182,7 @@ def test_refused_handshakes_are_counted_and_logged_once_per_peer_with_the_reason
     ca, other_ca = TestCA("rsm test CA"), TestCA("someone else's CA")
     volume = SecretVolume(tmp_path / "secret", _secret(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
     server = mtls_sidecar(volume)
-    now = datetime.datetime.now(datetime.UTC)
-    expired = ca.issue(
-        "broker-1", valid_from=now - datetime.timedelta(days=3), valid_until=now - datetime.timedelta(days=1)
-    )
+    expired = ca.issue("broker-1", valid=EXPIRED)
     cases = {
         "no_client_certificate": _client_context(ca.cert_pem, None, tmp_path),
         "client_certificate_untrusted": _client_context(ca.cert_pem, other_ca.issue("broker-1"), tmp_path),

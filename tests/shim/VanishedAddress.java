@@ -146,7 +146,9 @@ public class VanishedAddress {
 
             // 3. A new connection to an address nobody answers.
             ask("BLACKHOLE CONNECT?");
-            RemoteStorageManager fresh = shim(plugin, target, Map.of("retry.max.attempts", "1"));
+            // one attempt: the time of one connection attempt (reads would otherwise wait for a sidecar
+            // that went away, retry.fetch.max.ms)
+            RemoteStorageManager fresh = shim(plugin, target, Map.of("retry.max.attempts", "1", "retry.fetch.max.ms", "0"));
             long t3 = System.nanoTime();
             try {
                 fresh.fetchIndex(md, RemoteStorageManager.IndexType.OFFSET);

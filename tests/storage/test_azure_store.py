@@ -6,9 +6,7 @@ connection string, SAS) and how their refusals read, and faults against real ser
 from __future__ import annotations
 
 import base64
-import datetime
 import http.server
-import ipaddress
 import json
 import logging
 import ssl
@@ -21,6 +19,7 @@ import urllib.parse
 import pytest
 
 from devstack.azurite import AzuriteServer
+from devstack.tls import self_signed
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.azure import AzureObjectStore, _operation
@@ -500,36 +499,8 @@ def _entra_token(tenant: str = "72f988bf-86f1-41af-91ab-2d7cd011db47") -> str:
 @pytest.fixture(scope="module")
 def azurite_oauth(tmp_path_factory):
     """Azurite over https (a self-signed certificate for 127.0.0.1) accepting bearer tokens."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
     workdir = tmp_path_factory.mktemp("azurite-oauth")
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = workdir / "cert.pem", workdir / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    cert_file, key_file = self_signed("127.0.0.1", ips=["127.0.0.1"]).write(workdir, "cert")
     server = AzuriteServer(
         workdir, in_memory=True, account=AZURE_ACCOUNT, tls=(cert_file, key_file), oauth=True
     )

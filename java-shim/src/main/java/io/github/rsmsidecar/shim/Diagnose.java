@@ -27,8 +27,10 @@ import java.util.concurrent.TimeUnit;
  * </pre>
  *
  * It asks the sidecar for the transaction index of a random, non-existent segment (read-only) and
- * prints the status. Any answer from the sidecar (normally NOT_FOUND) means the transport works:
- * exit 0. UNAVAILABLE or DEADLINE_EXCEEDED (not reachable): exit 2. Bad arguments: exit 64.
+ * prints the status on one line. Any answer from the sidecar (normally NOT_FOUND) means the
+ * transport works: exit 0. UNAVAILABLE or DEADLINE_EXCEEDED (not reachable): exit 2; when TLS
+ * refused, the line says who refused what and the file or setting to fix, as the broker's log does
+ * ({@link TlsRefusal}). Bad arguments or unusable TLS files (the message names the key): exit 64.
  */
 public final class Diagnose {
 
@@ -44,7 +46,7 @@ public final class Diagnose {
         try {
             TlsFiles tls = config.tlsEnabled() ? TlsFiles.read(config).check(config) : null;
             io.grpc.netty.shaded.io.netty.handler.ssl.SslContext context =
-                    tls == null ? null : tls.fetchChannelContext(config, "rsm-fetch/1");
+                    tls == null ? null : tls.fetchChannelContext(config);
             String[] address = config.fetchChannelAddress();
             String host = !config.tlsAuthorityOverride().isEmpty() ? config.tlsAuthorityOverride()
                     : address.length == 2 ? address[0] : "localhost";
@@ -74,15 +76,17 @@ public final class Diagnose {
         }
         ShimConfig config;
         ManagedChannel channel;
+        TlsFiles tls;
         try {
             config = ShimConfig.parse(configs);
             if (!config.unknownKeys().isEmpty()) {
                 err.println("unknown keys: " + config.unknownKeys());
                 return 64;
             }
-            channel = ChannelFactory.NETTY.create(config);
+            tls = config.tlsEnabled() ? TlsFiles.read(config).check(config) : null;
+            channel = ChannelFactory.NETTY.create(config, tls);
         } catch (Exception e) {
-            err.println(e.getMessage());
+            err.println(StatusText.oneLine(String.valueOf(e.getMessage())));
             return 64;
         }
         try {
@@ -108,9 +112,12 @@ public final class Diagnose {
             } catch (StatusRuntimeException e) {
                 status = e.getStatus();
             }
-            out.println("FetchIndex to the sidecar at " + config.target() + " ended with " + status.getCode()
-                    + (status.getDescription() != null ? ": " + status.getDescription() : "")
-                    + (status.getCause() != null ? " (cause: " + status.getCause() + ")" : ""));
+            String refused = new TlsRefusal(config, () -> tls).reason(status);
+            if (refused != null) {
+                status = Status.UNAVAILABLE.withDescription(refused).withCause(status.getCause());
+            }
+            out.println("FetchIndex to the sidecar at " + config.target() + " ended with "
+                    + StatusText.of(status));
             boolean unreachable = status.getCode() == Status.Code.UNAVAILABLE
                     || status.getCode() == Status.Code.DEADLINE_EXCEEDED;
             if (!unreachable) {

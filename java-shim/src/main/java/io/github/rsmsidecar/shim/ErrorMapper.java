@@ -116,14 +116,11 @@ public final class ErrorMapper {
         return new RemoteStorageException(message, cause);
     }
 
+    /**
+     * {@code "<operation> failed: sidecar status <CODE>: <description> (cause: <cause>)"}, on one
+     * line ({@link StatusText}).
+     */
     public static String describe(String operation, Status status) {
-        StringBuilder sb = new StringBuilder(operation).append(" failed: sidecar status ").append(status.getCode());
-        if (status.getDescription() != null) {
-            sb.append(": ").append(status.getDescription());
-        }
-        if (status.getCause() != null) {
-            sb.append(" (cause: ").append(status.getCause()).append(')');
-        }
-        return sb.toString();
+        return StatusText.oneLine(operation + " failed: sidecar status " + StatusText.of(status));
     }
 }

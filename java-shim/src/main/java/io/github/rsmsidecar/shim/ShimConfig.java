@@ -40,6 +40,7 @@ public final class ShimConfig {
     public static final String RETRY_MAX_ATTEMPTS = "retry.max.attempts";
     public static final String RETRY_INITIAL_BACKOFF_MS = "retry.initial.backoff.ms";
     public static final String RETRY_MAX_BACKOFF_MS = "retry.max.backoff.ms";
+    public static final String RETRY_FETCH_MAX_MS = "retry.fetch.max.ms";
     public static final String TLS_ENABLED = "tls.enabled";
     public static final String TLS_CA_FILE = "tls.ca.file";
     public static final String TLS_CERT_FILE = "tls.cert.file";
@@ -97,6 +98,7 @@ public final class ShimConfig {
         k.put(RETRY_MAX_ATTEMPTS, "3");
         k.put(RETRY_INITIAL_BACKOFF_MS, "100");
         k.put(RETRY_MAX_BACKOFF_MS, "5000");
+        k.put(RETRY_FETCH_MAX_MS, "5000");
         k.put(TLS_ENABLED, "false");
         k.put(TLS_CA_FILE, "");
         k.put(TLS_CERT_FILE, "");
@@ -166,6 +168,7 @@ public final class ShimConfig {
     private final int retryMaxAttempts;
     private final long retryInitialBackoffMs;
     private final long retryMaxBackoffMs;
+    private final long retryFetchMaxMs;
     private final boolean tlsEnabled;
     private final Path tlsCaFile;
     private final Path tlsCertFile;
@@ -236,6 +239,7 @@ public final class ShimConfig {
             throw new ShimConfigException(RETRY_MAX_BACKOFF_MS, raw.get(RETRY_MAX_BACKOFF_MS),
                     "must be >= " + RETRY_INITIAL_BACKOFF_MS + " (" + retryInitialBackoffMs + ")");
         }
+        this.retryFetchMaxMs = nonNegativeMillis(raw, RETRY_FETCH_MAX_MS);
         this.closeTimeoutMs = nonNegativeMillis(raw, CLOSE_TIMEOUT_MS);
         this.connectTimeoutMs = positiveMillis(raw, CONNECT_TIMEOUT_MS);
         if (connectTimeoutMs > Integer.MAX_VALUE) {
@@ -528,6 +532,14 @@ public final class ShimConfig {
         return retryMaxBackoffMs;
     }
 
+    /**
+     * How long fetches and index calls keep retrying {@code UNAVAILABLE}, counted from when the
+     * sidecar was first missed (0: only {@code retry.max.attempts}, as other calls; see Retrier).
+     */
+    public long retryFetchMaxMs() {
+        return retryFetchMaxMs;
+    }
+
     public boolean tlsEnabled() {
         return tlsEnabled;
     }
@@ -612,7 +624,8 @@ public final class ShimConfig {
                 + ", fetch.readahead.bytes=" + fetchReadaheadBytes + ", fetch.readahead.max.bytes=" + fetchReadaheadMaxBytes
                 + ", fetch.index.deadline.ms=" + fetchIndexDeadlineMs + ", delete.deadline.ms=" + deleteDeadlineMs
                 + ", retry.max.attempts=" + retryMaxAttempts + ", retry.initial.backoff.ms=" + retryInitialBackoffMs
-                + ", retry.max.backoff.ms=" + retryMaxBackoffMs + ", channel.idle.timeout.ms=" + channelIdleTimeoutMs
+                + ", retry.max.backoff.ms=" + retryMaxBackoffMs + ", retry.fetch.max.ms=" + retryFetchMaxMs
+                + ", channel.idle.timeout.ms=" + channelIdleTimeoutMs
                 + (isUnixSocket() ? "" : ", connect.timeout.ms=" + connectTimeoutMs + ", keepalive.time.ms="
                         + keepaliveTimeMs + ", keepalive.timeout.ms=" + keepaliveTimeoutMs);
     }

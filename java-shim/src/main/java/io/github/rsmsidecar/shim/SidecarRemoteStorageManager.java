@@ -127,7 +127,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             if (closed) {
                 throw new IllegalStateException("configure() after close()");
             }
-            this.retrier = new Retrier(c, mapper, this::resetConnectBackoff, metrics);
+            this.retrier = new Retrier(c, mapper, this::resetConnectBackoff, metrics, () -> tlsFiles);
             this.errorMapper = mapper;
             if (scheduler == null) {
                 ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
@@ -168,6 +168,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         LOG.info("SidecarRemoteStorageManager {} configured on broker {}: {}; transient errors raise {}",
                 Version.get(), c.brokerId(), c,
                 mapper.hasRetriableClass() ? "RetriableRemoteStorageException" : "RemoteStorageException");
+        warnIfNotValidNow(tls, c);
     }
 
     /** Shuts the channel down, waiting at most {@code close.timeout.ms} for calls to end. */
@@ -262,7 +263,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         try {
             now = TlsFiles.read(c);
         } catch (IOException e) {
-            LOG.warn("TLS files: {}; keeping the ones in use", e.getMessage());
+            LOG.warn("TLS files: {}; keeping the ones in use", StatusText.oneLine(String.valueOf(e.getMessage())));
             return;
         }
         if (now.sameAs(tlsFiles) || now.sameAs(rejectedTls)) {
@@ -273,7 +274,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         } catch (IOException e) {
             rejectedTls = now;
             LOG.warn("TLS files changed but are not usable yet ({}); keeping the ones in use and checking again "
-                    + "in {} ms", e.getMessage(), c.tlsReloadIntervalMs());
+                    + "in {} ms", StatusText.oneLine(String.valueOf(e.getMessage())), c.tlsReloadIntervalMs());
             return;
         }
         ManagedChannel old;
@@ -288,7 +289,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     fresh = channelFactory.create(c, now);
                 } catch (IOException | RuntimeException e) {
                     LOG.warn("TLS files changed but no channel could be made of them ({}); keeping the ones in use",
-                            e.getMessage());
+                            StatusText.oneLine(String.valueOf(e.getMessage())));
                     rejectedTls = now;
                     return;
                 }
@@ -310,6 +311,15 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
         LOG.info("TLS files changed: new connections to the sidecar use them (client certificate {}){}",
                 now.subject(), old != null ? "; calls in flight finish on the previous connection" : "");
+        warnIfNotValidNow(now, c);
+    }
+
+    /** A WARN line when the client certificate in {@code tls} (null: none) is expired or not yet valid. */
+    private static void warnIfNotValidNow(TlsFiles tls, ShimConfig c) {
+        String why = tls == null ? null : tls.notValidNow(c);
+        if (why != null) {
+            LOG.warn("TLS files: {}", why);
+        }
     }
 
     private synchronized void resetConnectBackoff() {
@@ -360,7 +370,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     /** The fetch channel's TLS context of {@code tls} (null without TLS). */
     private static io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchTlsContext(ShimConfig c, TlsFiles tls)
             throws IOException {
-        return tls == null ? null : tls.fetchChannelContext(c, "rsm-fetch/1");
+        return tls == null ? null : tls.fetchChannelContext(c);
     }
 
     // ---- fetch (the read path: RemoteReader) -------------------------------------------------

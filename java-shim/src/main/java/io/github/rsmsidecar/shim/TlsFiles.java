@@ -92,14 +92,8 @@ final class TlsFiles {
     /** Channel credentials of exactly these bytes. */
     ChannelCredentials credentials(ShimConfig c) throws IOException {
         TlsChannelCredentials.Builder tls = TlsChannelCredentials.newBuilder();
-        if (ca != null) {
-            try {
-                tls.trustManager(new ByteArrayInputStream(ca));
-            } catch (IOException | RuntimeException e) {
-                throw new IOException("rsm.config." + ShimConfig.TLS_CA_FILE + "=" + c.tlsCaFile()
-                        + ": cannot load the CA certificates: " + e.getMessage(), e);
-            }
-        }
+        // the JDK's PKIX checks of the sidecar's certificate, which say why they refuse (TlsRefusal)
+        tls.trustManager(TlsRefusal.trustManager(c, caCertificates()));
         if (cert != null) {
             try {
                 tls.keyManager(new ByteArrayInputStream(cert), new ByteArrayInputStream(key));
@@ -113,13 +107,14 @@ final class TlsFiles {
     }
 
     /**
-     * A TLS context of exactly these bytes for the sidecar's fetch channel (ALPN
-     * {@code rsm-fetch/1}): BoringSSL through netty-tcnative where it loads (as gRPC's channel
-     * uses), else the JDK's provider. Each connection takes a new engine of it
-     * ({@link #newEngine}).
+     * A TLS context of exactly these bytes for the sidecar's fetch channel: BoringSSL through
+     * netty-tcnative where it loads (as gRPC's channel uses), else the JDK's provider. It offers
+     * the ALPN protocols {@code rsm-fetch/1} and {@code h2}: a sidecar with the fetch channel
+     * chooses the first, an older one (gRPC's own TLS) the second, which tells the shim to fetch
+     * over gRPC, where offering the first alone would make it refuse the handshake. Each
+     * connection takes a new engine of it ({@link #newEngine}).
      */
-    io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchChannelContext(ShimConfig c, String alpn)
-            throws IOException {
+    io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchChannelContext(ShimConfig c) throws IOException {
         io.grpc.netty.shaded.io.netty.handler.ssl.SslContextBuilder b =
                 io.grpc.netty.shaded.io.netty.handler.ssl.SslContextBuilder.forClient()
                         .sslProvider(io.grpc.netty.shaded.io.netty.handler.ssl.OpenSsl.isAvailable()
@@ -131,11 +126,10 @@ final class TlsFiles {
                                         .SelectorFailureBehavior.NO_ADVERTISE,
                                 io.grpc.netty.shaded.io.netty.handler.ssl.ApplicationProtocolConfig
                                         .SelectedListenerFailureBehavior.ACCEPT,
-                                alpn));
+                                "rsm-fetch/1", "h2"));
         try {
-            if (ca != null) {
-                b.trustManager(new ByteArrayInputStream(ca));
-            }
+            // the trust manager gRPC's channel uses: a certificate refused says why (TlsRefusal)
+            b.trustManager(TlsRefusal.trustManager(c, caCertificates()));
             if (cert != null) {
                 b.keyManager(new ByteArrayInputStream(cert), new ByteArrayInputStream(key));
             }
@@ -143,6 +137,31 @@ final class TlsFiles {
         } catch (IOException | RuntimeException e) {
             throw new IOException("the fetch channel's TLS context from rsm.config." + ShimConfig.TLS_CA_FILE + ", "
                     + ShimConfig.TLS_CERT_FILE + " and " + ShimConfig.TLS_KEY_FILE + ": " + e.getMessage(), e);
+        }
+    }
+
+    /** The CA certificates of {@code tls.ca.file}, or null when it is not set (the JDK's default trust store). */
+    List<X509Certificate> caCertificates() {
+        return ca == null ? null : parsed(ca);
+    }
+
+    /** The client certificate chain of {@code tls.cert.file} (empty when it is not set or does not parse). */
+    List<X509Certificate> clientChain() {
+        List<X509Certificate> chain = cert == null ? null : parsed(cert);
+        return chain == null ? List.of() : chain;
+    }
+
+    /** The private key of {@code tls.key.file}. */
+    PrivateKey clientKey(ShimConfig c) throws IOException {
+        return privateKey(key, c.tlsKeyFile());
+    }
+
+    private static List<X509Certificate> parsed(byte[] pem) {
+        try {
+            return CertificateFactory.getInstance("X.509").generateCertificates(new ByteArrayInputStream(pem))
+                    .stream().map(X509Certificate.class::cast).toList();
+        } catch (GeneralSecurityException e) {
+            return null; // check() refused such files before they were used
         }
     }
 
@@ -158,6 +177,17 @@ final class TlsFiles {
         p.setEndpointIdentificationAlgorithm("HTTPS");
         engine.setSSLParameters(p);
         return engine;
+    }
+
+    /**
+     * Why the client certificate is not valid now (expired, or not yet valid: the sidecar will
+     * refuse it), for a WARN line before the first refused call says it; null when it is valid.
+     */
+    String notValidNow(ShimConfig c) {
+        List<X509Certificate> chain = clientChain();
+        String dates = chain.isEmpty() ? null : TlsRefusal.validity(chain.get(0), "it");
+        return dates == null ? null : "rsm.config." + ShimConfig.TLS_CERT_FILE + "=" + c.tlsCertFile() + " ("
+                + TlsRefusal.subject(chain.get(0)) + "): " + dates + "; the sidecar will refuse it";
     }
 
     /** The subject of the certificate (for logs), or "none". */

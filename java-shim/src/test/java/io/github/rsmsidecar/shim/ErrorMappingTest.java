@@ -143,4 +143,18 @@ class ErrorMappingTest {
         assertEquals("op(x) failed: sidecar status UNAVAILABLE: io exception (cause: java.net.ConnectException: refused)",
                 e.getMessage());
     }
+
+    /**
+     * gRPC's description of a failed connection is two lines ({@code io exception} and {@code
+     * Channel Pipeline: [...]}): the message, and so the broker's log line, says it on one.
+     */
+    @Test
+    void aStatusWithLineBreaksIsOneLine() {
+        Status s = Status.UNAVAILABLE.withDescription("io exception\nChannel Pipeline: [SslHandler#0, DefaultChannelPipeline"
+                + "$TailContext#0]").withCause(new java.io.IOException("Connection reset\r\n  by peer"));
+        RemoteStorageException e = ErrorMapper.forBroker().map("op(x)", s, false);
+        assertEquals("op(x) failed: sidecar status UNAVAILABLE: io exception; Channel Pipeline: [SslHandler#0, "
+                + "DefaultChannelPipeline$TailContext#0] (cause: java.io.IOException: Connection reset; by peer)",
+                e.getMessage());
+    }
 }

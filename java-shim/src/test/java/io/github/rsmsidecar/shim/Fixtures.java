@@ -48,6 +48,8 @@ final class Fixtures {
         c.put("broker.id", "1");
         c.put(ShimConfig.RETRY_INITIAL_BACKOFF_MS, "10");
         c.put(ShimConfig.RETRY_MAX_BACKOFF_MS, "40");
+        // fetches and index calls keep to retry.max.attempts, as other calls (RetryTest sets it)
+        c.put(ShimConfig.RETRY_FETCH_MAX_MS, "0");
         c.put(ShimConfig.FETCH_DEADLINE_MS, "5000");
         c.put(ShimConfig.FETCH_READ_TIMEOUT_MS, "5000");
         c.put(ShimConfig.FETCH_INDEX_DEADLINE_MS, "5000");

@@ -133,8 +133,8 @@ class NettyTransportTest {
     @Test
     void mutualTls() throws Exception {
         TestCerts.Issued authority = TestCerts.ca("CN=rsm test CA").write(dir, "ca");
-        TestCerts.leaf(authority, "CN=sidecar.test", "sidecar.test").write(dir, "server");
-        TestCerts.leaf(authority, "CN=broker-1").write(dir, "client");
+        TestCerts.server(authority, "CN=sidecar.test", "sidecar.test").write(dir, "server");
+        TestCerts.client(authority, "CN=broker-1").write(dir, "client");
 
         AtomicReference<String> peer = new AtomicReference<>();
         ServerInterceptor whoIsCalling = new ServerInterceptor() {
@@ -198,9 +198,9 @@ class NettyTransportTest {
         TestCerts.Issued ca2 = TestCerts.ca("CN=rsm test CA 2").write(dir, "ca2");
         Files.writeString(dir.resolve("both.pem"), Files.readString(dir.resolve("ca.pem"))
                 + Files.readString(dir.resolve("ca2.pem")));
-        TestCerts.leaf(ca1, "CN=sidecar.test", "sidecar.test").write(dir, "server");
-        TestCerts.leaf(ca1, "CN=broker-old").write(dir, "client");
-        TestCerts.leaf(ca2, "CN=broker-new").write(dir, "client2");
+        TestCerts.server(ca1, "CN=sidecar.test", "sidecar.test").write(dir, "server");
+        TestCerts.client(ca1, "CN=broker-old").write(dir, "client");
+        TestCerts.client(ca2, "CN=broker-new").write(dir, "client2");
 
         List<String> peers = new java.util.concurrent.CopyOnWriteArrayList<>();
         ServerInterceptor whoIsCalling = new ServerInterceptor() {
@@ -289,8 +289,8 @@ class NettyTransportTest {
     @Test
     void idleChannelKeepsItsConnectionUnlessTold() throws Exception {
         TestCerts.Issued authority = TestCerts.ca("CN=rsm test CA").write(dir, "ca");
-        TestCerts.leaf(authority, "CN=sidecar.test", "sidecar.test").write(dir, "server");
-        TestCerts.leaf(authority, "CN=broker-1").write(dir, "client");
+        TestCerts.server(authority, "CN=sidecar.test", "sidecar.test").write(dir, "server");
+        TestCerts.client(authority, "CN=broker-1").write(dir, "client");
         java.util.concurrent.atomic.AtomicInteger opened = new java.util.concurrent.atomic.AtomicInteger();
         java.util.concurrent.atomic.AtomicInteger closed = new java.util.concurrent.atomic.AtomicInteger();
         io.grpc.ServerTransportFilter counter = new io.grpc.ServerTransportFilter() {

@@ -238,6 +238,125 @@ class RetryTest {
         assertTrue(gaps[2] >= 320, "gap 3: " + gaps[2]);
     }
 
+    /** Answers UNAVAILABLE (as a sidecar that is restarting) until {@code backAt}, then serves. */
+    static final class RestartingSidecar extends RemoteStorageGrpc.RemoteStorageImplBase {
+        volatile long backAt;
+        final AtomicInteger fetches = new AtomicInteger();
+        final AtomicInteger deletes = new AtomicInteger();
+
+        RestartingSidecar(long awayMs) {
+            backAt = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(awayMs);
+        }
+
+        private boolean away(StreamObserver<?> observer) {
+            if (System.nanoTime() - backAt < 0) {
+                observer.onError(Status.UNAVAILABLE.withDescription("connection refused").asRuntimeException());
+                return true;
+            }
+            return false;
+        }
+
+        @Override
+        public void fetchSegment(FetchSegmentRequest request, StreamObserver<FetchSegmentResponse> observer) {
+            fetches.incrementAndGet();
+            if (!away(observer)) {
+                observer.onNext(FetchSegmentResponse.newBuilder().setData(ByteString.copyFromUtf8("segment")).build());
+                observer.onCompleted();
+            }
+        }
+
+        @Override
+        public void fetchIndex(FetchIndexRequest request, StreamObserver<FetchIndexResponse> observer) {
+            if (!away(observer)) {
+                observer.onNext(FetchIndexResponse.newBuilder().setData(ByteString.copyFromUtf8("index")).build());
+                observer.onCompleted();
+            }
+        }
+
+        @Override
+        public void deleteSegment(DeleteSegmentRequest request, StreamObserver<DeleteSegmentResponse> observer) {
+            deletes.incrementAndGet();
+            if (!away(observer)) {
+                observer.onNext(DeleteSegmentResponse.getDefaultInstance());
+                observer.onCompleted();
+            }
+        }
+    }
+
+    /**
+     * A sidecar away for 800 ms (a restart: longer than the attempts' backoffs, 10 + 20 ms here):
+     * fetches and index reads wait for it (retry.fetch.max.ms) and get their bytes; a delete keeps
+     * to its attempts, as copies do (the broker retries those itself).
+     */
+    @Test
+    void readsRideOutASidecarRestartAndOtherCallsKeepToTheirAttempts() throws Exception {
+        RestartingSidecar sidecar = new RestartingSidecar(800);
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config(ShimConfig.RETRY_MAX_ATTEMPTS, "3",
+                ShimConfig.RETRY_FETCH_MAX_MS, "5000"))) {
+            assertThrows(RemoteStorageException.class, () -> h.rsm.deleteLogSegmentData(Fixtures.metadata()));
+            assertEquals(3, sidecar.deletes.get());
+            long t0 = System.nanoTime();
+            try (InputStream in = h.rsm.fetchLogSegment(Fixtures.metadata(), 0)) {
+                assertEquals("segment", new String(in.readAllBytes()));
+            }
+            long ms = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t0);
+            assertTrue(ms < 3000, "the fetch waited " + ms + " ms for a sidecar away 800 ms (it asks every 200 ms at most)");
+            assertTrue(sidecar.fetches.get() > 3, "more attempts than retry.max.attempts: " + sidecar.fetches.get());
+            try (InputStream in = h.rsm.fetchIndex(Fixtures.metadata(), RemoteStorageManager.IndexType.TIMESTAMP)) {
+                assertEquals("index", new String(in.readAllBytes()));
+            }
+            assertEquals(1, h.rsm.metrics.reachable());
+        }
+    }
+
+    /**
+     * A sidecar that shuts down (gRPC core's server) cancels the calls it had received but not
+     * started yet: for a read that is the sidecar going away, waited for like UNAVAILABLE; a copy
+     * or a delete is not retried for it (the broker retries them).
+     */
+    @Test
+    void aReadCancelledByASidecarShuttingDownIsAskedAgain() throws Exception {
+        FlakySidecar sidecar = new FlakySidecar(2, Status.CANCELLED.withDescription("CANCELLED"));
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config(ShimConfig.RETRY_FETCH_MAX_MS, "5000"))) {
+            try (InputStream in = h.rsm.fetchLogSegment(Fixtures.metadata(), 0)) {
+                assertEquals("segment", new String(in.readAllBytes()));
+            }
+            assertThrows(RemoteStorageException.class, () -> h.rsm.deleteLogSegmentData(Fixtures.metadata()));
+        }
+        assertEquals(3, sidecar.fetch.get());
+        assertEquals(1, sidecar.delete.get());
+    }
+
+    /**
+     * The wait is counted from when the sidecar was first missed, not per call: once a sidecar has
+     * been away for retry.fetch.max.ms, fetches fail after their attempts instead of each holding a
+     * broker thread that long again; and once it is back, the next outage gets the whole wait.
+     */
+    @Test
+    void theWaitForAnAbsentSidecarIsCountedFromWhenItWasFirstMissed() throws Exception {
+        RestartingSidecar sidecar = new RestartingSidecar(60_000);
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, Fixtures.config(ShimConfig.RETRY_MAX_ATTEMPTS, "3",
+                ShimConfig.RETRY_FETCH_MAX_MS, "600"))) {
+            long t0 = System.nanoTime();
+            RemoteStorageException e = assertThrows(RemoteStorageException.class,
+                    () -> h.rsm.fetchLogSegment(Fixtures.metadata(), 0));
+            long first = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t0);
+            assertTrue(first >= 590 && first < 3000, "the first fetch waited " + first + " ms of 600");
+            assertTrue(e.getMessage().contains("UNAVAILABLE: connection refused"), e.getMessage());
+            t0 = System.nanoTime();
+            assertThrows(RemoteStorageException.class, () -> h.rsm.fetchLogSegment(Fixtures.metadata(), 0));
+            long second = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t0);
+            assertTrue(second < 500, "the second fetch, 600 ms into the outage, waited " + second + " ms");
+
+            sidecar.backAt = System.nanoTime();
+            h.rsm.fetchLogSegment(Fixtures.metadata(), 0).close(); // reached: the outage is over
+            sidecar.backAt = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(300);
+            try (InputStream in = h.rsm.fetchLogSegment(Fixtures.metadata(), 0)) {
+                assertEquals("segment", new String(in.readAllBytes()), "a new outage: the whole wait again");
+            }
+        }
+    }
+
     @Test
     void backoffFormula() {
         assertEquals(80, Retrier.backoffMs(1, 100, 5000, 0.0));

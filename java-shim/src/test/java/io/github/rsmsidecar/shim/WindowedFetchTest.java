@@ -43,6 +43,8 @@ class WindowedFetchTest {
         volatile int shortBy;
         /** Lies: ignores the end position. */
         volatile boolean ignoreEnd;
+        /** Breaks this many calls with UNAVAILABLE after 48 KiB (the sidecar killed under a stream). */
+        final java.util.concurrent.atomic.AtomicInteger breaks = new java.util.concurrent.atomic.AtomicInteger();
 
         @Override
         public void fetchSegment(FetchSegmentRequest req, StreamObserver<FetchSegmentResponse> observer) {
@@ -50,7 +52,13 @@ class WindowedFetchTest {
             boolean bounded = req.hasEndPosition() && !ignoreEnd;
             requests.add(new long[] {start, req.hasEndPosition() ? req.getEndPosition() : -1});
             int end = bounded ? Math.min(req.getEndPosition() + 1 - shortBy, SIZE) : SIZE;
+            boolean breaking = breaks.getAndUpdate(b -> Math.max(0, b - 1)) > 0;
             for (int p = start; p < end; p += 16 * 1024) {
+                if (breaking && p - start >= 48 * 1024) {
+                    observer.onError(io.grpc.Status.UNAVAILABLE.withDescription("Network closed for unknown reason")
+                            .asRuntimeException());
+                    return;
+                }
                 int n = Math.min(16 * 1024, end - p);
                 sent.addAndGet(n);
                 observer.onNext(FetchSegmentResponse.newBuilder().setData(ByteString.copyFrom(SEGMENT, p, n)).build());
@@ -138,6 +146,40 @@ class WindowedFetchTest {
             assertEquals(100_000 + 100_000 + (64 * 1024) - 1,
                     sidecar.requests.get(2)[1]);
         }
+    }
+
+    /**
+     * A window whose call breaks (the sidecar killed or restarted under it) is asked for again
+     * from where the reader stopped, to the same end: the reader sees every byte once, in order.
+     */
+    @Test
+    void aBrokenWindowIsOpenedAgainWhereTheReaderStopped() throws Exception {
+        RangeSidecar sidecar = new RangeSidecar();
+        sidecar.breaks.set(2); // the first window, then its first resumption
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config(WINDOW * 2));
+             InputStream in = h.rsm.fetchLogSegment(metadata(SIZE), 1000)) {
+            assertArrayEquals(Arrays.copyOfRange(SEGMENT, 1000, 1000 + 3 * WINDOW), in.readNBytes(3 * WINDOW));
+        }
+        long[] first = sidecar.requests.get(0);
+        long[] again = sidecar.requests.get(1);
+        long[] third = sidecar.requests.get(2);
+        assertEquals(1000 + 2 * WINDOW - 1, first[1]);
+        assertEquals(1000 + 48 * 1024, again[0], "opened again where the reader stopped");
+        assertEquals(first[1], again[1], "to the same end");
+        assertEquals(again[0] + 48 * 1024, third[0]);
+        assertEquals(first[1], third[1]);
+    }
+
+    @Test
+    void aWindowBrokenTooOftenFailsTheRead() throws Exception {
+        RangeSidecar sidecar = new RangeSidecar();
+        sidecar.breaks.set(3 /* WindowedFetchStream.MAX_RESUMES */ + 1);
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config(WINDOW * 8));
+             InputStream in = h.rsm.fetchLogSegment(metadata(SIZE), 0)) {
+            IOException e = assertThrows(IOException.class, in::readAllBytes);
+            assertTrue(e.getMessage().contains("UNAVAILABLE"), e.getMessage());
+        }
+        assertEquals(3 /* WindowedFetchStream.MAX_RESUMES */ + 1, sidecar.requests.size());
     }
 
     @Test

@@ -364,9 +364,9 @@ public final class FetchChannel implements AutoCloseable {
                         ended = true;
                         if (end.getCode() != 0) {
                             release(connection); // a clean end: the connection serves on
+                            Status status = Status.fromCodeValue(end.getCode()).withDescription(oneLine(end.getMessage()));
                             throw new IOException(op + ": the sidecar failed the read after " + received + " bytes: "
-                                    + Status.fromCodeValue(end.getCode()).getCode() + ": "
-                                    + oneLine(end.getMessage()));
+                                    + status.getCode() + ": " + status.getDescription(), status.asException());
                         }
                         release(connection);
                         return -1;
@@ -389,8 +389,11 @@ public final class FetchChannel implements AutoCloseable {
                 if (e.getMessage() != null && e.getMessage().startsWith(op)) {
                     throw e;
                 }
+                // UNAVAILABLE, as gRPC says of a broken connection: a window may be asked for again
+                // from where the reader stopped (WindowedFetchStream)
                 throw new IOException(op + ": the fetch channel to " + connection.endpoint() + " broke after "
-                        + received + " of " + length + " bytes: " + e, e);
+                        + received + " of " + length + " bytes: " + e, Status.UNAVAILABLE.withCause(e)
+                        .withDescription(e.toString()).asException());
             }
         }
 

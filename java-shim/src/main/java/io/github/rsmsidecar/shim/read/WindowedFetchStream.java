@@ -30,6 +30,11 @@ import org.slf4j.LoggerFactory;
  *   <li>A window that sends more than it was asked for is an {@link IOException} too.
  *   <li>Opening a later window may fail like any call (retried as the first one is); the failure
  *       reaches the reader as an {@link IOException} from {@code read}.
+ *   <li>A window whose call breaks with {@code UNAVAILABLE} (the sidecar killed or restarted, its
+ *       connection lost) is opened again where the reader stopped, up to the same end, at most
+ *       {@link #MAX_RESUMES} times per stream: the reader sees one continuous stream, and the
+ *       broker's remote read rides out the restart (the new call waits for the sidecar as any
+ *       fetch does, {@code retry.fetch.max.ms}).
  * </ul>
  */
 final class WindowedFetchStream extends InputStream {
@@ -59,6 +64,8 @@ final class WindowedFetchStream extends InputStream {
 
     /** The first window after the first one. */
     static final int CONTINUATION_WINDOW = 256 * 1024;
+    /** Broken windows opened again per stream, at most. */
+    static final int MAX_RESUMES = 3;
 
     private final Opener opener;
     private final java.util.function.LongConsumer onClose;
@@ -73,6 +80,7 @@ final class WindowedFetchStream extends InputStream {
     private long position;
     private final long start;
     private int windows = 1;
+    private int resumes;
     private boolean closed;
 
     /**
@@ -116,7 +124,29 @@ final class WindowedFetchStream extends InputStream {
             return 0;
         }
         while (true) {
-            int n = current.read(b, off, len);
+            int n;
+            try {
+                n = current.read(b, off, len);
+            } catch (IOException e) {
+                if (resumes >= MAX_RESUMES || position >= windowEnd || !brokenConnection(e)) {
+                    throw e;
+                }
+                resumes++;
+                LOG.info("{}: the window broke at {} ({}); reading on from there in a new call", operation, position,
+                        e.getMessage());
+                current.close();
+                Opened again = opener.open(position, (int) Math.min(Integer.MAX_VALUE, windowEnd - position));
+                if (again.end() <= position) {
+                    again.in().close();
+                    throw new IOException(operation + ": the window opened again at " + position + " ends at "
+                            + again.end(), e);
+                }
+                windowStart = position;
+                windowEnd = Math.min(again.end(), segmentSize);
+                current = again.in();
+                windows++;
+                continue;
+            }
             if (n > 0) {
                 position += n;
                 if (windowEnd < segmentSize && position > windowEnd) {
@@ -145,6 +175,19 @@ final class WindowedFetchStream extends InputStream {
             current = next.in();
             windows++;
         }
+    }
+
+    /** Whether {@code e} says the window's call lost its connection ({@code UNAVAILABLE}). */
+    static boolean brokenConnection(IOException e) {
+        if (e instanceof java.io.InterruptedIOException) {
+            return false;
+        }
+        for (Throwable t = e.getCause(); t != null; t = t.getCause()) {
+            if (t instanceof io.grpc.StatusException se) {
+                return se.getStatus().getCode() == io.grpc.Status.Code.UNAVAILABLE;
+            }
+        }
+        return false;
     }
 
     @Override
