@@ -184,14 +184,14 @@ down:
 	$(BIN)/python -m devstack.cli down
 
 # docker-compose.yml on podman (installed, configured and given a debian:bookworm-slim base
-# image here when missing; devstack/containers.py): build, up, the demo's summary. The cluster
+# image here when missing; devstack/containers.py, devstack/compose_demo.py): build, up, the demo's summary. The cluster
 # keeps running until `make compose-down`. TOPOLOGY=remote: docker-compose.remote.yml, the
 # sidecar as its own workload (TCP + mTLS, stream mode, no shared volume; docs/kubernetes.md).
 compose-demo: setup shim compose-tools
-	$(BIN)/python -m devstack.containers demo --topology $(TOPOLOGY)
+	$(BIN)/python -m devstack.compose_demo demo --topology $(TOPOLOGY)
 
 compose-down: setup
-	$(BIN)/python -m devstack.containers down --topology $(TOPOLOGY)
+	$(BIN)/python -m devstack.compose_demo down --topology $(TOPOLOGY)
 
 # Every benchmark, one after the other (each prints its own table; about 15 minutes).
 # Each also runs on its own: see the command in its docstring.

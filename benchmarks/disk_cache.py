@@ -49,9 +49,8 @@ from rsm_sidecar.config import Config
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.keys import SegmentMetadata
 from rsm_sidecar.segment.access import SegmentAccess
-from rsm_sidecar.segment.copy import CopySettings
 from rsm_sidecar.segment.disk_cache import DiskChunkCache
-from rsm_sidecar.segment.reader import ReaderSettings
+from rsm_sidecar.segment.settings import CopySettings, ReaderSettings
 from rsm_sidecar.storage.local import LocalObjectStore
 from rsm_sidecar.transform.keyring import write_key_pair
 

@@ -65,9 +65,9 @@ def make_topic(
     from rsm_sidecar.format.keys import KeyLayout
     from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
     from rsm_sidecar.kafka.records import Header
-    from rsm_sidecar.segment.tiered_writer import TieredWriter
     from rsm_sidecar.storage.factory import open_store
     from rsm_sidecar.transform.keyring import Keyring, write_key_pair
+    from tests.tiered_writer import TieredWriter
 
     cfg_file = workdir / "sidecar.toml"
     if not (workdir / "k.pub").exists():
@@ -104,7 +104,7 @@ url = "{registry_url}"
         schema_id = client.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
         value_of = _protobuf_values(schema_id)
     cfg = Config.load(cfg_file, environ={})
-    from rsm_sidecar.segment.copy import CopySettings
+    from rsm_sidecar.segment.settings import CopySettings
 
     writer = TieredWriter(
         open_store(cfg),

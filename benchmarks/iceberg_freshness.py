@@ -155,7 +155,7 @@ def main() -> None:
             f"{len(from_manifest)} segments committed in {len(commits)} commits over "
             f"{time.monotonic() - t0:.0f}s (producer {args.mb_per_s} MB/s into {args.partitions} "
             f"partition(s), segment.bytes {args.segment_bytes:,}, segment.ms {args.segment_ms or 'default'}, "
-            f"iceberg.follow.interval {follower.settings.follow_interval:g}s; rounds {rounds})"
+            f"iceberg.follow.interval {follower.settings.follow.interval:g}s; rounds {rounds})"
         )
         for name, vals in (
             ("manifest -> committed", from_manifest),
@@ -182,7 +182,7 @@ def files_table(cfg, storage, topic: str, follower) -> None:
     from rsm_sidecar.iceberg.session.spark import open_session
 
     settings = follower.settings
-    spec = CatalogSpec.from_settings(settings)
+    spec = CatalogSpec(settings.catalog)
 
     def files() -> tuple[list[dict], int]:
         table = spec.pyiceberg().load_table((settings.namespace, settings.table_name(topic)))
@@ -199,7 +199,7 @@ def files_table(cfg, storage, topic: str, follower) -> None:
         )
 
     line("after the follower", files())
-    spark = open_session(spec, settings, "iceberg-freshness-compact")
+    spark = open_session(spec, settings.spark, "iceberg-freshness-compact")
     try:
         t0 = time.monotonic()
         maintain(cfg, storage, topic, compact=True, spark=spark, log=lambda _line: None)

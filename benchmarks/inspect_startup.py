@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.copy import SegmentCopier
+from rsm_sidecar.segment.settings import CopySettings
 from rsm_sidecar.storage.local import LocalObjectStore
 
 REPO = Path(__file__).resolve().parents[1]

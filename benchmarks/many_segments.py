@@ -106,10 +106,10 @@ def _write_partitions(config: str, partitions: list[int], per_partition: int) ->
     """Worker: ``per_partition`` segments in each of ``partitions``."""
     from rsm_sidecar.config import Config
     from rsm_sidecar.format.keys import KeyLayout
-    from rsm_sidecar.segment.copy import CopySettings
-    from rsm_sidecar.segment.tiered_writer import TieredWriter
+    from rsm_sidecar.segment.settings import CopySettings
     from rsm_sidecar.storage.factory import open_store
     from rsm_sidecar.transform.keyring import Keyring
+    from tests.tiered_writer import TieredWriter
 
     cfg = Config.load(config)
     store = open_store(cfg)
@@ -175,8 +175,9 @@ def _op_plan(config: Path, next_offsets: dict[int, int], incremental: bool) -> d
 def run_op(op: str, config: Path, scale: int, partitions: int) -> dict:
     """One operation; returns its figures (the store's requests counted around the work)."""
     from rsm_sidecar.config import Config
-    from rsm_sidecar.inspect import du, listing, ls, orphans
+    from rsm_sidecar.inspect import du, ls, orphans
     from rsm_sidecar.inspect.context import InspectContext
+    from rsm_sidecar.segment import listing
 
     per_partition = scale // partitions
     out: dict = {}
@@ -194,7 +195,7 @@ def run_op(op: str, config: Path, scale: int, partitions: int) -> dict:
         out.update(r)
     elif op == "next":
         from rsm_sidecar.segment.access import SegmentAccess
-        from rsm_sidecar.segment.reader import ReaderSettings
+        from rsm_sidecar.segment.settings import ReaderSettings
 
         cfg = Config.load(config)
         access = SegmentAccess(cfg, ReaderSettings.from_config(cfg))
@@ -232,7 +233,7 @@ def run_op(op: str, config: Path, scale: int, partitions: int) -> dict:
             from rsm_sidecar.inspect import verify
 
             summary = verify.run(ctx, segs, lambda report: None)
-            assert summary.failed == 0
+            assert summary["failed"] == 0
             out["verified"] = summary.segments
         elif op == "raw":  # the physical limit: the bare listing of every key, nothing else
             if ctx.cfg["storage.backend"] == "local":

@@ -28,8 +28,7 @@ from rsm_sidecar.config import Config
 from rsm_sidecar.format.chunk_index import encode_sizes, encode_transformed_chunks
 from rsm_sidecar.format.keys import SegmentMetadata
 from rsm_sidecar.segment.access import SegmentAccess
-from rsm_sidecar.segment.copy import CopySettings
-from rsm_sidecar.segment.reader import ReaderSettings
+from rsm_sidecar.segment.settings import CopySettings, ReaderSettings
 from rsm_sidecar.transform.keyring import write_key_pair
 
 MiB = 1024 * 1024

@@ -175,7 +175,7 @@ def _demo_iceberg(stack: LocalStack, topic: str, workdir: Path, record_hashes: l
     )
     settings = JobSettings.from_config(cfg)
     ident = (settings.namespace, settings.table_name(topic))
-    table = CatalogSpec.from_settings(settings).prepare().pyiceberg().load_table(ident)
+    table = CatalogSpec(settings.catalog).prepare().pyiceberg().load_table(ident)
     rows = table.scan(selected_fields=("key", "val", "kafka")).to_arrow().to_pylist()
     rows.sort(key=lambda r: r["kafka"]["offset"])
     offsets = [r["kafka"]["offset"] for r in rows]

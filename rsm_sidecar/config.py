@@ -1,9 +1,10 @@
 """Configuration: a TOML file plus environment-variable overrides, validated at start.
 
-Every key is declared once, as a ``Key`` next to the code that reads it (core keys
-here; backend keys in their modules, gathered by ``all_keys()``). The declarations
-produce ``docs/configuration.md`` (``rsm-sidecar config docs``) and a test fails when
-the two disagree.
+Every key is declared once, as a field of a ``Settings`` dataclass (``setting()``) in a light
+module of the package that reads it (``KEY_MODULES``, gathered by ``all_keys()``); the
+dataclass is also what reads the key (``from_config``), typed. The declarations produce
+``docs/configuration.md`` (``rsm-sidecar config docs``) and the Helm chart's values schema, and a
+test fails when either disagrees.
 
 Environment overrides: ``RSM__`` + the key path upper-cased with ``.`` -> ``__``, e.g.
 ``RSM__STORAGE__BACKEND=s3`` or ``RSM__ENCRYPTION__KEYS__K1__PUBLIC_KEY_FILE=/k.pem``.
@@ -18,7 +19,7 @@ import importlib
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Self
 
 from rsm_sidecar.durations import ACCEPTED as DURATION_FORMS
@@ -88,44 +89,102 @@ class Key:
         return str(self.default)
 
 
-def setting(type: str, default: Any, doc: str, **options: Any) -> Any:
+def setting(type: str, default: Any, doc: str, *, key: str | None = None, **options: Any) -> Any:
     """A field of a ``Settings`` dataclass, declared by its configuration key: the key's path is
-    the class's ``KEY_PREFIX``, a dot and the field name; type, default, doc and options as for
-    ``Key``. Secret keys stay out of the dataclass's repr."""
+    the group's prefix, a dot and the field name (or ``key``, a path below the prefix, when the
+    two differ); type, default, doc and options as for ``Key``. Secret keys stay out of the
+    dataclass's repr."""
     return dataclasses.field(
         default=default,
         repr=not options.get("secret", False),
-        metadata={"key": (type, default, doc, options)},
+        metadata={"key": (type, default, doc, options), "path": key},
     )
+
+
+def group(cls: type[Settings], *, key: str | None = None, **doc_vars: str) -> Any:
+    """A field of a ``Settings`` dataclass that holds a nested group of keys, ``cls``'s, under the
+    prefix, a dot and the field name (or ``key``; ``key=""``: under the prefix itself). One class
+    may serve several groups (``iceberg.key``, ``iceberg.value``): its docs are then templates
+    whose ``{prefix}`` is the group's prefix and whose other fields are ``doc_vars``."""
+    return dataclasses.field(default_factory=cls, metadata={"group": (cls, doc_vars), "path": key})
+
+
+def family(
+    of: str | type[Settings], doc: str = "", *, name: str = "name", key: str | None = None, **options: Any
+) -> Any:
+    """A field of a ``Settings`` dataclass that holds a family of keys, ``<prefix>.<field>.<name>``
+    (or ``key`` for the field's name, as for ``setting()``), as a dict from ``<name>`` to the
+    value: ``of`` is the type of a single key (doc and options as for ``Key``), or a ``Settings``
+    class whose keys each ``<name>`` has (``encryption.keys.<id>.public_key_file``)."""
+    return dataclasses.field(
+        default_factory=dict,
+        repr=not options.get("secret", False),
+        metadata={"family": (of, doc, name, options), "path": key},
+    )
+
+
+def _below(prefix: str, path: str) -> str:
+    return f"{prefix}.{path}" if prefix and path else prefix or path
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Base of the frozen dataclasses that hold one group of keys: each field made by
-    ``setting()`` is a key, declared only there, read by ``from_config``."""
+    ``setting()`` is a key, declared only there; ``group()`` nests a group, ``family()`` a
+    ``<name>`` family. ``keys()`` lists them (the docs and the Helm schema are made from it),
+    ``from_config`` reads them. ``KEY_PREFIX``: where the group stands when it is not nested."""
 
     KEY_PREFIX: ClassVar[str] = ""
 
     @classmethod
-    def keys(cls) -> list[Key]:
-        """The ``Key`` of every ``setting()`` field, in field order."""
-        return [
-            Key(f"{cls.KEY_PREFIX}.{f.name}", t, default, doc, **options)
-            for f in dataclasses.fields(cls)
-            if "key" in f.metadata
-            for t, default, doc, options in [f.metadata["key"]]
-        ]
+    def _paths(cls, prefix: str | None) -> Iterator[tuple[dataclasses.Field, str]]:
+        prefix = cls.KEY_PREFIX if prefix is None else prefix
+        for f in dataclasses.fields(cls):
+            if f.metadata.keys() & {"key", "group", "family"}:
+                path = f.metadata.get("path")
+                yield f, _below(prefix, f.name if path is None else path)
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Self:
+    def keys(cls, prefix: str | None = None, **doc_vars: str) -> list[Key]:
+        """The ``Key`` of every ``setting()`` field, nested groups' and families' included, in
+        field order."""
+        out: list[Key] = []
+        own = cls.KEY_PREFIX if prefix is None else prefix
+        for f, path in cls._paths(prefix):
+            if "key" in f.metadata:
+                t, default, doc, options = f.metadata["key"]
+                if doc_vars:
+                    doc = doc.format(prefix=own, **doc_vars)
+                out.append(Key(path, t, default, doc, **options))
+            elif "group" in f.metadata:
+                inner, inner_vars = f.metadata["group"]
+                out.extend(inner.keys(path, **inner_vars))
+            else:
+                of, doc, name, options = f.metadata["family"]
+                if isinstance(of, str):
+                    out.append(Key(f"{path}.<{name}>", of, None, doc, **options))
+                else:
+                    out.extend(of.keys(f"{path}.<{name}>"))
+        return out
+
+    @classmethod
+    def from_config(cls, cfg: Config, prefix: str | None = None) -> Self:
         """The configured value of each key."""
-        return cls(
-            **{
-                f.name: cfg.get(f"{cls.KEY_PREFIX}.{f.name}")
-                for f in dataclasses.fields(cls)
-                if "key" in f.metadata
-            }
-        )
+        values: dict[str, Any] = {}
+        for f, path in cls._paths(prefix):
+            if "key" in f.metadata:
+                values[f.name] = cfg.get(path)
+            elif "group" in f.metadata:
+                values[f.name] = f.metadata["group"][0].from_config(cfg, path)
+            else:
+                of = f.metadata["family"][0]
+                members = cfg.family(path)
+                values[f.name] = (
+                    {name: leaves[""] for name, leaves in members.items()}
+                    if isinstance(of, str)
+                    else {name: of.from_config(cfg, f"{path}.{name}") for name in members}
+                )
+        return cls(**values)
 
 
 def parse_size(value: Any, what: str) -> int:
@@ -219,315 +278,15 @@ def _describe_type(t: str) -> str:
     }.get(t, t)
 
 
-MiB = 1024 * 1024
-
-CONFIG_KEYS = [
-    # -- server -------------------------------------------------------------------
-    Key(
-        "server.listen",
-        "str",
-        "127.0.0.1:9095",
-        "gRPC listen address: `host:port`, or `unix:///path/to.sock` for a Unix domain socket.",
-    ),
-    Key(
-        "server.max_workers",
-        "int",
-        64,
-        "Threads serving gRPC calls (copies, fetch streams, indexes, deletes).",
-        min=4,
-        max=1024,
-    ),
-    Key(
-        "server.stream_window_bytes",
-        "size",
-        4 * 1024 * 1024,
-        "HTTP/2 flow-control window of each call the sidecar receives: how many bytes of a stream-mode "
-        "copy its gRPC transport takes in ahead of the copy, per copy. Fixed, so a copy's memory has a "
-        "bound that does not depend on the machine's load; 0 lets gRPC size it from its bandwidth-delay "
-        "probes, which on a busy host let a 1 GiB copy's memory grow by up to 30 MiB more "
-        "(docs/operations.md, Memory). Otherwise at least 65535 (HTTP/2's default window).",
-        min=0,
-        max=256 * 1024 * 1024,
-    ),
-    Key(
-        "server.shutdown_grace_seconds",
-        "seconds",
-        30.0,
-        "On SIGTERM: stop accepting calls, then wait this long for in-flight copies and fetches.",
-        min=0,
-    ),
-    Key(
-        "server.tls.cert_file",
-        "path",
-        None,
-        "PEM server certificate; enables TLS together with `server.tls.key_file`.",
-    ),
-    Key("server.tls.key_file", "path", None, "PEM private key of `server.tls.cert_file`."),
-    Key(
-        "server.tls.client_ca_file",
-        "path",
-        None,
-        "PEM CA bundle; when set, clients must present a certificate it signed (mTLS).",
-    ),
-    Key(
-        "server.allow_plaintext_non_loopback",
-        "bool",
-        False,
-        "Allow `server.listen` on a non-loopback TCP address without client certificates. Anyone who reaches "
-        "the port can then copy, read and delete every tiered segment: only for a network that only the "
-        "broker can reach (a pod or a private container network).",
-    ),
-    Key(
-        "metrics.listen",
-        "str",
-        "127.0.0.1:9096",
-        "Prometheus metrics HTTP address `host:port` (path `/metrics`; `:port` alone listens on 127.0.0.1); "
-        "empty disables.",
-    ),
-    Key(
-        "log.level",
-        "str",
-        "INFO",
-        "Lowest level of the log lines written to stderr.",
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-    ),
-    Key(
-        "log.format",
-        "str",
-        "json",
-        "Log line format: one JSON object per line, or plain text.",
-        choices=("json", "text"),
-    ),
-    # -- segment transform ----------------------------------------------------------
-    Key(
-        "segment.chunk_size",
-        "size",
-        4 * MiB,
-        "Size of the original chunks a segment is cut into; each is compressed/encrypted on its own, "
-        "so a ranged fetch downloads whole chunks.",
-        min=1024,
-        max=1024 * MiB,
-    ),
-    Key("segment.compression", "bool", True, "Compress chunks with zstd."),
-    Key(
-        "segment.compression_heuristic",
-        "bool",
-        True,
-        "Skip zstd for segments whose record batches are already compressed by the producer "
-        "(decided from the batch headers of the first chunk).",
-    ),
-    Key(
-        "segment.compression_level",
-        "int",
-        3,
-        "zstd compression level (higher: smaller, slower).",
-        min=-7,
-        max=22,
-    ),
-    Key(
-        "segment.custom_metadata_fields",
-        "list",
-        ["REMOTE_SIZE", "OBJECT_PREFIX"],
-        "KIP-917 fields returned to the broker with each copy (Aiven-compatible tags). OBJECT_PREFIX lets "
-        "fetch and delete find segments written under an older `storage.key_prefix`.",
-        choices=("REMOTE_SIZE", "OBJECT_PREFIX", "OBJECT_KEY"),
-    ),
-    Key(
-        "segment.custom_metadata_max_bytes",
-        "int",
-        128,
-        "The broker's `remote.log.metadata.custom.metadata.max.bytes`; start-up fails if the configured "
-        "fields could exceed it.",
-        min=0,
-    ),
-    # -- copy ---------------------------------------------------------------------
-    Key("copy.parallelism", "int", 2, "Chunks of one segment transformed concurrently.", min=1, max=64),
-    Key(
-        "copy.max_concurrent",
-        "int",
-        16,
-        "Copies processed at once; a further copy is answered RESOURCE_EXHAUSTED at once (the broker retries "
-        "it at its next copy interval). Memory per copy is about "
-        "(copy.parallelism + 2) x chunk size plus the storage upload buffer.",
-        min=1,
-        max=256,
-    ),
-    Key(
-        "copy.journal_dir",
-        "path",
-        None,
-        "Directory (local disk) where each copy records the keys it is writing until it completes; what a "
-        "killed or failed copy left in storage is deleted right after start-up (beside serving) and by a "
-        "periodic sweep. Unset: no journal (find leftovers with `rsm-sidecar inspect orphans`).",
-    ),
-    Key(
-        "copy.journal_sweep_seconds",
-        "seconds",
-        60.0,
-        "How often leftovers of interrupted copies are looked for while the sidecar runs.",
-        min=1,
-    ),
-    Key(
-        "copy.allowed_dirs",
-        "list",
-        [],
-        "Path transfer mode: the broker's log directories (log.dirs); only regular files under them are "
-        "read. Empty: path transfer mode is disabled (copies must use stream mode). Each entry must be an "
-        "existing absolute directory other than `/`.",
-    ),
-    Key(
-        "copy.idle_timeout_seconds",
-        "seconds",
-        60.0,
-        "A copy that makes no progress (no message from the client, no byte stored) for this long is "
-        "abandoned and its slot freed.",
-        min=1,
-    ),
-    Key(
-        "copy.upload_rate_limit",
-        "size",
-        0,
-        "Bytes per second that all copies of this sidecar together may upload (`.log` chunks and "
-        "`.indexes`), so that tiering a backlog cannot saturate the broker's network; at most one second "
-        "of budget is saved up while idle. 0: no limit. Aiven's `upload.rate.limit.bytes.per.second`; the "
-        "broker's own limit is `remote.log.manager.copy.max.bytes.per.second`.",
-        min=0,
-    ),
-    Key(
-        "copy.max_index_file_bytes",
-        "size",
-        64 * MiB,
-        "Largest index file (offset, time, producer snapshot, transaction index) a copy accepts; index files "
-        "are held in memory while they are encrypted.",
-        min=1024,
-    ),
-    # -- encryption -----------------------------------------------------------------
-    Key(
-        "encryption.enabled",
-        "bool",
-        False,
-        "Encrypt chunks and indexes with AES-256-GCM under a fresh data key per segment.",
-    ),
-    Key(
-        "encryption.active_key_id",
-        "str",
-        None,
-        "Key id whose RSA public key wraps the data keys of new segments; must be one of `encryption.keys`.",
-        required_when=("encryption.enabled", True),
-    ),
-    Key(
-        "encryption.keys.<id>.public_key_file",
-        "path",
-        REQUIRED,
-        "PEM RSA public key (X.509 SubjectPublicKeyInfo) of key id `<id>`.",
-    ),
-    Key(
-        "encryption.keys.<id>.private_key_file",
-        "path",
-        REQUIRED,
-        "PEM RSA private key (PKCS#8 or PKCS#1) of key id `<id>`; needed to read segments written under it. "
-        "Must not be readable or writable by other users (mode 0600 or 0640).",
-    ),
-    Key(
-        "encryption.allow_exposed_private_keys",
-        "bool",
-        False,
-        "Accept private key files that other users can read or write (start-up fails otherwise).",
-    ),
-    # -- caches and fetch -------------------------------------------------------------
-    Key(
-        "cache.manifest_bytes",
-        "size",
-        32 * MiB,
-        "Parsed segment manifests kept in memory (bytes of JSON).",
-        min=0,
-    ),
-    Key("cache.index_bytes", "size", 64 * MiB, "Plain index files kept in memory.", min=0),
-    Key(
-        "cache.chunk_bytes",
-        "size",
-        256 * MiB,
-        "Decoded (plain) chunks kept in memory; 0 disables the chunk cache.",
-        min=0,
-    ),
-    Key(
-        "cache.prefetch_bytes",
-        "size",
-        16 * MiB,
-        "Sequential prefetch: after a sequential fetch reads a chunk, the next chunks up to this many "
-        "original bytes are loaded into the chunk cache in the background; 0 disables. A fetch is "
-        "sequential when it starts at the segment's start, continues one of the segment's last 16 fetches "
-        "(starts after its "
-        "first byte and at most at its end), or has served a chunk's size; a fetch at a random place "
-        "downloads only the chunks it needs. Near a segment's end the window "
-        "reaches into the partition's next segment (the one starting at this one's end offset + 1, "
-        "found with one LIST when exactly one is stored): its manifest, its offset, time and "
-        "transaction indexes and its first chunks, so the broker's first reads of it do not wait for "
-        "the object store. While several partitions are read sequentially at once (each within the last "
-        "5 s), each gets an equal share of `cache.chunk_bytes` for its chunk in use and its window, so "
-        "the window shrinks to fit (at least one chunk): prefetched chunks are not evicted before they "
-        "are read.",
-        min=0,
-    ),
-    Key(
-        "fetch.max_range_bytes",
-        "size",
-        8 * MiB,
-        "Largest single ranged GET a fetch issues; contiguous chunks up to this size are read in one "
-        "request. Each fetch stream and each of the 4 prefetch threads holds at most one such range in "
-        "memory (docs/operations.md, Memory).",
-        min=1024,
-    ),
-    Key(
-        "fetch.disk_cache.path",
-        "path",
-        "",
-        "Directory of the disk chunk cache: stored chunks (as downloaded, still compressed and encrypted; "
-        "never plaintext) kept across restarts and verified again on every use. Created 0700, files 0600. "
-        "Empty: no disk cache. An unusable directory or a full disk turns the cache off with one warning.",
-    ),
-    Key(
-        "fetch.disk_cache.bytes",
-        "size",
-        1024 * MiB,
-        "Capacity of the disk chunk cache (sum of its file sizes); least recently used chunks are "
-        "evicted beyond it. Each sidecar bounds what it wrote or read; sidecars sharing a directory may "
-        "together use the sum of their capacities.",
-        min=1024,
-    ),
-    Key(
-        "fetch.max_concurrent",
-        "int",
-        32,
-        "Fetch and index streams served at once; further ones are refused with RESOURCE_EXHAUSTED (the "
-        "broker reads with `remote.log.reader.threads`, 10 by default). `server.max_workers` must exceed "
-        "`copy.max_concurrent` + `fetch.max_concurrent` by at least 8.",
-        min=1,
-        max=1024,
-    ),
-    Key(
-        "fetch.idle_timeout_seconds",
-        "seconds",
-        60.0,
-        "A fetch stream whose client reads nothing for this long is cancelled and its slot freed.",
-        min=1,
-    ),
-    Key(
-        "fetch.accept_unauthenticated_segments",
-        "bool",
-        False,
-        "Read segments whose manifest carries no rsm-sidecar authenticator: written by Aiven's plugin or by "
-        "rsm-sidecar before 0.2, or unencrypted while encryption is enabled. For migrations only: whoever "
-        "can write the bucket can then plant, swap or rearrange such segments.",
-    ),
-]
-
-# Modules that declare keys, each as a module-level ``CONFIG_KEYS`` list. Each must stay light:
-# every ``Config()`` imports them all, so none may import a cloud SDK, pyspark or pyiceberg
-# (tests/test_config.py checks it).
+# Modules that declare keys, each as a module-level ``CONFIG_KEYS`` list (its ``Settings``
+# classes' keys), in the order of the reference. Each must stay light: every ``Config()`` imports
+# them all, so none may import a cloud SDK, pyspark or pyiceberg (tests/test_config.py checks it).
 KEY_MODULES = (
-    "rsm_sidecar.config",
+    "rsm_sidecar.service.settings",
+    "rsm_sidecar.segment.settings",
+    "rsm_sidecar.transform.keyring_settings",
     "rsm_sidecar.storage.factory",
+    "rsm_sidecar.storage.local_settings",
     "rsm_sidecar.storage.s3_settings",
     "rsm_sidecar.storage.gcs_settings",
     "rsm_sidecar.storage.azure_settings",
@@ -640,7 +399,7 @@ class Config:
         if path in self._values:
             return self._values[path]
         for key in self._keys:
-            if key.path == path:
+            if key.path == path or ("<" in key.path and key.pattern().match(path)):
                 if key.default is REQUIRED:
                     raise ConfigError(f"{path}: missing; {key.doc}")
                 return list(key.default) if isinstance(key.default, (list, tuple)) else key.default
@@ -684,11 +443,9 @@ def docs_markdown(keys: Iterable[Key] | None = None) -> str:
     keys = list(keys) if keys is not None else all_keys()
     sections: dict[str, list[Key]] = {}
     for k in keys:
-        section = (
-            ".".join(k.path.split(".")[:2])
-            if k.path.startswith(("storage.", "cache."))
-            else k.path.split(".")[0]
-        )
+        parts = k.path.split(".")
+        # a table of its own per storage backend ([storage.s3]); else the top-level table
+        section = ".".join(parts[:2]) if parts[0] == "storage" and len(parts) > 2 else parts[0]
         sections.setdefault(section, []).append(k)
     out = []
     for section, ks in sections.items():

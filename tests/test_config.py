@@ -30,6 +30,15 @@ def test_docs_configuration_md_matches_the_code():
     assert documented == {k.path for k in all_keys()}
 
 
+def test_the_reference_has_a_table_per_toml_table():
+    """One section per top-level table, and one per storage backend's table: ``[cache]`` holds
+    its four keys, ``[storage]`` its own three, ``[storage.s3]`` the S3 backend's."""
+    sections = re.findall(r"^### `\[([^\]]+)\]`$", docs_markdown(), re.M)
+    assert len(sections) == len(set(sections))
+    assert {"server", "cache", "fetch", "storage", "storage.local", "storage.s3", "iceberg"} <= set(sections)
+    assert not [s for s in sections if s.count(".") > 1 or (s.count(".") and not s.startswith("storage."))]
+
+
 def test_every_key_has_a_meaningful_doc():
     for k in all_keys():
         assert len(k.doc) > 15, k.path

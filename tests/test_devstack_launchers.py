@@ -44,6 +44,14 @@ def _processes_using(workdir: Path) -> dict[int, str]:
     return out
 
 
+def _stops_cleanly_on_sigterm(proc, workdir) -> None:
+    """The running server exits 0 on SIGTERM, leaving no process behind."""
+    assert _processes_using(workdir), "the server process is not running"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert not _processes_using(workdir)
+
+
 def _kill_all(proc: subprocess.Popen[str], workdir: Path) -> None:
     """After a failure: the launcher and whatever server it left (so no test leaves one)."""
     proc.kill()
@@ -65,10 +73,7 @@ def test_run_prints_the_endpoint_creates_buckets_and_stops_on_sigterm(tmp_path):
         with urllib.request.urlopen(f"{m.group(1)}/storage/v1/b?project=test", timeout=10) as r:
             names = {b["name"] for b in json.load(r).get("items", [])}
         assert {"rsm-a", "rsm-b"} <= names
-        assert _processes_using(workdir), "the server process is not running"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        assert not _processes_using(workdir)
+        _stops_cleanly_on_sigterm(proc, workdir)
     finally:
         _kill_all(proc, workdir)
 
@@ -107,10 +112,7 @@ def test_azurite_run_prints_endpoint_and_a_working_connection_string(tmp_path):
 
         with BlobServiceClient.from_connection_string(cs) as client:
             assert {"rsm-a", "rsm-b"} <= {c.name for c in client.list_containers()}
-        assert _processes_using(workdir), "the server process is not running"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        assert not _processes_using(workdir)
+        _stops_cleanly_on_sigterm(proc, workdir)
     finally:
         _kill_all(proc, workdir)
 

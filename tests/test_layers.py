@@ -117,15 +117,19 @@ def _iceberg_siblings(path: Path) -> set[str]:
     return found
 
 
+#: the packages whose modules must not import each other in a circle
+ACYCLIC = (PACKAGE, REPO / "devstack")
+
+
 def _module_name(path: Path) -> str:
-    parts = ("rsm_sidecar", *path.relative_to(PACKAGE).with_suffix("").parts)
+    parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _import_graph() -> dict[str, set[str]]:
-    """Module -> the ``rsm_sidecar`` modules it imports, anywhere in it (inside functions and
+    """Module -> the modules of ``ACYCLIC`` it imports, anywhere in it (inside functions and
     ``TYPE_CHECKING`` blocks included: each is a dependency of one concept on another)."""
-    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py") if "_proto" not in p.parts}
+    paths = {_module_name(p): p for pkg in ACYCLIC for p in pkg.rglob("*.py") if "_proto" not in p.parts}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         deps = set()

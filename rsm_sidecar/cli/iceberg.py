@@ -239,10 +239,10 @@ def _follow(args, cfg, storage) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    listen = follower.settings.follow_metrics_listen
+    listen = follower.settings.follow.metrics_listen
     if listen:
         serve_metrics(listen, "iceberg.follow.metrics_listen", follower.metrics.registry)
-    every = follower.settings.follow_interval
+    every = follower.settings.follow.interval
     follower.log(f"[follow] {args.topic}: converting every {every:g}s until stopped")
     follower.run(stop)
     follower.log(f"[follow] {args.topic}: stopped")
@@ -281,7 +281,7 @@ def _status(args) -> int:
 
     cfg, _ = _load(args)
     settings = JobSettings.from_config(cfg)
-    spec = CatalogSpec.from_settings(settings).prepare()
+    spec = CatalogSpec(settings.catalog).prepare()
     ident = (settings.namespace, settings.table_name(args.topic))
     out: dict = {"table": ".".join(ident)}
     try:
@@ -290,12 +290,12 @@ def _status(args) -> int:
         out["exists"] = False
     else:
         out.update(exists=True, **dataclasses.asdict(mk.read_state(table)))
-    if settings.kafka_bootstrap:
+    if settings.kafka.bootstrap_servers:
         from rsm_sidecar.iceberg.copy_lag import CopyLagUnavailable, client_config, read_copy_lag
 
-        conf = client_config(settings.kafka_bootstrap, settings.kafka_client)
+        conf = client_config(settings.kafka.bootstrap_servers, settings.kafka.client)
         try:
-            out["copy_lag"] = read_copy_lag(args.topic, conf, settings.kafka_timeout).as_dict()
+            out["copy_lag"] = read_copy_lag(args.topic, conf, settings.kafka.timeout).as_dict()
         except CopyLagUnavailable as exc:  # the markers are still worth printing
             out["copy_lag"] = {"error": str(exc), "kind": exc.kind}
     print(json.dumps(out, default=str))

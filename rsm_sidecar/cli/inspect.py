@@ -103,25 +103,24 @@ def register(sub) -> None:
     )
     c.set_defaults(func=_wrap(_verify))
 
-    c = isub.add_parser("rekey", parents=[common], help="re-wrap data keys under the active key id")
-    which = c.add_mutually_exclusive_group(required=True)
-    which.add_argument("--topic", help="the segments of this topic")
-    which.add_argument("--all", action="store_true", help="every segment under the key prefix")
-    c.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
-    c.add_argument("--parallel", type=_int_min(1), default=4, help="segments processed at once (default 4)")
-    c.set_defaults(func=_wrap(_rekey))
-
-    c = isub.add_parser(
-        "seal",
-        parents=[common],
-        help="verify segments without an authenticator (Aiven's, rsm-sidecar 0.1) and add one",
-    )
-    which = c.add_mutually_exclusive_group(required=True)
-    which.add_argument("--topic", help="the segments of this topic")
-    which.add_argument("--all", action="store_true", help="every segment under the key prefix")
-    c.add_argument("--dry-run", action="store_true", help="verify and report, write nothing")
-    c.add_argument("--parallel", type=_int_min(1), default=4, help="segments processed at once (default 4)")
-    c.set_defaults(func=_wrap(_seal))
+    for name, func, what, dry_run in (
+        ("rekey", _rekey, "re-wrap data keys under the active key id", "report what would change"),
+        (
+            "seal",
+            _seal,
+            "verify segments without an authenticator (Aiven's, rsm-sidecar 0.1) and add one",
+            "verify and report",
+        ),
+    ):
+        c = isub.add_parser(name, parents=[common], help=what)
+        which = c.add_mutually_exclusive_group(required=True)
+        which.add_argument("--topic", help="the segments of this topic")
+        which.add_argument("--all", action="store_true", help="every segment under the key prefix")
+        c.add_argument("--dry-run", action="store_true", help=f"{dry_run}, write nothing")
+        c.add_argument(
+            "--parallel", type=_int_min(1), default=4, help="segments processed at once (default 4)"
+        )
+        c.set_defaults(func=_wrap(func))
 
     c = isub.add_parser("du", parents=[common], help="bytes stored per topic and partition")
     c.add_argument("--topic", help="only this topic")
@@ -242,10 +241,10 @@ def _dump(ctx, args) -> int:
                 "segment",
                 {
                     "base": seg.base,
-                    "topic": seg.key.topic,
-                    "partition": seg.key.partition,
-                    "segment_id": seg.key.segment_id,
-                    "start_offset": seg.key.start_offset,
+                    "topic": seg.topic,
+                    "partition": seg.partition,
+                    "segment_id": seg.segment_id,
+                    "start_offset": seg.start_offset,
                 },
             )
             with doc.list("batches") as items:
@@ -275,7 +274,7 @@ def _dump(ctx, args) -> int:
             + (" (--limit reached)" if stats.limited else "")
         )
     if failure:
-        error_line(seg.describe(), failure)
+        error_line(seg.describe, failure)
         return EXIT_PROBLEMS
     return EXIT_OK
 
@@ -311,15 +310,15 @@ def _cat(ctx, args) -> int:
         if args.json:
             dump_json(result)
         else:
-            print(f"{result['bytes']} bytes of {seg.describe()} written to {args.output}", file=sys.stderr)
+            print(f"{result['bytes']} bytes of {seg.describe} written to {args.output}", file=sys.stderr)
     return EXIT_OK
 
 
 def _verify(ctx, args) -> int:
-    from rsm_sidecar.inspect import listing, verify
+    from rsm_sidecar.inspect import runner, verify
     from rsm_sidecar.inspect.context import UsageError
     from rsm_sidecar.inspect.locate import locate
-    from rsm_sidecar.inspect.output import JsonStream, human_bytes
+    from rsm_sidecar.segment import listing
 
     if args.segment and (args.topic or args.partition is not None or args.sample):
         raise UsageError("give either SEGMENT or --topic/--partition/--sample, not both")
@@ -333,81 +332,32 @@ def _verify(ctx, args) -> int:
         segs = list(listing.segments(ctx.store, ctx.layout, args.topic, args.partition))
         segs.sort(key=lambda s: s.sort_key)
     progress = _progress(args, "verify", len(segs))
-    if args.json:
-        with JsonStream(sys.stdout) as doc:
-            with doc.list("segments") as items:
-                summary = verify.run(ctx, segs, lambda r: items.append(r.to_json()), args.deep, progress)
-            doc.member("summary", summary.to_json())
-    else:
-        summary = verify.run(ctx, segs, verify.print_report, args.deep, progress)
-        print(
-            f"{summary.segments} segments verified: {summary.ok} ok, {summary.failed} with problems "
-            f"({human_bytes(summary.bytes)} of original data read)"
-        )
-    return EXIT_PROBLEMS if summary.failed else EXIT_OK
+    summary = runner.report(args.json, lambda out: verify.run(ctx, segs, out, args.deep, progress))
+    return EXIT_PROBLEMS if summary.has_problems else EXIT_OK
 
 
 def _rekey(ctx, args) -> int:
-    from rsm_sidecar.inspect import listing, rekey
-    from rsm_sidecar.inspect.output import JsonStream, error_line
+    from rsm_sidecar.inspect import rekey
 
-    segs = listing.segments(ctx.store, ctx.layout, None if args.all else args.topic)
-    progress = _progress(args, "rekey")
-
-    def text(o: rekey.RekeyOutcome) -> None:
-        if o.action == rekey.ERROR:
-            error_line(o.segment, o.detail)
-            return
-        arrow = f"{o.from_key} -> {o.to_key}" if o.to_key else ""
-        print(f"{o.action:<12}{o.segment}  {arrow}{('  (' + o.detail + ')') if o.detail else ''}", flush=True)
-
-    if args.json:
-        with JsonStream(sys.stdout) as doc:
-            with doc.list("segments") as items:
-                summary = rekey.run(
-                    ctx, segs, lambda o: items.append(o.to_json()), args.dry_run, args.parallel, progress
-                )
-            doc.member("summary", summary.to_json())
-    else:
-        summary = rekey.run(ctx, segs, text, args.dry_run, args.parallel, progress)
-        done = f"{summary.would_rekey} would be re-keyed" if args.dry_run else f"{summary.rekeyed} re-keyed"
-        print(
-            f"{summary.segments} segments: {done}, {summary.skipped} skipped, {summary.errors} errors "
-            f"(active key {summary.active_key}{', dry run' if args.dry_run else ''})"
-        )
-    return EXIT_PROBLEMS if summary.errors else EXIT_OK
+    return _rewrite_all(ctx, args, "rekey", rekey.run)
 
 
 def _seal(ctx, args) -> int:
-    from rsm_sidecar.inspect import listing, seal
-    from rsm_sidecar.inspect.output import JsonStream, error_line
+    from rsm_sidecar.inspect import seal
+
+    return _rewrite_all(ctx, args, "seal", seal.run)
+
+
+def _rewrite_all(ctx, args, name: str, run) -> int:
+    """``rekey`` and ``seal``: every segment of the topic (or of every topic), ``--parallel``
+    at a time, ``--dry-run`` or not."""
+    from rsm_sidecar.inspect import runner
+    from rsm_sidecar.segment import listing
 
     segs = listing.segments(ctx.store, ctx.layout, None if args.all else args.topic)
-    progress = _progress(args, "seal")
-
-    def text(o: seal.SealOutcome) -> None:
-        if o.action == seal.ERROR:
-            error_line(o.segment, o.detail)
-            return
-        print(f"{o.action:<12}{o.segment}{('  (' + o.detail + ')') if o.detail else ''}", flush=True)
-        for p in o.problems:
-            print(f"  - {p}", flush=True)
-
-    if args.json:
-        with JsonStream(sys.stdout) as doc:
-            with doc.list("segments") as items:
-                summary = seal.run(
-                    ctx, segs, lambda o: items.append(o.to_json()), args.dry_run, args.parallel, progress
-                )
-            doc.member("summary", summary.to_json())
-    else:
-        summary = seal.run(ctx, segs, text, args.dry_run, args.parallel, progress)
-        done = f"{summary.would_seal} would be sealed" if args.dry_run else f"{summary.sealed} sealed"
-        print(
-            f"{summary.segments} segments: {done}, {summary.skipped} skipped, {summary.refused} refused, "
-            f"{summary.errors} errors{' (dry run)' if args.dry_run else ''}"
-        )
-    return EXIT_PROBLEMS if summary.refused or summary.errors else EXIT_OK
+    progress = _progress(args, name)
+    summary = runner.report(args.json, lambda out: run(ctx, segs, out, args.dry_run, args.parallel, progress))
+    return EXIT_PROBLEMS if summary.has_problems else EXIT_OK
 
 
 def _du(ctx, args) -> int:
@@ -430,7 +380,7 @@ def _orphans(ctx, args) -> int:
     if args.command_config and not args.bootstrap_server:
         raise UsageError("--command-config needs --bootstrap-server")
     client_config = kafka_metadata.load_client_config(args.command_config)
-    stored: list[orphans.StoredSegment] | None = [] if args.bootstrap_server else None
+    stored: list[orphans.CompleteSegment] | None = [] if args.bootstrap_server else None
     found, errors = orphans.run(
         ctx,
         args.older_than,

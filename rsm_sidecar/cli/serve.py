@@ -50,9 +50,11 @@ def run(args) -> int:
     limit_malloc_arenas()
     from rsm_sidecar.service import logs
     from rsm_sidecar.service.server import SidecarServer
+    from rsm_sidecar.service.settings import ServiceSettings
 
     cfg = Config.load(args.config)
-    logs.setup(cfg["log.level"], cfg["log.format"])
+    log = ServiceSettings.from_config(cfg).log
+    logs.setup(log.level, log.format)
     for path, why in cfg.removed.items():
         logging.getLogger("rsm_sidecar.config").warning("%s is no longer used (%s); remove it", path, why)
     SidecarServer(cfg).serve_forever()

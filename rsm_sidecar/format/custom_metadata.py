@@ -4,6 +4,8 @@ string), 2 OBJECT_KEY (compact string)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.format.varint import (
     VarintErrors,
@@ -77,7 +79,7 @@ def decode(data: bytes | None) -> dict[int, int | str]:
     return out
 
 
-def worst_case_size(fields: list[str], prefix: str, hashed_prefix_chars: int) -> int:
+def worst_case_size(fields: Sequence[str], prefix: str, hashed_prefix_chars: int) -> int:
     """Upper bound of the encoded size for the configured fields (topic names up to 249
     characters make OBJECT_KEY unbounded in practice; it is bounded here by that limit)."""
     sizes = []

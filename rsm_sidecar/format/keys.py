@@ -230,6 +230,10 @@ class KeyLayout:
     def key(self, md: SegmentMetadata, suffix: str) -> str:
         return f"{self.base(md)}.{suffix}"
 
+    def partition_directory(self, topic: str, topic_id: str, partition: int) -> str:
+        """Where the keys of one partition's segments start: ``<prefix><topic>-<id>/<partition>/``."""
+        return f"{self.partition_prefix(topic_id, partition)}{topic_component(topic)}-{topic_id}/{partition}/"
+
     def topic_list_prefix(self) -> str:
         """Where to list to find every segment (all topics)."""
         return self.prefix

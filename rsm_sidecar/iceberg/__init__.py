@@ -18,7 +18,4 @@ One concept per module, grouped by the step of a run it serves, in the order the
 * :mod:`.source` - the ``rsm-tiered`` Spark data source (batch and streaming reads, no table).
 * :mod:`.session` - the catalog (``catalogs``) and the SparkSession on it (``spark``).
 * :mod:`.types` (type helpers), :mod:`.jars` (set-up time only).
-
-Segments written without a broker for the tests and benchmarks:
-:mod:`rsm_sidecar.segment.tiered_writer`.
 """

@@ -172,8 +172,8 @@ class Follower:
             from rsm_sidecar.iceberg.session.spark import open_session
 
             self.spark = open_session(
-                CatalogSpec.from_settings(self.settings),
-                self.settings,
+                CatalogSpec(self.settings.catalog),
+                self.settings.spark,
                 f"rsm-iceberg-follow-{self.topic}",
                 self.spark_conf,
             )
@@ -262,7 +262,7 @@ class Follower:
     # ------------------------------------------------------------------ the loop
     def pause_after(self, outcome: str) -> float:
         """Seconds to wait before the next round."""
-        interval = self.settings.follow_interval
+        interval = self.settings.follow.interval
         if outcome == CONFLICT:
             return 0.0
         if outcome == FAILED:
@@ -270,7 +270,7 @@ class Follower:
         return interval
 
     def maintain_if_due(self) -> bool:
-        every = self.settings.follow_maintain_interval
+        every = self.settings.follow.maintain_interval
         if not every or self.clock() - self._last_maintenance < every:
             return False
         self._last_maintenance = self.clock()
@@ -289,7 +289,7 @@ class Follower:
                 self.topic,
                 expire=True,
                 remove_orphans=True,
-                drop_deleted_offsets=self.settings.follow_drop_deleted_offsets,
+                drop_deleted_offsets=self.settings.follow.drop_deleted_offsets,
                 drop_when_none_left=False,
                 spark=self._session(),
                 log=self.log,
@@ -306,20 +306,20 @@ class Follower:
         """Read the topic's copy lag from the broker (``iceberg.kafka.bootstrap_servers``), export
         it, and log what it means once per setting (and once per failure kind). Returns the
         :class:`~rsm_sidecar.iceberg.copy_lag.CopyLag`, or None."""
-        if not self.settings.kafka_bootstrap:
+        if not self.settings.kafka.bootstrap_servers:
             return None
         from rsm_sidecar.iceberg.copy_lag import CopyLagUnavailable, client_config, read_copy_lag
 
-        conf = client_config(self.settings.kafka_bootstrap, self.settings.kafka_client)
+        conf = client_config(self.settings.kafka.bootstrap_servers, self.settings.kafka.client)
         try:
-            lag = read_copy_lag(self.topic, conf, self.settings.kafka_timeout)
+            lag = read_copy_lag(self.topic, conf, self.settings.kafka.timeout)
         except CopyLagUnavailable as exc:  # the broker is optional to the follower: say so once, go on
             self.metrics.copy_lag_seconds.set(math.nan)
             self.metrics.copy_lag_bytes.set(math.nan)
             self._say_once(
                 f"unavailable {exc.kind}",
                 f"[follow] {self.topic}: cannot read the topic's copy lag from "
-                f"{self.settings.kafka_bootstrap}: {exc}",
+                f"{self.settings.kafka.bootstrap_servers}: {exc}",
             )
             return None
         delayed = lag.delays_uploads

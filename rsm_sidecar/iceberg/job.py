@@ -49,7 +49,6 @@ from rsm_sidecar.config import ENV_PREFIX, Config, read_toml
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.planning.chains import PartitionPlan, plan_partition
-from rsm_sidecar.iceberg.planning.listing import RemoteSegment, list_partition_segments, list_topic_segments
 from rsm_sidecar.iceberg.planning.splitting import split_segments
 from rsm_sidecar.iceberg.planning.tasks import SegmentTask
 from rsm_sidecar.iceberg.reading.segment_tasks import (
@@ -70,6 +69,7 @@ from rsm_sidecar.iceberg.stages import (
     with_static_archive_imports,
     write_files_fn,
 )
+from rsm_sidecar.segment.listing import StoredSegment, list_partition_segments, list_topic_segments
 
 
 def load_config(
@@ -89,8 +89,8 @@ def load_config(
         rsm_env = {k: v for k, v in rsm_env.items() if cfg.env_path(k) not in over}
         values = {**values, **over}
         cfg = cfg.with_overrides(**over)
-    settings = JobSettings.from_config(cfg)
-    params = StorageParams(values, rsm_env, settings.chunk_cache_bytes, settings.prefetch_bytes)
+    read = JobSettings.from_config(cfg).read
+    params = StorageParams(values, rsm_env, read.chunk_cache_bytes, read.prefetch_bytes)
     return cfg, params
 
 
@@ -163,7 +163,7 @@ class ConvertJob:
         self.topic = topic
         self.topic_id = topic_id
         self.settings = JobSettings.from_config(cfg)
-        self.catalog_spec = CatalogSpec.from_settings(self.settings)
+        self.catalog_spec = CatalogSpec(self.settings.catalog)
         self.identifier = (self.settings.namespace, self.settings.table_name(topic))
         self.spark = spark
         self.spark_conf = dict(spark_conf or {})
@@ -216,7 +216,7 @@ class ConvertJob:
         return ids[0] if ids else None
 
     # ------------------------------------------------------------------ planning
-    def _list_new(self, state: mk.MarkerState) -> tuple[str, dict[int, list[RemoteSegment]]]:
+    def _list_new(self, state: mk.MarkerState) -> tuple[str, dict[int, list[StoredSegment]]]:
         """The partitions the table knows, each listed from its next offset on (one LIST per
         partition, costing what is new, not what exists). A partition whose new segments do not
         start exactly at its next offset (a hole, retention ahead of the table, or a re-upload
@@ -246,7 +246,7 @@ class ConvertJob:
         topic's whole listing, which also finds new partitions and a re-upload straddling a
         next offset with nothing tiered after it yet."""
         reader, store, layout = self._reader()
-        partitions: dict[int, list[RemoteSegment]]
+        partitions: dict[int, list[StoredSegment]]
         topic_id: str | None
         if incremental and (self.topic_id or state.topic_id) and state.next_offsets:
             topic_id, partitions = self._list_new(state)
@@ -296,8 +296,9 @@ class ConvertJob:
         from rsm_sidecar.iceberg.mapping.rows import EncoderSpec
 
         s = self.settings
-        opts = ProtoOptions(uint32_as_long=s.uint32_as_long, well_known_types=s.well_known_types)
-        registry = SchemaRegistry.shared(s.registry) if s.registry else None
+        opts = ProtoOptions(uint32_as_long=s.proto.uint32_as_long, well_known_types=s.proto.well_known_types)
+        registry_config = s.registry.client_config()
+        registry = SchemaRegistry.shared(registry_config) if registry_config else None
         if registry is not None:
             # each run pins the subjects' latest versions as of now (the client caches them)
             registry.client.clear_latest_caches()
@@ -367,7 +368,7 @@ class ConvertJob:
             self._register_catalog(self.spark)
             return self.spark, False
         return open_session(
-            self.catalog_spec, self.settings, f"rsm-iceberg-{self.topic}", self.spark_conf
+            self.catalog_spec, self.settings.spark, f"rsm-iceberg-{self.topic}", self.spark_conf
         ), True
 
     def _register_catalog(self, spark) -> None:

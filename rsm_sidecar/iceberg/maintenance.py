@@ -37,10 +37,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rsm_sidecar.iceberg.committing import markers as mk
-from rsm_sidecar.iceberg.planning.listing import list_topic_segments
 from rsm_sidecar.iceberg.reading.segment_tasks import StorageParams, executor_context
 from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.settings import JobSettings
+from rsm_sidecar.segment.listing import list_topic_segments
 
 
 @dataclasses.dataclass
@@ -79,7 +79,7 @@ def maintain(
 ) -> MaintainResult:
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     settings = JobSettings.from_config(cfg)
-    spec = CatalogSpec.from_settings(settings).prepare()
+    spec = CatalogSpec(settings.catalog).prepare()
     ident = f"{settings.namespace}.{settings.table_name(topic)}"
     full = f"{spec.name}.{ident}"
     result = MaintainResult(ident)
@@ -87,7 +87,7 @@ def maintain(
     if own:
         from rsm_sidecar.iceberg.session.spark import open_session
 
-        spark = open_session(spec, settings, f"rsm-iceberg-maintain-{topic}")
+        spark = open_session(spec, settings.spark, f"rsm-iceberg-maintain-{topic}")
     else:
         for k, v in spec.spark_conf().items():
             if k != "spark.sql.defaultCatalog":

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import BinaryIO
 
 from rsm_sidecar.inspect.context import InspectContext, UsageError
-from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.progress import Progress
+from rsm_sidecar.segment.listing import StoredSegment
 
 
 def byte_range(size: int, start: int | None, end: int | None) -> tuple[int, int]:
@@ -26,14 +26,14 @@ def byte_range(size: int, start: int | None, end: int | None) -> tuple[int, int]
 
 def run(
     ctx: InspectContext,
-    seg: SegmentObjects,
+    seg: StoredSegment,
     out: BinaryIO,
     start: int | None = None,
     end: int | None = None,
     progress: Progress | None = None,
 ) -> dict:
     """Write the bytes to ``out``; return what was written."""
-    opened = ctx.reader.open_base(seg.base, seg.describe())
+    opened = ctx.reader.open_base(seg.base, seg.describe)
     size = opened.manifest.original_size
     first, last = byte_range(size, start, end)
     written = 0

@@ -13,7 +13,7 @@ import os
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError, InvalidArgument
 from rsm_sidecar.segment.access import SegmentAccess
-from rsm_sidecar.segment.reader import ReaderSettings
+from rsm_sidecar.segment.settings import ReaderSettings
 from rsm_sidecar.storage.base import ObjectStore
 
 

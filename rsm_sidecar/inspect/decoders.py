@@ -165,7 +165,7 @@ def configured_registry(cfg) -> dict[str, Any] | None:
     Raises ``DecoderUnavailable`` when they are set but unusable."""
     try:
         url = cfg.get("iceberg.registry.url")
-        from rsm_sidecar.iceberg.settings import JobSettings
+        from rsm_sidecar.iceberg.settings import RegistrySettings
     except (KeyError, ImportError):
         return None
     if not url:
@@ -173,7 +173,7 @@ def configured_registry(cfg) -> dict[str, Any] | None:
     from rsm_sidecar.errors import ConfigError
 
     try:
-        return JobSettings.from_config(cfg).registry
+        return RegistrySettings.from_config(cfg).client_config()
     except ConfigError as e:
         raise DecoderUnavailable(f"the configured schema registry cannot be used: {e}") from None
 

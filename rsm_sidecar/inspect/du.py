@@ -6,10 +6,10 @@ import dataclasses
 from typing import Any
 
 from rsm_sidecar.format import keys as fkeys
-from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.listing import SegmentObjects, StrayObject
 from rsm_sidecar.inspect.output import human_bytes, table
+from rsm_sidecar.segment import listing
+from rsm_sidecar.segment.listing import StoredSegment, StrayObject
 
 
 @dataclasses.dataclass
@@ -25,15 +25,15 @@ class Usage:
     def total_bytes(self) -> int:
         return self.log_bytes + self.indexes_bytes + self.manifest_bytes
 
-    def add(self, seg: SegmentObjects) -> None:
+    def add(self, seg: StoredSegment) -> None:
         if seg.has_manifest:
             self.segments += 1
         else:
             self.incomplete += 1
         self.objects += len(seg.objects)
-        self.log_bytes += seg.size(fkeys.LOG) or 0
-        self.indexes_bytes += seg.size(fkeys.INDEXES) or 0
-        self.manifest_bytes += seg.size(fkeys.MANIFEST) or 0
+        self.log_bytes += seg.object_size(fkeys.LOG) or 0
+        self.indexes_bytes += seg.object_size(fkeys.INDEXES) or 0
+        self.manifest_bytes += seg.object_size(fkeys.MANIFEST) or 0
 
     def merge(self, other: Usage) -> None:
         for f in dataclasses.fields(self):
@@ -85,8 +85,7 @@ def run(ctx: InspectContext, topic: str | None = None, progress=None) -> DuResul
             result.outside_layout_objects += 1
             result.outside_layout_bytes += item.info.size
             continue
-        k = item.key
-        result.partitions.setdefault((k.topic, k.topic_id, k.partition), Usage()).add(item)
+        result.partitions.setdefault((item.topic, item.topic_id, item.partition), Usage()).add(item)
         if progress:
             progress.advance()
     if progress:

@@ -13,10 +13,10 @@ from typing import Any, TextIO
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.decoders import Decoder, plain, render_text
-from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.output import iso_ms
 from rsm_sidecar.kafka import RecordBatch, read_batches
 from rsm_sidecar.kafka.batch import TimestampType
+from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.segment.log_file import StoredLogFile, offset_position
 from rsm_sidecar.segment.reader import OpenSegment
 
@@ -96,7 +96,7 @@ def records_json(
 
 def run(
     ctx: InspectContext,
-    seg: SegmentObjects,
+    seg: StoredSegment,
     decoder: Decoder,
     *,
     from_offset: int | None = None,
@@ -107,15 +107,15 @@ def run(
     """Batches (header fields plus ``records``) from ``from_offset``, at most ``limit``
     records in all. ``stats`` is filled as the iteration proceeds."""
     stats = stats if stats is not None else DumpStats()
-    opened = ctx.reader.open_base(seg.base, seg.describe())
-    pos = start_position(ctx, opened, seg.key.start_offset, from_offset)
+    opened = ctx.reader.open_base(seg.base, seg.describe)
+    pos = start_position(ctx, opened, seg.start_offset, from_offset)
     stats.start_position = pos
     with StoredLogFile(ctx.reader, opened) as f:
         for batch in read_batches(f, start_position=pos, name=f.name):
             if from_offset is not None and batch.header.last_offset < from_offset:
                 continue
             records = []
-            for rec in records_json(batch, seg.key.topic, decoder, max_bytes):
+            for rec in records_json(batch, seg.topic, decoder, max_bytes):
                 if from_offset is not None and rec["offset"] < from_offset:
                     continue
                 if limit is not None and stats.records >= limit:

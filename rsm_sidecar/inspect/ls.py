@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rsm_sidecar.inspect import listing
+from rsm_sidecar.inspect import manifests
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.output import fmt_ratio, human_bytes, iso_ms, table
 from rsm_sidecar.inspect.progress import Progress
 from rsm_sidecar.inspect.summary import SegmentSummary, summarize
+from rsm_sidecar.segment import listing
 
 
 @dataclasses.dataclass
@@ -39,7 +40,7 @@ def run(
     out: list[SegmentSummary] = []
     errors: list[dict[str, str]] = []
     segs = listing.segments(ctx.store, ctx.layout, topic, partition)
-    for read in listing.read_manifests(ctx.store, segs):
+    for read in manifests.read_manifests(ctx.store, segs):
         if progress:
             progress.advance()
         if read.manifest is None:

@@ -46,12 +46,12 @@ from typing import Any
 from rsm_sidecar.durations import format_duration
 from rsm_sidecar.errors import RsmError
 from rsm_sidecar.format import keys as fkeys
-from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.kafka_metadata import KafkaMetadata, KafkaSegment
-from rsm_sidecar.inspect.listing import SegmentObjects, StrayObject
 from rsm_sidecar.inspect.output import human_bytes, table
 from rsm_sidecar.kafka import remote_log_metadata as rlm
+from rsm_sidecar.segment import listing
+from rsm_sidecar.segment.listing import StoredSegment, StrayObject
 from rsm_sidecar.segment.objects import delete_segment_objects
 from rsm_sidecar.storage.base import ObjectInfo
 
@@ -78,7 +78,7 @@ class Orphan:
 def _orphans_of(item) -> list[tuple[ObjectInfo, str]]:
     if isinstance(item, StrayObject):
         return [(item.info, OUTSIDE_LAYOUT)]
-    seg: SegmentObjects = item
+    seg: StoredSegment = item
     if not seg.has_manifest:
         return [(o, NO_MANIFEST) for o in seg.objects.values()]
     if fkeys.LOG not in seg.objects:
@@ -87,27 +87,20 @@ def _orphans_of(item) -> list[tuple[ObjectInfo, str]]:
 
 
 @dataclasses.dataclass(frozen=True)
-class StoredSegment:
-    """A complete segment (manifest present) as the listing found it, for the cross-check."""
+class CompleteSegment:
+    """A complete segment (manifest present) as the listing found it, kept small for the
+    cross-check (one per segment of the store): the segment without its objects' entries, the
+    bytes they hold and the manifest's time."""
 
-    base: str
-    topic: str
-    topic_id: str
-    partition: int
-    start_offset: int
-    segment_id: str
+    segment: StoredSegment
     stored_bytes: int
     #: the manifest's time: when the copy finished (it is written last)
     completed: datetime.datetime
 
     @classmethod
-    def of(cls, seg: SegmentObjects) -> StoredSegment:
-        k = seg.key
-        manifest = seg.objects[fkeys.MANIFEST]
-        return cls(
-            seg.base, k.topic, k.topic_id, k.partition, k.start_offset, k.segment_id,
-            seg.stored_bytes, manifest.last_modified,
-        )  # fmt: skip
+    def of(cls, seg: StoredSegment) -> CompleteSegment:
+        completed = seg.objects[fkeys.MANIFEST].last_modified
+        return cls(dataclasses.replace(seg, objects={}), seg.stored_bytes, completed)
 
 
 def run(
@@ -116,7 +109,7 @@ def run(
     delete: bool = False,
     now: datetime.datetime | None = None,
     progress=None,
-    stored: list[StoredSegment] | None = None,
+    stored: list[CompleteSegment] | None = None,
 ) -> tuple[list[Orphan], list[dict[str, str]]]:
     """The objects that belong to no segment (deleted with ``delete`` when older than the age
     guard). ``stored``, when given, receives every complete segment of the listing (the
@@ -127,8 +120,8 @@ def run(
     for item in listing.scan(ctx.store, ctx.layout):
         if progress:
             progress.advance()
-        if stored is not None and isinstance(item, SegmentObjects) and item.has_manifest:
-            stored.append(StoredSegment.of(item))
+        if stored is not None and isinstance(item, StoredSegment) and item.has_manifest:
+            stored.append(CompleteSegment.of(item))
         for info, reason in _orphans_of(item):
             age = (now - info.last_modified).total_seconds()
             found.append(Orphan(info.key, info.size, info.last_modified, age, reason))
@@ -238,7 +231,7 @@ def _others(
 
 def cross_check(
     ctx: InspectContext,
-    stored: list[StoredSegment],
+    stored: list[CompleteSegment],
     kafka: KafkaMetadata,
     min_age_seconds: float = DEFAULT_MIN_AGE_SECONDS,
     delete: bool = False,
@@ -251,15 +244,16 @@ def cross_check(
     errors: list[dict[str, str]] = []
     seen: set[str] = set()
     finished = _finished_by_partition(kafka)
-    foreign: dict[tuple[str, str], list[StoredSegment]] = {}
-    for s in stored:
+    foreign: dict[tuple[str, str], list[CompleteSegment]] = {}
+    for c in stored:
+        s = c.segment
         seen.add(s.segment_id)
-        age = (now - s.completed).total_seconds()
+        age = (now - c.completed).total_seconds()
         k = kafka.segments.get(s.segment_id)
         finding, state, note = None, None if k is None else k.state, ""
         if k is None:
             if s.topic_id not in kafka.topic_ids:
-                foreign.setdefault((s.topic, s.topic_id), []).append(s)
+                foreign.setdefault((s.topic, s.topic_id), []).append(c)
                 continue
             if kafka.partition_deleted(s.topic_id, s.partition):
                 finding, note = DELETED_IN_KAFKA, "Kafka deleted the partition's remote data"
@@ -276,7 +270,7 @@ def cross_check(
             continue
         f = SegmentFinding(
             finding, s.topic, s.topic_id, s.partition, s.start_offset, s.segment_id,
-            end_offset=k.end_offset if k is not None else -1, base=s.base, stored_bytes=s.stored_bytes,
+            end_offset=k.end_offset if k is not None else -1, base=s.base, stored_bytes=c.stored_bytes,
             age_seconds=age, kafka_state=state, note=note,
         )  # fmt: skip
         if finding == NOT_IN_KAFKA and not note:

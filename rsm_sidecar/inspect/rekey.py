@@ -25,34 +25,31 @@ the DEK and the AAD do not change.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from rsm_sidecar.errors import ConfigError, RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import EncryptionInfo, SegmentManifest
-from rsm_sidecar.inspect import listing
+from rsm_sidecar.inspect import manifests, runner
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.listing import SegmentObjects
-from rsm_sidecar.inspect.parallel import ordered_map
 from rsm_sidecar.inspect.rewrite import Rewriter
+from rsm_sidecar.inspect.runner import ERROR, SKIPPED, SegmentOutcome, Tally
+from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.keyring import Keyring
 
-REKEYED, WOULD_REKEY, SKIPPED, ERROR = "rekeyed", "would-rekey", "skipped", "error"
+REKEYED, WOULD_REKEY = "rekeyed", "would-rekey"
 
 
 @dataclasses.dataclass
-class RekeyOutcome:
-    base: str
-    segment: str
-    action: str
+class RekeyOutcome(SegmentOutcome):
     from_key: str | None = None
     to_key: str | None = None
-    detail: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def text(self) -> str:
+        arrow = f"{self.from_key} -> {self.to_key}" if self.to_key else ""
+        return f"  {arrow}{super().text()}"
 
 
 def _preserved(old: SegmentManifest, new: SegmentManifest) -> list[str]:
@@ -81,13 +78,13 @@ def _preserved(old: SegmentManifest, new: SegmentManifest) -> list[str]:
 
 
 def rekey_segment(
-    ctx: InspectContext, keyring: Keyring, seg: SegmentObjects, dry_run: bool, rewriter: Rewriter
+    ctx: InspectContext, keyring: Keyring, seg: StoredSegment, dry_run: bool, rewriter: Rewriter
 ) -> RekeyOutcome:
-    out = RekeyOutcome(seg.base, seg.describe(), ERROR)
-    manifest_key = seg.key.key(fkeys.MANIFEST)
-    log_key = seg.key.key(fkeys.LOG)
+    out = RekeyOutcome(seg.base, seg.describe, ERROR)
+    manifest_key = seg.object_key(fkeys.MANIFEST)
+    log_key = seg.object_key(fkeys.LOG)
     try:
-        raw, manifest = listing.read_manifest(ctx.store, seg.base)
+        raw, manifest = manifests.read_manifest(ctx.store, seg.base)
         if manifest.encryption is None:
             out.action, out.detail = SKIPPED, "not encrypted"
             return out
@@ -129,7 +126,7 @@ def rekey_segment(
         if skipped is not None:
             out.action, out.detail = SKIPPED, skipped.reason
             return out
-        _, written = listing.read_manifest(ctx.store, seg.base)
+        _, written = manifests.read_manifest(ctx.store, seg.base)
         if (
             written.encryption is None
             or keyring.unwrap(written.encryption.key_id, written.encryption.wrapped_key, manifest_key)
@@ -149,28 +146,31 @@ def rekey_segment(
         return out
 
 
-@dataclasses.dataclass
-class RekeySummary:
-    active_key: str
-    dry_run: bool
-    segments: int = 0
-    rekeyed: int = 0
-    would_rekey: int = 0
-    skipped: int = 0
-    errors: int = 0
+class RekeySummary(Tally):
+    ACTIONS = {REKEYED: "rekeyed", WOULD_REKEY: "would_rekey", SKIPPED: "skipped", ERROR: "errors"}
 
-    def count(self, o: RekeyOutcome) -> None:
-        self.segments += 1
-        attr = {REKEYED: "rekeyed", WOULD_REKEY: "would_rekey", SKIPPED: "skipped", ERROR: "errors"}[o.action]
-        setattr(self, attr, getattr(self, attr) + 1)
+    def __init__(self, active_key: str, dry_run: bool):
+        super().__init__()
+        self.active_key, self.dry_run = active_key, dry_run
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def facts(self) -> dict[str, Any]:
+        return {"active_key": self.active_key, "dry_run": self.dry_run}
+
+    @property
+    def has_problems(self) -> bool:
+        return self["errors"] > 0
+
+    def text(self) -> str:
+        done = f"{self['would_rekey']} would be re-keyed" if self.dry_run else f"{self['rekeyed']} re-keyed"
+        return (
+            f"{self.segments} segments: {done}, {self['skipped']} skipped, {self['errors']} errors "
+            f"(active key {self.active_key}{', dry run' if self.dry_run else ''})"
+        )
 
 
 def run(
     ctx: InspectContext,
-    segs: Iterable[SegmentObjects],
+    segs: Iterable[StoredSegment],
     on_outcome: Callable[[RekeyOutcome], None],
     dry_run: bool = False,
     workers: int = 4,
@@ -181,24 +181,19 @@ def run(
         raise ConfigError(
             "encryption.enabled is false in this configuration: there is no keyring to re-key with"
         )
-    summary = RekeySummary(keyring.active_id, dry_run)
     rewriter = Rewriter(ctx.store)
-    for outcome in ordered_map(lambda s: rekey_segment(ctx, keyring, s, dry_run, rewriter), segs, workers):
-        summary.count(outcome)
-        on_outcome(outcome)
-        if progress:
-            progress.advance()
-    for base in rewriter.settle():
-        summary.rekeyed -= 1
-        summary.skipped += 1
-        on_outcome(
-            RekeyOutcome(
-                base,
-                base,
-                SKIPPED,
-                detail=f"{base}.log was deleted after the rewrite; manifest removed again",
-            )
-        )
-    if progress:
-        progress.done()
-    return summary
+
+    def undone() -> Iterator[tuple[str, RekeyOutcome]]:
+        for base in rewriter.settle():
+            detail = f"{base}.log was deleted after the rewrite; manifest removed again"
+            yield REKEYED, RekeyOutcome(base, base, SKIPPED, detail=detail)
+
+    return runner.run(
+        segs,
+        lambda s: rekey_segment(ctx, keyring, s, dry_run, rewriter),
+        RekeySummary(keyring.active_id, dry_run),
+        on_outcome,
+        workers=workers,
+        progress=progress,
+        revisions=undone,
+    )

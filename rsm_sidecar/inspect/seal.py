@@ -36,25 +36,25 @@ from __future__ import annotations
 import array
 import dataclasses
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from rsm_sidecar import __version__
 from rsm_sidecar.errors import DataLoss, RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import TAG_BYTES, SegmentIdentity, SegmentManifest
-from rsm_sidecar.inspect import listing
+from rsm_sidecar.inspect import manifests, runner
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.listing import SegmentObjects
-from rsm_sidecar.inspect.parallel import ordered_map
 from rsm_sidecar.inspect.rewrite import Rewriter
+from rsm_sidecar.inspect.runner import ERROR, SKIPPED, SegmentOutcome, Tally
 from rsm_sidecar.inspect.verify import SegmentVerifier
+from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
 from rsm_sidecar.storage.base import ObjectNotFound
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.chunks import Buffer, crc32c
 
-SEALED, WOULD_SEAL, SKIPPED, REFUSED, ERROR = "sealed", "would-seal", "skipped", "refused", "error"
+SEALED, WOULD_SEAL, REFUSED = "sealed", "would-seal", "refused"
 #: the ``writer`` of a sealed manifest
 WRITER = f"rsm-sidecar {__version__} seal"
 PLAINTEXT_NOTE = (
@@ -64,17 +64,13 @@ PLAINTEXT_NOTE = (
 
 
 @dataclasses.dataclass
-class SealOutcome:
-    base: str
-    segment: str
-    action: str
+class SealOutcome(SegmentOutcome):
     encrypted: bool | None = None
     key_id: str | None = None
-    detail: str = ""
     problems: list[str] = dataclasses.field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def text(self) -> str:
+        return super().text() + "".join(f"\n  - {p}" for p in self.problems)
 
 
 def missing_block(manifest: SegmentManifest) -> str | None:
@@ -161,17 +157,16 @@ def _kept(old: SegmentManifest, new: SegmentManifest) -> list[str]:
     return [n for n in members if getattr(old, n) != getattr(new, n)]
 
 
-def _identity_problem(manifest: SegmentManifest, seg: SegmentObjects) -> str | None:
+def _identity_problem(manifest: SegmentManifest, seg: StoredSegment) -> str | None:
     found = SegmentIdentity.of_manifest(manifest)
-    key = seg.key
     if found is None or manifest.topic_name is None:
         return (
             "the manifest does not say which segment it holds (no remoteLogSegmentMetadata), which the "
             "authenticator must bind: cannot seal it"
         )
-    diffs = found.differences(SegmentIdentity(key.topic_id, key.partition, key.segment_id, key.start_offset))
-    if not key.is_topic(manifest.topic_name):
-        diffs.append(f"topic {manifest.topic_name!r} != {key.topic!r}")
+    diffs = found.differences(SegmentIdentity(seg.topic_id, seg.partition, seg.segment_id, seg.start_offset))
+    if not seg.is_topic(manifest.topic_name):
+        diffs.append(f"topic {manifest.topic_name!r} != {seg.topic!r}")
     if diffs:
         return f"the manifest holds another segment than its key names ({'; '.join(diffs)})"
     return None
@@ -186,9 +181,9 @@ class Sealer:
         #: how a sidecar with the setting off reads (the read-back after the write)
         self.strict = dataclasses.replace(ctx.reader_settings, accept_unauthenticated=False)
 
-    def seal(self, seg: SegmentObjects) -> SealOutcome:
-        out = SealOutcome(seg.base, seg.describe(), ERROR)
-        manifest_key = seg.key.key(fkeys.MANIFEST)
+    def seal(self, seg: StoredSegment) -> SealOutcome:
+        out = SealOutcome(seg.base, seg.describe, ERROR)
+        manifest_key = seg.object_key(fkeys.MANIFEST)
         try:
             return self._seal(seg, out, manifest_key)
         except RsmError as e:
@@ -197,14 +192,14 @@ class Sealer:
             out.detail = f"{manifest_key}: unexpected {type(e).__name__}: {e}"
         return out
 
-    def _seal(self, seg: SegmentObjects, out: SealOutcome, manifest_key: str) -> SealOutcome:
+    def _seal(self, seg: StoredSegment, out: SealOutcome, manifest_key: str) -> SealOutcome:
         try:
-            raw, manifest = listing.read_manifest(self.ctx.store, seg.base)
+            raw, manifest = manifests.read_manifest(self.ctx.store, seg.base)
         except ObjectNotFound:
             out.action, out.detail = SKIPPED, f"{manifest_key} is gone (the segment was deleted)"
             return out
         out.encrypted, out.key_id = manifest.encryption is not None, manifest.key_id
-        if fkeys.LOG not in seg.objects and not self.ctx.store.exists(seg.key.key(fkeys.LOG)):
+        if fkeys.LOG not in seg.objects and not self.ctx.store.exists(seg.object_key(fkeys.LOG)):
             return self._without_data(seg, out, manifest, manifest_key)
         missing = missing_block(manifest)
         if missing is None:
@@ -214,10 +209,10 @@ class Sealer:
             )
             return out
         problem = _identity_problem(manifest, seg)
-        log_size, claimed = seg.size(fkeys.LOG), manifest.stored_log_size
+        log_size, claimed = seg.object_size(fkeys.LOG), manifest.stored_log_size
         if problem is None and log_size is not None and log_size != claimed:
             # (before anything is sized by the chunk count the manifest claims)
-            problem = f"{seg.key.key(fkeys.LOG)} is {log_size} bytes, the chunk index says {claimed}"
+            problem = f"{seg.object_key(fkeys.LOG)} is {log_size} bytes, the chunk index says {claimed}"
         if problem is not None:
             out.action, out.problems = REFUSED, [f"{manifest_key}: {problem}"]
             return out
@@ -272,7 +267,7 @@ class Sealer:
         return out
 
     def _without_data(
-        self, seg: SegmentObjects, out: SealOutcome, manifest: SegmentManifest, manifest_key: str
+        self, seg: StoredSegment, out: SealOutcome, manifest: SegmentManifest, manifest_key: str
     ) -> SealOutcome:
         """A manifest whose ``.log`` is gone: one a killed run of seal left after a delete raced
         it is removed; any other is left to ``inspect orphans``."""
@@ -283,47 +278,50 @@ class Sealer:
             out.action, out.detail = SKIPPED, "its .log is gone (manifest without data: see inspect orphans)"
         return out
 
-    def _read_back(self, seg: SegmentObjects, written: SegmentManifest) -> None:
+    def _read_back(self, seg: StoredSegment, written: SegmentManifest) -> None:
         """Open the written manifest as a sidecar with the setting off does (a plaintext segment
         as one without encryption does)."""
         keyring = self.ctx.keyring if written.encryption is not None else None
         reader = SegmentReader(self.ctx.store, self.ctx.layout, keyring, self.strict)
         try:
-            opened = reader.open_base(seg.base, seg.describe())
+            opened = reader.open_base(seg.base, seg.describe)
         except ObjectNotFound:
             return  # deleted meanwhile
         if opened.manifest != written:
-            raise DataLoss(f"{seg.key.key(fkeys.MANIFEST)}: read back after sealing, the manifest differs")
+            raise DataLoss(f"{seg.object_key(fkeys.MANIFEST)}: read back after sealing, the manifest differs")
 
 
-@dataclasses.dataclass
-class SealSummary:
-    dry_run: bool
-    segments: int = 0
-    sealed: int = 0
-    would_seal: int = 0
-    skipped: int = 0
-    refused: int = 0
-    errors: int = 0
+class SealSummary(Tally):
+    ACTIONS = {
+        SEALED: "sealed",
+        WOULD_SEAL: "would_seal",
+        SKIPPED: "skipped",
+        REFUSED: "refused",
+        ERROR: "errors",
+    }
 
-    def count(self, o: SealOutcome) -> None:
-        self.segments += 1
-        attr = {
-            SEALED: "sealed",
-            WOULD_SEAL: "would_seal",
-            SKIPPED: "skipped",
-            REFUSED: "refused",
-            ERROR: "errors",
-        }[o.action]
-        setattr(self, attr, getattr(self, attr) + 1)
+    def __init__(self, dry_run: bool):
+        super().__init__()
+        self.dry_run = dry_run
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def facts(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run}
+
+    @property
+    def has_problems(self) -> bool:
+        return self["refused"] > 0 or self["errors"] > 0
+
+    def text(self) -> str:
+        done = f"{self['would_seal']} would be sealed" if self.dry_run else f"{self['sealed']} sealed"
+        return (
+            f"{self.segments} segments: {done}, {self['skipped']} skipped, {self['refused']} refused, "
+            f"{self['errors']} errors{' (dry run)' if self.dry_run else ''}"
+        )
 
 
 def run(
     ctx: InspectContext,
-    segs: Iterable[SegmentObjects],
+    segs: Iterable[StoredSegment],
     on_outcome: Callable[[SealOutcome], None],
     dry_run: bool = False,
     workers: int = 4,
@@ -331,23 +329,18 @@ def run(
 ) -> SealSummary:
     _ = ctx.reader  # loads the keyring: a configuration error stops here, not once per segment
     sealer = Sealer(ctx, dry_run, on_bytes=progress.add_bytes if progress else lambda n: None)
-    summary = SealSummary(dry_run)
-    for outcome in ordered_map(sealer.seal, segs, workers):
-        summary.count(outcome)
-        on_outcome(outcome)
-        if progress:
-            progress.advance()
-    for base in sealer.rewriter.settle():
-        summary.sealed -= 1
-        summary.skipped += 1
-        on_outcome(
-            SealOutcome(
-                base,
-                base,
-                SKIPPED,
-                detail="its .log was deleted after sealing: the manifest was removed again",
-            )
-        )
-    if progress:
-        progress.done()
-    return summary
+
+    def undone() -> Iterator[tuple[str, SealOutcome]]:
+        for base in sealer.rewriter.settle():
+            detail = "its .log was deleted after sealing: the manifest was removed again"
+            yield SEALED, SealOutcome(base, base, SKIPPED, detail=detail)
+
+    return runner.run(
+        segs,
+        sealer.seal,
+        SealSummary(dry_run),
+        on_outcome,
+        workers=workers,
+        progress=progress,
+        revisions=undone,
+    )

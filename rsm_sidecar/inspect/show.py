@@ -9,11 +9,11 @@ from typing import Any
 
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.chunk_index import ChunkIndex, FixedChunkIndex, VariableChunkIndex, encode_sizes
-from rsm_sidecar.inspect import listing
+from rsm_sidecar.inspect import manifests
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.output import fmt_ratio, human_bytes, iso_ms, ratio
 from rsm_sidecar.inspect.summary import summarize
+from rsm_sidecar.segment.listing import StoredSegment
 
 
 def chunk_index_stats(index: ChunkIndex) -> dict[str, Any]:
@@ -53,8 +53,8 @@ def chunk_index_stats(index: ChunkIndex) -> dict[str, Any]:
     return stats
 
 
-def run(ctx: InspectContext, seg: SegmentObjects) -> dict[str, Any]:
-    raw, manifest = listing.read_manifest(ctx.store, seg.base)
+def run(ctx: InspectContext, seg: StoredSegment) -> dict[str, Any]:
+    raw, manifest = manifests.read_manifest(ctx.store, seg.base)
     summary = summarize(seg, manifest)
     return {
         "segment": summary.to_json(),

@@ -9,8 +9,8 @@ from typing import Any
 
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import SegmentManifest
-from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.output import iso_ms, ratio
+from rsm_sidecar.segment.listing import StoredSegment
 
 
 @dataclasses.dataclass
@@ -60,21 +60,20 @@ def _or(value: int | None, default: int) -> int:
 
 
 def summarize(
-    seg: SegmentObjects, manifest: SegmentManifest, manifest_size: int | None = None
+    seg: StoredSegment, manifest: SegmentManifest, manifest_size: int | None = None
 ) -> SegmentSummary:
-    k = seg.key
     md = manifest.segment
     stored = seg.stored_bytes
     if manifest_size is not None and fkeys.MANIFEST not in seg.objects:
         stored += manifest_size
-    log_obj = seg.size(fkeys.LOG)
+    log_obj = seg.object_size(fkeys.LOG)
     return SegmentSummary(
-        base=k.base,
-        topic=k.topic,
-        topic_id=k.topic_id,
-        partition=k.partition,
-        segment_id=k.segment_id,
-        start_offset=_or(_int_or_none(md, "startOffset"), k.start_offset),
+        base=seg.base,
+        topic=seg.topic,
+        topic_id=seg.topic_id,
+        partition=seg.partition,
+        segment_id=seg.segment_id,
+        start_offset=_or(_int_or_none(md, "startOffset"), seg.start_offset),
         end_offset=_int_or_none(md, "endOffset"),
         max_timestamp_ms=_int_or_none(md, "maxTimestampMs"),
         event_timestamp_ms=_int_or_none(md, "eventTimestampMs"),

@@ -34,10 +34,10 @@ from typing import Any, TypeVar
 from rsm_sidecar.errors import RsmError
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.manifest import SegmentManifest
-from rsm_sidecar.inspect import listing
+from rsm_sidecar.inspect import manifests, runner
 from rsm_sidecar.inspect.context import InspectContext
-from rsm_sidecar.inspect.listing import SegmentObjects
 from rsm_sidecar.inspect.output import human_bytes
+from rsm_sidecar.inspect.runner import Tally
 from rsm_sidecar.kafka import (
     BatchHeader,
     OffsetPosition,
@@ -51,6 +51,7 @@ from rsm_sidecar.kafka import (
 )
 from rsm_sidecar.kafka.checkpoint import EpochEntry, epoch_for_offset
 from rsm_sidecar.kafka.reader import RecordBatch
+from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.segment.log_file import StoredLogFile
 from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
 
@@ -90,6 +91,10 @@ class SegmentReport:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def action(self) -> str:
+        return "ok" if self.ok else "failed"
+
     def problem(self, kind: str, message: str) -> None:
         n = self._counts[kind] = self._counts.get(kind, 0) + 1
         if n <= MAX_PROBLEMS_PER_CHECK:
@@ -103,8 +108,23 @@ class SegmentReport:
 
     def to_json(self) -> dict[str, Any]:
         d = {k: v for k, v in dataclasses.asdict(self).items() if not k.startswith("_")}
-        d["status"] = "ok" if self.ok else "failed"
+        d["status"] = self.action
         return d
+
+    def print_text(self) -> None:
+        if self.ok:
+            print(
+                f"OK      {self.segment}  offsets {self.start_offset}..{self.end_offset}, "
+                f"{self.chunks} chunks, {self.batches} batches, {human_bytes(self.original_bytes)}"
+                + (f", {self.aborted_txns} aborted transactions" if self.aborted_txns else ""),
+                flush=True,
+            )
+        else:
+            print(f"FAILED  {self.segment}  {self.base}", flush=True)
+            for p in self.problems:
+                print(f"  - {p}", flush=True)
+        for n in self.notes:
+            print(f"  note: {n}", flush=True)
 
 
 @dataclasses.dataclass
@@ -120,7 +140,7 @@ class SegmentVerifier:
     def __init__(
         self,
         ctx: InspectContext,
-        seg: SegmentObjects,
+        seg: StoredSegment,
         deep: bool = False,
         on_bytes: Callable[[int], None] = lambda n: None,
         reader: SegmentReader | None = None,
@@ -131,7 +151,7 @@ class SegmentVerifier:
         self.seg = seg
         self.deep = deep
         self.on_bytes = on_bytes
-        self.report = SegmentReport(seg.base, seg.describe())
+        self.report = SegmentReport(seg.base, seg.describe)
 
     def run(self) -> SegmentReport:
         try:
@@ -145,7 +165,7 @@ class SegmentVerifier:
     def _run(self) -> None:
         r = self.report
         try:
-            _, manifest = listing.read_manifest(self.ctx.store, self.seg.base)
+            _, manifest = manifests.read_manifest(self.ctx.store, self.seg.base)
         except RsmError as e:
             r.problem("manifest", str(e))
             return
@@ -159,15 +179,15 @@ class SegmentVerifier:
             r.notes.append(
                 "the manifest has no start/end offsets (no remoteLogSegmentMetadata): offsets not checked"
             )
-        elif r.start_offset != self.seg.key.start_offset:
+        elif r.start_offset != self.seg.start_offset:
             r.problem(
                 "manifest",
-                f"manifest startOffset {r.start_offset} differs from the key's {self.seg.key.start_offset}",
+                f"manifest startOffset {r.start_offset} differs from the key's {self.seg.start_offset}",
             )
         if not self._check_objects(manifest):
             return
         try:
-            opened = self.reader.open_base(self.seg.base, self.seg.describe())
+            opened = self.reader.open_base(self.seg.base, self.seg.describe)
         except RsmError as e:
             r.problem("key", str(e))
             return
@@ -177,27 +197,27 @@ class SegmentVerifier:
     # -- 2. objects ----------------------------------------------------------------
     def _check_objects(self, manifest: SegmentManifest) -> bool:
         r = self.report
-        log_size = self.seg.size(fkeys.LOG)
+        log_size = self.seg.object_size(fkeys.LOG)
         expected_log = manifest.chunk_index.transformed_file_size
         usable = True
         if log_size is None:
-            r.problem("objects", f"data object {self.seg.key.key(fkeys.LOG)} is missing")
+            r.problem("objects", f"data object {self.seg.object_key(fkeys.LOG)} is missing")
             usable = False
         elif log_size != expected_log:
             r.problem(
                 "objects",
-                f"{self.seg.key.key(fkeys.LOG)} is {log_size} bytes, the chunk index says {expected_log}",
+                f"{self.seg.object_key(fkeys.LOG)} is {log_size} bytes, the chunk index says {expected_log}",
             )
         expected_idx = max(
             (x.position + x.size for x in manifest.indexes.values() if x is not None), default=0
         )
-        idx_size = self.seg.size(fkeys.INDEXES)
+        idx_size = self.seg.object_size(fkeys.INDEXES)
         if idx_size is None:
-            r.problem("objects", f"indexes object {self.seg.key.key(fkeys.INDEXES)} is missing")
+            r.problem("objects", f"indexes object {self.seg.object_key(fkeys.INDEXES)} is missing")
         elif idx_size != expected_idx:
             r.problem(
                 "objects",
-                f"{self.seg.key.key(fkeys.INDEXES)} is {idx_size} bytes, the manifest's index "
+                f"{self.seg.object_key(fkeys.INDEXES)} is {idx_size} bytes, the manifest's index "
                 f"ranges end at {expected_idx}",
             )
         return usable
@@ -205,9 +225,9 @@ class SegmentVerifier:
     # -- 4. indexes ------------------------------------------------------------------
     def _read_indexes(self, opened: OpenSegment) -> _Indexes:
         r = self.report
-        base = self.seg.key.start_offset
+        base = self.seg.start_offset
         out = _Indexes()
-        where = self.seg.key.key(fkeys.INDEXES)
+        where = self.seg.object_key(fkeys.INDEXES)
 
         def load(name: str, parse):
             if opened.manifest.indexes.get(name) is None:
@@ -393,41 +413,39 @@ class SegmentVerifier:
             )
 
 
-@dataclasses.dataclass
-class VerifySummary:
-    segments: int = 0
-    ok: int = 0
-    failed: int = 0
-    bytes: int = 0
+class VerifySummary(Tally):
+    ACTIONS = {"ok": "ok", "failed": "failed"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0  # of original data read
+
+    def count(self, outcome: SegmentReport) -> None:  # type: ignore[override]
+        super().count(outcome)
+        self.bytes += outcome.original_bytes
+
+    @property
+    def has_problems(self) -> bool:
+        return self["failed"] > 0
+
+    def text(self) -> str:
+        return (
+            f"{self.segments} segments verified: {self['ok']} ok, {self['failed']} with problems "
+            f"({human_bytes(self.bytes)} of original data read)"
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def print_report(r: SegmentReport) -> None:
-    if r.ok:
-        print(
-            f"OK      {r.segment}  offsets {r.start_offset}..{r.end_offset}, {r.chunks} chunks, {r.batches} "
-            f"batches, {human_bytes(r.original_bytes)}"
-            + (f", {r.aborted_txns} aborted transactions" if r.aborted_txns else ""),
-            flush=True,
-        )
-    else:
-        print(f"FAILED  {r.segment}  {r.base}", flush=True)
-        for p in r.problems:
-            print(f"  - {p}", flush=True)
-    for n in r.notes:
-        print(f"  note: {n}", flush=True)
+        return {**super().to_json(), "bytes": self.bytes}
 
 
 def sample_segments(
-    segs: Iterable[SegmentObjects], n: int, rng: random.Random | None = None
-) -> list[SegmentObjects]:
+    segs: Iterable[StoredSegment], n: int, rng: random.Random | None = None
+) -> list[StoredSegment]:
     """``n`` segments chosen uniformly at random from ``segs`` (all of them if fewer), in
     listing order. Reservoir sampling over the streamed listing: memory is ``n`` segments,
     whatever the bucket holds."""
     rng = rng or random.Random()
-    chosen: list[SegmentObjects] = []
+    chosen: list[StoredSegment] = []
     for i, seg in enumerate(segs):
         if i < n:
             chosen.append(seg)
@@ -441,7 +459,7 @@ def sample_segments(
 
 def run(
     ctx: InspectContext,
-    segs: list[SegmentObjects],
+    segs: list[StoredSegment],
     on_report: Callable[[SegmentReport], None],
     deep: bool = False,
     progress=None,
@@ -449,21 +467,9 @@ def run(
     """Verify each segment in turn (one at a time: memory is one ranged GET); call
     ``on_report`` as each finishes."""
     _ = ctx.reader  # loads the keyring: a configuration error stops here, not once per segment
-    summary = VerifySummary()
-    for seg in segs:
-        verifier = SegmentVerifier(
-            ctx, seg, deep, on_bytes=(progress.add_bytes if progress else lambda n: None)
-        )
-        report = verifier.run()
-        summary.segments += 1
-        summary.bytes += report.original_bytes
-        if report.ok:
-            summary.ok += 1
-        else:
-            summary.failed += 1
-        on_report(report)
-        if progress:
-            progress.advance()
-    if progress:
-        progress.done()
-    return summary
+    on_bytes = progress.add_bytes if progress else lambda n: None
+
+    def one(seg: StoredSegment) -> SegmentReport:
+        return SegmentVerifier(ctx, seg, deep, on_bytes).run()
+
+    return runner.run(segs, one, VerifySummary(), on_report, progress=progress)

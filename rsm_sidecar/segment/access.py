@@ -11,18 +11,20 @@ from collections.abc import Callable
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.keys import KeyLayout
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.copy import SegmentCopier
 from rsm_sidecar.segment.journal import CopyJournal
 from rsm_sidecar.segment.locks import SegmentLocks
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.settings import CopySettings, ReaderSettings
 from rsm_sidecar.storage.base import ObjectStore
-from rsm_sidecar.storage.factory import open_store
+from rsm_sidecar.storage.factory import StorageSettings, open_store
 from rsm_sidecar.transform.keyring import Keyring
 
 
 def key_layout(cfg: Config) -> KeyLayout:
     """The object keys of ``storage.key_prefix`` and ``storage.hashed_prefix_chars``."""
-    return KeyLayout(cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"])
+    storage = StorageSettings.from_config(cfg)
+    return KeyLayout(storage.key_prefix, storage.hashed_prefix_chars)
 
 
 class SegmentAccess:

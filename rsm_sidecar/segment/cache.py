@@ -6,14 +6,32 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sized
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class ByteLRU(Generic[K, V]):
+class ByteBounded:
+    """What a cache bounded by bytes reports (the memory cache and the disk cache alike): the bytes
+    and the entries it holds (its ``_size`` and ``_items``, read under its ``_lock``)."""
+
+    _lock: threading.Lock
+    _size: int
+    _items: Sized
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            return self._size
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+class ByteLRU(ByteBounded, Generic[K, V]):
     """Least-recently-used map whose values' declared sizes sum to at most ``capacity``
     bytes. An item larger than the capacity is not cached. ``on_event(name)`` receives
     "hit", "miss" and "eviction" for metrics. With ``group`` (a function of the key), the
@@ -93,15 +111,6 @@ class ByteLRU(Generic[K, V]):
         with self._lock:
             for k in list(self._members.get(group, ())):
                 self._pop_locked(k)
-
-    @property
-    def size_bytes(self) -> int:
-        with self._lock:
-            return self._size
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
 
 
 class SingleFlight(Generic[K, V]):

@@ -27,7 +27,6 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from rsm_sidecar.errors import Cancelled, DataLoss, FailedPrecondition
 from rsm_sidecar.format import custom_metadata as cm
@@ -52,6 +51,7 @@ from rsm_sidecar.segment.objects import (
     object_keys,
 )
 from rsm_sidecar.segment.rate_limit import RateLimiter
+from rsm_sidecar.segment.settings import CopySettings
 from rsm_sidecar.segment.sources import Piece, SegmentSource
 from rsm_sidecar.storage.base import ObjectNotFound, ObjectStore
 from rsm_sidecar.transform import authentication
@@ -59,34 +59,7 @@ from rsm_sidecar.transform.chunks import ChunkCodec, crc32c
 from rsm_sidecar.transform.heuristic import batches_already_compressed
 from rsm_sidecar.transform.keyring import Keyring
 
-if TYPE_CHECKING:
-    from rsm_sidecar.config import Config
-
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class CopySettings:
-    chunk_size: int = 4 * 1024 * 1024
-    compression: bool = True
-    compression_heuristic: bool = True
-    compression_level: int = 3
-    parallelism: int = 2
-    custom_metadata_fields: tuple[str, ...] = ("REMOTE_SIZE", "OBJECT_PREFIX")
-    #: bytes per second all copies of this copier together may store; 0: no limit
-    upload_rate_limit: int = 0
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> CopySettings:
-        return cls(
-            cfg["segment.chunk_size"],
-            cfg["segment.compression"],
-            cfg["segment.compression_heuristic"],
-            cfg["segment.compression_level"],
-            cfg["copy.parallelism"],
-            tuple(cfg["segment.custom_metadata_fields"]),
-            cfg["copy.upload_rate_limit"],
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +136,7 @@ class SegmentCopier:
             existing = self._complete_segment(md, base, log_size)
             if existing is not None:
                 for _ in log_chunks:  # the request is read to its end (and checked) all the same
-                    if is_cancelled():
-                        raise Cancelled(f"copy of {md.describe} cancelled by the caller")
+                    _raise_if_cancelled(is_cancelled, md)
                 indexes()
                 if self.journal:
                     self.journal.settle_completed(base)
@@ -262,113 +234,17 @@ class SegmentCopier:
         is_cancelled: Callable[[], bool],
         on_stored_bytes: Callable[[int], None],
     ) -> CopyResult:
-        s = self.settings
         chunks = iter(log_chunks)
         first = next(chunks, b"")
-        compression = s.compression and not (s.compression_heuristic and batches_already_compressed(first))
-        data_key = aad = encryption = None
-        if self.keyring is not None:
-            data_key, aad = self.keyring.new_data_key()
-            key_id, wrapped = self.keyring.wrap(data_key)
-            encryption = EncryptionInfo(key_id, wrapped, aad)
-        codec = ChunkCodec(compression, data_key, aad, s.compression_level)
-        verify_crc = not codec.encrypted
+        steps = _CopySteps(self, md, attempt, first, is_cancelled, on_stored_bytes)
         keys = object_keys(base)
         # The previous version of this segment id (an earlier attempt) stops being readable
         # before any of its objects is replaced.
         self.store.delete(keys[fkeys.MANIFEST])
-
-        def budget(nbytes: int) -> None:
-            if self.upload_budget is not None:  # waiting for budget is progress: on_stored_bytes(0)
-                self.upload_budget.acquire(nbytes, is_cancelled, heartbeat=lambda: on_stored_bytes(0))
-
-        sizes: list[int] = []
-        crcs: list[int] = []
-        tags: list[bytes] = []
-        original_total = 0
-        with self.store.open_writer(keys[fkeys.LOG]) as writer:
-            in_flight: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
-
-            def drain_one() -> None:
-                out = in_flight.popleft().result()
-                budget(len(out))
-                writer.write(out)
-                on_stored_bytes(len(out))
-                sizes.append(len(out))
-                if verify_crc:
-                    crcs.append(crc32c(out))
-                else:
-                    tags.append(bytes(out[-TAG_BYTES:]))
-
-            for chunk in _prepend(first, chunks):
-                if is_cancelled():
-                    raise Cancelled(f"copy of {md.describe} cancelled by the caller")
-                if len(chunk) != s.chunk_size and original_total + len(chunk) < log_size:
-                    raise FailedPrecondition(
-                        f"copy of {md.describe}: short chunk of {len(chunk)} bytes at "
-                        f"position {original_total}"
-                    )
-                original_total += len(chunk)
-                in_flight.append(self.executor.submit(codec.encode, chunk))
-                while len(in_flight) >= s.parallelism:
-                    drain_one()
-            while in_flight:
-                drain_one()
-            if original_total != log_size:
-                raise FailedPrecondition(
-                    f"copy of {md.describe}: received {original_total} bytes of the .log file, "
-                    f"expected {log_size}"
-                )
-            writer.commit()
-
-        index_files = indexes()
-        stored_indexes = bytearray()
-        ranges: dict[str, IndexRange | None] = {}
-        index_crcs: dict[str, int] = {}
-        index_tags: dict[str, bytes] = {}
-        for name in INDEX_NAMES:
-            data = index_files.get(name)
-            if data is None:
-                if name != "transaction":
-                    raise FailedPrecondition(f"copy of {md.describe}: index {name} missing")
-                ranges[name] = None
-                continue
-            out = codec.encrypt_only(data)
-            ranges[name] = IndexRange(len(stored_indexes), len(out))
-            if verify_crc:
-                index_crcs[name] = crc32c(out)
-            else:
-                index_tags[name] = bytes(out[-TAG_BYTES:])
-            stored_indexes += out
-        if is_cancelled():
-            raise Cancelled(f"copy of {md.describe} cancelled by the caller")
-        budget(len(stored_indexes))
-        self.store.put(keys[fkeys.INDEXES], bytes(stored_indexes))
-        on_stored_bytes(len(stored_indexes))
-
-        manifest = SegmentManifest(
-            chunk_index=build_index(
-                s.chunk_size, log_size, sizes, codec.fixed_transformed_size(s.chunk_size)
-            ),
-            indexes=ranges,
-            compression=compression,
-            encryption=encryption,
-            segment=segment_debug_copy(md),
-            chunk_crcs=crcs if verify_crc else None,
-            index_crcs=index_crcs if verify_crc else None,
-            attempt=attempt,
-            chunk_tags=None if verify_crc else tags,
-            index_tags=None if verify_crc else index_tags,
-        )
-        if data_key is not None:
-            manifest.auth = authentication.authenticator(manifest, data_key)
-        manifest_bytes = manifest.to_bytes()
-        if is_cancelled():
-            raise Cancelled(f"copy of {md.describe} cancelled by the caller")
-        self.store.put(keys[fkeys.MANIFEST], manifest_bytes)
-        on_stored_bytes(len(manifest_bytes))
-
-        stored = sum(sizes) + len(stored_indexes) + len(manifest_bytes)
+        stored_log = steps.log(keys[fkeys.LOG], _prepend(first, chunks), log_size)
+        stored_indexes = steps.indexes(keys[fkeys.INDEXES], indexes())
+        manifest, manifest_size = steps.manifest(keys[fkeys.MANIFEST], stored_log, stored_indexes)
+        stored = stored_log.size + stored_indexes.size + manifest_size
         return CopyResult(manifest, base, stored, self._custom_metadata(md, base, stored))
 
     def _custom_metadata(self, md: fkeys.SegmentMetadata, base: str, stored: int) -> bytes | None:
@@ -383,6 +259,171 @@ class SegmentCopier:
             else:
                 fields[tag] = base[len(prefix) :]
         return cm.encode(fields) if fields else None
+
+
+@dataclasses.dataclass
+class _StoredLog:
+    """What ``_CopySteps.log`` stored: the original size and, per chunk, the stored size and
+    the CRC32C (unencrypted) or GCM tag (encrypted) that the manifest records."""
+
+    original_size: int = 0
+    sizes: list[int] = dataclasses.field(default_factory=list)
+    crcs: list[int] = dataclasses.field(default_factory=list)
+    tags: list[bytes] = dataclasses.field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes)
+
+
+@dataclasses.dataclass
+class _StoredIndexes:
+    """What ``_CopySteps.indexes`` stored: each index's range in ``.indexes`` (None: absent)
+    and its CRC32C or GCM tag."""
+
+    size: int = 0
+    ranges: dict[str, IndexRange | None] = dataclasses.field(default_factory=dict)
+    crcs: dict[str, int] = dataclasses.field(default_factory=dict)
+    tags: dict[str, bytes] = dataclasses.field(default_factory=dict)
+
+
+class _CopySteps:
+    """The steps of one copy attempt, in their order: the ``.log`` (``log``), the ``.indexes``
+    (``indexes``), the manifest last (``manifest``, the commit marker). They share the
+    attempt's transform (compression chosen from the first chunk, a fresh data key), its
+    cancellation and its progress: each step stops when the caller cancels, waits for the
+    copier's upload budget before it stores, and reports what it stored."""
+
+    def __init__(
+        self,
+        copier: SegmentCopier,
+        md: fkeys.SegmentMetadata,
+        attempt: str,
+        first_chunk: bytes,
+        is_cancelled: Callable[[], bool],
+        on_stored_bytes: Callable[[int], None],
+    ):
+        s = copier.settings
+        self.copier, self.md, self.attempt = copier, md, attempt
+        self.is_cancelled, self.on_stored_bytes = is_cancelled, on_stored_bytes
+        self.compression = s.compression and not (
+            s.compression_heuristic and batches_already_compressed(first_chunk)
+        )
+        self.data_key: bytes | None = None
+        aad = None
+        self.encryption: EncryptionInfo | None = None
+        if copier.keyring is not None:
+            self.data_key, aad = copier.keyring.new_data_key()
+            key_id, wrapped = copier.keyring.wrap(self.data_key)
+            self.encryption = EncryptionInfo(key_id, wrapped, aad)
+        self.codec = ChunkCodec(self.compression, self.data_key, aad, s.compression_level)
+        #: unencrypted parts are checked by CRC32C; encrypted ones carry their GCM tags
+        self.verify_crc = not self.codec.encrypted
+
+    def _check_cancelled(self) -> None:
+        _raise_if_cancelled(self.is_cancelled, self.md)
+
+    def _budget(self, nbytes: int) -> None:
+        budget = self.copier.upload_budget
+        if budget is not None:  # waiting for budget is progress: on_stored_bytes(0)
+            budget.acquire(nbytes, self.is_cancelled, heartbeat=lambda: self.on_stored_bytes(0))
+
+    def log(self, key: str, chunks: Iterable[bytes], log_size: int) -> _StoredLog:
+        """Transform the ``.log``'s chunks on the copier's pool, at most ``parallelism`` in
+        flight, and write them in order to one streaming upload."""
+        s, md, stored = self.copier.settings, self.md, _StoredLog()
+        with self.copier.store.open_writer(key) as writer:
+            in_flight: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
+
+            def drain_one() -> None:
+                out = in_flight.popleft().result()
+                self._budget(len(out))
+                writer.write(out)
+                self.on_stored_bytes(len(out))
+                stored.sizes.append(len(out))
+                if self.verify_crc:
+                    stored.crcs.append(crc32c(out))
+                else:
+                    stored.tags.append(bytes(out[-TAG_BYTES:]))
+
+            for chunk in chunks:
+                self._check_cancelled()
+                if len(chunk) != s.chunk_size and stored.original_size + len(chunk) < log_size:
+                    raise FailedPrecondition(
+                        f"copy of {md.describe}: short chunk of {len(chunk)} bytes at "
+                        f"position {stored.original_size}"
+                    )
+                stored.original_size += len(chunk)
+                in_flight.append(self.copier.executor.submit(self.codec.encode, chunk))
+                while len(in_flight) >= s.parallelism:
+                    drain_one()
+            while in_flight:
+                drain_one()
+            if stored.original_size != log_size:
+                raise FailedPrecondition(
+                    f"copy of {md.describe}: received {stored.original_size} bytes of the .log file, "
+                    f"expected {log_size}"
+                )
+            writer.commit()
+        return stored
+
+    def indexes(self, key: str, files: dict[str, bytes | None]) -> _StoredIndexes:
+        """Encrypt the index files one by one into one ``.indexes`` object (every index but the
+        transaction index is required)."""
+        data = bytearray()
+        stored = _StoredIndexes()
+        for name in INDEX_NAMES:
+            index = files.get(name)
+            if index is None:
+                if name != "transaction":
+                    raise FailedPrecondition(f"copy of {self.md.describe}: index {name} missing")
+                stored.ranges[name] = None
+                continue
+            out = self.codec.encrypt_only(index)
+            stored.ranges[name] = IndexRange(len(data), len(out))
+            if self.verify_crc:
+                stored.crcs[name] = crc32c(out)
+            else:
+                stored.tags[name] = bytes(out[-TAG_BYTES:])
+            data += out
+        self._check_cancelled()
+        self._budget(len(data))
+        self.copier.store.put(key, bytes(data))
+        self.on_stored_bytes(len(data))
+        stored.size = len(data)
+        return stored
+
+    def manifest(self, key: str, log: _StoredLog, indexes: _StoredIndexes) -> tuple[SegmentManifest, int]:
+        """Write the manifest that describes what the two other steps stored (authenticated
+        under the data key when encrypted): the segment is complete once it is there. Returns
+        it and its size."""
+        chunk_size = self.copier.settings.chunk_size
+        manifest = SegmentManifest(
+            chunk_index=build_index(
+                chunk_size, log.original_size, log.sizes, self.codec.fixed_transformed_size(chunk_size)
+            ),
+            indexes=indexes.ranges,
+            compression=self.compression,
+            encryption=self.encryption,
+            segment=segment_debug_copy(self.md),
+            chunk_crcs=log.crcs if self.verify_crc else None,
+            index_crcs=indexes.crcs if self.verify_crc else None,
+            attempt=self.attempt,
+            chunk_tags=None if self.verify_crc else log.tags,
+            index_tags=None if self.verify_crc else indexes.tags,
+        )
+        if self.data_key is not None:
+            manifest.auth = authentication.authenticator(manifest, self.data_key)
+        manifest_bytes = manifest.to_bytes()
+        self._check_cancelled()
+        self.copier.store.put(key, manifest_bytes)
+        self.on_stored_bytes(len(manifest_bytes))
+        return manifest, len(manifest_bytes)
+
+
+def _raise_if_cancelled(is_cancelled: Callable[[], bool], md: fkeys.SegmentMetadata) -> None:
+    if is_cancelled():
+        raise Cancelled(f"copy of {md.describe} cancelled by the caller")
 
 
 def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

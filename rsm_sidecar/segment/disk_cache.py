@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from rsm_sidecar.segment.cache import ByteBounded
 from rsm_sidecar.transform.chunks import Buffer
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def segment_dir(base: str) -> str:
     return hashlib.sha256(base.encode()).hexdigest()[:32]
 
 
-class DiskChunkCache:
+class DiskChunkCache(ByteBounded):
     """Thread-safe. ``on_event(name)`` receives ``hit``, ``miss``, ``eviction`` and
     ``verification_failure`` for metrics. Entries are named by ``entry(base, identity)``."""
 
@@ -357,12 +358,3 @@ class DiskChunkCache:
             e,
             hint,
         )
-
-    @property
-    def size_bytes(self) -> int:
-        with self._lock:
-            return self._size
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Literal, overload
+from typing import Literal, overload
 
 from rsm_sidecar.errors import DataLoss, FailedPrecondition, NoSuchIndex, NotFound
 from rsm_sidecar.format import custom_metadata
@@ -39,13 +39,11 @@ from rsm_sidecar.format.chunk_index import Chunk
 from rsm_sidecar.format.manifest import TAG_BYTES, SegmentIdentity, SegmentManifest
 from rsm_sidecar.segment.cache import ByteLRU, SingleFlight
 from rsm_sidecar.segment.disk_cache import DiskChunkCache
+from rsm_sidecar.segment.settings import ReaderSettings
 from rsm_sidecar.storage.base import InvalidRange, ObjectNotFound, ObjectStore
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.chunks import Buffer, ChunkCodec
 from rsm_sidecar.transform.keyring import Keyring
-
-if TYPE_CHECKING:
-    from rsm_sidecar.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -123,62 +121,6 @@ class OpenSegment:
 
     def __repr__(self) -> str:
         return f"OpenSegment({self.base!r})"
-
-
-@dataclasses.dataclass(frozen=True)
-class ReaderSettings:
-    manifest_cache_bytes: int = 32 * 1024 * 1024
-    index_cache_bytes: int = 64 * 1024 * 1024
-    chunk_cache_bytes: int = 256 * 1024 * 1024
-    prefetch_bytes: int = 16 * 1024 * 1024
-    max_range_bytes: int = 8 * 1024 * 1024
-    accept_unauthenticated: bool = False
-    #: the disk chunk cache's directory; empty: no disk cache
-    disk_cache_path: str = ""
-    disk_cache_bytes: int = 1024 * 1024 * 1024
-    #: whether prefetch continues into the partition's next segment: yes for the broker's
-    #: reads (the sidecar); no for a Spark executor, whose next task may read another segment
-    prefetch_next_segment: bool = False
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> ReaderSettings:
-        """The sidecar's reader settings. Every other reader of a configuration (inspect, the
-        Iceberg job's executors) starts from these and changes only ``CACHE_FIELDS``
-        (``with_caches``), so what may be read and how is the same for all of them."""
-        return cls(
-            cfg["cache.manifest_bytes"],
-            cfg["cache.index_bytes"],
-            cfg["cache.chunk_bytes"],
-            cfg["cache.prefetch_bytes"],
-            cfg["fetch.max_range_bytes"],
-            cfg["fetch.accept_unauthenticated_segments"],
-            cfg["fetch.disk_cache.path"] or "",
-            cfg["fetch.disk_cache.bytes"],
-            prefetch_next_segment=True,
-        )
-
-    def with_caches(self, **sizes: int | str | bool) -> ReaderSettings:
-        """These settings with other cache and read-ahead sizes (members of ``CACHE_FIELDS``
-        only: anything else is how segments are read and stays the configuration's)."""
-        unknown = set(sizes) - CACHE_FIELDS
-        if unknown:
-            raise TypeError(f"not cache settings: {', '.join(sorted(unknown))}")
-        return dataclasses.replace(self, **sizes)  # type: ignore[arg-type]
-
-
-#: the ``ReaderSettings`` members that only size caches and read-ahead: the one thing a reader
-#: other than the sidecar chooses for itself (``ReaderSettings.with_caches``)
-CACHE_FIELDS = frozenset(
-    {
-        "manifest_cache_bytes",
-        "index_cache_bytes",
-        "chunk_cache_bytes",
-        "prefetch_bytes",
-        "disk_cache_path",
-        "disk_cache_bytes",
-        "prefetch_next_segment",
-    }
-)
 
 
 def _segment_of(key: CacheKey) -> str:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
 from rsm_sidecar.errors import Cancelled, InvalidArgument
-from rsm_sidecar.service import test_hooks
+from rsm_sidecar.service import hooks
 from rsm_sidecar.service.servicer import measured, report_failure
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class FetchChannel:
                 with self.servicer.fetch_slots.take():
                     idle = self.servicer.fetch_idle
                     conn.settimeout(idle if idle > 0 else None)
-                    test_hooks.hold_fetch_slot()
+                    hooks.before_fetch()
                     rng = self.servicer.fetch_range(request)
                     for piece in sidecar.reader.read(rng.seg, rng.start, rng.end, views=True):
                         n = self._send_data(conn, piece)

@@ -32,6 +32,7 @@ from rsm_sidecar.service.fetch_channel import ALPN_PROTOCOL, FetchChannel
 from rsm_sidecar.service.listener import Listener
 from rsm_sidecar.service.metrics_http import serve_metrics, split_listen
 from rsm_sidecar.service.servicer import RemoteStorageServicer
+from rsm_sidecar.service.settings import ServiceSettings
 from rsm_sidecar.service.sidecar import Sidecar
 from rsm_sidecar.service.tls import ServerTls
 
@@ -75,27 +76,15 @@ def private_grpc_dir() -> str:
 class SidecarServer:
     def __init__(self, cfg: Config, sidecar: Sidecar | None = None):
         self.cfg = cfg
-        reserved = cfg["copy.max_concurrent"] + cfg["fetch.max_concurrent"] + 8
-        if cfg["server.max_workers"] < reserved:
-            raise ConfigError(
-                f"server.max_workers: {cfg['server.max_workers']} threads cannot serve "
-                f"copy.max_concurrent ({cfg['copy.max_concurrent']}) + fetch.max_concurrent "
-                f"({cfg['fetch.max_concurrent']}) calls and keep 8 for health checks and deletes; "
-                f"set it to at least {reserved}"
-            )
-        if not cfg["server.listen"].startswith("unix:"):
-            split_listen(cfg["server.listen"], "server.listen")
-        window = cfg["server.stream_window_bytes"]
-        if 0 < window < 65535:
-            raise ConfigError(
-                f"server.stream_window_bytes: {window} is below HTTP/2's default window of 65535 bytes "
-                f"(0: gRPC's automatic sizing)"
-            )
+        self.settings = settings = ServiceSettings.from_config(cfg)
+        if not settings.server.listen.startswith("unix:"):
+            split_listen(settings.server.listen, "server.listen")
+        window = settings.server.stream_window_bytes
         self.sidecar = sidecar or Sidecar.from_config(cfg)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(
-                max_workers=cfg["server.max_workers"], thread_name_prefix="rpc"
+                max_workers=settings.server.max_workers, thread_name_prefix="rpc"
             ),
             options=[
                 ("grpc.max_receive_message_length", 4 * 1024 * 1024),
@@ -110,7 +99,7 @@ class SidecarServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._socket_lock: int | None = None
         self.tls: ServerTls | None = None
-        self.address = self._bind(cfg["server.listen"])
+        self.address = self._bind(settings.server.listen)
         self._metrics_server: WSGIServer | None = None
         self._stopped = threading.Event()
 
@@ -118,16 +107,13 @@ class SidecarServer:
         """Checks who may connect to ``listen``, binds the listener there, and the gRPC server to
         a socket in a private directory of its own (listener.py: the listener hands gRPC's
         connections over)."""
-        cert, key, ca = (
-            self.cfg["server.tls.cert_file"],
-            self.cfg["server.tls.key_file"],
-            self.cfg["server.tls.client_ca_file"],
-        )
+        tls = self.settings.server.tls
+        cert, key, ca = tls.cert_file, tls.key_file, tls.client_ca_file
         if bool(cert) != bool(key):
             raise ConfigError("server.tls.cert_file and server.tls.key_file must be set together")
         if ca and not cert:
             raise ConfigError("server.tls.client_ca_file needs server.tls.cert_file and server.tls.key_file")
-        if cert:
+        if cert and key:
             # read again when renewed in place (tls.py); checked now, so bad files fail start-up
             # the fetch channel's protocol first: a client offering both gets it, gRPC's offer only h2
             self.tls = ServerTls(cert, key, ca or None, [ALPN_PROTOCOL, "h2"])
@@ -151,7 +137,7 @@ class SidecarServer:
             )
         else:
             host, _ = split_listen(listen, "server.listen")
-            if not is_loopback(host) and not ca and not self.cfg["server.allow_plaintext_non_loopback"]:
+            if not is_loopback(host) and not ca and not self.settings.server.allow_plaintext_non_loopback:
                 raise ConfigError(
                     f"server.listen: {listen} is not a loopback address and clients are not authenticated: "
                     "anyone who reaches it could read, overwrite and delete every tiered segment. Require "
@@ -193,7 +179,7 @@ class SidecarServer:
             log.warning("could not remove the temp files of interrupted writes: %s", e)
 
     def _sweep_periodically(self) -> None:
-        interval = self.cfg["copy.journal_sweep_seconds"]
+        interval = self.settings.copy.journal_sweep_seconds
         while True:
             try:
                 self._sweep()
@@ -206,7 +192,7 @@ class SidecarServer:
         # the first sweep runs beside serving, not before it: a journal of thousands of entries
         # (each a GET and deletes) must not delay start-up (CopyJournal.sweep is safe beside copies)
         threading.Thread(target=self._sweep_periodically, name="leftover-sweep", daemon=True).start()
-        listen = self.cfg["metrics.listen"]
+        listen = self.settings.metrics.listen
         if listen:
             self._metrics_server = serve_metrics(listen, "metrics.listen", self.sidecar.metrics.registry)
         self.server.start()
@@ -225,7 +211,7 @@ class SidecarServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        grace = self.cfg["server.shutdown_grace_seconds"] if grace is None else grace
+        grace = self.settings.server.shutdown_grace_seconds if grace is None else grace
         log.info("shutting down: draining in-flight calls for up to %.0fs", grace)
         self.health.enter_graceful_shutdown()
         self.listener.stop()

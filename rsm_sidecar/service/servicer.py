@@ -35,7 +35,7 @@ from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.segment import sources
 from rsm_sidecar.segment.objects import delete_segment_objects
 from rsm_sidecar.segment.reader import INDEX_BY_TYPE, OpenSegment
-from rsm_sidecar.service import test_hooks
+from rsm_sidecar.service import hooks
 from rsm_sidecar.service.admission import IdleWatchdog, Slots, Watch
 from rsm_sidecar.service.metrics import Metrics
 from rsm_sidecar.service.sidecar import Sidecar
@@ -405,7 +405,7 @@ class RemoteStorageServicer:
                 }
             },
         )
-        test_hooks.hold_after_copy(md.segment_id, context.is_active, watch.touch)
+        hooks.after_copy(md.segment_id, context.is_active, watch.touch)
         resp = pb.CopySegmentResponse(stored_bytes=result.stored_bytes, object_key_base=result.base_key)
         if result.custom_metadata is not None:
             resp.custom_metadata = result.custom_metadata
@@ -430,7 +430,7 @@ class RemoteStorageServicer:
     ) -> Iterator[bytes]:
         request: pb.FetchSegmentRequest = _well_formed(message, "FetchSegmentRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
-            test_hooks.hold_fetch_slot()
+            hooks.before_fetch()
             rng = self.fetch_range(request)
             seg, start, end = rng.seg, rng.start, rng.end
             reader = self.sidecar.reader
@@ -483,7 +483,7 @@ class RemoteStorageServicer:
     ) -> Iterator[pb.FetchIndexResponse]:
         request: pb.FetchIndexRequest = _well_formed(message, "FetchIndexRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
-            test_hooks.hold_fetch_slot()
+            hooks.before_fetch()
             md = _metadata(request.metadata)
             type_name = (
                 pb.IndexType.Name(request.index_type) if request.index_type in pb.IndexType.values() else None

@@ -11,12 +11,15 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.format import custom_metadata
 from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.segment.access import SegmentAccess
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.copy import SegmentCopier
 from rsm_sidecar.segment.journal import CopyJournal
 from rsm_sidecar.segment.locks import SegmentLocks
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.settings import CopySettings, ReaderSettings
 from rsm_sidecar.service.metrics import Metrics
+from rsm_sidecar.service.settings import ServiceSettings
 from rsm_sidecar.storage.base import ObjectStore
+from rsm_sidecar.storage.factory import StorageSettings
 from rsm_sidecar.transform.keyring import Keyring
 
 log = logging.getLogger(__name__)
@@ -49,14 +52,13 @@ class Sidecar:
 
     @classmethod
     def from_config(cls, cfg: Config, store: ObjectStore | None = None, check_store: bool = True) -> Sidecar:
-        fields = cfg["segment.custom_metadata_fields"]
-        worst = custom_metadata.worst_case_size(
-            fields, cfg["storage.key_prefix"], cfg["storage.hashed_prefix_chars"]
-        )
-        if worst > cfg["segment.custom_metadata_max_bytes"]:
+        settings, storage = CopySettings.from_config(cfg), StorageSettings.from_config(cfg)
+        fields = settings.custom_metadata_fields
+        worst = custom_metadata.worst_case_size(fields, storage.key_prefix, storage.hashed_prefix_chars)
+        if worst > settings.custom_metadata_max_bytes:
             raise ConfigError(
                 f"segment.custom_metadata_fields: {', '.join(fields)} may need {worst} bytes, more than "
-                f"segment.custom_metadata_max_bytes = {cfg['segment.custom_metadata_max_bytes']} "
+                f"segment.custom_metadata_max_bytes = {settings.custom_metadata_max_bytes} "
                 f"(the broker's remote.log.metadata.custom.metadata.max.bytes); drop OBJECT_KEY or "
                 f"raise both limits"
             )
@@ -81,13 +83,13 @@ class Sidecar:
             metrics.track_cache(name, cache)
         if reader.disk is not None:
             metrics.track_disk_cache(reader.disk)
-        settings = CopySettings.from_config(cfg)
+        limits = ServiceSettings.from_config(cfg).copy
         transform_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(64, cfg["copy.max_concurrent"] * settings.parallelism),
+            max_workers=min(64, limits.max_concurrent * settings.parallelism),
             thread_name_prefix="transform",
         )
         locks = SegmentLocks()
-        journal = CopyJournal(cfg["copy.journal_dir"], store, locks) if cfg["copy.journal_dir"] else None
+        journal = CopyJournal(limits.journal_dir, store, locks) if limits.journal_dir else None
         if journal is not None:
             metrics.track_journal(journal)
         copier = access.copier(settings, transform_pool, journal, locks)

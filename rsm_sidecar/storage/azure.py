@@ -46,7 +46,6 @@ from azure.core.credentials import AzureSasCredential
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobBlock, BlobServiceClient, ContainerClient, ExponentialRetry
 
-from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError, InvalidArgument, RsmError
 from rsm_sidecar.storage import base
 from rsm_sidecar.storage.azure_settings import MAX_BLOCKS, AzureSettings
@@ -137,6 +136,7 @@ def _connection_string_fields(cs: str) -> dict[str, str]:
 class AzureObjectStore(base.RemoteObjectStore):
     name = "azure"
     scheme = "azure"
+    settings_type = AzureSettings
 
     def __init__(self, settings: AzureSettings, *, probe_prefix: str = "") -> None:
         super().__init__(settings.container, settings.upload_threads, probe_prefix)
@@ -233,10 +233,6 @@ class AzureObjectStore(base.RemoteObjectStore):
             ) from None
         self._endpoint = self._service.url.split("?", 1)[0].rstrip("/")
         self._container: ContainerClient = self._service.get_container_client(c.container)
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> AzureObjectStore:
-        return cls(AzureSettings.from_config(cfg), probe_prefix=cfg["storage.key_prefix"])
 
     # -- descriptions -------------------------------------------------------------------
     @property

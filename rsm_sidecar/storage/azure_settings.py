@@ -11,8 +11,9 @@ import binascii
 import dataclasses
 import re
 
-from rsm_sidecar.config import Key, Settings, setting
+from rsm_sidecar.config import Settings, setting
 from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.storage import bucket_settings as remote
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -37,7 +38,9 @@ class AzureSettings(Settings):
 
     KEY_PREFIX = "storage.azure"
 
-    container: str = setting("str", None, "Container that holds the blobs.")
+    container: str = setting(
+        "str", None, "Container that holds the blobs.", required_when=("storage.backend", "azure")
+    )
     account_name: str | None = setting(
         "str",
         None,
@@ -103,28 +106,14 @@ class AzureSettings(Settings):
         "Send the MD5 of every Put Blob and Put Block (`Content-MD5`); the service refuses a request whose "
         "bytes do not match.",
     )
-    connect_timeout: float = setting("seconds", 5.0, "TCP/TLS connect timeout of one attempt.", min=0.1)
-    read_timeout: float = setting(
-        "seconds", 30.0, "Longest wait for the service to answer or send more bytes, per attempt.", min=0.1
+    connect_timeout: float = remote.connect_timeout()
+    read_timeout: float = remote.read_timeout()
+    max_attempts: int = remote.max_attempts(
+        "500/503 incl. `ServerBusy` throttling, 408, connection errors and timeouts are retried with "
+        "exponential backoff and jitter"
     )
-    max_attempts: int = setting(
-        "int",
-        3,
-        "Attempts per request including the first (500/503 incl. `ServerBusy` throttling, 408, connection "
-        "errors and timeouts are retried with exponential backoff and jitter).",
-        min=1,
-        max=20,
-    )
-    delete_concurrency: int = setting(
-        "int", 16, "Parallel Delete Blob requests of one `delete_many`.", min=1, max=128
-    )
-    max_pool_connections: int = setting(
-        "int",
-        64,
-        "HTTP connections kept to the service (upload threads plus concurrent reads should fit).",
-        min=1,
-        max=1024,
-    )
+    delete_concurrency: int = remote.delete_concurrency("Delete Blob")
+    max_pool_connections: int = remote.max_pool_connections()
     ca_bundle: str | None = setting(
         "path", None, "PEM CA bundle to verify the service's certificate with (a private endpoint's own CA)."
     )
@@ -139,15 +128,6 @@ class AzureSettings(Settings):
     def bucket(self) -> str:
         """The container (what the other backends call the bucket)."""
         return self.container
-
-    @classmethod
-    def keys(cls) -> list[Key]:
-        return [
-            dataclasses.replace(k, required_when=("storage.backend", "azure"))
-            if k.path == "storage.azure.container"
-            else k
-            for k in super().keys()
-        ]
 
     def __post_init__(self) -> None:
         if not self.container:

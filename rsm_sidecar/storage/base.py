@@ -33,10 +33,11 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import grpc
 
+from rsm_sidecar.config import Settings
 from rsm_sidecar.errors import (
     ConfigError,
     DeadlineExceeded,
@@ -232,6 +233,8 @@ class RemoteObjectStore(ObjectStore):
 
     #: URL scheme of object addresses in messages: "s3", "gs"
     scheme: str = "abstract"
+    #: the backend's settings (``S3Settings``, ...): what the store is opened with
+    settings_type: ClassVar[type[Settings]]
 
     def __init__(self, bucket: str, pool_threads: int, probe_prefix: str = "") -> None:
         super().__init__()

@@ -7,61 +7,67 @@ one is a ``ConfigError`` that names the extra to install.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 
-from rsm_sidecar.config import Config, Key
+from rsm_sidecar.config import Config, Settings, setting
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.base import ObjectStore
+from rsm_sidecar.storage.local_settings import LocalSettings
 
-#: backend -> (its module, the pip extra that installs its SDK, the SDK, the SDK's top-level modules)
-BACKENDS: dict[str, tuple[str, str | None, str, tuple[str, ...]]] = {
-    "local": ("rsm_sidecar.storage.local", None, "", ()),
-    "s3": ("rsm_sidecar.storage.s3", "s3", "boto3", ("boto3", "botocore", "awscrt")),
-    "gcs": ("rsm_sidecar.storage.gcs", "gcs", "google-cloud-storage", ("google", "requests", "urllib3")),
+#: backend -> (its module, its store class, the pip extra that installs its SDK, the SDK, the SDK's
+#: top-level modules)
+BACKENDS: dict[str, tuple[str, str, str | None, str, tuple[str, ...]]] = {
+    "local": ("rsm_sidecar.storage.local", "LocalObjectStore", None, "", ()),
+    "s3": ("rsm_sidecar.storage.s3", "S3ObjectStore", "s3", "boto3", ("boto3", "botocore", "awscrt")),
+    "gcs": (
+        "rsm_sidecar.storage.gcs",
+        "GcsObjectStore",
+        "gcs",
+        "google-cloud-storage",
+        ("google", "requests", "urllib3"),
+    ),
     "azure": (
         "rsm_sidecar.storage.azure",
+        "AzureObjectStore",
         "azure",
         "azure-storage-blob",
         ("azure", "requests", "urllib3", "msal", "isodate"),
     ),
 }
 
-CONFIG_KEYS = [
-    Key("storage.backend", "str", "local", "Where segments are stored.", choices=tuple(BACKENDS)),
-    Key(
-        "storage.key_prefix",
+
+@dataclasses.dataclass(frozen=True)
+class StorageSettings(Settings):
+    """Which backend stores the segments, and under which keys (the backend's own keys are its
+    ``<backend>_settings.py``'s)."""
+
+    KEY_PREFIX = "storage"
+
+    backend: str = setting(
+        "str",
+        "local",
+        "Where segments are stored.",
+        choices=tuple(BACKENDS),
+    )
+    key_prefix: str = setting(
         "str",
         "",
         "Prefix of every object key, concatenated verbatim (include a trailing `/` for a folder).",
-    ),
-    Key(
-        "storage.hashed_prefix_chars",
+    )
+    hashed_prefix_chars: int = setting(
         "int",
         0,
-        "When > 0, insert this many hex characters of a hash of (topic id, partition) after the prefix, "
-        "spreading partitions over storage key ranges (S3 request-rate partitions). Keys stay derivable "
-        "from the segment metadata. 0 keeps the Aiven-compatible layout.",
+        "When > 0, insert this many hex characters of a hash of (topic id, partition) after the "
+        "prefix, spreading partitions over storage key ranges (S3 request-rate partitions). Keys stay"
+        " derivable from the segment metadata. 0 keeps the Aiven-compatible layout.",
         min=0,
         max=16,
-    ),
-    Key(
-        "storage.local.root",
-        "path",
-        None,
-        "Directory that holds the objects.",
-        required_when=("storage.backend", "local"),
-    ),
-    Key("storage.local.fsync", "bool", True, "fsync files and directories before a write is acknowledged."),
-    Key(
-        "storage.local.file_mode",
-        "str",
-        "0600",
-        "Permissions of stored objects (octal); directories get the matching execute bits. The default keeps "
-        "segments readable by the sidecar's user only, whatever the umask.",
-        choices=("0600", "0640", "0644"),
-    ),
-]
+    )
+
+
+CONFIG_KEYS = StorageSettings.keys()
 
 
 def backend_module(backend: str) -> ModuleType:
@@ -69,7 +75,7 @@ def backend_module(backend: str) -> ModuleType:
     pip extra that installs it."""
     if backend not in BACKENDS:
         raise ConfigError(f"storage.backend: unknown backend {backend!r}")
-    module, extra, sdk, sdk_modules = BACKENDS[backend]
+    module, _, extra, sdk, sdk_modules = BACKENDS[backend]
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -82,20 +88,13 @@ def backend_module(backend: str) -> ModuleType:
 
 
 def open_store(cfg: Config) -> ObjectStore:
-    backend = cfg["storage.backend"]
-    module = backend_module(backend)
-    if backend == "local":
-        store: ObjectStore = module.LocalObjectStore(
-            cfg["storage.local.root"],
-            fsync=cfg["storage.local.fsync"],
-            file_mode=int(cfg["storage.local.file_mode"], 8),
-        )
-        return store
-    if backend == "s3":
-        store = module.S3ObjectStore.from_config(cfg)
-        return store
-    if backend == "gcs":
-        store = module.GcsObjectStore.from_config(cfg)
-        return store
-    store = module.AzureObjectStore.from_config(cfg)
+    """The configured backend's store: a remote one from its settings class (``settings_type``),
+    its start-up probe under ``storage.key_prefix``."""
+    storage = StorageSettings.from_config(cfg)
+    store_type = getattr(backend_module(storage.backend), BACKENDS[storage.backend][1])
+    if storage.backend == "local":
+        local = LocalSettings.from_config(cfg)
+        store: ObjectStore = store_type(local.root, fsync=local.fsync, file_mode=int(local.file_mode, 8))
+    else:
+        store = store_type(store_type.settings_type.from_config(cfg), probe_prefix=storage.key_prefix)
     return store

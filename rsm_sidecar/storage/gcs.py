@@ -42,7 +42,6 @@ import urllib3.exceptions
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import storage
 
-from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError, DataLoss, InvalidArgument, RsmError
 from rsm_sidecar.storage import base
 from rsm_sidecar.storage.gcs_settings import GcsSettings, MiB
@@ -159,6 +158,7 @@ def _load_credentials(mode: str, credentials_file: str | None) -> tuple[Credenti
 class GcsObjectStore(base.RemoteObjectStore):
     name = "gcs"
     scheme = "gs"
+    settings_type = GcsSettings
 
     def __init__(self, settings: GcsSettings, *, probe_prefix: str = "") -> None:
         super().__init__(settings.bucket, max(4, settings.delete_concurrency), probe_prefix)
@@ -181,10 +181,6 @@ class GcsObjectStore(base.RemoteObjectStore):
         self._http.mount("https://", adapter)
         self._http.mount("http://", adapter)
         self._bucket_path = urllib.parse.quote(settings.bucket, safe="")
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> GcsObjectStore:
-        return cls(GcsSettings.from_config(cfg), probe_prefix=cfg["storage.key_prefix"])
 
     @property
     def endpoint(self) -> str:

@@ -11,6 +11,7 @@ import dataclasses
 
 from rsm_sidecar.config import setting
 from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.storage import bucket_settings as remote
 from rsm_sidecar.storage.bucket_settings import BucketSettings
 
 KiB = 1024
@@ -60,22 +61,14 @@ class GcsSettings(BucketSettings):
         True,
         "Send the CRC32C of every upload (GCS rejects a mismatch) and verify it on whole-object GETs.",
     )
-    connect_timeout: float = setting("seconds", 5.0, "TCP/TLS connect timeout of one attempt.", min=0.1)
-    read_timeout: float = setting(
-        "seconds", 30.0, "Longest wait for the service to answer or send more bytes, per attempt.", min=0.1
+    connect_timeout: float = remote.connect_timeout()
+    read_timeout: float = remote.read_timeout()
+    max_attempts: int = remote.max_attempts(
+        "429, 5xx, connection errors and timeouts are retried with exponential backoff and jitter"
+        "; resumable chunk uploads are not retried: the writer fails"
     )
-    max_attempts: int = setting(
-        "int",
-        3,
-        "Attempts per request including the first (429, 5xx, connection errors and timeouts are retried with "
-        "exponential backoff and jitter; resumable chunk uploads are not retried: the writer fails).",
-        min=1,
-        max=20,
-    )
-    delete_concurrency: int = setting(
-        "int", 16, "Parallel DELETE requests of one `delete_many`.", min=1, max=128
-    )
-    max_pool_connections: int = setting("int", 64, "HTTP connections kept to the service.", min=1, max=1024)
+    delete_concurrency: int = remote.delete_concurrency("DELETE")
+    max_pool_connections: int = remote.max_pool_connections("")
     startup_write_check: bool = setting(
         "bool",
         True,

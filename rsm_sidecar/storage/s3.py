@@ -33,7 +33,6 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config as BotoConfig
 
-from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError, InvalidArgument, RsmError
 from rsm_sidecar.storage import base
 from rsm_sidecar.storage.s3_settings import S3Settings
@@ -136,6 +135,7 @@ def _mask(key_id: str | None) -> str:
 class S3ObjectStore(base.RemoteObjectStore):
     name = "s3"
     scheme = "s3"
+    settings_type = S3Settings
 
     def __init__(self, settings: S3Settings, *, probe_prefix: str = "") -> None:
         super().__init__(settings.bucket, settings.upload_threads, probe_prefix)
@@ -188,10 +188,6 @@ class S3ObjectStore(base.RemoteObjectStore):
         self._client.meta.events.register("before-send.s3", self._on_send)
         self._pending_aborts: list[tuple[str, str]] = []  # (key, upload id) whose abort failed
         self._pending_lock = threading.Lock()
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> S3ObjectStore:
-        return cls(S3Settings.from_config(cfg), probe_prefix=cfg["storage.key_prefix"])
 
     # -- descriptions ---------------------------------------------------------------------
     @property

@@ -10,6 +10,7 @@ import dataclasses
 
 from rsm_sidecar.config import setting
 from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.storage import bucket_settings as remote
 from rsm_sidecar.storage.bucket_settings import BucketSettings
 
 KiB = 1024
@@ -124,10 +125,8 @@ class S3Settings(BucketSettings):
         max=64,
     )
     upload_threads: int = setting("int", 8, "Threads uploading parts, shared by all uploads.", min=1, max=256)
-    connect_timeout: float = setting("seconds", 5.0, "TCP/TLS connect timeout of one attempt.", min=0.1)
-    read_timeout: float = setting(
-        "seconds", 30.0, "Longest wait for the service to answer or send more bytes, per attempt.", min=0.1
-    )
+    connect_timeout: float = remote.connect_timeout()
+    read_timeout: float = remote.read_timeout()
     retry_mode: str = setting(
         "str",
         "standard",
@@ -135,21 +134,8 @@ class S3Settings(BucketSettings):
         "(standard plus client-side rate limiting on throttling), `legacy`.",
         choices=("standard", "adaptive", "legacy"),
     )
-    max_attempts: int = setting(
-        "int",
-        3,
-        "Attempts per request including the first (throttling, 5xx, connection errors and timeouts are "
-        "retried).",
-        min=1,
-        max=20,
-    )
-    max_pool_connections: int = setting(
-        "int",
-        64,
-        "HTTP connections kept to the service (upload threads plus concurrent reads should fit).",
-        min=1,
-        max=1024,
-    )
+    max_attempts: int = remote.max_attempts("throttling, 5xx, connection errors and timeouts are retried")
+    max_pool_connections: int = remote.max_pool_connections()
     verify_tls: bool = setting("bool", True, "Verify the service's TLS certificate.")
     ca_bundle: str | None = setting("path", None, "PEM CA bundle to verify the service's certificate with.")
     startup_write_check: bool = setting(

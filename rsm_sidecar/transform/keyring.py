@@ -19,6 +19,7 @@ from Crypto.PublicKey import RSA
 from Crypto.Signature import pss
 
 from rsm_sidecar.errors import ConfigError, DataLoss, FailedPrecondition
+from rsm_sidecar.transform.keyring_settings import EncryptionSettings
 
 if TYPE_CHECKING:
     from rsm_sidecar.config import Config
@@ -72,29 +73,26 @@ class Keyring:
 
     @classmethod
     def from_config(cls, cfg: Config) -> Keyring | None:
-        if not cfg["encryption.enabled"]:
+        settings = EncryptionSettings.from_config(cfg)
+        if not settings.enabled:
             return None
-        family = cfg.family("encryption.keys")
-        if not family:
+        if not settings.key_files:
             raise ConfigError(
                 "encryption.keys: encryption is enabled but no key is configured "
                 "(add [encryption.keys.<id>] with public_key_file and private_key_file)"
             )
         pairs = {}
-        for key_id, files in sorted(family.items()):
-            for leaf in ("public_key_file", "private_key_file"):
-                if leaf not in files:
-                    raise ConfigError(f"encryption.keys.{key_id}.{leaf}: missing")
-            public = _load_pem(files["public_key_file"], f"encryption.keys.{key_id}.public_key_file")
+        for key_id, files in sorted(settings.key_files.items()):
+            public = _load_pem(files.public_key_file, f"encryption.keys.{key_id}.public_key_file")
             private = _load_pem(
-                files["private_key_file"],
+                files.private_key_file,
                 f"encryption.keys.{key_id}.private_key_file",
                 private=True,
-                allow_exposed=cfg["encryption.allow_exposed_private_keys"],
+                allow_exposed=settings.allow_exposed_private_keys,
             )
             if not private.has_private():
                 raise ConfigError(
-                    f"encryption.keys.{key_id}.private_key_file: {files['private_key_file']} "
+                    f"encryption.keys.{key_id}.private_key_file: {files.private_key_file} "
                     f"holds a public key, not a private key"
                 )
             if private.public_key().n != public.n:
@@ -107,7 +105,7 @@ class Keyring:
                     f"2048 bits, got {public.size_in_bits()}"
                 )
             pairs[key_id] = KeyPair(key_id, public, private)
-        return cls(pairs, cfg["encryption.active_key_id"])
+        return cls(pairs, str(settings.active_key_id))
 
     def new_data_key(self) -> tuple[bytes, bytes]:
         """A fresh (data key, AAD) for one segment."""

@@ -29,7 +29,8 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.keys import KeyLayout
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.settings import ReaderSettings
 from rsm_sidecar.transform.keyring import Keyring
 from tests.cluster.cluster_helpers import (
     Written,
@@ -191,9 +192,7 @@ def _convert(cluster, spark, topic: str) -> dict[int, dict]:
     cfg, _ = load_config(cfg_file, env, lake)
     settings = JobSettings.from_config(cfg)
     table = (
-        CatalogSpec.from_settings(settings)
-        .pyiceberg()
-        .load_table((settings.namespace, settings.table_name(topic)))
+        CatalogSpec(settings.catalog).pyiceberg().load_table((settings.namespace, settings.table_name(topic)))
     )
     rows = table.scan().to_arrow().to_pylist()
     offsets = [r["kafka"]["offset"] for r in rows]

@@ -764,6 +764,12 @@ def test_render_properties_refuses_unfilled_placeholders_and_bad_lines(tmp_path,
     assert proc.returncode == 1 and f"{bad}:2: not a key=value line" in proc.stderr
 
 
+def _start_broker(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """docker/kafka/start-broker.sh with ``env`` (its output captured)."""
+    script = ["bash", str(REPO / "docker/kafka/start-broker.sh")]
+    return subprocess.run(script, env=env, capture_output=True, text=True, timeout=60)
+
+
 def _fake_image(tmp_path: Path, log_dir: Path) -> dict[str, str]:
     """The files the kafka image has, in tmp_path: the compose base config (with its log dir
     moved), the render script, and a `java` stand-in that records its arguments."""
@@ -794,13 +800,7 @@ def test_start_broker_renders_formats_and_starts(services, broker_properties, tm
     log_dir = tmp_path / "data"
     log_dir.mkdir()
     env = {"PATH": os.environ["PATH"], **_env(services["kafka-2"]), **_fake_image(tmp_path, log_dir)}
-    proc = subprocess.run(
-        ["bash", str(REPO / "docker/kafka/start-broker.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _start_broker(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "kafka" / "config" / "server.properties"
     assert _properties(out.read_text()) == {**broker_properties["kafka-2"], "log.dirs": str(log_dir)}
@@ -831,8 +831,7 @@ def test_start_broker_renders_formats_and_starts(services, broker_properties, tm
     # without NODE_ROLE (the remote topology's broker): the single combined node of server.properties
     env.pop("NODE_ROLE")
     (tmp_path / "java.calls").unlink()
-    script = ["bash", str(REPO / "docker/kafka/start-broker.sh")]
-    proc = subprocess.run(script, env=env, capture_output=True, text=True, timeout=60)
+    proc = _start_broker(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     combined = _properties(out.read_text())
     assert combined["process.roles"] == "broker,controller"
@@ -853,13 +852,7 @@ def test_start_broker_runs_the_controller_from_its_own_file(services, tmp_path):
     log_dir.mkdir()
     env = {"PATH": os.environ["PATH"], **_env(services["controller"]), **_fake_image(tmp_path, log_dir)}
     env["BROKER_TIERED_PROPERTIES"] = str(tmp_path / "absent.properties")
-    proc = subprocess.run(
-        ["bash", str(REPO / "docker/kafka/start-broker.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _start_broker(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "kafka" / "config" / "server.properties"
     expected = {**_properties(CONTROLLER_BASE.read_text()), **_properties(CLUSTER_PROPS.read_text())}
@@ -868,13 +861,7 @@ def test_start_broker_runs_the_controller_from_its_own_file(services, tmp_path):
     assert f"--cluster-id {_env(services['controller'])['CLUSTER_ID']} " in storage
     assert server.startswith(_env(services["controller"])["KAFKA_HEAP_OPTS"] + " ")
     env["NODE_ROLE"] = "observer"
-    proc = subprocess.run(
-        ["bash", str(REPO / "docker/kafka/start-broker.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _start_broker(env)
     assert proc.returncode == 64 and "NODE_ROLE must be combined, broker or controller" in proc.stderr
 
 
@@ -884,23 +871,11 @@ def test_start_broker_refuses_an_unwritable_log_dir_and_a_missing_placeholder(se
         **_env(services["kafka-1"]),
         **_fake_image(tmp_path, tmp_path / "missing"),
     }
-    proc = subprocess.run(
-        ["bash", str(REPO / "docker/kafka/start-broker.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _start_broker(env)
     assert proc.returncode == 1 and "is not writable" in proc.stderr
     assert not (tmp_path / "java.calls").exists()
     env.pop("SIDECAR_TARGET")
-    proc = subprocess.run(
-        ["bash", str(REPO / "docker/kafka/start-broker.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _start_broker(env)
     assert proc.returncode != 0 and "SIDECAR_TARGET" in proc.stderr
 
 

@@ -3,11 +3,13 @@ consume, and look at remote storage."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -349,6 +351,36 @@ def wait_all_closed_tiered(stack, topic: str, partition: int = 0, timeout: float
     )
 
 
+def _records(
+    bootstrap: str, topic: str, partition: int, start: int, isolation: str, poll: float, **conf: object
+) -> Iterator[Rec | None]:
+    """The records of ``topic``-``partition`` from ``start`` as a new consumer of its own reads
+    them (``None`` after each ``poll`` seconds without one), until the caller stops."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"e2e-{os.urandom(4).hex()}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "auto.offset.reset": "earliest",
+            **conf,
+        }
+    )
+    try:
+        c.assign([TopicPartition(topic, partition, start)])
+        while True:
+            m = c.poll(poll)
+            if m is not None and m.error():
+                raise KafkaException(m.error())
+            yield (
+                None
+                if m is None
+                else Rec(m.key(), m.value(), tuple(m.headers() or ()), m.timestamp()[1], m.offset())
+            )
+    finally:
+        c.close()
+
+
 def consume(
     bootstrap: str,
     topic: str,
@@ -358,31 +390,16 @@ def consume(
     isolation: str = "read_uncommitted",
     timeout: float = 120,
 ) -> list[Rec]:
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"e2e-{os.urandom(4).hex()}",
-            "enable.auto.commit": False,
-            "isolation.level": isolation,
-            "fetch.max.bytes": 5_000_000,
-            "auto.offset.reset": "earliest",
-            "max.partition.fetch.bytes": 5_000_000,
-        }
-    )
-    try:
-        c.assign([TopicPartition(topic, partition, start)])
-        out: list[Rec] = []
-        deadline = time.monotonic() + timeout
-        while len(out) < count and time.monotonic() < deadline:
-            m = c.poll(1.0)
-            if m is None:
-                continue
-            if m.error():
-                raise KafkaException(m.error())
-            out.append(Rec(m.key(), m.value(), tuple(m.headers() or ()), m.timestamp()[1], m.offset()))
-        return out
-    finally:
-        c.close()
+    out: list[Rec] = []
+    deadline = time.monotonic() + timeout
+    big = {"fetch.max.bytes": 5_000_000, "max.partition.fetch.bytes": 5_000_000}
+    with contextlib.closing(_records(bootstrap, topic, partition, start, isolation, 1.0, **big)) as records:
+        for rec in records:
+            if rec is not None:
+                out.append(rec)
+            if len(out) >= count or time.monotonic() >= deadline:
+                break
+    return out
 
 
 def consume_until_idle(
@@ -394,30 +411,16 @@ def consume_until_idle(
     isolation: str = "read_uncommitted",
 ) -> list[Rec]:
     """Everything from ``start`` until no message arrives for ``idle`` seconds."""
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"e2e-{os.urandom(4).hex()}",
-            "enable.auto.commit": False,
-            "isolation.level": isolation,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    try:
-        c.assign([TopicPartition(topic, partition, start)])
-        out: list[Rec] = []
-        last = time.monotonic()
-        while time.monotonic() - last < idle:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                raise KafkaException(m.error())
-            last = time.monotonic()
-            out.append(Rec(m.key(), m.value(), tuple(m.headers() or ()), m.timestamp()[1], m.offset()))
-        return out
-    finally:
-        c.close()
+    out: list[Rec] = []
+    last = time.monotonic()
+    with contextlib.closing(_records(bootstrap, topic, partition, start, isolation, 0.5)) as records:
+        for rec in records:
+            if rec is not None:
+                last = time.monotonic()
+                out.append(rec)
+            elif time.monotonic() - last >= idle:
+                break
+    return out
 
 
 def sealed_manifest(stack, manifest) -> bytes:

@@ -1,9 +1,9 @@
 """`inspect orphans --bootstrap-server`: the bucket against Kafka's `__remote_log_metadata`, on a
 real broker, with the crash of issue 31 reproduced deterministically.
 
-The sidecar holds one copy after it stored the whole segment (test hook
-``RSM_TEST_HOLD_COPY_DIR``, rsm_sidecar/service/test_hooks.py: no real server can be made to
-die at that instant), the broker is killed with -9 while it waits for the answer, so it never
+The sidecar holds one copy after it stored the whole segment (a fault,
+``RSM_TEST_HOLD_COPY_DIR`` of tests/e2e/fault_sidecar.py: no real server can be made to die at
+that instant), the broker is killed with -9 while it waits for the answer, so it never
 records COPY_SEGMENT_FINISHED; restarted, it copies the same offsets again under a new segment
 id. The cross-check must find exactly that segment, say which copy holds its offsets, and never
 delete it (Kafka still lists it); it must also find a complete segment Kafka has no record of
@@ -24,11 +24,12 @@ from rsm_sidecar.config import Config
 from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.kafka import remote_log_metadata as rlm
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
-from rsm_sidecar.segment.tiered_writer import TieredWriter
 from rsm_sidecar.transform.keyring import Keyring
+from tests.e2e.fault_sidecar import FAULT_SIDECAR, HOLD_COPY_DIR
 from tests.e2e.kafka_helpers import KEY_PREFIX, create_topic, filler, remote_segments, wait_for
 from tests.helpers import BROKER_JVM_OPTIONS
 from tests.inspect.conftest import InspectCli
+from tests.tiered_writer import TieredWriter
 
 TOPIC = "crash"
 MANIFEST = "rsm-manifest"
@@ -47,7 +48,8 @@ def crashed(tmp_path_factory):
     (hold / "hold").write_text("")
     stack = LocalStack(
         work / "stack",
-        sidecar_env={"RSM_TEST_HOLD_COPY_DIR": str(hold)},
+        sidecar_env={HOLD_COPY_DIR: str(hold)},
+        sidecar_prefix=FAULT_SIDECAR,
         broker_jvm_options=BROKER_JVM_OPTIONS,
     )
     stack.start()

@@ -30,6 +30,7 @@ from devstack.kafka_tools import tool_command
 from devstack.stack import LocalStack
 from devstack.tls import SecretVolume, TestCA
 from tests.e2e import scenarios
+from tests.e2e.fault_sidecar import FAULT_SIDECAR, FETCH_SLOT_HOLD_MS
 from tests.e2e.kafka_helpers import (
     PassReader,
     Rec,
@@ -59,6 +60,7 @@ def stack(tmp_path_factory):
         sidecar_tls=True,
         shim_on_classpath=True,
         metrics=True,
+        sidecar_prefix=FAULT_SIDECAR,  # the busy-sidecar test holds fetch slots
         broker_properties={
             "remote.log.storage.manager.class.name": SHIM_CLASS,
             "rsm.config.tls.reload.interval.ms": "300",
@@ -267,9 +269,9 @@ def test_a_busy_sidecar_is_back_pressure_not_an_error(stack):
         filler(stack.bootstrap_servers, topic, partition=p)
     for p in range(4):
         wait_tiered(stack, topic, produced[p][-1].offset + 1, partition=p)
-    # each call holds the one slot 200 ms (a test hook): the broker's parallel reads surely meet
-    # it taken (without, they overlapped in the sidecar 0-2 times per run: a flake)
-    stack.restart_sidecar({"RSM__FETCH__MAX_CONCURRENT": "1", "RSM_TEST_FETCH_SLOT_HOLD_MS": "200"})
+    # each call holds the one slot 200 ms (a fault of tests/e2e/fault_sidecar.py): the broker's
+    # parallel reads surely meet it taken (without, they overlapped in the sidecar 0-2 times per run: a flake)
+    stack.restart_sidecar({"RSM__FETCH__MAX_CONCURRENT": "1", FETCH_SLOT_HOLD_MS: "200"})
     log_before = len(broker_log(stack))
     busy_before = sidecar_counter(stack, BUSY_PATTERN)
 
@@ -307,7 +309,7 @@ def test_a_busy_sidecar_is_back_pressure_not_an_error(stack):
     busy = sidecar_counter(stack, BUSY_PATTERN)
     busy_seconds = time.monotonic() - started
     log = broker_log(stack)[log_before:]
-    stack.restart_sidecar(unset=["RSM__FETCH__MAX_CONCURRENT", "RSM_TEST_FETCH_SLOT_HOLD_MS"])
+    stack.restart_sidecar(unset=["RSM__FETCH__MAX_CONCURRENT", FETCH_SLOT_HOLD_MS])
 
     assert busy > busy_before, "the sidecar was never busy: the test did not test anything"
     assert errors == []

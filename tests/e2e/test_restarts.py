@@ -15,7 +15,8 @@ from rsm_sidecar.config import Config
 from rsm_sidecar.errors import NotFound
 from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.kafka.reader import read_batches
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.settings import ReaderSettings
 from rsm_sidecar.transform.keyring import Keyring
 from tests.e2e import scenarios
 from tests.e2e.kafka_helpers import (
@@ -59,6 +60,17 @@ def copy_failures(stack, offset: int, topic: str) -> list[str]:
         for m in re.finditer(rf"[^\n]*(?:{COPY_FAILED.pattern})[^\n]*\n(?:[^\[][^\n]*\n){{0,3}}", text)
         if topic in m.group(0)
     ]
+
+
+def wait_copy_failures(stack, offset: int, topic: str) -> list[str]:
+    """The broker's first logged ``copy_failures`` of ``topic``, then 8 s more for its retries."""
+    failures = wait_for(
+        "the broker to log failed copies of the topic",
+        lambda: copy_failures(stack, offset, topic),
+        timeout=60,
+    )
+    time.sleep(8)
+    return failures
 
 
 def consume_everything(stack, topic: str, end: int) -> list[Rec]:
@@ -191,12 +203,7 @@ def test_sidecar_killed_while_producing_loses_nothing(stack, store):
         sent_at_kill = len(bg.sent)
         before = manifests(store, topic)
         # the broker keeps producing and rolling segments; every copy attempt fails
-        failures = wait_for(
-            "the broker to log failed copies of the topic",
-            lambda: copy_failures(stack, log_offset, topic),
-            timeout=60,
-        )
-        time.sleep(8)
+        failures = wait_copy_failures(stack, log_offset, topic)
         # Kafka 4.3+ logs a retriable copy failure at INFO without its cause; the shim's retry
         # warnings name it
         assert re.search(
@@ -279,12 +286,7 @@ def test_storage_unwritable_during_copies_loses_nothing(stack, store):
         log_offset = stack.broker.server_log.stat().st_size
         moved = _block_prefix(stack.remote_root)
         sent_at_block = len(bg.sent)
-        failures = wait_for(
-            "the broker to log failed copies of the topic",
-            lambda: copy_failures(stack, log_offset, topic),
-            timeout=60,
-        )
-        time.sleep(8)
+        failures = wait_copy_failures(stack, log_offset, topic)
         # the shim's exception names the storage error (FAILED_PRECONDITION, not retriable: the
         # broker logs it, cleans up the attempt, which fails as well, and copies again at the next
         # interval)

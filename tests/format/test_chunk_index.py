@@ -32,14 +32,18 @@ def test_known_answer_vector_10_20_30():
     assert decode_transformed_chunks(AIVEN_ENCODED_CHUNKS) == [10, 20, 30]
 
 
+#: a fixed-size chunk index as Aiven's plugin writes it
+AIVEN_FIXED = {
+    "type": "fixed",
+    "originalChunkSize": 100,
+    "originalFileSize": 250,
+    "transformedChunkSize": 110,
+    "finalTransformedChunkSize": 30,
+}
+
+
 def test_aiven_fixed_index_json_and_chunks():
-    obj = {
-        "type": "fixed",
-        "originalChunkSize": 100,
-        "originalFileSize": 250,
-        "transformedChunkSize": 110,
-        "finalTransformedChunkSize": 30,
-    }
+    obj = dict(AIVEN_FIXED)
     index = ChunkIndex.from_json(obj)
     assert index.to_json() == obj
     assert list(index.to_json()) == [
@@ -128,13 +132,7 @@ def test_index_with_wrong_chunk_count_is_data_loss():
     "missing", ["originalChunkSize", "originalFileSize", "transformedChunkSize", "finalTransformedChunkSize"]
 )
 def test_fixed_index_requires_every_field(missing):
-    obj = {
-        "type": "fixed",
-        "originalChunkSize": 100,
-        "originalFileSize": 250,
-        "transformedChunkSize": 110,
-        "finalTransformedChunkSize": 30,
-    }
+    obj = dict(AIVEN_FIXED)
     del obj[missing]
     with pytest.raises(DataLoss, match=missing):
         ChunkIndex.from_json(obj)

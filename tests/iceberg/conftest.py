@@ -71,6 +71,23 @@ def _wkt() -> str:
     return str(Path(grpc_tools.__file__).parent / "_proto")
 
 
+def descriptor_set(out: Path, proto: str, include: Path = PROTO_DIR) -> Path:
+    """``proto`` (a path under ``include``) compiled with its imports (well-known types too) into
+    the descriptor set file ``out``, as ``protoc --include_imports --descriptor_set_out`` does."""
+    from grpc_tools import protoc
+
+    args = [
+        "protoc",
+        f"-I{include}",
+        f"-I{_wkt()}",
+        "--include_imports",
+        f"--descriptor_set_out={out}",
+        proto,
+    ]
+    assert protoc.main(args) == 0, f"protoc failed on {proto}"
+    return out
+
+
 @pytest.fixture(scope="session")
 def order_pb2(proto_modules):
     return importlib.import_module("shop.v1.order_pb2")

@@ -20,9 +20,9 @@ from rsm_sidecar.format.keys import KeyLayout
 from rsm_sidecar.kafka import ControlType
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch, build_control_batch
 from rsm_sidecar.kafka.records import Header
-from rsm_sidecar.segment.tiered_writer import TieredWriter
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.transform.keyring import Keyring, write_key_pair
+from tests.tiered_writer import TieredWriter
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000
@@ -212,7 +212,7 @@ class SyntheticTopic:
 
         cfg, _ = load_config(self.config_file, {}, overrides)
         s = JobSettings.from_config(cfg)
-        return CatalogSpec.from_settings(s).pyiceberg().load_table((s.namespace, s.table_name(self.topic)))
+        return CatalogSpec(s.catalog).pyiceberg().load_table((s.namespace, s.table_name(self.topic)))
 
     def cli(
         self,
@@ -285,6 +285,32 @@ def env_without_checkout() -> dict[str, str]:
         for k, v in os.environ.items()
         if not k.startswith(("RSM__", "PYSPARK", "SPARK_")) and k != "PYTHONPATH"
     }
+
+
+def spark_submit_convert(
+    master: str,
+    pkg: Path,
+    t: SyntheticTopic,
+    *args: str,
+    cloud: tuple[str, ...] = (),
+    conf: dict | None = None,
+) -> list[str]:
+    """``spark-submit`` of ``iceberg convert`` of ``t`` (the shipped job script, the package zip
+    ``pkg`` for the executors, the set-up's jars, ``--conf`` each of ``conf``) on ``master``."""
+    from rsm_sidecar.iceberg import jars
+
+    return [
+        str(Path(sys.executable).parent / "spark-submit"),
+        "--master",
+        master,
+        "--jars",
+        ",".join(str(p) for p in jars.spark_jars(cloud=cloud)),
+        "--py-files",
+        str(pkg),
+        *[a for k, v in (conf or {}).items() for a in ("--conf", f"{k}={v}")],
+        str(REPO / "rsm_sidecar/iceberg/submit/rsm_iceberg_job.py"),
+        *("convert", "--config", str(t.config_file), "--topic", t.topic, *args),
+    ]
 
 
 def rows(table) -> list[tuple]:

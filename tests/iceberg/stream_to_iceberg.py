@@ -19,8 +19,8 @@ from rsm_sidecar.iceberg.source import register
 def main(config: str, topic: str, table: str, checkpoint: str) -> None:
     cfg, _ = load_config(config)
     settings = JobSettings.from_config(cfg)
-    catalog = CatalogSpec.from_settings(settings)
-    spark = open_session(catalog.prepare(), settings, "rsm-tiered-stream")
+    catalog = CatalogSpec(settings.catalog)
+    spark = open_session(catalog.prepare(), settings.spark, "rsm-tiered-stream")
     register(spark)
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog.name}.{settings.namespace}")
     stream = (

@@ -31,7 +31,6 @@ from rsm_sidecar.iceberg.mapping.evolution import field_ids
 from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
 from rsm_sidecar.iceberg.settings import JobSettings
 from rsm_sidecar.iceberg.source import read_topic
-from rsm_sidecar.segment.tiered_writer import new_uuid
 from tests.e2e.kafka_helpers import (
     Rec,
     consume,
@@ -45,6 +44,7 @@ from tests.e2e.kafka_helpers import (
 )
 from tests.helpers import BROKER_JVM_OPTIONS
 from tests.iceberg.test_registry import proto_ser
+from tests.tiered_writer import new_uuid
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +81,7 @@ def table(stack, lake, topic, **overrides):
     cfg_file, env = stack.sidecar_config_env()
     cfg, _ = load_config(cfg_file, env, {**lake, **overrides})
     s = JobSettings.from_config(cfg)
-    return CatalogSpec.from_settings(s).pyiceberg().load_table((s.namespace, s.table_name(topic)))
+    return CatalogSpec(s.catalog).pyiceberg().load_table((s.namespace, s.table_name(topic)))
 
 
 def by_offset(t) -> dict[int, dict]:

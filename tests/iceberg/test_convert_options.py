@@ -7,11 +7,10 @@ import contextlib
 import io
 import json
 
-from grpc_tools import protoc
-
 from rsm_sidecar.cli.main import main
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
+from tests.iceberg.conftest import descriptor_set
 from tests.iceberg.convert_helpers import T0, SyntheticTopic
 
 PROTO = """syntax = "proto3";
@@ -23,27 +22,10 @@ message Other { string x = 1; }
 
 
 def _descriptor_set(tmp_path):
-    import grpc_tools
-
     src = tmp_path / "proto"
     src.mkdir()
     (src / "reading.proto").write_text(PROTO)
-    out = tmp_path / "reading.pb"
-    wkt = str(__import__("pathlib").Path(grpc_tools.__file__).parent / "_proto")
-    assert (
-        protoc.main(
-            [
-                "protoc",
-                f"-I{src}",
-                f"-I{wkt}",
-                "--include_imports",
-                f"--descriptor_set_out={out}",
-                "reading.proto",
-            ]
-        )
-        == 0
-    )
-    return out
+    return descriptor_set(tmp_path / "reading.pb", "reading.proto", src)
 
 
 def test_descriptor_set_values_without_a_registry_and_status(spark, tmp_path):

@@ -6,6 +6,7 @@ stored by the sidecar's own copy code, kills with SIGKILL on the follower's proc
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sqlite3
 import threading
@@ -61,27 +62,33 @@ def _scrape(port: int) -> dict[tuple, float]:
     return out
 
 
-def test_a_follower_converts_segments_as_they_are_tiered(spark, tmp_path):
-    t = SyntheticTopic(tmp_path / "f", "f")
-    _segments_now(t, 0, 2)
-    cfg, storage = load_config(
-        t.config_file, {}, {"iceberg.follow.interval": 0.2, "iceberg.follow.maintain_interval": 0}
-    )
-    metrics = FollowMetrics()
-    lines: list[str] = []
+@contextlib.contextmanager
+def _following(spark, t: SyntheticTopic, maintain_interval: float):
+    """A follower of ``t`` running in a thread (rounds every 0.2 s) until the block ends; it, its
+    metrics and its log lines."""
+    overrides = {"iceberg.follow.interval": 0.2, "iceberg.follow.maintain_interval": maintain_interval}
+    cfg, storage = load_config(t.config_file, {}, overrides)
+    metrics, lines = FollowMetrics(), []
     follower = Follower(cfg, storage, t.topic, spark=spark, metrics=metrics, log=lines.append)
     stop = threading.Event()
     thread = threading.Thread(target=follower.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        _wait_for_rows(t)
-        _segments_now(t, 0, 1)
-        _segments_now(t, 1, 2)
-        _wait_for_rows(t)
+        yield follower, metrics, lines
     finally:
         stop.set()
         thread.join(120)
     assert not thread.is_alive()
+
+
+def test_a_follower_converts_segments_as_they_are_tiered(spark, tmp_path):
+    t = SyntheticTopic(tmp_path / "f", "f")
+    _segments_now(t, 0, 2)
+    with _following(spark, t, maintain_interval=0) as (_, metrics, lines):
+        _wait_for_rows(t)
+        _segments_now(t, 0, 1)
+        _segments_now(t, 1, 2)
+        _wait_for_rows(t)
     table = t.table()
     assert len(offsets(table)) == len(set(offsets(table))) == len(t.records) == 200
     assert mk.read_state(table).next_offsets == {0: 120, 1: 80}
@@ -125,25 +132,13 @@ def test_the_follower_drops_what_kafka_retention_deleted_at_its_maintenance(spar
     t = SyntheticTopic(tmp_path / "ret", "ret")
     _segments_now(t, 0, 3)
     _segments_now(t, 1, 1)
-    cfg, storage = load_config(
-        t.config_file, {}, {"iceberg.follow.interval": 0.2, "iceberg.follow.maintain_interval": 1}
-    )
-    metrics, lines = FollowMetrics(), []
-    follower = Follower(cfg, storage, t.topic, spark=spark, metrics=metrics, log=lines.append)
-    stop = threading.Event()
-    thread = threading.Thread(target=follower.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with _following(spark, t, maintain_interval=1) as (follower, metrics, lines):
         _wait_for_rows(t)
         for path in t.objects_of(t.segments[0]):  # retention deleted partition 0's first segment
             path.unlink()
         deadline = time.monotonic() + 180
         while (0, 0) in offsets(t.table()) and time.monotonic() < deadline:
             time.sleep(0.3)
-    finally:
-        stop.set()
-        thread.join(120)
-    assert not thread.is_alive()
     kept = [r for r in t.expected() if not (r[0] == 0 and r[1] < 40)]
     assert rows(t.table()) == kept, "\n".join(lines)
     assert _sample(metrics, "rsm_iceberg_follow_dropped_rows_total") == 40
@@ -152,7 +147,7 @@ def test_the_follower_drops_what_kafka_retention_deleted_at_its_maintenance(spar
     for path in t.objects_of(t.segments[1]):
         path.unlink()
     cfg_off, _ = load_config(t.config_file, {}, {"iceberg.follow.drop_deleted_offsets": False})
-    off = Follower(cfg_off, storage, t.topic, spark=spark, log=lambda line: None)
+    off = Follower(cfg_off, follower.storage, t.topic, spark=spark, log=lambda line: None)
     assert off.maintain() and rows(t.table()) == kept  # an archive keeps them
 
     for md in t.segments[2:]:  # nothing of the topic left in storage

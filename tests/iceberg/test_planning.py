@@ -8,14 +8,14 @@ import pyarrow as pa
 
 from rsm_sidecar.iceberg.committing import markers as mk
 from rsm_sidecar.iceberg.planning.chains import choose_chain, plan_partition
-from rsm_sidecar.iceberg.planning.listing import RemoteSegment, list_topic_segments
 from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
+from rsm_sidecar.segment.listing import StoredSegment, list_topic_segments
 from rsm_sidecar.segment.reader import SegmentReader
 from tests.iceberg.convert_helpers import SyntheticTopic
 
 
 def seg(start, end, sid="A" * 22, ts=0):
-    return RemoteSegment(f"b-{start}-{sid}", "t", "X" * 22, 0, start, sid, end, ts)
+    return StoredSegment(f"b-{start}-{sid}", "t", "X" * 22, 0, start, sid, end, ts)
 
 
 def test_chain_takes_each_offset_once_across_reuploads():

@@ -7,11 +7,11 @@ from __future__ import annotations
 import random
 
 from rsm_sidecar.iceberg.planning.chains import choose_chain
-from rsm_sidecar.iceberg.planning.listing import RemoteSegment
+from rsm_sidecar.segment.listing import StoredSegment
 
 
-def seg(start: int, end: int, sid: str) -> RemoteSegment:
-    return RemoteSegment(f"b-{start}-{sid}", "t", "X" * 22, 0, start, sid, end)
+def seg(start: int, end: int, sid: str) -> StoredSegment:
+    return StoredSegment(f"b-{start}-{sid}", "t", "X" * 22, 0, start, sid, end)
 
 
 def reference_chain(segments, next_offset, limit=0, earliest=None):
@@ -62,7 +62,7 @@ def test_the_same_chain_as_the_scan_it_replaced():
         assert choose_chain(segs, nxt, limit, earliest) == reference_chain(segs, nxt, limit, earliest)
 
 
-class Counted(RemoteSegment):
+class Counted(StoredSegment):
     """Counts reads of ``start_offset``, the work a chain choice does per segment."""
 
     reads = 0
@@ -87,8 +87,8 @@ def test_a_partition_of_many_segments_is_planned_in_n_log_n():
 def _write_topic(tmp_path, name: str, per_partition: int, partitions: int = 3, close: bool = True):
     from rsm_sidecar.format.keys import KeyLayout
     from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
-    from rsm_sidecar.segment.tiered_writer import TieredWriter
     from rsm_sidecar.storage.local import LocalObjectStore
+    from tests.tiered_writer import TieredWriter
 
     store = LocalObjectStore(tmp_path / "remote", fsync=False)
     writer = TieredWriter(store, KeyLayout("tiered/"), None, name)
@@ -205,8 +205,9 @@ def test_a_first_run_opens_each_new_segment_once_whatever_the_manifest_cache_hol
     after the chain was chosen loaded every manifest again (a GET and an RSA unwrap each)."""
     from rsm_sidecar.format.keys import KeyLayout
     from rsm_sidecar.iceberg.planning.chains import plan_partition
-    from rsm_sidecar.iceberg.planning.listing import list_topic_segments
-    from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+    from rsm_sidecar.segment.listing import list_topic_segments
+    from rsm_sidecar.segment.reader import SegmentReader
+    from rsm_sidecar.segment.settings import ReaderSettings
 
     writer = _write_topic(tmp_path, "orders", 30, partitions=1)
     store = writer.store

@@ -183,25 +183,9 @@ def test_compile_errors_name_the_problem():
 
 
 def test_descriptor_set_file_and_indexes(tmp_path):
-    from grpc_tools import protoc
+    from tests.iceberg.conftest import descriptor_set
 
-    from tests.iceberg.conftest import _wkt
-
-    out = tmp_path / "set.binpb"
-    assert (
-        protoc.main(
-            [
-                "protoc",
-                f"-I{PROTO_DIR}",
-                f"-I{_wkt()}",
-                "--include_imports",
-                f"--descriptor_set_out={out}",
-                "shop/v1/order.proto",
-            ]
-        )
-        == 0
-    )
-    s = ProtoSchema.from_descriptor_set_file(out)
+    s = ProtoSchema.from_descriptor_set_file(descriptor_set(tmp_path / "set.binpb", "shop/v1/order.proto"))
     assert s.file.name == "shop/v1/order.proto"
     assert s.message_by_indexes([0]).full_name == "shop.v1.Category"
     assert s.message_by_indexes([1, 0]).full_name == "shop.v1.Order.Line"

@@ -272,24 +272,9 @@ def test_avro_errors_and_evolved_writer(registry_url, sr_client, topic):
 
 
 def test_descriptor_set_side_without_registry(tmp_path, order_pb2):
-    from grpc_tools import protoc
+    from tests.iceberg.conftest import descriptor_set
 
-    from tests.iceberg.conftest import PROTO_DIR, _wkt
-
-    out = tmp_path / "order.binpb"
-    assert (
-        protoc.main(
-            [
-                "protoc",
-                f"-I{PROTO_DIR}",
-                f"-I{_wkt()}",
-                "--include_imports",
-                f"--descriptor_set_out={out}",
-                "shop/v1/order.proto",
-            ]
-        )
-        == 0
-    )
+    out = descriptor_set(tmp_path / "order.binpb", "shop/v1/order.proto")
     enc = RowEncoder(EncoderSpec(SideSpec(), descriptor_set_side(out, "shop.v1.Order")))
     rows = enc.encode(
         raw_batch([rec(0, None, order_pb2.Order(id="raw").SerializeToString()), rec(1, None, b"\xff\xff")])

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rsm_sidecar.errors import ConfigError, DataLoss
-from rsm_sidecar.segment.copy import CopySettings
+from rsm_sidecar.segment.settings import CopySettings
 from tests.iceberg.convert_helpers import REPO, SyntheticTopic
 
 pytestmark = pytest.mark.integration
@@ -218,10 +218,10 @@ def _start_stream(t: SyntheticTopic, table: str, checkpoint: Path, log: Path) ->
 def _table_offsets(t: SyntheticTopic, table: str) -> list[tuple[int, int]]:
     from rsm_sidecar.iceberg.job import load_config
     from rsm_sidecar.iceberg.session.catalogs import CatalogSpec
-    from rsm_sidecar.iceberg.settings import JobSettings
+    from rsm_sidecar.iceberg.settings import CatalogSettings
 
     cfg, _ = load_config(t.config_file, {})
-    catalog = CatalogSpec.from_settings(JobSettings.from_config(cfg)).pyiceberg()
+    catalog = CatalogSpec(CatalogSettings.from_config(cfg)).pyiceberg()
     try:
         tbl = catalog.load_table(("kafka", table))
     except Exception:  # not created yet

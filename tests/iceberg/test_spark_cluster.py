@@ -20,9 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rsm_sidecar.iceberg import jars
 from tests.iceberg.convert_helpers import (
-    REPO,
     SyntheticTopic,
     env_without_checkout,
     offsets,
@@ -30,6 +28,7 @@ from tests.iceberg.convert_helpers import (
     rest_s3_overrides,
     rows,
     s3_segments_toml,
+    spark_submit_convert,
     wait_paused,
     zip_package,
 )
@@ -59,25 +58,8 @@ def submit(cluster, shipped, t: SyntheticTopic, env: dict, *args: str, executor_
         "spark.locality.wait": "0",
         **{f"spark.executorEnv.{k}": v for k, v in (executor_env or {}).items()},
     }
-    cmd = [
-        str(Path(os.sys.executable).parent / "spark-submit"),
-        "--master",
-        cluster.master_url,
-        "--deploy-mode",
-        "client",
-        "--jars",
-        ",".join(str(p) for p in jars.spark_jars(cloud=("aws",))),
-        "--py-files",
-        str(pkg),
-        *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")],
-        str(REPO / "rsm_sidecar/iceberg/submit/rsm_iceberg_job.py"),
-        "convert",
-        "--config",
-        str(t.config_file),
-        "--topic",
-        t.topic,
-        *args,
-    ]
+    conf["spark.submit.deployMode"] = "client"
+    cmd = spark_submit_convert(cluster.master_url, pkg, t, *args, cloud=("aws",), conf=conf)
     full_env = {**env_without_checkout(), **env, "PYSPARK_DRIVER_PYTHON": str(python)}
     return subprocess.Popen(
         cmd,

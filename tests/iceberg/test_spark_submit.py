@@ -7,17 +7,14 @@ import of rsm_sidecar on the executors comes from the zip."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
-from rsm_sidecar.iceberg import jars
 from tests.iceberg.convert_helpers import (
-    REPO,
     SyntheticTopic,
     env_without_checkout,
     python_without_checkout,
     rows,
+    spark_submit_convert,
     zip_package,
 )
 
@@ -33,26 +30,9 @@ def test_spark_submit_with_the_package_as_py_files(tmp_path):
         [str(python), "-c", "import rsm_sidecar"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert "No module named 'rsm_sidecar'" in check.stderr  # really not importable without the zip
-    spark_jars = ",".join(str(p) for p in jars.spark_jars())
     env.update(PYSPARK_PYTHON=str(python), PYSPARK_DRIVER_PYTHON=str(python))
-    spark_submit = Path(os.sys.executable).parent / "spark-submit"
     proc = subprocess.run(
-        [
-            str(spark_submit),
-            "--master",
-            "local[2]",
-            "--jars",
-            spark_jars,
-            "--py-files",
-            str(pkg),
-            str(REPO / "rsm_sidecar/iceberg/submit/rsm_iceberg_job.py"),
-            "convert",
-            "--config",
-            str(t.config_file),
-            "--topic",
-            t.topic,
-            "--json",
-        ],
+        spark_submit_convert("local[2]", pkg, t, "--json"),
         cwd=tmp_path,
         env=env,
         capture_output=True,

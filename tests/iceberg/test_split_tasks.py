@@ -15,11 +15,11 @@ import pytest
 from rsm_sidecar.errors import DataLoss
 from rsm_sidecar.iceberg.job import load_config
 from rsm_sidecar.iceberg.planning.chains import plan_partition
-from rsm_sidecar.iceberg.planning.listing import RemoteSegment, list_topic_segments
 from rsm_sidecar.iceberg.planning.splitting import split_points, split_segments
 from rsm_sidecar.iceberg.planning.tasks import SegmentTask
 from rsm_sidecar.iceberg.reading.segment_tasks import executor_context, read_task
 from rsm_sidecar.kafka.indexes import OffsetPosition, TimestampOffset
+from rsm_sidecar.segment.listing import StoredSegment, list_topic_segments
 from rsm_sidecar.segment.reader import SegmentReader
 from tests.iceberg.convert_helpers import T0, SyntheticTopic, rows
 
@@ -149,7 +149,7 @@ def test_split_tasks_start_from_the_exact_running_maximum(tmp_path):
 
 
 def test_split_points_only_after_offset_index_entries_and_not_in_a_straddling_range():
-    seg = RemoteSegment("b", "t", "X" * 22, 0, 100, "S" * 22, 999, 50, size=10_000)
+    seg = StoredSegment("b", "t", "X" * 22, 0, 100, "S" * 22, 999, 50, size=10_000)
     index = [OffsetPosition(100 + 10 * k, 1000 * k) for k in range(10)]  # one append per 1000 B
     times = [TimestampOffset(10, 105), TimestampOffset(30, 123), TimestampOffset(50, 160)]
     assert split_points(index, times, seg, 100, 999, 2500) == [(131, 30), (161, 50)]

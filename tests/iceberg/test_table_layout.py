@@ -8,12 +8,12 @@ rows' list-of-record columns null in the files although PyIceberg 0.12 reads the
 from __future__ import annotations
 
 import pyarrow.parquet as pq
-from grpc_tools import protoc
 from pyiceberg.table.sorting import NullOrder, SortDirection
 from pyiceberg.transforms import IdentityTransform
 
 from rsm_sidecar.iceberg.decoding.protobuf_schema import ProtoSchema
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
+from tests.iceberg.conftest import descriptor_set as compile_descriptor_set
 from tests.iceberg.convert_helpers import T0, SyntheticTopic
 
 PROTO = """syntax = "proto3";
@@ -27,23 +27,10 @@ BAD = b"\x0a\xff\xff\xff\xff\x0f"  # field 1 with a length running past the end:
 
 
 def descriptor_set(tmp_path, text: str, name: str):
-    import grpc_tools
-
     src = tmp_path / f"{name}-proto"
     src.mkdir()
     (src / "order.proto").write_text(text)
-    out = tmp_path / f"{name}.pb"
-    wkt = str(__import__("pathlib").Path(grpc_tools.__file__).parent / "_proto")
-    args = [
-        "protoc",
-        f"-I{src}",
-        f"-I{wkt}",
-        "--include_imports",
-        f"--descriptor_set_out={out}",
-        "order.proto",
-    ]
-    assert protoc.main(args) == 0
-    return out
+    return compile_descriptor_set(tmp_path / f"{name}.pb", "order.proto", src)
 
 
 def orders(t: SyntheticTopic, desc, partition: int, n: int, bad_at: int | None = None) -> None:

@@ -17,8 +17,8 @@ from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.kafka_metadata import fold
 from rsm_sidecar.kafka import remote_log_metadata as rlm
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
-from rsm_sidecar.segment.tiered_writer import TieredWriter, new_uuid
 from rsm_sidecar.storage.local import LocalObjectStore
+from tests.tiered_writer import TieredWriter, new_uuid
 
 TOPIC_ID = "MWJ6FHTfRYy67jzwZdeqSQ"
 NOW_MS = int(time.time() * 1000)
@@ -86,7 +86,7 @@ def world(tmp_path):
 
 def check(world, hours_later: float, min_age: float = HOUR, delete: bool = False):
     ctx, store, layout, segs, kafka, lost = world
-    stored: list[orphans.StoredSegment] = []
+    stored: list[orphans.CompleteSegment] = []
     orphans.run(ctx, stored=stored)
     now = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=hours_later)
     return orphans.cross_check(ctx, stored, kafka, min_age, delete, now)

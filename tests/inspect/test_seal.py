@@ -22,7 +22,8 @@ from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
 from rsm_sidecar.format.manifest import SegmentManifest
 from rsm_sidecar.inspect import rewrite
 from rsm_sidecar.inspect.seal import WRITER
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.settings import ReaderSettings
 from rsm_sidecar.storage.local import LocalObjectStore
 from tests import aiven_format as aiven
 from tests.aiven_fixtures import PREFIX, aiven_keys, aiven_ring, our_ring, sidecar_toml, write_aiven_bucket

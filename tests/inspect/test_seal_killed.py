@@ -19,7 +19,8 @@ import pytest
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
 from rsm_sidecar.format.manifest import SegmentManifest
 from rsm_sidecar.inspect.seal import WRITER, missing_block
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.settings import ReaderSettings
 from rsm_sidecar.storage.local import LocalObjectStore
 from tests import aiven_format as aiven
 from tests.aiven_fixtures import PREFIX, aiven_keys, aiven_ring, our_ring, sidecar_toml, write_aiven_bucket

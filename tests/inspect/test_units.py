@@ -11,12 +11,13 @@ import json
 import pytest
 
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
-from rsm_sidecar.inspect import listing
 from rsm_sidecar.inspect.cat import byte_range
 from rsm_sidecar.inspect.context import UsageError
 from rsm_sidecar.inspect.decoders import plain, render_text
 from rsm_sidecar.inspect.output import JsonStream
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment import listing
+from rsm_sidecar.segment.copy import SegmentCopier
+from rsm_sidecar.segment.settings import CopySettings
 from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.local import LocalObjectStore
 
@@ -99,19 +100,19 @@ def test_scan_groups_objects_by_segment_and_finds_strays(tmp_path):
     store.put("p/junk", b"j")
     store.delete(layout.key(mds[2], "rsm-manifest"))
     items = list(listing.scan(store, layout))
-    segs = [i for i in items if isinstance(i, listing.SegmentObjects)]
+    segs = [i for i in items if isinstance(i, listing.StoredSegment)]
     strays = sorted(i.info.key for i in items if isinstance(i, listing.StrayObject))
     assert strays == ["p/junk", layout.key(mds[1], "rsm-manifest") + ".bak"]
-    assert [(s.key.partition, s.key.segment_id, sorted(s.objects)) for s in segs] == [
+    assert [(s.partition, s.segment_id, sorted(s.objects)) for s in segs] == [
         (0, "AAAAAAAAAAAAAAAAAAAAAA", ["indexes", "log", "rsm-manifest"]),
         (0, "BBBBBBBBBBBBBBBBBBBBBB", ["indexes", "log", "rsm-manifest"]),
         (10, "CCCCCCCCCCCCCCCCCCCCCC", ["indexes", "log"]),
     ]
-    assert [s.key.segment_id for s in listing.segments(store, layout)] == [
+    assert [s.segment_id for s in listing.segments(store, layout)] == [
         "AAAAAAAAAAAAAAAAAAAAAA",
         "BBBBBBBBBBBBBBBBBBBBBB",
     ]
-    assert [s.key.partition for s in listing.scan(store, layout, "t", 10)] == [10]
+    assert [s.partition for s in listing.scan(store, layout, "t", 10)] == [10]
     assert list(listing.scan(store, layout, "other")) == []
 
 

@@ -15,9 +15,8 @@ from rsm_sidecar.format.keys import SegmentMetadata
 from rsm_sidecar.kafka import OffsetPosition
 from rsm_sidecar.kafka.indexes import encode_offset_index
 from rsm_sidecar.segment.access import SegmentAccess
-from rsm_sidecar.segment.copy import CopySettings
 from rsm_sidecar.segment.log_file import StoredLogFile, offset_position
-from rsm_sidecar.segment.reader import ReaderSettings
+from rsm_sidecar.segment.settings import CopySettings, ReaderSettings
 from rsm_sidecar.segment.sources import BytesSource
 
 MD = SegmentMetadata("MWJ6FHTfRYy67jzwZdeqSQ", "t", 0, "tqimKeZwStOEOwRzT3L5oQ", 100, 199)

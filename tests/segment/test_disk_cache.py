@@ -18,8 +18,9 @@ from rsm_sidecar.config import Config
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
 from rsm_sidecar.segment import disk_cache
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.copy import SegmentCopier
+from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.settings import CopySettings, ReaderSettings
 from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.local import LocalObjectStore
 from rsm_sidecar.transform.keyring import Keyring

@@ -11,8 +11,9 @@ from __future__ import annotations
 import concurrent.futures
 
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.copy import SegmentCopier
 from rsm_sidecar.segment.journal import CopyJournal
+from rsm_sidecar.segment.settings import CopySettings
 from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.local import LocalObjectStore
 

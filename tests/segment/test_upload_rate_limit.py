@@ -14,8 +14,9 @@ import pytest
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import Cancelled
 from rsm_sidecar.format.keys import KeyLayout, SegmentMetadata
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.copy import SegmentCopier
 from rsm_sidecar.segment.rate_limit import RateLimiter
+from rsm_sidecar.segment.settings import CopySettings
 from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.local import LocalObjectStore
 

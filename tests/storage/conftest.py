@@ -82,24 +82,41 @@ def p() -> str:
     return f"t-{uuid.uuid4().hex[:12]}/"
 
 
-class CannedPostEndpoint:
-    """A local HTTP endpoint standing in for a cloud token service on the internet (AWS STS,
-    Google OAuth): it records the form of every POST in ``calls`` and answers each with
-    ``status``, ``content_type`` and ``body``."""
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One request a :class:`CannedEndpoint` answered."""
+
+    method: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    form: dict[str, list[str]]  # of a POST
+
+
+class CannedEndpoint:
+    """A local HTTP endpoint standing in for a cloud token service that exists only on the
+    internet or inside the cloud (AWS STS, Google OAuth, Azure's managed identity endpoint): it
+    records every GET and POST in ``calls`` and answers each with ``status``, ``content_type``
+    and ``body``."""
 
     def __init__(self, status: int, content_type: str, body: bytes, path: str = ""):
-        calls: list[dict[str, list[str]]] = []
+        calls: list[Call] = []
         self.calls = calls
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                form = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
-                calls.append(urllib.parse.parse_qs(form))
+            def _answer(self, form: str = "") -> None:
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                calls.append(Call(self.command, query, dict(self.headers), urllib.parse.parse_qs(form)))
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def do_GET(self):
+                self._answer()
+
+            def do_POST(self):
+                self._answer(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
 
             def log_message(self, *args):
                 pass
@@ -133,6 +150,12 @@ class RemoteBackend:
     check_requests: dict[str, int]  # what check() sends with the start-up write check
     credentials: str  # how errors name the credentials of the test stores
     bucket_setting: str = "bucket"  # the setting that names the bucket (Azure: container)
+    delete_request: str = "DELETE"  # what delete_many sends
+    delete_batch: int = 1  # keys per such request
+
+    def delete_requests(self, keys: int) -> dict[str, int]:
+        """The requests ``delete_many`` of ``keys`` keys sends."""
+        return {self.delete_request: -(-keys // self.delete_batch)}
 
     @property
     def part_size(self) -> int:
@@ -180,6 +203,8 @@ S3 = RemoteBackend(
     "ABORT_MULTIPART",
     {"HEAD_BUCKET": 1, "PUT": 1, "DELETE": 1},
     "static keys from storage.s3.access_key_id",
+    delete_request="DELETE_OBJECTS",
+    delete_batch=1000,
 )
 GCS = RemoteBackend(
     "gcs",
@@ -241,77 +266,44 @@ def make_azure_store(server: AzuriteServer, container: str = AZURE_CONTAINER, **
     return AZURE.make_store(server, container, **overrides)
 
 
-def _shared_server(remote: RemoteBackend, directory, **options):
-    server = remote.server(directory, **options)
-    with server:
-        server.create_bucket(remote.bucket)
-        yield server
+def _fixtures(remote: RemoteBackend, **shared_options: Any) -> tuple[Any, Any, Any]:
+    """A backend's three fixtures: the session's shared server (``remote.server_fixture``, its
+    bucket created; ``shared_options`` for its server), ``<name>_server_factory`` (private servers
+    for fault tests, each stopped after the test) and ``<name>_store`` (a fresh store on the shared
+    server, closed after the test)."""
+
+    @pytest.fixture(scope="session", name=remote.server_fixture)
+    def server(tmp_path_factory):
+        srv = remote.server(tmp_path_factory.mktemp(remote.server_fixture), **shared_options)
+        with srv:
+            srv.create_bucket(remote.bucket)
+            yield srv
+
+    @pytest.fixture(name=f"{remote.name}_server_factory")
+    def server_factory(tmp_path_factory):
+        started = []
+
+        def start(bucket: str | None = None, **options):
+            srv = remote.server(tmp_path_factory.mktemp(f"{remote.name}-private"), **options)
+            started.append(srv)
+            srv.start()
+            srv.create_bucket(bucket or remote.bucket)
+            return srv
+
+        yield start
+        for srv in started:
+            srv.stop()
+
+    @pytest.fixture(name=f"{remote.name}_store")
+    def store(request):
+        opened = remote.make_store(request.getfixturevalue(remote.server_fixture))
+        yield opened
+        opened.close()
+
+    return server, server_factory, store
 
 
-def _server_factory(remote: RemoteBackend, tmp_path_factory):
-    """Start private servers (bucket created); all stopped after the test."""
-    started = []
-
-    def start(bucket: str | None = None, **options):
-        server = remote.server(tmp_path_factory.mktemp(f"{remote.name}-private"), **options)
-        started.append(server)
-        server.start()
-        server.create_bucket(bucket or remote.bucket)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-@pytest.fixture(scope="session")
-def seaweedfs(tmp_path_factory):
-    yield from _shared_server(S3, tmp_path_factory.mktemp("seaweedfs"))
-
-
-@pytest.fixture(scope="session")
-def fake_gcs(tmp_path_factory):
-    # the memory backend: 7x faster than files
-    yield from _shared_server(GCS, tmp_path_factory.mktemp("fake-gcs"), backend="memory")
-
-
-@pytest.fixture(scope="session")
-def azurite(tmp_path_factory):
-    # blobs in memory: faster; the private servers of the fault tests keep theirs on disk
-    yield from _shared_server(AZURE, tmp_path_factory.mktemp("azurite"), in_memory=True)
-
-
-@pytest.fixture
-def s3_server_factory(tmp_path_factory):
-    yield from _server_factory(S3, tmp_path_factory)
-
-
-@pytest.fixture
-def gcs_server_factory(tmp_path_factory):
-    yield from _server_factory(GCS, tmp_path_factory)
-
-
-@pytest.fixture
-def s3_store(seaweedfs):
-    store = make_s3_store(seaweedfs)
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def gcs_store(fake_gcs):
-    store = make_gcs_store(fake_gcs)
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def azure_server_factory(tmp_path_factory):
-    yield from _server_factory(AZURE, tmp_path_factory)
-
-
-@pytest.fixture
-def azure_store(azurite):
-    store = make_azure_store(azurite)
-    yield store
-    store.close()
+seaweedfs, s3_server_factory, s3_store = _fixtures(S3)
+fake_gcs, gcs_server_factory, gcs_store = _fixtures(GCS, backend="memory")  # 7x faster than files
+# blobs in memory: faster; the private servers of the fault tests keep theirs on disk
+azurite, azure_server_factory, azure_store = _fixtures(AZURE, in_memory=True)

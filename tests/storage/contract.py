@@ -339,6 +339,29 @@ class RemoteStoreContract(ObjectStoreContract):
         """A key the service (or the backend) refuses to delete, and the words of the refusal."""
         raise NotImplementedError
 
+    def small_pages(self, store: Any, monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+        """Make ``store``'s listing ask for pages of ``size`` objects (instead of 1000)."""
+        raise NotImplementedError
+
+    def transport_errors(self) -> dict[str, BaseException]:
+        """What the backend's client raises for a read that timed out (``read_timeout``), a
+        connection that timed out (``connect_timeout``) and one that failed (``refused``)."""
+        raise NotImplementedError
+
+    def upload_requests(self, parts: int) -> dict[str, int]:
+        """The requests of one upload in ``parts`` parts."""
+        raise NotImplementedError
+
+    def bounded_upload(self) -> tuple[dict[str, Any], int, float, bool]:
+        """Settings of a store whose upload window is known; that window (the most part bytes
+        queued or uploading); the bound of a 40 MiB upload's traced memory; whether that upload
+        fills the window."""
+        raise NotImplementedError
+
+    def translate(self, store: Any, error: BaseException) -> BaseException:
+        """The contract's error for the client's ``error`` in a GET of key ``k``."""
+        return store._translate(error, "GET", "k")
+
     # -- requests ----------------------------------------------------------------------------
     def test_object_up_to_the_part_size_is_one_request(self, store, p: str):
         part = self.part_size
@@ -350,6 +373,17 @@ class RemoteStoreContract(ObjectStoreContract):
         assert request_delta(before, store.requests) == {"PUT": 1}
         assert store.get(p + "exact") == blob(part - 1000) + blob(1000, seed=1)
 
+    def test_object_above_the_part_size_is_parts_and_one_commit(self, store, p: str):
+        data = blob(3 * self.part_size + 5, seed=2)
+        before = store.requests
+        with store.open_writer(p + "big") as w:
+            for i in range(0, len(data), 300_001):
+                w.write(data[i : i + 300_001])
+            assert not store.exists(p + "big")  # nothing visible before the commit
+            assert w.commit() == len(data)
+        assert request_delta(before, store.requests) == {**self.upload_requests(4), "HEAD": 1}
+        assert store.get(p + "big") == data
+
     def test_ranged_read_spanning_several_parts_is_one_request(self, store, p: str):
         part = self.part_size
         data = blob(3 * part, seed=5)
@@ -358,6 +392,20 @@ class RemoteStoreContract(ObjectStoreContract):
         got = store.get_range(p + "r", part - 4096, 2 * part + 4095)  # crosses two part boundaries
         assert got == data[part - 4096 : 2 * part + 4096]
         assert request_delta(before, store.requests) == {"GET": 1}
+
+    def test_upload_memory_is_bounded_by_its_window(self, server, p: str):
+        options, window, traced, filled = self.bounded_upload()
+        store = self.make_store(server, **options)
+        try:
+            peak = traced_upload_peak(store, p + "bounded", blob(MiB, seed=3), 40)
+            assert store.peak_buffered_bytes <= window
+            if filled:
+                assert store.peak_buffered_bytes == window  # the window was used
+            assert peak < traced, f"peak traced memory {peak / MiB:.1f} MiB"
+            assert store.size(p + "bounded") == 40 * MiB
+            assert store.buffered_bytes == 0
+        finally:
+            store.close()
 
     # -- faults ----------------------------------------------------------------------------
     def test_server_stopped_during_upload_then_back(self, server_factory, p: str):
@@ -464,6 +512,48 @@ class RemoteStoreContract(ObjectStoreContract):
         assert e.value.failed_keys == [bad]
         assert not isinstance(e.value, StorageUnavailable)
         assert list(store.list(p)) == []
+
+    def test_delete_many_against_a_stopped_server_names_every_key(self, server_factory, p: str):
+        server = server_factory()
+        store = self.make_store(server, max_attempts=1)
+        keys = [f"{p}{i}" for i in range(6)]
+        try:
+            for k in keys:
+                store.put(k, b".")
+            server.stop()
+            before = store.requests
+            with pytest.raises(StorageUnavailable) as e:
+                store.delete_many(keys)
+            assert sorted(e.value.failed_keys) == sorted(keys)
+            assert all(k in str(e.value) for k in keys) and "6 of 6" in str(e.value)
+            assert request_delta(before, store.requests) == self.remote.delete_requests(6)
+        finally:
+            store.close()
+
+    def test_transport_errors_are_translated(self):
+        store = self.remote.make_store(None, connect_timeout=2, read_timeout=3)
+        try:
+            errors = self.transport_errors()
+            t = self.translate(store, errors["read_timeout"])
+            assert isinstance(t, StorageTimeout), t
+            assert f"read timeout of 3s (storage.{self.name}.read_timeout)" in str(t)
+            t = self.translate(store, errors["connect_timeout"])
+            assert isinstance(t, StorageTimeout) and "connect timeout of 2s" in str(t), t
+            t = self.translate(store, errors["refused"])
+            assert isinstance(t, StorageUnavailable) and not isinstance(t, StorageTimeout), t
+        finally:
+            store.close()
+
+    # -- listing ---------------------------------------------------------------------------
+    def test_list_pages_through_more_than_one_page(self, store, p: str, monkeypatch):
+        keys = [f"{p}{i:04d}" for i in range(25)]
+        for k in keys:
+            store.put(k, b"x" * 3)
+        self.small_pages(store, monkeypatch, 10)
+        before = store.requests
+        listed = list(store.list(p))
+        assert [o.key for o in listed] == keys and {o.size for o in listed} == {3}
+        assert request_delta(before, store.requests) == {"LIST": 3}
 
     # -- start-up check and settings -------------------------------------------------------
     def configured(self, server: Any) -> tuple[dict[str, Any], dict[str, Any]]:

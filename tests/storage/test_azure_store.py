@@ -6,15 +6,12 @@ connection string, SAS) and how their refusals read, and faults against real ser
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import logging
 import ssl
 import subprocess
 import sys
-import threading
 import time
-import urllib.parse
 
 import pytest
 
@@ -24,13 +21,13 @@ from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.azure import AzureObjectStore, _operation
 from rsm_sidecar.storage.azure_settings import AzureSettings
-from rsm_sidecar.storage.base import StorageError, StorageTimeout, StorageUnavailable
+from rsm_sidecar.storage.base import StorageError, StorageUnavailable
 from tests.storage.conftest import (
     AZURE,
     AZURE_ACCOUNT,
     AZURE_CONTAINER,
     AZURE_KEY,
-    CannedPostEndpoint,
+    CannedEndpoint,
     make_azure_store,
 )
 from tests.storage.contract import RemoteStoreContract, blob, request_delta, traced_upload_peak
@@ -57,6 +54,33 @@ class TestAzureContract(RemoteStoreContract):
         # A ".." path segment would be resolved away by the HTTP client and address another blob:
         # the backend refuses such names before a request is sent.
         return p + "../escape", "invalid Azure blob name"
+
+    def upload_requests(self, parts):
+        return {"PUT_BLOCK": parts, "PUT_BLOCK_LIST": 1}
+
+    def test_object_above_the_part_size_is_parts_and_one_commit(self, store, server, p):
+        super().test_object_above_the_part_size_is_parts_and_one_commit(store, p)
+        assert _block_lists(server, p + "big") == ([BLOCK, BLOCK, BLOCK, 5], [])
+
+    def bounded_upload(self):
+        # two blocks in flight, the one being filled, the test's piece and request objects; blocks
+        # are streamed and MD5-summed without a copy (one more copy would add 4 MiB)
+        return {"block_size": 4 * MiB, "max_blocks_in_flight": 2}, 2 * 4 * MiB, 3 * 4 * MiB + 3 * MiB, False
+
+    def transport_errors(self):
+        import azure.core.exceptions as az
+
+        return {
+            "read_timeout": az.ServiceResponseTimeoutError("read timed out"),
+            "connect_timeout": az.ServiceRequestTimeoutError("connect timed out"),
+            "refused": az.ServiceRequestError("refused"),
+        }
+
+    def small_pages(self, store, monkeypatch, size):
+        original = store._container.list_blobs
+        monkeypatch.setattr(
+            store._container, "list_blobs", lambda **kw: original(**dict(kw, results_per_page=size))
+        )
 
     def configured(self, server):
         table = {
@@ -116,19 +140,6 @@ def test_requests_are_not_logged_at_the_sidecars_default_level(azure_store, p, c
     assert not [r for r in caplog.records if r.name.startswith("azure.core")]
 
 
-def test_blob_above_the_block_size_is_staged_blocks_and_one_commit(azure_store, azurite, p):
-    data = blob(3 * BLOCK + 5, seed=2)
-    before = azure_store.requests
-    with azure_store.open_writer(p + "big") as w:
-        for i in range(0, len(data), 300_001):
-            w.write(data[i : i + 300_001])
-        assert not azure_store.exists(p + "big")  # nothing visible before Put Block List
-        assert w.commit() == len(data)
-    assert request_delta(before, azure_store.requests) == {"PUT_BLOCK": 4, "PUT_BLOCK_LIST": 1, "HEAD": 1}
-    assert _block_lists(azurite, p + "big") == ([BLOCK, BLOCK, BLOCK, 5], [])
-    assert azure_store.get(p + "big") == data
-
-
 def test_concurrent_writers_of_one_key_publish_one_whole_version(azure_store, p):
     # Block ids are unique per upload, so interleaved writers never commit each other's blocks; the
     # first commit drops the other writer's staged blocks (Azure's rule), whose commit then fails
@@ -151,27 +162,13 @@ def test_concurrent_writers_of_one_key_publish_one_whole_version(azure_store, p)
     assert azure_store.get(p + "k") == b
 
 
-def test_upload_memory_is_bounded_by_the_block_window(azurite, p):
-    block = 4 * MiB
-    store = make_azure_store(azurite, block_size=block, max_blocks_in_flight=2)
-    try:
-        peak = traced_upload_peak(store, p + "bounded", blob(MiB, seed=3), 40)
-        assert store.peak_buffered_bytes <= 2 * block  # the window: two blocks queued or uploading
-        assert store.buffered_bytes == 0
-        # two blocks in flight, the one being filled, this test's piece and request objects; blocks
-        # are streamed and MD5-summed without a copy (one more copy would add 4 MiB)
-        assert peak < 3 * block + 3 * MiB, f"peak traced memory {peak / MiB:.1f} MiB"
-        assert store.size(p + "bounded") == 40 * MiB
-    finally:
-        store.close()
-
-
 def test_a_sent_block_is_freed_before_its_slot_goes_to_the_next(azurite, p):
-    # Seen once on a loaded machine: 16.1 MiB traced against the bound above. The pool thread
-    # released the block's slot (in the future's done callback) and only then dropped its
-    # reference to the block, so while it waited for the GIL the writer filled the next block
-    # beside three held ones. Here each pool thread stalls 0.3 s after the release, as a
-    # descheduled thread does (no real server can delay a client's thread on demand).
+    # Seen once on a loaded machine: 16.1 MiB traced against the bound of
+    # TestAzureContract.bounded_upload. The pool thread released the block's slot (in the future's
+    # done callback) and only then dropped its reference to the block, so while it waited for the
+    # GIL the writer filled the next block beside three held ones. Here each pool thread stalls
+    # 0.3 s after the release, as a descheduled thread does (no real server can delay a client's
+    # thread on demand).
     block = 4 * MiB
     store = make_azure_store(azurite, block_size=block, max_blocks_in_flight=2)
     pool = store._executor()
@@ -277,52 +274,13 @@ def test_wrong_account_key_fails_check_naming_the_credential(azurite):
 # -- faults ------------------------------------------------------------------------------------
 
 
-def test_delete_many_against_a_stopped_server_names_every_key(azure_server_factory, p):
-    server = azure_server_factory()
-    store = make_azure_store(server, max_attempts=1, delete_concurrency=4)
-    keys = [f"{p}{i}" for i in range(6)]
-    try:
-        for k in keys:
-            store.put(k, b".")
-        server.stop()
-        with pytest.raises(StorageUnavailable) as e:
-            store.delete_many(keys)
-        assert sorted(e.value.failed_keys) == sorted(keys)
-        assert all(k in str(e.value) for k in keys) and "6 of 6" in str(e.value)
-        assert store.requests["DELETE"] == 6
-    finally:
-        store.close()
-
-
-def test_list_pages_through_more_than_one_page(azure_store, p, monkeypatch):
-    keys = [f"{p}{i:04d}" for i in range(25)]
-    for k in keys:
-        azure_store.put(k, b"x" * 3)
-    original = azure_store._container.list_blobs
-
-    def small_pages(**kwargs):
-        return original(**dict(kwargs, results_per_page=10))
-
-    monkeypatch.setattr(azure_store._container, "list_blobs", small_pages)
-    before = azure_store.requests
-    listed = list(azure_store.list(p))
-    assert [o.key for o in listed] == keys and {o.size for o in listed} == {3}
-    assert request_delta(before, azure_store.requests) == {"LIST": 3}
-
-
-def test_transport_errors_are_translated():
+def test_a_body_that_broke_three_times_is_unavailable():
+    """The SDK wraps it in an HttpResponseError without a status."""
     import azure.core.exceptions as az
     from azure.core.pipeline.transport import HttpRequest
 
-    store = AZURE.make_store(None, connect_timeout=2, read_timeout=3)
+    store = AZURE.make_store(None)
     try:
-        t = store._translate(az.ServiceResponseTimeoutError("read timed out"), "GET", "k")
-        assert isinstance(t, StorageTimeout) and "read timeout of 3s (storage.azure.read_timeout)" in str(t)
-        t = store._translate(az.ServiceRequestTimeoutError("connect timed out"), "GET", "k")
-        assert isinstance(t, StorageTimeout) and "connect timeout of 2s" in str(t)
-        t = store._translate(az.ServiceRequestError("refused"), "GET", "k")
-        assert isinstance(t, StorageUnavailable) and "http://127.0.0.1:9" in str(t)
-        # the SDK wraps a body that broke three times in an HttpResponseError without a status
         broken = az.ServiceResponseError("connection reset")
         t = store._translate(az.HttpResponseError(broken, error=broken), "GET", "k")
         assert isinstance(t, StorageUnavailable) and "connection reset" in str(t)
@@ -443,36 +401,10 @@ def test_secrets_stay_out_of_the_settings_repr():
 # -- Entra ID tokens: DefaultAzureCredential with a managed identity ---------------------------
 
 
-class ManagedIdentityEndpoint:
-    """A local stand-in for the managed identity token endpoint of App Service and Container
-    Apps (``IDENTITY_ENDPOINT``/``IDENTITY_HEADER``), which exists only inside Azure: it records
-    the query and headers of every GET and answers each with ``status`` and ``body``."""
-
-    def __init__(self, status: int, body: dict):
-        calls: list[tuple[dict, dict]] = []
-        self.calls = calls
-        payload = json.dumps(body).encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-                calls.append((query, dict(self.headers)))
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/msi/token"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def _managed_identity(status: int, body: dict) -> CannedEndpoint:
+    """A local stand-in for the managed identity token endpoint of App Service and Container Apps
+    (``IDENTITY_ENDPOINT``/``IDENTITY_HEADER``), which exists only inside Azure."""
+    return CannedEndpoint(status, "application/json", json.dumps(body).encode(), path="/msi/token")
 
 
 def _entra_token(tenant: str = "72f988bf-86f1-41af-91ab-2d7cd011db47") -> str:
@@ -509,7 +441,7 @@ def azurite_oauth(tmp_path_factory):
         yield server
 
 
-def _managed_identity_store(server, monkeypatch, endpoint: ManagedIdentityEndpoint, **overrides):
+def _managed_identity_store(server, monkeypatch, endpoint: CannedEndpoint, **overrides):
     monkeypatch.setenv("IDENTITY_ENDPOINT", endpoint.url)
     monkeypatch.setenv("IDENTITY_HEADER", "local-identity-header")
     settings = AzureSettings(
@@ -524,7 +456,7 @@ def _managed_identity_store(server, monkeypatch, endpoint: ManagedIdentityEndpoi
 
 def test_default_azure_credential_uses_the_managed_identity(azurite_oauth, monkeypatch, p):
     token = _entra_token()
-    identity = ManagedIdentityEndpoint(
+    identity = _managed_identity(
         200,
         {
             "access_token": token,
@@ -547,16 +479,16 @@ def test_default_azure_credential_uses_the_managed_identity(azurite_oauth, monke
         assert "ManagedIdentityCredential" in store.credential_source()
         # one token for every request: asked once, for Azure Storage, with the identity header
         assert len(identity.calls) == 1
-        query, headers = identity.calls[0]
-        assert query["resource"] == ["https://storage.azure.com"]
-        assert headers.get("X-IDENTITY-HEADER") == "local-identity-header"
+        call = identity.calls[0]
+        assert call.method == "GET" and call.query["resource"] == ["https://storage.azure.com"]
+        assert call.headers.get("X-IDENTITY-HEADER") == "local-identity-header"
     finally:
         store.close()
         identity.close()
 
 
 def test_a_refused_managed_identity_fails_check_naming_the_credential(azurite_oauth, monkeypatch):
-    identity = ManagedIdentityEndpoint(
+    identity = _managed_identity(
         400, {"error": "invalid_request", "error_description": "Identity not found for this resource"}
     )
     store = _managed_identity_store(azurite_oauth, monkeypatch, identity, max_attempts=1)
@@ -580,7 +512,7 @@ def test_default_azure_credential_uses_aks_workload_identity(azurite_oauth, monk
     cert, key = azurite_oauth.tls
     tenant = "72f988bf-86f1-41af-91ab-2d7cd011db47"
     answer = {"token_type": "Bearer", "expires_in": 3600, "access_token": _entra_token(tenant)}
-    entra = CannedPostEndpoint(200, "application/json", json.dumps(answer).encode())
+    entra = CannedEndpoint(200, "application/json", json.dumps(answer).encode())
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     entra.server.socket = context.wrap_socket(entra.server.socket, server_side=True)
@@ -608,7 +540,7 @@ def test_default_azure_credential_uses_aks_workload_identity(azurite_oauth, monk
         assert store.get(p + "wi") == b"via workload identity"
         assert "token from WorkloadIdentityCredential" in store.credential_source()
         assert len(entra.calls) == 1
-        form = entra.calls[0]
+        form = entra.calls[0].form
         assert form["client_assertion"] == ["projected-service-account-token"]
         assert form["client_id"] == ["5a5e1c2d-0000-4000-8000-00000000c0de"]
         assert form["scope"] == ["https://storage.azure.com/.default"]

@@ -14,8 +14,8 @@ from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageTimeout, StorageUnavailable
 from rsm_sidecar.storage.gcs import GcsObjectStore
 from rsm_sidecar.storage.gcs_settings import GcsSettings
-from tests.storage.conftest import GCS, GCS_BUCKET, CannedPostEndpoint, make_gcs_store
-from tests.storage.contract import RemoteStoreContract, blob, request_delta, traced_upload_peak
+from tests.storage.conftest import GCS, GCS_BUCKET, CannedEndpoint, make_gcs_store
+from tests.storage.contract import RemoteStoreContract, blob
 
 MiB = 1024 * 1024
 CHUNK = 1 * MiB  # the chunk size of the test stores
@@ -28,6 +28,48 @@ class TestGcsContract(RemoteStoreContract):
         # fake-gcs-server answers every failed DELETE with 404 (= already gone), so no key can
         # fail on its side; "." is a name GCS forbids, refused before a request is sent.
         return ".", "invalid GCS object name '.'"
+
+    def upload_requests(self, parts):
+        return {"CREATE_RESUMABLE": 1, "UPLOAD_CHUNK": parts}
+
+    def test_object_above_the_part_size_is_parts_and_one_commit(self, store, p):
+        log = RequestLog(store)
+        super().test_object_above_the_part_size_is_parts_and_one_commit(store, p)
+        puts = [h for m, _, _, h in log.entries if m == "PUT"]
+        assert [h["Content-Range"] for h in puts] == [
+            f"bytes 0-{CHUNK - 1}/*",
+            f"bytes {CHUNK}-{2 * CHUNK - 1}/*",
+            f"bytes {2 * CHUNK}-{3 * CHUNK - 1}/*",
+            f"bytes {3 * CHUNK}-{3 * CHUNK + 4}/{3 * CHUNK + 5}",
+        ]
+        assert puts[-1]["X-Goog-Hash"].startswith("crc32c=")
+
+    def bounded_upload(self):
+        # one chunk in flight and one being filled, 1 MiB CRC32C copies, the test's piece and
+        # request objects; one more copy of a chunk would add 4 MiB
+        return {"chunk_size": 4 * MiB}, 4 * MiB, 2 * 4 * MiB + 3.5 * MiB, True
+
+    def transport_errors(self):
+        import requests
+
+        return {
+            "read_timeout": requests.exceptions.ReadTimeout(),
+            "connect_timeout": requests.exceptions.ConnectTimeout(),
+            "refused": requests.exceptions.ConnectionError(),
+        }
+
+    def translate(self, store, error):
+        return store._translate_exception(error, "GET", "k")
+
+    def small_pages(self, store, monkeypatch, size):
+        original = store._request
+
+        def paged(op, method, url, **kwargs):
+            if op == "LIST":
+                kwargs["params"] = dict(kwargs["params"], maxResults=str(size))
+            return original(op, method, url, **kwargs)
+
+        monkeypatch.setattr(store, "_request", paged)
 
     def configured(self, server):
         table = {
@@ -83,43 +125,6 @@ class RequestLog:
 # -- upload paths ---------------------------------------------------------------------------
 
 
-def test_object_above_chunk_size_is_a_resumable_upload(gcs_store, p):
-    log = RequestLog(gcs_store)
-    data = blob(3 * CHUNK + 5, seed=2)
-    before = gcs_store.requests
-    with gcs_store.open_writer(p + "big") as w:
-        for i in range(0, len(data), 300_001):
-            w.write(data[i : i + 300_001])
-        assert not gcs_store.exists(p + "big")  # nothing visible before the final chunk
-        assert w.commit() == len(data)
-    assert request_delta(before, gcs_store.requests) == {"CREATE_RESUMABLE": 1, "UPLOAD_CHUNK": 4, "HEAD": 1}
-    puts = [h["Content-Range"] for m, _, _, h in log.entries if m == "PUT"]
-    assert puts == [
-        f"bytes 0-{CHUNK - 1}/*",
-        f"bytes {CHUNK}-{2 * CHUNK - 1}/*",
-        f"bytes {2 * CHUNK}-{3 * CHUNK - 1}/*",
-        f"bytes {3 * CHUNK}-{3 * CHUNK + 4}/{len(data)}",
-    ]
-    final = [h for m, _, _, h in log.entries if m == "PUT"][-1]
-    assert final["X-Goog-Hash"].startswith("crc32c=")
-    assert gcs_store.get(p + "big") == data
-
-
-def test_upload_memory_is_bounded_by_two_chunks(fake_gcs, p):
-    chunk = 4 * MiB
-    store = make_gcs_store(fake_gcs, chunk_size=chunk)
-    try:
-        peak = traced_upload_peak(store, p + "bounded", blob(MiB, seed=3), 40)
-        assert store.peak_buffered_bytes == chunk  # one chunk in flight (one more being filled)
-        assert store.buffered_bytes == 0
-        # the chunk in flight, the chunk being filled, 1 MiB CRC32C copies, this test's piece
-        # and request objects; one more copy of a chunk would add 4 MiB
-        assert peak < 2 * chunk + 3.5 * MiB, f"peak traced memory {peak / MiB:.1f} MiB"
-        assert store.size(p + "bounded") == 40 * MiB
-    finally:
-        store.close()
-
-
 def test_corrupted_upload_is_rejected_by_crc32c(gcs_store, fake_gcs, p):
     # Tamper with the bytes after the CRC32C was computed: the emulator checks the CRC32C
     # declared in a single-request upload and refuses the object.
@@ -166,44 +171,6 @@ def test_chunk_size_must_be_a_multiple_of_256_kib():
     assert "storage.gcs.chunk_size" in str(e.value) and "256 KiB" in str(e.value)
 
 
-# -- deletes and listing ---------------------------------------------------------------------------
-
-
-def test_delete_many_against_a_stopped_server_names_every_key(gcs_server_factory, p):
-    server = gcs_server_factory()
-    store = make_gcs_store(server, max_attempts=1, delete_concurrency=4)
-    keys = [f"{p}{i}" for i in range(6)]
-    try:
-        for k in keys:
-            store.put(k, b".")
-        server.stop()
-        with pytest.raises(StorageUnavailable) as e:
-            store.delete_many(keys)
-        assert sorted(e.value.failed_keys) == sorted(keys)
-        assert all(k in str(e.value) for k in keys) and "6 of 6" in str(e.value)
-        assert store.requests["DELETE"] == 6
-    finally:
-        store.close()
-
-
-def test_list_pages_through_more_than_one_page(gcs_store, p, monkeypatch):
-    keys = [f"{p}{i:04d}" for i in range(25)]
-    for k in keys:
-        gcs_store.put(k, b"x" * 3)
-    original = gcs_store._request
-
-    def small_pages(op, method, url, **kwargs):
-        if op == "LIST":
-            kwargs["params"] = dict(kwargs["params"], maxResults="10")
-        return original(op, method, url, **kwargs)
-
-    monkeypatch.setattr(gcs_store, "_request", small_pages)
-    before = gcs_store.requests
-    listed = list(gcs_store.list(p))
-    assert [o.key for o in listed] == keys and {o.size for o in listed} == {3}
-    assert request_delta(before, gcs_store.requests) == {"LIST": 3}
-
-
 # -- faults ------------------------------------------------------------------------------------
 
 
@@ -233,7 +200,7 @@ def _service_account_file(tmp_path, token_uri: str):
 def test_rejected_service_account_fails_check_naming_the_source(fake_gcs, tmp_path, monkeypatch, via_env):
     # Google's token endpoint refuses every grant of a revoked or unknown service-account key
     refusal = {"error": "invalid_grant", "error_description": "Invalid JWT Signature."}
-    token = CannedPostEndpoint(400, "application/json", json.dumps(refusal).encode(), path="/token")
+    token = CannedEndpoint(400, "application/json", json.dumps(refusal).encode(), path="/token")
     sa, pem = _service_account_file(tmp_path, token.url)
     if via_env:
         monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(sa))
@@ -307,27 +274,17 @@ def test_http_statuses_are_translated(status, body, expected):
         store.close()
 
 
-def test_transport_errors_are_translated():
+def test_a_stall_while_the_body_streams_is_a_read_timeout():
+    """requests raises it as a ConnectionError around urllib3's ReadTimeoutError."""
     import requests
     import urllib3
 
-    store = GCS.make_store(None, bucket="bkt", connect_timeout=2, read_timeout=3)
+    store = GCS.make_store(None, bucket="bkt", read_timeout=3)
     try:
-        t = store._translate_exception(requests.exceptions.ReadTimeout(), "GET", "k")
+        stall = requests.exceptions.ConnectionError(
+            urllib3.exceptions.ReadTimeoutError(None, "u", "timed out")
+        )
+        t = store._translate_exception(stall, "GET", "k")
         assert isinstance(t, StorageTimeout) and "read timeout of 3s" in str(t)
-        # a stall while the body streams comes out of requests as a ConnectionError
-        t = store._translate_exception(
-            requests.exceptions.ConnectionError(
-                urllib3.exceptions.ReadTimeoutError(None, "u", "read timed out")
-            ),
-            "GET",
-            "k",
-        )
-        assert isinstance(t, StorageTimeout)
-        t = store._translate_exception(requests.exceptions.ConnectTimeout(), "GET", "k")
-        assert isinstance(t, StorageTimeout) and "connect timeout of 2s" in str(t)
-        assert isinstance(
-            store._translate_exception(requests.exceptions.ConnectionError(), "GET", "k"), StorageUnavailable
-        )
     finally:
         store.close()

@@ -11,7 +11,7 @@ import pytest
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
-from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageTimeout, StorageUnavailable
+from rsm_sidecar.storage.base import ObjectNotFound, StorageError, StorageUnavailable
 from rsm_sidecar.storage.factory import open_store
 from rsm_sidecar.storage.s3 import S3ObjectStore
 from rsm_sidecar.storage.s3_settings import S3Settings
@@ -20,10 +20,10 @@ from tests.storage.conftest import (
     S3_ACCESS_KEY,
     S3_BUCKET,
     S3_SECRET_KEY,
-    CannedPostEndpoint,
+    CannedEndpoint,
     make_s3_store,
 )
-from tests.storage.contract import RemoteStoreContract, blob, request_delta, traced_upload_peak
+from tests.storage.contract import RemoteStoreContract, blob, request_delta
 
 MiB = 1024 * 1024
 PART = 5 * MiB
@@ -35,6 +35,31 @@ class TestS3Contract(RemoteStoreContract):
     def undeletable(self, p):
         # SeaweedFS refuses keys with "." path segments with a per-key InvalidRequest.
         return p + "../escape", "InvalidRequest"
+
+    def upload_requests(self, parts):
+        return {"CREATE_MULTIPART": 1, "UPLOAD_PART": parts, "COMPLETE_MULTIPART": 1}
+
+    def test_object_above_the_part_size_is_parts_and_one_commit(self, store, server, p):
+        super().test_object_above_the_part_size_is_parts_and_one_commit(store, p)
+        assert _open_uploads(server, p) == []
+
+    def bounded_upload(self):
+        # the window (2 parts) plus the part being filled, botocore's 1 MiB checksum reads per part
+        # in flight, the test's 1 MiB piece and request objects; one more copy of a part adds 5 MiB
+        return {"max_parts_in_flight": 2, "upload_threads": 8}, 2 * PART, 3 * PART + 4.5 * MiB, True
+
+    def transport_errors(self):
+        import botocore.exceptions as bc
+
+        return {
+            "read_timeout": bc.ReadTimeoutError(endpoint_url="u"),
+            "connect_timeout": bc.ConnectTimeoutError(endpoint_url="u"),
+            "refused": bc.EndpointConnectionError(endpoint_url="u"),
+        }
+
+    def small_pages(self, store, monkeypatch, size):
+        original = store._client.list_objects_v2
+        monkeypatch.setattr(store._client, "list_objects_v2", lambda **kw: original(**dict(kw, MaxKeys=size)))
 
     def configured(self, server):
         table = {
@@ -94,41 +119,6 @@ def put_small_and_multipart(store: S3ObjectStore, small: str, big: str) -> Heade
 
 
 # -- upload paths ---------------------------------------------------------------------------
-
-
-def test_object_above_part_size_is_multipart(s3_store, seaweedfs, p):
-    before = s3_store.requests
-    data = blob(2 * PART + 1, seed=3)
-    with s3_store.open_writer(p + "mp") as w:
-        for i in range(0, len(data), 777_777):
-            w.write(data[i : i + 777_777])
-        assert w.commit() == len(data)
-    assert request_delta(before, s3_store.requests) == {
-        "CREATE_MULTIPART": 1,
-        "UPLOAD_PART": 3,
-        "COMPLETE_MULTIPART": 1,
-    }
-    assert s3_store.get(p + "mp") == data
-    assert _open_uploads(seaweedfs, p) == []
-
-
-def test_parts_in_flight_and_memory_are_bounded(seaweedfs, p):
-    store = make_s3_store(seaweedfs, max_parts_in_flight=2, upload_threads=8)
-    try:
-        total = 48 * MiB
-        peak = traced_upload_peak(store, p + "bounded", blob(MiB, seed=9), total // MiB)
-        # part buffers queued or uploading never exceeded the window ...
-        assert store.peak_buffered_bytes <= 2 * PART
-        # ... and the window was used: two parts did upload concurrently
-        assert store.peak_buffered_bytes == 2 * PART
-        # Python-level memory of the whole upload: the window plus the part being filled
-        # (3 parts), plus botocore's 1 MiB checksum reads per part in flight, this test's
-        # 1 MiB piece and request objects. One more copy of any part would add 5 MiB.
-        assert peak < 3 * PART + 4.5 * MiB, f"peak traced memory {peak / MiB:.1f} MiB"
-        assert store.size(p + "bounded") == total
-        assert store.buffered_bytes == 0
-    finally:
-        store.close()
 
 
 @pytest.fixture
@@ -435,7 +425,7 @@ def test_head_bucket_denied_but_listing_under_the_prefix_allowed_passes_check(se
         store.close()
 
 
-def _fake_sts(access_key: str, secret_key: str) -> CannedPostEndpoint:
+def _fake_sts(access_key: str, secret_key: str) -> CannedEndpoint:
     """A local stand-in for STS's AssumeRoleWithWebIdentity (the real one is on the internet):
     it records the web identity token it is given and returns these credentials."""
     body = f"""<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
@@ -445,7 +435,7 @@ def _fake_sts(access_key: str, secret_key: str) -> CannedPostEndpoint:
     <AssumedRoleUser><Arn>arn:aws:sts::123456789012:assumed-role/rsm/pod</Arn><AssumedRoleId>AROA1:pod</AssumedRoleId></AssumedRoleUser>
   </AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>1</RequestId></ResponseMetadata>
 </AssumeRoleWithWebIdentityResponse>"""
-    return CannedPostEndpoint(200, "text/xml", body.encode())
+    return CannedEndpoint(200, "text/xml", body.encode())
 
 
 def test_web_identity_irsa_credentials_are_resolved_and_named(seaweedfs, tmp_path, monkeypatch, p):
@@ -468,9 +458,9 @@ def test_web_identity_irsa_credentials_are_resolved_and_named(seaweedfs, tmp_pat
         assert "InvalidAccessKeyId" in msg and S3_BUCKET in msg and seaweedfs.endpoint_url in msg
         assert "web identity token (IRSA" in msg and "role arn:aws:iam::123456789012:role/rsm" in msg
         assert "…0042" in msg and "ASIATEMPORARYKEY0042" not in msg and "temporary-secret" not in msg
-        assert len(sts.calls) == 1 and sts.calls[0]["Action"] == ["AssumeRoleWithWebIdentity"]
-        assert sts.calls[0]["WebIdentityToken"] == ["eyJ.projected-service-account-token.sig"]
-        assert sts.calls[0]["RoleArn"] == ["arn:aws:iam::123456789012:role/rsm"]
+        assert len(sts.calls) == 1 and sts.calls[0].form["Action"] == ["AssumeRoleWithWebIdentity"]
+        assert sts.calls[0].form["WebIdentityToken"] == ["eyJ.projected-service-account-token.sig"]
+        assert sts.calls[0].form["RoleArn"] == ["arn:aws:iam::123456789012:role/rsm"]
     finally:
         store.close()
         sts.close()
@@ -520,17 +510,11 @@ def test_client_errors_are_translated(code, status, expected):
         store.close()
 
 
-def test_transport_errors_are_translated():
+def test_missing_credentials_are_a_storage_error_naming_them():
     import botocore.exceptions
 
-    store = S3.make_store(None, bucket="bkt", connect_timeout=2, read_timeout=3)
+    store = S3.make_store(None, bucket="bkt")
     try:
-        t = store._translate(botocore.exceptions.ReadTimeoutError(endpoint_url="u"), "GET", "k")
-        assert isinstance(t, StorageTimeout) and "read timeout of 3s" in str(t)
-        t = store._translate(botocore.exceptions.ConnectTimeoutError(endpoint_url="u"), "GET", "k")
-        assert isinstance(t, StorageTimeout) and "connect timeout of 2s" in str(t)
-        u = store._translate(botocore.exceptions.EndpointConnectionError(endpoint_url="u"), "GET", "k")
-        assert isinstance(u, StorageUnavailable)
         c = store._translate(botocore.exceptions.NoCredentialsError(), "GET", "k")
         assert type(c) is StorageError and "credentials" in str(c)
     finally:

@@ -26,8 +26,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from rsm_sidecar.format.keys import MANIFEST, KeyLayout, SegmentMetadata
 from rsm_sidecar.kafka import read_batches
 from rsm_sidecar.kafka.batch import Compression
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
-from rsm_sidecar.segment.reader import ReaderSettings, SegmentReader
+from rsm_sidecar.segment.copy import SegmentCopier
+from rsm_sidecar.segment.reader import SegmentReader
+from rsm_sidecar.segment.settings import CopySettings, ReaderSettings
 from rsm_sidecar.segment.sources import PathSource
 from rsm_sidecar.storage.local import LocalObjectStore
 

@@ -66,6 +66,11 @@ def test_config_errors_name_the_key(rsa_keys, tmp_path):
         ring_of({"A": (rsa_keys["A"][0], rsa_keys["B"][1])}, "A")
     with pytest.raises(ConfigError, match="encryption.active_key_id: missing"):
         Config({"storage": {"local": {"root": "/tmp/unused"}}, "encryption": {"enabled": True}})
+    half = {"enabled": True, "active_key_id": "A", "keys": {"A": {"public_key_file": rsa_keys["A"][0]}}}
+    with pytest.raises(
+        ConfigError, match=r"^encryption.keys.A.private_key_file: missing; PEM RSA private key"
+    ):
+        Keyring.from_config(Config({"storage": {"local": {"root": "/tmp/unused"}}, "encryption": half}))
 
 
 def test_keyring_repr_has_no_key_material(rsa_keys):

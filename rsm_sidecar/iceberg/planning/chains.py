@@ -14,10 +14,11 @@ import dataclasses
 import heapq
 import time
 
-from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment, with_manifest_info
+from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, with_manifest_info
 from rsm_sidecar.iceberg.planning.tasks import SegmentTask
 from rsm_sidecar.iceberg.planning.transactions import TxnInfo, read_txn_info, settle_transactions
 from rsm_sidecar.kafka import AbortedTxn
+from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.segment.reader import SegmentReader
 
 
@@ -26,7 +27,7 @@ class PartitionPlan:
     partition: int
     next_offset: int  # from the table's marker
     ingest_state: int
-    chain: list[RemoteSegment] = dataclasses.field(default_factory=list)
+    chain: list[StoredSegment] = dataclasses.field(default_factory=list)
     ranges: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     skipped: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # lost to retention
     waiting: str | None = None  # why the plan stops where it stops
@@ -40,7 +41,7 @@ class PartitionPlan:
     splits: dict[int, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
     #: the complete segments whose manifest the plan read (those at or above ``next_offset``):
     #: what is tiered and not yet converted, for :meth:`lag`
-    listed: list[RemoteSegment] = dataclasses.field(default_factory=list)
+    listed: list[StoredSegment] = dataclasses.field(default_factory=list)
 
     def lag(self, next_offset: int, now_ms: int) -> tuple[int, float]:
         """``(offsets, seconds)`` the table is behind remote storage once it holds the offsets
@@ -54,13 +55,13 @@ class PartitionPlan:
         copied = [s.copied_ms for s in pending if s.copied_ms > 0]
         return behind, max(0.0, (now_ms - min(copied)) / 1000) if copied else 0.0
 
-    def ingest_bound(self, seg: RemoteSegment) -> int:
+    def ingest_bound(self, seg: StoredSegment) -> int:
         """The latest time a record of ``seg`` can have been ingested: when the broker began
         copying it (``eventTimestampMs``), else when this plan was made (the segment was
         complete in storage by then)."""
         return seg.copied_ms if seg.copied_ms > 0 else self.planned_ms
 
-    def _state_after(self, state: int, seg: RemoteSegment) -> int:
+    def _state_after(self, state: int, seg: StoredSegment) -> int:
         return max(state, min(seg.max_timestamp_ms, self.ingest_bound(seg)))
 
     @property
@@ -119,8 +120,8 @@ class PartitionPlan:
 
 
 def choose_chain(
-    segments: list[RemoteSegment], next_offset: int, limit: int = 0, earliest: int | None = None
-) -> tuple[list[RemoteSegment], list[tuple[int, int]], list[tuple[int, int]], str | None]:
+    segments: list[StoredSegment], next_offset: int, limit: int = 0, earliest: int | None = None
+) -> tuple[list[StoredSegment], list[tuple[int, int]], list[tuple[int, int]], str | None]:
     """Non-overlapping cover of the offsets from ``next_offset`` up.
 
     Returns ``(chain, ranges, skipped, waiting)``. At each step the segment covering the current
@@ -134,7 +135,7 @@ def choose_chain(
     offset: O(n log n) for n segments (a first run over a partition of 100,000 segments; the
     scan of every segment at every step this replaced was O(n^2)).
     """
-    chain: list[RemoteSegment] = []
+    chain: list[StoredSegment] = []
     ranges: list[tuple[int, int]] = []
     skipped: list[tuple[int, int]] = []
     if not segments:
@@ -170,7 +171,7 @@ def choose_chain(
 
 
 def plan_partition(
-    reader: SegmentReader, segments: list[RemoteSegment], next_offset: int, ingest_state: int, limit: int = 0
+    reader: SegmentReader, segments: list[StoredSegment], next_offset: int, ingest_state: int, limit: int = 0
 ) -> PartitionPlan:
     """The plan of one partition from its listed segments (sorted by start offset).
 
@@ -191,7 +192,7 @@ def plan_partition(
         later = later[: 2 * limit + 8]
     txns: dict[str, TxnInfo] = {}  # what each new segment says of transactions, read with its manifest
 
-    def read_txns(seg: RemoteSegment, opened) -> None:
+    def read_txns(seg: StoredSegment, opened) -> None:
         txns[seg.base] = read_txn_info(reader, opened, seg)
 
     known = with_manifest_info(reader, later, on_open=read_txns)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from rsm_sidecar.errors import NotFound
 from rsm_sidecar.iceberg.planning.chains import PartitionPlan
-from rsm_sidecar.iceberg.planning.listing import RemoteSegment
 from rsm_sidecar.kafka import read_offset_index, read_time_index
 from rsm_sidecar.kafka.errors import CorruptIndexError
 from rsm_sidecar.kafka.indexes import OffsetPosition, TimestampOffset
+from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.segment.reader import SegmentReader
 
 
@@ -37,7 +37,7 @@ def entry_maxima(offset_index: list[OffsetPosition], time_index: list[TimestampO
 def split_points(
     offset_index: list[OffsetPosition],
     time_index: list[TimestampOffset],
-    seg: RemoteSegment,
+    seg: StoredSegment,
     lo: int,
     hi: int,
     task_bytes: int,
@@ -67,7 +67,7 @@ def split_points(
 
 
 def exact_indexes(
-    reader: SegmentReader, seg: RemoteSegment
+    reader: SegmentReader, seg: StoredSegment
 ) -> tuple[list[OffsetPosition], list[TimestampOffset]] | str:
     """The segment's offset and time indexes (two small ranged GETs) when they give the exact
     running maximum of its record times at every offset-index entry (see :func:`split_points`),

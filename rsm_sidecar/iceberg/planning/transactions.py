@@ -16,23 +16,24 @@ import dataclasses
 from collections.abc import Mapping
 
 from rsm_sidecar.errors import NotFound
-from rsm_sidecar.iceberg.planning.listing import LIST_THREADS, RemoteSegment
+from rsm_sidecar.iceberg.planning.listing import LIST_THREADS
 from rsm_sidecar.kafka import AbortedTxn
 from rsm_sidecar.kafka.snapshot import parse_producer_snapshot
 from rsm_sidecar.kafka.txnindex import read_txn_index
+from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
 
 #: what :func:`read_aborted_and_open` returns for one segment
 TxnInfo = tuple[list[AbortedTxn], list[int] | None]
 
 
-def read_aborted_and_open(reader: SegmentReader, seg: RemoteSegment) -> TxnInfo:
+def read_aborted_and_open(reader: SegmentReader, seg: StoredSegment) -> TxnInfo:
     """(aborted transactions listed in the segment's transaction index, first offsets of the
     transactions open at its end per its producer snapshot - None when it has no snapshot)."""
     return read_txn_info(reader, reader.open_base(seg.base, seg.describe), seg)
 
 
-def read_txn_info(reader: SegmentReader, opened: OpenSegment, seg: RemoteSegment) -> TxnInfo:
+def read_txn_info(reader: SegmentReader, opened: OpenSegment, seg: StoredSegment) -> TxnInfo:
     """:func:`read_aborted_and_open` of a segment already opened."""
     try:
         aborted = read_txn_index(
@@ -62,7 +63,7 @@ class Settlement:
 
 
 def settle_transactions(
-    reader: SegmentReader, chain: list[RemoteSegment], known: Mapping[str, TxnInfo] | None = None
+    reader: SegmentReader, chain: list[StoredSegment], known: Mapping[str, TxnInfo] | None = None
 ) -> Settlement:
     """Read the chain's transaction indexes and producer snapshots (those not in ``known``, by
     base key: read while the manifests were loaded); the leading segments whose transactions

@@ -28,7 +28,7 @@ from rsm_sidecar.iceberg.reading.raw_records import SegmentRowReader
 from rsm_sidecar.kafka import read_batches
 from rsm_sidecar.segment.access import SegmentAccess
 from rsm_sidecar.segment.log_file import StoredLogFile, offset_position
-from rsm_sidecar.segment.reader import ReaderSettings
+from rsm_sidecar.segment.settings import ReaderSettings
 
 
 @dataclasses.dataclass(frozen=True)

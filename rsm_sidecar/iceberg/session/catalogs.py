@@ -22,11 +22,9 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from rsm_sidecar.errors import ConfigError
-from rsm_sidecar.iceberg.settings import JobSettings
-from rsm_sidecar.local_cache import REPO_ROOT
+from rsm_sidecar.iceberg.settings import CatalogSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyiceberg.catalog.sql import SqlCatalog
@@ -152,56 +150,51 @@ def _write_transactions_wait(engine) -> None:
     engine.dispose()
 
 
-def default_catalog() -> LocalCatalog:
-    """``$RSM_ICEBERG_DIR`` (default ``<repo>/run/iceberg``) as the embedded catalog root."""
+def default_catalog_root() -> Path:
+    """Where the embedded catalog is when ``iceberg.catalog.local.root`` does not say:
+    ``$RSM_ICEBERG_DIR``, else the user's data directory (XDG: ``$XDG_DATA_HOME/rsm-sidecar/iceberg``,
+    ``~/.local/share/rsm-sidecar/iceberg`` without it), wherever rsm-sidecar is installed or run
+    from."""
     env = os.environ.get("RSM_ICEBERG_DIR", "").strip()
-    return LocalCatalog(Path(env) if env else REPO_ROOT / "run" / "iceberg")
+    if env:
+        return Path(env)
+    data = os.environ.get("XDG_DATA_HOME", "").strip()
+    base = Path(data) if os.path.isabs(data) else Path.home() / ".local" / "share"  # XDG: absolute only
+    return base / "rsm-sidecar" / "iceberg"
+
+
+def default_catalog() -> LocalCatalog:
+    """The embedded catalog at :func:`default_catalog_root`."""
+    return LocalCatalog(default_catalog_root())
 
 
 @dataclasses.dataclass(frozen=True)
 class CatalogSpec:
-    """The job's catalog, from the ``iceberg.catalog.*`` settings; duck-types
+    """The job's catalog, from its :class:`CatalogSettings` (``iceberg.catalog.*``,
+    ``iceberg.warehouse``, ``iceberg.s3.*``, ``iceberg.gcs.*``); duck-types
     :class:`LocalCatalog` (``name``, ``prepare()``, ``spark_conf()``, ``pyiceberg()``)."""
 
-    type: str
-    name: str
-    local: LocalCatalog | None = None
-    uri: str | None = None
-    warehouse: str | None = None
-    credential: str | None = dataclasses.field(default=None, repr=False)
-    token: str | None = dataclasses.field(default=None, repr=False)
-    s3: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
-    gcs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    settings: CatalogSettings
+    #: the embedded catalog (``local``), its root resolved; None for ``rest``
+    local: LocalCatalog | None = dataclasses.field(init=False, repr=False)
 
-    @classmethod
-    def from_settings(cls, s: JobSettings) -> CatalogSpec:
-        if s.catalog_type == "local":
-            local = (
-                LocalCatalog(Path(s.local_root), name=s.catalog_name)
-                if s.local_root
-                else LocalCatalog(default_catalog().root, name=s.catalog_name)
-            )
-            return cls(
-                "local", s.catalog_name, local=local, warehouse=s.warehouse, s3=dict(s.s3), gcs=dict(s.gcs)
-            )
-        if not s.rest_uri:
-            raise ConfigError("iceberg.catalog.rest.uri: required when iceberg.catalog.type = 'rest'")
-        return cls(
-            "rest",
-            s.catalog_name,
-            uri=s.rest_uri,
-            warehouse=s.warehouse,
-            credential=s.rest_credential,
-            token=s.rest_token,
-            s3=dict(s.s3),
-            gcs=dict(s.gcs),
-        )
+    def __post_init__(self) -> None:
+        s = self.settings
+        local = None
+        if s.type == "local":
+            root = Path(s.local.root) if s.local.root else default_catalog_root()
+            local = LocalCatalog(root, name=s.name)
+        object.__setattr__(self, "local", local)
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
 
     # ------------------------------------------------------------------ shared
     @property
     def warehouse_uri(self) -> str | None:
-        if self.warehouse:
-            return self.warehouse
+        if self.settings.warehouse:
+            return self.settings.warehouse
         if self.local is not None:
             return self.local.warehouse_uri
         return None
@@ -224,70 +217,71 @@ class CatalogSpec:
         return self
 
     def describe(self) -> str:
-        where = self.local.db_file if self.local is not None else self.uri
-        return (
-            f"{self.type} catalog {self.name!r} ({where}, warehouse {self.warehouse_uri or 'server default'})"
-        )
+        where = self.local.db_file if self.local is not None else self.settings.rest.uri
+        warehouse = self.warehouse_uri or "server default"
+        return f"{self.settings.type} catalog {self.name!r} ({where}, warehouse {warehouse})"
 
     # ------------------------------------------------------------------ Spark
     def spark_conf(self) -> dict[str, str]:
         p = f"spark.sql.catalog.{self.name}"
         if self.local is not None:
             conf = self.local.spark_conf()
-            if self.warehouse:
-                conf[f"{p}.warehouse"] = self.warehouse
+            if self.settings.warehouse:
+                conf[f"{p}.warehouse"] = self.settings.warehouse
         else:
-            assert self.uri is not None, "from_settings requires iceberg.catalog.rest.uri for a REST catalog"
+            rest = self.settings.rest
             conf = {
                 p: "org.apache.iceberg.spark.SparkCatalog",
                 f"{p}.type": "rest",
-                f"{p}.uri": self.uri,
+                f"{p}.uri": str(rest.uri),
                 f"{p}.cache-enabled": "false",
             }
-            if self.warehouse:
-                conf[f"{p}.warehouse"] = self.warehouse
-            if self.credential:
-                conf[f"{p}.credential"] = self.credential
-            if self.token:
-                conf[f"{p}.token"] = self.token
+            if self.settings.warehouse:
+                conf[f"{p}.warehouse"] = self.settings.warehouse
+            if rest.credential:
+                conf[f"{p}.credential"] = rest.credential
+            if rest.token:
+                conf[f"{p}.token"] = rest.token
+        s3, gcs = self.settings.s3, self.settings.gcs
         if self.uses_s3:
             conf[f"{p}.io-impl"] = "org.apache.iceberg.aws.s3.S3FileIO"
-            conf[f"{p}.client.region"] = self.s3.get("region") or "us-east-1"
-            if self.s3.get("endpoint"):
-                conf[f"{p}.s3.endpoint"] = self.s3["endpoint"]
-            if self.s3.get("path_style_access"):
+            conf[f"{p}.client.region"] = s3.region or "us-east-1"
+            if s3.endpoint:
+                conf[f"{p}.s3.endpoint"] = s3.endpoint
+            if s3.path_style_access:
                 conf[f"{p}.s3.path-style-access"] = "true"
-            if self.s3.get("access_key_id"):
-                conf[f"{p}.s3.access-key-id"] = self.s3["access_key_id"]
-                conf[f"{p}.s3.secret-access-key"] = self.s3.get("secret_access_key") or ""
+            if s3.access_key_id:
+                conf[f"{p}.s3.access-key-id"] = s3.access_key_id
+                conf[f"{p}.s3.secret-access-key"] = s3.secret_access_key or ""
         if self.uses_gcs:
             conf[f"{p}.io-impl"] = "org.apache.iceberg.gcp.gcs.GCSFileIO"
-            if self.gcs.get("endpoint"):
-                conf[f"{p}.gcs.service.host"] = self.gcs["endpoint"]
-            if self.gcs.get("project_id"):
-                conf[f"{p}.gcs.project-id"] = self.gcs["project_id"]
-            if self.gcs.get("no_auth"):
+            if gcs.endpoint:
+                conf[f"{p}.gcs.service.host"] = gcs.endpoint
+            if gcs.project_id:
+                conf[f"{p}.gcs.project-id"] = gcs.project_id
+            if gcs.no_auth:
                 conf[f"{p}.gcs.no-auth"] = "true"
         return conf
 
     # ------------------------------------------------------------------ PyIceberg
     def pyiceberg_properties(self) -> dict[str, str]:
         props: dict[str, str] = {}
+        s3, gcs = self.settings.s3, self.settings.gcs
         if self.uses_s3:
-            props["s3.region"] = self.s3.get("region") or "us-east-1"
-            if self.s3.get("endpoint"):
-                props["s3.endpoint"] = self.s3["endpoint"]
-            if self.s3.get("access_key_id"):
-                props["s3.access-key-id"] = self.s3["access_key_id"]
-                props["s3.secret-access-key"] = self.s3.get("secret_access_key") or ""
-            if self.s3.get("path_style_access"):
+            props["s3.region"] = s3.region or "us-east-1"
+            if s3.endpoint:
+                props["s3.endpoint"] = s3.endpoint
+            if s3.access_key_id:
+                props["s3.access-key-id"] = s3.access_key_id
+                props["s3.secret-access-key"] = s3.secret_access_key or ""
+            if s3.path_style_access:
                 props["s3.force-virtual-addressing"] = "false"
         if self.uses_gcs:
-            if self.gcs.get("endpoint"):
-                props["gcs.service.host"] = self.gcs["endpoint"]
-            if self.gcs.get("project_id"):
-                props["gcs.project-id"] = self.gcs["project_id"]
-            if self.gcs.get("no_auth"):
+            if gcs.endpoint:
+                props["gcs.service.host"] = gcs.endpoint
+            if gcs.project_id:
+                props["gcs.project-id"] = gcs.project_id
+            if gcs.no_auth:
                 # PyArrow's GCS file system has no anonymous mode through PyIceberg: a placeholder
                 # token that never expires (2100-01-01), which emulators ignore.
                 props["gcs.oauth2.token"] = "no-auth"
@@ -300,10 +294,11 @@ class CatalogSpec:
             return self.local.pyiceberg(warehouse=self.warehouse_uri, **props)
         from pyiceberg.catalog.rest import RestCatalog
 
-        if self.warehouse:
-            props["warehouse"] = self.warehouse
-        if self.credential:
-            props["credential"] = self.credential
-        if self.token:
-            props["token"] = self.token
-        return RestCatalog(self.name, uri=self.uri, **props)
+        rest = self.settings.rest
+        if self.settings.warehouse:
+            props["warehouse"] = self.settings.warehouse
+        if rest.credential:
+            props["credential"] = rest.credential
+        if rest.token:
+            props["token"] = rest.token
+        return RestCatalog(self.name, uri=rest.uri, **props)

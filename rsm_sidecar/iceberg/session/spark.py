@@ -21,7 +21,7 @@ from rsm_sidecar.iceberg.session.catalogs import CatalogSpec, LocalCatalog, defa
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-    from rsm_sidecar.iceberg.settings import JobSettings
+    from rsm_sidecar.iceberg.settings import SparkSettings
 
 
 def spark_conf(
@@ -111,7 +111,7 @@ def under_spark_submit() -> bool:
 
 
 def open_session(
-    spec: CatalogSpec, settings: JobSettings, app_name: str, extra: Mapping[str, str] | None = None
+    spec: CatalogSpec, settings: SparkSettings, app_name: str, extra: Mapping[str, str] | None = None
 ):
     """The job's SparkSession. Standalone: a session of its own (``iceberg.spark.master``, jars
     from the local cache, the job's catalog). Under ``spark-submit``: the submitted
@@ -124,7 +124,7 @@ def open_session(
             app_name=app_name,
             cloud=spec.cloud(),
             extra=extra,
-            scratch_dir=settings.scratch_dir,
+            scratch_dir=settings.scratch_path,
         )
     from pyspark.sql import SparkSession
 

@@ -1,5 +1,5 @@
-"""Tiered segments written exactly as the sidecar writes them, without a broker: for tests,
-benchmarks and demos of every reader of tiered segments (the Iceberg job, ``inspect``).
+"""Tiered segments written exactly as the sidecar writes them, without a broker: for the tests
+and benchmarks of every reader of tiered segments (the Iceberg job, ``inspect``).
 
 :class:`TieredWriter` takes v2 record batches (built with :mod:`rsm_sidecar.kafka.builder`),
 derives the indexes a broker would hand over - offset index, time index, producer snapshot (the
@@ -22,7 +22,8 @@ from rsm_sidecar.kafka import AbortedTxn, ControlType, read_batches
 from rsm_sidecar.kafka.indexes import OffsetPosition, TimestampOffset, encode_offset_index, encode_time_index
 from rsm_sidecar.kafka.snapshot import ProducerSnapshotEntry, encode_producer_snapshot
 from rsm_sidecar.kafka.txnindex import encode_txn_index
-from rsm_sidecar.segment.copy import CopySettings, SegmentCopier
+from rsm_sidecar.segment.copy import SegmentCopier
+from rsm_sidecar.segment.settings import CopySettings
 from rsm_sidecar.segment.sources import BytesSource
 from rsm_sidecar.storage.base import ObjectStore
 from rsm_sidecar.transform.keyring import Keyring
