@@ -44,7 +44,7 @@ PREFACE = b"RSMFv1\r\n"
 ALPN_PROTOCOL = "rsm-fetch/1"
 #: a frame's header: type byte, payload length
 FRAME_HEADER = struct.Struct(">cI")
-REQUEST, DATA, END = b"Q", b"D", b"E"
+REQUEST, INDEX_REQUEST, DATA, END = b"Q", b"I", b"D", b"E"
 #: the largest 'D' payload (rsm.proto)
 MAX_DATA_FRAME_BYTES = 4 * 1024 * 1024
 #: the largest request accepted (a FetchSegmentRequest is a few hundred bytes)
@@ -99,19 +99,26 @@ class FetchChannel:
             while True:
                 conn.settimeout(IDLE_CONNECTION_SECONDS)
                 request = self._read_request(conn, peer)
-                if request is None or not self._exchange(conn, request):
+                if request is None:
+                    return
+                if isinstance(request, pb.FetchIndexRequest):
+                    if not self._index_exchange(conn, request):
+                        return
+                elif not self._exchange(conn, request):
                     return
         except (OSError, ConnectionLost) as e:  # a client that went away between exchanges
             log.debug("fetch channel from %s closed: %s", peer, e)
         finally:
             conn.close()
 
-    def _read_request(self, conn: socket.socket, peer: str) -> pb.FetchSegmentRequest | None:
+    def _read_request(
+        self, conn: socket.socket, peer: str
+    ) -> pb.FetchSegmentRequest | pb.FetchIndexRequest | None:
         header = read_exactly(conn, FRAME_HEADER.size)
         if header is None:
             return None
         kind, length = FRAME_HEADER.unpack(header)
-        if kind != REQUEST or length > MAX_REQUEST_BYTES:
+        if kind not in (REQUEST, INDEX_REQUEST) or length > MAX_REQUEST_BYTES:
             log.warning(
                 "fetch channel from %s: expected a request frame of at most %d bytes, got type %r of "
                 "%d bytes; closing the connection",
@@ -125,12 +132,14 @@ class FetchChannel:
         payload = read_exactly(conn, length) if length else b""
         if payload is None:
             raise ConnectionLost("the connection ended inside a request")
+        message = pb.FetchSegmentRequest if kind == REQUEST else pb.FetchIndexRequest
         try:
-            request: pb.FetchSegmentRequest = pb.FetchSegmentRequest.FromString(payload)
+            request: pb.FetchSegmentRequest | pb.FetchIndexRequest = message.FromString(payload)
             return request
         except Exception as e:
-            err = InvalidArgument(f"malformed FetchSegmentRequest message: {str(e)[:200]}")
-            code, msg = report_failure("fetch", self.servicer.sidecar.metrics, err)
+            err = InvalidArgument(f"malformed {message.__name__} message: {str(e)[:200]}")
+            op = "fetch" if kind == REQUEST else "fetch_index"
+            code, msg = report_failure(op, self.servicer.sidecar.metrics, err)
             conn.sendall(end_frame(code.value[0], msg, 0))
             return None
 
@@ -144,6 +153,31 @@ class FetchChannel:
                     conn.sendall(FRAME_HEADER.pack(DATA, len(part)))
                     conn.sendall(part)
             return len(view)
+
+    def _index_exchange(self, conn: socket.socket, request: pb.FetchIndexRequest) -> bool:
+        """Serves one index request; whether the connection can serve the next one."""
+        metrics = self.servicer.sidecar.metrics
+        with measured(metrics, "fetch_index"):
+            try:
+                with self.servicer.fetch_slots.take():
+                    hooks.before_fetch()
+                    data = self.servicer.index_bytes(request)
+                    idle = self.servicer.fetch_idle
+                    conn.settimeout(idle if idle > 0 else None)
+                    if data:
+                        self._send_data(conn, data)
+                    metrics.operations.labels("fetch_index", "OK").inc()
+                    conn.sendall(end_frame(0, "", len(data)))
+            except OSError:  # the client went away or stopped reading
+                metrics.operations.labels("fetch_index", "CANCELLED").inc()
+                return False
+            except Exception as e:
+                code, msg = report_failure("fetch_index", metrics, e)
+                try:
+                    conn.sendall(end_frame(code.value[0], msg, 0))
+                except OSError:
+                    return False
+            return True
 
     def _exchange(self, conn: socket.socket, request: pb.FetchSegmentRequest) -> bool:
         """Serves one request; whether the connection can serve the next one."""

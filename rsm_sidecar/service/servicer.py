@@ -484,18 +484,22 @@ class RemoteStorageServicer:
         request: pb.FetchIndexRequest = _well_formed(message, "FetchIndexRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
             hooks.before_fetch()
-            md = _metadata(request.metadata)
-            type_name = (
-                pb.IndexType.Name(request.index_type) if request.index_type in pb.IndexType.values() else None
-            )
-            if type_name not in INDEX_BY_TYPE:
-                raise InvalidArgument(f"unknown index type {request.index_type}")
-            reader = self.sidecar.reader
-            data = reader.read_index(reader.open(md), INDEX_BY_TYPE[type_name])
-            self.sidecar.metrics.bytes.labels("index_served").inc(len(data))
+            data = self.index_bytes(request)
             for msg in _pieces(data):
                 yield pb.FetchIndexResponse(data=msg)
                 watch.touch()
+
+    def index_bytes(self, request: pb.FetchIndexRequest) -> bytes:
+        """The index a ``FetchIndexRequest`` asks for, checked and counted; what both transports of
+        an index fetch serve (gRPC's ``FetchIndex`` and the fetch channel)."""
+        md = _metadata(request.metadata)
+        type_name = pb.IndexType.Name(request.index_type) if request.index_type in pb.IndexType.values() else None
+        if type_name not in INDEX_BY_TYPE:
+            raise InvalidArgument(f"unknown index type {request.index_type}")
+        reader = self.sidecar.reader
+        data = reader.read_index(reader.open(md), INDEX_BY_TYPE[type_name])
+        self.sidecar.metrics.bytes.labels("index_served").inc(len(data))
+        return data
 
     # -- delete ----------------------------------------------------------------
     @unary("delete")

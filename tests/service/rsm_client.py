@@ -223,6 +223,23 @@ class FetchChannelClient:
         payload = req.SerializeToString()
         self.sock.sendall(fetch_channel.FRAME_HEADER.pack(fetch_channel.REQUEST, len(payload)) + payload)
 
+    def index(self, md, index_type) -> bytes:
+        """An index over the channel ('I' frame); ``FetchChannelError`` unless it ends OK."""
+        payload = pb.FetchIndexRequest(metadata=md, index_type=index_type).SerializeToString()
+        self.sock.sendall(
+            fetch_channel.FRAME_HEADER.pack(fetch_channel.INDEX_REQUEST, len(payload)) + payload
+        )
+        out = bytearray()
+        for kind, body in self.frames():
+            if kind == fetch_channel.DATA:
+                out += body
+            else:
+                done = pb.FetchEnd.FromString(body)
+                if done.code != 0:
+                    raise FetchChannelError(done.code, done.message, len(out))
+                assert done.length == len(out)
+        return bytes(out)
+
     def frames(self) -> Iterator[tuple[bytes, bytes]]:
         """The frames of one exchange, up to and including its 'E' frame."""
         while True:

@@ -73,6 +73,32 @@ def test_ranges_are_byte_exact_across_chunks_and_exchanges_share_a_connection(
     assert _metric(sc, "rsm_operations_total", op="fetch", outcome="OK") == 7
 
 
+def test_indexes_come_over_the_channel_as_over_grpc(start_sidecar, tmp_path):
+    sc = start_sidecar(encryption=True)
+    files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(5000), txn=False)
+    md = metadata(seg_id(1), size=5000)
+    md.custom_metadata = sc.client.copy(files.stream_requests(md)).custom_metadata
+    client = FetchChannelClient(sc.server.address)
+    try:
+        for index_type, name in (
+            (pb.OFFSET, "offset"),
+            (pb.TIMESTAMP, "timestamp"),
+            (pb.PRODUCER_SNAPSHOT, "producerSnapshot"),
+        ):
+            assert client.index(md, index_type) == files.indexes[name] == sc.client.index(md, index_type)
+        assert client.index(md, pb.LEADER_EPOCH) == files.leader_epoch
+        with pytest.raises(FetchChannelError) as e:  # no transaction index: NOT_FOUND, as the broker expects
+            client.index(md, pb.TRANSACTION)
+        assert e.value.status == grpc.StatusCode.NOT_FOUND.value and "transaction" in e.value.message
+        with pytest.raises(FetchChannelError) as e:
+            client.index(md, 99)
+        assert e.value.status == grpc.StatusCode.INVALID_ARGUMENT.value
+        assert client.fetch(md)[0] == open(files.log_path, "rb").read()  # and the connection serves on
+    finally:
+        client.close()
+    assert _metric(sc, "rsm_operations_total", op="fetch_index", outcome="OK") >= 4
+
+
 def test_the_range_that_ends_a_segment_names_the_next_one(start_sidecar, tmp_path):
     sc = start_sidecar(segment__chunk_size=64 * KiB)
     first = _copy(sc, tmp_path, 1, os.urandom(200 * KiB), 0, 99)

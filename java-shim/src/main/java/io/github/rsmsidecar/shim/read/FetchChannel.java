@@ -44,6 +44,7 @@ public final class FetchChannel implements AutoCloseable {
     static final byte[] PREFACE = "RSMFv1\r\n".getBytes(StandardCharsets.US_ASCII);
     static final String ALPN_PROTOCOL = "rsm-fetch/1";
     static final byte REQUEST = 'Q';
+    static final byte INDEX_REQUEST = 'I';
     static final byte DATA = 'D';
     static final byte END = 'E';
     static final int HEADER_BYTES = 5;
@@ -51,6 +52,8 @@ public final class FetchChannel implements AutoCloseable {
     static final int MAX_DATA_FRAME_BYTES = 4 * 1024 * 1024;
     /** The largest 'E' payload accepted (a FetchEnd: a status message and a segment's metadata). */
     static final int MAX_END_FRAME_BYTES = 64 * 1024;
+    /** The largest index accepted (the sidecar's copies take index files of at most 1 GiB). */
+    static final long MAX_INDEX_BYTES = 1L << 30;
     /** A connection idle for this long is closed rather than used again (the sidecar keeps them 300 s). */
     static final long IDLE_MS = 60_000;
 
@@ -110,9 +113,24 @@ public final class FetchChannel implements AutoCloseable {
      */
     Stream open(FetchSegmentRequest request, long length, String op)
             throws StatusException, NotAvailable, InterruptedIOException {
-        byte[] payload = request.toByteArray();
+        return exchange(REQUEST, request.toByteArray(), length, op);
+    }
+
+    /**
+     * Asks for the index {@code request} names; its length is not known ahead (the end frame
+     * says it, and the stream checks it).
+     *
+     * @throws StatusException as {@link #open}: NOT_FOUND for a segment without that index
+     */
+    Stream openIndex(io.github.rsmsidecar.proto.v1.FetchIndexRequest request, String op)
+            throws StatusException, NotAvailable, InterruptedIOException {
+        return exchange(INDEX_REQUEST, request.toByteArray(), -1, op);
+    }
+
+    private Stream exchange(byte type, byte[] payload, long length, String op)
+            throws StatusException, NotAvailable, InterruptedIOException {
         ByteBuffer frame = ByteBuffer.allocate(HEADER_BYTES + payload.length);
-        frame.put(REQUEST).putInt(payload.length).put(payload).flip();
+        frame.put(type).putInt(payload.length).put(payload).flip();
         while (true) {
             ChannelConnection c = pooled();
             boolean reused = c != null;
@@ -303,8 +321,11 @@ public final class FetchChannel implements AutoCloseable {
                 if (size <= 0 || size > MAX_DATA_FRAME_BYTES) {
                     throw protocol("a data frame of " + size + " bytes (1.." + MAX_DATA_FRAME_BYTES + " allowed)");
                 }
-                if (received + size > length) {
+                if (length >= 0 && received + size > length) {
                     throw protocol("more than the " + length + " bytes of the range (" + (received + size) + ")");
+                }
+                if (received + size > MAX_INDEX_BYTES) {
+                    throw protocol("more than " + MAX_INDEX_BYTES + " bytes");
                 }
                 frameLeft = size;
                 return null;
@@ -324,7 +345,7 @@ public final class FetchChannel implements AutoCloseable {
                 throw protocol("an end frame that does not parse (" + e.getMessage() + ")");
             }
             if (end.getCode() == 0) {
-                if (end.getLength() != received || received != length) {
+                if (end.getLength() != received || (length >= 0 && received != length)) {
                     throw protocol("an OK end after " + received + " bytes (it says " + end.getLength()
                             + ") of a range of " + length);
                 }

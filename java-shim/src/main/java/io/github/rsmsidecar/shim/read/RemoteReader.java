@@ -305,15 +305,10 @@ public final class RemoteReader implements AutoCloseable {
         ReadAhead.Claim claim = ra.claimNext(partition, ref.id(), 0, 0, ref.size());
         if (claim != null) {
             readAheadInBackground(partition, ref, next, 0, true, ra, claim);
-            try {
-                indexPrefetch.start(grpc.get(), ref, FetchIndexRequest.newBuilder().setMetadata(next)
-                                .setIndexType(io.github.rsmsidecar.proto.v1.IndexType.OFFSET).build(),
-                        config.fetchIndexDeadlineMs(), io.github.rsmsidecar.proto.v1.IndexType.OFFSET,
-                        io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
-                        io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION);
-            } catch (RemoteStorageException e) {
-                // no channel: the broker's own calls ask for the indexes
-            }
+            indexPrefetch.start(this::indexOnce, background, ref, FetchIndexRequest.newBuilder().setMetadata(next)
+                            .setIndexType(io.github.rsmsidecar.proto.v1.IndexType.OFFSET).build(),
+                    io.github.rsmsidecar.proto.v1.IndexType.OFFSET, io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
+                    io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION);
         }
     }
 
@@ -391,10 +386,7 @@ public final class RemoteReader implements AutoCloseable {
             try {
                 return channel.open(request, length, op);
             } catch (FetchChannel.NotAvailable e) {
-                noChannelUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(NO_CHANNEL_RETRY_MS);
-                metrics.fetchChannelFallbacks.increment();
-                LOG.warn("{}: {}; fetching over gRPC for the next {} s (upgrade the sidecar: its fetch channel "
-                        + "costs the broker a fraction of gRPC's CPU)", op, e.getMessage(), NO_CHANNEL_RETRY_MS / 1000);
+                noChannel(e, op);
             } catch (InterruptedIOException e) {
                 InterruptedException ie = new InterruptedException(op + ": interrupted");
                 ie.initCause(e);
@@ -408,6 +400,14 @@ public final class RemoteReader implements AutoCloseable {
                 }, op, config.fetchReadTimeoutMs(), ShimConfig.FETCH_READ_TIMEOUT_MS);
         s.awaitFirst(config.fetchDeadlineMs(), ShimConfig.FETCH_DEADLINE_MS);
         return s;
+    }
+
+    /** The sidecar has no fetch channel: ranges and indexes over gRPC for {@link #NO_CHANNEL_RETRY_MS}. */
+    private void noChannel(FetchChannel.NotAvailable e, String op) {
+        noChannelUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(NO_CHANNEL_RETRY_MS);
+        metrics.fetchChannelFallbacks.increment();
+        LOG.warn("{}: {}; fetching over gRPC for the next {} s (upgrade the sidecar: its fetch channel "
+                + "costs the broker a fraction of gRPC's CPU)", op, e.getMessage(), NO_CHANNEL_RETRY_MS / 1000);
     }
 
     // ---- fetchIndex --------------------------------------------------------------------------
@@ -436,7 +436,7 @@ public final class RemoteReader implements AutoCloseable {
         ReadAhead.SegmentRef seg = ReadAhead.SegmentRef.of(md);
         if (indexType == IndexType.OFFSET) {
             // the broker asks for the time and transaction indexes right after this one
-            indexPrefetch.start(grpc.get(), seg, request, config.fetchIndexDeadlineMs(),
+            indexPrefetch.start(this::indexOnce, background, seg, request,
                     io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
                     io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION);
         }
@@ -454,14 +454,46 @@ public final class RemoteReader implements AutoCloseable {
         if (prefetched != null) {
             return new java.io.ByteArrayInputStream(prefetched.data());
         }
-        return retrier.call(ShimMetrics.Op.FETCH_INDEX, op, attempt -> {
-            GrpcInputStream<FetchIndexResponse> s = GrpcInputStream.start(grpc.get(),
-                    RemoteStorageGrpc.getFetchIndexMethod(),
-                    STREAM_CALL.withDeadlineAfter(config.fetchIndexDeadlineMs(), TimeUnit.MILLISECONDS), request,
-                    FetchIndexResponse::getData, op, 0, ShimConfig.FETCH_INDEX_DEADLINE_MS);
-            s.awaitFirst(0, ShimConfig.FETCH_INDEX_DEADLINE_MS);
-            return s;
-        });
+        return retrier.call(ShimMetrics.Op.FETCH_INDEX, op, attempt -> openIndex(request, op));
+    }
+
+    /**
+     * One attempt at an index: over the fetch channel, or over gRPC while the sidecar has none.
+     * The broker's index loads and the prefetch then make no gRPC call at all, so its HTTP/2 stack
+     * is not JIT-compiled for reads (docs/performance.md: over half the broker's C2 compilations
+     * during a 12-partition cold read were gRPC's and netty's HTTP/2 while indexes went over gRPC).
+     */
+    private RangeStream openIndex(FetchIndexRequest request, String op)
+            throws StatusException, InterruptedException, RemoteStorageException {
+        if (channel != null && System.nanoTime() - noChannelUntilNanos >= 0) {
+            try {
+                return channel.openIndex(request, op);
+            } catch (FetchChannel.NotAvailable e) {
+                noChannel(e, op);
+            } catch (InterruptedIOException e) {
+                InterruptedException ie = new InterruptedException(op + ": interrupted");
+                ie.initCause(e);
+                throw ie;
+            }
+        }
+        GrpcInputStream<FetchIndexResponse> s = GrpcInputStream.start(grpc.get(),
+                RemoteStorageGrpc.getFetchIndexMethod(),
+                STREAM_CALL.withDeadlineAfter(config.fetchIndexDeadlineMs(), TimeUnit.MILLISECONDS), request,
+                FetchIndexResponse::getData, op, 0, ShimConfig.FETCH_INDEX_DEADLINE_MS);
+        s.awaitFirst(0, ShimConfig.FETCH_INDEX_DEADLINE_MS);
+        return s;
+    }
+
+    /** One index, whole, for the prefetch (one attempt: a failure leaves it to the broker's call). */
+    private byte[] indexOnce(FetchIndexRequest request)
+            throws StatusException, IOException, InterruptedException {
+        String op = "index prefetch (" + request.getIndexType() + " of " + request.getMetadata().getSegmentId() + ")";
+        metrics.call(ShimMetrics.Op.BACKGROUND);
+        try (RangeStream in = openIndex(request, op)) {
+            return in.readAllBytes();
+        } catch (RemoteStorageException e) {
+            throw new IOException(e.getMessage(), e);
+        }
     }
 
     // ---- lifecycle ---------------------------------------------------------------------------
