@@ -493,7 +493,8 @@ class RemoteStorageServicer:
         """The index a ``FetchIndexRequest`` asks for, checked and counted; what both transports of
         an index fetch serve (gRPC's ``FetchIndex`` and the fetch channel)."""
         md = _metadata(request.metadata)
-        type_name = pb.IndexType.Name(request.index_type) if request.index_type in pb.IndexType.values() else None
+        known = request.index_type in pb.IndexType.values()
+        type_name = pb.IndexType.Name(request.index_type) if known else None
         if type_name not in INDEX_BY_TYPE:
             raise InvalidArgument(f"unknown index type {request.index_type}")
         reader = self.sidecar.reader
