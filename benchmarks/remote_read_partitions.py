@@ -46,6 +46,13 @@ a cold read. Reported per read:
   latency shows;
 * bytes the sidecar received from storage per byte consumed and its chunk cache's hit ratio (a
   cache too small for that many sequential readers downloads and decodes chunks again).
+* the broker's CPU against ``LocalTieredStorage``'s in the same run (both read the same records),
+  and, with ``--thread-cpu``, its JIT compiler threads' CPU-seconds during the read;
+* the sidecar's CPU per MiB it served, and after all reads the floor of that measured now on the
+  same records (``benchmarks/floor.py``: AES-GCM decryption, zstd decompression and a TLS socket's
+  send on one core) with each read's ratio to it;
+* with ``--profile-sidecar DIR --profile-gil``, the share of the sidecar's CPU spent holding the
+  GIL (py-spy's samples of the thread holding it, against the process's CPU-seconds).
 
 ``--thread-cpu`` prints each read's CPU-seconds by thread name of the (first) broker and sidecar
 (Python threads are all ``python``; gRPC's C core runs ``event_engine``), and
@@ -86,6 +93,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.floor import measure as measure_floor
 from benchmarks.netns import NetNs
 from benchmarks.netns import available as netns_available
 from benchmarks.remote_read import (
@@ -135,6 +143,24 @@ class PartRead:
     remote_read_p99_ms: float | None = None
     downloaded_per_byte: float | None = None
     chunk_hit_ratio: float | None = None
+    #: the broker's JIT compiler threads' CPU-seconds during the read (``--thread-cpu``)
+    broker_jit_cpu: float | None = None
+    #: MiB the sidecars served during the read (``rsm_bytes{kind="fetch_served"}``)
+    served_mib: float | None = None
+    #: seconds a sidecar thread held the GIL during the read (``--profile-gil``: py-spy's samples)
+    gil_seconds: float | None = None
+
+    @property
+    def sidecar_ms_per_mib(self) -> float | None:
+        if self.sidecar_cpu is None or not self.served_mib:
+            return None
+        return 1000 * self.sidecar_cpu / self.served_mib
+
+    @property
+    def gil_share(self) -> float | None:
+        if self.gil_seconds is None or not self.sidecar_cpu:
+            return None
+        return self.gil_seconds / self.sidecar_cpu
 
 
 def jmx_options(port: int) -> list[str]:
@@ -238,6 +264,9 @@ class SidecarWatch:
             m = re.match(r"rsm_storage_bytes_read_total\{[^}]*\} (\S+)", line)
             if m:
                 out["downloaded"] = out.get("downloaded", 0.0) + float(m.group(1))
+            m = re.match(r'rsm_bytes_total\{kind="fetch_served"\} (\S+)', line)
+            if m:
+                out["served"] = float(m.group(1))
             m = re.match(r'rsm_cache_events_total\{cache="chunk",event="(hit|miss)"\} (\S+)', line)
             if m:
                 out[m.group(1)] = float(m.group(2))
@@ -313,13 +342,19 @@ def measured(case, partitions, temperature, dist, brokers, topic, args, jmx_port
         stop_profiler(spy)
         for w in watches:
             w.__exit__()
+    jit = None
     for b, t0 in zip(brokers, threads0):
-        print(f"  {case} ({temperature}): broker threads CPU-s: {thread_cpu_line(t0, thread_cpu(b.pid))}")
+        t1 = thread_cpu(b.pid)
+        jit = sum(v - t0.get(k, 0.0) for k, v in t1.items() if "CompilerThre" in k)
+        print(f"  {case} ({temperature}): broker threads CPU-s: {thread_cpu_line(t0, t1)}")
     for (pid, _), t0 in zip(sidecars, sidecar_threads0):
         print(f"  {case} ({temperature}): sidecar threads CPU-s: {thread_cpu_line(t0, thread_cpu(pid))}")
     if args.jfr:  # to select the read's samples
         print(f"  {case} ({temperature}): read from {started:.3f} to {time.time():.3f} (epoch s)", flush=True)
     r = PartRead(case, partitions, temperature, mb_s, sum(cpu_seconds(b.pid) for b in brokers) - b0)
+    r.broker_jit_cpu = jit
+    if spy is not None and getattr(args, "profile_gil", False):
+        r.gil_seconds = profiled_seconds(args, f"{case}-{partitions}-{temperature}")
     ticks = [after - before for after, before in zip(machine_ticks(), ticks0)]
     r.machine_busy = ticks[0] / ticks[2] if ticks[2] else None
     if jmx_port is not None:
@@ -344,6 +379,7 @@ def measured(case, partitions, temperature, dist, brokers, topic, args, jmx_port
         r.rss_bound_mib = rss_bound_mib(max(1, r.max_fetch_streams), chunk_cache_mib(args))
         r.resource_exhausted = int(grown("exhausted"))
         r.downloaded_per_byte = grown("downloaded") / (mb * MiB)
+        r.served_mib = grown("served") / MiB
         hits, misses = grown("hit"), grown("miss")
         r.chunk_hit_ratio = hits / (hits + misses) if hits + misses else None
     print(f"  {r}", flush=True)
@@ -506,8 +542,33 @@ def run_ours_cluster(dist, work: Path, args, payload, partitions: int, env, prop
         )
 
 
+def profiled_seconds(args, name: str) -> float:
+    """Seconds of samples in the read's py-spy profile (``--profile-gil``: of a thread holding the
+    GIL), at the profiler's 250 samples per second (``remote_read.sidecar_profiler``)."""
+    from benchmarks.remote_read import file_name
+
+    out = Path(args.profile_sidecar).resolve() / (file_name(name) + ".txt")
+    if not out.exists():
+        return 0.0
+    samples = 0
+    for line in out.read_text().splitlines():
+        _, _, count = line.rpartition(" ")
+        if count.isdigit():
+            samples += int(count)
+    return samples / 250
+
+
 def case_name(args) -> str:
     return "rsm-sidecar TCP+mTLS" if args.transport == "tcp-mtls" else "rsm-sidecar"
+
+
+def cpu_ratio(r: PartRead, lts_cpu: dict) -> str:
+    """The read's broker CPU against ``LocalTieredStorage``'s in the same run: both read the same
+    records, so their CPU-seconds are CPU per byte."""
+    ref = lts_cpu.get((r.partitions, r.temperature))
+    if not ref or r.case == "LocalTieredStorage":
+        return "-"
+    return f"{r.broker_cpu / ref:.2f}x"
 
 
 def fmt(x, spec: str) -> str:
@@ -520,10 +581,12 @@ def table(reads: list[PartRead]) -> str:
         "| sidecar CPU-s "
         "| sidecar peak RSS MiB (bound for its peak streams) | RESOURCE_EXHAUSTED "
         "| fetch request p50 / p99 ms | consumer fetch latency avg ms | remote read mean / p99 ms "
-        "| storage bytes / byte consumed | chunk cache hits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| storage bytes / byte consumed | chunk cache hits | broker CPU vs LTS | broker JIT CPU-s "
+        "| sidecar ms CPU / MiB served | GIL held / sidecar CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lts = {(r.partitions, r.temperature): r.mb_s for r in reads if r.case == "LocalTieredStorage"}
+    lts_cpu = {(r.partitions, r.temperature): r.broker_cpu for r in reads if r.case == "LocalTieredStorage"}
     for r in reads:
         ref = lts.get((r.partitions, r.temperature))
         ratio = f"{r.mb_s / ref:.2f}x" if ref and r.case != "LocalTieredStorage" else "-"
@@ -540,7 +603,9 @@ def table(reads: list[PartRead]) -> str:
             f"{fmt(r.fetch_latency_avg_ms, '.1f')} | "
             f"{fmt(r.remote_read_mean_ms, '.1f')} / {fmt(r.remote_read_p99_ms, '.1f')} | "
             f"{fmt(r.downloaded_per_byte, '.3f')} | "
-            f"{fmt(r.chunk_hit_ratio, '.0%')} |"
+            f"{fmt(r.chunk_hit_ratio, '.0%')} | "
+            f"{cpu_ratio(r, lts_cpu)} | {fmt(r.broker_jit_cpu, '.2f')} | "
+            f"{fmt(r.sidecar_ms_per_mib, '.2f')} | {fmt(r.gil_share, '.0%')} |"
         )
     return "\n".join(lines)
 
@@ -635,10 +700,22 @@ def main(argv: list[str] | None = None) -> int:
                 reads += run_lts(dist, work, args, payload, n)
             if "ours" in cases:
                 reads += run_ours(dist, work, args, payload, n)
+        # the floor of what the sidecar must spend per MiB, measured now on the same records
+        floor = measure_floor(payload.read_bytes()) if "ours" in cases else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()
     print(table(reads))
+    if floor is not None:
+        print()
+        print(floor.line())
+        for r in reads:
+            if r.sidecar_ms_per_mib is not None:
+                ratio = r.sidecar_ms_per_mib / floor.total_ms_per_mib
+                print(
+                    f"  {r.case} ({r.temperature}, {r.partitions} partitions): sidecar "
+                    f"{r.sidecar_ms_per_mib:.2f} ms per MiB served, {ratio:.2f}x the floor"
+                )
     return 0
 
 
