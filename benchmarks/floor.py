@@ -3,9 +3,10 @@ in the same run as the read it is compared with (this machine is shared and its 
 
     .venv/bin/python -m benchmarks.floor [--mib 64] [--payload FILE]
 
-The same kind of bytes as the benchmark's records (``--payload``: the record values, one per line;
-by default ``benchmarks.synthetic`` lines), cut into 4 MiB chunks, compressed with zstd (level 3,
-as the sidecar stores them) and encrypted with AES-256-GCM, are then, on one thread: decrypted,
+The same kind of bytes as a tiered segment of the benchmark's records (``--payload``: the record
+values, one per line; by default ``benchmarks.synthetic`` lines) in Kafka record batches of 80
+records (what a producer's 16 KiB batches hold), cut into 4 MiB chunks, compressed with zstd
+(level 3, as the sidecar stores them) and encrypted with AES-256-GCM, are then, on one thread: decrypted,
 decompressed (python-zstandard, the library the sidecar uses) and written to a TLS socket (Python's
 ``ssl``, OpenSSL) read by another process. Printed: milliseconds of that thread's CPU per MiB of
 original bytes, for each step and in all. A sidecar that costs this much per MiB served spends
@@ -33,6 +34,8 @@ from devstack.tls import TestCA
 
 MiB = 1024 * 1024
 CHUNK = 4 * MiB
+#: records per batch: what a producer's default 16 KiB batches hold of 200-byte values
+RECORDS_PER_BATCH = 80
 
 
 @dataclass
@@ -54,17 +57,21 @@ class Floor:
 
 
 def _chunks(payload: bytes, mib: int) -> list[bytes]:
-    """``mib`` MiB of payload lines, in 4 MiB chunks (each starting at another line)."""
+    """``mib`` MiB of a segment's bytes: the payload's lines as the values of records in batches
+    of ``RECORDS_PER_BATCH``, in 4 MiB chunks."""
+    from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
+
     lines = payload.split(b"\n")
-    out = []
-    i = 0
-    for _ in range(max(1, mib * MiB // CHUNK)):
-        buf = bytearray()
-        while len(buf) < CHUNK:
-            buf += lines[i % len(lines)] + b"\n"
-            i += 1
-        out.append(bytes(buf[:CHUNK]))
-    return out
+    log = bytearray()
+    offset = 0
+    while len(log) < max(1, mib) * MiB:
+        recs = [
+            SimpleRecord(None, lines[(offset + i) % len(lines)], 1_700_000_000_000)
+            for i in range(RECORDS_PER_BATCH)
+        ]
+        log += build_batch(recs, base_offset=offset)
+        offset += RECORDS_PER_BATCH
+    return [bytes(log[i : i + CHUNK]) for i in range(0, len(log) - CHUNK + 1, CHUNK)]
 
 
 def _receiver(sock: socket.socket, ctx: ssl.SSLContext) -> None:

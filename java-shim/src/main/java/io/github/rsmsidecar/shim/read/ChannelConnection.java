@@ -48,7 +48,7 @@ final class ChannelConnection implements Closeable {
     private final SSLEngine tls;
     /** Bytes received and not yet decrypted (TLS) or not yet read (plain), in read mode. */
     private final ByteBuffer netIn;
-    /** Decrypted bytes not yet read (TLS only), in read mode; grows if an engine wants more room. */
+    /** Decrypted bytes not yet read (TLS only, direct), in read mode; grows if an engine wants more room. */
     private ByteBuffer appIn;
     private final ByteBuffer netOut;
     private final Endpoint endpoint;
@@ -62,7 +62,7 @@ final class ChannelConnection implements Closeable {
         int packet = tls == null ? 64 * 1024 : Math.max(tls.getSession().getPacketBufferSize(), 32 * 1024);
         int app = tls == null ? 0 : tls.getSession().getApplicationBufferSize();
         this.netIn = ByteBuffer.allocateDirect(4 * packet).flip();
-        this.appIn = ByteBuffer.allocate(tls == null ? 1 : Math.max(app, packet) * 2).flip();
+        this.appIn = (tls == null ? ByteBuffer.allocate(1) : ByteBuffer.allocateDirect(4 * Math.max(app, packet))).flip();
         this.netOut = ByteBuffer.allocateDirect(tls == null ? 1 : packet + 1024);
     }
 
@@ -172,64 +172,65 @@ final class ChannelConnection implements Closeable {
                 await(SelectionKey.OP_READ, deadline, "reading");
             }
         }
-        if (appIn.hasRemaining()) {
-            int n = Math.min(len, appIn.remaining());
-            appIn.get(b, off, n);
-            return n;
+        if (!appIn.hasRemaining()) {
+            if (decrypt(deadline) < 0) {
+                return -1;
+            }
         }
-        // large reads are decrypted straight into the caller's array
-        boolean direct = len >= appIn.capacity();
-        ByteBuffer dst = direct ? ByteBuffer.wrap(b, off, len) : appIn.clear();
+        int n = Math.min(len, appIn.remaining());
+        appIn.get(b, off, n);
+        return n;
+    }
+
+    /**
+     * Decrypts into {@code appIn} (empty on entry) every whole record there is room for, reading
+     * the socket until at least one byte is decrypted; -1 at the end of the stream. The engine
+     * decrypts into a direct buffer of ours: into a heap array, netty's engine would take a
+     * direct buffer from its allocator for each record and copy it over, which costs the broker
+     * the allocator's code, its JIT compilation and a copy.
+     */
+    private int decrypt(long deadline) throws IOException {
+        appIn.clear();
         try {
             while (true) {
-                SSLEngineResult r = tls.unwrap(netIn, dst);
+                SSLEngineResult r = tls.unwrap(netIn, appIn);
                 switch (r.getStatus()) {
                     case OK:
                         if (r.getHandshakeStatus() == SSLEngineResult.HandshakeStatus.NEED_WRAP
                                 || r.getHandshakeStatus() == SSLEngineResult.HandshakeStatus.NEED_TASK) {
                             continueHandshake(deadline); // TLS 1.3 key updates
                         }
-                        if (r.bytesProduced() > 0) {
-                            return produced(dst, direct, off, b, len);
+                        if (appIn.position() > 0 && (!netIn.hasRemaining()
+                                || appIn.remaining() < tls.getSession().getApplicationBufferSize())) {
+                            return appIn.position(); // what is there; the rest at the next read
                         }
                         break;
                     case BUFFER_UNDERFLOW:
+                        if (appIn.position() > 0) {
+                            return appIn.position();
+                        }
                         if (fill(deadline) < 0) {
                             return -1;
                         }
                         break;
                     case BUFFER_OVERFLOW:
-                        // the engine wants more room than the caller's array (or our buffer) has
-                        if (direct) {
-                            direct = false;
-                        } else if (appIn.capacity() >= MAX_APP_BUFFER) {
+                        if (appIn.position() > 0) {
+                            return appIn.position();
+                        }
+                        if (appIn.capacity() >= MAX_APP_BUFFER) {
                             throw new IOException("TLS record from " + endpoint + " needs more than "
                                     + MAX_APP_BUFFER + " bytes");
-                        } else {
-                            appIn = ByteBuffer.allocate(appIn.capacity() * 2);
                         }
-                        dst = appIn.clear();
+                        appIn = ByteBuffer.allocateDirect(appIn.capacity() * 2);
                         break;
                     case CLOSED:
                     default:
-                        return -1;
+                        return appIn.position() > 0 ? appIn.position() : -1;
                 }
             }
         } finally {
-            if (!direct && dst == appIn && appIn.position() == 0 && appIn.limit() == appIn.capacity()) {
-                appIn.limit(0); // nothing decrypted: keep it empty (read mode)
-            }
+            appIn.flip();
         }
-    }
-
-    private int produced(ByteBuffer dst, boolean direct, int off, byte[] b, int len) {
-        if (direct) {
-            return dst.position() - off;
-        }
-        appIn.flip();
-        int n = Math.min(len, appIn.remaining());
-        appIn.get(b, off, n);
-        return n;
     }
 
     /** Reads exactly {@code len} bytes; {@link EOFException} if the stream ends first. */
