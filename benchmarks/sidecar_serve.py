@@ -191,8 +191,8 @@ def main() -> int:
             ctx.set_alpn_protocols(["rsm-fetch/1"])
         window = int(args.window_mib * MiB)
         print(
-            f"{args.partitions} partitions x {args.mib} MiB, windows of {window / MiB:.2f} MiB, {args.transport}, "
-            f"chunk cache {args.chunk_cache_mib} MiB",
+            f"{args.partitions} partitions x {args.mib} MiB, windows of {window / MiB:.2f} MiB, "
+            f"{args.transport}, chunk cache {args.chunk_cache_mib} MiB",
             flush=True,
         )
         drop_page_cache(work / "remote")
@@ -205,7 +205,8 @@ def main() -> int:
                 if args.profile:
                     args.profile.mkdir(parents=True, exist_ok=True)
                     spy = subprocess.Popen(
-                        ["py-spy", "record", "--pid", str(sidecar.proc.pid), "--rate", "250", "--format", "raw",
+                        ["py-spy", "record", "--pid", str(sidecar.proc.pid), "--rate", "250",
+                         "--format", "raw",
                          "--output", str(args.profile / f"sidecar-serve-{temperature}.txt"),
                          *([] if args.native else ["--nonblocking"]),
                          *(["--native"] if args.native else []), *(["--gil"] if args.gil else [])],
@@ -238,9 +239,8 @@ def main() -> int:
         print("|---|---|---|---|---|---|")
         for temperature, mib, secs, cpu in rows:
             ms = 1000 * cpu / mib
-            print(
-                f"| {temperature} | {mib:.0f} | {mib / secs:.0f} | {cpu:.2f} | {ms:.2f} | {ms / floor.total_ms_per_mib:.2f}x |"
-            )
+            ratio = ms / floor.total_ms_per_mib
+            print(f"| {temperature} | {mib:.0f} | {mib / secs:.0f} | {cpu:.2f} | {ms:.2f} | {ratio:.2f}x |")
         print()
         print(floor.line())
     finally:
