@@ -1,7 +1,6 @@
 package io.github.rsmsidecar.shim;
 
 import com.google.common.util.concurrent.ListenableFuture;
-import com.google.common.util.concurrent.MoreExecutors;
 import com.google.protobuf.ByteString;
 import io.github.rsmsidecar.proto.v1.CopyBegin;
 import io.github.rsmsidecar.proto.v1.CopySegmentResponse;
@@ -11,8 +10,6 @@ import io.github.rsmsidecar.proto.v1.RemoteStorageGrpc;
 import io.github.rsmsidecar.proto.v1.SegmentMetadata;
 import io.github.rsmsidecar.shim.read.RemoteReader;
 import io.grpc.CallOptions;
-import io.grpc.Channel;
-import io.grpc.ManagedChannel;
 import io.grpc.Status;
 import io.grpc.stub.ClientCalls;
 import java.io.IOException;
@@ -36,7 +33,7 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * KIP-405 {@link RemoteStorageManager} that forwards every call to the rsm-sidecar ({@code rsm.v1}).
+ * KIP-405 {@link RemoteStorageManager} backed by the rsm-sidecar ({@code rsm.v1}).
  * This class translates the KIP-405 calls: copies and deletes go over gRPC from here
  * ({@link SegmentCopier}), with deadlines, retries ({@link Retrier}) and gRPC statuses mapped to
  * KIP-405 exceptions ({@link ErrorMapper}); reads ({@code fetchLogSegment}, {@code fetchIndex}) go
@@ -63,22 +60,13 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     private volatile ShimConfig config;
     private volatile Retrier retrier;
-    private volatile ErrorMapper errorMapper;
+    /** How the shim reaches the sidecar: the gRPC channel and the fetch channel's TLS; made by configure(). */
+    private volatile SidecarConnection connection;
     /** The read path: fetchLogSegment and fetchIndex ({@link RemoteReader}); made by configure(). */
     private volatile RemoteReader reader;
-    /** The TLS context of the fetch channel's connections (null without TLS); follows the TLS files. */
-    private volatile io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchTls;
     /** The shim's counters; published through the broker's plugin metrics on Kafka 4.1+ (KIP-877). */
     final ShimMetrics metrics = new ShimMetrics();
     private volatile ScheduledThreadPoolExecutor scheduler;
-    private ManagedChannel channel; // guarded by this
-    /** Channels replaced after a TLS reload, finishing their calls in flight. Guarded by this. */
-    private final List<ManagedChannel> retired = new ArrayList<>();
-    /** The TLS files the next channel uses (null without TLS). */
-    private volatile TlsFiles tlsFiles;
-    /** A changed set of TLS files that was not usable (warned about once). */
-    private volatile TlsFiles rejectedTls;
-    private java.util.concurrent.ScheduledFuture<?> tlsReload; // guarded by this
     private volatile boolean closed;
 
     /** The constructor the broker uses. */
@@ -103,17 +91,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     @Override
     public void configure(Map<String, ?> configs) {
         ShimConfig c;
-        TlsFiles tls;
-        io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchContext;
         try {
             c = ShimConfig.parse(configs);
-            // reads the TLS files now so a bad path fails start-up clearly
-            tls = c.tlsEnabled() ? TlsFiles.read(c).check(c) : null;
-            ChannelFactory.credentials(c, tls);
-            fetchContext = fetchTlsContext(c, tls);
         } catch (ShimConfig.ShimConfigException e) {
-            throw new ConfigException(e.getMessage());
-        } catch (IOException e) {
             throw new ConfigException(e.getMessage());
         }
         for (String removed : c.removedKeys()) {
@@ -127,8 +107,6 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             if (closed) {
                 throw new IllegalStateException("configure() after close()");
             }
-            this.retrier = new Retrier(c, mapper, this::resetConnectBackoff, metrics, () -> tlsFiles);
-            this.errorMapper = mapper;
             if (scheduler == null) {
                 ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
                     Thread t = new Thread(r, "rsm-sidecar-shim-timer");
@@ -138,56 +116,43 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 s.setRemoveOnCancelPolicy(true);
                 this.scheduler = s;
             }
+            SidecarConnection conn;
+            try {
+                // reads the TLS files now so a bad path fails start-up clearly
+                conn = new SidecarConnection(c, channelFactory, metrics, scheduler);
+            } catch (IOException e) {
+                throw new ConfigException(e.getMessage());
+            }
+            Retrier retries = new Retrier(c, mapper, conn::resetConnectBackoff, metrics, conn::tlsFiles);
+            RemoteReader read = new RemoteReader(c, retries, mapper, metrics, conn::channel, scheduler,
+                    channelFactory.fetchChannel(), conn.fetchChannelTls());
+            // Reconfigured (the broker configures once; tests may not): the next call uses the new target.
+            SidecarConnection previousConnection = this.connection;
+            RemoteReader previousReader = this.reader;
             this.config = c;
-            this.tlsFiles = tls;
-            if (tlsReload != null) {
-                tlsReload.cancel(false);
-                tlsReload = null;
+            this.retrier = retries;
+            this.connection = conn;
+            this.reader = read;
+            if (previousReader != null) {
+                previousReader.close();
             }
-            if (tls != null && c.tlsReloadIntervalMs() > 0) {
-                tlsReload = scheduler.scheduleWithFixedDelay(this::reloadTls, c.tlsReloadIntervalMs(),
-                        c.tlsReloadIntervalMs(), TimeUnit.MILLISECONDS);
-            }
-            this.fetchTls = fetchContext;
-            RemoteReader previous = this.reader;
-            String[] address = c.fetchChannelAddress();
-            String host = !c.tlsAuthorityOverride().isEmpty() ? c.tlsAuthorityOverride()
-                    : address.length == 2 ? address[0] : "localhost";
-            int port = address.length == 2 ? Integer.parseInt(address[1]) : 0;
-            this.reader = new RemoteReader(c, retrier, mapper, metrics, this::channel, scheduler,
-                    channelFactory.fetchChannel(), c.tlsEnabled() ? () -> TlsFiles.newEngine(fetchTls, host, port) : null);
-            if (previous != null) {
-                previous.close();
-            }
-            if (channel != null) {
-                // Reconfigured (the broker configures once; tests may not): the next call uses the new target.
-                channel.shutdown();
-                channel = null;
+            if (previousConnection != null) {
+                previousConnection.close(0);
             }
         }
         LOG.info("SidecarRemoteStorageManager {} configured on broker {}: {}; transient errors raise {}",
                 Version.get(), c.brokerId(), c,
                 mapper.hasRetriableClass() ? "RetriableRemoteStorageException" : "RemoteStorageException");
-        warnIfNotValidNow(tls, c);
     }
 
     /** Shuts the channel down, waiting at most {@code close.timeout.ms} for calls to end. */
     @Override
     public void close() throws IOException {
-        ManagedChannel ch;
-        List<ManagedChannel> old;
         synchronized (this) {
             if (closed) {
                 return;
             }
             closed = true;
-            ch = channel;
-            channel = null;
-            old = new ArrayList<>(retired);
-            retired.clear();
-        }
-        for (ManagedChannel r : old) {
-            r.shutdownNow();
         }
         RemoteReader r = reader;
         if (r != null) {
@@ -197,20 +162,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         if (s != null) {
             s.shutdownNow();
         }
-        if (ch == null) {
-            return;
-        }
-        long timeoutMs = config == null ? 5000 : config.closeTimeoutMs();
-        ch.shutdown();
-        try {
-            if (!ch.awaitTermination(timeoutMs, TimeUnit.MILLISECONDS)) {
-                LOG.warn("sidecar calls still running {} ms after close(); cancelling them", timeoutMs);
-                ch.shutdownNow();
-                ch.awaitTermination(Math.min(timeoutMs, 1000), TimeUnit.MILLISECONDS);
-            }
-        } catch (InterruptedException e) {
-            ch.shutdownNow();
-            Thread.currentThread().interrupt();
+        SidecarConnection conn = connection;
+        if (conn != null) {
+            conn.close(config.closeTimeoutMs());
         }
         LOG.info("SidecarRemoteStorageManager closed");
     }
@@ -225,115 +179,6 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
         return c;
     }
-
-    private synchronized Channel channel() throws RemoteStorageException {
-        if (closed) {
-            throw new RemoteStorageException("SidecarRemoteStorageManager is closed");
-        }
-        if (channel == null) {
-            ShimConfig c = config;
-            try {
-                channel = channelFactory.create(c, tlsFiles);
-            } catch (IOException | RuntimeException e) {
-                throw new RemoteStorageException("cannot create the gRPC channel to the sidecar at "
-                        + c.target() + ": " + e.getMessage(), e);
-            }
-            LOG.info("gRPC channel to the sidecar at {} created{}", c.target(),
-                    c.tlsEnabled() ? "; TLS by " + ChannelFactory.tlsProvider() : "");
-            String noKeepalive = ChannelFactory.keepaliveUnavailable(c);
-            if (noKeepalive != null) {
-                LOG.warn("rsm.config.{} and {} do not apply: {}; a connection whose sidecar vanished is "
-                        + "noticed only when a call's timeout passes", ShimConfig.KEEPALIVE_TIME_MS,
-                        ShimConfig.KEEPALIVE_TIMEOUT_MS, noKeepalive);
-            }
-        }
-        return channel;
-    }
-
-    /**
-     * Reads the TLS files again (every {@code tls.reload.interval.ms}); when their bytes changed and
-     * form a usable set ({@link TlsFiles#check}), calls from now on use a new channel made of them,
-     * and the old channel is shut down gracefully: its calls in flight (fetch streams, copies) finish
-     * on the connection they started on. A changed set that is not usable (caught half-written, a
-     * key from another renewal) is warned about once and read again at the next check.
-     */
-    private void reloadTls() {
-        ShimConfig c = config;
-        TlsFiles now;
-        try {
-            now = TlsFiles.read(c);
-        } catch (IOException e) {
-            LOG.warn("TLS files: {}; keeping the ones in use", StatusText.oneLine(String.valueOf(e.getMessage())));
-            return;
-        }
-        if (now.sameAs(tlsFiles) || now.sameAs(rejectedTls)) {
-            return;
-        }
-        try {
-            now.check(c);
-        } catch (IOException e) {
-            rejectedTls = now;
-            LOG.warn("TLS files changed but are not usable yet ({}); keeping the ones in use and checking again "
-                    + "in {} ms", StatusText.oneLine(String.valueOf(e.getMessage())), c.tlsReloadIntervalMs());
-            return;
-        }
-        ManagedChannel old;
-        synchronized (this) {
-            if (closed) {
-                return;
-            }
-            old = channel;
-            if (old != null) {
-                ManagedChannel fresh;
-                try {
-                    fresh = channelFactory.create(c, now);
-                } catch (IOException | RuntimeException e) {
-                    LOG.warn("TLS files changed but no channel could be made of them ({}); keeping the ones in use",
-                            StatusText.oneLine(String.valueOf(e.getMessage())));
-                    rejectedTls = now;
-                    return;
-                }
-                channel = fresh;
-                retired.removeIf(ManagedChannel::isTerminated);
-                retired.add(old);
-            }
-            tlsFiles = now;
-        }
-        try {
-            fetchTls = fetchTlsContext(c, now);
-        } catch (IOException e) {
-            LOG.warn("TLS files changed but the fetch channel cannot use them ({}); its new connections keep the "
-                    + "ones in use", e.getMessage());
-        }
-        metrics.tlsReloads.increment();
-        if (old != null) {
-            old.shutdown(); // graceful: its calls in flight finish, new calls go to the new channel
-        }
-        LOG.info("TLS files changed: new connections to the sidecar use them (client certificate {}){}",
-                now.subject(), old != null ? "; calls in flight finish on the previous connection" : "");
-        warnIfNotValidNow(now, c);
-    }
-
-    /** A WARN line when the client certificate in {@code tls} (null: none) is expired or not yet valid. */
-    private static void warnIfNotValidNow(TlsFiles tls, ShimConfig c) {
-        String why = tls == null ? null : tls.notValidNow(c);
-        if (why != null) {
-            LOG.warn("TLS files: {}", why);
-        }
-    }
-
-    private synchronized void resetConnectBackoff() {
-        if (channel != null) {
-            channel.resetConnectBackoff();
-        }
-    }
-
-    /**
-     * Fetch and index calls: their listener ({@link GrpcInputStream}) only queues what arrives, so it
-     * runs on the transport's thread instead of a hop to gRPC's default executor per message and
-     * per call end (the reader thread takes the message from the queue either way).
-     */
-    private static final CallOptions STREAM_CALL = CallOptions.DEFAULT.withExecutor(MoreExecutors.directExecutor());
 
     private static CallOptions deadline(long ms) {
         return CallOptions.DEFAULT.withDeadlineAfter(ms, TimeUnit.MILLISECONDS);
@@ -356,7 +201,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         CopyBegin beginMessage = SegmentCopier.begin(op, metadata, leaderEpochs, data, c.transferMode(), parts);
         long started = System.nanoTime();
         CopySegmentResponse response = retrier.call(ShimMetrics.Op.COPY, op, attempt -> SegmentCopier.copy(
-                channel(), deadline(c.copyDeadlineMs()), op, beginMessage, parts));
+                connection.channel(), deadline(c.copyDeadlineMs()), op, beginMessage, parts));
         metrics.copyBytes.add(SegmentCopier.copiedBytes(data));
         LOG.info("{}: copied in {} ms ({} mode, {} bytes stored as {}, custom metadata: {} bytes)", op,
                 TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started), c.transferMode(),
@@ -365,12 +210,6 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return response.hasCustomMetadata()
                 ? Optional.of(new CustomMetadata(response.getCustomMetadata().toByteArray()))
                 : Optional.empty();
-    }
-
-    /** The fetch channel's TLS context of {@code tls} (null without TLS). */
-    private static io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchTlsContext(ShimConfig c, TlsFiles tls)
-            throws IOException {
-        return tls == null ? null : tls.fetchChannelContext(c);
     }
 
     // ---- fetch (the read path: RemoteReader) -------------------------------------------------
@@ -452,7 +291,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         long started = System.nanoTime();
         retrier.call(ShimMetrics.Op.DELETE, op, attempt -> {
             ListenableFuture<DeleteSegmentResponse> f = ClientCalls.futureUnaryCall(
-                    channel().newCall(RemoteStorageGrpc.getDeleteSegmentMethod(), deadline(c.deleteDeadlineMs())),
+                    connection.channel().newCall(RemoteStorageGrpc.getDeleteSegmentMethod(), deadline(c.deleteDeadlineMs())),
                     request);
             try {
                 f.get();

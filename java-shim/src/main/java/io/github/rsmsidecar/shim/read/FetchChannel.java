@@ -8,7 +8,6 @@ import io.grpc.StatusException;
 import java.io.EOFException;
 import java.io.IOException;
 import java.io.InterruptedIOException;
-import java.net.ConnectException;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
@@ -179,12 +178,17 @@ public final class FetchChannel implements AutoCloseable {
         ChannelConnection c;
         try {
             c = ChannelConnection.open(endpoint, engine, connectTimeoutMs);
-        } catch (ConnectException e) {
-            throw Status.UNAVAILABLE.withDescription("fetch channel: cannot connect to " + endpoint + ": "
-                    + e.getMessage()).withCause(e).asException();
         } catch (SSLException e) {
             throw Status.UNAVAILABLE.withDescription("fetch channel: TLS handshake with " + endpoint + " failed: "
                     + e.getMessage()).withCause(e).asException();
+        } catch (IOException e) {
+            // refused, timed out, or (a Unix socket) no socket file at the path
+            String why = e.getMessage() != null ? e.getMessage() : e.getClass().getSimpleName();
+            if (endpoint.socketPath() != null && !java.nio.file.Files.exists(java.nio.file.Path.of(endpoint.socketPath()))) {
+                why = "no socket file at " + endpoint.socketPath() + " (is the sidecar running?)";
+            }
+            throw Status.UNAVAILABLE.withDescription("fetch channel: cannot connect to " + endpoint + ": " + why)
+                    .asException();
         }
         try {
             if (engine != null && !ALPN_PROTOCOL.equals(c.applicationProtocol())) {
