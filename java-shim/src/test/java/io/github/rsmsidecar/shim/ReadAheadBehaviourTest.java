@@ -604,17 +604,23 @@ class ReadAheadBehaviourTest {
             // partition 2 reads on: a second plain window, 3 MiB kept in all
             brokerRead(h, partitions.get(2), 400_000, 100_000);
             assertEquals(9, settled(h, sidecar).size());
+            // partition 0 is read again, inside its read-ahead window: partition 1 is now the least
+            // recently read (the first one kept is not)
+            brokerRead(h, partitions.get(0), 1_000_000, 100_000);
+            assertEquals(9, settled(h, sidecar).size());
             // a fourth partition's first kept window overflows the bound: the least recently read
-            // partition (0) loses its oldest window, and only that
+            // partition (1) loses its oldest window, and only that
             RemoteLogSegmentMetadata p3 = partitionSegment(3);
             brokerRead(h, p3, brokerRead(h, p3, 0, 100_000), 100_000);
             assertEquals(11, settled(h, sidecar).size());
-            brokerRead(h, partitions.get(1), 150_000, 100_000);
-            brokerRead(h, partitions.get(0), 1_000_000, 100_000);
-            assertEquals(11, settled(h, sidecar).size(), "partition 1's windows and 0's read-ahead were kept");
             brokerRead(h, partitions.get(0), 150_000, 100_000);
+            brokerRead(h, partitions.get(1), 1_000_000, 100_000);
+            brokerRead(h, partitions.get(2), 450_000, 100_000);
+            assertEquals(11, settled(h, sidecar).size(), "partition 0's and 2's windows and 1's read-ahead were kept");
+            brokerRead(h, partitions.get(1), 150_000, 100_000);
             r = settled(h, sidecar);
-            assertEquals(12, r.size(), "partition 0's plain window was dropped");
+            assertEquals(12, r.size(), "partition 1's plain window was dropped: " + describe(r));
+            assertEquals(partitions.get(1).remoteLogSegmentId().id().toString(), r.get(11).getMetadata().getSegmentId());
             assertEquals(150_000, r.get(11).getStartPosition());
         }
     }
