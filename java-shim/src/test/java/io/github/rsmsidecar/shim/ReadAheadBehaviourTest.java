@@ -299,36 +299,45 @@ class ReadAheadBehaviourTest {
     @Test
     void aSequentialReaderIsServedFromReadAheadWindowsReceivedInTheBackground() throws Exception {
         try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
-            RemoteLogSegmentMetadata md = md();
-            int position = brokerRead(h, md, 0, 200_000);
-            List<FetchSegmentRequest> r = settled(h, sidecar);
-            assertEquals(1, r.size(), "the first read of a partition: one plain window, nothing ahead");
-            assertEquals(262_143, r.get(0).getEndPosition());
-            position = brokerRead(h, md, position - 10_000, 200_000);
-            // the second continues the first: one plain window, kept, and the window after it read
-            // ahead at once, before any reader needs it (this read stopped well inside the kept one)
-            r = settled(h, sidecar);
-            assertEquals(3, r.size(), describe(r));
-            assertFalse(isReadAhead(r.get(1)), "the reader waits for one window only: " + describe(r));
-            assertTrue(r.get(1).getEndPosition() + 1 < SIZE && position < r.get(1).getEndPosition(), describe(r));
-            assertEquals(r.get(1).getEndPosition() + 1, r.get(2).getStartPosition());
-            assertTrue(isReadAhead(r.get(2)), describe(r));
-            while (position < SIZE - 250_000) {
-                position = brokerRead(h, md, position - 10_000, 200_000);
-            }
-            // 3 MiB in 200 kB fetches: every later window was read ahead, each once, end to end
-            r = settled(h, sidecar);
-            assertEquals(2 + 3, r.size(), describe(r));
-            for (int i = 2; i < r.size(); i++) {
-                assertTrue(isReadAhead(r.get(i)), "a read-ahead window: " + describe(r));
-                assertEquals(end(r.get(i - 1)), r.get(i).getStartPosition(), "no byte asked for twice: " + describe(r));
-            }
-            assertEquals(SIZE, end(r.get(r.size() - 1)));
-            // reads crossing a kept window's end continue seamlessly into the next (the last two are kept)
-            brokerRead(h, md, r.get(3).getStartPosition() + MIB - 100, 300_000);
-            assertEquals(r.size(), settled(h, sidecar).size(), "served from the kept windows");
-            brokerRead(h, md, 0, SIZE);
+            readSequentiallyFromReadAheadWindows(h, sidecar);
+            assertTrue(sidecar.overGrpc.isEmpty(), "every range over the fetch channel");
         }
+    }
+
+    /**
+     * A sequential reader of a new segment: it waits for its first two windows only; every later
+     * window is read ahead in the background, once each.
+     */
+    static void readSequentiallyFromReadAheadWindows(Fixtures.Harness h, Sidecar sidecar) throws Exception {
+        RemoteLogSegmentMetadata md = md();
+        int position = brokerRead(h, md, 0, 200_000);
+        List<FetchSegmentRequest> r = settled(h, sidecar);
+        assertEquals(1, r.size(), "the first read of a partition: one plain window, nothing ahead");
+        assertEquals(262_143, r.get(0).getEndPosition());
+        position = brokerRead(h, md, position - 10_000, 200_000);
+        // the second continues the first: one plain window, kept, and the window after it read
+        // ahead at once, before any reader needs it (this read stopped well inside the kept one)
+        r = settled(h, sidecar);
+        assertEquals(3, r.size(), describe(r));
+        assertFalse(isReadAhead(r.get(1)), "the reader waits for one window only: " + describe(r));
+        assertTrue(r.get(1).getEndPosition() + 1 < SIZE && position < r.get(1).getEndPosition(), describe(r));
+        assertEquals(r.get(1).getEndPosition() + 1, r.get(2).getStartPosition());
+        assertTrue(isReadAhead(r.get(2)), describe(r));
+        while (position < SIZE - 250_000) {
+            position = brokerRead(h, md, position - 10_000, 200_000);
+        }
+        // 3 MiB in 200 kB fetches: every later window was read ahead, each once, end to end
+        r = settled(h, sidecar);
+        assertEquals(2 + 3, r.size(), describe(r));
+        for (int i = 2; i < r.size(); i++) {
+            assertTrue(isReadAhead(r.get(i)), "a read-ahead window: " + describe(r));
+            assertEquals(end(r.get(i - 1)), r.get(i).getStartPosition(), "no byte asked for twice: " + describe(r));
+        }
+        assertEquals(SIZE, end(r.get(r.size() - 1)));
+        // reads crossing a kept window's end continue seamlessly into the next (the last two are kept)
+        brokerRead(h, md, r.get(3).getStartPosition() + MIB - 100, 300_000);
+        assertEquals(r.size(), settled(h, sidecar).size(), "served from the kept windows");
+        brokerRead(h, md, 0, SIZE);
     }
 
     @Test
@@ -628,18 +637,25 @@ class ReadAheadBehaviourTest {
     @Test
     void aReadAheadWindowOfAnotherLengthThanAskedIsNotKept() throws Exception {
         try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
-            // the sidecar lies in every read-ahead window (set before the reads that start one):
-            // 1000 bytes fewer than asked for, then more
-            for (int lie : new int[] {-1000, 1000}) {
-                sidecar.readAheadLongerBy = lie;
-                RemoteLogSegmentMetadata md = md();
-                int ahead = sequentialReadWithAWindowAhead(h, sidecar, md);
-                int calls = sidecar.requests.size();
-                brokerRead(h, md, ahead + 1000, 100_000); // the right bytes: asked again, not the lie
-                List<FetchSegmentRequest> r = from(settled(h, sidecar), calls);
-                assertFalse(r.isEmpty(), lie + ": served from a window of another length");
-                assertEquals(ahead + 1000, r.get(0).getStartPosition(), lie + ": " + describe(r));
-            }
+            readAheadWindowsOfAnotherLengthAreNotKept(h, sidecar);
+            assertTrue(sidecar.overGrpc.isEmpty(), "every range over the fetch channel");
+        }
+    }
+
+    /**
+     * The sidecar lies in every read-ahead window (set before the reads that start one): 1000
+     * bytes fewer than asked for, then 1000 more. The reader gets the right bytes, asked for again.
+     */
+    static void readAheadWindowsOfAnotherLengthAreNotKept(Fixtures.Harness h, Sidecar sidecar) throws Exception {
+        for (int lie : new int[] {-1000, 1000}) {
+            sidecar.readAheadLongerBy = lie;
+            RemoteLogSegmentMetadata md = md();
+            int ahead = sequentialReadWithAWindowAhead(h, sidecar, md);
+            int calls = sidecar.requests.size();
+            brokerRead(h, md, ahead + 1000, 100_000);
+            List<FetchSegmentRequest> r = from(settled(h, sidecar), calls);
+            assertFalse(r.isEmpty(), lie + ": served from a window of another length");
+            assertEquals(ahead + 1000, r.get(0).getStartPosition(), lie + ": " + describe(r));
         }
     }
 
@@ -703,24 +719,7 @@ class ReadAheadBehaviourTest {
     @Test
     void withoutTheFetchChannelASequentialReaderIsServedFromReadAheadWindowsOverGrpc() throws Exception {
         try (Sidecar sidecar = new Sidecar(false); Fixtures.Harness h = sidecar.shim()) {
-            RemoteLogSegmentMetadata md = md();
-            int position = brokerRead(h, md, 0, 200_000);
-            position = brokerRead(h, md, position - 10_000, 200_000);
-            List<FetchSegmentRequest> r = settled(h, sidecar);
-            assertEquals(3, r.size(), describe(r));
-            assertFalse(isReadAhead(r.get(1)), describe(r));
-            assertTrue(isReadAhead(r.get(2)), describe(r));
-            while (position < SIZE - 250_000) {
-                position = brokerRead(h, md, position - 10_000, 200_000);
-            }
-            r = settled(h, sidecar);
-            assertEquals(2 + 3, r.size(), describe(r));
-            for (FetchSegmentRequest q : from(r, 2)) {
-                assertTrue(isReadAhead(q), "a read-ahead window: " + describe(r));
-            }
-            brokerRead(h, md, r.get(3).getStartPosition() + MIB - 100, 300_000); // across kept windows
-            assertEquals(r.size(), settled(h, sidecar).size(), "served from the kept windows");
-            brokerRead(h, md, 0, SIZE);
+            readSequentiallyFromReadAheadWindows(h, sidecar);
             assertEquals(sidecar.requests, sidecar.overGrpc, "every range over gRPC");
             assertEquals(1, sidecar.frames.connections.get(), "the fetch channel tried once (again after 60 s)");
             assertTrue(sidecar.frames.requests.isEmpty());
@@ -730,16 +729,7 @@ class ReadAheadBehaviourTest {
     @Test
     void withoutTheFetchChannelAReadAheadWindowOfAnotherLengthIsNotKept() throws Exception {
         try (Sidecar sidecar = new Sidecar(false); Fixtures.Harness h = sidecar.shim()) {
-            for (int lie : new int[] {-1000, 1000}) {
-                sidecar.readAheadLongerBy = lie;
-                RemoteLogSegmentMetadata md = md();
-                int ahead = sequentialReadWithAWindowAhead(h, sidecar, md);
-                int calls = sidecar.requests.size();
-                brokerRead(h, md, ahead + 1000, 100_000);
-                List<FetchSegmentRequest> r = from(settled(h, sidecar), calls);
-                assertFalse(r.isEmpty(), lie + ": served from a window of another length");
-                assertEquals(ahead + 1000, r.get(0).getStartPosition(), lie + ": " + describe(r));
-            }
+            readAheadWindowsOfAnotherLengthAreNotKept(h, sidecar);
             assertEquals(sidecar.requests, sidecar.overGrpc, "every range over gRPC");
         }
     }
