@@ -43,8 +43,8 @@ import org.junit.jupiter.api.Timeout;
 /**
  * Read-ahead (rsm.config.fetch.readahead.bytes) as the broker sees it: the real shim reads from a
  * sidecar that speaks the fetch channel ({@link FrameSidecar}; deletes go to an in-process gRPC
- * service), and the test counts the requests the sidecar sees. The last two tests read from a
- * sidecar without the fetch channel, over gRPC.
+ * service), and the test counts the requests the sidecar sees. The tests named {@code
+ * withoutTheFetchChannel...} read from a sidecar without it (an older version), over gRPC.
  *
  * <p>The broker's way of reading: each fetch opens the segment at a position without an end,
  * reads about one consumer fetch and closes the stream; the next starts one batch (10,000 bytes
