@@ -269,6 +269,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return reader.fetch(md, start, end);
     }
 
+    /** The read path, as configured (tests). */
+    RemoteReader reader() {
+        return reader;
+    }
+
     @Override
     public InputStream fetchIndex(RemoteLogSegmentMetadata md, IndexType indexType) throws RemoteStorageException {
         config();

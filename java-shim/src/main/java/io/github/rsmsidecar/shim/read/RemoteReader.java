@@ -94,6 +94,8 @@ public final class RemoteReader implements AutoCloseable {
     private final ReadAhead readAhead;
     private final IndexPrefetch indexPrefetch = new IndexPrefetch();
     private final ThreadPoolExecutor background;
+    /** Background tasks (read-aheads, index prefetches) handed to {@link #background} and not ended yet. */
+    private final AtomicInteger backgroundTasks = new AtomicInteger();
     private final ConcurrentHashMap<TopicIdPartition, Long> lastFetchBytes = new ConcurrentHashMap<>();
     private volatile long noChannelUntilNanos = System.nanoTime();
 
@@ -125,7 +127,24 @@ public final class RemoteReader implements AutoCloseable {
                     Thread t = new Thread(r, "rsm-sidecar-shim-read-ahead-" + n.incrementAndGet());
                     t.setDaemon(true);
                     return t;
-                });
+                }) {
+            @Override
+            public void execute(Runnable task) {
+                backgroundTasks.incrementAndGet(); // counted from here: a test that waits for none misses none
+                try {
+                    super.execute(() -> {
+                        try {
+                            task.run();
+                        } finally {
+                            backgroundTasks.decrementAndGet();
+                        }
+                    });
+                } catch (RejectedExecutionException e) {
+                    backgroundTasks.decrementAndGet();
+                    throw e;
+                }
+            }
+        };
         this.background.allowCoreThreadTimeOut(true);
     }
 
@@ -497,6 +516,14 @@ public final class RemoteReader implements AutoCloseable {
     }
 
     // ---- lifecycle ---------------------------------------------------------------------------
+
+    /**
+     * Read-aheads and index prefetches started and not ended yet (tests: a read that started none
+     * is seen to have started none once this is 0, without waiting a guessed time).
+     */
+    int backgroundTasks() {
+        return backgroundTasks.get();
+    }
 
     /** Drops what is kept of segment {@code id} (it is being deleted): nothing of it is served again. */
     public void forget(RemoteLogSegmentId id) {

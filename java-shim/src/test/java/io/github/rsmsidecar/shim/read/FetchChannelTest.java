@@ -1,5 +1,7 @@
 package io.github.rsmsidecar.shim.read;
 
+import static io.github.rsmsidecar.shim.read.FrameSidecar.data;
+import static io.github.rsmsidecar.shim.read.FrameSidecar.end;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -10,7 +12,6 @@ import io.github.rsmsidecar.proto.v1.FetchSegmentRequest;
 import io.github.rsmsidecar.proto.v1.SegmentMetadata;
 import io.grpc.Status;
 import io.grpc.StatusException;
-import java.io.DataInputStream;
 import java.io.DataOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
@@ -19,9 +20,7 @@ import java.net.InetAddress;
 import java.net.ServerSocket;
 import java.net.Socket;
 import java.util.Arrays;
-import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.LongAdder;
 import java.util.function.BiConsumer;
 import org.junit.jupiter.api.AfterEach;
@@ -45,99 +44,9 @@ class FetchChannelTest {
         }
     }
 
-    /** A loopback server speaking the fetch channel; {@code answer} writes each exchange's reply. */
-    static final class FakeSidecar implements AutoCloseable {
-        final ServerSocket server;
-        final AtomicInteger connections = new AtomicInteger();
-        final CopyOnWriteArrayList<FetchSegmentRequest> requests = new CopyOnWriteArrayList<>();
-        final CopyOnWriteArrayList<Socket> sockets = new CopyOnWriteArrayList<>();
-        volatile byte[] preface = FetchChannel.PREFACE;
-
-        FakeSidecar(BiConsumer<FetchSegmentRequest, DataOutputStream> answer) throws IOException {
-            server = new ServerSocket(0, 50, InetAddress.getLoopbackAddress());
-            Thread t = new Thread(() -> {
-                while (!server.isClosed()) {
-                    try {
-                        Socket s = server.accept();
-                        connections.incrementAndGet();
-                        sockets.add(s);
-                        new Thread(() -> serve(s, answer)).start();
-                    } catch (IOException e) {
-                        return;
-                    }
-                }
-            });
-            t.setDaemon(true);
-            t.start();
-        }
-
-        private void serve(Socket s, BiConsumer<FetchSegmentRequest, DataOutputStream> answer) {
-            try (s) {
-                DataInputStream in = new DataInputStream(s.getInputStream());
-                DataOutputStream out = new DataOutputStream(s.getOutputStream());
-                byte[] p = new byte[8];
-                in.readFully(p);
-                out.write(preface);
-                out.flush();
-                while (true) {
-                    byte type = in.readByte();
-                    byte[] payload = new byte[in.readInt()];
-                    in.readFully(payload);
-                    assertEquals(FetchChannel.REQUEST, type);
-                    FetchSegmentRequest req = FetchSegmentRequest.parseFrom(payload);
-                    requests.add(req);
-                    answer.accept(req, out);
-                    out.flush();
-                }
-            } catch (IOException | RuntimeException e) {
-                // the client closed, or the answer closed on purpose
-            }
-        }
-
-        ChannelConnection.Endpoint endpoint() {
-            return new ChannelConnection.Endpoint("127.0.0.1", server.getLocalPort(), null);
-        }
-
-        @Override
-        public void close() throws IOException {
-            server.close();
-            for (Socket s : sockets) {
-                s.close();
-            }
-        }
-    }
-
-    static void data(DataOutputStream out, byte[] b, int off, int len) {
-        try {
-            out.writeByte(FetchChannel.DATA);
-            out.writeInt(len);
-            out.write(b, off, len);
-        } catch (IOException e) {
-            throw new java.io.UncheckedIOException(e);
-        }
-    }
-
-    static void end(DataOutputStream out, FetchEnd end) {
-        try {
-            byte[] p = end.toByteArray();
-            out.writeByte(FetchChannel.END);
-            out.writeInt(p.length);
-            out.write(p);
-        } catch (IOException e) {
-            throw new java.io.UncheckedIOException(e);
-        }
-    }
-
     /** The honest answer: the range in frames of at most {@code frame} bytes, then OK. */
     static BiConsumer<FetchSegmentRequest, DataOutputStream> honest(int frame) {
-        return (req, out) -> {
-            int start = req.getStartPosition();
-            int end = req.hasEndPosition() ? Math.min(req.getEndPosition(), SEGMENT.length - 1) : SEGMENT.length - 1;
-            for (int at = start; at <= end; at += frame) {
-                data(out, SEGMENT, at, Math.min(frame, end + 1 - at));
-            }
-            end(out, FetchEnd.newBuilder().setLength(Math.max(0, end + 1 - start)).build());
-        };
+        return FrameSidecar.honest(SEGMENT, frame);
     }
 
     static FetchSegmentRequest request(int start, Integer end) {
@@ -150,11 +59,11 @@ class FetchChannelTest {
         return b.build();
     }
 
-    FakeSidecar sidecar;
+    FrameSidecar sidecar;
     FetchChannel channel;
     final LongAdder bytes = new LongAdder();
 
-    FetchChannel client(FakeSidecar s) {
+    FetchChannel client(FrameSidecar s) {
         channel = new FetchChannel(s.endpoint(), null, 2000, 2000, 2000, bytes);
         return channel;
     }
@@ -177,7 +86,7 @@ class FetchChannelTest {
 
     @Test
     void rangesArriveByteExactAndExchangesShareOneConnection() throws Exception {
-        sidecar = new FakeSidecar(honest(100_000));
+        sidecar = new FrameSidecar(honest(100_000));
         FetchChannel c = client(sidecar);
         assertArrayEquals(Arrays.copyOfRange(SEGMENT, 0, SEGMENT.length),
                 readAll(c.open(request(0, null), SEGMENT.length, "all")));
@@ -194,7 +103,7 @@ class FetchChannelTest {
 
     @Test
     void aRefusalBeforeAnyByteIsItsStatusAndTheConnectionServesOn() throws Exception {
-        sidecar = new FakeSidecar((req, out) -> {
+        sidecar = new FrameSidecar((req, out) -> {
             if (req.getStartPosition() == 1) {
                 end(out, FetchEnd.newBuilder().setCode(Status.Code.NOT_FOUND.value())
                         .setMessage("segment t-0 not found:\nno manifest").build());
@@ -212,7 +121,7 @@ class FetchChannelTest {
 
     @Test
     void aFailureAfterBytesIsAnIOExceptionNeverAShortRead() throws Exception {
-        sidecar = new FakeSidecar((req, out) -> {
+        sidecar = new FrameSidecar((req, out) -> {
             data(out, SEGMENT, 0, 1000);
             end(out, FetchEnd.newBuilder().setCode(Status.Code.DATA_LOSS.value()).setLength(1000)
                     .setMessage("tiered/x.log chunk 3: authentication failed").build());
@@ -284,7 +193,7 @@ class FetchChannelTest {
 
     private void assertLie(BiConsumer<FetchSegmentRequest, DataOutputStream> answer, int length, String says)
             throws Exception {
-        try (FakeSidecar s = new FakeSidecar(answer)) {
+        try (FrameSidecar s = new FrameSidecar(answer)) {
             FetchChannel c = new FetchChannel(s.endpoint(), null, 2000, 2000, 2000, new LongAdder());
             try {
                 // refused at the first frame (INTERNAL, not retried) or by a read: never a clean end
@@ -304,7 +213,7 @@ class FetchChannelTest {
 
     @Test
     void aProtocolViolationOnTheFirstFrameIsInternalAndNotRetried() throws Exception {
-        sidecar = new FakeSidecar((req, out) -> {
+        sidecar = new FrameSidecar((req, out) -> {
             try {
                 out.writeByte('?');
                 out.writeInt(0);
@@ -318,7 +227,7 @@ class FetchChannelTest {
 
     @Test
     void aSidecarWithoutTheChannelIsToldApartFromOneThatIsDown() throws Exception {
-        sidecar = new FakeSidecar(honest(1000));
+        sidecar = new FrameSidecar(honest(1000));
         sidecar.preface = "\0\0\022\004\0\0\0\0".getBytes(java.nio.charset.StandardCharsets.ISO_8859_1); // HTTP/2 SETTINGS
         assertThrows(FetchChannel.NotAvailable.class, () -> client(sidecar).open(request(0, 9), 10, "op"));
         int port;
@@ -334,7 +243,7 @@ class FetchChannelTest {
 
     @Test
     void aKeptConnectionTheSidecarClosedIsReplacedWithoutAFailure() throws Exception {
-        sidecar = new FakeSidecar(honest(1 << 20));
+        sidecar = new FrameSidecar(honest(1 << 20));
         FetchChannel c = client(sidecar);
         assertEquals(10, readAll(c.open(request(0, 9), 10, "op")).length);
         for (Socket s : sidecar.sockets) {
@@ -347,7 +256,7 @@ class FetchChannelTest {
 
     @Test
     void aStreamClosedBeforeItsEndClosesItsConnection() throws Exception {
-        sidecar = new FakeSidecar(honest(64 * 1024));
+        sidecar = new FrameSidecar(honest(64 * 1024));
         FetchChannel c = client(sidecar);
         InputStream in = c.open(request(0, null), SEGMENT.length, "op");
         assertEquals(1000, in.readNBytes(1000).length);
@@ -372,7 +281,7 @@ class FetchChannelTest {
     @Test
     void theSegmentAfterTheRangeComesWithItsEnd() throws Exception {
         SegmentMetadata next = SegmentMetadata.newBuilder().setSegmentId("next").setStartOffset(200).build();
-        sidecar = new FakeSidecar((req, out) -> {
+        sidecar = new FrameSidecar((req, out) -> {
             data(out, SEGMENT, SEGMENT.length - 10, 10);
             end(out, FetchEnd.newBuilder().setLength(10).setNextSegment(next).build());
         });
@@ -385,7 +294,7 @@ class FetchChannelTest {
 
     @Test
     void aWindowSpansPiecesAndReadsFromAnyPosition() throws Exception {
-        sidecar = new FakeSidecar(honest(300_000));
+        sidecar = new FrameSidecar(honest(300_000));
         int len = 3 * Window.PIECE_BYTES + 12_345;
         Window w = Window.read(client(sidecar).open(request(1000, 1000 + len - 1), len, "op"), 1000, len);
         assertEquals(1000 + len, w.end());
