@@ -171,6 +171,7 @@ def drop_page_cache(root: Path) -> None:
             except OSError:
                 continue
             try:
+                os.fdatasync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
@@ -512,9 +513,9 @@ def run_lts(
 
 def cold_sidecar(stack: LocalStack) -> None:
     """What makes a read of ours cold: the sidecar restarted (its caches empty) and the stored
-    objects dropped from the page cache."""
+    objects dropped from the page cache (the directory, or the S3 server's data)."""
     stack.restart_sidecar()
-    drop_page_cache(stack.remote_root)
+    drop_page_cache(stack.stored_dir)
 
 
 def run_ours(
