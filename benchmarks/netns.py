@@ -8,10 +8,13 @@ instead of over the loopback interface or a Unix socket. Needs root (``ip netns`
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 import zlib
+from pathlib import Path
 
 
 def _ip(*args: str) -> None:
@@ -31,7 +34,13 @@ def available() -> str | None:
 
 class NetNs:
     """Namespace ``name`` with ``inner_ip`` on its end of a veth pair, ``outer_ip`` on ours
-    (a /30 in 10.231.0.0/16 derived from the name, so two benchmarks do not collide)."""
+    (a /30 in 10.231.0.0/16 derived from the name, so two benchmarks do not collide).
+
+    One process at a time holds a name (an ``flock`` while the namespace lives): a second run of
+    the same benchmark is refused, rather than deleting the namespace and veth pair of the one
+    running, whose broker then lost its sidecar. A namespace left by a killed run holds no lock
+    and is removed.
+    """
 
     def __init__(self, name: str):
         self.name = name
@@ -41,6 +50,7 @@ class NetNs:
         self.inner_ip = f"10.231.{base // 256}.{base % 256 + 2}"
         tag = f"{n:04x}"
         self.outer_if, self.inner_if = f"rsmh{tag}", f"rsms{tag}"
+        self._lock: int | None = None
 
     @property
     def exec_prefix(self) -> list[str]:
@@ -50,9 +60,10 @@ class NetNs:
         why = available()
         if why:
             raise RuntimeError(f"cannot make a network namespace: {why}")
-        self.close()  # a leftover of a killed run
-        _ip("netns", "add", self.name)
+        self._hold_name()
+        self._remove()  # a leftover of a killed run
         try:
+            _ip("netns", "add", self.name)
             _ip("link", "add", self.outer_if, "type", "veth", "peer", "name", self.inner_if)
             _ip("link", "set", self.inner_if, "netns", self.name)
             _ip("addr", "add", f"{self.outer_ip}/30", "dev", self.outer_if)
@@ -66,9 +77,32 @@ class NetNs:
             raise
         return self
 
-    def close(self) -> None:
+    def _hold_name(self) -> None:
+        path = Path(tempfile.gettempdir()) / f"rsm-netns-{self.name}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(
+                f"network namespace {self.name} is in use by another run (it holds {path}): "
+                "wait for that run to end; two runs would share its addresses"
+            ) from None
+        self._lock = fd
+
+    def _remove(self) -> None:
         subprocess.run(["ip", "link", "del", self.outer_if], capture_output=True, check=False)
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
+
+    def close(self) -> None:
+        """Remove the namespace and its veth pair, if this object made them."""
+        if self._lock is None:
+            return
+        try:
+            self._remove()
+        finally:
+            os.close(self._lock)  # releases the name
+            self._lock = None
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -13,17 +13,15 @@ and deleted locally, and then consumes everything twice:
   from Maven Central; no transforms, plain files): what a remote read costs the broker
   without us.
 * ``rsm-sidecar zstd+AES`` and ``rsm-sidecar plain`` (compression and encryption off):
-  ours, through the shim and the sidecar, local-directory storage, default settings (fetch
-  hand-off over the Unix socket) (the shim reads ahead 8 MiB);
+  ours, through the shim and the sidecar, local-directory storage, default settings (the
+  sidecar's fetch channel over the Unix socket; the shim reads ahead 8 MiB);
   ``rsm-sidecar zstd+AES
   no-readahead`` (case ``ours-no-readahead``): the same with the shim's
-  ``rsm.config.fetch.readahead.bytes = 0``, one call per fetch; ``rsm-sidecar zstd+AES
-  no-handoff`` (case ``ours-grpc``): the same with ``fetch.handoff_max_bytes = 0``, every
-  byte over gRPC (read-ahead needs hand-off).
+  ``rsm.config.fetch.readahead.bytes = 0``, one request per fetch.
 * ``rsm-sidecar zstd+AES TCP+mTLS`` (case ``ours-tcp``): the sidecar where Strimzi puts it, not
   in the broker's pod: in its own network namespace (``benchmarks/netns.py``: a veth pair, its
   own TCP stack; needs root), reached over TCP with mutual TLS (a test CA's certificates), the
-  shim copying in **stream** mode, no shared hand-off directory; ``rsm-sidecar zstd+AES TCP``
+  shim copying in **stream** mode, no shared filesystem; ``rsm-sidecar zstd+AES TCP``
   (case ``ours-tcp-plaintext``): the same without TLS, to show what TLS costs.
 
 Every broker reads a local (untiered) topic of the same size before its remote reads (the
@@ -38,13 +36,13 @@ cache (``posix_fadvise(DONTNEED)``; the same for ``LocalTieredStorage``'s files)
 again at once. Reported per read: MB/s and records/s as ConsumerPerformance measures them
 (fetch time, without the group join), the broker's and the sidecar's CPU-seconds
 (``/proc/<pid>/stat``), bytes the sidecar served per byte consumed
-(``rsm_bytes{kind="fetch_served"}``) and the share of them handed off in files
-(``kind="fetch_handoff"``; the rest went over gRPC), and bytes it received from object storage
+(``rsm_bytes{kind="fetch_served"}``) and the share of them sent over the fetch channel
+(``kind="fetch_channel"``; the rest went over gRPC), and bytes it received from object storage
 per byte consumed (``rsm_storage_bytes_read``).
 
     .venv/bin/python benchmarks/remote_read.py [--records 2000000] [--record-size 200]
         [--segment-mib 16] [--fetch-size 1048576] [--compression none|lz4|zstd]
-        [--cases local,lts,ours,ours-plain,ours-no-readahead,ours-grpc,ours-tcp,ours-tcp-plaintext]
+        [--cases local,lts,ours,ours-plain,ours-no-readahead,ours-tcp,ours-tcp-plaintext]
         [--readahead-mib 8] [--warm-up local|remote] [--warm-up-records N] [--warm-up-reads N]
         [--jfr DIR] [--profile-sidecar DIR] [--thread-cpu] [--jvm-option OPTION ...]
 
@@ -147,20 +145,25 @@ def scrape(url: str | None) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         m = re.match(
-            r'(rsm_bytes_total\{kind="fetch_(?:served|handoff)"\}|rsm_storage_bytes_read_total\{[^}]*\}'
+            r'(rsm_bytes_total\{kind="fetch_(?:served|channel)"\}|rsm_storage_bytes_read_total\{[^}]*\}'
             r'|rsm_operations_total\{op="fetch",[^}]*\}) (\S+)',
             line,
         )
         if m:
             name = {
                 'rsm_bytes_total{kind="fetch_served"}': "served",
-                'rsm_bytes_total{kind="fetch_handoff"}': "handoff",
+                'rsm_bytes_total{kind="fetch_channel"}': "channel",
             }.get(m.group(1)) or {"rsm_stora": "downloaded", "rsm_opera": "calls"}[m.group(1)[:9]]
             out[name] = out.get(name, 0.0) + float(m.group(2))
     return out
 
 
 def drop_page_cache(root: Path) -> None:
+    """Every file under ``root`` out of the page cache, each written back first: DONTNEED leaves
+    dirty pages in memory, and Kafka's ``LocalTieredStorage`` and SeaweedFS do not fsync what they
+    write (the sidecar's local store does). Without the write-back a 12-partition
+    ``LocalTieredStorage`` directory, just tiered, stayed wholly resident (61 of 61 MiB, 2026-12-07),
+    and so did 15 of SeaweedFS's 19 MiB."""
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
             try:
@@ -168,6 +171,7 @@ def drop_page_cache(root: Path) -> None:
             except OSError:
                 continue
             try:
+                os.fdatasync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
@@ -184,7 +188,7 @@ class Read:
     broker_cpu_above_idle: float = 0.0
     sidecar_cpu: float | None = None
     served_per_byte: float | None = None
-    handoff_share: float | None = None
+    channel_share: float | None = None
     downloaded_per_byte: float | None = None
     calls_per_mib: float | None = None
     fetch_latency_ms: float | None = None
@@ -385,7 +389,7 @@ def measured_read(
         r.sidecar_cpu = s1 - s0
         served = m1.get("served", 0) - m0.get("served", 0)
         r.served_per_byte = served / consumed
-        r.handoff_share = (m1.get("handoff", 0) - m0.get("handoff", 0)) / served if served else None
+        r.channel_share = (m1.get("channel", 0) - m0.get("channel", 0)) / served if served else None
         r.downloaded_per_byte = (m1.get("downloaded", 0) - m0.get("downloaded", 0)) / consumed
         r.calls_per_mib = (m1.get("calls", 0) - m0.get("calls", 0)) / mb
     return r
@@ -509,9 +513,9 @@ def run_lts(
 
 def cold_sidecar(stack: LocalStack) -> None:
     """What makes a read of ours cold: the sidecar restarted (its caches empty) and the stored
-    objects dropped from the page cache."""
+    objects dropped from the page cache (the directory, or the S3 server's data)."""
     stack.restart_sidecar()
-    drop_page_cache(stack.remote_root)
+    drop_page_cache(stack.stored_dir)
 
 
 def run_ours(
@@ -521,7 +525,6 @@ def run_ours(
     work: Path,
     args: argparse.Namespace,
     payload: Path,
-    handoff: bool = True,
     readahead: bool = True,
     remote: bool = False,
     tls: bool = True,
@@ -536,10 +539,6 @@ def run_ours(
         env["RSM__SERVER__ALLOW_PLAINTEXT_NON_LOOPBACK"] = "true"
     if not transforms:
         env["RSM__SEGMENT__COMPRESSION"] = "false"
-    if not handoff:
-        env["RSM__FETCH__HANDOFF_MAX_BYTES"] = "0"
-    elif args.readahead_mib > 8:  # a window larger than the sidecar's default hand-off bound
-        env["RSM__FETCH__HANDOFF_MAX_BYTES"] = f"{args.readahead_mib}MiB"
     stack = LocalStack(
         work / name,
         kafka_version=dist.version,
@@ -610,7 +609,8 @@ def say(r: Read) -> None:
 def table(reads: list[Read], args: argparse.Namespace) -> str:
     head = (
         "| read | MB/s | records/s | broker CPU-s | broker CPU-s above idle | sidecar CPU-s "
-        "| bytes served / byte consumed | of which handed off | storage bytes read / byte consumed "
+        "| bytes served / byte consumed | of which over the fetch channel "
+        "| storage bytes read / byte consumed "
         "| fetch calls / MiB consumed | consumer fetches | consumer fetch latency avg ms "
         "| machine busy (iowait) |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -618,7 +618,7 @@ def table(reads: list[Read], args: argparse.Namespace) -> str:
     rows = [
         f"| {r.case} ({r.temperature}) | {r.mb_s:.1f} | {r.records_s:,.0f} | {r.broker_cpu:.1f} | "
         f"{r.broker_cpu_above_idle:.1f} | "
-        f"{fmt(r.sidecar_cpu, '.1f')} | {fmt(r.served_per_byte, '.3f')} | {fmt(r.handoff_share, '.0%')} | "
+        f"{fmt(r.sidecar_cpu, '.1f')} | {fmt(r.served_per_byte, '.3f')} | {fmt(r.channel_share, '.0%')} | "
         f"{fmt(r.downloaded_per_byte, '.3f')} | {fmt(r.calls_per_mib, '.2f')} | "
         f"{fmt(r.fetches, '.0f')} | {fmt(r.fetch_latency_ms, '.2f')} | "
         f"{r.machine_busy:.0%} ({r.machine_iowait:.0%}) |"
@@ -634,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment-mib", type=int, default=16)
     ap.add_argument("--fetch-size", type=int, default=1024 * 1024, help="max.partition.fetch.bytes")
     ap.add_argument("--compression", default="none", help="the producer's compression.type")
-    ap.add_argument("--cases", default="local,lts,ours,ours-plain,ours-no-readahead,ours-grpc")
+    ap.add_argument("--cases", default="local,lts,ours,ours-plain,ours-no-readahead")
     ap.add_argument(
         "--kafka-version",
         default=DEFAULT_VERSION,
@@ -644,8 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         "--readahead-mib",
         type=int,
         default=8,
-        help="the shim's read-ahead window (rsm.config.fetch.readahead.bytes) for the ours cases; "
-        "above 8 the sidecar's fetch.handoff_max_bytes is raised to match",
+        help="the shim's read-ahead window (rsm.config.fetch.readahead.bytes) for the ours cases",
     )
     ap.add_argument(
         "--warm-up",
@@ -710,7 +709,6 @@ def main(argv: list[str] | None = None) -> int:
         "ours",
         "ours-plain",
         "ours-no-readahead",
-        "ours-grpc",
         "ours-tcp",
         "ours-tcp-plaintext",
     }
@@ -740,10 +738,6 @@ def main(argv: list[str] | None = None) -> int:
         if "ours-no-readahead" in cases:
             reads += run_ours(
                 "rsm-sidecar zstd+AES no-readahead", True, dist, work, args, payload, readahead=False
-            )
-        if "ours-grpc" in cases:
-            reads += run_ours(
-                "rsm-sidecar zstd+AES no-handoff", True, dist, work, args, payload, handoff=False
             )
         if "ours-tcp" in cases:
             reads += run_ours("rsm-sidecar zstd+AES TCP+mTLS", True, dist, work, args, payload, remote=True)

@@ -5,6 +5,7 @@ read at once"). A sibling of
 
     .venv/bin/python benchmarks/remote_read_partitions.py [--partitions 12,48] [--cases lts,ours]
         [--records 3000000] [--record-size 200] [--segment-mib 4] [--brokers 1] [--transport unix]
+        [--storage local]
         [--kafka-version 4.3.1] [--sidecar-env RSM__KEY=VALUE ...] [--broker-property KEY=VALUE ...]
         [--warm-up-reads N] [--thread-cpu] [--jfr DIR] [--jvm-option OPTION ...] [--shim-jar JAR]
         [--profile-sidecar DIR]
@@ -20,7 +21,8 @@ tiered and deleted locally, reads a local topic of the same size once (JIT warm-
 ``--warm-up-reads N`` also reads a tiered topic of a quarter of the records N times, each cold),
 then reads the tiered topic cold and warm. Cold: the topic was never read (no cache of the
 sidecar or the broker holds it: the storage bytes per byte consumed show it) and its stored
-objects are dropped from the page cache, as ``LocalTieredStorage``'s directory is.
+objects are dropped from the page cache, as ``LocalTieredStorage``'s directory is (written back
+first: ``LocalTieredStorage`` and SeaweedFS leave them dirty, ``remote_read.drop_page_cache``).
 ``--reconnect-before-cold`` also restarts the sidecars before each cold read (as this benchmark
 did until 2026-11-30): the broker then reconnects, and over TCP + mTLS the new TLS session makes
 the JVM recompile netty's TLS path (docs/design.md), a cost of each reconnection rather than of
@@ -46,6 +48,13 @@ a cold read. Reported per read:
   latency shows;
 * bytes the sidecar received from storage per byte consumed and its chunk cache's hit ratio (a
   cache too small for that many sequential readers downloads and decodes chunks again).
+* the broker's CPU against ``LocalTieredStorage``'s in the same run (both read the same records),
+  and, with ``--thread-cpu``, its JIT compiler threads' CPU-seconds during the read;
+* the sidecar's CPU per MiB it served, and after all reads the floor of that measured now on the
+  same records (``benchmarks/floor.py``: AES-GCM decryption, zstd decompression and a TLS socket's
+  send on one core) with each read's ratio to it;
+* with ``--profile-sidecar DIR --profile-gil``, the share of the sidecar's CPU spent holding the
+  GIL (py-spy's samples of the thread holding it, against the process's CPU-seconds).
 
 ``--thread-cpu`` prints each read's CPU-seconds by thread name of the (first) broker and sidecar
 (Python threads are all ``python``; gRPC's C core runs ``event_engine``), and
@@ -53,7 +62,8 @@ a cold read. Reported per read:
 (``remote_read.py``'s profiler; raw folded stacks, one file per read; ``--profile-gil``: only the
 thread holding the GIL).
 
-``--sidecar-env`` and ``--broker-property`` change one setting of ours (e.g.
+The sidecar runs with the product's default chunk cache (``cache.chunk_bytes``, 256 MiB), not the
+local stack's 128 MiB. ``--sidecar-env`` and ``--broker-property`` change one setting of ours (e.g.
 ``RSM__CACHE__CHUNK_BYTES=512MiB``, ``rsm.config.fetch.readahead.max.bytes=201326592``), to size
 the defaults against these figures.
 
@@ -65,11 +75,22 @@ highest of one sidecar, and the broker's request-time percentiles are not read (
 JVM is not wired into the cluster). ``--transport tcp-mtls`` (one broker) runs the sidecar in a
 network namespace of its own, reached over TCP with mutual TLS in stream mode, as Strimzi
 deploys it (``benchmarks/netns.py``, as ``remote_read.py``'s ``ours-tcp``; needs root).
+
+``--storage s3`` has the sidecar store into a local S3 server (SeaweedFS, ``devstack/s3server.py``,
+as ``make demo STORAGE=s3``) instead of a local directory (``--storage local``, the default);
+``LocalTieredStorage`` keeps its directory. With ``--transport tcp-mtls`` the S3 server listens on
+our end of the namespace's veth pair, so the sidecar's GETs cross the same virtual link as its
+answers to the broker, and no process relays them. A cold read drops the server's data files from
+the page cache (SeaweedFS keeps no cache of object data of its own: its S3 chunk cache is off by
+default). Printed after the table for each read of ours: S3 GET requests and MiB downloaded per
+MiB consumed, the remote read p99 (a GET's latency shows there; Kafka's decaying sample, so the
+warm read's still holds the cold read's) and the S3 server's CPU-seconds (not in the sidecar's).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import re
@@ -86,6 +107,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.floor import measure as measure_floor
 from benchmarks.netns import NetNs
 from benchmarks.netns import available as netns_available
 from benchmarks.remote_read import (
@@ -135,6 +157,28 @@ class PartRead:
     remote_read_p99_ms: float | None = None
     downloaded_per_byte: float | None = None
     chunk_hit_ratio: float | None = None
+    #: the broker's JIT compiler threads' CPU-seconds during the read (``--thread-cpu``)
+    broker_jit_cpu: float | None = None
+    #: MiB the sidecars served during the read (``rsm_bytes{kind="fetch_served"}``)
+    served_mib: float | None = None
+    #: seconds a sidecar thread held the GIL during the read (``--profile-gil``: py-spy's samples)
+    gil_seconds: float | None = None
+    #: storage GET requests of the sidecars per MiB consumed (``rsm_storage_requests{op="GET"}``)
+    gets_per_mib: float | None = None
+    #: the S3 server's CPU-seconds during the read (``--storage s3``)
+    storage_server_cpu: float | None = None
+
+    @property
+    def sidecar_ms_per_mib(self) -> float | None:
+        if self.sidecar_cpu is None or not self.served_mib:
+            return None
+        return 1000 * self.sidecar_cpu / self.served_mib
+
+    @property
+    def gil_share(self) -> float | None:
+        if self.gil_seconds is None or not self.sidecar_cpu:
+            return None
+        return self.gil_seconds / self.sidecar_cpu
 
 
 def jmx_options(port: int) -> list[str]:
@@ -238,6 +282,12 @@ class SidecarWatch:
             m = re.match(r"rsm_storage_bytes_read_total\{[^}]*\} (\S+)", line)
             if m:
                 out["downloaded"] = out.get("downloaded", 0.0) + float(m.group(1))
+            m = re.match(r'rsm_storage_requests_total\{[^}]*op="GET"[^}]*\} (\S+)', line)
+            if m:
+                out["gets"] = out.get("gets", 0.0) + float(m.group(1))
+            m = re.match(r'rsm_bytes_total\{kind="fetch_served"\} (\S+)', line)
+            if m:
+                out["served"] = float(m.group(1))
             m = re.match(r'rsm_cache_events_total\{cache="chunk",event="(hit|miss)"\} (\S+)', line)
             if m:
                 out[m.group(1)] = float(m.group(2))
@@ -272,31 +322,40 @@ def vm_hwm_mib(pid: int) -> float:
     return 0.0
 
 
-def rss_bound_mib(streams: int, chunk_cache_mib: float = 128) -> float:
-    """docs/operations.md §4 "Memory" for ``streams`` fetch streams and no copy, with the settings
-    of config/sidecar.toml the stack runs (chunk cache 128 MiB unless ``--sidecar-env`` changes it,
-    prefetch 16 MiB, 4 MiB chunks) and the code's defaults (manifest 32 MiB, index 64 MiB,
-    fetch.max_range_bytes 8 MiB): base 85 + caches + streams x (R + C + 2 MiB) + 4 prefetch
-    threads x (R + C)."""
+def rss_bound_mib(streams: int, chunk_cache_mib: float) -> float:
+    """docs/operations.md §4 "Memory" for ``streams`` fetch streams and no copy, with the
+    settings the benchmark runs (the chunk cache, config/sidecar.toml's prefetch 16 MiB and 4 MiB
+    chunks) and the code's defaults (manifest 32 MiB, index 64 MiB, fetch.max_range_bytes 8 MiB):
+    base 85 + caches + streams x (R + C + 2 MiB) + 4 prefetch threads x (R + C)."""
     r, c = 8, 4
     return 85 + (32 + 64 + chunk_cache_mib) + streams * (r + c + 2) + 4 * (r + c)
+
+
+def sidecar_env(args) -> dict[str, str]:
+    """The sidecar's environment: ``--sidecar-env``, over the product's default chunk cache
+    (``cache.chunk_bytes``, 256 MiB; the local stack's config/sidecar.toml keeps 128 MiB for the
+    demo), so a warm read finds what a sidecar as shipped would keep."""
+    from rsm_sidecar.segment.settings import ReaderSettings
+
+    default = {f.name: f.default for f in dataclasses.fields(ReaderSettings)}["chunk_cache_bytes"]
+    return {"RSM__CACHE__CHUNK_BYTES": str(default), **dict(kv.split("=", 1) for kv in args.sidecar_env)}
 
 
 def chunk_cache_mib(args) -> float:
     from rsm_sidecar.config import parse_size
 
-    for kv in args.sidecar_env:
-        key, _, value = kv.partition("=")
-        if key == "RSM__CACHE__CHUNK_BYTES":
-            return parse_size(value, key) / MiB
-    return 128
+    return parse_size(sidecar_env(args)["RSM__CACHE__CHUNK_BYTES"], "RSM__CACHE__CHUNK_BYTES") / MiB
 
 
-def measured(case, partitions, temperature, dist, brokers, topic, args, jmx_port=None, sidecars=()):
+def measured(
+    case, partitions, temperature, dist, brokers, topic, args, jmx_port=None, sidecars=(), storage_pid=None
+):
     """One read by the consumer; ``brokers`` the cluster's (or the one), ``sidecars`` (pid,
-    metrics URL) of each sidecar (none for ``LocalTieredStorage``)."""
+    metrics URL) of each sidecar (none for ``LocalTieredStorage``), ``storage_pid`` the S3
+    server's."""
     b0 = sum(cpu_seconds(b.pid) for b in brokers)
     s0 = sum(cpu_seconds(pid) for pid, _ in sidecars)
+    st0 = cpu_seconds(storage_pid) if storage_pid else None
     watches = [SidecarWatch(url) for _, url in sidecars]
     before = [w.metrics() for w in watches]
     for w in watches:
@@ -313,13 +372,21 @@ def measured(case, partitions, temperature, dist, brokers, topic, args, jmx_port
         stop_profiler(spy)
         for w in watches:
             w.__exit__()
+    jit = None
     for b, t0 in zip(brokers, threads0):
-        print(f"  {case} ({temperature}): broker threads CPU-s: {thread_cpu_line(t0, thread_cpu(b.pid))}")
+        t1 = thread_cpu(b.pid)
+        jit = sum(v - t0.get(k, 0.0) for k, v in t1.items() if "CompilerThre" in k)
+        print(f"  {case} ({temperature}): broker threads CPU-s: {thread_cpu_line(t0, t1)}")
     for (pid, _), t0 in zip(sidecars, sidecar_threads0):
         print(f"  {case} ({temperature}): sidecar threads CPU-s: {thread_cpu_line(t0, thread_cpu(pid))}")
     if args.jfr:  # to select the read's samples
         print(f"  {case} ({temperature}): read from {started:.3f} to {time.time():.3f} (epoch s)", flush=True)
     r = PartRead(case, partitions, temperature, mb_s, sum(cpu_seconds(b.pid) for b in brokers) - b0)
+    r.broker_jit_cpu = jit
+    if storage_pid and st0 is not None:
+        r.storage_server_cpu = cpu_seconds(storage_pid) - st0
+    if spy is not None and getattr(args, "profile_gil", False):
+        r.gil_seconds = profiled_seconds(args, f"{case}-{partitions}-{temperature}")
     ticks = [after - before for after, before in zip(machine_ticks(), ticks0)]
     r.machine_busy = ticks[0] / ticks[2] if ticks[2] else None
     if jmx_port is not None:
@@ -344,16 +411,30 @@ def measured(case, partitions, temperature, dist, brokers, topic, args, jmx_port
         r.rss_bound_mib = rss_bound_mib(max(1, r.max_fetch_streams), chunk_cache_mib(args))
         r.resource_exhausted = int(grown("exhausted"))
         r.downloaded_per_byte = grown("downloaded") / (mb * MiB)
+        r.gets_per_mib = grown("gets") / mb
+        r.served_mib = grown("served") / MiB
         hits, misses = grown("hit"), grown("miss")
         r.chunk_hit_ratio = hits / (hits + misses) if hits + misses else None
     print(f"  {r}", flush=True)
     return r
 
 
-def read_tiered(case, dist, brokers, args, payload, partitions, jmx=None, sidecars=None, before_cold=None):
+def read_tiered(
+    case,
+    dist,
+    brokers,
+    args,
+    payload,
+    partitions,
+    jmx=None,
+    sidecars=None,
+    before_cold=None,
+    storage_pid=None,
+):
     """The case's reads: warm-up on a local topic, the tiered topic produced and tiered, then
     read cold (after ``before_cold``: restart the sidecars, drop the page cache) and warm.
-    ``sidecars()`` gives the (pid, metrics URL) of each sidecar as it runs at that moment."""
+    ``sidecars()`` gives the (pid, metrics URL) of each sidecar as it runs at that moment;
+    ``storage_pid`` the S3 server's."""
     bootstrap = ",".join(b.bootstrap_servers for b in brokers)
     warm_up(dist, bootstrap, args, payload, partitions)
     if args.warm_up_reads:
@@ -364,10 +445,11 @@ def read_tiered(case, dist, brokers, args, payload, partitions, jmx=None, sideca
     print(f"  {case}, {partitions} partitions: tiered in {took:.0f} s", flush=True)
     if before_cold is not None:
         before_cold()
-    return [
-        measured(case, partitions, t, dist, brokers, "bench", args, jmx, sidecars() if sidecars else ())
-        for t in ("cold", "warm")
-    ]
+    reads = []
+    for t in ("cold", "warm"):
+        running = sidecars() if sidecars else ()
+        reads.append(measured(case, partitions, t, dist, brokers, "bench", args, jmx, running, storage_pid))
+    return reads
 
 
 def remote_warm_up(case, dist, brokers, args, payload: Path, partitions: int, before_cold) -> None:
@@ -425,7 +507,7 @@ def warm_up(dist, bootstrap: str, args, payload: Path, partitions: int) -> None:
 
 
 def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[PartRead]:
-    env = dict(kv.split("=", 1) for kv in args.sidecar_env)
+    env = sidecar_env(args)
     props = dict(kv.split("=", 1) for kv in args.broker_property)
     if args.brokers >= 3:
         return run_ours_cluster(dist, work, args, payload, partitions, env, props)
@@ -434,6 +516,9 @@ def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[Par
     port = free_port()
     stack = LocalStack(
         work / f"ours-{partitions}",
+        storage=args.storage,
+        # in the namespace, the sidecar reaches the S3 server at our end of the veth pair
+        storage_host=ns.outer_ip if ns and args.storage == "s3" else "127.0.0.1",
         kafka_version=dist.version,
         sidecar_env={"RSM__METRICS__LISTEN": f"{host}:{port}", **env},
         broker_properties=props,
@@ -461,7 +546,7 @@ def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[Par
             if args.reconnect_before_cold:
                 cold_sidecar(stack)
             else:
-                drop_page_cache(stack.remote_root)
+                drop_page_cache(stack.stored_dir)
                 assert stack.sidecar is not None and stack.sidecar.pid is not None
                 reset_peak_rss(stack.sidecar.pid)
 
@@ -469,9 +554,11 @@ def run_ours(dist, work: Path, args, payload: Path, partitions: int) -> list[Par
             assert stack.sidecar is not None and stack.sidecar.pid is not None
             return [(stack.sidecar.pid, f"http://{host}:{port}/metrics")]
 
+        storage_pid = stack.storage_server.pid if stack.storage_server is not None else None
         return read_tiered(
-            case_name(args), dist, [stack.broker], args, payload, partitions, jmx, sidecars, before_cold
-        )
+            case_name(args), dist, [stack.broker], args, payload, partitions, jmx, sidecars, before_cold,
+            storage_pid,
+        )  # fmt: skip
     finally:
         stack.stop()
         if ns:
@@ -482,6 +569,7 @@ def run_ours_cluster(dist, work: Path, args, payload, partitions: int, env, prop
     with ClusterStack(
         work / f"ours-cluster-{partitions}",
         brokers=args.brokers,
+        storage=args.storage,
         kafka_version=dist.version,
         sidecar_env=env,
         broker_properties=props,
@@ -495,19 +583,59 @@ def run_ours_cluster(dist, work: Path, args, payload, partitions: int, env, prop
                     node.restart_sidecar()
                 elif node.sidecar is not None and node.sidecar.pid:
                     reset_peak_rss(node.sidecar.pid)
-            drop_page_cache(cluster.shared.remote_root)
+            drop_page_cache(cluster.shared.stored_dir)
 
         def sidecars() -> list[tuple[int, str]]:
             return [(n.sidecar.pid, n.metrics_url) for n in nodes if n.sidecar is not None and n.sidecar.pid]
 
         brokers = [n.broker for n in nodes if n.broker is not None]
+        server = cluster.shared.storage_server
         return read_tiered(
-            case_name(args), dist, brokers, args, payload, partitions, None, sidecars, before_cold
-        )
+            case_name(args), dist, brokers, args, payload, partitions, None, sidecars, before_cold,
+            server.pid if server is not None else None,
+        )  # fmt: skip
+
+
+def profiled_seconds(args, name: str) -> float:
+    """Seconds of samples in the read's py-spy profile (``--profile-gil``: of a thread holding the
+    GIL), at the profiler's 250 samples per second (``remote_read.sidecar_profiler``)."""
+    from benchmarks.remote_read import file_name
+
+    out = Path(args.profile_sidecar).resolve() / (file_name(name) + ".txt")
+    if not out.exists():
+        return 0.0
+    samples = 0
+    for line in out.read_text().splitlines():
+        _, _, count = line.rpartition(" ")
+        if count.isdigit():
+            samples += int(count)
+    return samples / 250
 
 
 def case_name(args) -> str:
-    return "rsm-sidecar TCP+mTLS" if args.transport == "tcp-mtls" else "rsm-sidecar"
+    name = "rsm-sidecar TCP+mTLS" if args.transport == "tcp-mtls" else "rsm-sidecar"
+    return name + (", S3" if args.storage == "s3" else "")
+
+
+def s3_lines(reads: list[PartRead]) -> list[str]:
+    """``--storage s3``: per read of ours, what it asked of the S3 server and what that cost."""
+    return [
+        f"  {r.case} ({r.temperature}, {r.partitions} partitions): "
+        f"{fmt(r.gets_per_mib, '.2f')} GET requests and {fmt(r.downloaded_per_byte, '.3f')} MiB "
+        f"downloaded per MiB consumed, remote read p99 {fmt(r.remote_read_p99_ms, '.1f')} ms, "
+        f"S3 server {fmt(r.storage_server_cpu, '.1f')} CPU-s"
+        for r in reads
+        if r.gets_per_mib is not None
+    ]
+
+
+def cpu_ratio(r: PartRead, lts_cpu: dict) -> str:
+    """The read's broker CPU against ``LocalTieredStorage``'s in the same run: both read the same
+    records, so their CPU-seconds are CPU per byte."""
+    ref = lts_cpu.get((r.partitions, r.temperature))
+    if not ref or r.case == "LocalTieredStorage":
+        return "-"
+    return f"{r.broker_cpu / ref:.2f}x"
 
 
 def fmt(x, spec: str) -> str:
@@ -520,10 +648,12 @@ def table(reads: list[PartRead]) -> str:
         "| sidecar CPU-s "
         "| sidecar peak RSS MiB (bound for its peak streams) | RESOURCE_EXHAUSTED "
         "| fetch request p50 / p99 ms | consumer fetch latency avg ms | remote read mean / p99 ms "
-        "| storage bytes / byte consumed | chunk cache hits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| storage bytes / byte consumed | chunk cache hits | broker CPU vs LTS | broker JIT CPU-s "
+        "| sidecar ms CPU / MiB served | GIL held / sidecar CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lts = {(r.partitions, r.temperature): r.mb_s for r in reads if r.case == "LocalTieredStorage"}
+    lts_cpu = {(r.partitions, r.temperature): r.broker_cpu for r in reads if r.case == "LocalTieredStorage"}
     for r in reads:
         ref = lts.get((r.partitions, r.temperature))
         ratio = f"{r.mb_s / ref:.2f}x" if ref and r.case != "LocalTieredStorage" else "-"
@@ -540,7 +670,9 @@ def table(reads: list[PartRead]) -> str:
             f"{fmt(r.fetch_latency_avg_ms, '.1f')} | "
             f"{fmt(r.remote_read_mean_ms, '.1f')} / {fmt(r.remote_read_p99_ms, '.1f')} | "
             f"{fmt(r.downloaded_per_byte, '.3f')} | "
-            f"{fmt(r.chunk_hit_ratio, '.0%')} |"
+            f"{fmt(r.chunk_hit_ratio, '.0%')} | "
+            f"{cpu_ratio(r, lts_cpu)} | {fmt(r.broker_jit_cpu, '.2f')} | "
+            f"{fmt(r.sidecar_ms_per_mib, '.2f')} | {fmt(r.gil_share, '.0%')} |"
         )
     return "\n".join(lines)
 
@@ -590,6 +722,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--transport", default="unix", choices=("unix", "tcp-mtls"), help="the shim's transport")
     ap.add_argument(
+        "--storage",
+        default="local",
+        choices=("local", "s3"),
+        help="where the sidecar stores: a local directory, or a local S3 server (SeaweedFS)",
+    )
+    ap.add_argument(
         "--sidecar-env",
         action="append",
         default=[],
@@ -624,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
         f"({args.records * args.record_size / MiB:.0f} MiB) over {args.partitions} partitions, "
         f"{args.segment_mib} MiB segments, consumer max.partition.fetch.bytes {args.fetch_size}, "
-        f"{args.brokers} broker(s), transport {args.transport}"
+        f"{args.brokers} broker(s), transport {args.transport}, storage {args.storage}"
         f"{', sidecars restarted before each cold read' if args.reconnect_before_cold else ''}",
         flush=True,
     )
@@ -635,10 +773,26 @@ def main(argv: list[str] | None = None) -> int:
                 reads += run_lts(dist, work, args, payload, n)
             if "ours" in cases:
                 reads += run_ours(dist, work, args, payload, n)
+        # the floor of what the sidecar must spend per MiB, measured now on the same records
+        floor = measure_floor(payload.read_bytes()) if "ours" in cases else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()
     print(table(reads))
+    if args.storage == "s3" and "ours" in cases:
+        print()
+        print("S3 (SeaweedFS):")
+        print("\n".join(s3_lines(reads)))
+    if floor is not None:
+        print()
+        print(floor.line())
+        for r in reads:
+            if r.sidecar_ms_per_mib is not None:
+                ratio = r.sidecar_ms_per_mib / floor.total_ms_per_mib
+                print(
+                    f"  {r.case} ({r.temperature}, {r.partitions} partitions): sidecar "
+                    f"{r.sidecar_ms_per_mib:.2f} ms per MiB served, {ratio:.2f}x the floor"
+                )
     return 0
 
 

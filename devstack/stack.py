@@ -76,6 +76,7 @@ class LocalStack:
         shim_jar: Path | None = None,
         broker_options: Mapping[str, object] | None = None,
         metrics: bool = False,
+        storage_host: str = "127.0.0.1",
     ):
         """``sidecar_tls``: the sidecar is reached over TCP with mutual TLS (certificates of a test
         CA in Secret-volume-like directories, ``tls_ca``, ``sidecar_secret``, ``broker_secret``)
@@ -86,13 +87,19 @@ class LocalStack:
         KIP-877 plugin metrics need, docs/shim.md). ``shim_jar``: another build of the shim than
         ``make shim``'s (benchmarks compare builds). ``broker_options``: more arguments of the
         broker's :class:`~devstack.kafka.KafkaBroker` (a broker of a cluster: devstack/cluster.py).
-        ``metrics``: the sidecar serves its metrics at :attr:`metrics_url`.
+        ``metrics``: the sidecar serves its metrics at :attr:`metrics_url`. ``storage_host``: the
+        address of this machine the S3 server listens on (``s3``), when a sidecar run under
+        ``sidecar_prefix`` in a network namespace cannot reach loopback (benchmarks/netns.py:
+        the namespace's ``outer_ip``).
 
         The sidecar's TCP and metrics ports come from :mod:`devstack.ports`; its first start
         tries again on new ones if it finds one taken (noted in its log), later starts
         (:meth:`restart_sidecar`) keep them: the broker dials the same address."""
         self.workdir = Path(workdir).resolve()
         self.storage = storage
+        if storage_host != "127.0.0.1" and storage != "s3":
+            raise ValueError(f"storage_host {storage_host!r} is for storage 's3', not {storage!r}")
+        self.storage_host = storage_host
         self.transfer_mode = transfer_mode
         self.kafka_version = kafka_version
         self.broker_port = broker_port
@@ -140,6 +147,17 @@ class LocalStack:
     @property
     def remote_root(self) -> Path:
         return self.workdir / "remote"
+
+    @property
+    def stored_dir(self) -> Path:
+        """The directory on this machine's disk that holds what the sidecar stored:
+        :attr:`remote_root`, or the storage server's data (what a benchmark drops from the page
+        cache before a cold read)."""
+        if self.storage == "local":
+            return self.remote_root
+        if self.storage_server is None:
+            raise RuntimeError(f"storage {self.storage!r} is not started (start_storage)")
+        return self.storage_server.data_dir
 
     @property
     def keys_dir(self) -> Path:
@@ -235,7 +253,10 @@ class LocalStack:
             from devstack.s3server import SeaweedS3Server
 
             self.storage_server = SeaweedS3Server(
-                self.workdir / "s3", access_key="stack-access", secret_key="stack-secret-key"
+                self.workdir / "s3",
+                access_key="stack-access",
+                secret_key="stack-secret-key",
+                host=self.storage_host,
             ).start()
             self.storage_server.create_bucket(BUCKET)
         elif self.storage == "gcs":
@@ -421,7 +442,6 @@ class LocalStack:
             return
         for leftover in (self.socket_path, self.socket_path.with_name(self.socket_path.name + ".lock")):
             leftover.unlink(missing_ok=True)
-        shutil.rmtree(self.socket_path.with_name(self.socket_path.name + ".handoff"), ignore_errors=True)
         if self._created_runtime_dir:
             try:
                 self.runtime_dir.rmdir()

@@ -317,6 +317,14 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: keys of earlier versions that do nothing now, with what replaced them: a configuration that still
+#: sets one is accepted (an upgrade must not stop a sidecar from starting), with a warning
+REMOVED_KEYS = {
+    "fetch.handoff_max_bytes": "fetches come over the fetch channel, on the Unix socket too (docs/design.md, "
+    '"The fetch channel"); hand-off files are no longer written',
+}
+
+
 class Config:
     """Validated configuration values by dotted key path."""
 
@@ -334,8 +342,11 @@ class Config:
             if name.startswith(ENV_PREFIX):
                 merged[self._env_to_path(name)] = (val, True)
         self._values: dict[str, Any] = {}
+        #: keys of earlier versions that were set (they do nothing now; ``serve`` warns about each)
+        self.removed: dict[str, str] = {p: REMOVED_KEYS[p] for p in merged if p in REMOVED_KEYS}
         for path, (val, from_env) in merged.items():
-            self._values[path] = _coerce(self._find(path, from_env), path, val, from_env)
+            if path not in REMOVED_KEYS:
+                self._values[path] = _coerce(self._find(path, from_env), path, val, from_env)
         for key in self._keys:
             if "<" in key.path:
                 continue

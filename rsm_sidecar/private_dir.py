@@ -1,7 +1,6 @@
 """Directories that only this process's user can write: the checks made before trusting what is
-found in one (the sidecar's fetch hand-off directory, ``service/handoff.py``; the Iceberg jobs'
-scratch directories, ``iceberg/session/scratch.py``). Someone who could write there could swap a
-file between its writing and its reading, or plant a symbolic link.
+found in one (the Iceberg jobs' scratch directories, ``iceberg/session/scratch.py``). Someone
+who could write there could swap a file between its writing and its reading, or plant a symbolic link.
 
 Standard library only, below every other layer.
 """

@@ -129,3 +129,17 @@ def test_the_s3_server_writes_its_logs_in_its_work_directory(tmp_path):
         pass
     assert list((tmp_path / "s3").glob("weed.*.log.INFO.*"))
     assert {p.name for p in Path(tempfile.gettempdir()).glob("weed.*")} <= before
+
+
+def test_the_s3_server_serves_on_the_address_it_is_given(tmp_path):
+    """``host``: the S3 server listens on that address of this machine (for a sidecar in a
+    network namespace: our end of its veth pair), is ready there and serves objects there (weed
+    listens on loopback as well, by its own choice)."""
+    from devstack.s3server import SeaweedS3Server
+
+    with SeaweedS3Server(tmp_path / "s3", host="127.0.0.2") as s3:
+        assert s3.endpoint_url == f"http://127.0.0.2:{s3.s3}"
+        s3.create_bucket("on-another-address")
+        client = s3.client()
+        client.put_object(Bucket="on-another-address", Key="k", Body=b"stored")
+        assert client.get_object(Bucket="on-another-address", Key="k")["Body"].read() == b"stored"

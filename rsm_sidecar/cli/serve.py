@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from rsm_sidecar.config import Config
@@ -54,5 +55,7 @@ def run(args) -> int:
     cfg = Config.load(args.config)
     log = ServiceSettings.from_config(cfg).log
     logs.setup(log.level, log.format)
+    for path, why in cfg.removed.items():
+        logging.getLogger("rsm_sidecar.config").warning("%s is no longer used (%s); remove it", path, why)
     SidecarServer(cfg).serve_forever()
     return 0

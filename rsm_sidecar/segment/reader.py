@@ -32,8 +32,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Literal, overload
 
-import zstandard
-
 from rsm_sidecar.errors import DataLoss, FailedPrecondition, NoSuchIndex, NotFound
 from rsm_sidecar.format import custom_metadata
 from rsm_sidecar.format import keys as fkeys
@@ -82,33 +80,8 @@ CHUNKS_WITHOUT_SIZE_CHECK = 1 << 16
 #: (base key, segment version, index name or chunk id)
 CacheKey = tuple[str, str, str | int]
 
-#: a zstd frame is kept instead of the chunk's original bytes only if it is at most this large:
-#: one gRPC message (rsm.proto ``ZstdSlice``)
-MAX_FRAME_BYTES = 1024 * 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class Frame:
-    """A chunk of a compressed segment as the chunk cache may hold it for clients that decompress
-    themselves: its zstd frame, verified and decrypted, and the size it decompresses to."""
-
-    data: bytes
-    size: int
-
-
-@dataclasses.dataclass(frozen=True)
-class FrameSlice:
-    """What ``read_frames`` yields for a chunk sent compressed: bytes [offset, offset + length)
-    of what ``frame`` decompresses to (``size`` bytes) belong to the range."""
-
-    frame: bytes
-    size: int
-    offset: int
-    length: int
-
-
-#: what the chunk cache holds per chunk: its original bytes, or its frame (see ``read_frames``)
-CachedChunk = bytes | Frame
+#: what the chunk cache holds per chunk: its original bytes
+CachedChunk = bytes
 
 
 @dataclasses.dataclass
@@ -138,9 +111,6 @@ class OpenSegment:
     #: the topic partition the segment belongs to (its key's), or its base key outside the layout:
     #: what ``_prefetch_window`` counts readers by
     partition: str = ""
-    #: largest chunk a reader of the segment takes as a zstd frame (``read_frames``), 0: none.
-    #: Chunks loaded for the segment (prefetches included) are cached in that form.
-    frames_max: int = 0
 
     def key(self, suffix: str) -> str:
         return f"{self.base}.{suffix}"
@@ -151,16 +121,6 @@ class OpenSegment:
 
     def __repr__(self) -> str:
         return f"OpenSegment({self.base!r})"
-
-
-def _frame_content_size(frame: bytes) -> int | None:
-    """The decompressed size a zstd frame's header declares; None when it declares none, -1 when
-    it is not a frame's header (``decompress`` then says what is wrong)."""
-    try:
-        size = zstandard.frame_content_size(frame)
-    except zstandard.ZstdError:
-        return -1
-    return None if size < 0 else size
 
 
 def _segment_of(key: CacheKey) -> str:
@@ -412,29 +372,6 @@ class SegmentReader:
         that read's first byte and at most at its end: the next window of a shim, or the broker's
         next fetch, which starts at the first batch the previous one did not return whole), or
         that has already served a chunk's size. A random read downloads only the chunks it needs."""
-        for piece in self._read(seg, start, end, views, 0):
-            assert not isinstance(piece, FrameSlice)
-            yield piece
-
-    def read_frames(
-        self, seg: OpenSegment, start: int, end: int, max_size: int
-    ) -> Iterator[bytes | memoryview | FrameSlice]:
-        """As ``read(views=True)``, for a client that decompresses zstd frames of chunks up to
-        ``max_size`` bytes (rsm.proto ``accept_zstd_max_bytes``): a chunk of a compressed
-        segment comes as a ``FrameSlice`` (verified and decrypted, not decompressed) where its
-        frame is smaller than the part of the chunk the range wants; anything else as original
-        bytes. The segment's chunks are then loaded and cached as frames (prefetches too), so
-        the sidecar neither decompresses them nor sends the bytes compression saved. A chunk
-        that a reader gets decompressed (a plain ``read``, or a slice smaller than its frame) is
-        cached decompressed from then on."""
-        if seg.codec.compression:
-            with self._prefetch_lock:
-                seg.frames_max = max_size
-        return self._read(seg, start, end, True, max_size)
-
-    def _read(
-        self, seg: OpenSegment, start: int, end: int, views: bool, frames_max: int
-    ) -> Iterator[bytes | memoryview | FrameSlice]:
         index = seg.manifest.chunk_index
         chunks = index.chunks_for_range(start, end)
         end = min(end, index.original_file_size - 1)
@@ -453,22 +390,11 @@ class SegmentReader:
                         prefetched = -1
                     if prefetched is not None:
                         prefetched = self._schedule_prefetch(seg, chunk.id, prefetched)
-                    piece: bytes | memoryview | FrameSlice
-                    if isinstance(data, Frame) and data.size <= frames_max and len(data.data) < hi - lo:
-                        piece = FrameSlice(data.data, data.size, lo, hi - lo)
+                    piece: bytes | memoryview
+                    if lo == 0 and hi == len(data):
+                        piece = data
                     else:
-                        if isinstance(data, Frame):  # for a client that takes none, or smaller than its slice
-                            where = f"{seg.key(fkeys.LOG)} chunk {chunk.id}"
-                            frame = data
-                            data = seg.codec.decompress(frame.data, chunk.original_size, where)
-                            # cached decompressed from now on: a chunk read in parts (the broker's
-                            # own 1 MiB reads of a 4 MiB chunk) is decompressed once, not per part
-                            self.chunks.replace(seg.cache_key(chunk.id), frame, data, len(data))
-                            del frame
-                        if lo == 0 and hi == len(data):
-                            piece = data
-                        else:
-                            piece = memoryview(data)[lo:hi] if views else data[lo:hi]
+                        piece = memoryview(data)[lo:hi] if views else data[lo:hi]
                     # Hold no chunk while the next one is fetched and decoded: one the cache
                     # evicted would otherwise stay in memory outside its accounting.
                     del data
@@ -492,7 +418,7 @@ class SegmentReader:
         return max(marks) if marks else None
 
     def _chunks_from(self, seg: OpenSegment, chunks: Sequence[Chunk], i: int) -> Iterator[CachedChunk]:
-        """Decoded chunks (or frames: ``read_frames``) starting at ``chunks[i]``: one from the
+        """Decoded chunks starting at ``chunks[i]``: one from the
         cache or from another reader's download, or a whole run downloaded with one request and yielded chunk
         by chunk as each is decoded (the first byte does not wait for the whole run)."""
         key = seg.cache_key(chunks[i].id)
@@ -635,9 +561,7 @@ class SegmentReader:
 
     def _decode_chunk(self, seg: OpenSegment, key: str, c: Chunk, stored: bytes, base: int) -> CachedChunk:
         """Verify and decode chunk ``c`` (at ``base`` + its position in ``stored``), cache it and
-        hand it to the readers waiting for it: its original bytes, or its zstd frame when the
-        segment's reader takes frames of its size (``read_frames``) and the frame is at most
-        ``MAX_FRAME_BYTES`` and says it holds the chunk's size."""
+        hand it to the readers waiting for it."""
         crcs = seg.manifest.chunk_crcs
         tags = seg.manifest.chunk_tags
         lo, hi = c.transformed_position - base, c.transformed_end - base
@@ -650,20 +574,10 @@ class SegmentReader:
                 f"copied in the bucket)"
             )
         crc = crcs[c.id] if crcs else None
-        decoded: CachedChunk
-        if seg.codec.compression and 0 < c.original_size <= seg.frames_max:
-            frame = seg.codec.decode_to_frame(piece, where, crc)
-            if len(frame) <= MAX_FRAME_BYTES and _frame_content_size(frame) in (c.original_size, None):
-                decoded = Frame(frame, c.original_size)
-            else:
-                decoded = seg.codec.decompress(frame, c.original_size, where)
-            del frame
-        else:
-            decoded = seg.codec.decode(piece, c.original_size, where, crc)
+        decoded = seg.codec.decode(piece, c.original_size, where, crc)
         if self.on_verified is not None:
             self.on_verified(seg, c.id, piece)
-        cost = len(decoded.data) if isinstance(decoded, Frame) else len(decoded)
-        self.chunks.put(seg.cache_key(c.id), decoded, cost)
+        self.chunks.put(seg.cache_key(c.id), decoded, len(decoded))
         self._loading.resolve(seg.cache_key(c.id), decoded)
         return decoded
 

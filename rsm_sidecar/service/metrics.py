@@ -52,10 +52,18 @@ class Metrics:
         self.bytes = prom.Counter(
             "rsm_bytes",
             "Bytes moved: copy_original (segment bytes received), copy_stored "
-            "(bytes written to storage), fetch_served (original bytes sent), fetch_handoff (the part of "
-            "fetch_served handed off in files), fetch_zstd (zstd frame bytes sent for the part of "
-            "fetch_served a client decompresses itself), index_served.",
+            "(bytes written to storage), fetch_served (original bytes sent), fetch_channel (the part of "
+            "fetch_served sent over the fetch channel; the rest went over gRPC), index_served.",
             ["kind"],
+            registry=r,
+        )
+        self.tls_refusals = prom.Counter(
+            "rsm_tls_handshake_failures",
+            "TLS handshakes the sidecar's listener refused or that failed, by reason (see "
+            "docs/operations.md: client_certificate_untrusted, client_certificate_expired, "
+            "client_certificate_invalid, no_client_certificate, server_certificate_refused, not_tls, "
+            "no_common_protocol, closed, timeout, other).",
+            ["reason"],
             registry=r,
         )
         self.segments = prom.Counter(

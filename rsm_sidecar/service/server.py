@@ -14,7 +14,9 @@ import concurrent.futures
 import ipaddress
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
@@ -26,7 +28,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.segment.journal import lock_exclusively
-from rsm_sidecar.service.handoff import HandoffDir
+from rsm_sidecar.service.fetch_channel import ALPN_PROTOCOL, FetchChannel
+from rsm_sidecar.service.listener import Listener
 from rsm_sidecar.service.metrics_http import serve_metrics, split_listen
 from rsm_sidecar.service.servicer import RemoteStorageServicer
 from rsm_sidecar.service.settings import ServiceSettings
@@ -57,6 +60,19 @@ def stream_window_options(window: int) -> list[tuple[str, int]]:
     return [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", window)]
 
 
+#: longest path of a Unix socket (sun_path is 108 bytes on Linux, with its terminating NUL)
+MAX_SOCKET_PATH = 107
+
+
+def private_grpc_dir() -> str:
+    """A new directory only the sidecar's user can enter, for the gRPC server's socket: in the
+    temporary directory, or in /tmp when that one's path is too long for a socket."""
+    base = tempfile.gettempdir()
+    if len(os.path.join(base, "rsm-grpc-xxxxxxxx", "grpc.sock")) > MAX_SOCKET_PATH:
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix="rsm-grpc-", dir=base)
+
+
 class SidecarServer:
     def __init__(self, cfg: Config, sidecar: Sidecar | None = None):
         self.cfg = cfg
@@ -84,25 +100,23 @@ class SidecarServer:
         self._socket_lock: int | None = None
         self.tls: ServerTls | None = None
         self.address = self._bind(settings.server.listen)
-        # after _bind: the socket's lock is ours, so the hand-off directory is too
-        self.servicer.handoff = HandoffDir.open(
-            settings.server.listen, settings.fetch.handoff_max_bytes, settings.fetch.max_concurrent
-        )
         self._metrics_server: WSGIServer | None = None
         self._stopped = threading.Event()
 
     def _bind(self, listen: str) -> str:
+        """Checks who may connect to ``listen``, binds the listener there, and the gRPC server to
+        a socket in a private directory of its own (listener.py: the listener hands gRPC's
+        connections over)."""
         tls = self.settings.server.tls
         cert, key, ca = tls.cert_file, tls.key_file, tls.client_ca_file
         if bool(cert) != bool(key):
             raise ConfigError("server.tls.cert_file and server.tls.key_file must be set together")
         if ca and not cert:
             raise ConfigError("server.tls.client_ca_file needs server.tls.cert_file and server.tls.key_file")
-        creds = None
         if cert and key:
             # read again when renewed in place (tls.py); checked now, so bad files fail start-up
-            self.tls = ServerTls(cert, key, ca or None)
-            creds = self.tls.credentials()
+            # the fetch channel's protocol first: a client offering both gets it, gRPC's offer only h2
+            self.tls = ServerTls(cert, key, ca or None, [ALPN_PROTOCOL, "h2"])
         socket_path = None
         if listen.startswith("unix:"):
             socket_path = Path(
@@ -131,25 +145,26 @@ class SidecarServer:
                     "server.tls.client_ca_file), use a Unix socket or 127.0.0.1, or set "
                     "server.allow_plaintext_non_loopback = true on a network only the broker can reach"
                 )
-        old_umask = os.umask(0o077)  # the socket file is created 0600
+        self._grpc_dir = private_grpc_dir()
+        grpc_socket = os.path.join(self._grpc_dir, "grpc.sock")
+        old_umask = os.umask(0o077)
         try:
-            port = (
-                self.server.add_secure_port(listen, creds) if creds else self.server.add_insecure_port(listen)
-            )
+            self.server.add_insecure_port(f"unix://{grpc_socket}")
         except RuntimeError as e:
-            raise ConfigError(f"server.listen: cannot listen on {listen}: {e}") from None
+            raise ConfigError(f"cannot listen on the gRPC server's own socket {grpc_socket}: {e}") from None
         finally:
             os.umask(old_umask)
-        if socket_path is not None:
-            try:
-                os.chmod(socket_path, 0o600)
-            except OSError as e:
-                raise ConfigError(
-                    f"server.listen: cannot restrict {socket_path} to mode 0600: {e.strerror}"
-                ) from None
-            return listen
-        host = listen.rsplit(":", 1)[0]
-        return f"{host}:{port}"
+        try:
+            self.listener = Listener(
+                listen,
+                self.tls,
+                grpc_socket,
+                FetchChannel(self.servicer),
+                self.sidecar.metrics.tls_refusals,
+            )
+        except OSError as e:
+            raise ConfigError(f"server.listen: cannot listen on {listen}: {e.strerror or e}") from None
+        return self.listener.address
 
     def _sweep(self) -> None:
         """What killed or failed copies left: journal entries and the store's temp files."""
@@ -181,6 +196,7 @@ class SidecarServer:
         if listen:
             self._metrics_server = serve_metrics(listen, "metrics.listen", self.sidecar.metrics.registry)
         self.server.start()
+        self.listener.start()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -198,7 +214,9 @@ class SidecarServer:
         grace = self.settings.server.shutdown_grace_seconds if grace is None else grace
         log.info("shutting down: draining in-flight calls for up to %.0fs", grace)
         self.health.enter_graceful_shutdown()
+        self.listener.stop()
         self.server.stop(grace).wait()
+        shutil.rmtree(self._grpc_dir, ignore_errors=True)
         self.servicer.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()

@@ -9,6 +9,7 @@ in a string field, garbage) reaches the handler as ``Malformed`` and is answered
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
@@ -33,10 +34,9 @@ from rsm_sidecar.errors import (
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.segment import sources
 from rsm_sidecar.segment.objects import delete_segment_objects
-from rsm_sidecar.segment.reader import INDEX_BY_TYPE, FrameSlice, OpenSegment
+from rsm_sidecar.segment.reader import INDEX_BY_TYPE, OpenSegment
 from rsm_sidecar.service import hooks
 from rsm_sidecar.service.admission import IdleWatchdog, Slots, Watch
-from rsm_sidecar.service.handoff import HandoffDir, HandoffError
 from rsm_sidecar.service.metrics import Metrics
 from rsm_sidecar.service.sidecar import Sidecar
 
@@ -98,7 +98,9 @@ def _metadata(m: pb.SegmentMetadata) -> fkeys.SegmentMetadata:
     return fkeys.SegmentMetadata.from_proto(m)
 
 
-def _abort(context: grpc.ServicerContext, op: str, metrics: Metrics, err: BaseException) -> None:
+def report_failure(op: str, metrics: Metrics, err: BaseException) -> tuple[grpc.StatusCode, str]:
+    """Logs and counts a failed call of ``op``; the status and message the client gets (both
+    transports of a fetch answer failures the same way)."""
     if isinstance(err, RsmError):
         code, msg = err.grpc_code, str(err)
         # routine answers (a segment without that index: most have no transaction index; a reader
@@ -119,6 +121,11 @@ def _abort(context: grpc.ServicerContext, op: str, metrics: Metrics, err: BaseEx
     metrics.operations.labels(op, code.name).inc()
     if len(msg) > MAX_STATUS_CHARS:
         msg = msg[:MAX_STATUS_CHARS] + f"... ({len(msg)} characters)"
+    return code, msg
+
+
+def _abort(context: grpc.ServicerContext, op: str, metrics: Metrics, err: BaseException) -> None:
+    code, msg = report_failure(op, metrics, err)
     context.abort(code, msg)
 
 
@@ -136,7 +143,7 @@ def _gone(context: grpc.ServicerContext) -> bool:
 
 
 @contextlib.contextmanager
-def _measured(metrics: Metrics, op: str) -> Iterator[float]:
+def measured(metrics: Metrics, op: str) -> Iterator[float]:
     """Counts ``op`` in flight and observes its latency; yields its start time."""
     metrics.in_flight.labels(op).inc()
     t0 = time.monotonic()
@@ -156,7 +163,7 @@ def unary(op: str) -> Callable[[Method[R]], Method[R]]:
         @functools.wraps(fn)
         def handler(self: RemoteStorageServicer, request: Any, context: grpc.ServicerContext) -> R:
             m = self.sidecar.metrics
-            with _measured(m, op):
+            with measured(m, op):
                 try:
                     result = fn(self, request, context)
                 except Exception as e:  # every failure becomes a status
@@ -176,7 +183,7 @@ def streaming(op: str) -> Callable[[Method[Iterator[R]]], Method[Iterator[R]]]:
         @functools.wraps(fn)
         def handler(self: RemoteStorageServicer, request: Any, context: grpc.ServicerContext) -> Iterator[R]:
             m = self.sidecar.metrics
-            with _measured(m, op) as t0:
+            with measured(m, op) as t0:
                 first = True
                 try:
                     for msg in fn(self, request, context):
@@ -228,34 +235,6 @@ def _fetch_messages(piece: bytes | memoryview, served: Counter, watch: Watch) ->
         watch.touch()
 
 
-def encode_zstd_response(piece: FrameSlice) -> bytes:
-    """A serialized ``FetchSegmentResponse{zstd}``, with one copy of the frame."""
-    slice_ = (
-        b"\x0a"
-        + _varint(len(piece.frame))
-        + piece.frame
-        + b"\x10"
-        + _varint(piece.size)
-        + b"\x18"
-        + _varint(piece.offset)
-        + b"\x20"
-        + _varint(piece.length)
-    )
-    return b"\x22" + _varint(len(slice_)) + slice_
-
-
-def encode_handoff_response(
-    name: str, length: int, next_segment: fkeys.SegmentMetadata | None = None
-) -> bytes:
-    """A serialized ``FetchSegmentResponse{handoff}``, with ``next_segment`` when given (the
-    members rsm.proto lists for it)."""
-    response = pb.FetchSegmentResponse(handoff=pb.HandoffFile(name=name, length=length))
-    if next_segment is not None:
-        next_segment.fill_proto(response.next_segment)
-    encoded: bytes = response.SerializeToString()
-    return encoded
-
-
 def encode_next_segment_response(next_segment: fkeys.SegmentMetadata) -> bytes:
     """A serialized ``FetchSegmentResponse{next_segment}`` without data: the last message of a
     streamed range that reaches the segment's end, when the request asked ``want_next_segment``."""
@@ -269,6 +248,21 @@ def _pre_encoded(message: bytes) -> bytes:
     return message
 
 
+@dataclasses.dataclass(frozen=True)
+class FetchRange:
+    """Bytes ``[start, end]`` (inclusive, clamped to the segment) of an open segment of ``size`` bytes."""
+
+    seg: OpenSegment
+    start: int
+    end: int
+    size: int
+    want_next_segment: bool
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start + 1
+
+
 class RemoteStorageServicer:
     def __init__(self, sidecar: Sidecar):
         self.sidecar = sidecar
@@ -280,8 +274,6 @@ class RemoteStorageServicer:
         self.fetch_idle = cfg["fetch.idle_timeout_seconds"]
         self.allowed_dirs = sources.allowed_dirs(cfg["copy.allowed_dirs"])
         self.max_index_bytes = cfg["copy.max_index_file_bytes"]
-        #: Set by the server once it holds the socket (handoff.py); None: fetches stream over gRPC.
-        self.handoff: HandoffDir | None = None
 
     def handlers(self) -> grpc.GenericRpcHandler:
         """The service's method handlers, with lenient request parsing."""
@@ -439,64 +431,41 @@ class RemoteStorageServicer:
         request: pb.FetchSegmentRequest = _well_formed(message, "FetchSegmentRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
             hooks.before_fetch()
-            md = _metadata(request.metadata)
-            start = request.start_position
-            if start < 0:
-                raise InvalidArgument(f"start position {start} is negative")
-            if request.HasField("end_position") and request.end_position < start:
-                raise InvalidArgument(f"end position {request.end_position} is before start position {start}")
+            rng = self.fetch_range(request)
+            seg, start, end = rng.seg, rng.start, rng.end
             reader = self.sidecar.reader
-            seg = reader.open(md)
-            size = seg.manifest.original_size
-            if start > size:
-                raise OutOfRange(
-                    f"start position {start} is beyond the end of segment {md.describe} ({size} bytes)"
-                )
-            end = min(request.end_position if request.HasField("end_position") else size - 1, size - 1)
             served = self.sidecar.metrics.bytes.labels("fetch_served")
-            handoff = self.handoff
-            length = end - start + 1
-            if (
-                request.accept_handoff
-                and handoff is not None
-                and handoff.accepts(length)
-                and context.peer().startswith("unix:")
-            ):
-                following = (
-                    self._next_segment_hint(seg) if request.want_next_segment and end == size - 1 else None
-                )
-                try:
-                    name = handoff.write(reader.read(seg, start, end, views=True), length)
-                except HandoffError as e:
-                    handoff.warn_once(str(e))
-                else:
-                    served.inc(length)
-                    self.sidecar.metrics.bytes.labels("fetch_handoff").inc(length)
-                    try:
-                        yield encode_handoff_response(name, length, following)
-                    except GeneratorExit:  # cancelled before the client could open it
-                        handoff.discard(name)
-                        raise
-                    return
-            zstd_max = request.accept_zstd_max_bytes
-            pieces = (
-                reader.read_frames(seg, start, end, zstd_max)
-                if zstd_max > 0
-                else reader.read(seg, start, end, views=True)
-            )
-            for piece in pieces:
-                if isinstance(piece, FrameSlice):
-                    served.inc(piece.length)
-                    self.sidecar.metrics.bytes.labels("fetch_zstd").inc(len(piece.frame))
-                    yield encode_zstd_response(piece)
-                    watch.touch()
-                else:
-                    yield from _fetch_messages(piece, served, watch)
+            for piece in reader.read(seg, start, end, views=True):
+                yield from _fetch_messages(piece, served, watch)
                 del piece  # not held while the reader fetches the next chunk
-            if request.want_next_segment and end == size - 1:
-                following = self._next_segment_hint(seg)
-                if following is not None:  # streamed: the name comes in a last message of its own
-                    yield encode_next_segment_response(following)
+            following = self.next_segment_hint(rng)
+            if following is not None:  # streamed: the name comes in a last message of its own
+                yield encode_next_segment_response(following)
+
+    def fetch_range(self, request: pb.FetchSegmentRequest) -> FetchRange:
+        """The range a fetch asks for, checked, in its segment (opened: manifest, identity,
+        authenticity); what both transports of a fetch serve (gRPC's ``FetchSegment`` and the
+        fetch channel)."""
+        md = _metadata(request.metadata)
+        start = request.start_position
+        if start < 0:
+            raise InvalidArgument(f"start position {start} is negative")
+        if request.HasField("end_position") and request.end_position < start:
+            raise InvalidArgument(f"end position {request.end_position} is before start position {start}")
+        seg = self.sidecar.reader.open(md)
+        size = seg.manifest.original_size
+        if start > size:
+            raise OutOfRange(
+                f"start position {start} is beyond the end of segment {md.describe} ({size} bytes)"
+            )
+        end = min(request.end_position if request.HasField("end_position") else size - 1, size - 1)
+        return FetchRange(seg, start, end, size, request.want_next_segment)
+
+    def next_segment_hint(self, rng: FetchRange) -> fkeys.SegmentMetadata | None:
+        """``next_segment`` for a range that asked for it and ends at its segment's end; None otherwise."""
+        if not rng.want_next_segment or rng.end != rng.size - 1:
+            return None
+        return self._next_segment_hint(rng.seg)
 
     def _next_segment_hint(self, seg: OpenSegment) -> fkeys.SegmentMetadata | None:
         """``FetchSegmentResponse.next_segment`` for a range that ends at ``seg``'s end; None
@@ -515,18 +484,23 @@ class RemoteStorageServicer:
         request: pb.FetchIndexRequest = _well_formed(message, "FetchIndexRequest")
         with self.fetch_slots.take(), self.watchdog.watch(context, self.fetch_idle) as watch:
             hooks.before_fetch()
-            md = _metadata(request.metadata)
-            type_name = (
-                pb.IndexType.Name(request.index_type) if request.index_type in pb.IndexType.values() else None
-            )
-            if type_name not in INDEX_BY_TYPE:
-                raise InvalidArgument(f"unknown index type {request.index_type}")
-            reader = self.sidecar.reader
-            data = reader.read_index(reader.open(md), INDEX_BY_TYPE[type_name])
-            self.sidecar.metrics.bytes.labels("index_served").inc(len(data))
+            data = self.index_bytes(request)
             for msg in _pieces(data):
                 yield pb.FetchIndexResponse(data=msg)
                 watch.touch()
+
+    def index_bytes(self, request: pb.FetchIndexRequest) -> bytes:
+        """The index a ``FetchIndexRequest`` asks for, checked and counted; what both transports of
+        an index fetch serve (gRPC's ``FetchIndex`` and the fetch channel)."""
+        md = _metadata(request.metadata)
+        known = request.index_type in pb.IndexType.values()
+        type_name = pb.IndexType.Name(request.index_type) if known else None
+        if type_name not in INDEX_BY_TYPE:
+            raise InvalidArgument(f"unknown index type {request.index_type}")
+        reader = self.sidecar.reader
+        data = reader.read_index(reader.open(md), INDEX_BY_TYPE[type_name])
+        self.sidecar.metrics.bytes.labels("index_served").inc(len(data))
+        return data
 
     # -- delete ----------------------------------------------------------------
     @unary("delete")

@@ -154,22 +154,9 @@ class CopyLimits(Settings):
 
 @dataclasses.dataclass(frozen=True)
 class FetchLimits(Settings):
-    """How many fetches the service admits, how long it waits for one, and the hand-off of
-    small ones (the ``[fetch]`` keys that are not the reader's own: ``ReaderSettings``)."""
+    """How many fetches the service admits and how long it waits for one (the ``[fetch]`` keys
+    that are not the reader's own: ``ReaderSettings``)."""
 
-    handoff_max_bytes: int = setting(
-        "size",
-        8 * MiB,
-        "Fetch hand-off (only on a Unix socket, for a client that accepts it, as the shim does): a "
-        "fetch of up to this many bytes is written to a file in `<socket path>.handoff/` (created "
-        "0700, files 0600) that the client reads and deletes, instead of being sent over gRPC; larger"
-        " fetches stream (docs/operations.md, Remote reads, has what it saves). Files waiting for "
-        "their client are bounded by `fetch.max_concurrent` x this (and 2 x `fetch.max_concurrent` "
-        "files); beyond it fetches stream. 0 disables. A directory that is a symlink, another user's,"
-        " or group/other-writable turns it off with a warning.",
-        min=0,
-        max=64 * MiB,
-    )
     max_concurrent: int = setting(
         "int",
         32,

@@ -3,9 +3,9 @@ restart.
 
 cert-manager renews a certificate in place (the same Secret, new contents), and a Kubernetes
 Secret volume swaps all its files at once through its ``..data`` symlink; other tools write one
-file after the other. gRPC asks :meth:`ServerTls.fetch` before each new TLS handshake; it compares
-each file's identity (``os.stat``: device, inode, size, modification time; cheap, no read) with
-what it loaded, and when one changed it reads the set again and hands it to gRPC if it is usable
+file after the other. The listener asks :meth:`ServerTls.context` before each new TLS handshake; it
+compares each file's identity (``os.stat``: device, inode, size, modification time; cheap, no read) with
+what it loaded, and when one changed it reads the set again and uses it if it is usable
 (every file parses, the key is the certificate's). Connections already open keep the TLS session
 they have, so calls in flight are not disturbed; new connections present the new certificate and
 trust the new client CA bundle. A set that is not usable (caught half-written, a key from another
@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
-
-import grpc
 
 from rsm_sidecar.errors import ConfigError
 
@@ -86,51 +85,69 @@ def load(cert_file: str, key_file: str, client_ca_file: str | None) -> tuple[byt
     return key_pem, cert_pem, ca_pem
 
 
-class ServerTls:
-    """The server's TLS files and the gRPC credentials that follow them (module docstring)."""
+def _context(cert_file: str, key_file: str, ca_pem: bytes | None, alpn: list[str]) -> ssl.SSLContext:
+    """A server context for these files (checked by ``load``): TLS 1.2 or later, the ALPN protocols
+    of the listener's two services, and client certificates required when there is a CA bundle."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as e:  # the files changed since load() read them
+        raise ConfigError(f"server.tls.cert_file/key_file: {cert_file}, {key_file}: {e}") from None
+    if ca_pem is not None:
+        ctx.load_verify_locations(cadata=ca_pem.decode("ascii", "replace"))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.set_alpn_protocols(alpn)
+    return ctx
 
-    def __init__(self, cert_file: str, key_file: str, client_ca_file: str | None):
+
+class ServerTls:
+    """The server's TLS files and the TLS context that follows them (module docstring)."""
+
+    def __init__(self, cert_file: str, key_file: str, client_ca_file: str | None, alpn: list[str]):
         self.paths = (cert_file, key_file) + ((client_ca_file,) if client_ca_file else ())
         self.cert_file, self.key_file, self.client_ca_file = cert_file, key_file, client_ca_file
+        self.alpn = alpn
         self._lock = threading.Lock()
         self._loaded = _signature(self.paths)
         self._rejected: Signature | None = None
-        self._initial = self._configuration()  # raises ConfigError: start-up fails on bad files
+        self._context = self._load()  # raises ConfigError: start-up fails on bad files
         self.reloads = 0
 
-    def _configuration(self) -> grpc.ServerCertificateConfiguration:
-        key, cert, ca = load(self.cert_file, self.key_file, self.client_ca_file)
-        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+    @property
+    def requires_client_certificate(self) -> bool:
+        return self.client_ca_file is not None
 
-    def credentials(self) -> grpc.ServerCredentials:
-        return grpc.dynamic_ssl_server_credentials(
-            self._initial, self.fetch, require_client_authentication=self.client_ca_file is not None
-        )
+    def _load(self) -> ssl.SSLContext:
+        _, _, ca = load(self.cert_file, self.key_file, self.client_ca_file)
+        return _context(self.cert_file, self.key_file, ca, self.alpn)
 
-    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        """Called by gRPC before each new TLS handshake: the renewed configuration, or None to
-        keep the current one. Never raises (gRPC would fail the handshake)."""
+    def context(self) -> ssl.SSLContext:
+        """The context for a new connection's handshake: the files' current set when they changed
+        and are usable, else the one in use. Never raises (a handshake must not fail because of
+        this check)."""
         try:
             now = _signature(self.paths)
             if now == self._loaded or now == self._rejected:
-                return None
+                return self._context
             with self._lock:
                 if now == self._loaded:
-                    return None
+                    return self._context
                 try:
-                    config = self._configuration()
+                    context = self._load()
                 except ConfigError as e:
                     self._rejected = now
                     log.warning("TLS files changed but are not usable yet (%s); keeping the ones in use", e)
-                    return None
+                    return self._context
                 self._loaded = now
+                self._context = context
                 self.reloads += 1
             log.info(
                 "TLS files changed: new connections use them (server.tls.cert_file %s)",
                 self.cert_file,
                 extra={"fields": {"tls_reloads": self.reloads}},
             )
-            return config
-        except Exception as e:  # a handshake must never fail because of this check
+            return self._context
+        except Exception as e:
             log.warning("checking the TLS files failed: %s", e)
-            return None
+            return self._context

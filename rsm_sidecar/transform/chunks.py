@@ -97,12 +97,6 @@ class ChunkCodec:
             raise DataLoss(f"{where}: decoded to {len(data)} bytes, expected {original_size}")
         return _own_bytes(data)
 
-    def decode_to_frame(self, stored: Buffer, where: str, crc: int | None = None) -> bytes:
-        """Verify and decrypt one stored chunk of a compressed segment, leaving its zstd frame
-        (for a client that decompresses it: rsm.proto ``ZstdSlice``; ``decompress`` undoes it)."""
-        assert self.compression, "only chunks of compressed segments are zstd frames"
-        return _own_bytes(self._verify_and_decrypt(stored, where, crc, "chunk"))
-
     def decompress(self, frame: Buffer, original_size: int, where: str) -> bytes:
         """The original bytes of a verified chunk's zstd frame; ``DataLoss`` unless it is a frame
         that decompresses to exactly ``original_size`` bytes."""

@@ -332,10 +332,15 @@ def test_the_shim_says_why_the_sidecar_refused_its_certificate(stack, tls, kind)
     valid = {"expired": EXPIRED, "not yet valid": NOT_YET_VALID}.get(kind, "current")
     client = (tls.other if kind == "another CA" else tls.ca).issue(CLIENT, valid=valid)
     c = client.cert
+    # the sidecar's listener (OpenSSL) says why with a TLS alert
+    alert = {
+        "another CA": "unknown_ca",
+        "expired": "certificate_expired",
+        "not yet valid": "bad_certificate",
+    }[kind]
     what = (
         f"refused the shim's client certificate rsm.config.tls.cert.file={tls.client_cert} "
-        f"(CN={CLIENT}, issued by {c.issuer.rfc4514_string()}) "
-        "(it closed the connection right after the TLS handshake)"
+        f"(CN={CLIENT}, issued by {c.issuer.rfc4514_string()}) (alert {alert})"
     )
     dates = {
         "expired": f"it expired at {_when(c.not_valid_after_utc)}",
@@ -393,7 +398,7 @@ def test_no_client_certificate(stack, tls):
     stack.broker.restart()
     reason = (
         f"TLS refused: the sidecar at {stack.sidecar_target} requires a client certificate and the shim "
-        "has none (it closed the connection right after the TLS handshake): set rsm.config.tls.cert.file "
+        "has none (alert certificate_required): set rsm.config.tls.cert.file "
         "and rsm.config.tls.key.file"
     )
     assert_refused(stack, before, reason, lambda: diagnose(stack, cert=None, key=None))

@@ -37,14 +37,14 @@ def test_offload_and_consume_from_offset_zero(stack, store, tiered, compression)
     scenarios.check_consume_from_zero(stack, store, topic, recs)
 
 
-def test_remote_reads_come_through_hand_off_files(stack, store, tiered):
+def test_remote_reads_come_over_the_fetch_channel(stack, store, tiered):
     topic, recs = tiered["lz4"]
-    scenarios.check_remote_reads_use_hand_off(stack, store, topic, recs)
+    scenarios.check_remote_reads_use_the_fetch_channel(stack, store, topic, recs)
 
 
 def test_a_sequential_remote_read_makes_about_one_call_per_segment(stack, store):
     """A consumer reading tiered segments from the start in small fetches: the shim keeps each
-    sequential read's hand-off file open (rsm.config.fetch.readahead.bytes), so the broker's
+    sequential read's window (rsm.config.fetch.readahead.bytes), so the broker's
     remote reads, one per 64 KiB fetch, cost about one sidecar call per segment instead of one
     each, and every record arrives intact."""
     topic = "read-ahead"

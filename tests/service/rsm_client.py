@@ -4,13 +4,15 @@ uses the Java shim)."""
 from __future__ import annotations
 
 import os
+import socket
+import ssl
 from collections.abc import Iterator
 
 import grpc
-import zstandard
 
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2_grpc
+from rsm_sidecar.service import fetch_channel
 
 MiB = 1024 * 1024
 
@@ -147,31 +149,6 @@ class Client:
             req.end_position = end
         return b"".join(r.data for r in self.stub.FetchSegment(req, timeout=timeout))
 
-    def fetch_zstd(
-        self, md, start: int = 0, end: int | None = None, max_bytes: int = 8 * MiB, timeout: float = 120
-    ) -> tuple[bytes, int, int]:
-        """A fetch that accepts zstd frames of chunks up to ``max_bytes``, decoded as rsm.proto's
-        ``ZstdSlice`` tells a client to (exact size, slice in range): (the bytes, frame bytes
-        received, bytes received in ``data``)."""
-        req = pb.FetchSegmentRequest(metadata=md, start_position=start, accept_zstd_max_bytes=max_bytes)
-        if end is not None:
-            req.end_position = end
-        out = bytearray()
-        framed = plain = 0
-        for r in self.stub.FetchSegment(req, timeout=timeout):
-            if r.HasField("zstd"):
-                z = r.zstd
-                assert not r.data and 0 < z.size <= max_bytes and len(z.frame) <= MiB, z
-                assert 0 <= z.offset < z.offset + z.length <= z.size, z
-                whole = zstandard.ZstdDecompressor().decompress(z.frame, max_output_size=z.size)
-                assert len(whole) == z.size
-                out += whole[z.offset : z.offset + z.length]
-                framed += len(z.frame)
-            else:
-                out += r.data
-                plain += len(r.data)
-        return bytes(out), framed, plain
-
     def fetch_stream(self, md, start: int = 0, end: int | None = None, timeout: float = 120):
         req = pb.FetchSegmentRequest(metadata=md, start_position=start)
         if end is not None:
@@ -191,3 +168,112 @@ class Client:
 
     def close(self) -> None:
         self.channel.close()
+
+
+class FetchChannelError(Exception):
+    """An exchange ended with a status other than OK (``code`` the google.rpc.Code number)."""
+
+    def __init__(self, code: int, message: str, received: int):
+        super().__init__(
+            f"{grpc.StatusCode(_STATUS_BY_NUMBER[code]).name if code in _STATUS_BY_NUMBER else code}: "
+            f"{message} (after {received} bytes)"
+        )
+        self.code = code
+        self.status = _STATUS_BY_NUMBER.get(code)
+        self.message = message
+        self.received = received
+
+
+_STATUS_BY_NUMBER = {s.value[0]: s.value for s in grpc.StatusCode}
+
+
+class FetchChannelClient:
+    """A client of the sidecar's fetch channel (rsm.proto, "The fetch channel"): one connection,
+    exchanges one after the other, every frame checked as the shim checks it."""
+
+    def __init__(
+        self,
+        target: str,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        timeout: float = 60,
+        receive_buffer: int | None = None,
+    ):
+        """``receive_buffer``: the socket's SO_RCVBUF, set before it connects (None: the kernel's)."""
+        if target.startswith("unix:"):
+            path = target[len("unix://") :] if target.startswith("unix://") else target[len("unix:") :]
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address: object = path
+        else:
+            host, _, port = target.rpartition(":")
+            raw = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            address = (host.strip("[]"), int(port))
+        if receive_buffer is not None:
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        raw.settimeout(timeout)
+        raw.connect(address)
+        self.sock = ssl_context.wrap_socket(raw, server_hostname=server_hostname) if ssl_context else raw
+        self.sock.sendall(fetch_channel.PREFACE)
+        assert fetch_channel.read_exactly(self.sock, len(fetch_channel.PREFACE)) == fetch_channel.PREFACE
+
+    def request(self, md, start: int = 0, end: int | None = None, want_next_segment: bool = False) -> None:
+        req = pb.FetchSegmentRequest(metadata=md, start_position=start, want_next_segment=want_next_segment)
+        if end is not None:
+            req.end_position = end
+        payload = req.SerializeToString()
+        self.sock.sendall(fetch_channel.FRAME_HEADER.pack(fetch_channel.REQUEST, len(payload)) + payload)
+
+    def index(self, md, index_type) -> bytes:
+        """An index over the channel ('I' frame); ``FetchChannelError`` unless it ends OK."""
+        payload = pb.FetchIndexRequest(metadata=md, index_type=index_type).SerializeToString()
+        self.sock.sendall(
+            fetch_channel.FRAME_HEADER.pack(fetch_channel.INDEX_REQUEST, len(payload)) + payload
+        )
+        out = bytearray()
+        for kind, body in self.frames():
+            if kind == fetch_channel.DATA:
+                out += body
+            else:
+                done = pb.FetchEnd.FromString(body)
+                if done.code != 0:
+                    raise FetchChannelError(done.code, done.message, len(out))
+                assert done.length == len(out)
+        return bytes(out)
+
+    def frames(self) -> Iterator[tuple[bytes, bytes]]:
+        """The frames of one exchange, up to and including its 'E' frame."""
+        while True:
+            header = fetch_channel.read_exactly(self.sock, fetch_channel.FRAME_HEADER.size)
+            if header is None:
+                raise ConnectionError("the connection ended before the exchange's 'E' frame")
+            kind, length = fetch_channel.FRAME_HEADER.unpack(header)
+            payload = fetch_channel.read_exactly(self.sock, length) if length else b""
+            if payload is None:
+                raise ConnectionError("the connection ended inside a frame")
+            yield kind, payload
+            if kind == fetch_channel.END:
+                return
+
+    def fetch(
+        self, md, start: int = 0, end: int | None = None, want_next_segment: bool = False
+    ) -> tuple[bytes, pb.FetchEnd]:
+        """The range's bytes and the exchange's end; ``FetchChannelError`` unless it ends OK with
+        exactly the bytes it announced."""
+        self.request(md, start, end, want_next_segment)
+        out = bytearray()
+        for kind, payload in self.frames():
+            if kind == fetch_channel.DATA:
+                assert 0 < len(payload) <= fetch_channel.MAX_DATA_FRAME_BYTES
+                out += payload
+            elif kind == fetch_channel.END:
+                done = pb.FetchEnd.FromString(payload)
+                if done.code != 0:
+                    raise FetchChannelError(done.code, done.message, len(out))
+                assert done.length == len(out), (done.length, len(out))
+                return bytes(out), done
+            else:
+                raise AssertionError(f"unexpected frame type {kind!r}")
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.sock.close()

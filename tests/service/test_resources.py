@@ -278,3 +278,124 @@ private_key_file = "{private}"
             )
     finally:
         sidecar.stop()
+
+
+@pytest.mark.slow
+def test_fetch_channel_streams_stay_within_the_documented_memory_bound(tmp_path, rsa_keys):
+    """12, then 48 fetch channel streams at once (the shim's path) from a real sidecar process,
+    each stalled after its first frame until all are open (a receive buffer of 64 KiB: each
+    stream's reader blocks on the socket with its run and chunk in hand, as behind a broker that
+    stops reading), then read to their end: every stream byte-exact, and the sidecar's RSS,
+    sampled every 20 ms, under the bound docs/operations.md gives for that many streams."""
+    from tests.service.rsm_client import FetchChannelClient
+
+    chunk, chunk_cache, prefetch, max_range = 4 * MiB, 64 * MiB, 16 * MiB, 8 * MiB
+    manifest_cache = index_cache = MiB
+    max_concurrent, segment_size, segments, span = 64, 64 * MiB, 4, 24 * MiB
+    public, private = rsa_keys["A"]
+    cfg = write_config(
+        tmp_path / "sidecar.toml",
+        tmp_path / "remote",
+        f"""
+[segment]
+chunk_size = {chunk}
+compression_heuristic = false
+[copy]
+allowed_dirs = ["{tmp_path}"]
+[cache]
+manifest_bytes = {manifest_cache}
+index_bytes = {index_cache}
+chunk_bytes = {chunk_cache}
+prefetch_bytes = {prefetch}
+[fetch]
+max_range_bytes = {max_range}
+max_concurrent = {max_concurrent}
+[encryption]
+enabled = true
+active_key_id = "A"
+[encryption.keys.A]
+public_key_file = "{public}"
+private_key_file = "{private}"
+""",
+    )
+    files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=segment_size, txn=False)
+    mds = [metadata(seg_id(i + 1), size=segment_size) for i in range(segments)]
+    writer = SidecarProcess(cfg)  # copies run in another process: the bound measured is the fetch path's
+    try:
+        for md in mds:
+            writer.client.copy(files.path_request(md), timeout=300)
+    finally:
+        writer.stop()
+    with open(files.log_path, "rb") as f:
+        original = f.read()
+
+    sidecar = SidecarProcess(cfg)
+    try:
+        time.sleep(1)
+        base = sidecar.rss()
+        results = []
+        for readers in (12, 48):
+            bound = documented_memory_bound(
+                base,
+                readers,
+                manifest_cache=manifest_cache,
+                index_cache=index_cache,
+                chunk_cache=chunk_cache,
+                prefetch=prefetch,
+                max_range=max_range,
+                chunk=chunk,
+                max_concurrent=max_concurrent,
+            )
+            all_open = threading.Barrier(readers + 1, timeout=120)
+            errors: list[BaseException] = []
+
+            def read(i: int, all_open=all_open, errors=errors) -> None:
+                rnd = random.Random(readers * 1000 + i)
+                start = rnd.randrange(segment_size - span)
+                md = mds[i % segments]
+                client = FetchChannelClient(sidecar.address, timeout=120, receive_buffer=64 * 1024)
+                try:
+                    client.request(md, start, start + span - 1)
+                    got = bytearray()
+                    frames = client.frames()
+                    kind, payload = next(frames)
+                    assert kind == b"D", kind
+                    got += payload
+                    all_open.wait()  # every stream open and stalled behind its reader
+                    all_open.wait()  # the sampler has seen them all stalled for a while
+                    for kind, payload in frames:
+                        if kind == b"D":
+                            got += payload
+                    assert bytes(got) == original[start : start + span], f"stream {i}: wrong bytes"
+                except BaseException as e:
+                    errors.append(e)
+                    all_open.abort()
+                finally:
+                    client.close()
+
+            threads = [threading.Thread(target=read, args=(i,)) for i in range(readers)]
+            with PeakRss(sidecar) as rss:
+                for t in threads:
+                    t.start()
+                try:
+                    all_open.wait()
+                    time.sleep(1.0)
+                    all_open.wait()
+                except threading.BrokenBarrierError:
+                    pass
+                for t in threads:
+                    t.join()
+            assert not errors, errors[0]
+            results.append((readers, rss.peak, bound))
+            print(
+                f"\n{readers} fetch channel streams: peak RSS {rss.peak / MiB:.0f} MiB "
+                f"(+{(rss.peak - base) / MiB:.0f} over the idle {base / MiB:.0f} MiB), "
+                f"documented bound {bound / MiB:.0f} MiB (+{(bound - base) / MiB:.0f})"
+            )
+        for readers, peak, bound in results:
+            assert peak <= bound, (
+                f"{readers} streams: peak RSS {peak / MiB:.0f} MiB exceeds the documented "
+                f"bound {bound / MiB:.0f} MiB"
+            )
+    finally:
+        sidecar.stop()

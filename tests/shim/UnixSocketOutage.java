@@ -95,6 +95,7 @@ public class UnixSocketOutage {
             RemoteStorageManager rsm = (RemoteStorageManager) c.getConstructor().newInstance();
             Thread.currentThread().setContextClassLoader(plugin);
             rsm.configure(Map.of("sidecar.target", "unix://" + socket, "broker.id", 1, "retry.max.attempts", "1",
+                    "retry.fetch.max.ms", "0",
                     "fetch.index.deadline.ms", "2000", "copy.deadline.ms", "30000", "fetch.deadline.ms", "30000"));
 
             TopicIdPartition tip = new TopicIdPartition(Uuid.randomUuid(), new TopicPartition("outage", 0));
@@ -109,7 +110,12 @@ public class UnixSocketOutage {
             while (System.nanoTime() < end) {
                 calls++;
                 try {
-                    rsm.fetchIndex(md, RemoteStorageManager.IndexType.TRANSACTION);
+                    // alternately over the fetch channel (index) and gRPC (delete: netty's connection attempts)
+                    if (calls % 2 == 1) {
+                        rsm.fetchIndex(md, RemoteStorageManager.IndexType.TRANSACTION);
+                    } else {
+                        rsm.deleteLogSegmentData(md);
+                    }
                     throw new AssertionError("a call succeeded while nothing listens on " + socket);
                 } catch (RemoteResourceNotFoundException e) {
                     throw new AssertionError("NOT_FOUND while nothing listens on " + socket, e);
@@ -143,6 +149,19 @@ public class UnixSocketOutage {
                 } catch (RemoteStorageException e) {
                     if (System.nanoTime() > deadline) {
                         throw new AssertionError("still failing 60 s after the sidecar started", e);
+                    }
+                    failedAfter++;
+                    Thread.sleep(200);
+                }
+            }
+            // ... and the gRPC channel too (copies and deletes), once its reconnect backoff has passed
+            while (true) {
+                try {
+                    rsm.deleteLogSegmentData(md); // nothing stored: succeeds once the sidecar answers
+                    break;
+                } catch (RemoteStorageException e) {
+                    if (System.nanoTime() > deadline) {
+                        throw new AssertionError("gRPC still failing 60 s after the sidecar started", e);
                     }
                     failedAfter++;
                     Thread.sleep(200);

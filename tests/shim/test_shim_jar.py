@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -191,20 +190,36 @@ def test_connectivity_check_over_a_unix_socket(jar: zipfile.ZipFile, uds_sidecar
     assert run.returncode == 0, run.stdout + run.stderr
     assert "ended with NOT_FOUND: no such segment (pytest sidecar)" in run.stdout, run.stdout + run.stderr
     assert len(seen) == 1 and b"rsm-sidecar-shim-diagnose" in seen[0]
-    # this pytest sidecar made no hand-off directory beside its socket
-    assert f"fetch hand-off: {sock}.handoff does not exist" in run.stdout, run.stdout
-    os.mkdir(f"{sock}.handoff", 0o700)
-    run = subprocess.run(
-        [_java(), "-jar", str(JAR), f"unix://{sock}"], capture_output=True, text=True, timeout=120
+    # this pytest sidecar is gRPC alone: an older sidecar, without the fetch channel
+    assert "fetch channel: not offered" in run.stdout and "fetches go over gRPC" in run.stdout, run.stdout
+
+
+def test_connectivity_check_finds_the_fetch_channel_of_a_real_sidecar(
+    jar: zipfile.ZipFile, tmp_path: Path
+) -> None:
+    from rsm_sidecar.config import Config
+    from rsm_sidecar.service.server import SidecarServer
+
+    sock = tmp_path / "s" / "rsm.sock"
+    cfg = Config(
+        {
+            "server": {"listen": f"unix://{sock}", "shutdown_grace_seconds": 1},
+            "metrics": {"listen": ""},
+            "storage": {"local": {"root": str(tmp_path / "remote"), "fsync": False}},
+        },
+        environ={},
     )
-    assert f"fetch hand-off: ready ({sock}.handoff)" in run.stdout, run.stdout + run.stderr
-    run = subprocess.run(
-        [_java(), "-jar", str(JAR), f"unix://{sock}", "fetch.handoff=false"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert "fetch hand-off: off (fetch.handoff=false)" in run.stdout, run.stdout + run.stderr
+    server = SidecarServer(cfg)
+    server.start()
+    try:
+        run = subprocess.run(
+            [_java(), "-jar", str(JAR), f"unix://{sock}"], capture_output=True, text=True, timeout=120
+        )
+    finally:
+        server.stop(grace=0)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ended with NOT_FOUND" in run.stdout, run.stdout + run.stderr
+    assert f"fetch channel: ready (unix://{sock})" in run.stdout, run.stdout + run.stderr
 
 
 def test_connectivity_check_reports_an_absent_sidecar(jar: zipfile.ZipFile, tmp_path: Path) -> None:
@@ -329,11 +344,13 @@ OUTAGE_SECONDS = 8  # grpc's reconnect backoff (1 s, x1.6, jitter) gives 4 or mo
 def test_unix_socket_outage_fails_unavailable_without_netty_warnings_then_recovers(
     jar: zipfile.ZipFile, tmp_path: Path
 ) -> None:
-    """The shim calls a Unix socket path where no sidecar listens, for OUTAGE_SECONDS: every call
-    fails UNAVAILABLE, and the log (netty and grpc-java made to log through java.util.logging,
-    every record printed) has no `Unknown channel option 'SO_KEEPALIVE'` warning, one of which
-    used to come with every connection attempt. Then a real `rsm-sidecar serve` starts on the
-    path and the same shim copies and fetches a segment through it."""
+    """The shim calls a Unix socket path where no sidecar listens, for OUTAGE_SECONDS, alternately
+    over its fetch channel (an index) and gRPC (a delete): every call fails UNAVAILABLE, the first
+    one's message says there is no socket file, and the log (netty and grpc-java made to log
+    through java.util.logging, every record printed) has no `Unknown channel option
+    'SO_KEEPALIVE'` warning, one of which used to come with every connection attempt. Then a real
+    `rsm-sidecar serve` starts on the path and the same shim, once both its channel and gRPC
+    answer, copies and fetches a segment through it."""
     from devstack.sidecar import SidecarProcess
 
     provided = broker_api_jars()
@@ -387,7 +404,7 @@ def test_unix_socket_outage_fails_unavailable_without_netty_warnings_then_recove
     first = next(line for line in output if line.startswith("FIRST "))
     # Names the call, the segment and the cause (no socket file).
     assert "fetchIndex(outage-0 segment" in first and "UNAVAILABLE" in first, first
-    assert "FileNotFoundException" in first, first
+    assert "no socket file at" in first, first
 
     # grpc-java's channel trace (FINER): one "Started transport" per connection attempt.
     before_sidecar = output[: output.index("WAITING")]

@@ -22,6 +22,15 @@ interface ChannelFactory {
     ManagedChannel create(ShimConfig config) throws IOException;
 
     /**
+     * Whether the sidecar's fetch channel is at the configured target beside the gRPC service (it
+     * is for every real transport; an in-process channel of a test has no socket beside it, so its
+     * fetches go over gRPC).
+     */
+    default boolean fetchChannel() {
+        return true;
+    }
+
+    /**
      * A channel whose TLS uses {@code tls} (read and checked by the caller; null: read the files
      * now). Factories without TLS (tests' in-process channels) ignore it.
      */

@@ -9,10 +9,8 @@ import io.github.rsmsidecar.proto.v1.SegmentState;
 import io.grpc.ManagedChannel;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
+import java.io.IOException;
 import java.io.PrintStream;
-import java.nio.file.Files;
-import java.nio.file.LinkOption;
-import java.nio.file.Path;
 import java.security.SecureRandom;
 import java.util.Base64;
 import java.util.Iterator;
@@ -43,23 +41,21 @@ public final class Diagnose {
         System.exit(run(args, System.out, System.err));
     }
 
-    /** Whether this user can take fetch hand-offs from the sidecar (see {@link FetchHandoff}). */
-    static String handoffReport(ShimConfig config) {
-        Path dir = config.handoffDir();
-        if (dir == null) {
-            return "fetch hand-off: off (" + (config.isUnixSocket() ? ShimConfig.FETCH_HANDOFF + "=false"
-                    : "the sidecar is reached over TCP") + "); fetches stream over gRPC";
+    /** Whether the sidecar's fetch channel answers, with the shim's own client of it. */
+    static String fetchChannelReport(ShimConfig config) {
+        try {
+            TlsFiles tls = config.tlsEnabled() ? TlsFiles.read(config).check(config) : null;
+            io.grpc.netty.shaded.io.netty.handler.ssl.SslContext context =
+                    tls == null ? null : tls.fetchChannelContext(config);
+            String[] address = config.fetchChannelAddress();
+            String host = !config.tlsAuthorityOverride().isEmpty() ? config.tlsAuthorityOverride()
+                    : address.length == 2 ? address[0] : "localhost";
+            int port = address.length == 2 ? Integer.parseInt(address[1]) : 0;
+            return io.github.rsmsidecar.shim.read.FetchChannel.probe(config,
+                    context == null ? null : () -> TlsFiles.newEngine(context, host, port));
+        } catch (IOException e) {
+            return "fetch channel: not checked (" + e.getMessage() + ")";
         }
-        if (!Files.isDirectory(dir, LinkOption.NOFOLLOW_LINKS)) {
-            return "fetch hand-off: " + dir + " does not exist (the sidecar has fetch.handoff_max_bytes = 0 "
-                    + "or refused the directory: see its log); fetches stream over gRPC";
-        }
-        if (!Files.isReadable(dir) || !Files.isWritable(dir)
-                || !Files.isExecutable(dir)) {
-            return "fetch hand-off: " + dir + " exists but this user cannot read and delete files in it; "
-                    + "fetches will stream over gRPC (run the broker as the sidecar's user)";
-        }
-        return "fetch hand-off: ready (" + dir + ")";
     }
 
     static int run(String[] args, PrintStream out, PrintStream err) {
@@ -125,7 +121,7 @@ public final class Diagnose {
             boolean unreachable = status.getCode() == Status.Code.UNAVAILABLE
                     || status.getCode() == Status.Code.DEADLINE_EXCEEDED;
             if (!unreachable) {
-                out.println(handoffReport(config));
+                out.println(fetchChannelReport(config));
             }
             return unreachable ? 2 : 0;
         } finally {

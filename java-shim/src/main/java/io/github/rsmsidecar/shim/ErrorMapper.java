@@ -26,7 +26,7 @@ import org.slf4j.LoggerFactory;
  * Every message carries the status code and the sidecar's description; the cause is a
  * {@link StatusException} holding the status (and its own cause, e.g. a connection error).
  */
-final class ErrorMapper {
+public final class ErrorMapper {
 
     private static final Logger LOG = LoggerFactory.getLogger(ErrorMapper.class);
 
@@ -91,7 +91,7 @@ final class ErrorMapper {
      * @param status the status from the sidecar (or from the local gRPC runtime)
      * @param delete whether this is a delete, for which NOT_FOUND must not become RRNFE
      */
-    RemoteStorageException map(String operation, Status status, boolean delete) {
+    public RemoteStorageException map(String operation, Status status, boolean delete) {
         String message = describe(operation, status);
         StatusException cause = status.asException();
         Status.Code code = status.getCode();
@@ -105,7 +105,7 @@ final class ErrorMapper {
     }
 
     /** A transient failure that did not come from a gRPC status (e.g. interrupted while waiting). */
-    RemoteStorageException retriable(String message, Throwable cause) {
+    public RemoteStorageException retriable(String message, Throwable cause) {
         if (retriable != null) {
             try {
                 return retriable.newInstance(message, cause);
@@ -120,7 +120,7 @@ final class ErrorMapper {
      * {@code "<operation> failed: sidecar status <CODE>: <description> (cause: <cause>)"}, on one
      * line ({@link StatusText}).
      */
-    static String describe(String operation, Status status) {
+    public static String describe(String operation, Status status) {
         return StatusText.oneLine(operation + " failed: sidecar status " + StatusText.of(status));
     }
 }

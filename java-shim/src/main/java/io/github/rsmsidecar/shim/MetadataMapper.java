@@ -14,7 +14,7 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /** KIP-405 types to rsm.v1 messages, field for field. */
-final class MetadataMapper {
+public final class MetadataMapper {
 
     private static final Logger LOG = LoggerFactory.getLogger(MetadataMapper.class);
 
@@ -38,7 +38,7 @@ final class MetadataMapper {
     private MetadataMapper() {
     }
 
-    static SegmentMetadata toProto(RemoteLogSegmentMetadata md) {
+    public static SegmentMetadata toProto(RemoteLogSegmentMetadata md) {
         TopicIdPartition tip = md.remoteLogSegmentId().topicIdPartition();
         SegmentMetadata.Builder b = SegmentMetadata.newBuilder()
                 .setTopicId(tip.topicId().toString())
@@ -83,7 +83,7 @@ final class MetadataMapper {
     }
 
     /** By name; {@code null} for a type rsm.v1 does not know. */
-    static IndexType indexType(RemoteStorageManager.IndexType type) {
+    public static IndexType indexType(RemoteStorageManager.IndexType type) {
         return sameName(IndexType.class, type.name(), null);
     }
 
@@ -101,7 +101,7 @@ final class MetadataMapper {
     }
 
     /** A short, log-safe description of the segment: {@code topic-partition segment <uuid> [start..end]}. */
-    static String describe(RemoteLogSegmentMetadata md) {
+    public static String describe(RemoteLogSegmentMetadata md) {
         TopicIdPartition tip = md.remoteLogSegmentId().topicIdPartition();
         return tip.topic() + "-" + tip.partition() + " segment " + md.remoteLogSegmentId().id()
                 + " [" + md.startOffset() + ".." + md.endOffset() + "]";

@@ -50,17 +50,13 @@ final class PluginMetricsBinding implements ShimMetrics.Listener {
             }
         }
         b.counter("copy-bytes-total", "Bytes of the segment files copied", m.copyBytes);
-        b.counter("fetch-bytes-total", "Fetched bytes received in gRPC messages", m.fetchGrpcBytes,
-                "transfer", "grpc");
-        b.counter("fetch-bytes-total", "Fetched bytes received in hand-off files", m.fetchHandoffBytes,
-                "transfer", "handoff");
-        b.counter("fetch-zstd-frame-bytes-total", "Bytes of the zstd frames received in gRPC messages (compressed)",
-                m.fetchZstdFrameBytes);
-        b.counter("fetch-zstd-slice-bytes-total",
-                "Fetched bytes delivered from zstd frames (also in fetch-bytes-total, transfer grpc)",
-                m.fetchZstdSliceBytes);
-        b.counter("handoff-fallbacks-total", "Times fetch hand-off or read-ahead was turned off for a while",
-                m.handoffFallbacks);
+        b.counter("fetch-bytes-total", "Fetched bytes received over the sidecar's fetch channel",
+                m.fetchChannelBytes, "transfer", "channel");
+        b.counter("fetch-bytes-total", "Fetched bytes received in gRPC messages (a sidecar without a fetch channel)",
+                m.fetchGrpcBytes, "transfer", "grpc");
+        b.counter("fetch-channel-fallbacks-total",
+                "Times the sidecar had no fetch channel and fetches went over gRPC for a while",
+                m.fetchChannelFallbacks);
         b.counter("tls-reloads-total", "Times changed TLS files were loaded", m.tlsReloads);
         pm.addMetric(b.name("sidecar-reachable", "1 while the sidecar answers, 0 after a call could not reach it"),
                 (Measurable) (config, now) -> m.reachable());

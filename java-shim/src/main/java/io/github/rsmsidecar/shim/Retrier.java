@@ -28,13 +28,13 @@ import org.slf4j.LoggerFactory;
  * once. An interrupt (during an attempt or a wait) ends the call with
  * {@link RemoteStorageException} and leaves the thread's interrupt flag set.
  */
-final class Retrier {
+public final class Retrier {
 
     private static final Logger LOG = LoggerFactory.getLogger(Retrier.class);
 
     /** One attempt. It must cancel its gRPC call before throwing {@link InterruptedException}. */
     @FunctionalInterface
-    interface Attempt<T> {
+    public interface Attempt<T> {
         T run(int attempt) throws StatusException, InterruptedException, RemoteStorageException;
     }
 
@@ -106,7 +106,7 @@ final class Retrier {
      * Runs {@code attempt} as a call of kind {@code op} ({@link ShimMetrics.Op#DELETE}: NOT_FOUND
      * is not mapped to {@code RemoteResourceNotFoundException}), counting it in the metrics.
      */
-    <T> T call(ShimMetrics.Op op, String operation, Attempt<T> attempt) throws RemoteStorageException {
+    public <T> T call(ShimMetrics.Op op, String operation, Attempt<T> attempt) throws RemoteStorageException {
         long started = System.nanoTime();
         Status failed = null;
         try {

@@ -1,5 +1,6 @@
 package io.github.rsmsidecar.shim;
 
+import com.google.protobuf.ByteString;
 import com.google.protobuf.UnsafeByteOperations;
 import io.github.rsmsidecar.proto.v1.CopyBegin;
 import io.github.rsmsidecar.proto.v1.CopyData;
@@ -7,6 +8,9 @@ import io.github.rsmsidecar.proto.v1.CopySegmentRequest;
 import io.github.rsmsidecar.proto.v1.CopySegmentResponse;
 import io.github.rsmsidecar.proto.v1.FileKind;
 import io.github.rsmsidecar.proto.v1.RemoteStorageGrpc;
+import io.github.rsmsidecar.proto.v1.SegmentFiles;
+import io.github.rsmsidecar.proto.v1.SegmentMetadata;
+import io.github.rsmsidecar.proto.v1.TransferMode;
 import io.grpc.CallOptions;
 import io.grpc.Channel;
 import io.grpc.ClientCall;
@@ -17,9 +21,12 @@ import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.channels.ClosedByInterruptException;
 import java.nio.channels.FileChannel;
+import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
+import java.util.ArrayList;
 import java.util.List;
+import org.apache.kafka.server.log.remote.storage.LogSegmentData;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
 
 /**
@@ -36,6 +43,8 @@ final class SegmentCopier {
 
     /** The proto's limit for {@code CopyData.data}. */
     static final int MAX_MESSAGE_BYTES = 1 << 20;
+    /** A message's bytes are read into arrays of at most this size: never a humongous object for G1. */
+    static final int PIECE_BYTES = 256 * 1024;
 
     /** A file to stream: its kind, path and the size declared in {@code CopyBegin}. */
     static final class FilePart {
@@ -55,6 +64,86 @@ final class SegmentCopier {
     private final String operation;
     private volatile CopySegmentResponse response;
     private volatile Status status;
+
+    /**
+     * The {@code CopyBegin} of a copy of {@code data} in {@code mode}; in stream mode the files to
+     * stream are added to {@code parts}, in proto order.
+     */
+    static CopyBegin begin(String op, SegmentMetadata metadata, ByteString leaderEpochs, LogSegmentData data,
+                           ShimConfig.TransferMode mode, List<FilePart> parts) throws RemoteStorageException {
+        CopyBegin.Builder begin = CopyBegin.newBuilder().setMetadata(metadata).setLeaderEpochCheckpoint(leaderEpochs);
+        if (mode == ShimConfig.TransferMode.PATH) {
+            SegmentFiles.Builder files = SegmentFiles.newBuilder()
+                    .setLogPath(absolute(data.logSegment()))
+                    .setOffsetIndexPath(absolute(data.offsetIndex()))
+                    .setTimeIndexPath(absolute(data.timeIndex()))
+                    .setProducerSnapshotPath(absolute(data.producerSnapshotIndex()));
+            data.transactionIndex().ifPresent(p -> files.setTransactionIndexPath(absolute(p)));
+            begin.setMode(TransferMode.PATH).setFiles(files);
+        } else {
+            SegmentFiles.Builder files = SegmentFiles.newBuilder();
+            // The proto's file order: LOG, OFFSET_INDEX, TIME_INDEX, PRODUCER_SNAPSHOT_FILE, TRANSACTION_INDEX.
+            parts.add(part(op, FileKind.LOG, data.logSegment()));
+            parts.add(part(op, FileKind.OFFSET_INDEX, data.offsetIndex()));
+            parts.add(part(op, FileKind.TIME_INDEX, data.timeIndex()));
+            parts.add(part(op, FileKind.PRODUCER_SNAPSHOT_FILE, data.producerSnapshotIndex()));
+            if (data.transactionIndex().isPresent()) {
+                parts.add(part(op, FileKind.TRANSACTION_INDEX, data.transactionIndex().get()));
+            }
+            for (SegmentCopier.FilePart p : parts) {
+                switch (p.kind) {
+                    case LOG:
+                        files.setLogSize(p.size);
+                        break;
+                    case OFFSET_INDEX:
+                        files.setOffsetIndexSize(p.size);
+                        break;
+                    case TIME_INDEX:
+                        files.setTimeIndexSize(p.size);
+                        break;
+                    case PRODUCER_SNAPSHOT_FILE:
+                        files.setProducerSnapshotSize(p.size);
+                        break;
+                    case TRANSACTION_INDEX:
+                        files.setTransactionIndexSize(p.size);
+                        break;
+                    default:
+                        throw new IllegalStateException(p.kind.toString());
+                }
+            }
+            begin.setMode(TransferMode.STREAM).setFiles(files);
+        }
+        return begin.build();
+    }
+
+    /** The bytes of a segment's files, as counted in {@link ShimMetrics#copyBytes}. */
+    static long copiedBytes(LogSegmentData data) {
+        long n = data.leaderEpochIndex().remaining();
+        List<Path> files = new ArrayList<>(List.of(data.logSegment(), data.offsetIndex(), data.timeIndex(),
+                data.producerSnapshotIndex()));
+        data.transactionIndex().ifPresent(files::add);
+        for (Path p : files) {
+            try {
+                n += Files.size(p);
+            } catch (IOException e) {
+                // gone after the copy: not counted
+            }
+        }
+        return n;
+    }
+
+    private static String absolute(Path p) {
+        return p.toAbsolutePath().toString();
+    }
+
+    private static SegmentCopier.FilePart part(String op, FileKind kind, Path path) throws RemoteStorageException {
+        try {
+            return new SegmentCopier.FilePart(kind, path, Files.size(path));
+        } catch (IOException e) {
+            throw new RemoteStorageException(op + " failed: cannot read the size of " + kind + " file " + path
+                    + ": " + e, e);
+        }
+    }
 
     private SegmentCopier(Channel channel, CallOptions options, String operation) {
         this.call = channel.newCall(RemoteStorageGrpc.getCopySegmentMethod(), options);
@@ -160,7 +249,7 @@ final class SegmentCopier {
                 int messageBytes = (int) Math.min(MAX_MESSAGE_BYTES, remaining);
                 com.google.protobuf.ByteString data = com.google.protobuf.ByteString.EMPTY;
                 for (int filled = 0; filled < messageBytes; ) {
-                    byte[] piece = new byte[Math.min(FetchResponseMarshaller.PIECE_BYTES, messageBytes - filled)];
+                    byte[] piece = new byte[Math.min(PIECE_BYTES, messageBytes - filled)];
                     ByteBuffer buffer = ByteBuffer.wrap(piece);
                     while (buffer.hasRemaining()) {
                         if (in.read(buffer) < 0) {

@@ -33,10 +33,8 @@ public final class ShimConfig {
     public static final String FETCH_READ_TIMEOUT_MS = "fetch.read.timeout.ms";
     public static final String FETCH_IDLE_TIMEOUT_MS = "fetch.idle.timeout.ms";
     public static final String FETCH_WINDOW_BYTES = "fetch.window.bytes";
-    public static final String FETCH_HANDOFF = "fetch.handoff";
     public static final String FETCH_READAHEAD_BYTES = "fetch.readahead.bytes";
     public static final String FETCH_READAHEAD_MAX_BYTES = "fetch.readahead.max.bytes";
-    public static final String FETCH_ZSTD_MAX_CHUNK_BYTES = "fetch.zstd.max.chunk.bytes";
     public static final String FETCH_INDEX_DEADLINE_MS = "fetch.index.deadline.ms";
     public static final String DELETE_DEADLINE_MS = "delete.deadline.ms";
     public static final String RETRY_MAX_ATTEMPTS = "retry.max.attempts";
@@ -59,28 +57,24 @@ public final class ShimConfig {
     /** A consumer's default fetch (1 MiB) plus room for the index lookup's skip to the offset. */
     static final int DEFAULT_FETCH_WINDOW_BYTES = 1024 * 1024 + 64 * 1024;
     /** Windows double up to this size. */
-    static final int MAX_FETCH_WINDOW_BYTES = 32 * 1024 * 1024;
-    /**
-     * 8 MiB, the sidecar's default {@code fetch.handoff_max_bytes} (a larger window would be
-     * streamed, not handed off): the measured setting (docs/operations.md, remote read path).
-     */
+    public static final int MAX_FETCH_WINDOW_BYTES = 32 * 1024 * 1024;
+    /** 8 MiB: the measured setting (docs/performance.md, remote reads). */
     static final int DEFAULT_FETCH_READAHEAD_BYTES = 8 * 1024 * 1024;
+    /** The largest read-ahead window. */
+    static final int MAX_FETCH_READAHEAD_BYTES = 64 * 1024 * 1024;
     /**
-     * Read-ahead windows kept open in all: eight 8 MiB windows, four partitions read sequentially at
+     * Read-ahead windows kept in all: eight 8 MiB windows, four partitions read sequentially at
      * once; more partitions share it in smaller windows (ReadAhead#currentWindowBytes).
      */
     static final long DEFAULT_FETCH_READAHEAD_MAX_BYTES = 64L * 1024 * 1024;
+
     /**
-     * Off: on one node (the sidecar beside its broker, as a DaemonSet or over a Unix socket) frames
-     * cost the broker more CPU than the sidecar saves (docs/operations.md, "Compressed transfer");
-     * they pay where the bytes between the two cost, e.g. across zones.
+     * Keys of earlier versions that do nothing now, with what replaced them: accepted, with one
+     * warning each (a broker's configuration outlives an upgrade of the shim).
      */
-    static final int DEFAULT_FETCH_ZSTD_MAX_CHUNK_BYTES = 0;
-    /**
-     * A decompressed chunk is held in the heap while its message is read: at most as much as the
-     * largest hand-off file ({@link FetchHandoff#MAX_FILE_BYTES}).
-     */
-    static final int MAX_FETCH_ZSTD_MAX_CHUNK_BYTES = 64 * 1024 * 1024;
+    public static final Map<String, String> REMOVED_KEYS = Map.of(
+            "fetch.handoff", "fetches use the sidecar's fetch channel, over the Unix socket too",
+            "fetch.zstd.max.chunk.bytes", "the sidecar sends a fetch's bytes decompressed over its fetch channel");
 
     /** Keys the broker itself adds to the map; accepted silently. */
     static final Set<String> BROKER_KEYS = Set.of("broker.id", "node.id");
@@ -97,10 +91,8 @@ public final class ShimConfig {
         k.put(FETCH_READ_TIMEOUT_MS, "30000");
         k.put(FETCH_IDLE_TIMEOUT_MS, "300000");
         k.put(FETCH_WINDOW_BYTES, String.valueOf(DEFAULT_FETCH_WINDOW_BYTES));
-        k.put(FETCH_HANDOFF, "true");
         k.put(FETCH_READAHEAD_BYTES, String.valueOf(DEFAULT_FETCH_READAHEAD_BYTES));
         k.put(FETCH_READAHEAD_MAX_BYTES, String.valueOf(DEFAULT_FETCH_READAHEAD_MAX_BYTES));
-        k.put(FETCH_ZSTD_MAX_CHUNK_BYTES, String.valueOf(DEFAULT_FETCH_ZSTD_MAX_CHUNK_BYTES));
         k.put(FETCH_INDEX_DEADLINE_MS, "30000");
         k.put(DELETE_DEADLINE_MS, "30000");
         k.put(RETRY_MAX_ATTEMPTS, "3");
@@ -169,10 +161,8 @@ public final class ShimConfig {
     private final long fetchReadTimeoutMs;
     private final long fetchIdleTimeoutMs;
     private final int fetchWindowBytes;
-    private final boolean fetchHandoff;
     private final int fetchReadaheadBytes;
     private final long fetchReadaheadMaxBytes;
-    private final int fetchZstdMaxChunkBytes;
     private final long fetchIndexDeadlineMs;
     private final long deleteDeadlineMs;
     private final int retryMaxAttempts;
@@ -192,6 +182,7 @@ public final class ShimConfig {
     private final long channelIdleTimeoutMs;
     private final String brokerId;
     private final List<String> unknownKeys;
+    private final List<String> removedKeys;
 
     private ShimConfig(Map<String, ?> configs) {
         Map<String, String> raw = new LinkedHashMap<>();
@@ -200,12 +191,13 @@ public final class ShimConfig {
             String key = e.getKey();
             if (KEYS.containsKey(key)) {
                 raw.put(key, e.getValue() == null ? null : String.valueOf(e.getValue()).trim());
-            } else if (!BROKER_KEYS.contains(key)) {
+            } else if (!BROKER_KEYS.contains(key) && !REMOVED_KEYS.containsKey(key)) {
                 unknown.add(key);
             }
         }
         Collections.sort(unknown);
         this.unknownKeys = Collections.unmodifiableList(unknown);
+        this.removedKeys = configs.keySet().stream().filter(REMOVED_KEYS::containsKey).sorted().toList();
         Object broker = configs.get("node.id") != null ? configs.get("node.id") : configs.get("broker.id");
         this.brokerId = broker == null ? "?" : String.valueOf(broker);
 
@@ -222,12 +214,10 @@ public final class ShimConfig {
                     "must be 0 (off) or between 4096 and " + MAX_FETCH_WINDOW_BYTES);
         }
         this.fetchWindowBytes = (int) windowBytes;
-        this.fetchHandoff = bool(raw, FETCH_HANDOFF);
         long readahead = longValue(raw, FETCH_READAHEAD_BYTES);
-        if (readahead != 0 && (readahead < 65536 || readahead > FetchHandoff.MAX_FILE_BYTES)) {
+        if (readahead != 0 && (readahead < 65536 || readahead > MAX_FETCH_READAHEAD_BYTES)) {
             throw new ShimConfigException(FETCH_READAHEAD_BYTES, raw.get(FETCH_READAHEAD_BYTES),
-                    "must be 0 (off) or between 65536 and " + FetchHandoff.MAX_FILE_BYTES
-                            + " (and at most the sidecar's fetch.handoff_max_bytes)");
+                    "must be 0 (off) or between 65536 and " + MAX_FETCH_READAHEAD_BYTES);
         }
         this.fetchReadaheadBytes = (int) readahead;
         this.fetchReadaheadMaxBytes = longValue(raw, FETCH_READAHEAD_MAX_BYTES);
@@ -235,12 +225,6 @@ public final class ShimConfig {
             throw new ShimConfigException(FETCH_READAHEAD_MAX_BYTES, raw.get(FETCH_READAHEAD_MAX_BYTES),
                     "must be at least " + FETCH_READAHEAD_BYTES + " (" + readahead + ")");
         }
-        long zstdMax = longValue(raw, FETCH_ZSTD_MAX_CHUNK_BYTES);
-        if (zstdMax != 0 && (zstdMax < 65536 || zstdMax > MAX_FETCH_ZSTD_MAX_CHUNK_BYTES)) {
-            throw new ShimConfigException(FETCH_ZSTD_MAX_CHUNK_BYTES, raw.get(FETCH_ZSTD_MAX_CHUNK_BYTES),
-                    "must be 0 (off) or between 65536 and " + MAX_FETCH_ZSTD_MAX_CHUNK_BYTES);
-        }
-        this.fetchZstdMaxChunkBytes = (int) zstdMax;
         this.fetchIndexDeadlineMs = positiveMillis(raw, FETCH_INDEX_DEADLINE_MS);
         this.deleteDeadlineMs = positiveMillis(raw, DELETE_DEADLINE_MS);
         long attempts = longValue(raw, RETRY_MAX_ATTEMPTS);
@@ -502,15 +486,20 @@ public final class ShimConfig {
     }
 
     /**
-     * The sidecar's hand-off directory ({@code <socket path>.handoff}) when fetch hand-off is on and
-     * the target is a Unix socket; null otherwise (the sidecar never hands off over TCP).
+     * Where the sidecar's fetch channel is: the host and port of a TCP target, or the path of a
+     * Unix socket target (the same address as gRPC's; rsm.proto, "The fetch channel").
      */
-    public Path handoffDir() {
-        if (!fetchHandoff || !isUnixSocket()) {
-            return null;
+    public String[] fetchChannelAddress() {
+        if (isUnixSocket()) {
+            return new String[] {URI.create(grpcTarget).getPath()};
         }
-        String socket = URI.create(grpcTarget).getPath();
-        return Path.of(socket + ".handoff");
+        String hostPort = grpcTarget.substring("dns:///".length());
+        int colon = hostPort.lastIndexOf(':');
+        String host = hostPort.substring(0, colon);
+        if (host.startsWith("[") && host.endsWith("]")) {
+            host = host.substring(1, host.length() - 1);
+        }
+        return new String[] {host, hostPort.substring(colon + 1)};
     }
 
     /** A sequential read's window, kept open for the fetches that follow (see ReadAhead); 0 = off. */
@@ -521,14 +510,6 @@ public final class ShimConfig {
     /** Read-ahead windows kept open in all. */
     public long fetchReadaheadMaxBytes() {
         return fetchReadaheadMaxBytes;
-    }
-
-    /**
-     * The largest decompressed chunk a fetch accepts as a zstd frame (rsm.proto
-     * {@code accept_zstd_max_bytes}; see ZstdSlices); 0 = none.
-     */
-    public int fetchZstdMaxChunkBytes() {
-        return fetchZstdMaxChunkBytes;
     }
 
     public long fetchIndexDeadlineMs() {
@@ -622,6 +603,11 @@ public final class ShimConfig {
         return brokerId;
     }
 
+    /** Keys of earlier versions in the map (see {@link #REMOVED_KEYS}); logged as a warning each. */
+    public List<String> removedKeys() {
+        return removedKeys;
+    }
+
     /** Keys in the map that are neither ours nor the broker's (likely typos); logged as a warning. */
     public List<String> unknownKeys() {
         return unknownKeys;
@@ -634,9 +620,8 @@ public final class ShimConfig {
                         + tlsReloadIntervalMs : "off")
                 + ", copy.deadline.ms=" + copyDeadlineMs + ", fetch.deadline.ms=" + fetchDeadlineMs
                 + ", fetch.read.timeout.ms=" + fetchReadTimeoutMs + ", fetch.idle.timeout.ms=" + fetchIdleTimeoutMs
-                + ", fetch.window.bytes=" + fetchWindowBytes + ", fetch.handoff=" + fetchHandoff
+                + ", fetch.window.bytes=" + fetchWindowBytes
                 + ", fetch.readahead.bytes=" + fetchReadaheadBytes + ", fetch.readahead.max.bytes=" + fetchReadaheadMaxBytes
-                + ", fetch.zstd.max.chunk.bytes=" + fetchZstdMaxChunkBytes
                 + ", fetch.index.deadline.ms=" + fetchIndexDeadlineMs + ", delete.deadline.ms=" + deleteDeadlineMs
                 + ", retry.max.attempts=" + retryMaxAttempts + ", retry.initial.backoff.ms=" + retryInitialBackoffMs
                 + ", retry.max.backoff.ms=" + retryMaxBackoffMs + ", retry.fetch.max.ms=" + retryFetchMaxMs

@@ -8,16 +8,16 @@ import java.util.concurrent.atomic.LongAdder;
 
 /**
  * The shim's own counters: sidecar calls, errors by status, latency, bytes, retries, waits for a
- * busy sidecar, hand-off fallbacks and whether the sidecar answers. Plain Java (no Kafka metrics
+ * busy sidecar, fetch channel fallbacks and whether the sidecar answers. Plain Java (no Kafka metrics
  * types), so the shim counts on every broker; on Kafka 4.1+ {@link MonitorableSidecarRemoteStorageManager}
  * publishes them through the broker's plugin metrics (KIP-877, {@link PluginMetricsBinding}).
  *
  * <p>Thread-safe and cheap: {@link LongAdder}s, written by whichever thread makes the call.
  */
-final class ShimMetrics {
+public final class ShimMetrics {
 
     /** A kind of sidecar call, named as the {@code op} tag of its metrics. */
-    enum Op {
+    public enum Op {
         COPY("copy"),
         FETCH("fetch"),
         FETCH_INDEX("fetch-index"),
@@ -33,12 +33,12 @@ final class ShimMetrics {
     }
 
     /** Counters of one kind of call. */
-    static final class OpCounters {
-        final LongAdder calls = new LongAdder();
-        final LongAdder retries = new LongAdder();
-        final LongAdder busyWaits = new LongAdder();
-        final LongAdder latencyNanos = new LongAdder();
-        final Map<Status.Code, LongAdder> errors = new ConcurrentHashMap<>();
+    public static final class OpCounters {
+        public final LongAdder calls = new LongAdder();
+        public final LongAdder retries = new LongAdder();
+        public final LongAdder busyWaits = new LongAdder();
+        public final LongAdder latencyNanos = new LongAdder();
+        public final Map<Status.Code, LongAdder> errors = new ConcurrentHashMap<>();
     }
 
     /** Told of what a plain counter cannot hold: latencies (windowed by Kafka) and new error codes. */
@@ -51,16 +51,12 @@ final class ShimMetrics {
     private final Map<Op, OpCounters> ops = new EnumMap<>(Op.class);
     /** Segment bytes copied (stream and path mode alike: the log file and its indexes). */
     final LongAdder copyBytes = new LongAdder();
-    /** Fetched bytes that came in gRPC messages (those decompressed from zstd frames included). */
-    final LongAdder fetchGrpcBytes = new LongAdder();
-    /** Bytes of the zstd frames received in gRPC messages: compressed, as they crossed gRPC (ZstdSlices). */
-    final LongAdder fetchZstdFrameBytes = new LongAdder();
-    /** Fetched bytes delivered from zstd frames (a part of {@link #fetchGrpcBytes}). */
-    final LongAdder fetchZstdSliceBytes = new LongAdder();
-    /** Fetched bytes that came in hand-off files. */
-    final LongAdder fetchHandoffBytes = new LongAdder();
-    /** Times hand-off (or read-ahead over it) was turned off for a while after a failure. */
-    final LongAdder handoffFallbacks = new LongAdder();
+    /** Fetched bytes received over the sidecar's fetch channel. */
+    public final LongAdder fetchChannelBytes = new LongAdder();
+    /** Fetched bytes received in gRPC messages (a sidecar without a fetch channel). */
+    public final LongAdder fetchGrpcBytes = new LongAdder();
+    /** Times the shim found the sidecar without a fetch channel and fetched over gRPC for a while. */
+    public final LongAdder fetchChannelFallbacks = new LongAdder();
     /** Times the TLS files were reloaded after they changed. */
     final LongAdder tlsReloads = new LongAdder();
     /** 1 while the sidecar answers; 0 after a call found it unreachable (UNAVAILABLE), until one reaches it. */
@@ -73,7 +69,7 @@ final class ShimMetrics {
         }
     }
 
-    OpCounters of(Op op) {
+    public OpCounters of(Op op) {
         return ops.get(op);
     }
 
@@ -86,7 +82,7 @@ final class ShimMetrics {
     }
 
     /** One call (or attempt) was started. */
-    void call(Op op) {
+    public void call(Op op) {
         ops.get(op).calls.increment();
     }
 
@@ -104,7 +100,7 @@ final class ShimMetrics {
     }
 
     /** A call or attempt failed with {@code code}. */
-    void error(Op op, Status.Code code) {
+    public void error(Op op, Status.Code code) {
         OpCounters c = ops.get(op);
         LongAdder counter = c.errors.get(code);
         if (counter == null) {
@@ -126,7 +122,7 @@ final class ShimMetrics {
      * UNAVAILABLE: not reached; a deadline or a cancellation says nothing; any other status is an
      * answer from the sidecar.
      */
-    void answered(Status status) {
+    public void answered(Status status) {
         Status.Code code = status == null ? Status.Code.OK : status.getCode();
         if (code == Status.Code.UNAVAILABLE) {
             reachable = 0;

@@ -106,6 +106,40 @@ final class TlsFiles {
         return tls.build();
     }
 
+    /**
+     * A TLS context of exactly these bytes for the sidecar's fetch channel: BoringSSL through
+     * netty-tcnative where it loads (as gRPC's channel uses), else the JDK's provider. It offers
+     * the ALPN protocols {@code rsm-fetch/1} and {@code h2}: a sidecar with the fetch channel
+     * chooses the first, an older one (gRPC's own TLS) the second, which tells the shim to fetch
+     * over gRPC, where offering the first alone would make it refuse the handshake. Each
+     * connection takes a new engine of it ({@link #newEngine}).
+     */
+    io.grpc.netty.shaded.io.netty.handler.ssl.SslContext fetchChannelContext(ShimConfig c) throws IOException {
+        io.grpc.netty.shaded.io.netty.handler.ssl.SslContextBuilder b =
+                io.grpc.netty.shaded.io.netty.handler.ssl.SslContextBuilder.forClient()
+                        .sslProvider(io.grpc.netty.shaded.io.netty.handler.ssl.OpenSsl.isAvailable()
+                                ? io.grpc.netty.shaded.io.netty.handler.ssl.SslProvider.OPENSSL
+                                : io.grpc.netty.shaded.io.netty.handler.ssl.SslProvider.JDK)
+                        .applicationProtocolConfig(new io.grpc.netty.shaded.io.netty.handler.ssl.ApplicationProtocolConfig(
+                                io.grpc.netty.shaded.io.netty.handler.ssl.ApplicationProtocolConfig.Protocol.ALPN,
+                                io.grpc.netty.shaded.io.netty.handler.ssl.ApplicationProtocolConfig
+                                        .SelectorFailureBehavior.NO_ADVERTISE,
+                                io.grpc.netty.shaded.io.netty.handler.ssl.ApplicationProtocolConfig
+                                        .SelectedListenerFailureBehavior.ACCEPT,
+                                "rsm-fetch/1", "h2"));
+        try {
+            // the trust manager gRPC's channel uses: a certificate refused says why (TlsRefusal)
+            b.trustManager(TlsRefusal.trustManager(c, caCertificates()));
+            if (cert != null) {
+                b.keyManager(new ByteArrayInputStream(cert), new ByteArrayInputStream(key));
+            }
+            return b.build();
+        } catch (IOException | RuntimeException e) {
+            throw new IOException("the fetch channel's TLS context from rsm.config." + ShimConfig.TLS_CA_FILE + ", "
+                    + ShimConfig.TLS_CERT_FILE + " and " + ShimConfig.TLS_KEY_FILE + ": " + e.getMessage(), e);
+        }
+    }
+
     /** The CA certificates of {@code tls.ca.file}, or null when it is not set (the JDK's default trust store). */
     List<X509Certificate> caCertificates() {
         return ca == null ? null : parsed(ca);
@@ -129,6 +163,20 @@ final class TlsFiles {
         } catch (GeneralSecurityException e) {
             return null; // check() refused such files before they were used
         }
+    }
+
+    /**
+     * A client engine of {@code context} for the sidecar at {@code host} (checked against its
+     * certificate, as gRPC checks it: {@code tls.authority.override} when set).
+     */
+    static javax.net.ssl.SSLEngine newEngine(io.grpc.netty.shaded.io.netty.handler.ssl.SslContext context,
+                                            String host, int port) {
+        javax.net.ssl.SSLEngine engine = context.newEngine(
+                io.grpc.netty.shaded.io.netty.buffer.ByteBufAllocator.DEFAULT, host, port);
+        javax.net.ssl.SSLParameters p = engine.getSSLParameters();
+        p.setEndpointIdentificationAlgorithm("HTTPS");
+        engine.setSSLParameters(p);
+        return engine;
     }
 
     /**

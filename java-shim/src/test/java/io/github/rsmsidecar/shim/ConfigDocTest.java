@@ -57,8 +57,6 @@ class ConfigDocTest {
         assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.FETCH_DEADLINE_MS)), c.fetchDeadlineMs());
         assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.FETCH_READ_TIMEOUT_MS)), c.fetchReadTimeoutMs());
         assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.FETCH_IDLE_TIMEOUT_MS)), c.fetchIdleTimeoutMs());
-        assertEquals(Integer.parseInt(ShimConfig.KEYS.get(ShimConfig.FETCH_ZSTD_MAX_CHUNK_BYTES)),
-                c.fetchZstdMaxChunkBytes());
         assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.FETCH_INDEX_DEADLINE_MS)), c.fetchIndexDeadlineMs());
         assertEquals(Long.parseLong(ShimConfig.KEYS.get(ShimConfig.DELETE_DEADLINE_MS)), c.deleteDeadlineMs());
         assertEquals(Integer.parseInt(ShimConfig.KEYS.get(ShimConfig.RETRY_MAX_ATTEMPTS)), c.retryMaxAttempts());

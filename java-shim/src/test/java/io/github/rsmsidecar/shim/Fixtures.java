@@ -112,11 +112,33 @@ final class Fixtures {
         /** {@code monitorable}: the shim is a {@link MonitorableSidecarRemoteStorageManager}. */
         Harness(BindableService service, Map<String, String> config, ErrorMapper mapper, boolean monitorable,
                 ClientInterceptor... interceptors) throws IOException {
+            this(service, config, mapper, monitorable, false, interceptors);
+        }
+
+        /**
+         * A shim whose gRPC calls go to {@code service} in-process while its fetch channel connects to
+         * {@code config}'s {@code sidecar.target} (a {@code read.FrameSidecar}): fetches and indexes
+         * over the channel, deletes over gRPC, and over gRPC too when the target has no channel.
+         */
+        static Harness withFetchChannel(BindableService service, Map<String, String> config) throws IOException {
+            return new Harness(service, config, null, false, true);
+        }
+
+        private Harness(BindableService service, Map<String, String> config, ErrorMapper mapper, boolean monitorable,
+                        boolean fetchChannel, ClientInterceptor... interceptors) throws IOException {
             server = InProcessServerBuilder.forName(name).addService(service).build().start();
-            ChannelFactory factory = c -> {
-                ManagedChannel ch = InProcessChannelBuilder.forName(name).intercept(interceptors).build();
-                channels.add(ch);
-                return ch;
+            ChannelFactory factory = new ChannelFactory() {
+                @Override
+                public ManagedChannel create(ShimConfig c) {
+                    ManagedChannel ch = InProcessChannelBuilder.forName(name).intercept(interceptors).build();
+                    channels.add(ch);
+                    return ch;
+                }
+
+                @Override
+                public boolean fetchChannel() {
+                    return fetchChannel; // else in-process only: fetches go over gRPC
+                }
             };
             rsm = monitorable ? new MonitorableSidecarRemoteStorageManager(factory, mapper)
                     : new SidecarRemoteStorageManager(factory, mapper);

@@ -169,47 +169,4 @@ class IndexPrefetchTest {
             assertEquals(2, sidecar.count(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP), sidecar.requests.toString());
         }
     }
-
-    @Test
-    void heldBytesAreCountedUntilTakenOrDropped() throws Exception {
-        IndexSidecar sidecar = new IndexSidecar();
-        sidecar.othersAsked.countDown();
-        sidecar.othersAsked.countDown();
-        RemoteLogSegmentMetadata md = Fixtures.metadata();
-        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, CONFIG)) {
-            io.grpc.ManagedChannel ch = io.grpc.inprocess.InProcessChannelBuilder.forName(h.name).build();
-            try {
-                IndexPrefetch prefetch = new IndexPrefetch();
-                FetchIndexRequest request = FetchIndexRequest.newBuilder()
-                        .setMetadata(MetadataMapper.toProto(md)).build();
-                prefetch.start(ch, ReadAhead.SegmentRef.of(md), request, 5000,
-                        io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP,
-                        io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION);
-                prefetch.start(ch, ReadAhead.SegmentRef.of(md), request, 5000,
-                        io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP); // already under way: no second call
-                IndexPrefetch.Answer ts = prefetch.take(ReadAhead.SegmentRef.of(md),
-                        io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP, 5000);
-                assertArrayEquals(IndexSidecar.bytesOf(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP), ts.data());
-                IndexPrefetch.Answer txn = prefetch.take(ReadAhead.SegmentRef.of(md),
-                        io.github.rsmsidecar.proto.v1.IndexType.TRANSACTION, 5000);
-                assertEquals(Status.Code.NOT_FOUND, txn.notFound().getCode());
-                assertEquals(0, prefetch.heldBytes(), "taken answers are no longer held");
-                assertEquals(0, prefetch.size());
-                assertEquals(1, sidecar.count(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP));
-
-                prefetch.start(ch, ReadAhead.SegmentRef.of(md), request, 5000,
-                        io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP);
-                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-                while (prefetch.heldBytes() == 0 && System.nanoTime() < deadline) {
-                    Thread.sleep(5);
-                }
-                assertEquals(4, prefetch.heldBytes(), "an answer nobody took yet is held");
-                prefetch.forget(md.remoteLogSegmentId());
-                assertEquals(0, prefetch.heldBytes(), "dropped with its segment");
-                assertEquals(0, prefetch.size());
-            } finally {
-                ch.shutdownNow();
-            }
-        }
-    }
 }

@@ -62,8 +62,8 @@ class ShimMetricsTest {
             assertEquals(1.0, m.get("busy-waits-total{op=fetch}"), m.toString());
             assertEquals(2.0, m.get("calls-total{op=delete}"), m.toString());
             assertEquals(7.0, m.get("fetch-bytes-total{transfer=grpc}"), m.toString());
-            assertEquals(0.0, m.get("fetch-zstd-frame-bytes-total{}"), m.toString());
-            assertEquals(0.0, m.get("fetch-zstd-slice-bytes-total{}"), m.toString());
+            assertEquals(0.0, m.get("fetch-bytes-total{transfer=channel}"), m.toString());
+            assertEquals(0.0, m.get("fetch-channel-fallbacks-total{}"), m.toString());
             assertEquals(1.0, m.get("sidecar-reachable{}"), m.toString());
             assertTrue((Double) m.get("latency-max{op=fetch}") > 0, m.toString());
             assertFalse(m.containsKey("errors-total{op=fetch, status=RESOURCE_EXHAUSTED}"),
@@ -73,25 +73,6 @@ class ShimMetricsTest {
         metrics.close();
     }
 
-    @Test
-    void zstdFramesAreCountedAsReceivedAndTheirSlicesAsDelivered() throws Exception {
-        FetchZstdTest.ZstdSidecar sidecar = new FetchZstdTest.ZstdSidecar();
-        Metrics metrics = new Metrics();
-        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, FetchZstdTest.zstdConfig(), null, true)) {
-            Plugin<RemoteStorageManager> plugin =
-                    Plugin.wrapInstance(h.rsm, metrics, "remote.log.storage.manager.class.name");
-            int chunk = FetchZstdTest.CHUNK;
-            try (InputStream in = h.rsm.fetchLogSegment(FetchZstdTest.md(), 100, 2 * chunk - 1)) {
-                assertEquals(2 * chunk - 100, in.readAllBytes().length);
-            }
-            Map<String, Object> m = plugin(metrics);
-            assertEquals((double) FetchZstdTest.frameBytes(0, 1), m.get("fetch-zstd-frame-bytes-total{}"), m.toString());
-            assertEquals(2.0 * chunk - 100, m.get("fetch-zstd-slice-bytes-total{}"), m.toString());
-            assertEquals(2.0 * chunk - 100, m.get("fetch-bytes-total{transfer=grpc}"), m.toString());
-            plugin.close();
-        }
-        metrics.close();
-    }
 
     @Test
     void errorsAreCountedByStatusAndUnreachableSidecarsShow() throws Exception {

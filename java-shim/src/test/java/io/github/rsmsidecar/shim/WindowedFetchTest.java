@@ -96,7 +96,7 @@ class WindowedFetchTest {
             assertEquals(start, r[0], "window " + i);
             assertEquals(start + window - 1, r[1], "window " + i);
             start += window;
-            window = i == 0 ? WindowedFetchStream.CONTINUATION_WINDOW : window * 2;
+            window = i == 0 ? (256 * 1024) : window * 2;
         }
         long[] last = sidecar.requests.get(sidecar.requests.size() - 1);
         assertEquals(start, last[0]);
@@ -118,7 +118,7 @@ class WindowedFetchTest {
         }
         assertEquals(3, sidecar.requests.size(), "one call per fetch");
         // the first read's window, then windows of what it took plus 64 KiB
-        long later = WINDOW - 4096 + SidecarRemoteStorageManager.FETCH_WINDOW_SLACK;
+        long later = WINDOW - 4096 + (64 * 1024);
         int[] starts = {0, 70_000, 2_000_000};
         long[] sizes = {WINDOW, later, later};
         for (int i = 0; i < 3; i++) {
@@ -143,7 +143,7 @@ class WindowedFetchTest {
                 assertArrayEquals(Arrays.copyOfRange(SEGMENT, 100_000, 200_000), in.readNBytes(100_000));
             }
             assertEquals(3, sidecar.requests.size(), "one call: the window grew to the last read + 64 KiB");
-            assertEquals(100_000 + 100_000 + SidecarRemoteStorageManager.FETCH_WINDOW_SLACK - 1,
+            assertEquals(100_000 + 100_000 + (64 * 1024) - 1,
                     sidecar.requests.get(2)[1]);
         }
     }
@@ -173,13 +173,13 @@ class WindowedFetchTest {
     @Test
     void aWindowBrokenTooOftenFailsTheRead() throws Exception {
         RangeSidecar sidecar = new RangeSidecar();
-        sidecar.breaks.set(WindowedFetchStream.MAX_RESUMES + 1);
+        sidecar.breaks.set(3 /* WindowedFetchStream.MAX_RESUMES */ + 1);
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config(WINDOW * 8));
              InputStream in = h.rsm.fetchLogSegment(metadata(SIZE), 0)) {
             IOException e = assertThrows(IOException.class, in::readAllBytes);
             assertTrue(e.getMessage().contains("UNAVAILABLE"), e.getMessage());
         }
-        assertEquals(WindowedFetchStream.MAX_RESUMES + 1, sidecar.requests.size());
+        assertEquals(3 /* WindowedFetchStream.MAX_RESUMES */ + 1, sidecar.requests.size());
     }
 
     @Test

@@ -1,15 +1,9 @@
-package io.github.rsmsidecar.shim;
+package io.github.rsmsidecar.shim.read;
 
 import io.github.rsmsidecar.proto.v1.FetchIndexRequest;
-import io.github.rsmsidecar.proto.v1.FetchIndexResponse;
 import io.github.rsmsidecar.proto.v1.IndexType;
-import io.github.rsmsidecar.proto.v1.RemoteStorageGrpc;
-import io.grpc.CallOptions;
-import io.grpc.Channel;
-import io.grpc.ClientCall;
-import io.grpc.Metadata;
 import io.grpc.Status;
-import java.io.ByteArrayOutputStream;
+import io.grpc.StatusException;
 import java.util.Iterator;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
@@ -30,7 +24,9 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
  * expects as {@code RemoteResourceNotFoundException}), each a call to the sidecar, while its
  * consumer waits. The two later calls are started beside the first here, and the broker's own
  * calls for them take their answers ({@link #take}): one round trip at a segment start instead of
- * three ({@code benchmarks/remote_read.py}: each cost 7-10 ms on a loaded 2-core machine). When the
+ * three ({@code benchmarks/remote_read.py}: each cost 7-10 ms on a loaded 2-core machine). The
+ * answers come over the sidecar's fetch channel (over gRPC from a sidecar without one), on the read
+ * path's background threads. When the
  * sidecar has named the partition's next segment (read-ahead across a segment's end), its offset
  * index is asked for too, with the next segment's first window, so the broker's call at the
  * segment change makes no round trip at all (with 12 partitions read at once, that call took
@@ -43,8 +39,8 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
  *   <li>An answer is used once, by the broker's call for it, and only within
  *       {@link #MAX_AGE_MS} of its start: a segment is immutable, so a prefetched index is never
  *       stale, but nothing is kept for a broker that never asks.
- *   <li>At most {@link #MAX_BYTES} bytes are held in all, and {@link #MAX_ENTRIES} answers: a call
- *       that would go beyond is cancelled and its broker call asks the sidecar itself.
+ *   <li>At most {@link #MAX_BYTES} bytes are held in all, and {@link #MAX_ENTRIES} answers: an
+ *       answer that would go beyond is dropped and its broker call asks the sidecar itself.
  *   <li>Anything but an answer (an error, a cancelled call, the bound) makes the broker's call ask
  *       the sidecar as if nothing had been prefetched, with its own retries and error mapping;
  *       only NOT_FOUND (no transaction index) is passed on as the answer it is.
@@ -72,12 +68,18 @@ final class IndexPrefetch {
     private final Map<Key, Entry> entries = new ConcurrentHashMap<>();
     private final AtomicLong heldBytes = new AtomicLong();
 
+    /** Fetches one index, blocking: its bytes, or a {@link StatusException} (NOT_FOUND: none). */
+    @FunctionalInterface
+    interface Fetcher {
+        byte[] fetch(FetchIndexRequest request) throws StatusException, java.io.IOException, InterruptedException;
+    }
+
     /**
-     * Starts a {@code FetchIndex} call for each of {@code types} of {@code request}'s segment
-     * ({@code seg}, as the request's metadata names it) that is not already held or under way.
+     * Asks {@code fetcher}, on {@code executor}, for each of {@code types} of {@code request}'s
+     * segment ({@code seg}, as the request's metadata names it) that is not already held or under way.
      */
-    void start(Channel channel, ReadAhead.SegmentRef seg, FetchIndexRequest request, long deadlineMs,
-               IndexType... types) {
+    void start(Fetcher fetcher, java.util.concurrent.Executor executor, ReadAhead.SegmentRef seg,
+               FetchIndexRequest request, IndexType... types) {
         expire();
         for (IndexType type : types) {
             if (entries.size() >= MAX_ENTRIES) {
@@ -89,18 +91,47 @@ final class IndexPrefetch {
             if (entries.putIfAbsent(key, entry) != null) {
                 continue;
             }
-            ClientCall<FetchIndexRequest, FetchIndexResponse> call = channel.newCall(
-                    RemoteStorageGrpc.getFetchIndexMethod(),
-                    CallOptions.DEFAULT.withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS));
-            call.start(new Collector(call, answer), new Metadata());
-            call.request(1);
-            call.sendMessage(request.toBuilder().setIndexType(type).build());
-            call.halfClose();
             answer.whenComplete((a, e) -> {
                 if (e != null) {
                     entries.remove(key, entry); // the broker's call asks for itself
                 }
             });
+            try {
+                executor.execute(() -> collect(fetcher, request.toBuilder().setIndexType(type).build(), answer));
+            } catch (java.util.concurrent.RejectedExecutionException e) {
+                answer.completeExceptionally(e);
+            }
+        }
+    }
+
+    private void collect(Fetcher fetcher, FetchIndexRequest request, CompletableFuture<Answer> answer) {
+        if (answer.isDone()) {
+            return; // taken or dropped before it started
+        }
+        Answer a;
+        try {
+            byte[] data = fetcher.fetch(request);
+            if (heldBytes.addAndGet(data.length) > MAX_BYTES) {
+                heldBytes.addAndGet(-data.length);
+                answer.completeExceptionally(new IllegalStateException("over the prefetch bound"));
+                return;
+            }
+            a = new Answer(data, null);
+        } catch (StatusException e) {
+            if (e.getStatus().getCode() != Status.Code.NOT_FOUND) {
+                answer.completeExceptionally(e);
+                return;
+            }
+            a = new Answer(null, e.getStatus());
+        } catch (Exception e) {
+            if (e instanceof InterruptedException) {
+                Thread.currentThread().interrupt();
+            }
+            answer.completeExceptionally(e);
+            return;
+        }
+        if (!answer.complete(a)) {
+            release(a); // dropped meanwhile: nobody will take it
         }
     }
 
@@ -167,50 +198,6 @@ final class IndexPrefetch {
     private void release(Answer a) {
         if (a != null && a.data() != null) {
             heldBytes.addAndGet(-a.data().length);
-        }
-    }
-
-    /** Gathers one call's messages; completes the answer when the call ends. */
-    private final class Collector extends ClientCall.Listener<FetchIndexResponse> {
-        private final ClientCall<FetchIndexRequest, FetchIndexResponse> call;
-        private final CompletableFuture<Answer> answer;
-        private final ByteArrayOutputStream data = new ByteArrayOutputStream();
-        private boolean overBound;
-
-        Collector(ClientCall<FetchIndexRequest, FetchIndexResponse> call, CompletableFuture<Answer> answer) {
-            this.call = call;
-            this.answer = answer;
-        }
-
-        @Override
-        public void onMessage(FetchIndexResponse message) {
-            int n = message.getData().size();
-            if (answer.isDone() || heldBytes.addAndGet(n) > MAX_BYTES) {
-                heldBytes.addAndGet(-n);
-                overBound = true;
-                call.cancel(answer.isDone() ? "nobody waits for this index" : "over the prefetch bound", null);
-                return;
-            }
-            try {
-                message.getData().writeTo(data);
-            } catch (java.io.IOException e) {
-                throw new java.io.UncheckedIOException(e); // a ByteArrayOutputStream does not throw
-            }
-            call.request(1);
-        }
-
-        @Override
-        public void onClose(Status status, Metadata trailers) {
-            Answer a = null;
-            if (status.isOk() && !overBound) {
-                a = new Answer(data.toByteArray(), null);
-            } else if (status.getCode() == Status.Code.NOT_FOUND) {
-                a = new Answer(null, status);
-            }
-            if (a == null || !answer.complete(a)) {
-                heldBytes.addAndGet(-data.size()); // not an answer, or nobody will take it
-                answer.completeExceptionally(status.asException());
-            }
         }
     }
 }

@@ -1,6 +1,8 @@
-package io.github.rsmsidecar.shim;
+package io.github.rsmsidecar.shim.read;
 
 import com.google.protobuf.ByteString;
+import io.github.rsmsidecar.shim.ErrorMapper;
+import io.github.rsmsidecar.shim.ShimConfig;
 import io.grpc.CallOptions;
 import io.grpc.Channel;
 import io.grpc.ClientCall;
@@ -27,8 +29,7 @@ import org.slf4j.LoggerFactory;
  *
  * <ul>
  *   <li>Flow control: one message is requested ahead of the one being read, so at most two
- *       messages (2 MiB; the one being read as the data function made it: a zstd slice
- *       decompressed, {@link ZstdSlices}) are held per stream and the sidecar produces no faster
+ *       messages (2 MiB) are held per stream and the sidecar produces no faster
  *       than the broker reads.
  *   <li>{@link #close()} cancels the call if it has not ended; the sidecar sees the cancellation.
  *   <li>An error after the stream started is an {@link IOException} from {@code read}: the stream
@@ -44,7 +45,7 @@ import org.slf4j.LoggerFactory;
  *
  * Reads are for one thread at a time; {@link #close()} may come from any thread.
  */
-final class GrpcInputStream<RespT> extends InputStream {
+final class GrpcInputStream<RespT> extends RangeStream {
 
     private static final Logger LOG = LoggerFactory.getLogger(GrpcInputStream.class);
     private static final ByteBuffer EMPTY = ByteBuffer.allocate(0);
@@ -68,10 +69,6 @@ final class GrpcInputStream<RespT> extends InputStream {
     private ByteBuffer current = EMPTY;
     /** The rest of the current message's buffers after {@code current} (a rope of pieces). */
     private java.util.Iterator<ByteBuffer> pieces = java.util.Collections.emptyIterator();
-    /** Maps the first message to a stream that replaces the call's messages, or null (see {@link #substitutingFirst}). */
-    private Function<RespT, InputStream> substitute;
-    /** The stream read instead of the call's messages (fetch hand-off); null while messages are read. */
-    private InputStream substituted;
     private Status end;
     private long bytesDelivered;
 
@@ -124,18 +121,6 @@ final class GrpcInputStream<RespT> extends InputStream {
     }
 
     /**
-     * Lets the first message stand for the whole stream: if {@code f} returns a stream for it, that
-     * stream is read instead of the call's messages (the call is left to end on its own, and
-     * cancelled by {@link #close()} if it has not). Call before {@link #awaitFirst}. {@code f} may
-     * throw {@link java.io.UncheckedIOException}: {@code awaitFirst} then cancels the call and
-     * rethrows it.
-     */
-    GrpcInputStream<RespT> substitutingFirst(Function<RespT, InputStream> f) {
-        this.substitute = f;
-        return this;
-    }
-
-    /**
      * Waits for the first message or the end of the call, so that open errors (NOT_FOUND, ...)
      * surface from the method that opened the stream.
      *
@@ -170,6 +155,7 @@ final class GrpcInputStream<RespT> extends InputStream {
     }
 
     /** Cancels the call when the reader has not read for {@code idleTimeoutMs} (0 = never). */
+    @Override
     void armIdleTimeout(ScheduledExecutorService scheduler, long idleTimeoutMs) {
         if (idleTimeoutMs <= 0 || finished) {
             return;
@@ -214,21 +200,12 @@ final class GrpcInputStream<RespT> extends InputStream {
     }
 
     /**
-     * Takes {@code message} as the current buffer, or its substitute stream (see
-     * {@link #substitutingFirst}). The substitute or the data function may throw
+     * Takes {@code message} as the current buffer. The data function may throw
      * {@link java.io.UncheckedIOException}; the call is then cancelled and the exception rethrown.
      */
     @SuppressWarnings("unchecked")
     private void accept(Object message) {
         try {
-            if (substitute != null) {
-                InputStream in = substitute.apply((RespT) message);
-                substitute = null; // only the first message may
-                if (in != null) {
-                    substituted = in;
-                    return;
-                }
-            }
             // a rope's pieces one by one: asReadOnlyByteBuffer() would copy them into one array
             pieces = data.apply((RespT) message).asReadOnlyByteBufferList().iterator();
             current = pieces.hasNext() ? pieces.next() : EMPTY;
@@ -298,11 +275,6 @@ final class GrpcInputStream<RespT> extends InputStream {
 
     @Override
     public int read() throws IOException {
-        if (substituted != null) {
-            byte[] one = new byte[1];
-            int n = read(one, 0, 1);
-            return n < 0 ? -1 : one[0] & 0xff;
-        }
         inRead = true;
         try {
             if (!fill()) {
@@ -321,17 +293,6 @@ final class GrpcInputStream<RespT> extends InputStream {
         Objects.checkFromIndexSize(off, len, b.length);
         if (len == 0) {
             return 0;
-        }
-        if (substituted != null) {
-            if (closed) {
-                throw new IOException(operation + ": the stream is closed");
-            }
-            int n = substituted.read(b, off, len);
-            if (n > 0) {
-                bytesDelivered += n;
-            }
-            lastReadNanos = System.nanoTime();
-            return n;
         }
         inRead = true;
         try {
@@ -353,7 +314,7 @@ final class GrpcInputStream<RespT> extends InputStream {
         if (closed) {
             return 0;
         }
-        return substituted != null ? substituted.available() : current.remaining();
+        return current.remaining();
     }
 
     /** Bytes handed to the reader so far. */
@@ -370,13 +331,6 @@ final class GrpcInputStream<RespT> extends InputStream {
         cancelIdleTask();
         if (!finished) {
             call.cancel("closed by the broker", null);
-        }
-        if (substituted != null) {
-            try {
-                substituted.close();
-            } catch (IOException e) {
-                LOG.debug("{}: closing the hand-off file: {}", operation, e.toString());
-            }
         }
     }
 }

@@ -1,4 +1,4 @@
-package io.github.rsmsidecar.shim;
+package io.github.rsmsidecar.shim.read;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
@@ -15,7 +15,7 @@ class ReadAheadTest {
     static final int MIB = 1024 * 1024;
 
     static TopicIdPartition partition(int p) {
-        return new TopicIdPartition(Fixtures.TIP.topicId(), p, Fixtures.TIP.topic());
+        return new TopicIdPartition(org.apache.kafka.common.Uuid.fromString("f9T6yUyYRTiFbrzrTEOxkw"), p, "orders");
     }
 
     @Test

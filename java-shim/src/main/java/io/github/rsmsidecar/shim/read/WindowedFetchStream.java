@@ -1,4 +1,4 @@
-package io.github.rsmsidecar.shim;
+package io.github.rsmsidecar.shim.read;
 
 import java.io.IOException;
 import java.io.InputStream;
@@ -45,8 +45,8 @@ final class WindowedFetchStream extends InputStream {
      * An open window: a stream of exactly the bytes {@code [its start, end)} of the segment, or to
      * the end of the segment when {@code end} is the segment's size (the open-ended last window).
      */
-    record Window(InputStream in, long end) {
-        Window {
+    record Opened(InputStream in, long end) {
+        Opened {
             Objects.requireNonNull(in);
         }
     }
@@ -59,7 +59,7 @@ final class WindowedFetchStream extends InputStream {
      */
     @FunctionalInterface
     interface Opener {
-        Window open(long start, int suggestedSize) throws IOException;
+        Opened open(long start, int suggestedSize) throws IOException;
     }
 
     /** The first window after the first one. */
@@ -87,7 +87,7 @@ final class WindowedFetchStream extends InputStream {
      * @param first the first window, from {@code start}, already open
      * @param onClose receives the position the reader reached when it closes the stream
      */
-    WindowedFetchStream(Window first, long start, int maxWindow, long segmentSize, Opener opener,
+    WindowedFetchStream(Opened first, long start, int maxWindow, long segmentSize, Opener opener,
                         java.util.function.LongConsumer onClose, String operation) {
         this.current = first.in();
         this.opener = opener;
@@ -135,7 +135,7 @@ final class WindowedFetchStream extends InputStream {
                 LOG.info("{}: the window broke at {} ({}); reading on from there in a new call", operation, position,
                         e.getMessage());
                 current.close();
-                Window again = opener.open(position, (int) Math.min(Integer.MAX_VALUE, windowEnd - position));
+                Opened again = opener.open(position, (int) Math.min(Integer.MAX_VALUE, windowEnd - position));
                 if (again.end() <= position) {
                     again.in().close();
                     throw new IOException(operation + ": the window opened again at " + position + " ends at "
@@ -165,7 +165,7 @@ final class WindowedFetchStream extends InputStream {
             current.close();
             int window = nextWindow;
             nextWindow = (int) Math.min((long) window * 2, maxWindow);
-            Window next = opener.open(position, window);
+            Opened next = opener.open(position, window);
             if (next.end() <= position) {
                 next.in().close();
                 throw new IOException(operation + ": the window opened at " + position + " ends at " + next.end());

@@ -1,7 +1,6 @@
-package io.github.rsmsidecar.shim;
+package io.github.rsmsidecar.shim.read;
 
 import io.github.rsmsidecar.proto.v1.SegmentMetadata;
-import java.io.InputStream;
 import java.util.ArrayDeque;
 import java.util.HashMap;
 import java.util.Iterator;
@@ -17,16 +16,16 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 
 /**
- * Read-ahead for sequential remote reads, over fetch hand-off ({@link FetchHandoff}).
+ * Read-ahead for sequential remote reads: windows of a partition's segments received ahead of the
+ * broker's reads and kept in the heap ({@link Window}).
  *
  * <p>The broker reads a tiered partition one consumer fetch at a time (1 MiB by default), each a
  * new {@code fetchLogSegment} call, and each of those cost a {@code FetchSegment} call to the
- * sidecar: gRPC's per-call work on both sides and a round trip through two processes' threads,
- * about twice what the read itself cost the broker ({@code benchmarks/remote_read.py}). A reader
- * that continues where the partition's last read ended is sequential; its next window is asked for
- * as one larger hand-off file ({@code rsm.config.fetch.readahead.bytes}, 8 MiB by default) which
- * is kept open here after the read that asked for it, and the following fetches inside it read the
- * file with no call at all. As soon as a read starts inside a kept window, the next window is
+ * sidecar: a round trip through two processes' threads while the consumer waits, about twice
+ * what the read itself cost the broker ({@code benchmarks/remote_read.py}). A reader that continues
+ * where the partition's last read ended is sequential; its next window is asked for as one larger
+ * range ({@code rsm.config.fetch.readahead.bytes}, 8 MiB by default) which is kept here after the
+ * read that asked for it, and the following fetches inside it read memory with no call at all. As soon as a read starts inside a kept window, the next window is
  * asked for in the background ({@link #claimNext}), so a sequential reader does not wait for the
  * sidecar at the window's end either. At a segment's end the sidecar names the partition's next
  * stored segment with the last window ({@code want_next_segment} in rsm.proto), and a read inside
@@ -40,14 +39,11 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
  *   <li>At most {@link #WINDOWS_PER_PARTITION} kept windows per partition (the one being read and
  *       the next; a sequential reader leaves the older ones behind), and at most
  *       {@code rsm.config.fetch.readahead.max.bytes} in all: the least recently used partition's
- *       windows are dropped beyond it. A dropped window that a fetch still reads stays open until
- *       that fetch closes its stream (reference counts in {@link FetchHandoff.OpenFile}), so the
- *       files open at once are bounded by the kept bytes plus one window per fetch in progress.
- *   <li>The files are hand-off files: mapped, deleted and closed as soon as they are open, held
- *       only by this process's mappings, of exactly the size the sidecar announced (checked at open). They
- *       live in the hand-off directory's file system (a tmpfs such as {@code /run}, as
- *       docs/operations.md advises for the socket), so the kept bytes are memory of the host, not
- *       of the broker's heap.
+ *       windows are dropped beyond it. A dropped window that a fetch still reads stays readable
+ *       until that fetch is done with it (the garbage collector frees it then), so the heap holds
+ *       at most the bound plus one window per fetch in progress.
+ *   <li>A window holds exactly the bytes asked for, received to a clean end of its range
+ *       ({@link Window#read}).
  *   <li>Segments are immutable: a kept window is never stale. {@code deleteLogSegmentData} drops
  *       the segment's windows anyway, so nothing deleted is served.
  * </ul>
@@ -64,14 +60,18 @@ final class ReadAhead {
         }
     }
 
-    /**
-     * Bytes {@code [start, end)} of segment {@code seg}, in {@code file} from its offset 0; {@code next}
-     * (nullable) is the partition's next segment as the sidecar named it with a window that ends
-     * at the segment's end.
-     */
-    private record Kept(SegmentRef seg, long start, long end, FetchHandoff.OpenFile file, SegmentMetadata next) {
+    /** A window of segment {@code seg}. */
+    private record Kept(SegmentRef seg, Window window) {
         long bytes() {
-            return end - start;
+            return window.length();
+        }
+
+        long start() {
+            return window.start();
+        }
+
+        long end() {
+            return window.end();
         }
 
         RemoteLogSegmentId id() {
@@ -153,15 +153,14 @@ final class ReadAhead {
      * The kept window of {@code partition} that holds {@code start} of segment {@code seg} (same
      * id, offsets and size), as a stream from {@code start} to the window's end; null when there is none.
      */
-    synchronized WindowedFetchStream.Window find(TopicIdPartition partition, SegmentRef seg, long start) {
+    synchronized WindowedFetchStream.Opened find(TopicIdPartition partition, SegmentRef seg, long start) {
         ArrayDeque<Kept> windows = kept.get(partition);
         if (windows == null) {
             return null;
         }
         for (Kept k : windows) {
-            if (k.seg().equals(seg) && start >= k.start() && start < k.end()) {
-                InputStream in = k.file().stream(start - k.start(), k.bytes());
-                return in == null ? null : new WindowedFetchStream.Window(in, k.end());
+            if (k.seg().equals(seg) && k.window().contains(start)) {
+                return new WindowedFetchStream.Opened(k.window().stream(start), k.end());
             }
         }
         return null;
@@ -247,21 +246,19 @@ final class ReadAhead {
     }
 
     /**
-     * Keeps {@code file} (bytes {@code [start, start + its length)} of segment {@code seg}) as the
-     * window of {@code partition}, taking a reference of its own, with the sidecar's name for the
-     * next segment ({@code next}, nullable); the partition's previous window and, beyond the bound,
-     * the least recently used ones are dropped. Windows of another segment are dropped too (a reader
-     * that moved there), unless this one {@code follows} them: the next segment's first window,
-     * read ahead while the reader is still in the last window of the segment before.
+     * Keeps {@code window} of segment {@code seg} as a window of {@code partition}; the partition's
+     * previous window and, beyond the bound, the least recently used ones are dropped. Windows of
+     * another segment are dropped too (a reader that moved there), unless this one {@code follows}
+     * them: the next segment's first window, read ahead while the reader is still in the last
+     * window of the segment before.
      */
-    synchronized void keep(TopicIdPartition partition, SegmentRef seg, long start, FetchHandoff.OpenFile file,
-                           SegmentMetadata next, boolean follows) {
-        if (closed || deleted.containsKey(seg.id()) || !file.retain()) {
-            return; // closed, a deleted segment, or a file already released: nothing to keep
+    synchronized void keep(TopicIdPartition partition, SegmentRef seg, Window window, boolean follows) {
+        if (closed || deleted.containsKey(seg.id())) {
+            return; // closed, or a deleted segment: nothing to keep
         }
         ArrayDeque<Kept> windows = kept.computeIfAbsent(partition, p -> new ArrayDeque<>());
-        windows.addLast(new Kept(seg, start, start + file.length(), file, next));
-        keptBytes += file.length();
+        windows.addLast(new Kept(seg, window));
+        keptBytes += window.length();
         while (windows.size() > WINDOWS_PER_PARTITION || (!follows && windows.size() > 1
                 && !windows.peekFirst().id().equals(seg.id()))) {
             drop(windows.removeFirst()); // behind the reader, or of a segment it left
@@ -286,8 +283,8 @@ final class ReadAhead {
         ArrayDeque<Kept> windows = kept.get(partition);
         if (windows != null) {
             for (Kept k : windows) {
-                if (k.id().equals(id) && k.next() != null) {
-                    return k.next();
+                if (k.id().equals(id) && k.window().next() != null) {
+                    return k.window().next();
                 }
             }
         }
@@ -314,7 +311,7 @@ final class ReadAhead {
 
     /** Records a read of {@code partition} from {@code start} that ended (its stream closed) at {@code end}. */
     void readEnded(TopicIdPartition partition, RemoteLogSegmentId id, long start, long end, long segmentSize) {
-        if (lastReads.size() > SidecarRemoteStorageManager.MAX_TRACKED_PARTITIONS) {
+        if (lastReads.size() > RemoteReader.MAX_TRACKED_PARTITIONS) {
             lastReads.clear();
         }
         lastReads.put(partition, new LastRead(id, start, end, end >= segmentSize));
@@ -351,6 +348,5 @@ final class ReadAhead {
 
     private void drop(Kept k) {
         keptBytes -= k.bytes();
-        k.file().release();
     }
 }
