@@ -349,7 +349,7 @@ private_key_file = "{private}"
             all_open = threading.Barrier(readers + 1, timeout=120)
             errors: list[BaseException] = []
 
-            def read(i: int, all_open=all_open, errors=errors) -> None:
+            def read(i: int, all_open=all_open, errors=errors, readers=readers) -> None:
                 rnd = random.Random(readers * 1000 + i)
                 start = rnd.randrange(segment_size - span)
                 md = mds[i % segments]
