@@ -46,16 +46,18 @@ class SidecarProcess:
         )
         assert self.proc.stderr is not None
         address = None
+        seen: list[str] = []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and address is None:
             line = self.proc.stderr.readline()
             if not line:
                 break
+            seen.append(line)
             if '"listen"' in line:
                 address = json.loads(line)["listen"]
         if not address:
             self.stop()
-            raise AssertionError("sidecar did not start")
+            raise AssertionError("sidecar did not start:\n" + "".join(seen[-20:]))
         stderr = self.proc.stderr
         threading.Thread(target=lambda: [None for _ in stderr], daemon=True).start()
         self.address: str = address
