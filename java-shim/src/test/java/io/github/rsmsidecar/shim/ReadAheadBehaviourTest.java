@@ -294,14 +294,25 @@ class ReadAheadBehaviourTest {
         return r.get(2).getStartPosition();
     }
 
+    /** A scenario run against a sidecar, with or without the fetch channel. */
+    @FunctionalInterface
+    interface Scenario {
+        void run(Fixtures.Harness h, Sidecar sidecar) throws Exception;
+    }
+
+    /** {@code scenario} against a sidecar with the fetch channel: every range goes over it. */
+    static void overTheFetchChannel(Scenario scenario) throws Exception {
+        try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
+            scenario.run(h, sidecar);
+            assertTrue(sidecar.overGrpc.isEmpty(), "every range over the fetch channel");
+        }
+    }
+
     // ---- a sequential reader -----------------------------------------------------------------
 
     @Test
     void aSequentialReaderIsServedFromReadAheadWindowsReceivedInTheBackground() throws Exception {
-        try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
-            readSequentiallyFromReadAheadWindows(h, sidecar);
-            assertTrue(sidecar.overGrpc.isEmpty(), "every range over the fetch channel");
-        }
+        overTheFetchChannel(ReadAheadBehaviourTest::readSequentiallyFromReadAheadWindows);
     }
 
     /**
@@ -636,10 +647,7 @@ class ReadAheadBehaviourTest {
 
     @Test
     void aReadAheadWindowOfAnotherLengthThanAskedIsNotKept() throws Exception {
-        try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
-            readAheadWindowsOfAnotherLengthAreNotKept(h, sidecar);
-            assertTrue(sidecar.overGrpc.isEmpty(), "every range over the fetch channel");
-        }
+        overTheFetchChannel(ReadAheadBehaviourTest::readAheadWindowsOfAnotherLengthAreNotKept);
     }
 
     /**
