@@ -149,37 +149,22 @@ def test_log_append_time_batches_ingest_at_the_append_time_event_keeps_the_produ
 
 
 def test_aborted_transactions_and_markers_never_become_rows():
+    def transactional(value: bytes, offset: int, producer_id: int) -> bytes:
+        return build_batch(
+            [SimpleRecord(b"k", value, T0)],
+            base_offset=offset,
+            transactional=True,
+            producer_id=producer_id,
+            producer_epoch=0,
+        )
+
     d = build_batch([SimpleRecord(b"k", b"plain-0", T0)], base_offset=0)
-    d += build_batch(
-        [SimpleRecord(b"k", b"aborted-1", T0)],
-        base_offset=1,
-        transactional=True,
-        producer_id=7,
-        producer_epoch=0,
-    )
-    d += build_batch(
-        [SimpleRecord(b"k", b"committed-2", T0)],
-        base_offset=2,
-        transactional=True,
-        producer_id=8,
-        producer_epoch=0,
-    )
-    d += build_batch(
-        [SimpleRecord(b"k", b"aborted-3", T0)],
-        base_offset=3,
-        transactional=True,
-        producer_id=7,
-        producer_epoch=0,
-    )
+    d += transactional(b"aborted-1", 1, producer_id=7)
+    d += transactional(b"committed-2", 2, producer_id=8)
+    d += transactional(b"aborted-3", 3, producer_id=7)
     d += build_control_batch(ControlType.ABORT, base_offset=4, producer_id=7, timestamp=T0 + 1000)
     d += build_control_batch(ControlType.COMMIT, base_offset=5, producer_id=8, timestamp=T0 + 1000)
-    d += build_batch(
-        [SimpleRecord(b"k", b"committed-6", T0)],
-        base_offset=6,
-        transactional=True,
-        producer_id=7,
-        producer_epoch=0,
-    )
+    d += transactional(b"committed-6", 6, producer_id=7)
     d += build_control_batch(ControlType.COMMIT, base_offset=7, producer_id=7, timestamp=T0)
     reader, got = _read(d, aborted=[AbortedTxn(7, 1, 4, 2)])
     assert [g["value"] for g in got] == [b"plain-0", b"committed-2", b"committed-6"]
