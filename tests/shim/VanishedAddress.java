@@ -53,6 +53,17 @@ public class VanishedAddress {
         return (System.nanoTime() - t0) / 1_000_000;
     }
 
+    /** Fetches the whole segment and says "{@code word} ms=<n> equal=<true|false>[ error=<message>]". */
+    static void fetchWhole(String word, RemoteStorageManager rsm, RemoteLogSegmentMetadata md, byte[] bytes) {
+        long t0 = System.nanoTime();
+        try (InputStream in = rsm.fetchLogSegment(md, 0)) {
+            boolean equal = Arrays.equals(bytes, in.readAllBytes());
+            say(word + " ms=" + millisSince(t0) + " equal=" + equal);
+        } catch (RemoteStorageException | IOException e) {
+            say(word + " ms=" + millisSince(t0) + " equal=false error=" + e.getMessage());
+        }
+    }
+
     static RemoteStorageManager shim(ClassLoader plugin, String target, Map<String, String> extra) throws Exception {
         RemoteStorageManager rsm = BrokerPlugin.newShim(plugin);
         Map<String, Object> config = new HashMap<>(Map.of(
@@ -97,23 +108,11 @@ public class VanishedAddress {
                     say("INFLIGHT ms=" + millisSince(t0) + " error=" + e.getMessage());
                 }
             }
-            long t1 = System.nanoTime();
-            try (InputStream in = rsm.fetchLogSegment(md, 0)) {
-                boolean equal = Arrays.equals(bytes, in.readAllBytes());
-                say("FRESH ms=" + millisSince(t1) + " equal=" + equal);
-            } catch (RemoteStorageException | IOException e) {
-                say("FRESH ms=" + millisSince(t1) + " equal=false error=" + e.getMessage());
-            }
+            fetchWhole("FRESH", rsm, md, bytes);
 
             // 2. A call made on a connection that died while no call was open.
             ask("BLACKHOLE IDLE?");
-            long t2 = System.nanoTime();
-            try (InputStream in = rsm.fetchLogSegment(md, 0)) {
-                boolean equal = Arrays.equals(bytes, in.readAllBytes());
-                say("DEADCONN ms=" + millisSince(t2) + " equal=" + equal);
-            } catch (RemoteStorageException | IOException e) {
-                say("DEADCONN ms=" + millisSince(t2) + " equal=false error=" + e.getMessage());
-            }
+            fetchWhole("DEADCONN", rsm, md, bytes);
             rsm.close();
 
             // 3. A new connection to an address nobody answers.
