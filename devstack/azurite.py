@@ -98,6 +98,7 @@ class AzuriteServer(BucketServer):
     bucket_word = "container"
     install_help = "install the pinned Azurite into the cache and print the azurite-blob path"
     run_help = "run Azurite's Blob service until interrupted"
+    ensure = staticmethod(ensure_azurite)
     port_names = ("port",)
     port: int
 
@@ -182,12 +183,8 @@ class AzuriteServer(BucketServer):
         return http_answers(f"http://{HOST}:{self.port}/", timeout=0.5)
 
     @classmethod
-    def ensure(cls) -> Path:
-        return ensure_azurite()
-
-    @classmethod
     def add_run_options(cls, run: argparse.ArgumentParser) -> None:
-        run.add_argument("--port", type=int, default=None)
+        super().add_run_options(run)
         run.add_argument("--in-memory", action="store_true", help="keep blobs in memory, not in --dir")
 
     @classmethod

@@ -384,7 +384,10 @@ class BucketServer(ServerProcess):
 
     @classmethod
     def add_run_options(cls, run: argparse.ArgumentParser) -> None:
-        """The launcher's ``run`` options of this server (besides ``--dir`` and the buckets)."""
+        """The launcher's ``run`` options of this server besides ``--dir`` and the buckets:
+        ``--port`` for a server that listens on one port."""
+        if cls.port_names == ("port",):
+            run.add_argument("--port", type=int, default=None)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, workdir: Path) -> BucketServer:  # pragma: no cover
@@ -401,6 +404,7 @@ class BucketServer(ServerProcess):
         run.add_argument(
             f"--{cls.bucket_word}",
             dest="buckets",
+            metavar="NAME",
             action="append",
             default=[],
             help=f"{cls.bucket_word} to create (repeatable)",

@@ -175,6 +175,7 @@ class FakeGcsServer(BucketServer):
     kind = "GCS"
     install_help = "build/install the pinned fake-gcs-server into the cache and print its path"
     run_help = "run fake-gcs-server until interrupted"
+    ensure = staticmethod(ensure_fake_gcs_server)
     port_names = ("port",)
     port: int
 
@@ -220,14 +221,6 @@ class FakeGcsServer(BucketServer):
 
     def is_ready(self) -> bool:
         return http_answers(self.endpoint_url + "/storage/v1/b", timeout=0.5)
-
-    @classmethod
-    def ensure(cls) -> Path:
-        return ensure_fake_gcs_server()
-
-    @classmethod
-    def add_run_options(cls, run: argparse.ArgumentParser) -> None:
-        run.add_argument("--port", type=int, default=None)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, workdir: Path) -> FakeGcsServer:

@@ -78,6 +78,7 @@ class SeaweedS3Server(BucketServer):
     kind = "S3"
     install_help = "install the pinned SeaweedFS into the cache and print the weed path"
     run_help = "run weed server (S3) until interrupted"
+    ensure = staticmethod(ensure_seaweedfs)
     # The filer waits 15 s for its gRPC streams to drain on SIGTERM; SeaweedFS writes through
     # to the page cache, so a SIGKILL after 2 s loses nothing a restart would read.
     stop_timeout = 2.0
@@ -209,10 +210,6 @@ class SeaweedS3Server(BucketServer):
                 **config,
             ),
         )
-
-    @classmethod
-    def ensure(cls) -> Path:
-        return ensure_seaweedfs()
 
     @classmethod
     def add_run_options(cls, run: argparse.ArgumentParser) -> None:
