@@ -9,26 +9,11 @@ import time
 
 import pytest
 
-from rsm_sidecar.storage.local import LocalObjectStore
+from tests.counting_store import CountingStore
 from tests.service.rsm_client import SegmentFilesOnDisk, metadata, seg_id
 from tests.service.sidecar_process import SidecarProcess, write_config
 
 MiB = 1024 * 1024
-
-
-class CountingStore(LocalObjectStore):
-    """Counts the bytes ranged reads return (what a remote store would bill and transfer)."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.downloaded = 0
-        self._lock = threading.Lock()
-
-    def get_range(self, key, start, end):
-        data = super().get_range(key, start, end)
-        with self._lock:
-            self.downloaded += len(data)
-        return data
 
 
 #: chunk size, prefetch window and largest run of :func:`counted_sidecar` and the memory tests
