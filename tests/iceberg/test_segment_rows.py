@@ -71,6 +71,22 @@ def test_matches_the_library_parser(compression):
     assert {g["batch_start"] for g in got} == starts
 
 
+def _read_columnar_as_the_library(monkeypatch, data: bytes):
+    """The rows of ``data`` read on the columnar path only (a fallback to the library parser
+    fails), whose offsets, keys and values are the library's records': the rows and those records."""
+
+    def no_fallback(self, w):
+        raise AssertionError("the columnar parse fell back to the library parser")
+
+    monkeypatch.setattr(SegmentRowReader, "_slow", no_fallback)
+    _, got = _read(data, max_records=100_000, max_bytes=1 << 30)
+    expected = list(read_records(data))
+    assert [(g["offset"], g["key"], g["value"]) for g in got] == [
+        (e.offset, e.key, e.value) for e in expected
+    ]
+    return got, expected
+
+
 @pytest.mark.parametrize("sizes", [[100, 1, 2, 17] * 6, [1000] + [3] * 20, [5] * 7, [2000]])
 def test_valid_batches_are_parsed_columnar_without_the_fallback(monkeypatch, sizes):
     """Windows of many small batches (walked together), one large batch among small ones and
@@ -82,15 +98,7 @@ def test_valid_batches_are_parsed_columnar_without_the_fallback(monkeypatch, siz
         data += build_batch(recs, base_offset=off)
         off += n
 
-    def no_fallback(self, w):
-        raise AssertionError("the columnar parse fell back to the library parser")
-
-    monkeypatch.setattr(SegmentRowReader, "_slow", no_fallback)
-    _, got = _read(data, max_records=100_000, max_bytes=1 << 30)
-    expected = list(read_records(data))
-    assert [(g["offset"], g["key"], g["value"]) for g in got] == [
-        (e.offset, e.key, e.value) for e in expected
-    ]
+    got, expected = _read_columnar_as_the_library(monkeypatch, data)
     assert [[(h["key"], h["value"]) for h in g["headers"]] for g in got] == [
         [(h.key, h.value) for h in e.headers] for e in expected
     ]
@@ -109,15 +117,7 @@ def test_records_of_8_kib_and_more_among_small_ones_are_parsed_columnar(monkeypa
         data += build_batch(recs, base_offset=off)
         off += len(recs)
 
-    def no_fallback(self, w):
-        raise AssertionError("the columnar parse fell back to the library parser")
-
-    monkeypatch.setattr(SegmentRowReader, "_slow", no_fallback)
-    _, got = _read(data, max_records=100_000, max_bytes=1 << 30)
-    expected = list(read_records(data))
-    assert [(g["offset"], g["key"], g["value"]) for g in got] == [
-        (e.offset, e.key, e.value) for e in expected
-    ]
+    _read_columnar_as_the_library(monkeypatch, data)
 
 
 def test_ingest_timestamp_is_the_running_maximum_and_control_batches_count():
