@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.floor import measure as measure_floor
 from benchmarks.remote_read import cpu_seconds, drop_page_cache
-from benchmarks.synthetic import value
+from benchmarks.synthetic import encryption_toml, value
 from devstack.tls import TestCA
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
 from rsm_sidecar.config import Config
@@ -113,13 +113,7 @@ chunk_size = "4MiB"
 [cache]
 chunk_bytes = "{chunk_cache_mib}MiB"
 prefetch_bytes = "16MiB"
-[encryption]
-enabled = true
-active_key_id = "k1"
-[encryption.keys.k1]
-public_key_file = "{workdir}/k.pub"
-private_key_file = "{workdir}/k.priv"
-"""
+{encryption_toml(workdir, "k1")}"""
 
 
 def read_all(

@@ -92,3 +92,15 @@ def encryption_key(work: str) -> dict[str, dict[str, str]]:
     public, private = os.path.join(work, "k.pub"), os.path.join(work, "k.priv")
     write_key_pair(public, private, 2048)
     return {"k": {"public_key_file": public, "private_key_file": private}}
+
+
+def encryption_toml(work: object, key_id: str = "k") -> str:
+    """The ``[encryption]`` of a sidecar that encrypts with the key pair ``<work>/k.pub``,
+    ``<work>/k.priv`` (:func:`encryption_key` writes one), named ``key_id``."""
+    return f"""[encryption]
+enabled = true
+active_key_id = "{key_id}"
+[encryption.keys.{key_id}]
+public_key_file = "{work}/k.pub"
+private_key_file = "{work}/k.priv"
+"""
