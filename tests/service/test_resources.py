@@ -212,6 +212,8 @@ active_key_id = "A"
 public_key_file = "{public}"
 private_key_file = "{private}"
 """,
+        # threads for every fetch stream beside the copies and the 8 kept for health checks
+        server=f"max_workers = {max(64, 16 + max_concurrent + 8)}",
     )
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=segment_size, txn=False)
     mds = [metadata(seg_id(i + 1), size=segment_size) for i in range(segments)]
