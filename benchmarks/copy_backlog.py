@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.synthetic import write_segment
+from benchmarks.synthetic import encryption_toml, write_segment
 from devstack.common import free_port
 from rsm_sidecar.config import parse_size
 from rsm_sidecar.transform.keyring import write_key_pair
@@ -93,13 +93,7 @@ fsync = false
 allowed_dirs = ["{work / "logs"}"]
 journal_dir = "{work / f"journal-{limit}"}"
 upload_rate_limit = {limit}
-[encryption]
-enabled = true
-active_key_id = "k"
-[encryption.keys.k]
-public_key_file = "{work / "k.pub"}"
-private_key_file = "{work / "k.priv"}"
-"""
+{encryption_toml(work)}"""
     )
     sidecar = SidecarProcess(cfg)
     before = sidecar.rss()

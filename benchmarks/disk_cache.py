@@ -32,8 +32,6 @@ import resource
 import shutil
 import statistics
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -44,33 +42,16 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from benchmarks.pipeline import FileSource, best, read_chunks
 from benchmarks.shim import drop_from_page_cache
-from benchmarks.synthetic import write_segment
+from benchmarks.synthetic import encryption_key, segment_in_new_dir
 from rsm_sidecar.config import Config
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.keys import SegmentMetadata
 from rsm_sidecar.segment.access import SegmentAccess
 from rsm_sidecar.segment.disk_cache import DiskChunkCache
 from rsm_sidecar.segment.settings import CopySettings, ReaderSettings
-from rsm_sidecar.storage.local import LocalObjectStore
-from rsm_sidecar.transform.keyring import write_key_pair
+from tests.counting_store import CountingStore
 
 MiB = 1024 * 1024
-
-
-class CountingStore(LocalObjectStore):
-    """The local store, counting the bytes its ranged reads return (what a remote store
-    would transfer and bill)."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.bytes_read = 0
-        self._lock = threading.Lock()
-
-    def get_range(self, key, start, end):
-        data = super().get_range(key, start, end)
-        with self._lock:
-            self.bytes_read += len(data)
-        return data
 
 
 def cpu_seconds() -> float:
@@ -92,25 +73,13 @@ def main() -> None:
     ap.add_argument("--scan-entries", type=int, default=10_000)
     args = ap.parse_args()
     chunk = args.chunk_mib * MiB
-    work = tempfile.mkdtemp(prefix="rsm-bench-diskcache-")
-    seg_path = os.path.join(work, "segment.log")
-    size = write_segment(seg_path, args.size_mib * MiB)
+    work, seg_path, size = segment_in_new_dir("rsm-bench-diskcache-", args.size_mib * MiB)
     mib = size / MiB
-    write_key_pair(os.path.join(work, "k.pub"), os.path.join(work, "k.priv"), 2048)
     store_root, disk = os.path.join(work, "store"), os.path.join(work, "disk-cache")
     cfg = Config(
         {
             "storage": {"key_prefix": "bench/", "local": {"root": store_root}},
-            "encryption": {
-                "enabled": True,
-                "active_key_id": "k",
-                "keys": {
-                    "k": {
-                        "public_key_file": os.path.join(work, "k.pub"),
-                        "private_key_file": os.path.join(work, "k.priv"),
-                    }
-                },
-            },
+            "encryption": {"enabled": True, "active_key_id": "k", "keys": encryption_key(work)},
             "fetch": {"disk_cache": {"path": disk, "bytes": "1GiB"}},
         },
         environ={},
@@ -182,7 +151,7 @@ def main() -> None:
         """Read the segment as the broker does (1 MiB fetches); seconds, CPU seconds, bytes
         downloaded from the store."""
         reader = a.reader
-        before = a.store.bytes_read  # type: ignore[attr-defined]
+        before = a.store.downloaded  # type: ignore[attr-defined]
         c0, t0 = cpu_seconds(), time.perf_counter()
         got = 0
         for pos in range(0, size, MiB):
@@ -191,7 +160,7 @@ def main() -> None:
                 got += len(piece)
         t, c = time.perf_counter() - t0, cpu_seconds() - c0
         assert got == size, (got, size)
-        return t, c, a.store.bytes_read - before  # type: ignore[attr-defined]
+        return t, c, a.store.downloaded - before  # type: ignore[attr-defined]
 
     labels = (
         "cold (empty caches)",

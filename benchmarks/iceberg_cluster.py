@@ -25,15 +25,13 @@ With the CPU seconds per record of the executors (JVMs and Python workers) and o
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devstack
 
-from iceberg_convert import make_topic, topic_arguments
+from iceberg_convert import BenchRun, topic_and_warmup, topic_arguments
 
 TOPIC = "bench-cluster"
 
@@ -63,21 +61,17 @@ def main() -> None:
     ap.add_argument("--executor-memory", default="768m")
     args = ap.parse_args()
 
-    from devstack.registry import ApicurioDistribution, ApicurioRegistry
     from devstack.spark_cluster import SparkStandaloneCluster
     from rsm_sidecar.iceberg.job import ConvertJob, load_config
     from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
     from rsm_sidecar.iceberg.session.spark import spark_session
 
-    workdir = Path(tempfile.mkdtemp(prefix="iceberg-cluster-bench-"))
-    reg = ApicurioRegistry(ApicurioDistribution.ensure(), workdir / "apicurio").start()
+    run = BenchRun("iceberg-cluster-bench-")
+    workdir, reg = run.workdir, run.registry
     cluster = SparkStandaloneCluster(workdir / "cluster", workers=args.workers, cores=1, memory="1g").start()
     results: list[tuple[str, int, float, float, float]] = []
     try:
-        cfg_file, avg = make_topic(
-            workdir, reg.ccompat_url, args.records, args.partitions, args.segment_mb, TOPIC
-        )
-        make_topic(workdir, reg.ccompat_url, 20_000, 2, 1, "warmup", seed=2)
+        cfg_file, avg = topic_and_warmup(workdir, reg.ccompat_url, args, TOPIC, "warmup")
         print(
             f"set-up: {args.records:,} records (values {avg:.0f} B, framed Protobuf) in {args.partitions} "
             f"partition(s), {args.segment_mb} MiB segments; cluster of {args.workers} worker(s) x 1 core"
@@ -150,9 +144,7 @@ def main() -> None:
             "(executor CPU: the executor JVMs and their Python workers; local: Spark's JVM and workers)"
         )
     finally:
-        cluster.stop()
-        reg.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        run.close(cluster)
 
 
 if __name__ == "__main__":

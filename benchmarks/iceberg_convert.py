@@ -52,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devstack
 
 from iceberg_decode import AVRO_SCHEMA, JSON_SCHEMA, PROTO, avro_event, make_json_values, proto_event
 
+from benchmarks.synthetic import encryption_toml
+
 RECORDS_PER_BATCH = 110
 TOPIC = "bench-events"
 
@@ -72,13 +74,7 @@ key_prefix = "tiered/"
 root = "{workdir / "remote"}"
 [segment]
 chunk_size = "4MiB"
-[encryption]
-enabled = true
-active_key_id = "k1"
-[encryption.keys.k1]
-public_key_file = "{workdir / "k.pub"}"
-private_key_file = "{workdir / "k.priv"}"
-[iceberg]
+{encryption_toml(workdir, "k1")}[iceberg]
 partitioning = "day"
 [iceberg.catalog.local]
 root = "{workdir / "catalog"}"
@@ -366,6 +362,40 @@ def executor_stages(job, prepared) -> tuple[dict[str, float], int]:
     return out, records
 
 
+def topic_and_warmup(
+    workdir: Path, registry_url: str, args: argparse.Namespace, topic: str, warmup: str, fmt: str = "protobuf"
+) -> tuple[Path, float]:
+    """:func:`make_topic` of the size :func:`topic_arguments` asked for, and a small warm-up
+    topic of the same format: the sidecar configuration file and the average value size."""
+    made = make_topic(workdir, registry_url, args.records, args.partitions, args.segment_mb, topic, fmt=fmt)
+    make_topic(workdir, registry_url, 20_000, 2, 1, warmup, seed=2, fmt=fmt)
+    return made
+
+
+class BenchRun:
+    """A benchmark's work directory (``prefix...``) and the Apicurio registry it starts in it;
+    :meth:`close` stops what the run started and removes the directory (unless ``keep``)."""
+
+    def __init__(self, prefix: str, keep: bool = False):
+        from devstack.registry import ApicurioDistribution, ApicurioRegistry
+
+        self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.keep = keep
+        self.registry = ApicurioRegistry(ApicurioDistribution.ensure(), self.workdir / "apicurio").start()
+
+    def close(self, *started) -> None:
+        """Stop what else the run started (a Spark session, a cluster: those not None), then the
+        registry; remove the work directory, or say where it was kept."""
+        for s in started:
+            if s is not None:
+                s.stop()
+        self.registry.stop()
+        if self.keep:
+            print(f"work directory kept: {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 def topic_arguments(description: str) -> argparse.ArgumentParser:
     """The command line of the benchmarks on :func:`make_topic`'s topic."""
     ap = argparse.ArgumentParser(description=description)
@@ -395,7 +425,6 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
 
-    from devstack.registry import ApicurioDistribution, ApicurioRegistry
     from rsm_sidecar.iceberg.job import ConvertJob, load_config
     from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
     from rsm_sidecar.iceberg.session.spark import spark_session
@@ -404,17 +433,16 @@ def main() -> None:
         args.format, (args.format,)
     )
     topics = {fmt: TOPIC if fmt == "protobuf" else f"{TOPIC}-{fmt}" for fmt in formats}
-    workdir = Path(tempfile.mkdtemp(prefix="iceberg-convert-bench-"))
-    reg = ApicurioRegistry(ApicurioDistribution.ensure(), workdir / "apicurio").start()
+    run = BenchRun("iceberg-convert-bench-", keep=args.keep)
+    workdir, reg = run.workdir, run.registry
     spark = None
     try:
         avg = {}
         for fmt in formats:
             t0 = time.perf_counter()
-            cfg_file, avg[fmt] = make_topic(
-                workdir, reg.ccompat_url, args.records, args.partitions, args.segment_mb, topics[fmt], fmt=fmt
+            cfg_file, avg[fmt] = topic_and_warmup(
+                workdir, reg.ccompat_url, args, topics[fmt], f"warmup-{fmt}", fmt
             )
-            make_topic(workdir, reg.ccompat_url, 20_000, 2, 1, f"warmup-{fmt}", seed=2, fmt=fmt)
             print(
                 f"set-up: {args.records:,} records (values {avg[fmt]:.0f} B on average, framed {fmt}) in "
                 f"{args.partitions} partition(s) tiered in {time.perf_counter() - t0:.1f}s"
@@ -573,13 +601,7 @@ def main() -> None:
                 ratio = best[(fmt, what)] / best[("protobuf", what)]
                 print(f"{fmt} / protobuf, {what}, same run: {ratio:.2f}x")
     finally:
-        if spark is not None:
-            spark.stop()
-        reg.stop()
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            print(f"work directory kept: {workdir}")
+        run.close(spark)
 
 
 if __name__ == "__main__":

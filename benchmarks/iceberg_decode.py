@@ -180,6 +180,19 @@ def make_avro_values(n: int) -> list[bytes]:
     return out
 
 
+def _event_fields(i: int, rnd: random.Random) -> dict:
+    """The fields every format's ``i``-th event has (``rnd`` draws the values)."""
+    return {
+        "id": f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",
+        "user_id": rnd.randrange(1 << 40),
+        "kind": rnd.choice(["CLICK", "VIEW"]),
+        "amount": rnd.random() * 100,
+        "ok": bool(i & 1),
+        "tags": ["alpha", "beta"][: rnd.randrange(3)],
+        "count": rnd.randrange(1000),
+    }
+
+
 def make_json_values(n: int, first: int = 0, seed: int = 1) -> list[bytes]:
     """The same events as :func:`make_values`, as JSON behind the Confluent preamble (events
     ``first`` to ``first + n - 1``, their random values drawn from ``seed``)."""
@@ -189,13 +202,7 @@ def make_json_values(n: int, first: int = 0, seed: int = 1) -> list[bytes]:
     for i in range(first, first + n):
         at = datetime.datetime.fromtimestamp(1_700_000_000 + i, datetime.UTC).replace(microsecond=123)
         event = {
-            "id": f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",
-            "user_id": rnd.randrange(1 << 40),
-            "kind": rnd.choice(["CLICK", "VIEW"]),
-            "amount": rnd.random() * 100,
-            "ok": bool(i & 1),
-            "tags": ["alpha", "beta"][: rnd.randrange(3)],
-            "count": rnd.randrange(1000),
+            **_event_fields(i, rnd),
             "at": at.isoformat().replace("+00:00", "Z"),
             "device": {"os": "linux-x86_64", "version": 6},
         }
@@ -206,13 +213,7 @@ def make_json_values(n: int, first: int = 0, seed: int = 1) -> list[bytes]:
 def avro_event(i: int, rnd: random.Random) -> dict:
     """The ``i``-th event of :data:`AVRO_SCHEMA` (~80 bytes framed; ``rnd`` draws the values)."""
     return {
-        "id": f"evt-{i:012d}-{rnd.randrange(1 << 30):08x}",
-        "user_id": rnd.randrange(1 << 40),
-        "kind": rnd.choice(["CLICK", "VIEW"]),
-        "amount": rnd.random() * 100,
-        "ok": bool(i & 1),
-        "tags": ["alpha", "beta"][: rnd.randrange(3)],
-        "count": rnd.randrange(1000),
+        **_event_fields(i, rnd),
         "at": (1_700_000_000 + i) * 1_000_000 + 123,
         "device": {"os": "linux", "version": 6},
         "attrs": {"src": "web"} if i % 3 else {},

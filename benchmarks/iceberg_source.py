@@ -21,34 +21,28 @@ Timed, each ``--repeat`` times (best reported), every query written to Spark's `
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devstack
 
-from iceberg_convert import TOPIC, make_topic, topic_arguments
+from iceberg_convert import TOPIC, BenchRun, topic_and_warmup, topic_arguments
 
 
 def main() -> None:
     args = topic_arguments(__doc__.split("\n\n")[0]).parse_args()
 
-    from devstack.registry import ApicurioDistribution, ApicurioRegistry
     from rsm_sidecar.iceberg.job import ConvertJob, load_config
     from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
     from rsm_sidecar.iceberg.session.spark import spark_session
     from rsm_sidecar.iceberg.source import read_topic
 
-    workdir = Path(tempfile.mkdtemp(prefix="iceberg-source-bench-"))
-    reg = ApicurioRegistry(ApicurioDistribution.ensure(), workdir / "apicurio").start()
+    run = BenchRun("iceberg-source-bench-")
+    workdir, reg = run.workdir, run.registry
     spark = None
     try:
-        cfg_file, avg = make_topic(
-            workdir, reg.ccompat_url, args.records, args.partitions, args.segment_mb, TOPIC
-        )
-        make_topic(workdir, reg.ccompat_url, 20_000, 2, 1, "warmup", seed=2)
+        cfg_file, avg = topic_and_warmup(workdir, reg.ccompat_url, args, TOPIC, "warmup")
         print(
             f"set-up: {args.records:,} records (values {avg:.0f} B, framed Protobuf), "
             f"{args.partitions} partition(s), {args.segment_mb} MiB segments"
@@ -111,10 +105,7 @@ def main() -> None:
             rate = f" = {args.records / dt:,.0f} records/s" if whole else ""
             print(f"  {name}: {dt:.2f}s{rate} ({dt / limit:.2f}x the limit's time)")
     finally:
-        if spark is not None:
-            spark.stop()
-        reg.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        run.close(spark)
 
 
 if __name__ == "__main__":

@@ -34,15 +34,20 @@ import argparse
 import datetime as dt
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devstack
 
-from iceberg_convert import RECORDS_PER_BATCH, _protobuf_values, cpu_seconds, per_record, sidecar_config
+from iceberg_convert import (
+    RECORDS_PER_BATCH,
+    BenchRun,
+    _protobuf_values,
+    cpu_seconds,
+    per_record,
+    sidecar_config,
+)
 from iceberg_decode import PROTO
 
 TOPIC = "bench-keyed"
@@ -166,14 +171,13 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     assert set(modes) <= set(MODES), modes
 
-    from devstack.registry import ApicurioDistribution, ApicurioRegistry
     from rsm_sidecar.iceberg.job import ConvertJob, load_config
     from rsm_sidecar.iceberg.maintenance import maintain
     from rsm_sidecar.iceberg.session.catalogs import LocalCatalog
     from rsm_sidecar.iceberg.session.spark import spark_session
 
-    workdir = Path(tempfile.mkdtemp(prefix="iceberg-upsert-bench-"))
-    reg = ApicurioRegistry(ApicurioDistribution.ensure(), workdir / "apicurio").start()
+    run = BenchRun("iceberg-upsert-bench-", keep=args.keep)
+    workdir, reg = run.workdir, run.registry
     spark = None
     try:
         cfg_file = sidecar_config(workdir, reg.ccompat_url)
@@ -310,13 +314,7 @@ def main() -> None:
             reads,
         )
     finally:
-        if spark is not None:
-            spark.stop()
-        reg.stop()
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            print(f"work directory kept: {workdir}")
+        run.close(spark)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import concurrent.futures
 import os
 import random
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,13 +22,12 @@ import google_crc32c
 import zstandard
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from benchmarks.synthetic import write_segment
+from benchmarks.synthetic import encryption_key, segment_in_new_dir
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.chunk_index import encode_sizes, encode_transformed_chunks
 from rsm_sidecar.format.keys import SegmentMetadata
 from rsm_sidecar.segment.access import SegmentAccess
 from rsm_sidecar.segment.settings import CopySettings, ReaderSettings
-from rsm_sidecar.transform.keyring import write_key_pair
 
 MiB = 1024 * 1024
 
@@ -71,9 +69,7 @@ def main() -> None:
     ap.add_argument("--parallelism", type=int, default=2)
     args = ap.parse_args()
     chunk = args.chunk_mib * MiB
-    work = tempfile.mkdtemp(prefix="rsm-bench-")
-    seg_path = os.path.join(work, "segment.log")
-    size = write_segment(seg_path, args.size_mib * MiB)
+    work, seg_path, size = segment_in_new_dir("rsm-bench-", args.size_mib * MiB)
     mib = size / MiB
     chunks = list(read_chunks(seg_path, chunk))  # the raw baselines run from memory
     print(
@@ -111,13 +107,7 @@ def main() -> None:
     print(f"zstd-3 compressed size: {ratio * 100:.1f}% of the original\n")
 
     # -- the pipeline ------------------------------------------------------------------
-    write_key_pair(os.path.join(work, "k.pub"), os.path.join(work, "k.priv"), 2048)
-    keys = {
-        "k": {
-            "public_key_file": os.path.join(work, "k.pub"),
-            "private_key_file": os.path.join(work, "k.priv"),
-        }
-    }
+    keys = encryption_key(work)
     transform_pool = concurrent.futures.ThreadPoolExecutor(8)
     print(
         f"{'pipeline (local store, fsync on)':40s} {'copy MiB/s':>10s} {'seq fetch':>10s} "

@@ -627,6 +627,16 @@ def table(reads: list[Read], args: argparse.Namespace) -> str:
     return head + "\n".join(rows)
 
 
+def work_and_payload(prefix: str, record_size: int) -> tuple[Path, Path]:
+    """A new work directory ``prefix...`` and in it the producers' payload file: 10,000 lines of
+    ``record_size`` bytes (:func:`~benchmarks.synthetic.value`, always the same ones)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    rng = random.Random(405)
+    payload = work / "payload.txt"
+    payload.write_bytes(b"\n".join(value(rng, record_size) for _ in range(10_000)))
+    return work, payload
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=2_000_000)
@@ -716,10 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown cases {sorted(unknown)}")
 
     dist = KafkaDistribution.ensure(args.kafka_version)
-    work = Path(tempfile.mkdtemp(prefix="remote-read-"))
-    rng = random.Random(405)
-    payload = work / "payload.txt"
-    payload.write_bytes(b"\n".join(value(rng, args.record_size) for _ in range(10_000)))
+    work, payload = work_and_payload("remote-read-", args.record_size)
     print(
         f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
         f"({args.records * args.record_size / MiB:.0f} MiB), {args.segment_mib} MiB segments, one partition, "

@@ -92,12 +92,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import random
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -125,8 +123,8 @@ from benchmarks.remote_read import (
     stop_profiler,
     thread_cpu,
     thread_cpu_line,
+    work_and_payload,
 )
-from benchmarks.synthetic import value
 from devstack.cluster import ClusterStack
 from devstack.common import free_port
 from devstack.kafka import KafkaBroker, KafkaDistribution
@@ -754,10 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     if cases - {"lts", "ours"}:
         ap.error(f"unknown cases {sorted(cases - {'lts', 'ours'})}")
     dist = KafkaDistribution.ensure(args.kafka_version)
-    work = Path(tempfile.mkdtemp(prefix="remote-read-partitions-"))
-    rng = random.Random(405)
-    payload = work / "payload.txt"
-    payload.write_bytes(b"\n".join(value(rng, args.record_size) for _ in range(10_000)))
+    work, payload = work_and_payload("remote-read-partitions-", args.record_size)
     print(
         f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
         f"({args.records * args.record_size / MiB:.0f} MiB) over {args.partitions} partitions, "

@@ -18,6 +18,7 @@ the MiB/s. The broker's side is ``remote_read_partitions.py``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
@@ -33,7 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.floor import measure as measure_floor
 from benchmarks.remote_read import cpu_seconds, drop_page_cache
-from benchmarks.synthetic import value
+from benchmarks.synthetic import encryption_toml, value
+from devstack.cluster import parallel
 from devstack.tls import TestCA
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
 from rsm_sidecar.config import Config
@@ -113,13 +115,7 @@ chunk_size = "4MiB"
 [cache]
 chunk_bytes = "{chunk_cache_mib}MiB"
 prefetch_bytes = "16MiB"
-[encryption]
-enabled = true
-active_key_id = "k1"
-[encryption.keys.k1]
-public_key_file = "{workdir}/k.pub"
-private_key_file = "{workdir}/k.priv"
-"""
+{encryption_toml(workdir, "k1")}"""
 
 
 def read_all(
@@ -128,27 +124,17 @@ def read_all(
     """Every partition read by its own thread in windows; the MiB read."""
     got = [0]
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def reader(mds: list[pb.SegmentMetadata]) -> None:
-        try:
-            client = FetchChannelClient(target, ctx, HOST if ctx else None)
-            for md in mds:
-                for start in range(0, md.segment_size_in_bytes, window):
-                    data, _ = client.fetch(md, start, min(start + window, md.segment_size_in_bytes) - 1)
-                    with lock:
-                        got[0] += len(data)
-            client.close()
-        except BaseException as e:
-            errors.append(e)
+        client = FetchChannelClient(target, ctx, HOST if ctx else None)
+        for md in mds:
+            for start in range(0, md.segment_size_in_bytes, window):
+                data, _ = client.fetch(md, start, min(start + window, md.segment_size_in_bytes) - 1)
+                with lock:
+                    got[0] += len(data)
+        client.close()
 
-    threads = [threading.Thread(target=reader, args=(mds,)) for mds in segments]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    parallel(functools.partial(reader, mds) for mds in segments)
     return got[0] / MiB
 
 

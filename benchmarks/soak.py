@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+from benchmarks.synthetic import encryption_toml
 from rsm_sidecar.transform.keyring import write_key_pair
 from tests.service.rsm_client import Client, SegmentFilesOnDisk, metadata, seg_id
 from tests.service.sidecar_process import SidecarProcess, write_config
@@ -52,13 +53,7 @@ allowed_dirs = ["{logs}"]
 journal_dir = "{work}/journal"
 [cache]
 chunk_bytes = "64MiB"
-[encryption]
-enabled = true
-active_key_id = "k"
-[encryption.keys.k]
-public_key_file = "{work}/k.pub"
-private_key_file = "{work}/k.priv"
-""",
+{encryption_toml(work)}""",
     )
     os.makedirs(f"{work}/remote")
     sidecar = SidecarProcess(cfg)

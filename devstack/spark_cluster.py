@@ -75,6 +75,12 @@ class _SparkDaemon(ServerProcess):
         env[self.options_variable] = "-Dspark.port.maxRetries=0"
         return env
 
+    def daemon_command(self, main_class: str, *arguments: str, options: Sequence[str] = ()) -> list[str]:
+        """``spark-class <main_class> <arguments>``, listening on :data:`HOST` on its ports, with
+        ``options``."""
+        listen = ["--host", HOST, "--port", str(self.port), "--webui-port", str(self.ui_port)]
+        return [str(spark_class()), main_class, *arguments, *listen, *options]
+
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM the JVM (a worker kills its executors), then SIGKILL its whole process group:
         no executor of it survives."""
@@ -104,16 +110,7 @@ class SparkMaster(_SparkDaemon):
         return f"http://{HOST}:{self.ui_port}"
 
     def command(self) -> list[str]:
-        return [
-            str(spark_class()),
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            HOST,
-            "--port",
-            str(self.port),
-            "--webui-port",
-            str(self.ui_port),
-        ]
+        return self.daemon_command("org.apache.spark.deploy.master.Master")
 
     def is_ready(self) -> bool:
         return http_answers(f"{self.ui_url}/json/")
@@ -141,23 +138,9 @@ class SparkWorker(_SparkDaemon):
         return self.workdir / "work"
 
     def command(self) -> list[str]:
-        return [
-            str(spark_class()),
-            "org.apache.spark.deploy.worker.Worker",
-            self.master.url,
-            "--host",
-            HOST,
-            "--port",
-            str(self.port),
-            "--webui-port",
-            str(self.ui_port),
-            "--cores",
-            str(self.cores),
-            "--memory",
-            self.worker_memory,
-            "--work-dir",
-            str(self.work_dir),
-        ]
+        options = ["--cores", str(self.cores), "--memory", self.worker_memory]
+        options += ["--work-dir", str(self.work_dir)]
+        return self.daemon_command("org.apache.spark.deploy.worker.Worker", self.master.url, options=options)
 
     def is_ready(self) -> bool:
         try:

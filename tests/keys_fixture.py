@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
+
 import pytest
 
 from rsm_sidecar.transform.keyring import write_key_pair
 
 
+def key_pairs(folder: Path, key_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """A fresh 2048-bit key pair per key id, written into ``folder``: (public, private) file
+    names by key id."""
+    out = {}
+    for kid in key_ids:
+        write_key_pair(folder / f"{kid}.public.pem", folder / f"{kid}.private.pem", 2048)
+        out[kid] = (str(folder / f"{kid}.public.pem"), str(folder / f"{kid}.private.pem"))
+    return out
+
+
 @pytest.fixture(scope="session")
 def rsa_keys(tmp_path_factory) -> dict[str, tuple[str, str]]:
-    d = tmp_path_factory.mktemp("rsa-keys")
-    out = {}
-    for kid in ("A", "B"):
-        write_key_pair(d / f"{kid}.public.pem", d / f"{kid}.private.pem", 2048)
-        out[kid] = (str(d / f"{kid}.public.pem"), str(d / f"{kid}.private.pem"))
-    return out
+    return key_pairs(tmp_path_factory.mktemp("rsa-keys"), ("A", "B"))
 
 
 def encryption_config(rsa_keys, active: str = "A", ids=("A", "B")) -> dict:

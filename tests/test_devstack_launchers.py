@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from devstack.common import REPO_ROOT
@@ -61,12 +62,21 @@ def _kill_all(proc: subprocess.Popen[str], workdir: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_run_prints_the_endpoint_creates_buckets_and_stops_on_sigterm(tmp_path):
-    workdir = tmp_path / "gcs"
-    proc = _launch("devstack.gcsserver", workdir, "--bucket", "rsm-a", "--bucket", "rsm-b")
+@contextlib.contextmanager
+def _running(module: str, workdir: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """The launcher of ``module`` running: it and the first line it printed (its banner); at the
+    end it and whatever server it left are killed (:func:`_kill_all`)."""
+    proc = _launch(module, workdir, *args)
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
+        yield proc, proc.stdout.readline()
+    finally:
+        _kill_all(proc, workdir)
+
+
+def test_run_prints_the_endpoint_creates_buckets_and_stops_on_sigterm(tmp_path):
+    workdir = tmp_path / "gcs"
+    with _running("devstack.gcsserver", workdir, "--bucket", "rsm-a", "--bucket", "rsm-b") as (proc, line):
         m = re.match(r"GCS endpoint (http://127\.0\.0\.1:\d+) \(data (\S+), log (\S+)\)", line)
         assert m, line
         assert m.group(2) == str(workdir / "data")
@@ -74,8 +84,6 @@ def test_run_prints_the_endpoint_creates_buckets_and_stops_on_sigterm(tmp_path):
             names = {b["name"] for b in json.load(r).get("items", [])}
         assert {"rsm-a", "rsm-b"} <= names
         _stops_cleanly_on_sigterm(proc, workdir)
-    finally:
-        _kill_all(proc, workdir)
 
 
 def test_sigterm_during_start_up_leaves_no_server_behind(tmp_path):
@@ -96,10 +104,8 @@ def test_sigterm_during_start_up_leaves_no_server_behind(tmp_path):
 
 def test_azurite_run_prints_endpoint_and_a_working_connection_string(tmp_path):
     workdir = tmp_path / "azure"
-    proc = _launch("devstack.azurite", workdir, "--container", "rsm-a", "--container", "rsm-b")
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
+    containers = ("--container", "rsm-a", "--container", "rsm-b")
+    with _running("devstack.azurite", workdir, *containers) as (proc, line):
         m = re.match(
             r"Azure Blob endpoint (http://127\.0\.0\.1:\d+/rsmdev) \(account rsmdev, data (\S+), log (\S+)\)",
             line,
@@ -113,8 +119,6 @@ def test_azurite_run_prints_endpoint_and_a_working_connection_string(tmp_path):
         with BlobServiceClient.from_connection_string(cs) as client:
             assert {"rsm-a", "rsm-b"} <= {c.name for c in client.list_containers()}
         _stops_cleanly_on_sigterm(proc, workdir)
-    finally:
-        _kill_all(proc, workdir)
 
 
 def test_the_s3_server_writes_its_logs_in_its_work_directory(tmp_path):

@@ -6,6 +6,7 @@ transaction outcome (built on tests/e2e/kafka_helpers.py)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 import subprocess
@@ -104,22 +105,37 @@ def partition_state(
             time.sleep(0.2)
 
 
-def wait_state(cluster: ClusterStack, topic: str, what: str, predicate, partition: int = 0, timeout=90):
-    """Until ``predicate(PartitionState)`` holds; returns that state."""
-    found: list[PartitionState] = []
+def wait_value(what: str, read, predicate, timeout: float, interval: float, missing=()):
+    """``read()``'s first value for which ``predicate`` holds, looked at every ``interval``
+    seconds (``read`` raising one of ``missing``: not there yet); AssertionError naming ``what``
+    after ``timeout`` seconds."""
+    found: list = []
 
     def check():
         try:
-            st = partition_state(cluster, topic, partition, appear_within=0)
-        except KeyError:  # the topic or partition not in this broker's metadata yet
+            value = read()
+        except missing:
             return False
-        if predicate(st):
-            found.append(st)
+        if predicate(value):
+            found.append(value)
             return True
         return False
 
-    wait_for(f"{topic}-{partition}: {what}", check, timeout, 0.2)
+    wait_for(what, check, timeout, interval)
     return found[-1]
+
+
+def wait_state(cluster: ClusterStack, topic: str, what: str, predicate, partition: int = 0, timeout=90):
+    """Until ``predicate(PartitionState)`` holds; returns that state."""
+    return wait_value(
+        f"{topic}-{partition}: {what}",
+        # KeyError: the topic or partition not in this broker's metadata yet
+        lambda: partition_state(cluster, topic, partition, appear_within=0),
+        predicate,
+        timeout,
+        0.2,
+        missing=KeyError,
+    )
 
 
 def elect_preferred(cluster: ClusterStack, topic: str, partition: int = 0) -> int:
@@ -221,17 +237,8 @@ def remote_segments(store, topic: str, partition: int | None = None) -> list[Rem
 
 def wait_remote(store, topic: str, what: str, predicate, timeout=120) -> list[RemoteSegment]:
     """Until ``predicate(remote_segments(store, topic))`` holds; returns those segments."""
-    found: list[list[RemoteSegment]] = []
-
-    def check():
-        segs = remote_segments(store, topic)
-        if predicate(segs):
-            found.append(segs)
-            return True
-        return False
-
-    wait_for(f"{topic} in the bucket: {what}", check, timeout, 0.5)
-    return found[-1]
+    segments = functools.partial(remote_segments, store, topic)
+    return wait_value(f"{topic} in the bucket: {what}", segments, predicate, timeout, 0.5)
 
 
 def log_end(cluster: ClusterStack, topic: str, partition: int = 0) -> int:

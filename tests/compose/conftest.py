@@ -28,6 +28,21 @@ def compose_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "TMPDIR")}
 
 
+def compose_config(
+    compose: list[str], file: Path, *options: str, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """``docker compose -f <file> config <options>``, in ``cwd``, without the caller's
+    environment (:func:`compose_env`)."""
+    return subprocess.run(
+        [*compose, "-f", str(file), "config", *options],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=compose_env(),
+    )
+
+
 @pytest.fixture(scope="session")
 def compose() -> list[str]:
     return tool(tooling.compose_command)
@@ -35,14 +50,7 @@ def compose() -> list[str]:
 
 @pytest.fixture(scope="session")
 def project(compose) -> dict:
-    proc = subprocess.run(
-        [*compose, "-f", str(COMPOSE_FILE), "config", "--format", "json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=compose_env(),
-    )
+    proc = compose_config(compose, COMPOSE_FILE, "--format", "json")
     assert proc.returncode == 0, f"docker compose config failed:\n{proc.stderr}"
     return json.loads(proc.stdout)
 

@@ -34,7 +34,7 @@ import pytest
 from devstack import compose_tools as tooling
 from devstack.common import free_port
 from rsm_sidecar.config import Config
-from tests.compose.conftest import compose_env, tool
+from tests.compose.conftest import compose_config, compose_env, tool
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -204,14 +204,7 @@ def _port(address: str) -> int:
 # -- the compose file ----------------------------------------------------------------------------
 def test_compose_file_validates_against_the_compose_spec(compose):
     """`docker compose config -q`: schema, merge keys, depends_on targets, no unset variables."""
-    proc = subprocess.run(
-        [*compose, "-f", str(COMPOSE_FILE), "config", "--quiet"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_compose_env(),
-    )
+    proc = compose_config(compose, COMPOSE_FILE, "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert "variable is not set" not in proc.stderr, proc.stderr
 
@@ -220,14 +213,7 @@ def test_compose_rejects_an_invalid_file(compose, tmp_path):
     """The validator is real: an unknown service attribute fails."""
     bad = tmp_path / "compose.yml"
     bad.write_text(COMPOSE_FILE.read_text().replace("stop_grace_period: 30s", "stop_grace_periodd: 30s"))
-    proc = subprocess.run(
-        [*compose, "-f", str(bad), "config", "--quiet"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_compose_env(),
-    )
+    proc = compose_config(compose, bad, "--quiet", cwd=tmp_path)
     assert proc.returncode != 0 and "stop_grace_periodd" in proc.stderr
 
 

@@ -71,6 +71,22 @@ def test_matches_the_library_parser(compression):
     assert {g["batch_start"] for g in got} == starts
 
 
+def _read_columnar_as_the_library(monkeypatch, data: bytes):
+    """The rows of ``data`` read on the columnar path only (a fallback to the library parser
+    fails), whose offsets, keys and values are the library's records': the rows and those records."""
+
+    def no_fallback(self, w):
+        raise AssertionError("the columnar parse fell back to the library parser")
+
+    monkeypatch.setattr(SegmentRowReader, "_slow", no_fallback)
+    _, got = _read(data, max_records=100_000, max_bytes=1 << 30)
+    expected = list(read_records(data))
+    assert [(g["offset"], g["key"], g["value"]) for g in got] == [
+        (e.offset, e.key, e.value) for e in expected
+    ]
+    return got, expected
+
+
 @pytest.mark.parametrize("sizes", [[100, 1, 2, 17] * 6, [1000] + [3] * 20, [5] * 7, [2000]])
 def test_valid_batches_are_parsed_columnar_without_the_fallback(monkeypatch, sizes):
     """Windows of many small batches (walked together), one large batch among small ones and
@@ -82,15 +98,7 @@ def test_valid_batches_are_parsed_columnar_without_the_fallback(monkeypatch, siz
         data += build_batch(recs, base_offset=off)
         off += n
 
-    def no_fallback(self, w):
-        raise AssertionError("the columnar parse fell back to the library parser")
-
-    monkeypatch.setattr(SegmentRowReader, "_slow", no_fallback)
-    _, got = _read(data, max_records=100_000, max_bytes=1 << 30)
-    expected = list(read_records(data))
-    assert [(g["offset"], g["key"], g["value"]) for g in got] == [
-        (e.offset, e.key, e.value) for e in expected
-    ]
+    got, expected = _read_columnar_as_the_library(monkeypatch, data)
     assert [[(h["key"], h["value"]) for h in g["headers"]] for g in got] == [
         [(h.key, h.value) for h in e.headers] for e in expected
     ]
@@ -109,15 +117,7 @@ def test_records_of_8_kib_and_more_among_small_ones_are_parsed_columnar(monkeypa
         data += build_batch(recs, base_offset=off)
         off += len(recs)
 
-    def no_fallback(self, w):
-        raise AssertionError("the columnar parse fell back to the library parser")
-
-    monkeypatch.setattr(SegmentRowReader, "_slow", no_fallback)
-    _, got = _read(data, max_records=100_000, max_bytes=1 << 30)
-    expected = list(read_records(data))
-    assert [(g["offset"], g["key"], g["value"]) for g in got] == [
-        (e.offset, e.key, e.value) for e in expected
-    ]
+    _read_columnar_as_the_library(monkeypatch, data)
 
 
 def test_ingest_timestamp_is_the_running_maximum_and_control_batches_count():
@@ -149,37 +149,22 @@ def test_log_append_time_batches_ingest_at_the_append_time_event_keeps_the_produ
 
 
 def test_aborted_transactions_and_markers_never_become_rows():
+    def transactional(value: bytes, offset: int, producer_id: int) -> bytes:
+        return build_batch(
+            [SimpleRecord(b"k", value, T0)],
+            base_offset=offset,
+            transactional=True,
+            producer_id=producer_id,
+            producer_epoch=0,
+        )
+
     d = build_batch([SimpleRecord(b"k", b"plain-0", T0)], base_offset=0)
-    d += build_batch(
-        [SimpleRecord(b"k", b"aborted-1", T0)],
-        base_offset=1,
-        transactional=True,
-        producer_id=7,
-        producer_epoch=0,
-    )
-    d += build_batch(
-        [SimpleRecord(b"k", b"committed-2", T0)],
-        base_offset=2,
-        transactional=True,
-        producer_id=8,
-        producer_epoch=0,
-    )
-    d += build_batch(
-        [SimpleRecord(b"k", b"aborted-3", T0)],
-        base_offset=3,
-        transactional=True,
-        producer_id=7,
-        producer_epoch=0,
-    )
+    d += transactional(b"aborted-1", 1, producer_id=7)
+    d += transactional(b"committed-2", 2, producer_id=8)
+    d += transactional(b"aborted-3", 3, producer_id=7)
     d += build_control_batch(ControlType.ABORT, base_offset=4, producer_id=7, timestamp=T0 + 1000)
     d += build_control_batch(ControlType.COMMIT, base_offset=5, producer_id=8, timestamp=T0 + 1000)
-    d += build_batch(
-        [SimpleRecord(b"k", b"committed-6", T0)],
-        base_offset=6,
-        transactional=True,
-        producer_id=7,
-        producer_epoch=0,
-    )
+    d += transactional(b"committed-6", 6, producer_id=7)
     d += build_control_batch(ControlType.COMMIT, base_offset=7, producer_id=7, timestamp=T0)
     reader, got = _read(d, aborted=[AbortedTxn(7, 1, 4, 2)])
     assert [g["value"] for g in got] == [b"plain-0", b"committed-2", b"committed-6"]

@@ -13,11 +13,11 @@ import time
 import pytest
 
 from rsm_sidecar.format.manifest import SegmentManifest
-from rsm_sidecar.transform.keyring import write_key_pair
 from tests.e2e.kafka_helpers import consume, create_topic, filler, produce, records
 from tests.e2e.scenarios import assert_same_records
 from tests.inspect.conftest import REPO
 from tests.inspect.tiering import segment_bases, wait_all_tiered
+from tests.keys_fixture import key_pairs
 
 pytestmark = pytest.mark.e2e
 
@@ -27,15 +27,14 @@ TOPICS = ("rot-a", "rot-b")
 @pytest.fixture(scope="module")
 def key_files(tmp_path_factory) -> dict[str, dict[str, str]]:
     """RSM__ settings of two fresh key pairs, by key id."""
-    d = tmp_path_factory.mktemp("rotation-keys")
-    out = {}
-    for key_id in ("keyA", "keyB"):
-        write_key_pair(d / f"{key_id}.public.pem", d / f"{key_id}.private.pem", 2048)
-        out[key_id] = {
-            f"RSM__ENCRYPTION__KEYS__{key_id}__PUBLIC_KEY_FILE": str(d / f"{key_id}.public.pem"),
-            f"RSM__ENCRYPTION__KEYS__{key_id}__PRIVATE_KEY_FILE": str(d / f"{key_id}.private.pem"),
+    pairs = key_pairs(tmp_path_factory.mktemp("rotation-keys"), ("keyA", "keyB"))
+    return {
+        key_id: {
+            f"RSM__ENCRYPTION__KEYS__{key_id}__PUBLIC_KEY_FILE": public,
+            f"RSM__ENCRYPTION__KEYS__{key_id}__PRIVATE_KEY_FILE": private,
         }
-    return out
+        for key_id, (public, private) in pairs.items()
+    }
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from rsm_sidecar.service.server import SidecarServer
 from rsm_sidecar.service.sidecar import Sidecar
 from rsm_sidecar.storage.local import LocalObjectStore
 from tests.keys_fixture import encryption_config
+from tests.service.mtls import tls_settings
 from tests.service.rsm_client import Client
 
 
@@ -60,3 +61,14 @@ def start_sidecar(tmp_path, rsa_keys):
         r.client.close()
         with contextlib.suppress(Exception):
             r.server.stop(grace=0)
+
+
+@pytest.fixture
+def mtls_sidecar(start_sidecar):
+    """Starts a sidecar serving mTLS with the files of a Secret volume (:mod:`tests.service.mtls`):
+    its server."""
+
+    def start(volume) -> SidecarServer:
+        return start_sidecar(server__shutdown_grace_seconds=1, server__tls=tls_settings(volume)).server
+
+    return start

@@ -7,6 +7,7 @@ import os
 import socket
 import ssl
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 
@@ -142,6 +143,14 @@ class Client:
 
     def copy(self, requests, timeout: float = 120) -> pb.CopySegmentResponse:
         return self.stub.CopySegment(requests, timeout=timeout)
+
+    def copy_a_segment(self, folder: Path, log_size: int) -> pb.SegmentMetadata:
+        """Copy segment 1 (:class:`SegmentFilesOnDisk` of ``log_size`` in ``folder``), in path
+        mode: its metadata."""
+        files = SegmentFilesOnDisk(str(folder), log_size=log_size)
+        md = metadata(seg_id(1), size=files.log_size)
+        self.copy(files.path_request(md))
+        return md
 
     def fetch(self, md, start: int = 0, end: int | None = None, timeout: float = 120) -> bytes:
         req = pb.FetchSegmentRequest(metadata=md, start_position=start)

@@ -15,13 +15,15 @@ import psutil
 from tests.service.rsm_client import Client
 
 
-def write_config(path: Path, root: Path | str, sections: str = "") -> Path:
-    """A sidecar configuration file at ``path``: any free port, no metrics listener, a local
-    store under ``root`` without fsync, then the TOML ``sections`` (other tables)."""
+def write_config(path: Path, root: Path | str, sections: str = "", server: str = "") -> Path:
+    """A sidecar configuration file at ``path``: any free port (and the TOML lines ``server`` of
+    ``[server]``), no metrics listener, a local store under ``root`` without fsync, then the TOML
+    ``sections`` (other tables)."""
     path.write_text(
         f"""
 [server]
 listen = "127.0.0.1:0"
+{server}
 [metrics]
 listen = ""
 [storage.local]

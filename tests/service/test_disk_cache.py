@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import stat
 
+from tests.counting_store import CountingStore
 from tests.service.rsm_client import SegmentFilesOnDisk, metadata, seg_id
-from tests.service.test_resources import CountingStore
 
 KiB = 1024
 

@@ -21,7 +21,7 @@ from tests.service.rsm_client import (
     metadata,
     seg_id,
 )
-from tests.service.test_resources import CountingStore
+from tests.service.test_resources import CHUNK, MAX_RANGE, PREFETCH, counted_sidecar
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -175,20 +175,7 @@ def test_a_chunk_tampered_with_fails_the_read_after_the_bytes_before_it(start_si
 
 
 def test_a_client_that_goes_away_stops_the_storage_reads(start_sidecar, tmp_path):
-    store = CountingStore(tmp_path / "remote", fsync=False)
-    chunk, prefetch, max_range = 4 * MiB, 16 * MiB, 8 * MiB
-    sc = start_sidecar(
-        store=store,
-        encryption=True,
-        segment__chunk_size=chunk,
-        segment__compression=False,
-        cache__prefetch_bytes=prefetch,
-        fetch__max_range_bytes=max_range,
-    )
-    files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=64 * MiB)
-    md = metadata(seg_id(1), size=files.log_size)
-    sc.client.copy(files.path_request(md))
-    store.downloaded = 0
+    store, sc, md = counted_sidecar(start_sidecar, tmp_path)
     client = FetchChannelClient(sc.server.address, receive_buffer=256 * KiB)
     client.request(md)
     kind, payload = next(client.frames())
@@ -202,7 +189,7 @@ def test_a_client_that_goes_away_stops_the_storage_reads(start_sidecar, tmp_path
     read = store.downloaded
     # one run, the prefetch window, and what the two sockets' buffers held: the sidecar's fixed
     # send buffer (doubled by Linux) and the client's receive buffer, each rounded up to a chunk
-    bound = max_range + prefetch + chunk + 28 * (64 * MiB // chunk)
+    bound = MAX_RANGE + PREFETCH + CHUNK + 28 * (64 * MiB // CHUNK)
     assert read <= bound, f"read {read / MiB:.1f} MiB after the client left (bound {bound / MiB:.1f})"
     time.sleep(1)
     assert store.downloaded == read, "storage reads continued after the client left"
@@ -211,9 +198,7 @@ def test_a_client_that_goes_away_stops_the_storage_reads(start_sidecar, tmp_path
 
 def test_a_client_that_stops_reading_is_disconnected_after_the_idle_timeout(start_sidecar, tmp_path):
     sc = start_sidecar(segment__chunk_size=4 * MiB, segment__compression=False, fetch__idle_timeout_seconds=1)
-    files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=64 * MiB)
-    md = metadata(seg_id(1), size=files.log_size)
-    sc.client.copy(files.path_request(md))
+    md = sc.client.copy_a_segment(tmp_path / "seg", 64 * MiB)
     client = FetchChannelClient(sc.server.address, receive_buffer=64 * KiB)
     client.request(md)  # and never read: the sidecar's writes block once the buffers are full
     deadline = time.monotonic() + 20
@@ -226,9 +211,7 @@ def test_a_client_that_stops_reading_is_disconnected_after_the_idle_timeout(star
 
 def test_a_request_beyond_the_fetch_slots_is_refused_at_once(start_sidecar, tmp_path):
     sc = start_sidecar(segment__chunk_size=4 * MiB, segment__compression=False, fetch__max_concurrent=1)
-    files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=64 * MiB)
-    md = metadata(seg_id(1), size=files.log_size)
-    sc.client.copy(files.path_request(md))
+    md = sc.client.copy_a_segment(tmp_path / "seg", 64 * MiB)
     holder = FetchChannelClient(sc.server.address, receive_buffer=64 * KiB)
     holder.request(md)  # holds the one slot: it reads nothing
     next(holder.frames())

@@ -15,53 +15,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.tls import EXPIRED, Issued, SecretVolume, TestCA
-from rsm_sidecar.config import Config
 from rsm_sidecar.service import fetch_channel
 from rsm_sidecar.service.server import SidecarServer
-from rsm_sidecar.service.sidecar import Sidecar
-from rsm_sidecar.storage.local import LocalObjectStore
+from tests.service.mtls import secret
 from tests.service.rsm_client import Client, FetchChannelClient, SegmentFilesOnDisk, metadata, seg_id
 
 HOST = "sidecar.test"
 KiB = 1024
-
-
-def _secret(server: Issued, client_cas: bytes) -> dict[str, bytes]:
-    return {"tls.crt": server.cert_pem, "tls.key": server.key_pem, "ca.crt": client_cas}
-
-
-@pytest.fixture
-def mtls_sidecar(tmp_path):
-    started: list[SidecarServer] = []
-
-    def start(volume: SecretVolume) -> SidecarServer:
-        root = tmp_path / "remote"
-        cfg = Config(
-            {
-                "server": {
-                    "listen": "127.0.0.1:0",
-                    "shutdown_grace_seconds": 1,
-                    "tls": {
-                        "cert_file": str(volume.file("tls.crt")),
-                        "key_file": str(volume.file("tls.key")),
-                        "client_ca_file": str(volume.file("ca.crt")),
-                    },
-                },
-                "metrics": {"listen": ""},
-                "storage": {"local": {"root": str(root), "fsync": False}},
-                "segment": {"chunk_size": 64 * KiB},
-                "copy": {"allowed_dirs": [str(tmp_path)]},
-            },
-            environ={},
-        )
-        server = SidecarServer(cfg, Sidecar.from_config(cfg, store=LocalObjectStore(root, fsync=False)))
-        server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for s in started:
-        s.stop(grace=0)
 
 
 def _client_context(
@@ -94,7 +54,7 @@ def _refusals(server: SidecarServer, reason: str) -> float:
 
 def test_fetch_channel_and_grpc_share_the_port_and_reads_go_on_through_a_renewal(mtls_sidecar, tmp_path):
     ca = TestCA("rsm test CA")
-    volume = SecretVolume(tmp_path / "secret", _secret(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
+    volume = SecretVolume(tmp_path / "secret", secret(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
     server = mtls_sidecar(volume)
     broker = ca.issue("broker-1")
     grpc_client = Client.__new__(Client)
@@ -132,7 +92,7 @@ def test_fetch_channel_and_grpc_share_the_port_and_reads_go_on_through_a_renewal
     for t in readers:
         t.start()
     for _ in range(3):  # each renewal reached by connections made after it, under the readers' load
-        volume.update(_secret(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
+        volume.update(secret(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
         target = served[0] + 10
         while served[0] < target and not errors:
             threading.Event().wait(0.02)
@@ -180,7 +140,7 @@ def test_refused_handshakes_are_counted_and_logged_once_per_peer_with_the_reason
     mtls_sidecar, tmp_path, caplog
 ):
     ca, other_ca = TestCA("rsm test CA"), TestCA("someone else's CA")
-    volume = SecretVolume(tmp_path / "secret", _secret(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
+    volume = SecretVolume(tmp_path / "secret", secret(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
     server = mtls_sidecar(volume)
     expired = ca.issue("broker-1", valid=EXPIRED)
     cases = {

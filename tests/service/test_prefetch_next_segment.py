@@ -11,8 +11,8 @@ import threading
 import time
 
 from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
+from tests.counting_store import CountingStore
 from tests.service.rsm_client import SegmentFilesOnDisk, metadata, seg_id
-from tests.service.test_resources import CountingStore
 
 KiB = 1024
 CHUNK = 64 * KiB

@@ -9,43 +9,39 @@ import time
 
 import pytest
 
-from rsm_sidecar.storage.local import LocalObjectStore
+from tests.counting_store import CountingStore
 from tests.service.rsm_client import SegmentFilesOnDisk, metadata, seg_id
 from tests.service.sidecar_process import SidecarProcess, write_config
 
 MiB = 1024 * 1024
 
 
-class CountingStore(LocalObjectStore):
-    """Counts the bytes ranged reads return (what a remote store would bill and transfer)."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.downloaded = 0
-        self._lock = threading.Lock()
-
-    def get_range(self, key, start, end):
-        data = super().get_range(key, start, end)
-        with self._lock:
-            self.downloaded += len(data)
-        return data
+#: chunk size, prefetch window and largest run of :func:`counted_sidecar` and the memory tests
+CHUNK, PREFETCH, MAX_RANGE = 4 * MiB, 16 * MiB, 8 * MiB
 
 
-def test_cancelled_fetch_reads_at_most_the_run_in_flight_plus_the_prefetch_window(start_sidecar, tmp_path):
+def counted_sidecar(start_sidecar, tmp_path):
+    """A sidecar (``start_sidecar``) on a :class:`CountingStore`, encrypting, chunks of
+    :data:`CHUNK`, prefetching :data:`PREFETCH`, runs of at most :data:`MAX_RANGE`, with one
+    64 MiB segment copied: the store (its count starts after the copy), the sidecar and the
+    segment's metadata."""
     store = CountingStore(tmp_path / "remote", fsync=False)
-    chunk, prefetch, max_range = 4 * MiB, 16 * MiB, 8 * MiB
     sc = start_sidecar(
         store=store,
         encryption=True,
-        segment__chunk_size=chunk,
+        segment__chunk_size=CHUNK,
         segment__compression=False,
-        cache__prefetch_bytes=prefetch,
-        fetch__max_range_bytes=max_range,
+        cache__prefetch_bytes=PREFETCH,
+        fetch__max_range_bytes=MAX_RANGE,
     )
-    files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=64 * MiB)
-    md = metadata(seg_id(1), size=files.log_size)
-    sc.client.copy(files.path_request(md))
+    md = sc.client.copy_a_segment(tmp_path / "seg", 64 * MiB)
     store.downloaded = 0
+    return store, sc, md
+
+
+def test_cancelled_fetch_reads_at_most_the_run_in_flight_plus_the_prefetch_window(start_sidecar, tmp_path):
+    store, sc, md = counted_sidecar(start_sidecar, tmp_path)
+    chunk, prefetch, max_range = CHUNK, PREFETCH, MAX_RANGE
     stream = sc.client.fetch_stream(md)
     first = next(stream)
     assert len(first.data) == MiB
@@ -166,33 +162,52 @@ def documented_memory_bound(
     return base + caches + fetches + prefetching
 
 
-@pytest.mark.slow
-def test_concurrent_readers_stay_within_the_documented_memory_bound(tmp_path, rsa_keys):
-    """1, 3 and 6 concurrent remote readers (whole-segment streams, then random ranges) of
-    encrypted 256 MiB segments, against the real sidecar process with small caches; its
-    RSS, sampled every 20 ms, stays under the bound docs/operations.md gives for this
-    configuration, with the idle RSS of the freshly started process as the base."""
-    chunk, chunk_cache, prefetch, max_range = 4 * MiB, 64 * MiB, 16 * MiB, 8 * MiB
-    manifest_cache = index_cache = MiB
-    max_concurrent, segment_size, segments = 32, 256 * MiB, 4
+#: the caches of :func:`copied_segments`' sidecar: small, so the measured growth is the fetches'
+MANIFEST_CACHE = INDEX_CACHE = MiB
+CHUNK_CACHE = 64 * MiB
+
+
+def small_caches_memory_bound(base: int, readers: int, max_concurrent: int) -> int:
+    """:func:`documented_memory_bound` for :func:`copied_segments`' sidecar."""
+    return documented_memory_bound(
+        base,
+        readers,
+        manifest_cache=MANIFEST_CACHE,
+        index_cache=INDEX_CACHE,
+        chunk_cache=CHUNK_CACHE,
+        prefetch=PREFETCH,
+        max_range=MAX_RANGE,
+        chunk=CHUNK,
+        max_concurrent=max_concurrent,
+    )
+
+
+def copied_segments(
+    tmp_path, rsa_keys, max_concurrent: int, segment_size: int, segments: int, fetch_lines: str = ""
+):
+    """The config of an encrypting sidecar with small caches (:data:`CHUNK_CACHE`...), and
+    ``segments`` segments of ``segment_size`` copied into its storage by another sidecar process,
+    so that the process measured has only fetched: the config, the segment's files and the
+    segments' metadata."""
     public, private = rsa_keys["A"]
     cfg = write_config(
         tmp_path / "sidecar.toml",
         tmp_path / "remote",
         f"""
 [segment]
-chunk_size = {chunk}
+chunk_size = {CHUNK}
 compression_heuristic = false
 [copy]
 allowed_dirs = ["{tmp_path}"]
 [cache]
-manifest_bytes = {manifest_cache}
-index_bytes = {index_cache}
-chunk_bytes = {chunk_cache}
-prefetch_bytes = {prefetch}
+manifest_bytes = {MANIFEST_CACHE}
+index_bytes = {INDEX_CACHE}
+chunk_bytes = {CHUNK_CACHE}
+prefetch_bytes = {PREFETCH}
 [fetch]
-max_range_bytes = {max_range}
+max_range_bytes = {MAX_RANGE}
 max_concurrent = {max_concurrent}
+{fetch_lines}
 [encryption]
 enabled = true
 active_key_id = "A"
@@ -200,6 +215,8 @@ active_key_id = "A"
 public_key_file = "{public}"
 private_key_file = "{private}"
 """,
+        # threads for every fetch stream beside the copies and the 8 kept for health checks
+        server=f"max_workers = {max(64, 16 + max_concurrent + 8)}",
     )
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=segment_size, txn=False)
     mds = [metadata(seg_id(i + 1), size=segment_size) for i in range(segments)]
@@ -209,6 +226,17 @@ private_key_file = "{private}"
             writer.client.copy(files.path_request(md), timeout=300)
     finally:
         writer.stop()
+    return cfg, files, mds
+
+
+@pytest.mark.slow
+def test_concurrent_readers_stay_within_the_documented_memory_bound(tmp_path, rsa_keys):
+    """1, 3 and 6 concurrent remote readers (whole-segment streams, then random ranges) of
+    encrypted 256 MiB segments, against the real sidecar process with small caches; its
+    RSS, sampled every 20 ms, stays under the bound docs/operations.md gives for this
+    configuration, with the idle RSS of the freshly started process as the base."""
+    max_concurrent, segment_size, segments = 32, 256 * MiB, 4
+    cfg, files, mds = copied_segments(tmp_path, rsa_keys, max_concurrent, segment_size, segments)
     with open(files.log_path, "rb") as f:
         head = f.read(MiB)
 
@@ -238,17 +266,7 @@ private_key_file = "{private}"
 
         results = []
         for readers in (1, 3, 6):
-            bound = documented_memory_bound(
-                base,
-                readers,
-                manifest_cache=manifest_cache,
-                index_cache=index_cache,
-                chunk_cache=chunk_cache,
-                prefetch=prefetch,
-                max_range=max_range,
-                chunk=chunk,
-                max_concurrent=max_concurrent,
-            )
+            bound = small_caches_memory_bound(base, readers, max_concurrent)
             for kind, read in (("whole segments", whole_segment), ("random ranges", random_ranges)):
                 errors = []
 
@@ -294,46 +312,16 @@ def test_fetch_channel_streams_stay_within_the_documented_memory_bound(tmp_path,
     stream waits for all the others to open."""
     from tests.service.rsm_client import FetchChannelClient
 
-    chunk, chunk_cache, prefetch, max_range = 2 * MiB, 64 * MiB, 16 * MiB, 8 * MiB
-    manifest_cache = index_cache = MiB
-    max_concurrent, segment_size, segments, span = 52, 64 * MiB, 4, 3 * MiB
-    public, private = rsa_keys["A"]
-    cfg = write_config(
-        tmp_path / "sidecar.toml",
-        tmp_path / "remote",
-        f"""
-[segment]
-chunk_size = {chunk}
-compression_heuristic = false
-[copy]
-allowed_dirs = ["{tmp_path}"]
-max_concurrent = 4  # 4 + 52 fetches + 8 fit the default 64 server threads
-[cache]
-manifest_bytes = {manifest_cache}
-index_bytes = {index_cache}
-chunk_bytes = {chunk_cache}
-prefetch_bytes = {prefetch}
-[fetch]
-max_range_bytes = {max_range}
-max_concurrent = {max_concurrent}
-# the first streams stay stalled while the last ones open (over a minute on a loaded machine)
-idle_timeout_seconds = 600
-[encryption]
-enabled = true
-active_key_id = "A"
-[encryption.keys.A]
-public_key_file = "{public}"
-private_key_file = "{private}"
-""",
+    max_concurrent, segment_size, segments, span = 52, 96 * MiB, 4, 5 * MiB
+    cfg, files, mds = copied_segments(
+        tmp_path,
+        rsa_keys,
+        max_concurrent,
+        segment_size,
+        segments,
+        # the first streams stay stalled while the last ones open (over a minute on a loaded machine)
+        fetch_lines="idle_timeout_seconds = 600",
     )
-    files = SegmentFilesOnDisk(str(tmp_path / "seg"), log_size=segment_size, txn=False)
-    mds = [metadata(seg_id(i + 1), size=segment_size) for i in range(segments)]
-    writer = SidecarProcess(cfg)  # copies run in another process: the bound measured is the fetch path's
-    try:
-        for md in mds:
-            writer.client.copy(files.path_request(md), timeout=300)
-    finally:
-        writer.stop()
     with open(files.log_path, "rb") as f:
         original = f.read()
 
@@ -343,23 +331,13 @@ private_key_file = "{private}"
         base = sidecar.rss()
         results = []
         for readers in (12, 48):
-            bound = documented_memory_bound(
-                base,
-                readers,
-                manifest_cache=manifest_cache,
-                index_cache=index_cache,
-                chunk_cache=chunk_cache,
-                prefetch=prefetch,
-                max_range=max_range,
-                chunk=chunk,
-                max_concurrent=max_concurrent,
-            )
+            bound = small_caches_memory_bound(base, readers, max_concurrent)
             all_open = threading.Barrier(readers + 1, timeout=120)
             errors: list[BaseException] = []
 
             def read(i: int, all_open=all_open, errors=errors, readers=readers) -> None:
                 # chunks 2k and 2k+1 of segment i % 4 (k = i // 4), from an odd offset
-                start = (i // segments) * 2 * chunk + 1000 + 13 * i
+                start = (i // segments) * 2 * CHUNK + 1000 + 13 * i
                 md = mds[i % segments]
                 client = FetchChannelClient(sidecar.address, timeout=120, receive_buffer=64 * 1024)
                 try:

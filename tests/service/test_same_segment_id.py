@@ -17,7 +17,7 @@ from rsm_sidecar._proto.rsm.v1 import rsm_pb2 as pb
 from rsm_sidecar.storage.local import LocalObjectStore
 from tests.service.faults import FaultInjector
 from tests.service.rsm_client import SegmentFilesOnDisk, metadata, seg_id
-from tests.service.test_service import OutageStore
+from tests.service.test_service import copy_in_an_outage
 
 KiB = 1024
 
@@ -32,16 +32,8 @@ def _code(e) -> grpc.StatusCode:
 
 
 def test_sweep_after_a_failed_attempt_keeps_the_segment_a_retry_acknowledged(start_sidecar, tmp_path):
-    store = OutageStore(tmp_path / "remote", fsync=False)
-    sc = start_sidecar(
-        store=store, copy__journal_dir=str(tmp_path / "journal"), copy__journal_sweep_seconds=3600
-    )
-    files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(100 * KiB))
-    md = metadata(seg_id(40), size=100 * KiB)
-    store.down = True  # attempt 1: the manifest write fails, and so does its cleanup
-    with pytest.raises(grpc.RpcError) as e:
-        sc.client.copy(files.stream_requests(md))
-    assert _code(e) == grpc.StatusCode.UNAVAILABLE
+    # attempt 1: the manifest write fails, and so does its cleanup
+    store, sc, files, md = copy_in_an_outage(start_sidecar, tmp_path, 40)
     journal = sc.sidecar.copier.journal
     assert len(journal.pending()) == 1
     store.down = False

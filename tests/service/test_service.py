@@ -468,17 +468,25 @@ class OutageStore(LocalObjectStore):
         super().delete(key)
 
 
-def test_journal_sweep_removes_what_a_failed_cleanup_left(start_sidecar, tmp_path):
+def copy_in_an_outage(start_sidecar, tmp_path, segment: int):
+    """A sidecar with a copy journal (swept only when a test says) on an :class:`OutageStore`,
+    and a copy of a 100 KiB segment that failed UNAVAILABLE in an outage still going on: the
+    store, the sidecar, the segment's files and its metadata."""
     store = OutageStore(tmp_path / "remote", fsync=False)
     sc = start_sidecar(
         store=store, copy__journal_dir=str(tmp_path / "journal"), copy__journal_sweep_seconds=3600
     )
     files = SegmentFilesOnDisk(str(tmp_path / "seg"), os.urandom(100 * KiB))
-    md = metadata(seg_id(30), size=100 * KiB)
+    md = metadata(seg_id(segment), size=100 * KiB)
     store.down = True
     with pytest.raises(grpc.RpcError) as e:
         sc.client.copy(files.stream_requests(md))
     assert _code(e) == grpc.StatusCode.UNAVAILABLE
+    return store, sc, files, md
+
+
+def test_journal_sweep_removes_what_a_failed_cleanup_left(start_sidecar, tmp_path):
+    store, sc, files, md = copy_in_an_outage(start_sidecar, tmp_path, 30)
     left = sc.objects()
     assert left and not any(k.endswith(".rsm-manifest") for k in left)  # never readable
     journal = sc.sidecar.copier.journal

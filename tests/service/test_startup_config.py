@@ -18,6 +18,9 @@ from tests.helpers import REPO
 EMPTY_CONFIG = REPO / "tests" / "service" / "empty.toml"
 
 
+SERVE = [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)]
+
+
 def _serve(tmp_path, env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess:
     (tmp_path / "remote").mkdir(exist_ok=True)
     base = {
@@ -26,13 +29,20 @@ def _serve(tmp_path, env: dict[str, str], timeout: float = 30) -> subprocess.Com
         "RSM__SERVER__LISTEN": "127.0.0.1:0",
     }
     return subprocess.run(
-        [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
-        env={**os.environ, **base, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
+        SERVE, env={**os.environ, **base, **env}, capture_output=True, text=True, timeout=timeout, cwd=REPO
     )
+
+
+def _start(root, server_listen: str, metrics_listen: str, **env: str) -> subprocess.Popen[str]:
+    """``rsm-sidecar serve`` on local storage at ``root``, its error output piped."""
+    env = {
+        **os.environ,
+        "RSM__STORAGE__LOCAL__ROOT": str(root),
+        "RSM__SERVER__LISTEN": server_listen,
+        "RSM__METRICS__LISTEN": metrics_listen,
+        **env,
+    }
+    return subprocess.Popen(SERVE, env=env, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
 @pytest.mark.parametrize(
@@ -75,19 +85,7 @@ def test_bad_settings_stop_the_sidecar_with_a_message_naming_the_key(tmp_path, e
 
 
 def test_plaintext_beyond_loopback_needs_an_explicit_opt_in(tmp_path):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
-        env={
-            **os.environ,
-            "RSM__STORAGE__LOCAL__ROOT": str(tmp_path),
-            "RSM__SERVER__LISTEN": "0.0.0.0:0",
-            "RSM__SERVER__ALLOW_PLAINTEXT_NON_LOOPBACK": "true",
-            "RSM__METRICS__LISTEN": ":0",
-        },
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+    proc = _start(tmp_path, "0.0.0.0:0", ":0", RSM__SERVER__ALLOW_PLAINTEXT_NON_LOOPBACK="true")
     try:
         lines = []
         deadline = time.monotonic() + 30
@@ -121,18 +119,7 @@ def test_sigterm_stops_the_sidecar_promptly_after_a_metrics_scrape(tmp_path):
     must still drain and exit. Before the fix, 7 of 8 runs that had served a connection on
     the metrics port ignored SIGTERM until SIGKILL."""
     for run in range(5):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rsm_sidecar.cli.main", "serve", "--config", str(EMPTY_CONFIG)],
-            env={
-                **os.environ,
-                "RSM__STORAGE__LOCAL__ROOT": str(tmp_path),
-                "RSM__SERVER__LISTEN": "127.0.0.1:0",
-                "RSM__METRICS__LISTEN": "127.0.0.1:0",
-            },
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
+        proc = _start(tmp_path, "127.0.0.1:0", "127.0.0.1:0")
         try:
             while True:
                 line = proc.stderr.readline()

@@ -8,54 +8,13 @@ import logging
 import threading
 
 import grpc
-import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.tls import Issued, SecretVolume, TestCA
-from rsm_sidecar.config import Config
 from rsm_sidecar.service.server import SidecarServer
-from rsm_sidecar.service.sidecar import Sidecar
-from rsm_sidecar.storage.local import LocalObjectStore
+from tests.service.mtls import secret
 
 HOST = "sidecar.test"
-
-
-def files(server: Issued, client_cas: bytes) -> dict[str, bytes]:
-    """The sidecar's Secret: its certificate and key, and the CA bundle clients are checked against."""
-    return {"tls.crt": server.cert_pem, "tls.key": server.key_pem, "ca.crt": client_cas}
-
-
-@pytest.fixture
-def sidecar(tmp_path):
-    started = []
-
-    def start(volume: SecretVolume) -> SidecarServer:
-        root = tmp_path / "remote"
-        cfg = Config(
-            {
-                "server": {
-                    "listen": "127.0.0.1:0",
-                    "shutdown_grace_seconds": 1,
-                    "tls": {
-                        "cert_file": str(volume.file("tls.crt")),
-                        "key_file": str(volume.file("tls.key")),
-                        "client_ca_file": str(volume.file("ca.crt")),
-                    },
-                },
-                "metrics": {"listen": ""},
-                "storage": {"local": {"root": str(root), "fsync": False}},
-                "copy": {"allowed_dirs": [str(tmp_path)]},
-            },
-            environ={},
-        )
-        server = SidecarServer(cfg, Sidecar.from_config(cfg, store=LocalObjectStore(root, fsync=False)))
-        server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for s in started:
-        s.stop(grace=0)
 
 
 def channel(server: SidecarServer, trust: bytes, client: Issued) -> grpc.Channel:
@@ -72,11 +31,11 @@ def healthy(ch: grpc.Channel) -> bool:
 
 
 def test_renewed_certificates_and_a_new_ca_reach_new_connections_without_disturbing_open_ones(
-    tmp_path, sidecar, caplog
+    tmp_path, mtls_sidecar, caplog
 ):
     old_ca, new_ca = TestCA("rsm test CA old"), TestCA("rsm test CA new")
-    volume = SecretVolume(tmp_path / "secret", files(old_ca.issue(HOST, dns=[HOST]), old_ca.cert_pem))
-    server = sidecar(volume)
+    volume = SecretVolume(tmp_path / "secret", secret(old_ca.issue(HOST, dns=[HOST]), old_ca.cert_pem))
+    server = mtls_sidecar(volume)
     old_client = old_ca.issue("broker-1")
 
     # a connection and a call in flight from before the renewal: a health Watch stream stays open
@@ -95,17 +54,17 @@ def test_renewed_certificates_and_a_new_ca_reach_new_connections_without_disturb
     reader.start()
 
     # 1. the overlap: the client CA bundle trusts both CAs; clients with new certificates get in
-    volume.update(files(old_ca.issue(HOST, dns=[HOST]), old_ca.cert_pem + new_ca.cert_pem))
+    volume.update(secret(old_ca.issue(HOST, dns=[HOST]), old_ca.cert_pem + new_ca.cert_pem))
     new_client = new_ca.issue("broker-1")
     assert healthy(channel(server, old_ca.cert_pem, new_client))
     # 2. the sidecar's own certificate from the new CA: a client trusting both (as the shim's
     #    bundle does during the overlap) and one trusting only the new CA both get in
-    volume.update(files(new_ca.issue(HOST, dns=[HOST]), old_ca.cert_pem + new_ca.cert_pem))
+    volume.update(secret(new_ca.issue(HOST, dns=[HOST]), old_ca.cert_pem + new_ca.cert_pem))
     assert healthy(channel(server, old_ca.cert_pem + new_ca.cert_pem, new_client))
     assert healthy(channel(server, new_ca.cert_pem, new_client))
     assert not healthy(channel(server, old_ca.cert_pem, new_client)), "the old certificate is still served"
     # 3. the old CA dropped: a client certificate of the old CA is refused on a new connection
-    volume.update(files(new_ca.issue(HOST, dns=[HOST]), new_ca.cert_pem))
+    volume.update(secret(new_ca.issue(HOST, dns=[HOST]), new_ca.cert_pem))
     assert healthy(channel(server, new_ca.cert_pem, new_client))
     assert not healthy(channel(server, new_ca.cert_pem, old_client))
 
@@ -118,10 +77,10 @@ def test_renewed_certificates_and_a_new_ca_reach_new_connections_without_disturb
     assert server.tls is not None and server.tls.reloads == 3
 
 
-def test_a_key_that_is_not_the_certificates_is_not_used(tmp_path, sidecar, caplog):
+def test_a_key_that_is_not_the_certificates_is_not_used(tmp_path, mtls_sidecar, caplog):
     ca = TestCA("rsm test CA")
-    volume = SecretVolume(tmp_path / "secret", files(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
-    server = sidecar(volume)
+    volume = SecretVolume(tmp_path / "secret", secret(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
+    server = mtls_sidecar(volume)
     client = ca.issue("broker-1")
     # a renewal caught half-written: the new certificate beside the old key
     renewed = ca.issue(HOST, dns=[HOST])
@@ -134,6 +93,6 @@ def test_a_key_that_is_not_the_certificates_is_not_used(tmp_path, sidecar, caplo
     assert len(warnings) == 1, warnings
     assert "is not the key of the certificate" in warnings[0]
     # the rest of the renewal arrives: used from the next connection on
-    volume.update(files(renewed, ca.cert_pem))
+    volume.update(secret(renewed, ca.cert_pem))
     assert healthy(channel(server, ca.cert_pem, client))
     assert server.tls is not None and server.tls.reloads == 1

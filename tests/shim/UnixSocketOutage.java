@@ -1,9 +1,9 @@
 // A sidecar outage seen from the broker side over a Unix socket: the shaded shim jar, loaded in
-// Kafka's ChildFirstClassLoader (as BrokerLoadSmoke.java does), calls a socket path where nothing
+// Kafka's ChildFirstClassLoader (BrokerPlugin.java, as BrokerLoadSmoke.java does), calls a socket path where nothing
 // listens for a few seconds, so its gRPC channel goes through several reconnect attempts; then it
 // waits for the test to start a real sidecar on that path and copies and fetches a segment. Run by
 // tests/shim/test_shim_jar.py:
-//   java -cp <kafka-clients>:<kafka-storage-api>:<slf4j-api> UnixSocketOutage.java <shim jar> <socket> <dir> <outage seconds>
+//   java -cp <kafka-clients>:<kafka-storage-api>:<slf4j-api>:<BrokerPlugin classes> UnixSocketOutage.java <shim jar> <socket> <dir> <outage seconds>
 // Netty (inside the jar) is made to log through java.util.logging, and every record any logger
 // publishes is printed as one "LOG <level> <logger> <message>" line, so the test sees exactly what
 // a broker's log would get. Other lines:
@@ -15,12 +15,9 @@ import java.io.BufferedReader;
 import java.io.InputStream;
 import java.io.InputStreamReader;
 import java.net.URLClassLoader;
-import java.nio.ByteBuffer;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.Map;
-import java.util.Optional;
 import java.util.Random;
 import java.util.logging.Handler;
 import java.util.logging.Level;
@@ -28,28 +25,12 @@ import java.util.logging.LogManager;
 import java.util.logging.LogRecord;
 import java.util.logging.Logger;
 import java.util.logging.SimpleFormatter;
-import org.apache.kafka.common.TopicIdPartition;
-import org.apache.kafka.common.TopicPartition;
-import org.apache.kafka.common.Uuid;
-import org.apache.kafka.server.log.remote.storage.LogSegmentData;
-import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundException;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
 
 public class UnixSocketOutage {
-    /** Kafka's ChildFirstClassLoader: in common.utils up to 4.3, in common.utils.internals from 4.4. */
-    static URLClassLoader childFirstClassLoader(String classPath, ClassLoader parent) throws Exception {
-        Class<?> c;
-        try {
-            c = Class.forName("org.apache.kafka.common.utils.internals.ChildFirstClassLoader");
-        } catch (ClassNotFoundException e) {
-            c = Class.forName("org.apache.kafka.common.utils.ChildFirstClassLoader");
-        }
-        return (URLClassLoader) c.getConstructor(String.class, ClassLoader.class).newInstance(classPath, parent);
-    }
-
     private static final String NETTY_LOGGING =
             "io.github.rsmsidecar.shaded.io.grpc.netty.shaded.io.netty.util.internal.logging.";
 
@@ -83,24 +64,20 @@ public class UnixSocketOutage {
             }
         });
 
-        ClassLoader parent = RemoteStorageManager.class.getClassLoader();
-        try (URLClassLoader plugin = childFirstClassLoader(jar.toString(), parent)) {
+        try (URLClassLoader plugin = BrokerPlugin.childFirstClassLoader(jar)) {
             // Netty picks SLF4J when a binding is present (a broker has one); here it must log
             // through java.util.logging, whatever the class path holds, so nothing escapes the handler.
             Class<?> factory = Class.forName(NETTY_LOGGING + "InternalLoggerFactory", true, plugin);
             Object jdk = Class.forName(NETTY_LOGGING + "JdkLoggerFactory", true, plugin).getField("INSTANCE").get(null);
             factory.getMethod("setDefaultFactory", factory).invoke(null, jdk);
 
-            Class<?> c = Class.forName("io.github.rsmsidecar.shim.SidecarRemoteStorageManager", true, plugin);
-            RemoteStorageManager rsm = (RemoteStorageManager) c.getConstructor().newInstance();
+            RemoteStorageManager rsm = BrokerPlugin.newShim(plugin);
             Thread.currentThread().setContextClassLoader(plugin);
             rsm.configure(Map.of("sidecar.target", "unix://" + socket, "broker.id", 1, "retry.max.attempts", "1",
                     "retry.fetch.max.ms", "0",
                     "fetch.index.deadline.ms", "2000", "copy.deadline.ms", "30000", "fetch.deadline.ms", "30000"));
 
-            TopicIdPartition tip = new TopicIdPartition(Uuid.randomUuid(), new TopicPartition("outage", 0));
-            RemoteLogSegmentMetadata md = new RemoteLogSegmentMetadata(new RemoteLogSegmentId(tip, Uuid.randomUuid()),
-                    0L, 9L, 1L, 1, 2L, 3000, Map.of(0, 0L));
+            RemoteLogSegmentMetadata md = BrokerPlugin.segment("outage", 3000);
 
             // The outage: what the broker's remote log manager does, one call after another.
             int calls = 0;
@@ -171,13 +148,7 @@ public class UnixSocketOutage {
 
             byte[] bytes = new byte[3000];
             new Random(42).nextBytes(bytes);
-            Path log = Files.write(dir.resolve("0.log"), bytes);
-            Path idx = Files.write(dir.resolve("0.index"), new byte[16]);
-            Path time = Files.write(dir.resolve("0.timeindex"), new byte[12]);
-            Path snap = Files.write(dir.resolve("10.snapshot"), new byte[8]);
-            LogSegmentData data = new LogSegmentData(log, idx, time, Optional.empty(), snap,
-                    ByteBuffer.wrap("0\n1\n0 0\n".getBytes()));
-            rsm.copyLogSegmentData(md, data);
+            rsm.copyLogSegmentData(md, BrokerPlugin.segmentFiles(dir, bytes));
             System.out.println("OK copy");
             try (InputStream in = rsm.fetchLogSegment(md, 0)) {
                 System.out.println("OK fetch equal=" + Arrays.equals(bytes, in.readAllBytes()));

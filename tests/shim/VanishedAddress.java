@@ -2,8 +2,8 @@
 // node lost): packets to the old connection go nowhere, not even a reset comes back. Run by
 // tests/shim/vanished_address.py inside a network namespace of its own, where the test drops
 // the connection's packets with iptables when this program says so:
-//   java -cp <kafka-clients>:<kafka-storage-api>:<slf4j-api> VanishedAddress.java <shim jar> <host:port> <dir>
-// The shim is loaded in Kafka's ChildFirstClassLoader (as a broker loads it) and reaches a real
+//   java -cp <kafka-clients>:<kafka-storage-api>:<slf4j-api>:<BrokerPlugin classes> VanishedAddress.java <shim jar> <host:port> <dir>
+// The shim is loaded in Kafka's ChildFirstClassLoader (BrokerPlugin.java: as a broker loads it) and reaches a real
 // `rsm-sidecar serve` over TCP. Protocol on stdout, one line each; after a line ending in "?" the
 // program waits for one line on stdin (the test has changed the firewall by then):
 //   "READY?"                  the test answers once the sidecar serves
@@ -23,19 +23,11 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.InputStreamReader;
 import java.net.URLClassLoader;
-import java.nio.ByteBuffer;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.HashMap;
 import java.util.Map;
-import java.util.Optional;
 import java.util.Random;
-import org.apache.kafka.common.TopicIdPartition;
-import org.apache.kafka.common.TopicPartition;
-import org.apache.kafka.common.Uuid;
-import org.apache.kafka.server.log.remote.storage.LogSegmentData;
-import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
@@ -43,17 +35,6 @@ import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
 public class VanishedAddress {
     static final int SEGMENT_BYTES = 4 * 1024 * 1024;
     static final BufferedReader STDIN = new BufferedReader(new InputStreamReader(System.in));
-
-    /** Kafka's ChildFirstClassLoader: in common.utils up to 4.3, in common.utils.internals from 4.4. */
-    static URLClassLoader childFirstClassLoader(String classPath, ClassLoader parent) throws Exception {
-        Class<?> c;
-        try {
-            c = Class.forName("org.apache.kafka.common.utils.internals.ChildFirstClassLoader");
-        } catch (ClassNotFoundException e) {
-            c = Class.forName("org.apache.kafka.common.utils.ChildFirstClassLoader");
-        }
-        return (URLClassLoader) c.getConstructor(String.class, ClassLoader.class).newInstance(classPath, parent);
-    }
 
     static void ask(String question) throws IOException {
         System.out.println(question);
@@ -72,9 +53,19 @@ public class VanishedAddress {
         return (System.nanoTime() - t0) / 1_000_000;
     }
 
+    /** Fetches the whole segment and says "{@code word} ms=<n> equal=<true|false>[ error=<message>]". */
+    static void fetchWhole(String word, RemoteStorageManager rsm, RemoteLogSegmentMetadata md, byte[] bytes) {
+        long t0 = System.nanoTime();
+        try (InputStream in = rsm.fetchLogSegment(md, 0)) {
+            boolean equal = Arrays.equals(bytes, in.readAllBytes());
+            say(word + " ms=" + millisSince(t0) + " equal=" + equal);
+        } catch (RemoteStorageException | IOException e) {
+            say(word + " ms=" + millisSince(t0) + " equal=false error=" + e.getMessage());
+        }
+    }
+
     static RemoteStorageManager shim(ClassLoader plugin, String target, Map<String, String> extra) throws Exception {
-        Class<?> c = Class.forName("io.github.rsmsidecar.shim.SidecarRemoteStorageManager", true, plugin);
-        RemoteStorageManager rsm = (RemoteStorageManager) c.getConstructor().newInstance();
+        RemoteStorageManager rsm = BrokerPlugin.newShim(plugin);
         Map<String, Object> config = new HashMap<>(Map.of(
                 "sidecar.target", target, "broker.id", 1, "transfer.mode", "stream",
                 "keepalive.time.ms", "1000", "keepalive.timeout.ms", "2000", "connect.timeout.ms", "2000",
@@ -92,23 +83,15 @@ public class VanishedAddress {
         String target = args[1];
         Path dir = Path.of(args[2]);
 
-        ClassLoader parent = RemoteStorageManager.class.getClassLoader();
-        try (URLClassLoader plugin = childFirstClassLoader(jar.toString(), parent)) {
+        try (URLClassLoader plugin = BrokerPlugin.childFirstClassLoader(jar)) {
             Thread.currentThread().setContextClassLoader(plugin);
             ask("READY?"); // the sidecar starts while this JVM does
             RemoteStorageManager rsm = shim(plugin, target, Map.of());
 
             byte[] bytes = new byte[SEGMENT_BYTES];
             new Random(30).nextBytes(bytes);
-            TopicIdPartition tip = new TopicIdPartition(Uuid.randomUuid(), new TopicPartition("vanished", 0));
-            RemoteLogSegmentMetadata md = new RemoteLogSegmentMetadata(new RemoteLogSegmentId(tip, Uuid.randomUuid()),
-                    0L, 9L, 1L, 1, 2L, bytes.length, Map.of(0, 0L));
-            Path log = Files.write(dir.resolve("0.log"), bytes);
-            Path idx = Files.write(dir.resolve("0.index"), new byte[16]);
-            Path time = Files.write(dir.resolve("0.timeindex"), new byte[12]);
-            Path snap = Files.write(dir.resolve("10.snapshot"), new byte[8]);
-            rsm.copyLogSegmentData(md, new LogSegmentData(log, idx, time, Optional.empty(), snap,
-                    ByteBuffer.wrap("0\n1\n0 0\n".getBytes())));
+            RemoteLogSegmentMetadata md = BrokerPlugin.segment("vanished", bytes.length);
+            rsm.copyLogSegmentData(md, BrokerPlugin.segmentFiles(dir, bytes));
             say("COPIED bytes=" + bytes.length);
 
             // 1. A fetch stream read when its connection dies.
@@ -125,23 +108,11 @@ public class VanishedAddress {
                     say("INFLIGHT ms=" + millisSince(t0) + " error=" + e.getMessage());
                 }
             }
-            long t1 = System.nanoTime();
-            try (InputStream in = rsm.fetchLogSegment(md, 0)) {
-                boolean equal = Arrays.equals(bytes, in.readAllBytes());
-                say("FRESH ms=" + millisSince(t1) + " equal=" + equal);
-            } catch (RemoteStorageException | IOException e) {
-                say("FRESH ms=" + millisSince(t1) + " equal=false error=" + e.getMessage());
-            }
+            fetchWhole("FRESH", rsm, md, bytes);
 
             // 2. A call made on a connection that died while no call was open.
             ask("BLACKHOLE IDLE?");
-            long t2 = System.nanoTime();
-            try (InputStream in = rsm.fetchLogSegment(md, 0)) {
-                boolean equal = Arrays.equals(bytes, in.readAllBytes());
-                say("DEADCONN ms=" + millisSince(t2) + " equal=" + equal);
-            } catch (RemoteStorageException | IOException e) {
-                say("DEADCONN ms=" + millisSince(t2) + " equal=false error=" + e.getMessage());
-            }
+            fetchWhole("DEADCONN", rsm, md, bytes);
             rsm.close();
 
             // 3. A new connection to an address nobody answers.

@@ -261,6 +261,25 @@ def broker_api_jars() -> list[Path]:
     return jars
 
 
+def broker_class_path(work: Path) -> list[Path]:
+    """:func:`broker_api_jars` and the classes of BrokerPlugin.java, which the programs run
+    below share (Java 17's source launcher runs one file: what they share is compiled first)."""
+    jars = broker_api_jars()
+    javac = shutil.which("javac")
+    if javac is None:
+        pytest.fail("javac is not on PATH (a JDK 17 is needed to build and run the shim)", pytrace=False)
+    classes = work / "broker-plugin-classes"
+    source = Path(__file__).with_name("BrokerPlugin.java")
+    run = subprocess.run(
+        [javac, "-d", str(classes), "-cp", ":".join(map(str, jars)), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return [*jars, classes]
+
+
 @pytest.fixture()
 def proto_sidecar():
     """A small in-memory sidecar over a Unix socket, from the project's generated rsm.v1 stubs."""
@@ -303,7 +322,7 @@ def proto_sidecar():
 
 
 def test_broker_style_loading_drives_every_call(jar: zipfile.ZipFile, proto_sidecar, tmp_path: Path) -> None:
-    provided = broker_api_jars()
+    provided = broker_class_path(tmp_path)
     sock, calls = proto_sidecar
     smoke = Path(__file__).with_name("BrokerLoadSmoke.java")
     run = subprocess.run(
@@ -353,7 +372,7 @@ def test_unix_socket_outage_fails_unavailable_without_netty_warnings_then_recove
     answer, copies and fetches a segment through it."""
     from devstack.sidecar import SidecarProcess
 
-    provided = broker_api_jars()
+    provided = broker_class_path(tmp_path)
     program = Path(__file__).with_name("UnixSocketOutage.java")
     with tempfile.TemporaryDirectory(prefix="rsm-shim-") as short:  # a socket path has at most 107 bytes
         sock = Path(short) / "rsm.sock"
@@ -455,7 +474,7 @@ def test_a_vanished_sidecar_address_fails_over_in_seconds(jar: zipfile.ZipFile, 
             "tests.shim.vanished_address",
             str(JAR),
             str(work),
-            *map(str, broker_api_jars()),
+            *map(str, broker_class_path(tmp_path)),
         ],
         cwd=ROOT,
         capture_output=True,

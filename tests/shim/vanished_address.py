@@ -6,7 +6,9 @@ calling it over TCP. When the program asks, the packets of its open connection a
 answer, as when the sidecar's pod is replaced or its node lost; later new connections are
 dropped too. Prints the program's result lines, then one JSON object of them.
 
-    python -m tests.shim.vanished_address <shim jar> <work dir> <broker api jar>...
+    python -m tests.shim.vanished_address <shim jar> <work dir> <class path entry>...
+
+(the class path: the broker's API jars and the compiled BrokerPlugin.java)
 """
 
 from __future__ import annotations

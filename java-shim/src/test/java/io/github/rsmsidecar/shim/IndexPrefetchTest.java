@@ -108,10 +108,12 @@ class IndexPrefetchTest {
         return out;
     }
 
+    /** Each test's sidecar (a new one per test) and the segment it asks for. */
+    final IndexSidecar sidecar = new IndexSidecar();
+    final RemoteLogSegmentMetadata md = Fixtures.metadata();
+
     @Test
     void theTimeAndTransactionIndexesAreAskedForBesideTheOffsetIndexAndAnsweredOnce() throws Exception {
-        IndexSidecar sidecar = new IndexSidecar();
-        RemoteLogSegmentMetadata md = Fixtures.metadata();
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, CONFIG)) {
             byte[][] got = loadIndexes(h.rsm, md);
             assertArrayEquals(IndexSidecar.bytesOf(io.github.rsmsidecar.proto.v1.IndexType.OFFSET), got[0]);
@@ -128,9 +130,7 @@ class IndexPrefetchTest {
 
     @Test
     void aPrefetchThatFailedIsAskedForAgainByTheBrokersOwnCall() throws Exception {
-        IndexSidecar sidecar = new IndexSidecar();
         sidecar.failTimestamp.set(1);
-        RemoteLogSegmentMetadata md = Fixtures.metadata();
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, CONFIG)) {
             byte[][] got = loadIndexes(h.rsm, md);
             assertArrayEquals(IndexSidecar.bytesOf(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP), got[1],
@@ -141,8 +141,6 @@ class IndexPrefetchTest {
 
     @Test
     void aTimeIndexAskedForAloneIsOneCall() throws Exception {
-        IndexSidecar sidecar = new IndexSidecar();
-        RemoteLogSegmentMetadata md = Fixtures.metadata();
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, CONFIG)) {
             try (InputStream in = h.rsm.fetchIndex(md, IndexType.TIMESTAMP)) {
                 assertArrayEquals(IndexSidecar.bytesOf(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP),
@@ -154,8 +152,6 @@ class IndexPrefetchTest {
 
     @Test
     void prefetchedIndexesOfADeletedSegmentAreDropped() throws Exception {
-        IndexSidecar sidecar = new IndexSidecar();
-        RemoteLogSegmentMetadata md = Fixtures.metadata();
         try (Fixtures.Harness h = new Fixtures.Harness(sidecar, CONFIG)) {
             try (InputStream in = h.rsm.fetchIndex(md, IndexType.OFFSET)) {
                 in.readAllBytes();

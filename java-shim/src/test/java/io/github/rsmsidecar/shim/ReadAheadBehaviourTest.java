@@ -265,6 +265,18 @@ class ReadAheadBehaviourTest {
                 RemoteLogSegmentState.COPY_SEGMENT_FINISHED, Map.of(0, first));
     }
 
+    /** Two consecutive segments of the fixtures' partition (offsets 0-99 and 100-199), new per test. */
+    final RemoteLogSegmentMetadata first = segment(Uuid.randomUuid(), 0, 99);
+    final RemoteLogSegmentMetadata next = segment(Uuid.randomUuid(), 100, 199);
+
+    /**
+     * {@link #next} as storage could hold it under its id: claiming other offsets (up to 150) than
+     * the broker's metadata says.
+     */
+    SegmentMetadata nextWithOtherOffsets() {
+        return MetadataMapper.toProto(next).toBuilder().setEndOffset(150).build();
+    }
+
     /** A segment of partition {@code p} of the fixtures' topic. */
     static RemoteLogSegmentMetadata partitionSegment(int p) {
         TopicIdPartition tip = new TopicIdPartition(Fixtures.TIP.topicId(), p, Fixtures.TIP.topic());
@@ -294,14 +306,25 @@ class ReadAheadBehaviourTest {
         return r.get(2).getStartPosition();
     }
 
+    /** A scenario run against a sidecar, with or without the fetch channel. */
+    @FunctionalInterface
+    interface Scenario {
+        void run(Fixtures.Harness h, Sidecar sidecar) throws Exception;
+    }
+
+    /** {@code scenario} against a sidecar with the fetch channel: every range goes over it. */
+    static void overTheFetchChannel(Scenario scenario) throws Exception {
+        try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
+            scenario.run(h, sidecar);
+            assertTrue(sidecar.overGrpc.isEmpty(), "every range over the fetch channel");
+        }
+    }
+
     // ---- a sequential reader -----------------------------------------------------------------
 
     @Test
     void aSequentialReaderIsServedFromReadAheadWindowsReceivedInTheBackground() throws Exception {
-        try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
-            readSequentiallyFromReadAheadWindows(h, sidecar);
-            assertTrue(sidecar.overGrpc.isEmpty(), "every range over the fetch channel");
-        }
+        overTheFetchChannel(ReadAheadBehaviourTest::readSequentiallyFromReadAheadWindows);
     }
 
     /**
@@ -394,8 +417,6 @@ class ReadAheadBehaviourTest {
     @Test
     void theNextSegmentsFirstWindowIsReadAheadFromTheLastWindowOfTheSegmentBefore() throws Exception {
         try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
-            RemoteLogSegmentMetadata first = segment(Uuid.randomUuid(), 0, 99);
-            RemoteLogSegmentMetadata next = segment(Uuid.randomUuid(), 100, 199);
             sidecar.nextSegment = MetadataMapper.toProto(next);
             int position = brokerRead(h, first, 0, 200_000);
             while (position < SIZE - 400_000) { // into the last window (from 2,552,688)
@@ -434,10 +455,7 @@ class ReadAheadBehaviourTest {
     @Test
     void aNextSegmentNamedWithOtherOffsetsThanTheBrokersIsNeverServed() throws Exception {
         try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
-            RemoteLogSegmentMetadata first = segment(Uuid.randomUuid(), 0, 99);
-            RemoteLogSegmentMetadata next = segment(Uuid.randomUuid(), 100, 199);
-            // what storage holds under that id claims other offsets than the broker's metadata says
-            sidecar.nextSegment = MetadataMapper.toProto(next).toBuilder().setEndOffset(150).build();
+            sidecar.nextSegment = nextWithOtherOffsets();
             readToTheEnd(h, first);
             List<FetchSegmentRequest> asked = requestsFor(settled(h, sidecar), next);
             assertEquals(1, asked.size(), "read ahead as named: " + describe(asked));
@@ -636,10 +654,7 @@ class ReadAheadBehaviourTest {
 
     @Test
     void aReadAheadWindowOfAnotherLengthThanAskedIsNotKept() throws Exception {
-        try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
-            readAheadWindowsOfAnotherLengthAreNotKept(h, sidecar);
-            assertTrue(sidecar.overGrpc.isEmpty(), "every range over the fetch channel");
-        }
+        overTheFetchChannel(ReadAheadBehaviourTest::readAheadWindowsOfAnotherLengthAreNotKept);
     }
 
     /**
@@ -664,8 +679,6 @@ class ReadAheadBehaviourTest {
     @Test
     void theNextSegmentsIndexesAskedForWithItsFirstWindowAnswerTheBrokersCalls() throws Exception {
         try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
-            RemoteLogSegmentMetadata first = segment(Uuid.randomUuid(), 0, 99);
-            RemoteLogSegmentMetadata next = segment(Uuid.randomUuid(), 100, 199);
             sidecar.nextSegment = MetadataMapper.toProto(next);
             readToTheEnd(h, first);
             settled(h, sidecar);
@@ -696,10 +709,7 @@ class ReadAheadBehaviourTest {
     @Test
     void aNextSegmentsIndexesAskedForUnderOtherOffsetsThanTheBrokersAreNeverServed() throws Exception {
         try (Sidecar sidecar = new Sidecar(true); Fixtures.Harness h = sidecar.shim()) {
-            RemoteLogSegmentMetadata first = segment(Uuid.randomUuid(), 0, 99);
-            RemoteLogSegmentMetadata next = segment(Uuid.randomUuid(), 100, 199);
-            // what storage holds under that id claims other offsets than the broker's metadata says
-            sidecar.nextSegment = MetadataMapper.toProto(next).toBuilder().setEndOffset(150).build();
+            sidecar.nextSegment = nextWithOtherOffsets();
             readToTheEnd(h, first);
             settled(h, sidecar);
             assertEquals(3, indexRequestsFor(sidecar, next).size(), "asked ahead as named");

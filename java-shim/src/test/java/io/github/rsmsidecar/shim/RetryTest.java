@@ -54,6 +54,14 @@ class RetryTest {
         int index(io.github.rsmsidecar.proto.v1.IndexType type) {
             return index.computeIfAbsent(type, t -> new AtomicInteger()).get();
         }
+
+        /** The attempts of each call: fetches, time-index fetches, deletes, copies. */
+        void assertCalls(int fetches, int timeIndexes, int deletes, int copies) {
+            assertEquals(fetches, fetch.get());
+            assertEquals(timeIndexes, index(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP));
+            assertEquals(deletes, delete.get());
+            assertEquals(copies, copy.get());
+        }
         final AtomicInteger delete = new AtomicInteger();
         final List<Long> callNanos = new CopyOnWriteArrayList<>();
         final List<List<CopySegmentRequest>> copies = new CopyOnWriteArrayList<>();
@@ -165,10 +173,7 @@ class RetryTest {
             assertThrows(RemoteStorageException.class, () -> h.rsm.deleteLogSegmentData(Fixtures.metadata()));
             assertThrows(RemoteStorageException.class, () -> h.rsm.copyLogSegmentData(Fixtures.metadata(), data));
         }
-        assertEquals(4, sidecar.fetch.get());
-        assertEquals(4, sidecar.index(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP));
-        assertEquals(4, sidecar.delete.get());
-        assertEquals(4, sidecar.copy.get());
+        sidecar.assertCalls(4, 4, 4, 4);
     }
 
     @ParameterizedTest
@@ -199,10 +204,7 @@ class RetryTest {
             assertThrows(RemoteStorageException.class, () -> h.rsm.deleteLogSegmentData(Fixtures.metadata()));
             assertThrows(RemoteStorageException.class, () -> h.rsm.copyLogSegmentData(Fixtures.metadata(), data));
         }
-        assertEquals(4, sidecar.fetch.get());
-        assertEquals(4, sidecar.index(io.github.rsmsidecar.proto.v1.IndexType.TIMESTAMP));
-        assertEquals(1, sidecar.delete.get());
-        assertEquals(1, sidecar.copy.get());
+        sidecar.assertCalls(4, 4, 1, 1);
     }
 
     @Test

@@ -150,49 +150,45 @@ class FetchChannelTest {
         }, 10, "it says 9");
         // a connection that ends inside a frame, and one that ends before the end frame
         assertLie((req, out) -> {
-            try {
-                out.writeByte(FetchChannel.DATA);
-                out.writeInt(10);
-                out.write(SEGMENT, 0, 4);
-                out.flush();
-            } catch (IOException e) {
-                throw new java.io.UncheckedIOException(e);
-            }
+            out.writeByte(FetchChannel.DATA);
+            out.writeInt(10);
+            out.write(SEGMENT, 0, 4);
+            out.flush();
             throw new IllegalStateException("close");
         }, 10, "broke after");
         assertLie((req, out) -> {
             data(out, SEGMENT, 0, 4);
-            try {
-                out.flush();
-            } catch (IOException e) {
-                throw new java.io.UncheckedIOException(e);
-            }
+            out.flush();
             throw new IllegalStateException("close");
         }, 10, "broke after 4 of 10");
         // a frame type the protocol does not have, and a data frame larger than it allows
         assertLie((req, out) -> {
             data(out, SEGMENT, 0, 2);
-            try {
-                out.writeByte('X');
-                out.writeInt(1);
-                out.writeByte(0);
-            } catch (IOException e) {
-                throw new java.io.UncheckedIOException(e);
-            }
+            out.writeByte('X');
+            out.writeInt(1);
+            out.writeByte(0);
         }, 10, "a frame of type");
         assertLie((req, out) -> {
             data(out, SEGMENT, 0, 2);
-            try {
-                out.writeByte(FetchChannel.DATA);
-                out.writeInt(FetchChannel.MAX_DATA_FRAME_BYTES + 1);
-            } catch (IOException e) {
-                throw new java.io.UncheckedIOException(e);
-            }
+            out.writeByte(FetchChannel.DATA);
+            out.writeInt(FetchChannel.MAX_DATA_FRAME_BYTES + 1);
         }, 10, "a data frame of");
     }
 
-    private void assertLie(BiConsumer<FetchSegmentRequest, DataOutputStream> answer, int length, String says)
-            throws Exception {
+    /** A sidecar's answer to a fetch that may fail writing it. */
+    @FunctionalInterface
+    interface Lie {
+        void write(FetchSegmentRequest req, DataOutputStream out) throws IOException;
+    }
+
+    private void assertLie(Lie lie, int length, String says) throws Exception {
+        BiConsumer<FetchSegmentRequest, DataOutputStream> answer = (req, out) -> {
+            try {
+                lie.write(req, out);
+            } catch (IOException e) {
+                throw new java.io.UncheckedIOException(e);
+            }
+        };
         try (FrameSidecar s = new FrameSidecar(answer)) {
             FetchChannel c = new FetchChannel(s.endpoint(), null, 2000, 2000, 2000, new LongAdder());
             try {
