@@ -91,6 +91,23 @@ class InterruptTest {
 
     /** Runs {@code body} on a thread, interrupts it once {@code started}, returns what it threw. */
     static Throwable interruptDuring(CountDownLatch started, Body body, AtomicBoolean flagAfter) throws Exception {
+        return interruptDuring(started, body, flagAfter, t -> true);
+    }
+
+    /** Whether thread {@code t} sleeps in the Retrier's back-off (not in the call before it). */
+    static boolean inRetryBackoff(Thread t) {
+        boolean sleeping = false;
+        boolean retrier = false;
+        for (StackTraceElement frame : t.getStackTrace()) {
+            sleeping |= frame.getClassName().equals("java.lang.Thread") && frame.getMethodName().startsWith("sleep");
+            retrier |= frame.getClassName().endsWith(".Retrier");
+        }
+        return sleeping && retrier;
+    }
+
+    /** As above, interrupting only once {@code ready} holds of the calling thread (within 5 s). */
+    static Throwable interruptDuring(CountDownLatch started, Body body, AtomicBoolean flagAfter,
+                                     java.util.function.Predicate<Thread> ready) throws Exception {
         AtomicReference<Throwable> thrown = new AtomicReference<>();
         Thread t = new Thread(() -> {
             try {
@@ -103,6 +120,10 @@ class InterruptTest {
         t.start();
         assertTrue(started.await(5, TimeUnit.SECONDS), "the call never reached the sidecar");
         Thread.sleep(100); // let the shim block
+        long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+        while (!ready.test(t) && System.nanoTime() < until) {
+            Thread.sleep(10);
+        }
         t.interrupt();
         t.join(5000);
         assertTrue(!t.isAlive(), "the shim call did not return after the interrupt");
@@ -185,7 +206,9 @@ class InterruptTest {
         try (Fixtures.Harness h = new Fixtures.Harness(down, Fixtures.config(ShimConfig.RETRY_MAX_ATTEMPTS, "5",
                 ShimConfig.RETRY_INITIAL_BACKOFF_MS, "10000", ShimConfig.RETRY_MAX_BACKOFF_MS, "10000"))) {
             long t0 = System.nanoTime();
-            Throwable e = interruptDuring(first, () -> h.rsm.deleteLogSegmentData(Fixtures.metadata()), flag);
+            // on a loaded machine the first call's answer may still be on its way after 100 ms
+            Throwable e = interruptDuring(first, () -> h.rsm.deleteLogSegmentData(Fixtures.metadata()), flag,
+                    InterruptTest::inRetryBackoff);
             assertTrue(TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t0) < 5000);
             assertInstanceOf(RemoteStorageException.class, e);
             assertTrue(e.getMessage().contains("interrupted while waiting to retry"), e.getMessage());

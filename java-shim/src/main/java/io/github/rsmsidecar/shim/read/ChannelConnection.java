@@ -16,6 +16,7 @@ import javax.net.ssl.SSLEngine;
 import javax.net.ssl.SSLEngineResult;
 import javax.net.ssl.SSLException;
 import javax.net.ssl.SSLSession;
+import jdk.net.ExtendedSocketOptions;
 
 /**
  * One connection of the fetch channel: a socket (TCP or a Unix socket) read and written in blocking
@@ -71,6 +72,19 @@ final class ChannelConnection implements Closeable {
      * its handshake (its deadline too).
      */
     static ChannelConnection open(Endpoint endpoint, SSLEngine tls, long connectTimeoutMs) throws IOException {
+        return open(endpoint, tls, connectTimeoutMs, 0, 0);
+    }
+
+    /**
+     * As {@link #open(Endpoint, SSLEngine, long)}, and over TCP with the kernel's keepalive probes
+     * after {@code keepaliveTimeMs} without a packet from the sidecar, one a second, the connection
+     * taken for dead when {@code keepaliveTimeoutMs} of them go unanswered (0: the system's
+     * defaults): a stream whose sidecar vanished (its pod replaced, nothing answers, not even a
+     * reset) fails within seconds, as the gRPC channel's does (ChannelFactory#tcpOptions). The
+     * JDK has no {@code TCP_USER_TIMEOUT}; while the shim only reads, the probes are enough.
+     */
+    static ChannelConnection open(Endpoint endpoint, SSLEngine tls, long connectTimeoutMs, long keepaliveTimeMs,
+                                  long keepaliveTimeoutMs) throws IOException {
         SocketChannel ch = endpoint.socketPath() != null
                 ? SocketChannel.open(java.net.StandardProtocolFamily.UNIX) : SocketChannel.open();
         ChannelConnection c = null;
@@ -78,6 +92,12 @@ final class ChannelConnection implements Closeable {
             if (endpoint.socketPath() == null) {
                 ch.setOption(StandardSocketOptions.TCP_NODELAY, true);
                 ch.setOption(StandardSocketOptions.SO_KEEPALIVE, true);
+                if (keepaliveTimeMs > 0 && ch.supportedOptions().contains(ExtendedSocketOptions.TCP_KEEPIDLE)) {
+                    ch.setOption(ExtendedSocketOptions.TCP_KEEPIDLE, (int) ((keepaliveTimeMs + 999) / 1000));
+                    ch.setOption(ExtendedSocketOptions.TCP_KEEPINTERVAL, 1);
+                    ch.setOption(ExtendedSocketOptions.TCP_KEEPCOUNT,
+                            (int) Math.max(1, (keepaliveTimeoutMs + 999) / 1000));
+                }
             }
             ch.configureBlocking(false);
             c = new ChannelConnection(ch, tls, endpoint);

@@ -77,6 +77,9 @@ public final class FetchChannel implements AutoCloseable {
     /** A new TLS engine for each connection (the current certificates), or null for plaintext. */
     private final Supplier<SSLEngine> tls;
     private final long connectTimeoutMs;
+    /** keepalive.time.ms and keepalive.timeout.ms for TCP connections (0: the system's defaults) */
+    private volatile long keepaliveTimeMs;
+    private volatile long keepaliveTimeoutMs;
     private final long deadlineMs;
     private final long readTimeoutMs;
     private final java.util.concurrent.atomic.LongAdder bytes;
@@ -96,6 +99,13 @@ public final class FetchChannel implements AutoCloseable {
         this.deadlineMs = deadlineMs;
         this.readTimeoutMs = readTimeoutMs;
         this.bytes = bytes;
+    }
+
+    /** Watches its TCP connections with keepalive probes (ChannelConnection#open); returns this. */
+    FetchChannel keepalive(long timeMs, long timeoutMs) {
+        this.keepaliveTimeMs = timeMs;
+        this.keepaliveTimeoutMs = timeoutMs;
+        return this;
     }
 
     ChannelConnection.Endpoint endpoint() {
@@ -133,15 +143,29 @@ public final class FetchChannel implements AutoCloseable {
         while (true) {
             ChannelConnection c = pooled();
             boolean reused = c != null;
+            // A kept TCP connection may have died while idle with nothing to tell (the sidecar's
+            // address vanished: no reset, and the JDK cannot set TCP_USER_TIMEOUT to bound the
+            // request's retransmissions): the first answer on it is awaited keepalive.timeout.ms,
+            // then the request is asked again on a new connection, whose answer gets the deadline.
+            long firstWaitMs = reused && endpoint.socketPath() == null && keepaliveTimeoutMs > 0
+                    ? Math.min(deadlineMs, keepaliveTimeoutMs) : deadlineMs;
             try {
                 if (c == null) {
                     c = connect(op);
                 }
                 c.write(frame.duplicate(), readTimeoutMs);
                 Stream s = new Stream(c, length, op);
-                s.first(); // the first frame: bytes, or the end (a status)
+                s.first(firstWaitMs); // the first frame: bytes, or the end (a status)
                 return s;
             } catch (StatusException | NotAvailable e) {
+                throw e;
+            } catch (java.net.SocketTimeoutException e) {
+                close(c);
+                if (reused && firstWaitMs < deadlineMs) {
+                    Log.LOG.debug("{}: no answer within {} ms on a kept fetch channel connection; asking on a new one",
+                            op, firstWaitMs);
+                    continue;
+                }
                 throw e;
             } catch (ProtocolViolation e) {
                 close(c);
@@ -177,7 +201,7 @@ public final class FetchChannel implements AutoCloseable {
         SSLEngine engine = tls == null ? null : tls.get();
         ChannelConnection c;
         try {
-            c = ChannelConnection.open(endpoint, engine, connectTimeoutMs);
+            c = ChannelConnection.open(endpoint, engine, connectTimeoutMs, keepaliveTimeMs, keepaliveTimeoutMs);
         } catch (SSLException e) {
             throw Status.UNAVAILABLE.withDescription("fetch channel: TLS handshake with " + endpoint + " failed: "
                     + e.getMessage()).withCause(e).asException();
@@ -304,8 +328,8 @@ public final class FetchChannel implements AutoCloseable {
          * Reads the exchange's first frame header: bytes follow, or the end came at once (an empty
          * range, or a refusal, which throws its status); either way the connection goes back.
          */
-        private void first() throws IOException, StatusException {
-            FetchEnd end = nextFrame(deadlineMs);
+        private void first(long timeoutMs) throws IOException, StatusException {
+            FetchEnd end = nextFrame(timeoutMs);
             if (end == null) {
                 return;
             }
@@ -416,7 +440,7 @@ public final class FetchChannel implements AutoCloseable {
                 }
                 // UNAVAILABLE, as gRPC says of a broken connection: a window may be asked for again
                 // from where the reader stopped (WindowedFetchStream)
-                throw new IOException(op + ": the fetch channel to " + connection.endpoint() + " broke after "
+                throw new IOException(op + ": UNAVAILABLE: the fetch channel to " + connection.endpoint() + " broke after "
                         + received + " of " + length + " bytes: " + e, Status.UNAVAILABLE.withCause(e)
                         .withDescription(e.toString()).asException());
             }

@@ -118,7 +118,8 @@ public final class RemoteReader implements AutoCloseable {
                 ? new ChannelConnection.Endpoint(null, 0, address[0])
                 : new ChannelConnection.Endpoint(address[0], Integer.parseInt(address[1]), null);
         this.channel = !fetchChannel ? null : new FetchChannel(endpoint, tls, config.connectTimeoutMs(),
-                config.fetchDeadlineMs(), config.fetchReadTimeoutMs(), metrics.fetchChannelBytes);
+                config.fetchDeadlineMs(), config.fetchReadTimeoutMs(), metrics.fetchChannelBytes)
+                .keepalive(config.keepaliveTimeMs(), config.keepaliveTimeoutMs());
         this.readAhead = config.fetchReadaheadBytes() == 0 ? null
                 : new ReadAhead(config.fetchReadaheadBytes(), config.fetchReadaheadMaxBytes());
         AtomicInteger n = new AtomicInteger();
