@@ -6,18 +6,19 @@ import json
 import os
 import sys
 
+from rsm_sidecar.cli.main import command_group
 from rsm_sidecar.config import Config, all_keys, docs_markdown
 from rsm_sidecar.errors import ConfigError
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
+    csub = command_group(
+        sub,
         "config",
-        help="configuration reference and validation",
-        description="The sidecar's configuration: `check` a file as `serve` would, or print the "
-        "reference of every key (`docs`). Guide: docs/configuration.md.",
+        "configuration reference and validation",
+        "The sidecar's configuration: `check` a file as `serve` would, or print the reference of "
+        "every key (`docs`). Guide: docs/configuration.md.",
     )
-    csub = p.add_subparsers(dest="config_command", required=True)
     d = csub.add_parser("docs", help="print the configuration reference (Markdown) generated from the code")
     d.set_defaults(func=lambda a: print(docs_markdown()) or 0)
     c = csub.add_parser(
@@ -31,13 +32,13 @@ def register(sub) -> None:
     c.add_argument("--config", "-c", required=True, help="the sidecar's TOML configuration file to check")
     c.set_defaults(func=_check)
 
-    k = sub.add_parser(
+    ksub = command_group(
+        sub,
         "keys",
-        help="key-encryption keys",
-        description="RSA key pairs for the keyring ([encryption.keys.<id>]), which wrap each "
-        "segment's data key. Generating, adding and rotating keys: docs/operations-keys.md.",
+        "key-encryption keys",
+        "RSA key pairs for the keyring ([encryption.keys.<id>]), which wrap each segment's data "
+        "key. Generating, adding and rotating keys: docs/operations-keys.md.",
     )
-    ksub = k.add_subparsers(dest="keys_command", required=True)
     g = ksub.add_parser("generate", help="create an RSA key pair for the keyring")
     g.add_argument("--id", required=True, help="key id (letters, digits, - and _)")
     g.add_argument("--out", required=True, help="directory for <id>.public.pem and <id>.private.pem")

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import sys
 
+from rsm_sidecar.cli.main import command_group
 from rsm_sidecar.durations import duration_argument
 
 #: command-line option -> configuration key it overrides
@@ -97,11 +98,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _age(p: argparse.ArgumentParser, option: str, default: str, help: str) -> None:
+    """An option that takes an age (``1h30m``: :mod:`rsm_sidecar.durations`), in seconds."""
+    p.add_argument(option, type=duration_argument, default=default, metavar="DURATION", help=help)
+
+
 def register(sub) -> None:
-    p = sub.add_parser(
+    isub = command_group(
+        sub,
         "iceberg",
-        help="convert tiered segments into Iceberg tables (PySpark)",
-        description="Write a topic's tiered segments to an Apache Iceberg table with PySpark, reading "
+        "convert tiered segments into Iceberg tables (PySpark)",
+        "Write a topic's tiered segments to an Apache Iceberg table with PySpark, reading "
         "them straight from object storage with the sidecar's configuration (never through Kafka): "
         "committed records only, exactly once per (partition, offset), in Bufstream's table layout. "
         "`convert` converts what is new (or, with --follow, keeps converting in rounds), `maintain` "
@@ -110,7 +117,6 @@ def register(sub) -> None:
         epilog="RSM__ICEBERG__... environment variables set any [iceberg] key, e.g. "
         "RSM__ICEBERG__SPARK__MASTER=spark://master:7077.",
     )
-    isub = p.add_subparsers(dest="iceberg_command", required=True)
 
     c = isub.add_parser("convert", help="convert what is new of a topic's tiered segments, exactly once")
     _common(c)
@@ -169,13 +175,7 @@ def register(sub) -> None:
     )
     _common(m)
     m.add_argument("--expire", action="store_true", help="expire snapshots (never the marker-tagged one)")
-    m.add_argument(
-        "--expire-older-than",
-        type=duration_argument,
-        default="5d",
-        metavar="DURATION",
-        help="age of snapshots to expire (default 5d; e.g. 12h, 1h30m)",
-    )
+    _age(m, "--expire-older-than", "5d", "age of snapshots to expire (default 5d; e.g. 12h, 1h30m)")
     m.add_argument("--retain-last", type=int, default=1, help="snapshots of main always kept (default 1)")
     m.add_argument(
         "--compact",
@@ -194,12 +194,11 @@ def register(sub) -> None:
         help="with --compact: rewrite a time partition only when it has at least this many files (default 2)",
     )
     m.add_argument("--remove-orphans", action="store_true", help="delete files no snapshot references")
-    m.add_argument(
+    _age(
+        m,
         "--orphan-older-than",
-        type=duration_argument,
-        default="1d",
-        metavar="DURATION",
-        help="only orphans older than this (default 1d; keep it above a convert run's length)",
+        "1d",
+        "only orphans older than this (default 1d; keep it above a convert run's length)",
     )
     m.add_argument(
         "--drop-deleted-offsets",
@@ -234,6 +233,14 @@ def _spark_conf(args) -> dict[str, str]:
     return out
 
 
+def _result(args, result) -> int:
+    """A job's result on stdout as one JSON object, when ``--json`` asks for it."""
+    if args.json:
+        json.dump(dataclasses.asdict(result), sys.stdout, default=str)
+        print()
+    return 0
+
+
 def _convert(args) -> int:
     from rsm_sidecar.iceberg.job import ConvertJob
 
@@ -241,10 +248,7 @@ def _convert(args) -> int:
     if args.follow:
         return _follow(args, cfg, storage)
     result = ConvertJob(cfg, storage, args.topic, topic_id=args.topic_id, spark_conf=_spark_conf(args)).run()
-    if args.json:
-        json.dump(dataclasses.asdict(result), sys.stdout, default=str)
-        print()
-    return 0
+    return _result(args, result)
 
 
 def _follow(args, cfg, storage) -> int:
@@ -286,10 +290,7 @@ def _maintain(args) -> int:
         orphan_older_than=dt.timedelta(seconds=args.orphan_older_than),
         drop_deleted_offsets=args.drop_deleted_offsets,
     )
-    if args.json:
-        json.dump(dataclasses.asdict(result), sys.stdout, default=str)
-        print()
-    return 0
+    return _result(args, result)
 
 
 def _status(args) -> int:

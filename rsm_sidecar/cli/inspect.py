@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 
+from rsm_sidecar.cli.main import command_group
 from rsm_sidecar.durations import duration_argument
 from rsm_sidecar.errors import RsmError
 
@@ -44,14 +45,15 @@ def register(sub) -> None:
     common.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     common.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
 
-    p = sub.add_parser(
+    isub = command_group(
+        sub,
         "inspect",
-        help="list, show, dump, cat, verify, re-key and seal stored segments",
-        description="Look at, verify, re-key and seal the segments rsm-sidecar stored, with the "
-        "sidecar's own configuration (docs/inspect.md).",
+        "list, show, dump, cat, verify, re-key and seal stored segments",
+        "Look at, verify, re-key and seal the segments rsm-sidecar stored, with the sidecar's own "
+        "configuration (docs/inspect.md).",
         epilog="exit codes: 0 ok, 1 problems found or errors, 2 usage",
+        metavar="COMMAND",
     )
-    isub = p.add_subparsers(dest="inspect_command", required=True, metavar="COMMAND")
     seg_help = "segment UUID, object key (.log/.indexes/.rsm-manifest) or topic/partition/offset"
 
     c = isub.add_parser("ls", parents=[common], help="list segments")

@@ -8,6 +8,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Any
 
 from rsm_sidecar import __version__
 from rsm_sidecar.errors import RsmError
@@ -46,6 +47,22 @@ troubleshooting, migrating from Aiven's plugin), configuration.md (every key), i
 iceberg.md, shim.md.
 
 rsm-sidecar {__version__}"""
+
+
+def command_group(
+    sub: argparse._SubParsersAction,
+    name: str,
+    help: str,
+    description: str,
+    *,
+    metavar: str | None = None,
+    **options: Any,
+) -> argparse._SubParsersAction:
+    """Registers ``rsm-sidecar NAME COMMAND``, a command of subcommands (the chosen one in
+    ``args.<NAME>_command``; ``metavar``: how its usage line names them): the caller adds them to
+    what this returns. ``options``: more of ``add_parser``'s (``epilog``)."""
+    p = sub.add_parser(name, help=help, description=description, **options)
+    return p.add_subparsers(dest=f"{name}_command", required=True, metavar=metavar)
 
 
 def build_parser() -> argparse.ArgumentParser:

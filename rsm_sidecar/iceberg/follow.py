@@ -40,20 +40,20 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from typing import Unpack
 
 import prometheus_client as prom
 
 from rsm_sidecar.config import Config
 from rsm_sidecar.errors import ConfigError
 from rsm_sidecar.iceberg.committing.markers import CommitConflict
-from rsm_sidecar.iceberg.job import ConvertJob, ConvertResult, Prepared
+from rsm_sidecar.iceberg.job import ConvertJob, ConvertResult, Prepared, TopicOptions, TopicRun
 from rsm_sidecar.iceberg.reading.segment_tasks import StorageParams
-from rsm_sidecar.iceberg.settings import UPSERT, JobSettings
+from rsm_sidecar.iceberg.settings import UPSERT
 
 #: rounds that failed in a row multiply the pause up to this many intervals
 MAX_BACKOFF_INTERVALS = 30
@@ -138,7 +138,7 @@ class FollowMetrics:
             self.maintenance.labels(outcome)
 
 
-class Follower:
+class Follower(TopicRun):
     """Converts ``topic`` in rounds until :meth:`run`'s ``stop`` is set (module docstring)."""
 
     def __init__(
@@ -147,19 +147,13 @@ class Follower:
         storage: StorageParams,
         topic: str,
         *,
-        topic_id: str | None = None,
-        spark=None,
-        spark_conf: Mapping[str, str] | None = None,
         metrics: FollowMetrics | None = None,
-        log: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
+        **options: Unpack[TopicOptions],
     ):
-        self.cfg, self.storage, self.topic, self.topic_id = cfg, storage, topic, topic_id
-        self.settings = JobSettings.from_config(cfg)
-        self.spark, self._own_spark = spark, spark is None
-        self.spark_conf = dict(spark_conf or {})
+        super().__init__(cfg, storage, topic, **options)
+        self._own_spark = self.spark is None
         self.metrics = metrics or FollowMetrics()
-        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.clock = clock
         self.failures_in_a_row = 0
         self.rounds_done = 0

@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from rsm_sidecar.config import ENV_PREFIX, Config, read_toml
 from rsm_sidecar.errors import ConfigError
@@ -153,8 +153,26 @@ class Prepared:
     t0: float = 0.0
 
 
-class ConvertJob:
-    """One run of the conversion of ``topic`` (see the module docstring)."""
+def log_to_stderr(line: str) -> None:
+    """Where a job logs unless told otherwise."""
+    print(line, file=sys.stderr, flush=True)
+
+
+class TopicOptions(TypedDict, total=False):
+    """The keywords of :class:`TopicRun` (their defaults are there)."""
+
+    topic_id: str | None
+    spark: Any
+    spark_conf: Mapping[str, str] | None
+    log: Callable[[str], None] | None
+
+
+class TopicRun:
+    """What a job on one topic is given: the configuration (``settings``: its ``[iceberg]``
+    part), the storage and the topic; ``topic_id`` when storage holds several topics of that
+    name; the Spark session to use (None: one of its own) with extra ``spark_conf`` for it; where
+    it logs (stderr). :class:`ConvertJob` is one run, :class:`~rsm_sidecar.iceberg.follow.Follower`
+    runs one after another."""
 
     def __init__(
         self,
@@ -163,20 +181,24 @@ class ConvertJob:
         topic: str,
         *,
         topic_id: str | None = None,
-        spark=None,
+        spark: Any = None,
         spark_conf: Mapping[str, str] | None = None,
         log: Callable[[str], None] | None = None,
     ):
-        self.cfg = cfg
-        self.storage = storage
-        self.topic = topic
-        self.topic_id = topic_id
+        self.cfg, self.storage, self.topic, self.topic_id = cfg, storage, topic, topic_id
         self.settings = JobSettings.from_config(cfg)
-        self.catalog_spec = CatalogSpec(self.settings.catalog)
-        self.identifier = (self.settings.namespace, self.settings.table_name(topic))
         self.spark = spark
         self.spark_conf = dict(spark_conf or {})
-        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.log = log or log_to_stderr
+
+
+class ConvertJob(TopicRun):
+    """One run of the conversion of ``topic`` (see the module docstring)."""
+
+    def __init__(self, cfg: Config, storage: StorageParams, topic: str, **options: Unpack[TopicOptions]):
+        super().__init__(cfg, storage, topic, **options)
+        self.catalog_spec = CatalogSpec(self.settings.catalog)
+        self.identifier = (self.settings.namespace, self.settings.table_name(topic))
         self.job_id = f"rsm-{uuid.uuid4().hex}"
         #: plan from an incremental listing (:meth:`plan`); the follower sets it between full rounds
         self.incremental_listing = False

@@ -42,7 +42,6 @@ import dataclasses
 import datetime as dt
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from rsm_sidecar.iceberg import current_state
 from rsm_sidecar.iceberg.committing import markers as mk
@@ -66,8 +65,10 @@ def _ts(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("TIMESTAMP '%Y-%m-%d %H:%M:%S.%f'")
 
 
-def _row_dict(row) -> dict[str, Any]:
-    return {k: v for k, v in row.asDict().items()}
+def _call(spark, procedure: str) -> dict[str, int]:
+    """Run an Iceberg ``CALL`` (``procedure``); the counts of its one-row result, by column."""
+    row = spark.sql(procedure).collect()[0]
+    return {k: int(v) for k, v in row.asDict().items() if isinstance(v, int)}
 
 
 def maintain(
@@ -118,27 +119,27 @@ def maintain(
                 if current_state.table_mode(table.properties) == UPSERT
                 else ""
             )
-            row = spark.sql(
+            result.compacted = _call(
+                spark,
                 f"CALL {spec.name}.system.rewrite_data_files(table => '{ident}', "
                 f"strategy => '{strategy}', options => map("
                 f"'min-input-files', '{min_input_files}', "
-                f"'target-file-size-bytes', '{settings.target_file_size}'{dangling}))"
-            ).collect()[0]
-            result.compacted = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
+                f"'target-file-size-bytes', '{settings.target_file_size}'{dangling}))",
+            )
             log(f"[maintain] {ident}: compaction ({strategy}) {result.compacted}")
         if compact_deletes:
-            row = spark.sql(
+            result.compacted_deletes = _call(
+                spark,
                 f"CALL {spec.name}.system.rewrite_position_delete_files(table => '{ident}', "
-                "options => map('rewrite-all', 'true'))"
-            ).collect()[0]
-            result.compacted_deletes = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
+                "options => map('rewrite-all', 'true'))",
+            )
             log(f"[maintain] {ident}: delete files {result.compacted_deletes}")
         if expire:
-            row = spark.sql(
+            result.expired = _call(
+                spark,
                 f"CALL {spec.name}.system.expire_snapshots(table => '{ident}', "
-                f"older_than => {_ts(now - expire_older_than)}, retain_last => {retain_last})"
-            ).collect()[0]
-            result.expired = {k: int(v) for k, v in _row_dict(row).items() if isinstance(v, int)}
+                f"older_than => {_ts(now - expire_older_than)}, retain_last => {retain_last})",
+            )
             log(f"[maintain] {ident}: expiry {result.expired}")
         if remove_orphans:
             result.orphans = _remove_orphans(spark, spec, full, now - orphan_older_than)

@@ -231,19 +231,33 @@ def _skip(f: _ByteStream, n: int, seekable: bool, size: int | None) -> int:
 
 
 def _walk(
-    f: _ByteStream,
-    name: str,
-    *,
+    source: Source,
+    name: str | None,
     start_position: int,
     end_position: int | None,
     max_batch_size: int,
-    read_bodies: bool,
+    *,
+    verify_crc: bool,
+    scan: ScanResult | None = None,
+) -> Iterator[tuple[BatchHeader, bytes | None, str]]:
+    """Yield ``(header, data_or_None, source label)`` for each complete batch of ``source`` from
+    ``start_position``. Without a ``scan`` every batch's data is read and a batch cut off by the
+    end is a :class:`TruncatedError`; with one, a batch's body is read only to ``verify_crc`` (else
+    skipped: data None) and a batch cut off by the end is recorded there as its partial tail."""
+    with _open(source, name) as (f, label):
+        yield from _walk_stream(f, label, start_position, end_position, max_batch_size, verify_crc, scan)
+
+
+def _walk_stream(
+    f: _ByteStream,
+    name: str,
+    start_position: int,
+    end_position: int | None,
+    max_batch_size: int,
     verify_crc: bool,
     scan: ScanResult | None,
-) -> Iterator[tuple[BatchHeader, bytes | None]]:
-    """Yield ``(header, data_or_None)`` for each complete batch from ``start_position``. With a
-    ``scan``, a batch cut off by the end is recorded there as its partial tail; without, it is a
-    :class:`TruncatedError`."""
+) -> Iterator[tuple[BatchHeader, bytes | None, str]]:
+    read_bodies = scan is None or verify_crc
     seekable = _seekable(f)
     size = None
     if seekable:
@@ -312,7 +326,7 @@ def _walk(
                 verify_batch_crc(header, data, source=name)
         if scan is not None:
             scan.end_position = pos + declared  # before yielding: the caller may stop here
-        yield header, data
+        yield header, data, name
         pos += declared
 
 
@@ -333,19 +347,11 @@ def read_batches(
     :class:`TruncatedError` if the data ends inside a batch. ``name`` overrides the source
     name used in errors.
     """
-    with _open(source, name) as (f, label):
-        for header, data in _walk(
-            f,
-            label,
-            start_position=start_position,
-            end_position=end_position,
-            max_batch_size=max_batch_size,
-            read_bodies=True,
-            verify_crc=verify_crc,
-            scan=None,
-        ):
-            assert data is not None  # read_bodies=True
-            yield RecordBatch(header, data, label)
+    for header, data, label in _walk(
+        source, name, start_position, end_position, max_batch_size, verify_crc=verify_crc
+    ):
+        assert data is not None  # no scan: every body is read
+        yield RecordBatch(header, data, label)
 
 
 def scan_batch_headers(
@@ -367,20 +373,12 @@ def scan_batch_headers(
     """
     result = ScanResult(start_position=start_position, end_position=start_position)
     end = None if limit is None else start_position + limit
-    with _open(source, name) as (f, label):
-        for header, _ in _walk(
-            f,
-            label,
-            start_position=start_position,
-            end_position=end,
-            max_batch_size=max_batch_size,
-            read_bodies=verify_crc,
-            verify_crc=verify_crc,
-            scan=result,
-        ):
-            result.headers.append(header)
-            if max_batches is not None and len(result.headers) >= max_batches:
-                break
+    for header, _, _ in _walk(
+        source, name, start_position, end, max_batch_size, verify_crc=verify_crc, scan=result
+    ):
+        result.headers.append(header)
+        if max_batches is not None and len(result.headers) >= max_batches:
+            break
     return result
 
 

@@ -77,6 +77,19 @@ from rsm_sidecar.iceberg.types import SIDE_COLUMNS, IdCounter, check_reserved, l
 _TYPING = ("type", "properties", "items", "$ref", "enum", "const", "format", "oneOf", "anyOf", "allOf")
 _JSON_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 _MAX_LONG = 2**63
+#: a JSON ``type`` other than string, object and array -> (``Node.kind``, its Iceberg type);
+#: any other (null, none): a string of JSON text
+_SCALARS: dict[str | None, tuple[str, type[IcebergType]]] = {
+    "integer": ("long", LongType),
+    "number": ("double", DoubleType),
+    "boolean": ("boolean", BooleanType),
+}
+#: a string's ``format`` -> (``Node.kind``, its Iceberg type); any other: a plain string
+_STRING_FORMATS: dict[str | None, tuple[str, type[IcebergType]]] = {
+    "date": ("date", DateType),
+    "date-time": ("timestamp", TimestamptzType),
+    "time": ("time", TimeType),
+}
 
 
 class Mismatch(ValueError):
@@ -189,21 +202,13 @@ class JsonMapper:
             item = self._map(items if items is not None else True, doc, ids, stack)
             return Node("list", list_of(ids, item.iceberg), item=item)
         if kind == "string":
-            fmt = s.get("format")
-            if fmt == "date":
-                return Node("date", DateType())
-            if fmt == "date-time":
-                return Node("timestamp", TimestamptzType())
-            if fmt == "time":
-                return Node("time", TimeType())
-            return Node("string", StringType())
-        if kind == "integer":
-            return Node("long", LongType())
-        if kind == "number":
-            return Node("double", DoubleType())
-        if kind == "boolean":
-            return Node("boolean", BooleanType())
-        return Node("json", StringType())
+            fmt = s.get("format")  # a schema may hold anything there (a list: not a format)
+            node_kind, iceberg = _STRING_FORMATS.get(
+                fmt if isinstance(fmt, str) else None, ("string", StringType)
+            )
+            return Node(node_kind, iceberg())
+        node_kind, iceberg = _SCALARS.get(kind, ("json", StringType))
+        return Node(node_kind, iceberg())
 
     def _object(self, s: dict, doc: Any, ids: IdCounter, stack: tuple[str, ...]) -> Node:
         props = s.get("properties")

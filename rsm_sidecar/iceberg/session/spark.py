@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from rsm_sidecar.iceberg import jars as _jars
 from rsm_sidecar.iceberg.session import scratch
@@ -62,39 +62,38 @@ def spark_conf(
     return conf
 
 
+class ConfOptions(TypedDict, total=False):
+    """The options of :func:`spark_conf` that :func:`spark_session` passes on (defaults there)."""
+
+    master: str
+    jars: Sequence[os.PathLike[str] | str] | None
+    cloud: Sequence[str]
+    cache_dir: Path | None
+    extra: Mapping[str, Any] | None
+
+
 def spark_session(
     catalog: LocalCatalog | CatalogSpec | None = None,
     *,
-    master: str = "local[2]",
     app_name: str = "rsm-iceberg",
-    jars: Sequence[os.PathLike[str] | str] | None = None,
-    cloud: Sequence[str] = (),
-    cache_dir: Path | None = None,
-    extra: Mapping[str, Any] | None = None,
     scratch_dir: Path | None = None,
+    **options: Unpack[ConfOptions],
 ) -> SparkSession:
     """A local SparkSession with Iceberg and the embedded catalog as the default catalog.
 
     The driver's temporary files go to a directory of this process under ``scratch_dir``
     (:func:`.scratch.claim`: removed at exit, and by the next job if this one is killed).
 
-    ``jars`` defaults to the cached set-up jars (``cloud`` adds ``"aws"``/``"gcp"`` bundles);
-    a missing jar raises :class:`~rsm_sidecar.errors.ConfigError` naming the set-up command.
+    ``options`` go to :func:`spark_conf`: ``jars`` defaults to the cached set-up jars (``cloud``
+    adds ``"aws"``/``"gcp"`` bundles); a missing jar raises
+    :class:`~rsm_sidecar.errors.ConfigError` naming the set-up command.
     Spark reads ``spark.jars`` only when its JVM starts: if a session is already running in
     this process with other jars, stop it first.
     """
     from pyspark.sql import SparkSession
 
     catalog = (catalog or default_catalog()).prepare()
-    conf = spark_conf(
-        catalog,
-        master=master,
-        jars=jars,
-        cloud=cloud,
-        cache_dir=cache_dir,
-        extra=extra,
-        scratch=scratch.claim(scratch_dir),
-    )
+    conf = spark_conf(catalog, scratch=scratch.claim(scratch_dir), **options)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     builder = SparkSession.builder.appName(app_name)
