@@ -485,6 +485,7 @@ def test_a_vanished_sidecar_address_fails_over_in_seconds(jar: zipfile.ZipFile, 
     assert run.returncode == 0, text
     results = json.loads(run.stdout.strip().splitlines()[-1])
     assert results["exit"] == "0", text
+    print(json.dumps(results, indent=1))  # docs/shim.md's figures (pytest -s)
 
     def ms(word: str) -> int:
         return int(re.search(r"ms=(\d+)", results[word]).group(1))
