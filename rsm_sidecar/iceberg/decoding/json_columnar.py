@@ -104,13 +104,10 @@ def decode_framed(
     line break, so the values need neither slicing nor joining."""
     if len(starts) == 0:
         return None
-    buf[starts[:, None] + np.arange(5)] = _SEPARATOR
+    for i, byte in enumerate(b"    \n"):
+        buf[starts + i] = byte
     first = int(starts[0])
     return _read(plan, buf[first : int(ends[-1])], starts + 5 - first, ends - 1 - first)
-
-
-#: what a preamble becomes in :func:`decode_framed`'s input (whitespace between JSON texts)
-_SEPARATOR = np.frombuffer(b"    \n", np.uint8)
 
 
 def _read(
