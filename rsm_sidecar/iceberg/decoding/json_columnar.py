@@ -2,9 +2,12 @@
 
 :class:`~rsm_sidecar.iceberg.decoding.json_mapping.JsonMapper` converts values parsed one by one
 with :func:`json.loads`; this module gives the same Arrow columns and loss flags for a whole
-batch at once: the values joined with newlines into one buffer (one vectorised copy) and read
-by ``pyarrow.json.read_json`` (C++, RapidJSON) with the mapped schema given explicitly, then
-``date``/``time``/``date-time`` strings converted with Arrow kernels. Properties the schema does
+batch at once: the values in one buffer, one per line (Confluent-framed values in a copy of the
+column's bytes, each preamble overwritten with whitespace and a line break; others joined with
+line breaks), read by ``pyarrow.json.read_json`` (C++, RapidJSON) with the mapped schema given
+explicitly, then ``date``/``time``/``date-time`` strings converted with Arrow kernels (a batch
+of ``date``/``date-time`` strings of one length and shape checked with numpy, others with the
+regexes). Properties the schema does
 not declare are read too (the reader infers their types) only to flag their rows as lossy, and
 then dropped from the columns (the row keeps ``__raw__``).
 
