@@ -41,6 +41,15 @@ def column_buffer(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return buf, offsets
 
 
+def preamble_ids(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, min_len: int) -> np.ndarray | None:
+    """The schema ids (int32) in the Confluent preambles of the values ``buf[starts:ends]``; None
+    when a value is shorter than ``min_len`` bytes or does not start with the magic byte."""
+    if ((ends - starts) < min_len).any() or buf[starts].any():
+        return None
+    b = [buf[starts + i].astype(np.uint32) for i in range(1, 5)]
+    return ((b[0] << 24) | (b[1] << 16) | (b[2] << 8) | b[3]).view(np.int32)
+
+
 def uvarint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
     """Unsigned base-128 varints at ``pos`` -> (values as uint64, encoded lengths).
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import datetime
 import json
 import random
+import re
 
 import pyarrow as pa
 import pytest
 
+from rsm_sidecar.iceberg.columnar_bytes import column_buffer
 from rsm_sidecar.iceberg.decoding import json_columnar
 from rsm_sidecar.iceberg.decoding.json_inference import infer
 from rsm_sidecar.iceberg.decoding.json_mapping import JsonMapper, Mismatch, parse
@@ -301,7 +303,8 @@ def test_columnar_equals_per_value_whenever_it_accepts():
     plan = json_columnar.plan_for(m)
     assert plan is not None
     rng = random.Random(44)
-    accepted = refused = 0
+    accepted = refused = framed = 0
+    read: list[bytes] = []
     for _ in range(300):
         good_only = rng.random() < 0.5
         values: list[bytes | None] = []
@@ -314,6 +317,13 @@ def test_columnar_equals_per_value_whenever_it_accepts():
                     continue
             values.append(v)
         got = json_columnar.decode(plan, pa.array(values, pa.binary()))
+        present = [v for v in values if v is not None]
+        if present:  # framed (never null): the reader reads them in place of their preambles
+            plain = got if len(present) == len(values) else json_columnar.decode(plan, pa.array(present))
+            assert _same(_decode_framed(plan, present, rng), plain), present
+            if plain is not None:
+                framed += 1
+                read += present
         try:
             want = _per_value(m, values)
         except (Mismatch, ValueError):
@@ -328,7 +338,54 @@ def test_columnar_equals_per_value_whenever_it_accepts():
         rows = [None if v is None else r for v, r in zip(values, arr.to_pylist())]
         assert rows == want[0], values
         assert (lossy.to_pylist() if lossy is not None else [False] * len(values)) == want[1], values
-    assert accepted > 50 and refused > 50, (accepted, refused)
+    assert accepted > 50 and refused > 50 and framed > 10, (accepted, refused, framed)
+    # the values of the accepted batches (but undeclared properties: types may differ) at once
+    good = [v for v in read if b'"extra"' not in v]
+    assert len(good) > 15
+    got = json_columnar.decode(plan, pa.array(good))
+    assert got is not None and _same(_decode_framed(plan, good, rng), got)
+
+
+def _decode_framed(plan: json_columnar.Plan, values: list[bytes], rng: random.Random):
+    """:func:`json_columnar.decode_framed` of ``values`` behind preambles of random bytes (a
+    line break or a brace among them too)."""
+    pre = [bytes([0, *rng.choices([10, 123, 125, 32, 0, 7], k=4)]) for _ in values]
+    buf, offsets = column_buffer(pa.array([p + v for p, v in zip(pre, values)], pa.binary()))
+    return json_columnar.decode_framed(plan, buf, offsets[:-1], offsets[1:])
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a[0].equals(b[0]) and (a[1] is None) == (b[1] is None) and (a[1] is None or a[1].equals(b[1]))
+
+
+def test_date_time_shapes_are_what_the_regexes_accept():
+    """The vectorised accept of a batch of ``date``/``date-time`` strings of one length: every
+    shape is a string the regex accepts, and a batch of one length the shapes do not cover (an
+    offset other than UTC, a lower-case ``t``) is left to the regex, which refuses it."""
+    rng = random.Random(7)
+    for shapes, pattern in (
+        (json_columnar._TS_SHAPES, json_columnar._TS_RE),
+        (json_columnar._DATE_SHAPES, json_columnar._DATE_RE),
+    ):
+        for width, of_width in shapes.items():
+            for lo, span in of_width:
+                for _ in range(20):
+                    text = bytes(int(a) + rng.randint(0, int(s)) for a, s in zip(lo, span)).decode()
+                    assert len(text) == width and re.fullmatch(pattern[1:-1], text), text
+    for batch in (
+        ["2026-01-01T00:00:00+00:00", "2026-01-01T01:00:00+01:00"],
+        ["2026-01-01T00:00:00Z", "2026-01-01t00:00:00Z"],
+        ["2026-01-01T00:00:00.1234567Z"] * 2,
+    ):
+        arr = pa.array(batch)
+        assert not json_columnar._all_of_shape(arr, json_columnar._TS_SHAPES), batch
+        with pytest.raises(json_columnar._Refuse):
+            json_columnar._all_match(arr, json_columnar._TS_RE)
+    ok = pa.array(["x", "2026-01-01T00:00:00.5Z", "2026-01-01T00:00:00.7Z"]).slice(1)
+    assert json_columnar._all_of_shape(ok, json_columnar._TS_SHAPES)
+    assert not json_columnar._all_of_shape(pa.array(["2026-01-01T00:00:00Z", None]), json_columnar._TS_SHAPES)
 
 
 def test_what_the_columnar_path_refuses():

@@ -51,7 +51,7 @@ from fastavro.const import AVRO_TYPES
 from fastavro.read import LOGICAL_READERS, SchemaResolutionError
 from fastavro.schema import extract_record_type, is_single_record_union, parse_schema
 
-from rsm_sidecar.iceberg.columnar_bytes import Malformed, column_buffer, fixed, gather, varint
+from rsm_sidecar.iceberg.columnar_bytes import Malformed, column_buffer, fixed, gather, preamble_ids, varint
 from rsm_sidecar.iceberg.decoding.avro_mapping import AvroMapper
 
 #: Array or map items read one per datum per step; a batch with a longer one goes to fastavro.
@@ -986,10 +986,9 @@ def decode_framed(
     if len(rows) == 0:
         return None
     starts, ends = offsets[:-1][rows], offsets[1:][rows]
-    if ((ends - starts) < 5).any() or buf[starts].any():
+    sid = preamble_ids(buf, starts, ends, 5)
+    if sid is None:
         return None  # too short for a preamble, or no magic byte
-    b = [buf[starts + i].astype(np.uint32) for i in range(1, 5)]
-    sid = ((b[0] << 24) | (b[1] << 16) | (b[2] << 8) | b[3]).view(np.int32)
     ids = np.unique(sid)
     parts = []
     lossy = None

@@ -2,9 +2,12 @@
 
 :class:`~rsm_sidecar.iceberg.decoding.json_mapping.JsonMapper` converts values parsed one by one
 with :func:`json.loads`; this module gives the same Arrow columns and loss flags for a whole
-batch at once: the values joined with newlines into one buffer (one vectorised copy) and read
-by ``pyarrow.json.read_json`` (C++, RapidJSON) with the mapped schema given explicitly, then
-``date``/``time``/``date-time`` strings converted with Arrow kernels. Properties the schema does
+batch at once: the values in one buffer, one per line (Confluent-framed values in a copy of the
+column's bytes, each preamble overwritten with whitespace and a line break; others joined with
+line breaks), read by ``pyarrow.json.read_json`` (C++, RapidJSON) with the mapped schema given
+explicitly, then ``date``/``time``/``date-time`` strings converted with Arrow kernels (a batch
+of ``date``/``date-time`` strings of one length and shape checked with numpy, others with the
+regexes). Properties the schema does
 not declare are read too (the reader infers their types) only to flag their rows as lossy, and
 then dropped from the columns (the row keeps ``__raw__``).
 
@@ -90,20 +93,40 @@ def decode(plan: Plan, col: pa.Array) -> tuple[pa.StructArray, pa.BooleanArray |
     lines = pc.binary_join_element_wise(texts, pa.scalar(b"", pa.binary()), b"\n")
     offsets = np.frombuffer(lines.buffers()[1], np.int32, len(lines) + 1, lines.offset * 4)
     start, end = int(offsets[0]), int(offsets[-1])
-    buf = lines.buffers()[2][start:end]
-    data = np.frombuffer(buf, np.uint8)
+    data = np.frombuffer(lines.buffers()[2], np.uint8, end - start, start)
+    return _read(plan, data, offsets[:-1] - start, offsets[1:] - start - 2)
+
+
+def decode_framed(
+    plan: Plan, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[pa.StructArray, pa.BooleanArray | None] | None:
+    """:func:`decode` of the values ``buf[starts + 5:ends]``, each behind a 5-byte Confluent
+    preamble at ``buf[starts:starts + 5]`` (no null value; the caller checked the preambles).
+    ``buf`` (a copy of the column's bytes, :func:`~rsm_sidecar.iceberg.columnar_bytes.column_buffer`)
+    becomes the reader's input in place: each preamble is overwritten with four spaces and a
+    line break, so the values need neither slicing nor joining."""
+    if len(starts) == 0:
+        return None
+    for i, byte in enumerate(b"    \n"):
+        buf[starts + i] = byte
+    first = int(starts[0])
+    return _read(plan, buf[first : int(ends[-1])], starts + 5 - first, ends - 1 - first)
+
+
+def _read(
+    plan: Plan, data: np.ndarray, firsts: np.ndarray, lasts: np.ndarray
+) -> tuple[pa.StructArray, pa.BooleanArray | None] | None:
+    """The reader over ``data``: JSON texts from ``firsts`` to ``lasts`` (their first and last
+    byte), one line break between two of them and none inside."""
+    n = len(firsts)
     # every line one object: "{" first, "}" last, no line break inside (a carriage return is
     # whitespace to the reader, so it may stay)
-    if (
-        np.count_nonzero(data == 10) != n
-        or (data[offsets[:-1] - start] != 123).any()
-        or (data[offsets[1:] - start - 2] != 125).any()
-    ):
+    if np.count_nonzero(data == 10) != n or (data[firsts] != 123).any() or (data[lasts] != 125).any():
         return None
     try:
         table = pj.read_json(
-            pa.BufferReader(buf),
-            read_options=pj.ReadOptions(use_threads=False, block_size=max(end - start, 1 << 16) + 1),
+            pa.BufferReader(pa.py_buffer(data)),
+            read_options=pj.ReadOptions(use_threads=False, block_size=max(len(data), 1 << 16) + 1),
             parse_options=pj.ParseOptions(
                 explicit_schema=plan.read_schema, unexpected_field_behavior="infer"
             ),
@@ -155,14 +178,55 @@ def _convert(node: Node, arr: pa.Array, rows: np.ndarray, lossy: np.ndarray) -> 
         mask = arr.is_null() if arr.null_count else None
         return pa.ListArray.from_arrays(offsets, inner, type=node.arrow, mask=mask)
     if k == "date":
-        _all_match(arr, _DATE_RE)
+        if not _all_of_shape(arr, _DATE_SHAPES):
+            _all_match(arr, _DATE_RE)
         return arr.cast(pa.date32())
     if k == "timestamp":
-        _all_match(arr, _TS_RE)
+        if not _all_of_shape(arr, _TS_SHAPES):
+            _all_match(arr, _TS_RE)
         return arr.cast(node.arrow)
     if k == "time":
         return _times(arr)
     return arr if arr.type == node.arrow else arr.cast(node.arrow)
+
+
+def _shapes(*texts: str) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
+    """Fixed-width shapes by width: per shape the lowest byte at each position and how far
+    above it a byte may be (``D`` any ASCII digit, any other character itself)."""
+    out: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for text in texts:
+        raw = np.frombuffer(text.encode(), np.uint8)
+        digit = raw == ord("D")
+        lo = np.where(digit, ord("0"), raw).astype(np.uint8)
+        out.setdefault(len(text), []).append((lo, np.where(digit, 9, 0).astype(np.uint8)))
+    return out
+
+
+#: every value :data:`_DATE_RE` / :data:`_TS_RE` accepts, as fixed-width shapes
+_DATE_SHAPES = _shapes("DDDD-DD-DD")
+_TS_SHAPES = _shapes(
+    *(
+        "DDDD-DD-DDTDD:DD:DD" + frac + zone
+        for frac in ["", *("." + "D" * k for k in range(1, 7))]
+        for zone in ("Z", "+00:00")
+    )
+)
+
+
+def _all_of_shape(arr: pa.Array, shapes: dict[int, list[tuple[np.ndarray, np.ndarray]]]) -> bool:
+    """Whether the string array ``arr`` has no null and all its values have one length and one
+    of ``shapes``: a vectorised accept for the common batch (a producer writes one format), each
+    shape being values its regex accepts; False leaves the decision to the regex."""
+    n = len(arr)
+    if n == 0 or arr.null_count:
+        return False
+    offsets = np.frombuffer(arr.buffers()[1], np.int32, n + 1, arr.offset * 4)
+    width = int(offsets[1] - offsets[0])
+    if width not in shapes or int(offsets[-1] - offsets[0]) != n * width or (np.diff(offsets) != width).any():
+        return False
+    chars = np.frombuffer(arr.buffers()[2], np.uint8, n * width, int(offsets[0])).reshape(n, width)
+    # a byte below lo wraps around to above any span
+    return any(bool(((chars - lo) <= span).all()) for lo, span in shapes[width])
 
 
 def _all_match(arr: pa.Array, pattern: str) -> None:

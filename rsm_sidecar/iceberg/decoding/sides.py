@@ -38,6 +38,7 @@ from pyiceberg.types import (
 )
 
 from rsm_sidecar.errors import ConfigError
+from rsm_sidecar.iceberg.columnar_bytes import column_buffer, preamble_ids
 from rsm_sidecar.iceberg.decoding import avro_columnar, framing, json_columnar, proto_columnar
 from rsm_sidecar.iceberg.decoding.avro_mapping import AvroMapper, read_datum, resolution_loss
 from rsm_sidecar.iceberg.decoding.json_mapping import JsonMapper, Mismatch, parse, schema_from_text
@@ -777,18 +778,27 @@ class JsonSide(Side):
             if decoded is None:
                 return None
             return decoded[0], pa.nulls(n, pa.binary()), pa.nulls(n, pa.string()), decoded[1]
-        nonnull = col.drop_null() if col.null_count else col
-        if len(nonnull) == 0 or pc.min(pc.binary_length(nonnull)).as_py() < 6:
+        if self.plan is None:
             return None
-        if not pc.all(pc.equal(pc.binary_slice(nonnull, 0, 1), b"\x00")).as_py():
+        buf, offsets = column_buffer(col)
+        rows = np.flatnonzero(np.asarray(col.is_valid())) if col.null_count else None
+        starts, ends = (
+            (offsets[:-1], offsets[1:]) if rows is None else (offsets[:-1][rows], offsets[1:][rows])
+        )
+        sids = preamble_ids(buf, starts, ends, 6)
+        if sids is None or len(sids) == 0:
             return None
-        for sid_bytes in pc.unique(pc.binary_slice(nonnull, 1, 5)).to_pylist():
-            if self._check_id(int.from_bytes(sid_bytes, "big", signed=True)) is not None:
+        for sid in np.unique(sids).tolist():
+            if self._check_id(sid) is not None:
                 return None
-        decoded = self._columnar(pc.binary_slice(col, 5, 2**31 - 1))
+        if rows is None:  # the reader reads the column's bytes in place of their preambles
+            decoded = json_columnar.decode_framed(self.plan, buf, starts, ends)
+        else:
+            decoded = json_columnar.decode(self.plan, pc.binary_slice(col, 5, 2**31 - 1))
         if decoded is None:
             return None
-        return decoded[0], pc.binary_slice(col, 0, 5), pa.nulls(n, pa.string()), decoded[1]
+        struct, lossy = decoded
+        return struct.flatten(), pc.binary_slice(col, 0, 5), pa.nulls(n, pa.string()), lossy
 
     def decode(self, datas):
         return self.decode_keeping(datas)[:3]
