@@ -76,8 +76,7 @@ def up(args) -> int:
     stack.start()
     pidfile.write_text(str(os.getpid()))
     try:
-        _say(_banner(stack, args))
-        wait_for_stop_signal()
+        wait_for_stop_signal(ready=lambda: _say(_banner(stack, args)))
     finally:
         stack.stop()
     pidfile.unlink(missing_ok=True)

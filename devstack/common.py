@@ -495,13 +495,18 @@ def wait_for(
         time.sleep(interval)
 
 
-def wait_for_stop_signal(alive: Callable[[], bool] | None = None, poll: float = 0.5) -> None:
+def wait_for_stop_signal(
+    alive: Callable[[], bool] | None = None, poll: float = 0.5, ready: Callable[[], None] | None = None
+) -> None:
     """Block until SIGINT or SIGTERM arrives (both: a background job may ignore SIGINT), or
     until ``alive()`` turns false. Python handlers, not a signal mask: a thread a client library
-    started cannot take the signal and die of it."""
+    started cannot take the signal and die of it. ``ready`` runs once the handlers are in place
+    (say, printing that the server is up: a signal sent as soon as that is read is then caught)."""
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
     try:
+        if ready is not None:
+            ready()
         while not stop.wait(None if alive is None else poll):
             if alive is not None and not alive():
                 return
@@ -523,8 +528,7 @@ def serve_until_stopped(
         with server:
             if prepare is not None:
                 prepare()
-            print(banner(), flush=True)
-            wait_for_stop_signal()
+            wait_for_stop_signal(ready=lambda: print(banner(), flush=True))
     except KeyboardInterrupt:
         return 130
     return 0

@@ -463,8 +463,12 @@ def serve(cache: Path | None = None) -> int:
     from devstack.common import wait_for_stop_signal
 
     with PodmanService(cache) as service:
-        print(f"podman service on {service.docker_host} (health checks run here)", flush=True)
-        wait_for_stop_signal(alive=lambda: service.proc is not None and service.proc.poll() is None)
+        wait_for_stop_signal(
+            alive=lambda: service.proc is not None and service.proc.poll() is None,
+            ready=lambda: print(
+                f"podman service on {service.docker_host} (health checks run here)", flush=True
+            ),
+        )
     return 0
 
 

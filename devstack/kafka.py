@@ -818,13 +818,12 @@ def main(argv: list[str] | None = None) -> int:
         dist, workdir, extra_properties=extra, ports={"broker": args.port, "controller": args.controller_port}
     )
     broker.start()
-    print(
+    banner = (
         f"Kafka {dist.version} on {broker.bootstrap_servers}; data in {broker.log_dirs[0]}; "
-        f"logs in {broker.logs_dir}. Ctrl-C to stop.",
-        flush=True,
+        f"logs in {broker.logs_dir}. Ctrl-C to stop."
     )
     try:
-        wait_for_stop_signal(alive=broker.is_running)
+        wait_for_stop_signal(alive=broker.is_running, ready=lambda: print(banner, flush=True))
     finally:
         broker.stop()
     return 0

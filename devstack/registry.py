@@ -222,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Apicurio {dist.version} at {dist.home} (java: {dist.java}) ready in {time.monotonic() - t0:.1f}s")
     if args.run:
         with ApicurioRegistry(dist, cache_dir() / "apicurio-run") as reg:
-            print(reg.ccompat_url, flush=True)
-            wait_for_stop_signal()
+            wait_for_stop_signal(ready=lambda: print(reg.ccompat_url, flush=True))
     return 0
 
 

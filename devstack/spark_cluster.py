@@ -221,8 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         work_dir(args.dir, "spark-cluster-"), args.workers, args.cores, args.memory
     )
     with cluster:
-        print(f"Spark master {cluster.master_url} (web UI {cluster.master.ui_url}), {args.workers} worker(s)")
-        wait_for_stop_signal(alive=cluster.master.is_running)
+        banner = (
+            f"Spark master {cluster.master_url} (web UI {cluster.master.ui_url}), {args.workers} worker(s)"
+        )
+        wait_for_stop_signal(alive=cluster.master.is_running, ready=lambda: print(banner, flush=True))
     return 0
 
 

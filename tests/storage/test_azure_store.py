@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from azure.core.exceptions import ResourceNotFoundError
 
 from devstack.azurite import AzuriteServer
 from devstack.common import wait_for
@@ -43,8 +44,12 @@ def _blob_client(server, key: str):
 
 
 def _block_lists(server, key: str) -> tuple[list[int], list[int]]:
-    """Sizes of the committed and the uncommitted blocks of ``key``."""
-    committed, uncommitted = _blob_client(server, key).get_block_list("all")
+    """Sizes of the committed and the uncommitted blocks of ``key`` (none before its first block
+    is staged: the service has no blob of that name yet)."""
+    try:
+        committed, uncommitted = _blob_client(server, key).get_block_list("all")
+    except ResourceNotFoundError:
+        return [], []
     return [b.size for b in committed], [b.size for b in uncommitted]
 
 

@@ -173,7 +173,10 @@ public final class RemoteReader implements AutoCloseable {
             // what the partition's last read took, plus room: a sequential consumer's fetches alike
             window = (int) Math.min(Math.max(window, lastRead + FETCH_WINDOW_SLACK), ShimConfig.MAX_FETCH_WINDOW_BYTES);
         }
-        if (end != null || window == 0 || (ra == null && WindowedFetchStream.windowEnd(start, window, size) == null)) {
+        // A read to the segment's end goes through WindowedFetchStream even when one window holds
+        // it: a window broken by a sidecar restart or kill (UNAVAILABLE) is asked for again from
+        // where the reader stopped, so the broker's read rides the restart out.
+        if (end != null || window == 0) {
             long to = end == null ? size : Math.min((long) end + 1, size);
             RangeStream in = open(request(md, start, end, false), Math.max(0, to - start), op);
             in.armIdleTimeout(scheduler, config.fetchIdleTimeoutMs());
