@@ -405,16 +405,9 @@ public final class RemoteReader implements AutoCloseable {
      */
     private RangeStream openOnce(FetchSegmentRequest request, long length, String op)
             throws StatusException, InterruptedException, RemoteStorageException {
-        if (channel != null && System.nanoTime() - noChannelUntilNanos >= 0) {
-            try {
-                return channel.open(request, length, op);
-            } catch (FetchChannel.NotAvailable e) {
-                noChannel(e, op);
-            } catch (InterruptedIOException e) {
-                InterruptedException ie = new InterruptedException(op + ": interrupted");
-                ie.initCause(e);
-                throw ie;
-            }
+        RangeStream overChannel = overChannel(c -> c.open(request, length, op), op);
+        if (overChannel != null) {
+            return overChannel;
         }
         GrpcInputStream<FetchSegmentResponse> s = GrpcInputStream.start(grpc.get(),
                 RemoteStorageGrpc.getFetchSegmentMethod(), STREAM_CALL, request, r -> {
@@ -426,6 +419,32 @@ public final class RemoteReader implements AutoCloseable {
     }
 
     /** The sidecar has no fetch channel: ranges and indexes over gRPC for {@link #NO_CHANNEL_RETRY_MS}. */
+    /** One request over the fetch channel. */
+    private interface ChannelRequest {
+        RangeStream send(FetchChannel channel)
+                throws StatusException, FetchChannel.NotAvailable, InterruptedIOException;
+    }
+
+    /**
+     * {@code request} over the fetch channel; null when there is none or the sidecar has none
+     * (the caller then asks over gRPC).
+     */
+    private RangeStream overChannel(ChannelRequest request, String op) throws StatusException, InterruptedException {
+        if (channel == null || System.nanoTime() - noChannelUntilNanos < 0) {
+            return null;
+        }
+        try {
+            return request.send(channel);
+        } catch (FetchChannel.NotAvailable e) {
+            noChannel(e, op);
+            return null;
+        } catch (InterruptedIOException e) {
+            InterruptedException ie = new InterruptedException(op + ": interrupted");
+            ie.initCause(e);
+            throw ie;
+        }
+    }
+
     private void noChannel(FetchChannel.NotAvailable e, String op) {
         noChannelUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(NO_CHANNEL_RETRY_MS);
         metrics.fetchChannelFallbacks.increment();
@@ -488,16 +507,9 @@ public final class RemoteReader implements AutoCloseable {
      */
     private RangeStream openIndex(FetchIndexRequest request, String op)
             throws StatusException, InterruptedException, RemoteStorageException {
-        if (channel != null && System.nanoTime() - noChannelUntilNanos >= 0) {
-            try {
-                return channel.openIndex(request, op);
-            } catch (FetchChannel.NotAvailable e) {
-                noChannel(e, op);
-            } catch (InterruptedIOException e) {
-                InterruptedException ie = new InterruptedException(op + ": interrupted");
-                ie.initCause(e);
-                throw ie;
-            }
+        RangeStream overChannel = overChannel(c -> c.openIndex(request, op), op);
+        if (overChannel != null) {
+            return overChannel;
         }
         GrpcInputStream<FetchIndexResponse> s = GrpcInputStream.start(grpc.get(),
                 RemoteStorageGrpc.getFetchIndexMethod(),
