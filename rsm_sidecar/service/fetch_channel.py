@@ -18,6 +18,13 @@ disconnected), the same metrics (``op="fetch"``) and the same status codes. Fail
 went out end the exchange with an ``E`` frame carrying the status, so the client fails the read;
 a client that closes the connection mid-range makes the next write fail, which stops the read
 (and with it further storage reads) at once.
+
+A sidecar that stops (SIGTERM) drains the channel as gRPC drains its calls (``drain``): exchanges
+in flight end whole, within ``server.shutdown_grace_seconds``; connections between exchanges are
+closed at once (the shim asks a request that found its kept connection closed again on a new one,
+which reaches the restarted sidecar); past the grace the rest are cut, which the shim reads as a
+broken stream and resumes where it stopped. None ends in an error status: a stopping sidecar
+never fails a read, it only makes it wait.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import logging
 import socket
 import struct
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -77,6 +85,14 @@ def read_exactly(conn: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
+def _shut(conn: socket.socket) -> None:
+    """Shuts ``conn`` down both ways: its thread's blocked read or write returns at once."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed or broken
+
+
 def end_frame(code: int, message: str, length: int, next_segment: pb.SegmentMetadata | None = None) -> bytes:
     end = pb.FetchEnd(code=code, message=message, length=length)
     if next_segment is not None:
@@ -90,17 +106,24 @@ class FetchChannel:
 
     def __init__(self, servicer: RemoteStorageServicer):
         self.servicer = servicer
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        #: connection -> whether it is in an exchange (False: waiting for a request)
+        self._connections: dict[socket.socket, bool] = {}
+        self._draining = False
 
     def serve(self, conn: socket.socket, peer: str) -> None:
         """Exchanges on ``conn`` (its preface already read) until the client closes it, breaks
-        it, idles or sends something that is not a request; then closes it."""
+        it, idles or sends something that is not a request, or the sidecar drains; then closes it."""
         try:
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
             while True:
+                if not self._set_state(conn, busy=False):
+                    return  # draining: no new request on this connection
                 conn.settimeout(IDLE_CONNECTION_SECONDS)
                 request = self._read_request(conn, peer)
-                if request is None:
-                    return
+                if request is None or not self._set_state(conn, busy=True):
+                    return  # a request read as the drain began stays unanswered: asked again elsewhere
                 if isinstance(request, pb.FetchIndexRequest):
                     if not self._index_exchange(conn, request):
                         return
@@ -109,7 +132,41 @@ class FetchChannel:
         except (OSError, ConnectionLost) as e:  # a client that went away between exchanges
             log.debug("fetch channel from %s closed: %s", peer, e)
         finally:
+            with self._lock:
+                self._connections.pop(conn, None)
+                self._changed.notify_all()
             conn.close()
+
+    def _set_state(self, conn: socket.socket, busy: bool) -> bool:
+        """Records that ``conn`` is in an exchange (``busy``) or waits for a request; False when
+        the channel is draining (the connection is to be closed instead)."""
+        with self._lock:
+            if self._draining:
+                return False
+            self._connections[conn] = busy
+            return True
+
+    def drain(self, grace: float) -> None:
+        """Closes the connections waiting for a request, waits up to ``grace`` seconds for the
+        exchanges in flight to end, then cuts the rest (module docstring)."""
+        deadline = time.monotonic() + grace
+        with self._lock:
+            self._draining = True
+            for conn, busy in self._connections.items():
+                if not busy:
+                    _shut(conn)  # wakes its thread, blocked reading the next request
+            while self._connections and self._changed.wait(max(0.0, deadline - time.monotonic())):
+                pass
+            left = list(self._connections)
+        if left:
+            log.warning(
+                "fetch channel: %d exchanges still in flight after %.0f s (server.shutdown_grace_seconds); "
+                "cutting them (their readers resume on the restarted sidecar)",
+                len(left),
+                grace,
+            )
+            for conn in left:
+                _shut(conn)
 
     def _read_request(
         self, conn: socket.socket, peer: str

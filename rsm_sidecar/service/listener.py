@@ -152,8 +152,14 @@ class Listener:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops accepting; connections already accepted go on (gRPC's drain ends its own)."""
+        """Stops accepting at once: a client connecting from now on is refused (``UNAVAILABLE``,
+        which it retries) rather than relayed to a gRPC server that is draining, which would
+        cancel its call. Connections already accepted go on (gRPC's drain ends its own)."""
         self._stopped.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes ``accept`` now, not at its next poll
+        except OSError:
+            pass  # not listening (never started) or already shut
         if self._thread is not None:
             self._thread.join()
         self.sock.close()
@@ -170,6 +176,9 @@ class Listener:
                 log.warning("accepting a connection failed: %s", e)
                 time.sleep(0.1)
                 continue
+            if self._stopped.is_set():
+                conn.close()  # accepted as the listener stopped: refused like the ones after it
+                return
             peer = _describe_peer(addr)
             if not self._connections.acquire(blocking=False):
                 log.warning("%d connections are open; closing the one from %s", MAX_CONNECTIONS, peer)

@@ -215,7 +215,9 @@ class SidecarServer:
         log.info("shutting down: draining in-flight calls for up to %.0fs", grace)
         self.health.enter_graceful_shutdown()
         self.listener.stop()
-        self.server.stop(grace).wait()
+        grpc_drained = self.server.stop(grace)
+        self.listener.fetch_channel.drain(grace)  # beside gRPC's drain, in the same grace
+        grpc_drained.wait()
         shutil.rmtree(self._grpc_dir, ignore_errors=True)
         self.servicer.close()
         if self._metrics_server is not None:

@@ -54,7 +54,9 @@ class ServerSettings(Settings):
     shutdown_grace_seconds: float = setting(
         "seconds",
         30.0,
-        "On SIGTERM: stop accepting calls, then wait this long for in-flight copies and fetches.",
+        "On SIGTERM: stop accepting connections, close fetch channel connections between exchanges,"
+        " then wait this long for in-flight copies, fetches and fetch channel exchanges; past it the"
+        " rest are cut (the shim resumes a cut read on the restarted sidecar; a cut copy is retried).",
         min=0,
     )
     tls: TlsSettings = group(TlsSettings)

@@ -140,7 +140,12 @@ def test_reads_ride_out_sidecar_restarts(stack, tiered):
         f"passes read: {len(reader.passes)}; the consumer's longest wait for a record: "
         f"{reader.longest_wait:.2f} s; the shim's outages: {back}"
     )
-    assert reader.errors == []
+    # on a failure, what the shim said: the sidecar's outages, the errors and the reads' waits
+    said = [line for line in log.splitlines() if " WARN " in line or " ERROR " in line or "reachable" in line]
+    assert reader.errors == [], (
+        f"restarts took {', '.join(f'{k} {v:.2f} s' for k, v in gaps.items())}; the broker's log said:\n"
+        + "\n".join(said[:40])
+    )
     for got in reader.passes:
         for p in range(PARTITIONS):
             scenarios.assert_same_records(got[p], tiered[p])

@@ -279,3 +279,61 @@ def test_concurrent_connections_read_their_own_bytes(start_sidecar, tmp_path):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_a_stopping_sidecar_ends_exchanges_in_flight_and_closes_idle_connections(start_sidecar, tmp_path):
+    """SIGTERM's drain (fetch_channel.FetchChannel.drain): the range in flight arrives whole, a
+    connection between exchanges is closed at once, a new one is refused; stop waits for the range."""
+    sc = start_sidecar(segment__chunk_size=4 * MiB, segment__compression=False)
+    md = sc.client.copy_a_segment(tmp_path / "seg", 64 * MiB)
+    busy = FetchChannelClient(sc.server.address, receive_buffer=256 * KiB)
+    idle = FetchChannelClient(sc.server.address)
+    try:
+        assert len(idle.fetch(md, 0, 9)[0]) == 10  # one exchange done: now between exchanges
+        busy.request(md)
+        frames = busy.frames()
+        kind, first = next(frames)
+        assert kind == fetch_channel.DATA
+        stopper = threading.Thread(target=sc.server.stop, kwargs={"grace": 30})
+        stopper.start()
+        idle.sock.settimeout(10)
+        assert _closed_by_peer(idle.sock), "the idle connection was not closed"
+        with pytest.raises(OSError):  # refused (the listener stopped), not relayed to a draining server
+            FetchChannelClient(sc.server.address, timeout=5)
+        # 64 MiB cannot have fit in the sockets' buffers: the range is still in flight, and stop waits
+        assert stopper.is_alive(), "stop returned before the range in flight ended"
+        got = len(first)
+        for kind, payload in frames:
+            if kind == fetch_channel.DATA:
+                got += len(payload)
+            else:
+                done = pb.FetchEnd.FromString(payload)
+                assert (done.code, done.length) == (0, 64 * MiB), done
+        assert got == 64 * MiB
+        stopper.join(30)
+        assert not stopper.is_alive(), "stop did not return once the range ended"
+    finally:
+        busy.close()
+        idle.close()
+
+
+def test_a_range_still_in_flight_after_the_grace_is_cut_never_failed(start_sidecar, tmp_path):
+    """Past ``server.shutdown_grace_seconds`` the drain cuts the connection: the client sees a broken
+    stream, which the shim resumes on the restarted sidecar, never an error status, which would fail
+    the broker's read."""
+    sc = start_sidecar(segment__chunk_size=4 * MiB, segment__compression=False)
+    md = sc.client.copy_a_segment(tmp_path / "seg", 64 * MiB)
+    client = FetchChannelClient(sc.server.address, receive_buffer=64 * KiB)
+    try:
+        client.request(md)
+        frames = client.frames()
+        assert next(frames)[0] == fetch_channel.DATA
+        t0 = time.monotonic()
+        sc.server.stop(grace=1)  # the client reads nothing meanwhile
+        stopped = time.monotonic() - t0
+        assert 1 <= stopped < 10, f"stop took {stopped:.1f} s with a grace of 1 s"
+        with pytest.raises((fetch_channel.ConnectionLost, ConnectionError, OSError)):
+            for kind, payload in frames:
+                assert kind == fetch_channel.DATA, pb.FetchEnd.FromString(payload)
+    finally:
+        client.close()
