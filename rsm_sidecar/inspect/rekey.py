@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 from rsm_sidecar.errors import ConfigError, RsmError
 from rsm_sidecar.format import keys as fkeys
@@ -34,7 +33,7 @@ from rsm_sidecar.format.manifest import EncryptionInfo, SegmentManifest
 from rsm_sidecar.inspect import manifests, runner
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.rewrite import Rewriter
-from rsm_sidecar.inspect.runner import ERROR, SKIPPED, SegmentOutcome, Tally
+from rsm_sidecar.inspect.runner import ERROR, SKIPPED, DryRunTally, SegmentOutcome
 from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.transform import authentication
 from rsm_sidecar.transform.keyring import Keyring
@@ -146,24 +145,18 @@ def rekey_segment(
         return out
 
 
-class RekeySummary(Tally):
+class RekeySummary(DryRunTally):
     ACTIONS = {REKEYED: "rekeyed", WOULD_REKEY: "would_rekey", SKIPPED: "skipped", ERROR: "errors"}
+    PROBLEMS = ("errors",)
+    DONE = ("rekeyed", "would_rekey", "re-keyed")
 
     def __init__(self, active_key: str, dry_run: bool):
-        super().__init__()
-        self.active_key, self.dry_run = active_key, dry_run
-
-    def facts(self) -> dict[str, Any]:
-        return {"active_key": self.active_key, "dry_run": self.dry_run}
-
-    @property
-    def has_problems(self) -> bool:
-        return self["errors"] > 0
+        super().__init__(dry_run, active_key=active_key)
+        self.active_key = active_key
 
     def text(self) -> str:
-        done = f"{self['would_rekey']} would be re-keyed" if self.dry_run else f"{self['rekeyed']} re-keyed"
         return (
-            f"{self.segments} segments: {done}, {self['skipped']} skipped, {self['errors']} errors "
+            f"{self.segments} segments: {self.done()}, {self['skipped']} skipped, {self['errors']} errors "
             f"(active key {self.active_key}{', dry run' if self.dry_run else ''})"
         )
 

@@ -67,14 +67,17 @@ R = TypeVar("R", bound=Outcome)
 
 class Tally:
     """A run's summary: the segments done and how many had each action (``ACTIONS``: action ->
-    its name in the summary), after the job's own facts (``facts()``: the active key, dry run,
-    ...). ``tally["errors"]``: a count by its name."""
+    its name in the summary), after the job's own facts (given to ``__init__`` as keywords: the
+    active key, dry run, ...). ``tally["errors"]``: a count by its name."""
 
     ACTIONS: ClassVar[Mapping[str, str]] = {}
+    #: the counts (by name) of which one above 0 makes the command exit with "problems found"
+    PROBLEMS: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self) -> None:
+    def __init__(self, **facts: Any) -> None:
         self.segments = 0
         self.counts = dict.fromkeys(self.ACTIONS.values(), 0)
+        self._facts = facts
 
     def __getitem__(self, name: str) -> int:
         return self.counts[name]
@@ -89,12 +92,12 @@ class Tally:
         self.counts[self.ACTIONS[outcome.action]] += 1
 
     def facts(self) -> dict[str, Any]:
-        return {}
+        return dict(self._facts)
 
     @property
     def has_problems(self) -> bool:
         """Whether the command exits with the "problems found" code."""
-        raise NotImplementedError
+        return any(self.counts[name] > 0 for name in self.PROBLEMS)
 
     def text(self) -> str:
         """The summary line for people."""
@@ -102,6 +105,22 @@ class Tally:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.facts(), "segments": self.segments, **self.counts}
+
+
+class DryRunTally(Tally):
+    """The summary of a job that can run dry (write nothing): ``dry_run`` is among its facts and
+    ``done()`` says how many it changed, or would have changed (``DONE``: the count of the
+    segments changed, the count of those it would change, and the verb's past participle)."""
+
+    DONE: ClassVar[tuple[str, str, str]]
+
+    def __init__(self, dry_run: bool, **facts: Any) -> None:
+        super().__init__(**facts, dry_run=dry_run)
+        self.dry_run = dry_run
+
+    def done(self) -> str:
+        changed, would_change, verb = self.DONE
+        return f"{self[would_change]} would be {verb}" if self.dry_run else f"{self[changed]} {verb}"
 
 
 T = TypeVar("T", bound=Tally)

@@ -37,7 +37,6 @@ import array
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 from rsm_sidecar import __version__
 from rsm_sidecar.errors import DataLoss, RsmError
@@ -46,7 +45,7 @@ from rsm_sidecar.format.manifest import TAG_BYTES, SegmentIdentity, SegmentManif
 from rsm_sidecar.inspect import manifests, runner
 from rsm_sidecar.inspect.context import InspectContext
 from rsm_sidecar.inspect.rewrite import Rewriter
-from rsm_sidecar.inspect.runner import ERROR, SKIPPED, SegmentOutcome, Tally
+from rsm_sidecar.inspect.runner import ERROR, SKIPPED, DryRunTally, SegmentOutcome
 from rsm_sidecar.inspect.verify import SegmentVerifier
 from rsm_sidecar.segment.listing import StoredSegment
 from rsm_sidecar.segment.reader import OpenSegment, SegmentReader
@@ -291,7 +290,7 @@ class Sealer:
             raise DataLoss(f"{seg.object_key(fkeys.MANIFEST)}: read back after sealing, the manifest differs")
 
 
-class SealSummary(Tally):
+class SealSummary(DryRunTally):
     ACTIONS = {
         SEALED: "sealed",
         WOULD_SEAL: "would_seal",
@@ -299,22 +298,12 @@ class SealSummary(Tally):
         REFUSED: "refused",
         ERROR: "errors",
     }
-
-    def __init__(self, dry_run: bool):
-        super().__init__()
-        self.dry_run = dry_run
-
-    def facts(self) -> dict[str, Any]:
-        return {"dry_run": self.dry_run}
-
-    @property
-    def has_problems(self) -> bool:
-        return self["refused"] > 0 or self["errors"] > 0
+    PROBLEMS = ("refused", "errors")
+    DONE = ("sealed", "would_seal", "sealed")
 
     def text(self) -> str:
-        done = f"{self['would_seal']} would be sealed" if self.dry_run else f"{self['sealed']} sealed"
         return (
-            f"{self.segments} segments: {done}, {self['skipped']} skipped, {self['refused']} refused, "
+            f"{self.segments} segments: {self.done()}, {self['skipped']} skipped, {self['refused']} refused, "
             f"{self['errors']} errors{' (dry run)' if self.dry_run else ''}"
         )
 

@@ -415,6 +415,7 @@ class SegmentVerifier:
 
 class VerifySummary(Tally):
     ACTIONS = {"ok": "ok", "failed": "failed"}
+    PROBLEMS = ("failed",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -423,10 +424,6 @@ class VerifySummary(Tally):
     def count(self, outcome: SegmentReport) -> None:  # type: ignore[override]
         super().count(outcome)
         self.bytes += outcome.original_bytes
-
-    @property
-    def has_problems(self) -> bool:
-        return self["failed"] > 0
 
     def text(self) -> str:
         return (
