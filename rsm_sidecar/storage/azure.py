@@ -526,13 +526,7 @@ class _AzureUpload(base.StreamingUpload):
             self._blocks[number] = block_id
 
     def _finish(self, number: int, offset: int, last: bytearray) -> None:
-        if last:
-            self._send_part(number, offset, last)
-        else:
-            number -= 1
-        blocks = [self._blocks[n] for n in sorted(self._blocks)]
-        if len(blocks) != number:
-            raise base.StorageError(f"{self.url}: {number} blocks sent but only {len(blocks)} acknowledged")
+        blocks = self._send_last(number, offset, last, self._blocks, "blocks")
         self._call("PUT_BLOCK_LIST", self._blob.commit_block_list, [BlobBlock(block_id=b) for b in blocks])
 
     def _cancel(self) -> None:

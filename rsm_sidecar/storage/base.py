@@ -31,9 +31,9 @@ import io
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 import grpc
 
@@ -362,6 +362,9 @@ class RemoteObjectStore(ObjectStore):
     def _new_upload(self, key: str) -> StreamingUpload: ...
 
 
+_Ack = TypeVar("_Ack")  # what a backend keeps of a part's acknowledgement
+
+
 class StreamingUpload(abc.ABC):
     """One streaming upload, the logic every remote backend shares; the backend provides the
     requests (``_put_whole``, ``_start``, ``_send_part``, ``_finish``, ``_cancel``).
@@ -431,6 +434,22 @@ class StreamingUpload(abc.ABC):
     @abc.abstractmethod
     def _translate(self, e: Exception) -> RsmError:
         """The contract's error for a failure of a request."""
+
+    def _send_last(
+        self, number: int, offset: int, last: bytearray, acked: Mapping[int, _Ack], what: str
+    ) -> list[_Ack]:
+        """For the ``_finish`` of a backend that publishes the parts it sent as one list (S3's
+        parts, Azure's blocks): send ``last``, if it holds bytes, as part ``number``; return what
+        each part's acknowledgement left in ``acked`` (by part number), in part order, which must
+        be every part sent (``what``: the backend's word for its parts, for the error)."""
+        if last:
+            self._send_part(number, offset, last)
+        else:
+            number -= 1
+        parts = [acked[n] for n in sorted(acked)]
+        if len(parts) != number:
+            raise StorageError(f"{self.url}: {number} {what} sent but only {len(parts)} acknowledged")
+        return parts
 
     # -- the shared logic ------------------------------------------------------------------
     def _ensure_open(self, what: str) -> None:

@@ -596,13 +596,7 @@ class _S3Upload(base.StreamingUpload):
 
     def _finish(self, number: int, offset: int, last: bytearray) -> None:
         s = self._s3
-        if last:
-            self._send_part(number, offset, last)
-        else:
-            number -= 1
-        parts = [self._parts[n] for n in sorted(self._parts)]
-        if len(parts) != number:
-            raise base.StorageError(f"{self.url}: {number} parts sent but only {len(parts)} acknowledged")
+        parts = self._send_last(number, offset, last, self._parts, "parts")
         s._object_call(
             "COMPLETE_MULTIPART",
             s._client.complete_multipart_upload,
