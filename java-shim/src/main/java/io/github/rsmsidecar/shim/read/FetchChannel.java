@@ -389,13 +389,6 @@ public final class FetchChannel implements AutoCloseable {
         }
 
         @Override
-        public int read() throws IOException {
-            byte[] one = new byte[1];
-            int n = read(one, 0, 1);
-            return n < 0 ? -1 : one[0] & 0xff;
-        }
-
-        @Override
         public int read(byte[] b, int off, int len) throws IOException {
             if (closed) {
                 throw new IOException(op + ": stream closed");

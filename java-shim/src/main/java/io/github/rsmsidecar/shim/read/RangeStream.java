@@ -1,7 +1,6 @@
 package io.github.rsmsidecar.shim.read;
 
 import io.github.rsmsidecar.proto.v1.SegmentMetadata;
-import java.io.InputStream;
 
 /**
  * The bytes of one asked-for range as they arrive from the sidecar (over the fetch channel, or over
@@ -9,7 +8,7 @@ import java.io.InputStream;
  * early, are {@link java.io.IOException}s from {@code read}, never a short stream; closing it before
  * its end tells the sidecar to stop.
  */
-abstract class RangeStream extends InputStream {
+abstract class RangeStream extends BulkInputStream {
 
     /**
      * The partition's next segment, as the sidecar named it at the end of a range that reached the

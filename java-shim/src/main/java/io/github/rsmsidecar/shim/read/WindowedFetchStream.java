@@ -37,7 +37,7 @@ import org.slf4j.LoggerFactory;
  *       fetch does, {@code retry.fetch.max.ms}).
  * </ul>
  */
-final class WindowedFetchStream extends InputStream {
+final class WindowedFetchStream extends BulkInputStream {
 
     private static final Logger LOG = LoggerFactory.getLogger(WindowedFetchStream.class);
 
@@ -105,13 +105,6 @@ final class WindowedFetchStream extends InputStream {
     /** The end position (inclusive) to ask for a window of {@code size} bytes from {@code start}: null if it reaches the end. */
     static Integer windowEnd(long start, long size, long segmentSize) {
         return start + size >= segmentSize ? null : (int) (start + size - 1);
-    }
-
-    @Override
-    public int read() throws IOException {
-        byte[] one = new byte[1];
-        int n = read(one, 0, 1);
-        return n < 0 ? -1 : one[0] & 0xff;
     }
 
     @Override
