@@ -6,18 +6,8 @@ import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.github.rsmsidecar.proto.v1.CopySegmentRequest;
-import io.github.rsmsidecar.proto.v1.CopySegmentResponse;
-import io.github.rsmsidecar.proto.v1.DeleteSegmentRequest;
-import io.github.rsmsidecar.proto.v1.DeleteSegmentResponse;
-import io.github.rsmsidecar.proto.v1.FetchIndexRequest;
-import io.github.rsmsidecar.proto.v1.FetchIndexResponse;
-import io.github.rsmsidecar.proto.v1.FetchSegmentRequest;
-import io.github.rsmsidecar.proto.v1.FetchSegmentResponse;
-import io.github.rsmsidecar.proto.v1.RemoteStorageGrpc;
 import io.grpc.Status;
 import io.grpc.StatusException;
-import io.grpc.stub.StreamObserver;
 import java.nio.file.Path;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
@@ -38,50 +28,6 @@ class ErrorMappingTest {
     @TempDir
     Path dir;
 
-    /** Fails every call with {@code status}. */
-    static final class FailingSidecar extends RemoteStorageGrpc.RemoteStorageImplBase {
-        final Status status;
-
-        FailingSidecar(Status status) {
-            this.status = status;
-        }
-
-        @Override
-        public StreamObserver<CopySegmentRequest> copySegment(StreamObserver<CopySegmentResponse> observer) {
-            return new StreamObserver<>() {
-                boolean failed;
-
-                public void onNext(CopySegmentRequest v) {
-                    if (!failed) {
-                        failed = true;
-                        observer.onError(status.asRuntimeException());
-                    }
-                }
-
-                public void onError(Throwable t) {
-                }
-
-                public void onCompleted() {
-                }
-            };
-        }
-
-        @Override
-        public void fetchSegment(FetchSegmentRequest request, StreamObserver<FetchSegmentResponse> observer) {
-            observer.onError(status.asRuntimeException());
-        }
-
-        @Override
-        public void fetchIndex(FetchIndexRequest request, StreamObserver<FetchIndexResponse> observer) {
-            observer.onError(status.asRuntimeException());
-        }
-
-        @Override
-        public void deleteSegment(DeleteSegmentRequest request, StreamObserver<DeleteSegmentResponse> observer) {
-            observer.onError(status.asRuntimeException());
-        }
-    }
-
     static Class<? extends RemoteStorageException> expectedType(Status.Code code) {
         return code == Status.Code.NOT_FOUND ? RemoteResourceNotFoundException.class : RemoteStorageException.class;
     }
@@ -99,7 +45,9 @@ class ErrorMappingTest {
         Status status = Status.fromCode(code).withDescription("sidecar says " + code.name().toLowerCase());
         LogSegmentData data = Fixtures.segmentData(dir, 100, 8, 12, 4, null, Fixtures.leaderEpochCheckpoint());
         Map<String, String> config = Fixtures.config(ShimConfig.RETRY_MAX_ATTEMPTS, "1");
-        try (Fixtures.Harness h = new Fixtures.Harness(new FailingSidecar(status), config)) {
+        // RetryTest's sidecar, never recovering: every call fails with the status
+        RetryTest.FlakySidecar sidecar = new RetryTest.FlakySidecar(Integer.MAX_VALUE, status);
+        try (Fixtures.Harness h = new Fixtures.Harness(sidecar, config)) {
             RemoteStorageException e;
 
             e = assertThrows(RemoteStorageException.class, () -> h.rsm.fetchLogSegment(Fixtures.metadata(), 0));
