@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from benchmarks.pipeline import FileSource, best, read_chunks
 from benchmarks.shim import drop_from_page_cache
-from benchmarks.synthetic import encryption_key, segment_in_new_dir
+from benchmarks.synthetic import add_segment_options, encryption_key, segment_of_options
 from rsm_sidecar.config import Config
 from rsm_sidecar.format import keys as fkeys
 from rsm_sidecar.format.keys import SegmentMetadata
@@ -67,13 +67,11 @@ def cache_files(path: str) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size-mib", type=int, default=64)
-    ap.add_argument("--chunk-mib", type=int, default=4)
+    add_segment_options(ap, size_mib=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--scan-entries", type=int, default=10_000)
     args = ap.parse_args()
-    chunk = args.chunk_mib * MiB
-    work, seg_path, size = segment_in_new_dir("rsm-bench-diskcache-", args.size_mib * MiB)
+    work, seg_path, size, chunk = segment_of_options("rsm-bench-diskcache-", args)
     mib = size / MiB
     store_root, disk = os.path.join(work, "store"), os.path.join(work, "disk-cache")
     cfg = Config(

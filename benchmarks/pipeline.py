@@ -22,7 +22,7 @@ import google_crc32c
 import zstandard
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from benchmarks.synthetic import encryption_key, segment_in_new_dir
+from benchmarks.synthetic import add_segment_options, encryption_key, segment_of_options
 from rsm_sidecar.config import Config
 from rsm_sidecar.format.chunk_index import encode_sizes, encode_transformed_chunks
 from rsm_sidecar.format.keys import SegmentMetadata
@@ -64,12 +64,10 @@ class FileSource:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size-mib", type=int, default=256)
-    ap.add_argument("--chunk-mib", type=int, default=4)
+    add_segment_options(ap, size_mib=256)
     ap.add_argument("--parallelism", type=int, default=2)
     args = ap.parse_args()
-    chunk = args.chunk_mib * MiB
-    work, seg_path, size = segment_in_new_dir("rsm-bench-", args.size_mib * MiB)
+    work, seg_path, size, chunk = segment_of_options("rsm-bench-", args)
     mib = size / MiB
     chunks = list(read_chunks(seg_path, chunk))  # the raw baselines run from memory
     print(

@@ -637,6 +637,26 @@ def work_and_payload(prefix: str, record_size: int) -> tuple[Path, Path]:
     return work, payload
 
 
+def start_run(
+    ap: argparse.ArgumentParser, args: argparse.Namespace, prefix: str, known_cases: set[str], details: str
+) -> tuple[set[str], KafkaDistribution, Path, Path]:
+    """What a run of this benchmark and of :mod:`benchmarks.remote_read_partitions` does first:
+    the ``--cases`` asked for (an unknown one is an error of ``ap``), the Kafka distribution of
+    ``--kafka-version``, a new work directory ``prefix...`` with the producers' payload
+    (:func:`work_and_payload`), and the run's banner: Kafka's version, the records, ``details``."""
+    cases = set(args.cases.split(","))
+    if cases - known_cases:
+        ap.error(f"unknown cases {sorted(cases - known_cases)}")
+    dist = KafkaDistribution.ensure(args.kafka_version)
+    work, payload = work_and_payload(prefix, args.record_size)
+    print(
+        f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
+        f"({args.records * args.record_size / MiB:.0f} MiB){details}",
+        flush=True,
+    )
+    return cases, dist, work, payload
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=2_000_000)
@@ -712,27 +732,13 @@ def main(argv: list[str] | None = None) -> int:
         help="an extra broker property for the ours cases (repeatable), e.g. rsm.config.fetch.window.bytes=0",
     )
     args = ap.parse_args(argv)
-    cases = set(args.cases.split(","))
-    unknown = cases - {
-        "local",
-        "lts",
-        "ours",
-        "ours-plain",
-        "ours-no-readahead",
-        "ours-tcp",
-        "ours-tcp-plaintext",
-    }
-    if unknown:
-        ap.error(f"unknown cases {sorted(unknown)}")
-
-    dist = KafkaDistribution.ensure(args.kafka_version)
-    work, payload = work_and_payload("remote-read-", args.record_size)
-    print(
-        f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
-        f"({args.records * args.record_size / MiB:.0f} MiB), {args.segment_mib} MiB segments, one partition, "
-        f"producer compression {args.compression}, consumer fetch size {args.fetch_size} B, "
-        f"{args.warm_up} warm-up",
-        flush=True,
+    cases, dist, work, payload = start_run(
+        ap,
+        args,
+        "remote-read-",
+        {"local", "lts", "ours", "ours-plain", "ours-no-readahead", "ours-tcp", "ours-tcp-plaintext"},
+        f", {args.segment_mib} MiB segments, one partition, producer compression {args.compression}, "
+        f"consumer fetch size {args.fetch_size} B, {args.warm_up} warm-up",
     )
     reads: list[Read] = []
     try:

@@ -120,10 +120,10 @@ from benchmarks.remote_read import (
     produce,
     run_tool,
     sidecar_profiler,
+    start_run,
     stop_profiler,
     thread_cpu,
     thread_cpu_line,
-    work_and_payload,
 )
 from devstack.cluster import ClusterStack
 from devstack.common import free_port
@@ -748,18 +748,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--transport tcp-mtls runs with one broker (one network namespace)")
     if args.transport == "tcp-mtls" and netns_available():
         ap.error(f"--transport tcp-mtls: {netns_available()}")
-    cases = set(args.cases.split(","))
-    if cases - {"lts", "ours"}:
-        ap.error(f"unknown cases {sorted(cases - {'lts', 'ours'})}")
-    dist = KafkaDistribution.ensure(args.kafka_version)
-    work, payload = work_and_payload("remote-read-partitions-", args.record_size)
-    print(
-        f"Kafka {dist.version}; {args.records:,} records of {args.record_size} B "
-        f"({args.records * args.record_size / MiB:.0f} MiB) over {args.partitions} partitions, "
-        f"{args.segment_mib} MiB segments, consumer max.partition.fetch.bytes {args.fetch_size}, "
-        f"{args.brokers} broker(s), transport {args.transport}, storage {args.storage}"
+    cases, dist, work, payload = start_run(
+        ap,
+        args,
+        "remote-read-partitions-",
+        {"lts", "ours"},
+        f" over {args.partitions} partitions, {args.segment_mib} MiB segments, consumer "
+        f"max.partition.fetch.bytes {args.fetch_size}, {args.brokers} broker(s), transport "
+        f"{args.transport}, storage {args.storage}"
         f"{', sidecars restarted before each cold read' if args.reconnect_before_cold else ''}",
-        flush=True,
     )
     reads: list[PartRead] = []
     try:

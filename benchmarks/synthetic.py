@@ -3,6 +3,7 @@ library builds them) with JSON-like values, as an order/event topic would carry.
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import tempfile
@@ -84,6 +85,21 @@ def segment_in_new_dir(prefix: str, total_bytes: int) -> tuple[str, str, int]:
     work = tempfile.mkdtemp(prefix=prefix)
     path = os.path.join(work, "segment.log")
     return work, path, write_segment(path, total_bytes)
+
+
+def add_segment_options(ap: argparse.ArgumentParser, size_mib: int) -> None:
+    """A benchmark's ``--size-mib`` (the synthetic segment's size, default ``size_mib``) and
+    ``--chunk-mib`` (the sidecar's chunk size, default 4): :func:`segment_of_options` reads them."""
+    ap.add_argument("--size-mib", type=int, default=size_mib)
+    ap.add_argument("--chunk-mib", type=int, default=4)
+
+
+def segment_of_options(prefix: str, args: argparse.Namespace) -> tuple[str, str, int, int]:
+    """The segment of :func:`add_segment_options`' ``--size-mib`` in a new directory named
+    ``prefix...`` (:func:`segment_in_new_dir`): the directory, the segment's path, its size and
+    the chunk size in bytes."""
+    work, path, size = segment_in_new_dir(prefix, args.size_mib * 1024 * 1024)
+    return work, path, size, args.chunk_mib * 1024 * 1024
 
 
 def encryption_key(work: str) -> dict[str, dict[str, str]]:

@@ -16,13 +16,14 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, request):
-    mode = getattr(request.module, "TRANSFER_MODE", "path")
-    storage = getattr(request.module, "STORAGE", "local")
+    """The module's stack: its ``TRANSFER_MODE`` (default path), ``STORAGE`` (default local),
+    ``KAFKA_VERSION`` (default the devstack's) and ``METRICS`` (default on)."""
     st = LocalStack(
         tmp_path_factory.mktemp("stack"),
-        storage=storage,
-        transfer_mode=mode,
-        metrics=True,
+        storage=getattr(request.module, "STORAGE", "local"),
+        transfer_mode=getattr(request.module, "TRANSFER_MODE", "path"),
+        kafka_version=getattr(request.module, "KAFKA_VERSION", None),
+        metrics=getattr(request.module, "METRICS", True),
         broker_jvm_options=BROKER_JVM_OPTIONS,
     )
     st.start()

@@ -226,6 +226,20 @@ def produce_and_tier(
     return out
 
 
+def error_keeping_consumer(bootstrap: str, group: str, errors: list[str], **config: object) -> Consumer:
+    """A consumer in ``group`` that commits no offsets and appends each error the client reports
+    (``error_cb``) to ``errors``; ``config``: more consumer settings."""
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "error_cb": lambda err: errors.append(str(err)),
+            **config,
+        }
+    )
+
+
 class PassReader(threading.Thread):
     """A consumer reading ``produced`` (partition -> its records, from offset 0) again and again,
     ``batch`` records per poll, until stopped after a pass that started after the stop was asked
@@ -253,15 +267,7 @@ class PassReader(threading.Thread):
         self.longest_wait = 0.0
 
     def run(self) -> None:
-        c = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": self.group,
-                "enable.auto.commit": False,
-                "error_cb": lambda err: self.errors.append(str(err)),
-                **self.config,
-            }
-        )
+        c = error_keeping_consumer(self.bootstrap, self.group, self.errors, **self.config)
         try:
             while True:
                 last_pass = self.stop_after.is_set()

@@ -8,31 +8,16 @@ import re
 
 import pytest
 
-from devstack.stack import LocalStack
 from tests.e2e import scenarios
 from tests.e2e.kafka_helpers import (
     local_segment_offsets,
     produce_and_tier,
     remote_segments,
 )
-from tests.helpers import BROKER_JVM_OPTIONS
 
 KAFKA_VERSION = "3.9.2"
 TRANSFER_MODE = "path"
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, request):
-    """Overrides the conftest fixture for this module: the same stack on KAFKA_VERSION."""
-    st = LocalStack(
-        tmp_path_factory.mktemp("stack39"),
-        transfer_mode=TRANSFER_MODE,
-        kafka_version=request.module.KAFKA_VERSION,
-        broker_jvm_options=BROKER_JVM_OPTIONS,
-    )
-    st.start()
-    yield st
-    st.stop()
+METRICS = False  # the conftest's stack on KAFKA_VERSION, without the metrics endpoint
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import time
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from devstack.common import free_port
 from devstack.kafka_tools import tool_command
@@ -35,6 +35,7 @@ from tests.e2e.kafka_helpers import (
     PassReader,
     Rec,
     create_topic,
+    error_keeping_consumer,
     filler,
     produce,
     produce_and_tier,
@@ -276,14 +277,7 @@ def test_a_busy_sidecar_is_back_pressure_not_an_error(stack):
     busy_before = sidecar_counter(stack, BUSY_PATTERN)
 
     errors: list[str] = []
-    c = Consumer(
-        {
-            "bootstrap.servers": stack.bootstrap_servers,
-            "group.id": "busy",
-            "enable.auto.commit": False,
-            "error_cb": lambda err: errors.append(str(err)),
-        }
-    )
+    c = error_keeping_consumer(stack.bootstrap_servers, "busy", errors)
     got: dict[int, list[Rec]] = {p: [] for p in range(4)}
     started = time.monotonic()
     try:

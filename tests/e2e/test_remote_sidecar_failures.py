@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from devstack.stack import TLS_AUTHORITY, LocalStack
 from devstack.tls import EXPIRED, NOT_YET_VALID, Issued, TestCA
@@ -41,6 +41,7 @@ from tests.e2e.kafka_helpers import (
     PassReader,
     Rec,
     create_topic,
+    error_keeping_consumer,
     filler,
     produce,
     records,
@@ -243,14 +244,7 @@ def read_once(stack, until: Callable[[], bool] = lambda: False) -> list[str]:
     """One consumer reading the TLS topic from offset 0 (remote storage) for 4 s, or until
     ``until()``; its errors."""
     errors: list[str] = []
-    c = Consumer(
-        {
-            "bootstrap.servers": stack.bootstrap_servers,
-            "group.id": "tls",
-            "enable.auto.commit": False,
-            "error_cb": lambda err: errors.append(str(err)),
-        }
-    )
+    c = error_keeping_consumer(stack.bootstrap_servers, "tls", errors)
     try:
         c.assign([TopicPartition(TLS_TOPIC, 0, 0)])
         deadline = time.monotonic() + 4

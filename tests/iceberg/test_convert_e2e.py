@@ -148,21 +148,18 @@ def topics(stack, apicurio, registry_url, order_pb2):
         )
         orders[i] = o
     recs = produce(bs, proto, recs)
-    aborted = _produce_txn(
-        bs,
-        proto,
-        [vser(order_pb2.Order(id=f"aborted-{i}")) for i in range(5)],
-        False,
-        kser(order_pb2.OrderKey(id="tx")),
-    )
-    committed = _produce_txn(
-        bs,
-        proto,
-        [vser(order_pb2.Order(id=f"committed-{i}")) for i in range(5)],
-        True,
-        kser(order_pb2.OrderKey(id="tx")),
-    )
-    out["proto"] = dict(topic=proto, recs=recs, orders=orders, aborted=aborted, committed=committed)
+    # an aborted transaction, then a committed one: their offsets under "aborted" and "committed"
+    txns = {
+        outcome: _produce_txn(
+            bs,
+            proto,
+            [vser(order_pb2.Order(id=f"{outcome}-{i}")) for i in range(5)],
+            outcome == "committed",
+            kser(order_pb2.OrderKey(id="tx")),
+        )
+        for outcome in ("aborted", "committed")
+    }
+    out["proto"] = dict(topic=proto, recs=recs, orders=orders, **txns)
 
     # --- Avro values, raw string keys
     avro = f"avro-{sfx}"

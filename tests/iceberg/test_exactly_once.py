@@ -25,6 +25,23 @@ def build(tmp_path, name="orders") -> SyntheticTopic:
     return t
 
 
+def paused_convert(t: SyntheticTopic, tmp_path, point: str):
+    """The CLI's ``convert --json`` of ``t``, its Spark scratch directories under
+    ``tmp_path/scratch``, once it is paused at ``point`` (pause files in ``tmp_path/pause``): the
+    process, the pause directory and the scratch directory."""
+    pause_dir = tmp_path / "pause"
+    scratch_base = tmp_path / "scratch"
+    proc = t.cli(
+        "convert",
+        "--json",
+        pause_at=point,
+        pause_dir=pause_dir,
+        extra_env={"RSM__ICEBERG__SPARK__SCRATCH_DIR": str(scratch_base)},
+    )
+    wait_paused(proc, pause_dir, point)
+    return proc, pause_dir, scratch_base
+
+
 @pytest.mark.parametrize("writer", ["arrow", "spark"])
 def test_rerun_adds_nothing_and_new_segments_are_appended(spark, tmp_path, writer):
     t = build(tmp_path)
@@ -56,16 +73,7 @@ def test_rerun_adds_nothing_and_new_segments_are_appended(spark, tmp_path, write
 @pytest.mark.parametrize("point", ["planned", "write", "staged", "published"])
 def test_killed_at_any_point_then_rerun_gives_one_row_per_offset(spark, tmp_path, point):
     t = build(tmp_path)
-    pause_dir = tmp_path / "pause"
-    scratch_base = tmp_path / "scratch"
-    proc = t.cli(
-        "convert",
-        "--json",
-        pause_at=point,
-        pause_dir=pause_dir,
-        extra_env={"RSM__ICEBERG__SPARK__SCRATCH_DIR": str(scratch_base)},
-    )
-    wait_paused(proc, pause_dir, point)
+    proc, _, scratch_base = paused_convert(t, tmp_path, point)
     kill_group(proc)
     # what the killed driver left is in its own scratch directory (Spark starts after "planned"),
     # and it goes at the next job's start (sweep: what claiming does first)
@@ -97,16 +105,7 @@ def test_killed_at_any_point_then_rerun_gives_one_row_per_offset(spark, tmp_path
 
 def test_two_jobs_racing_on_a_table_commit_the_offsets_once(spark, tmp_path):
     t = build(tmp_path)
-    pause_dir = tmp_path / "pause"
-    scratch_base = tmp_path / "scratch"
-    slow = t.cli(
-        "convert",
-        "--json",
-        pause_at="staged",
-        pause_dir=pause_dir,
-        extra_env={"RSM__ICEBERG__SPARK__SCRATCH_DIR": str(scratch_base)},
-    )
-    wait_paused(slow, pause_dir, "staged")  # staged, not published yet
+    slow, pause_dir, scratch_base = paused_convert(t, tmp_path, "staged")  # staged, not published yet
     fast = t.convert(spark)  # a second job reads the same markers, commits
     assert fast.committed and fast.records == 185
     (pause_dir / "staged.resume").write_text("go")
