@@ -27,6 +27,8 @@ from rsm_sidecar.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+#: reads of a changed set before its identity is taken as what was read (files changing meanwhile)
+LOAD_ATTEMPTS = 3
 #: what identifies a file's contents without reading it
 Signature = tuple[tuple[int, int, int, int] | None, ...]
 
@@ -131,14 +133,24 @@ class ServerTls:
             if now == self._loaded or now == self._rejected:
                 return self._context
             with self._lock:
-                if now == self._loaded:
-                    return self._context
-                try:
-                    context = self._load()
-                except ConfigError as e:
-                    self._rejected = now
-                    log.warning("TLS files changed but are not usable yet (%s); keeping the ones in use", e)
-                    return self._context
+                for _ in range(LOAD_ATTEMPTS):
+                    if now == self._loaded:
+                        return self._context
+                    try:
+                        context = self._load()
+                    except ConfigError as e:
+                        self._rejected = now
+                        log.warning(
+                            "TLS files changed but are not usable yet (%s); keeping the ones in use", e
+                        )
+                        return self._context
+                    # what was read is what ``now`` describes only if nothing changed meanwhile (a
+                    # renewal landing between the stat and the read, or a stat of half a swap):
+                    # else read again, so the next handshake does not load the same files twice
+                    after = _signature(self.paths)
+                    if after == now:
+                        break
+                    now = after
                 self._loaded = now
                 self._context = context
                 self.reloads += 1

@@ -5,9 +5,11 @@ half-written is not used, and a CA change works through an overlap where both CA
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 
 import grpc
+from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.tls import Issued, SecretVolume, TestCA
@@ -96,3 +98,63 @@ def test_a_key_that_is_not_the_certificates_is_not_used(tmp_path, mtls_sidecar, 
     volume.update(secret(renewed, ca.cert_pem))
     assert healthy(channel(server, ca.cert_pem, client))
     assert server.tls is not None and server.tls.reloads == 1
+
+
+def test_a_renewal_landing_while_the_files_are_read_is_loaded_once(tmp_path, monkeypatch):
+    """The files change between the check that saw them change and their read (a renewal under a
+    loaded machine: CI saw 4 reloads for 3 renewals): the newest set is used, and the next
+    handshake does not read the same files again. The renewal is made to land inside the read
+    through ``tls.load``: a timing no real server can be made to hit on demand."""
+    from rsm_sidecar.service import tls
+
+    ca = TestCA("rsm test CA")
+    volume = SecretVolume(tmp_path / "secret", secret(ca.issue(HOST, dns=[HOST]), ca.cert_pem))
+    server_tls = tls.ServerTls(
+        str(volume.file("tls.crt")), str(volume.file("tls.key")), str(volume.file("ca.crt")), ["h2"]
+    )
+    first, second = ca.issue(HOST, dns=[HOST]), ca.issue(HOST, dns=[HOST])
+    real_load = tls.load
+    landed = []
+
+    def load_while_renewed(*args):
+        if not landed:  # the second renewal lands after the check saw the first
+            landed.append(True)
+            volume.update(secret(second, ca.cert_pem))
+        return real_load(*args)
+
+    monkeypatch.setattr(tls, "load", load_while_renewed)
+    volume.update(secret(first, ca.cert_pem))
+    server_tls.context()
+    assert server_tls.reloads == 1
+    for _ in range(3):
+        server_tls.context()
+    assert server_tls.reloads == 1, "the same files were read again"
+    # and what is in use is the newest renewal: a handshake with the context presents its certificate
+    assert _presented(server_tls.context(), ca, tmp_path).serial_number == (
+        x509.load_pem_x509_certificate(second.cert_pem).serial_number
+    )
+
+
+def _presented(server_ctx: ssl.SSLContext, ca: TestCA, tmp_path) -> x509.Certificate:
+    """The certificate a server with ``server_ctx`` presents: one handshake in memory."""
+    client = ca.issue("broker-1")
+    cert, key = tmp_path / "client.crt", tmp_path / "client.key"
+    cert.write_bytes(client.cert_pem)
+    key.write_bytes(client.key_pem)
+    client_ctx = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    client_ctx.load_cert_chain(cert, key)
+    client_ctx.set_alpn_protocols(["h2"])
+    pipes = [ssl.MemoryBIO() for _ in range(4)]
+    c = client_ctx.wrap_bio(pipes[0], pipes[1], server_hostname=HOST)
+    s = server_ctx.wrap_bio(pipes[2], pipes[3], server_side=True)
+    for _ in range(10):
+        for side in (c, s):
+            try:
+                side.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+        pipes[2].write(pipes[1].read())  # client -> server
+        pipes[0].write(pipes[3].read())  # server -> client
+    der = c.getpeercert(binary_form=True)
+    assert der is not None, "no handshake"
+    return x509.load_der_x509_certificate(der)
