@@ -157,7 +157,7 @@ class FetchChannel:
                     _shut(conn)  # wakes its thread, blocked reading the next request
             while self._connections and self._changed.wait(max(0.0, deadline - time.monotonic())):
                 pass
-            left = list(self._connections)
+            left = [conn for conn, busy in self._connections.items() if busy]  # idle ones: shut above
         if left:
             log.warning(
                 "fetch channel: %d exchanges still in flight after %.0f s (server.shutdown_grace_seconds); "
