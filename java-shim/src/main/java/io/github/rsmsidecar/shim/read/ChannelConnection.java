@@ -103,8 +103,11 @@ final class ChannelConnection implements Closeable {
             c = new ChannelConnection(ch, tls, endpoint);
             long deadline = System.nanoTime() + connectTimeoutMs * 1_000_000L;
             if (!ch.connect(endpoint.address())) {
-                c.await(SelectionKey.OP_CONNECT, deadline, "connecting");
-                ch.finishConnect();
+                // await may return a moment before the deadline with nothing ready (its wait is
+                // rounded down to whole milliseconds): wait again until connected or timed out
+                do {
+                    c.await(SelectionKey.OP_CONNECT, deadline, "connecting");
+                } while (!ch.finishConnect());
             }
             if (tls != null) {
                 c.handshake(deadline);

@@ -221,6 +221,38 @@ class FetchChannelTest {
         assertEquals(Status.Code.INTERNAL, e.getStatus().getCode());
     }
 
+    /**
+     * A sidecar address that answers nothing (a listener whose accept queue is full: Linux drops
+     * the SYNs, as a vanished pod's address does): every attempt ends in a timeout at the connect
+     * timeout, never in a connection returned unconnected (its first write then threw
+     * NotYetConnectedException, an unchecked exception, into the broker's fetchIndex: CI saw it).
+     */
+    @Test
+    void aConnectionAttemptNobodyAnswersTimesOutEveryTime() throws Exception {
+        try (ServerSocket full = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
+            java.util.List<Socket> queued = new java.util.ArrayList<>();
+            try {
+                ChannelConnection.Endpoint endpoint =
+                        new ChannelConnection.Endpoint("127.0.0.1", full.getLocalPort(), null);
+                // fill the accept queue (backlog 1 holds two): later connection attempts hang
+                for (int i = 0; i < 2; i++) {
+                    queued.add(new Socket(InetAddress.getLoopbackAddress(), full.getLocalPort()));
+                }
+                for (int attempt = 0; attempt < 20; attempt++) {
+                    long t0 = System.nanoTime();
+                    assertThrows(java.net.SocketTimeoutException.class,
+                            () -> ChannelConnection.open(endpoint, null, 50).close(), "attempt " + attempt);
+                    assertTrue(System.nanoTime() - t0 >= TimeUnit.MILLISECONDS.toNanos(50),
+                            "gave up before the connect timeout");
+                }
+            } finally {
+                for (Socket s : queued) {
+                    s.close();
+                }
+            }
+        }
+    }
+
     @Test
     void aSidecarWithoutTheChannelIsToldApartFromOneThatIsDown() throws Exception {
         sidecar = new FrameSidecar(honest(1000));
